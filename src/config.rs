@@ -1,0 +1,470 @@
+//! The JSON configuration: its shape, its defaults and its validation.
+//!
+//! Parsing is strict (camelCase, unknown fields rejected) and validation
+//! names the offending field, so a typo stops start-up (or is refused by a
+//! reload) instead of silently changing how a pool is governed. Nothing here
+//! touches sockets or pool state; `Config::load` only reads the file.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// The configuration the binary runs with when no `--config` is given.
+pub const EMBEDDED_DEFAULT: &str = r#"{
+  "listen": "127.0.0.1:7070",
+  "adminListen": "127.0.0.1:7071",
+  "accessLog": "-",
+  "pools": {
+    "demo": {
+      "keys": ["nb_demo_0123456789abcdef"],
+      "concurrency": 4,
+      "queue": { "size": 100, "timeoutMs": 30000 }
+    }
+  }
+}"#;
+
+/// Upper bounds that keep every number meaningful; each is documented in the README.
+pub const MAX_CONCURRENCY: u32 = 10_000_000;
+pub const MAX_QUEUE_SIZE: u32 = 10_000_000;
+pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
+pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    #[serde(default = "defaults::listen")]
+    pub listen: String,
+    #[serde(default = "defaults::admin_listen")]
+    pub admin_listen: Option<String>,
+    #[serde(default = "defaults::access_log")]
+    pub access_log: Option<String>,
+    #[serde(default = "defaults::max_body_bytes")]
+    pub max_body_bytes: usize,
+    #[serde(default)]
+    pub public_host: Option<String>,
+    /// Open connections on the public listener; beyond it new ones get a 503 and are closed.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+    pub pools: BTreeMap<String, PoolConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolConfig {
+    #[serde(default)]
+    pub keys: Vec<String>,
+    #[serde(default)]
+    pub key_sha256: Vec<String>,
+    #[serde(default)]
+    pub allow_authorization_header: bool,
+    #[serde(default = "defaults::concurrency")]
+    pub concurrency: u32,
+    #[serde(default)]
+    pub queue: QueueConfig,
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    #[serde(default)]
+    pub rpm_burst: Option<u32>,
+    #[serde(default = "defaults::term_ms")]
+    pub term_ms: u64,
+    #[serde(default = "defaults::renew_interval_ms")]
+    pub renew_interval_ms: u64,
+    #[serde(default = "defaults::request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    #[serde(default = "defaults::adaptive")]
+    pub adaptive: bool,
+    #[serde(default)]
+    pub access: AccessConfig,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueueConfig {
+    #[serde(default = "defaults::queue_size")]
+    pub size: u32,
+    #[serde(default = "defaults::queue_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            size: defaults::queue_size(),
+            timeout_ms: defaults::queue_timeout_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AccessConfig {
+    #[serde(default)]
+    pub ip_allow: Vec<String>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    #[serde(default)]
+    pub hmac: Option<HmacConfig>,
+    #[serde(default)]
+    pub jwt: Option<JwtConfig>,
+    #[serde(default)]
+    pub cloudflare_access: Option<CloudflareAccessConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HmacConfig {
+    pub secret: String,
+    #[serde(default = "defaults::hmac_tolerance_ms")]
+    pub tolerance_ms: u64,
+    /// Nonces remembered at once; when full, signed requests get a 503.
+    #[serde(default = "defaults::nonce_capacity")]
+    pub nonce_capacity: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JwtConfig {
+    pub hs256_secret: String,
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default)]
+    pub audience: Option<String>,
+    #[serde(default = "defaults::jwt_leeway_ms")]
+    pub leeway_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CloudflareAccessConfig {
+    pub jwks_file: String,
+    pub audience: String,
+    pub issuer: String,
+}
+
+mod defaults {
+    pub fn listen() -> String {
+        "127.0.0.1:7070".into()
+    }
+    pub fn admin_listen() -> Option<String> {
+        Some("127.0.0.1:7071".into())
+    }
+    pub fn access_log() -> Option<String> {
+        Some("access.log".into())
+    }
+    pub fn max_body_bytes() -> usize {
+        65_536
+    }
+    pub fn max_connections() -> usize {
+        10_000
+    }
+    pub fn concurrency() -> u32 {
+        16
+    }
+    pub fn queue_size() -> u32 {
+        1000
+    }
+    pub fn queue_timeout_ms() -> u64 {
+        30_000
+    }
+    pub fn term_ms() -> u64 {
+        30_000
+    }
+    pub fn renew_interval_ms() -> u64 {
+        10_000
+    }
+    pub fn request_timeout_ms() -> u64 {
+        60_000
+    }
+    pub fn adaptive() -> bool {
+        true
+    }
+    pub fn hmac_tolerance_ms() -> u64 {
+        300_000
+    }
+    pub fn nonce_capacity() -> usize {
+        100_000
+    }
+    pub fn jwt_leeway_ms() -> u64 {
+        30_000
+    }
+}
+
+/// A configuration problem, worded for the operator: it names the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn fail<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Config::parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    pub fn embedded() -> Config {
+        Config::parse(EMBEDDED_DEFAULT.as_bytes()).expect("the embedded configuration is valid")
+    }
+
+    pub fn parse(text: &[u8]) -> Result<Config, ConfigError> {
+        let config: Config = serde_json::from_slice(text)
+            .map_err(|e| ConfigError(format!("invalid configuration: {e}")))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen.parse().expect("validated")
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listen
+            .as_ref()
+            .map(|a| a.parse().expect("validated"))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.listen.parse::<SocketAddr>().is_err() {
+            return fail(format!(
+                "listen: {:?} is not an address like 127.0.0.1:7070",
+                self.listen
+            ));
+        }
+        if let Some(admin) = &self.admin_listen {
+            if admin.parse::<SocketAddr>().is_err() {
+                return fail(format!(
+                    "adminListen: {admin:?} is not an address like 127.0.0.1:7071"
+                ));
+            }
+        }
+        if let Some(path) = &self.access_log {
+            if path.is_empty() {
+                return fail("accessLog: use a file path, \"-\" for standard output, or null");
+            }
+        }
+        if self.max_body_bytes == 0 || self.max_body_bytes > MAX_BODY_LIMIT {
+            return fail(format!(
+                "maxBodyBytes must be between 1 and {MAX_BODY_LIMIT}"
+            ));
+        }
+        if self.max_connections == 0 || self.max_connections > MAX_CONNECTIONS {
+            return fail(format!(
+                "maxConnections must be between 1 and {MAX_CONNECTIONS}"
+            ));
+        }
+        if let Some(host) = &self.public_host {
+            if host.is_empty() || host.bytes().any(|b| !b.is_ascii_graphic() || b == b':') {
+                return fail("publicHost must be a host name without port, like api.example.com");
+            }
+        }
+        if self.pools.is_empty() {
+            return fail("pools: configure at least one pool");
+        }
+        for (name, pool) in &self.pools {
+            if !is_dns_label(name) {
+                return fail(format!(
+                    "pools: {name:?} is not a valid pool name (1-63 characters of a-z, 0-9 and '-', not starting or ending with '-')"
+                ));
+            }
+            pool.validate()
+                .map_err(|e| ConfigError(format!("pools.{name}.{}", e.0)))?;
+        }
+        Ok(())
+    }
+}
+
+impl PoolConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.keys.is_empty() && self.key_sha256.is_empty() {
+            return fail("keys: a pool needs at least one key in keys or keySha256");
+        }
+        for key in &self.keys {
+            if key.is_empty() || key.len() > 512 || key.bytes().any(|b| !b.is_ascii_graphic()) {
+                return fail("keys: a key must be 1-512 printable ASCII characters without spaces");
+            }
+        }
+        for digest in &self.key_sha256 {
+            if parse_sha256_hex(digest).is_none() {
+                return fail("keySha256: each entry must be 64 hex digits (the SHA-256 of a key)");
+            }
+        }
+        if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
+            return fail(format!(
+                "concurrency must be between 1 and {MAX_CONCURRENCY}"
+            ));
+        }
+        if self.queue.size > MAX_QUEUE_SIZE {
+            return fail(format!("queue.size must be at most {MAX_QUEUE_SIZE}"));
+        }
+        if self.queue.timeout_ms > MAX_DURATION_MS {
+            return fail(format!("queue.timeoutMs must be at most {MAX_DURATION_MS}"));
+        }
+        match (self.rpm, self.rpm_burst) {
+            (Some(0), _) => return fail("rpm must be at least 1 (or null for no gate)"),
+            (Some(rpm), _) if rpm > 60_000_000 => return fail("rpm must be at most 60000000"),
+            (None, Some(_)) => return fail("rpmBurst needs rpm to be set"),
+            (Some(_), Some(0)) => return fail("rpmBurst must be at least 1"),
+            (Some(_), Some(burst)) if burst > MAX_QUEUE_SIZE => {
+                return fail(format!("rpmBurst must be at most {MAX_QUEUE_SIZE}"))
+            }
+            _ => {}
+        }
+        if self.term_ms < 10 || self.term_ms > MAX_DURATION_MS {
+            return fail(format!("termMs must be between 10 and {MAX_DURATION_MS}"));
+        }
+        if self.renew_interval_ms == 0 || self.renew_interval_ms >= self.term_ms {
+            return fail(format!(
+                "renewIntervalMs must be at least 1 and below termMs ({} >= {})",
+                self.renew_interval_ms, self.term_ms
+            ));
+        }
+        if self.request_timeout_ms < self.term_ms || self.request_timeout_ms > MAX_DURATION_MS {
+            return fail(format!(
+                "requestTimeoutMs must be at least termMs ({}) and at most {MAX_DURATION_MS}",
+                self.term_ms
+            ));
+        }
+        if let Some(hmac) = &self.access.hmac {
+            if hmac.secret.is_empty() {
+                return fail("access.hmac.secret must not be empty");
+            }
+            if hmac.tolerance_ms == 0 || hmac.tolerance_ms > 3_600_000 {
+                return fail("access.hmac.toleranceMs must be between 1 and 3600000");
+            }
+            if hmac.nonce_capacity == 0 || hmac.nonce_capacity > 10_000_000 {
+                return fail("access.hmac.nonceCapacity must be between 1 and 10000000");
+            }
+        }
+        if let Some(jwt) = &self.access.jwt {
+            if jwt.hs256_secret.len() < 16 {
+                return fail("access.jwt.hs256Secret must be at least 16 bytes");
+            }
+            if jwt.leeway_ms > 3_600_000 {
+                return fail("access.jwt.leewayMs must be at most 3600000");
+            }
+        }
+        Ok(())
+    }
+
+    /// The token-bucket size of the RPM gate: `rpmBurst`, else one second's worth.
+    pub fn rpm_burst_or_default(&self) -> Option<u32> {
+        self.rpm
+            .map(|rpm| self.rpm_burst.unwrap_or(rpm.div_ceil(60).max(1)))
+    }
+}
+
+/// Pool names are DNS labels, so they fit in a host name and need no escaping.
+pub fn is_dns_label(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+pub fn parse_sha256_hex(s: &str) -> Option<[u8; 32]> {
+    let b = s.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in b.chunks(2).enumerate() {
+        let hi = (pair[0] as char).to_digit(16)?;
+        let lo = (pair[1] as char).to_digit(16)?;
+        out[i] = (hi * 16 + lo) as u8;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool_json(extra: &str) -> String {
+        format!(r#"{{"pools":{{"p1":{{"keys":["k"]{extra}}}}}}}"#)
+    }
+
+    fn err(json: &str) -> String {
+        Config::parse(json.as_bytes()).unwrap_err().0
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::embedded();
+        assert_eq!(c.listen_addr().to_string(), "127.0.0.1:7070");
+        assert!(c.pools.contains_key("demo"));
+    }
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let c = Config::parse(pool_json("").as_bytes()).unwrap();
+        let p = &c.pools["p1"];
+        assert_eq!(c.max_body_bytes, 65_536);
+        assert_eq!(c.access_log.as_deref(), Some("access.log"));
+        assert_eq!(c.admin_listen.as_deref(), Some("127.0.0.1:7071"));
+        assert_eq!(p.concurrency, 16);
+        assert_eq!(
+            p.queue,
+            QueueConfig {
+                size: 1000,
+                timeout_ms: 30_000
+            }
+        );
+        assert_eq!(
+            (p.term_ms, p.renew_interval_ms, p.request_timeout_ms),
+            (30_000, 10_000, 60_000)
+        );
+        assert!(p.adaptive);
+        assert!(!p.allow_authorization_header);
+        assert_eq!(p.rpm, None);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert!(err(&pool_json(r#","renewIntervalMs":5000,"termMs":5000"#))
+            .contains("pools.p1.renewIntervalMs"));
+        assert!(err(&pool_json(r#","concurrency":0"#)).contains("pools.p1.concurrency"));
+        assert!(err(&pool_json(r#","bogus":1"#)).contains("bogus"));
+        assert!(err(&pool_json(r#","rpmBurst":3"#)).contains("rpmBurst"));
+        assert!(err(&pool_json(r#","requestTimeoutMs":100"#)).contains("requestTimeoutMs"));
+        assert!(err(r#"{"pools":{"Bad_Name":{"keys":["k"]}}}"#).contains("Bad_Name"));
+        assert!(err(r#"{"pools":{"p":{}}}"#).contains("pools.p.keys"));
+        assert!(err(r#"{"pools":{"p":{"keys":["k"],"keySha256":["xyz"]}}}"#).contains("keySha256"));
+        assert!(err(r#"{"listen":"nowhere","pools":{"p":{"keys":["k"]}}}"#).contains("listen"));
+        assert!(err(r#"{"pools":{}}"#).contains("pools"));
+    }
+
+    #[test]
+    fn rpm_burst_defaults_to_one_second() {
+        let c = Config::parse(pool_json(r#","rpm":600"#).as_bytes()).unwrap();
+        assert_eq!(c.pools["p1"].rpm_burst_or_default(), Some(10));
+        let c = Config::parse(pool_json(r#","rpm":30"#).as_bytes()).unwrap();
+        assert_eq!(c.pools["p1"].rpm_burst_or_default(), Some(1));
+    }
+
+    #[test]
+    fn dns_labels() {
+        assert!(is_dns_label("prod-acme"));
+        assert!(is_dns_label("a"));
+        assert!(!is_dns_label(""));
+        assert!(!is_dns_label("-a"));
+        assert!(!is_dns_label("a-"));
+        assert!(!is_dns_label("A"));
+        assert!(!is_dns_label(&"a".repeat(64)));
+    }
+}

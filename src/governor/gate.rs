@@ -1,0 +1,140 @@
+//! The requests-per-minute gate: a token bucket refilled by the timer wheel.
+//!
+//! The bucket holds `burst` tokens and gains one every `60000 / rpm` ms
+//! (kept in microseconds so odd rates do not drift). It never scans or
+//! sleeps: the governor arms one wheel entry at `next_refill_ms()` while the
+//! bucket is not full, and calls `refill` when it fires.
+
+use super::Ms;
+
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    tokens: u32,
+    burst: u32,
+    interval_us: u64,
+    /// When the next token arrives, in µs; meaningful only while not full.
+    next_refill_us: u64,
+}
+
+impl TokenBucket {
+    pub fn new(rpm: u32, burst: u32) -> TokenBucket {
+        debug_assert!(rpm > 0 && burst > 0);
+        TokenBucket {
+            tokens: burst,
+            burst,
+            interval_us: (60_000_000 / rpm as u64).max(1),
+            next_refill_us: 0,
+        }
+    }
+
+    /// Changes rate and size (a reload); tokens above the new size are dropped.
+    pub fn reconfigure(&mut self, rpm: u32, burst: u32, now: Ms) {
+        let was_full = self.is_full();
+        self.interval_us = (60_000_000 / rpm as u64).max(1);
+        self.burst = burst;
+        self.tokens = self.tokens.min(burst);
+        if was_full && !self.is_full() {
+            self.next_refill_us = now * 1000 + self.interval_us;
+        }
+    }
+
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.tokens >= self.burst
+    }
+
+    pub fn has_token(&self) -> bool {
+        self.tokens > 0
+    }
+
+    /// Takes one token; the caller checked `has_token`.
+    pub fn take(&mut self, now: Ms) {
+        debug_assert!(self.tokens > 0);
+        if self.is_full() {
+            self.next_refill_us = now * 1000 + self.interval_us;
+        }
+        self.tokens -= 1;
+    }
+
+    /// Adds every token that has come due by `now`.
+    pub fn refill(&mut self, now: Ms) {
+        let now_us = now * 1000;
+        while !self.is_full() && self.next_refill_us <= now_us {
+            self.tokens += 1;
+            self.next_refill_us += self.interval_us;
+        }
+    }
+
+    /// When the wheel should call `refill` next, or `None` when full.
+    pub fn next_refill_ms(&self) -> Option<Ms> {
+        (!self.is_full()).then(|| self.next_refill_us.div_ceil(1000))
+    }
+
+    /// Time until a token is available (0 when one is).
+    pub fn wait_ms(&self, now: Ms) -> u64 {
+        if self.has_token() {
+            0
+        } else {
+            self.next_refill_us.div_ceil(1000).saturating_sub(now)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burst_then_one_token_per_interval() {
+        // 120 rpm: one token every 500 ms, burst 2.
+        let mut b = TokenBucket::new(120, 2);
+        b.take(0);
+        b.take(0);
+        assert!(!b.has_token());
+        assert_eq!(b.next_refill_ms(), Some(500));
+        assert_eq!(b.wait_ms(100), 400);
+        b.refill(499);
+        assert!(!b.has_token());
+        b.refill(500);
+        assert_eq!(b.tokens(), 1);
+        assert_eq!(b.next_refill_ms(), Some(1000));
+        b.refill(5000);
+        assert_eq!(b.tokens(), 2);
+        assert_eq!(b.next_refill_ms(), None);
+    }
+
+    #[test]
+    fn odd_rates_do_not_drift() {
+        // 7 rpm: a token every 8571.428 ms; after 7 tokens, exactly one minute.
+        let mut b = TokenBucket::new(7, 7);
+        for _ in 0..7 {
+            b.take(0);
+        }
+        b.refill(59_999);
+        assert_eq!(b.tokens(), 6);
+        b.refill(60_000);
+        assert_eq!(b.tokens(), 7);
+    }
+
+    #[test]
+    fn taking_from_a_partial_bucket_keeps_the_refill_schedule() {
+        let mut b = TokenBucket::new(60, 3);
+        b.take(0); // next at 1000
+        b.take(400); // schedule unchanged
+        assert_eq!(b.next_refill_ms(), Some(1000));
+        b.refill(1000);
+        assert_eq!(b.tokens(), 2);
+        assert_eq!(b.next_refill_ms(), Some(2000));
+    }
+
+    #[test]
+    fn reconfigure_drops_excess_tokens() {
+        let mut b = TokenBucket::new(60, 10);
+        b.reconfigure(60, 2, 0);
+        assert_eq!(b.tokens(), 2);
+        assert!(b.is_full());
+    }
+}

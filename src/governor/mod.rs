@@ -1,0 +1,506 @@
+//! The governor: pools, leases, wait queues, rate gates and what reports teach.
+//!
+//! It is pure: it never reads a clock (every entry point takes `now`, in
+//! monotonic milliseconds), never touches a socket and never logs on the hot
+//! path. The reactor calls it and turns its answers into bytes. Things that
+//! happen later — a queued acquire granted by a release, a queue deadline, a
+//! lease reclaimed — come out as `Notice`s that the reactor drains after every
+//! call, so the reactor never has to ask about a particular waiter.
+//!
+//! Every operation is O(1) in the number of pools, leases, waiters and
+//! connections: leases and waiters are slab-indexed, queues are intrusive
+//! lists, and every deadline is one entry in the shared timer wheel.
+
+pub mod gate;
+pub mod learn;
+pub mod lease;
+pub mod pool;
+pub mod queue;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use slab::Slab;
+
+use crate::config::PoolConfig;
+use crate::wheel::{TimerKey, Wheel};
+pub use learn::Outcome;
+use lease::{secret_eq, Entropy, Lease, SlotId};
+pub use pool::{DenyReason, Pool, PoolId, PoolSettings, PoolStats};
+pub use queue::WaiterKey;
+use queue::Waiters;
+
+/// Monotonic milliseconds since the server started.
+pub type Ms = u64;
+
+/// What a wheel entry stands for.
+#[derive(Clone, Copy, Debug)]
+enum Timer {
+    /// A lease may have reached its deadline (renewals move the deadline, not the entry).
+    Lease(u32),
+    /// A waiter's queue deadline.
+    Waiter(u32),
+    /// A pool's pause or rate wait may have ended: try its queue again.
+    Wake(PoolId),
+    /// A deadline of the caller's (connection timeouts), handed back as a notice.
+    External(u64),
+}
+
+/// The governor headers of SPEC §5, as numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signals {
+    pub remaining_slots: u32,
+    pub effective_limit: u32,
+    pub limit: u32,
+    pub queue_depth: u32,
+    pub rpm_remaining: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Grant {
+    pub slot: SlotId,
+    pub lease_deadline: Ms,
+    pub request_deadline: Ms,
+    pub term_ms: u64,
+    pub renew_interval_ms: u64,
+    pub queued_ms: u64,
+    pub signals: Signals,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Denial {
+    pub reason: DenyReason,
+    pub retry_after_ms: u64,
+    pub queued_ms: u64,
+    pub signals: Signals,
+}
+
+#[derive(Debug)]
+pub enum Admission {
+    Granted(Grant),
+    Queued(WaiterKey),
+    Denied(Denial),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewError {
+    NotFound,
+    Capped,
+}
+
+/// Something that happened inside the governor that a caller must hear about.
+#[derive(Debug)]
+pub enum Notice {
+    /// A queued acquire got its slot. If its owner is gone, release it.
+    Granted { owner: u64, grant: Grant },
+    /// A queued acquire reached its deadline (or its pool was removed).
+    TimedOut { owner: u64, denial: Denial },
+    /// An external timer fired.
+    Timer(u64),
+}
+
+pub struct Governor {
+    pools: Vec<Pool>,
+    names: HashMap<Box<str>, PoolId>,
+    leases: Slab<Lease>,
+    waiters: Waiters,
+    wheel: Wheel<Timer>,
+    notices: VecDeque<Notice>,
+    entropy: Entropy,
+    next_generation: u32,
+}
+
+impl Governor {
+    pub fn new(pools: &BTreeMap<String, PoolConfig>) -> Governor {
+        let mut g = Governor {
+            pools: Vec::new(),
+            names: HashMap::new(),
+            leases: Slab::new(),
+            waiters: Waiters::default(),
+            wheel: Wheel::new(),
+            notices: VecDeque::new(),
+            entropy: Entropy::default(),
+            next_generation: 0,
+        };
+        g.reconfigure(pools, 0);
+        g
+    }
+
+    /// Applies a (re)loaded pool set: existing pools keep held slots, queues
+    /// and learned state; new pools appear; pools no longer configured are
+    /// retired — they grant nothing more, their waiters are answered now and
+    /// their leases drain (renew and release keep working).
+    pub fn reconfigure(&mut self, configs: &BTreeMap<String, PoolConfig>, now: Ms) {
+        for (name, config) in configs {
+            let settings = PoolSettings::from(config);
+            match self.names.get(name.as_str()) {
+                Some(&pid) => {
+                    self.pools[pid.0 as usize].reconfigure(settings, now);
+                    self.pump(pid, now);
+                }
+                None => {
+                    let pid = PoolId(self.pools.len() as u32);
+                    self.pools.push(Pool::new(name, settings));
+                    self.names.insert(name.as_str().into(), pid);
+                }
+            }
+        }
+        for idx in 0..self.pools.len() {
+            let pid = PoolId(idx as u32);
+            if !configs.contains_key(&*self.pools[idx].name) && !self.pools[idx].retired {
+                self.pools[idx].retired = true;
+                while let Some(head) = self.pools[idx].queue.head() {
+                    self.time_out(head, pid, now, true);
+                }
+            }
+        }
+    }
+
+    pub fn pool_id(&self, name: &str) -> Option<PoolId> {
+        self.names.get(name).copied()
+    }
+
+    pub fn pool(&self, pid: PoolId) -> &Pool {
+        &self.pools[pid.0 as usize]
+    }
+
+    pub fn pools(&self) -> impl Iterator<Item = (PoolId, &Pool)> {
+        self.pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (PoolId(i as u32), p))
+    }
+
+    pub fn held_total(&self) -> usize {
+        self.leases.len()
+    }
+
+    pub fn queued_total(&self) -> usize {
+        self.waiters.len()
+    }
+
+    pub fn timers_total(&self) -> usize {
+        self.wheel.len()
+    }
+
+    pub fn signals(&self, pid: PoolId) -> Signals {
+        let p = self.pool(pid);
+        let effective = p.effective_limit();
+        Signals {
+            remaining_slots: effective.saturating_sub(p.held),
+            effective_limit: effective,
+            limit: p.settings.concurrency,
+            queue_depth: p.queue.len(),
+            rpm_remaining: p.rpm_remaining(),
+        }
+    }
+
+    /// Asks for a slot. `wait_ms` is the caller's wait budget (0 = fail fast);
+    /// it is clamped to the pool's queue timeout. `owner` identifies the
+    /// caller in the notice that later answers a queued acquire.
+    pub fn acquire(&mut self, pid: PoolId, wait_ms: u64, owner: u64, now: Ms) -> Admission {
+        let pool = &mut self.pools[pid.0 as usize];
+        if let Some(gate) = &mut pool.gate {
+            gate.refill(now);
+        }
+        let blocked = pool.blocked(now);
+        if pool.queue.is_empty() && blocked.is_none() {
+            return Admission::Granted(self.grant(pid, now, 0));
+        }
+        // A non-empty queue means no slot is free (the queue is pumped after
+        // every change), so a newcomer never overtakes a waiter.
+        let (reason, wait) = blocked.unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
+        let budget = wait_ms.min(pool.settings.queue_timeout_ms);
+        if budget == 0 {
+            return Admission::Denied(self.deny(pid, reason, wait, 0));
+        }
+        if pool.queue.len() >= pool.settings.queue_size {
+            return Admission::Denied(self.deny(pid, DenyReason::QueueFull, wait, 0));
+        }
+        let timer = self
+            .wheel
+            .insert(now + budget, Timer::Waiter(self.waiters.vacant_key()));
+        let pool = &mut self.pools[pid.0 as usize];
+        let key = self
+            .waiters
+            .push_back(&mut pool.queue, pid, owner, now, timer);
+        if reason != DenyReason::Concurrency {
+            self.arm_wake(pid, now + wait);
+        }
+        Admission::Queued(key)
+    }
+
+    /// Extends a lease by one term, never past its request deadline.
+    pub fn renew(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Result<Ms, RenewError> {
+        let Some(idx) = self.find(pid, slot, now) else {
+            self.pools[pid.0 as usize].stats.renew_not_found += 1;
+            return Err(RenewError::NotFound);
+        };
+        let pool = &mut self.pools[pid.0 as usize];
+        let lease = &mut self.leases[idx];
+        if lease.is_capped() {
+            pool.stats.renew_capped += 1;
+            return Err(RenewError::Capped);
+        }
+        lease.lease_deadline = lease.renewed_deadline(now, pool.settings.term_ms);
+        pool.stats.renewed += 1;
+        Ok(lease.lease_deadline)
+    }
+
+    /// Releases a lease of `pid`; `true` only the first time. The outcome
+    /// report is applied only when the release was real.
+    pub fn release(
+        &mut self,
+        pid: PoolId,
+        slot: &[u8],
+        outcome: Option<&Outcome>,
+        now: Ms,
+    ) -> bool {
+        let Some(idx) = self.find(pid, slot, now) else {
+            self.pools[pid.0 as usize].stats.release_gone += 1;
+            return false;
+        };
+        let lease = self.leases.remove(idx);
+        self.wheel.cancel(lease.timer);
+        let pool = &mut self.pools[pid.0 as usize];
+        pool.held -= 1;
+        pool.stats.released += 1;
+        if let Some(o) = outcome {
+            if o.is_throttled() {
+                pool.stats.reports_throttled += 1;
+            }
+            let wake = pool
+                .learning
+                .on_report(o, lease.epoch, pool.held + 1, pool.held, now);
+            if wake.cooldown_until.is_some() {
+                pool.stats.cooldowns += 1;
+            }
+        }
+        self.pump(pid, now);
+        true
+    }
+
+    /// Releases a grant whose answer could not be delivered.
+    pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
+        let idx = slot.index() as usize;
+        if let Some(lease) = self.leases.get(idx) {
+            if lease.generation == slot.generation() && secret_eq(&lease.secret, slot.secret()) {
+                let pid = lease.pool;
+                self.release(pid, &slot.encode(), None, now);
+            }
+        }
+    }
+
+    /// Drops a queued acquire whose client went away. Checking the owner
+    /// makes a stale key harmless.
+    pub fn cancel_waiter(&mut self, key: WaiterKey, owner: u64) {
+        let Some(w) = self.waiters.get(key) else {
+            return;
+        };
+        if w.owner != owner {
+            return;
+        }
+        let pid = w.pool;
+        let pool = &mut self.pools[pid.0 as usize];
+        let w = self.waiters.remove(&mut pool.queue, key);
+        self.wheel.cancel(w.timer);
+        pool.stats.waiters_gone += 1;
+    }
+
+    /// Schedules an external timer; it comes back as `Notice::Timer(tag)`.
+    pub fn schedule(&mut self, at: Ms, tag: u64) -> TimerKey {
+        self.wheel.insert(at, Timer::External(tag))
+    }
+
+    pub fn cancel_timer(&mut self, key: TimerKey) {
+        self.wheel.cancel(key);
+    }
+
+    /// When `advance` next has work to do.
+    pub fn next_deadline(&self) -> Option<Ms> {
+        self.wheel.next_deadline()
+    }
+
+    /// Fires everything due by `now`: reclaims, queue deadlines, wake-ups.
+    pub fn advance(&mut self, now: Ms) {
+        while let Some(timer) = self.wheel.poll(now) {
+            match timer {
+                Timer::Lease(idx) => {
+                    let deadline = self.leases[idx as usize].lease_deadline;
+                    if deadline > now {
+                        self.leases[idx as usize].timer =
+                            self.wheel.insert(deadline, Timer::Lease(idx));
+                    } else {
+                        self.reclaim(idx as usize, now);
+                    }
+                }
+                Timer::Waiter(idx) => {
+                    let key = WaiterKey(idx);
+                    let pid = self.waiters.get(key).expect("a waiter owns its timer").pool;
+                    self.time_out(key, pid, now, false);
+                }
+                Timer::Wake(pid) => {
+                    self.pools[pid.0 as usize].wake = None;
+                    self.pump(pid, now);
+                }
+                Timer::External(tag) => self.notices.push_back(Notice::Timer(tag)),
+            }
+        }
+    }
+
+    pub fn pop_notice(&mut self) -> Option<Notice> {
+        self.notices.pop_front()
+    }
+
+    fn grant(&mut self, pid: PoolId, now: Ms, queued_ms: u64) -> Grant {
+        let idx = self.leases.vacant_key();
+        let pool = &mut self.pools[pid.0 as usize];
+        if let Some(gate) = &mut pool.gate {
+            gate.take(now);
+        }
+        pool.learning.on_grant(now);
+        pool.held += 1;
+        pool.stats.grants += 1;
+        debug_assert!(pool.held <= pool.effective_limit());
+        let s = pool.settings;
+        let request_deadline = now + s.request_timeout_ms;
+        let lease_deadline = (now + s.term_ms).min(request_deadline);
+        let generation = self.next_generation;
+        self.next_generation = generation.wrapping_add(1);
+        let secret = self.entropy.secret();
+        let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
+        let epoch = pool.learning.epoch();
+        let inserted = self.leases.insert(Lease {
+            pool: pid,
+            generation,
+            secret,
+            lease_deadline,
+            request_deadline,
+            epoch,
+            timer,
+        });
+        debug_assert_eq!(inserted, idx);
+        Grant {
+            slot: SlotId::new(idx as u32, generation, secret),
+            lease_deadline,
+            request_deadline,
+            term_ms: s.term_ms,
+            renew_interval_ms: s.renew_interval_ms,
+            queued_ms,
+            signals: self.signals(pid),
+        }
+    }
+
+    fn deny(&mut self, pid: PoolId, reason: DenyReason, wait: u64, queued_ms: u64) -> Denial {
+        self.pools[pid.0 as usize].stats.denied[reason as usize] += 1;
+        Denial {
+            reason,
+            retry_after_ms: wait,
+            queued_ms,
+            signals: self.signals(pid),
+        }
+    }
+
+    /// The live lease `slot` names in `pid`. A lease past its deadline whose
+    /// wheel entry has not run yet is reclaimed here, so "renew after expiry
+    /// fails" holds to the millisecond.
+    fn find(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Option<usize> {
+        let id = SlotId::decode(slot)?;
+        let idx = id.index() as usize;
+        let lease = self.leases.get(idx)?;
+        if lease.pool != pid
+            || lease.generation != id.generation()
+            || !secret_eq(&lease.secret, id.secret())
+        {
+            return None;
+        }
+        if lease.lease_deadline <= now {
+            let timer = lease.timer;
+            self.wheel.cancel(timer);
+            self.reclaim(idx, now);
+            return None;
+        }
+        Some(idx)
+    }
+
+    /// Takes back a lease whose holder stopped renewing (or hit the cap).
+    fn reclaim(&mut self, idx: usize, now: Ms) {
+        let lease = self.leases.remove(idx);
+        let pool = &mut self.pools[lease.pool.0 as usize];
+        pool.held -= 1;
+        if lease.is_capped() {
+            pool.stats.reclaimed_cap += 1;
+        } else {
+            pool.stats.reclaimed_term += 1;
+        }
+        self.pump(lease.pool, now);
+    }
+
+    /// Answers a waiter with `504` (its timer fired, or `cancel_timer` is set
+    /// when the pool went away and the timer is still armed).
+    fn time_out(&mut self, key: WaiterKey, pid: PoolId, now: Ms, cancel_timer: bool) {
+        let pool = &mut self.pools[pid.0 as usize];
+        let w = self.waiters.remove(&mut pool.queue, key);
+        if cancel_timer {
+            self.wheel.cancel(w.timer);
+        }
+        pool.stats.queue_timeouts += 1;
+        let (reason, wait) = pool
+            .blocked(now)
+            .unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
+        let denial = Denial {
+            reason,
+            retry_after_ms: wait,
+            queued_ms: now - w.enqueued_at,
+            signals: self.signals(pid),
+        };
+        self.notices.push_back(Notice::TimedOut {
+            owner: w.owner,
+            denial,
+        });
+    }
+
+    /// Grants queued acquires, in order, while slots are free.
+    fn pump(&mut self, pid: PoolId, now: Ms) {
+        loop {
+            let pool = &mut self.pools[pid.0 as usize];
+            let Some(head) = pool.queue.head() else {
+                return;
+            };
+            if let Some(gate) = &mut pool.gate {
+                gate.refill(now);
+            }
+            match pool.blocked(now) {
+                None => {
+                    let w = self.waiters.remove(&mut pool.queue, head);
+                    self.wheel.cancel(w.timer);
+                    let grant = self.grant(pid, now, now - w.enqueued_at);
+                    self.notices.push_back(Notice::Granted {
+                        owner: w.owner,
+                        grant,
+                    });
+                }
+                Some((DenyReason::Concurrency, _)) => return,
+                Some((_, wait)) => {
+                    self.arm_wake(pid, now + wait);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Makes sure the pool is woken no later than `at`; one entry per pool.
+    fn arm_wake(&mut self, pid: PoolId, at: Ms) {
+        let pool = &mut self.pools[pid.0 as usize];
+        match pool.wake {
+            Some((armed, _)) if armed <= at => {}
+            Some((_, key)) => {
+                self.wheel.cancel(key);
+                pool.wake = Some((at, self.wheel.insert(at, Timer::Wake(pid))));
+            }
+            None => pool.wake = Some((at, self.wheel.insert(at, Timer::Wake(pid)))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

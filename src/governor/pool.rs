@@ -1,0 +1,169 @@
+//! One pool's settings and live state, and the admission rule that reads them.
+//!
+//! A slot is free when `held < effective`, no learned pause is in force, and
+//! the RPM gate has a token (SPEC §5). `blocked` is the only place that rule
+//! is written; it also says why and for how long, for `Retry-After`.
+
+use super::gate::TokenBucket;
+use super::learn::{Learning, Pause};
+use super::queue::Queue;
+use super::Ms;
+use crate::config::PoolConfig;
+use crate::wheel::TimerKey;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolId(pub u32);
+
+/// The numbers of a pool's configuration the governor works with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    pub concurrency: u32,
+    pub queue_size: u32,
+    pub queue_timeout_ms: u64,
+    pub rpm: Option<(u32, u32)>,
+    pub term_ms: u64,
+    pub renew_interval_ms: u64,
+    pub request_timeout_ms: u64,
+    pub adaptive: bool,
+}
+
+impl From<&PoolConfig> for PoolSettings {
+    fn from(c: &PoolConfig) -> Self {
+        PoolSettings {
+            concurrency: c.concurrency,
+            queue_size: c.queue.size,
+            queue_timeout_ms: c.queue.timeout_ms,
+            rpm: c.rpm.zip(c.rpm_burst_or_default()),
+            term_ms: c.term_ms,
+            renew_interval_ms: c.renew_interval_ms,
+            request_timeout_ms: c.request_timeout_ms,
+            adaptive: c.adaptive,
+        }
+    }
+}
+
+/// Why an acquire was not granted; the value of `x-nthpool-deny-reason`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenyReason {
+    Concurrency,
+    Rate,
+    Cooldown,
+    QueueFull,
+}
+
+impl DenyReason {
+    pub const ALL: [DenyReason; 4] = [
+        DenyReason::Concurrency,
+        DenyReason::Rate,
+        DenyReason::Cooldown,
+        DenyReason::QueueFull,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenyReason::Concurrency => "concurrency",
+            DenyReason::Rate => "rate",
+            DenyReason::Cooldown => "cooldown",
+            DenyReason::QueueFull => "queue_full",
+        }
+    }
+}
+
+/// When nothing better is known (a concurrency limit), callers retry in a second.
+pub const UNKNOWN_WAIT_MS: u64 = 1000;
+
+/// Plain counters, bumped on the hot path and only formatted when scraped.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PoolStats {
+    pub grants: u64,
+    pub denied: [u64; 4],
+    pub queue_timeouts: u64,
+    pub waiters_gone: u64,
+    pub reclaimed_term: u64,
+    pub reclaimed_cap: u64,
+    pub renewed: u64,
+    pub renew_not_found: u64,
+    pub renew_capped: u64,
+    pub released: u64,
+    pub release_gone: u64,
+    pub reports_throttled: u64,
+    pub cooldowns: u64,
+}
+
+pub struct Pool {
+    pub name: Box<str>,
+    pub settings: PoolSettings,
+    /// A pool dropped by a reload: it grants nothing more, its leases drain.
+    pub retired: bool,
+    pub held: u32,
+    pub queue: Queue,
+    pub gate: Option<TokenBucket>,
+    pub learning: Learning,
+    /// The one wheel entry that wakes this pool's queue when a pause or a
+    /// rate wait ends, with its instant.
+    pub wake: Option<(Ms, TimerKey)>,
+    pub stats: PoolStats,
+}
+
+impl Pool {
+    pub fn new(name: &str, settings: PoolSettings) -> Pool {
+        Pool {
+            name: name.into(),
+            settings,
+            retired: false,
+            held: 0,
+            queue: Queue::default(),
+            gate: settings
+                .rpm
+                .map(|(rpm, burst)| TokenBucket::new(rpm, burst)),
+            learning: Learning::new(settings.concurrency, settings.adaptive),
+            wake: None,
+            stats: PoolStats::default(),
+        }
+    }
+
+    /// Applies new settings; held slots, the queue and what was learned stay.
+    pub fn reconfigure(&mut self, settings: PoolSettings, now: Ms) {
+        self.learning
+            .reconfigure(settings.concurrency, settings.adaptive);
+        self.gate = match (settings.rpm, self.gate.take()) {
+            (None, _) => None,
+            (Some((rpm, burst)), Some(mut gate)) => {
+                gate.reconfigure(rpm, burst, now);
+                Some(gate)
+            }
+            (Some((rpm, burst)), None) => Some(TokenBucket::new(rpm, burst)),
+        };
+        self.settings = settings;
+        self.retired = false;
+    }
+
+    pub fn effective_limit(&self) -> u32 {
+        self.learning.effective()
+    }
+
+    /// Why a grant cannot happen at `now`, with the known wait in ms, or
+    /// `None` when a slot is free. The caller refilled the gate first.
+    pub fn blocked(&self, now: Ms) -> Option<(DenyReason, u64)> {
+        if self.retired {
+            return Some((DenyReason::Concurrency, UNKNOWN_WAIT_MS));
+        }
+        if let Some(Pause::Cooldown(wait)) = self.learning.pause(now) {
+            return Some((DenyReason::Cooldown, wait));
+        }
+        if self.held >= self.effective_limit() {
+            return Some((DenyReason::Concurrency, UNKNOWN_WAIT_MS));
+        }
+        let gate_wait = self.gate.as_ref().map_or(0, |g| g.wait_ms(now));
+        let budget_wait = match self.learning.pause(now) {
+            Some(Pause::Budget(wait)) => wait,
+            _ => 0,
+        };
+        let wait = gate_wait.max(budget_wait);
+        (wait > 0).then_some((DenyReason::Rate, wait))
+    }
+
+    pub fn rpm_remaining(&self) -> Option<u32> {
+        self.gate.as_ref().map(TokenBucket::tokens)
+    }
+}

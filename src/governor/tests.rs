@@ -1,0 +1,437 @@
+//! Governor behaviour driven by a manual clock: no sockets, no sleeps.
+
+use super::*;
+use crate::config::Config;
+
+fn governor(pool_json: &str) -> (Governor, PoolId) {
+    let text =
+        format!(r#"{{"pools":{{"p":{{"keys":["k"]{pool_json}}},"other":{{"keys":["k2"]}}}}}}"#);
+    let config = Config::parse(text.as_bytes()).unwrap();
+    let g = Governor::new(&config.pools);
+    let pid = g.pool_id("p").unwrap();
+    (g, pid)
+}
+
+fn granted(a: Admission) -> Grant {
+    match a {
+        Admission::Granted(g) => g,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn denied(a: Admission) -> Denial {
+    match a {
+        Admission::Denied(d) => d,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+fn queued(a: Admission) -> WaiterKey {
+    match a {
+        Admission::Queued(k) => k,
+        other => panic!("expected to queue, got {other:?}"),
+    }
+}
+
+fn notices(g: &mut Governor) -> Vec<Notice> {
+    std::iter::from_fn(|| g.pop_notice()).collect()
+}
+
+fn granted_owners(g: &mut Governor) -> Vec<u64> {
+    notices(g)
+        .into_iter()
+        .map(|n| match n {
+            Notice::Granted { owner, .. } => owner,
+            other => panic!("expected a grant notice, got {other:?}"),
+        })
+        .collect()
+}
+
+fn id(grant: &Grant) -> [u8; 32] {
+    grant.slot.encode()
+}
+
+const OK: Outcome = Outcome {
+    status: Some(200),
+    throttled: 0,
+    retry_after_ms: None,
+    limit: None,
+    remaining: None,
+    reset_ms: None,
+    token_limit: None,
+    token_remaining: None,
+    token_reset_ms: None,
+};
+
+#[test]
+fn grants_up_to_the_limit_then_fails_fast() {
+    let (mut g, p) = governor(r#","concurrency":2,"adaptive":false"#);
+    let a = granted(g.acquire(p, 0, 1, 1000));
+    assert_eq!(a.lease_deadline, 1000 + 30_000);
+    assert_eq!(a.request_deadline, 1000 + 60_000);
+    assert_eq!((a.term_ms, a.renew_interval_ms), (30_000, 10_000));
+    assert_eq!(a.signals.remaining_slots, 1);
+    let b = granted(g.acquire(p, 0, 2, 1000));
+    assert_eq!(b.signals.remaining_slots, 0);
+    assert_ne!(a.slot, b.slot);
+    let d = denied(g.acquire(p, 0, 3, 1000));
+    assert_eq!(d.reason, DenyReason::Concurrency);
+    assert_eq!(d.retry_after_ms, 1000);
+    assert_eq!(d.signals.effective_limit, 2);
+    assert_eq!(d.signals.limit, 2);
+    assert_eq!(g.pool(p).stats.denied[DenyReason::Concurrency as usize], 1);
+}
+
+#[test]
+fn release_is_idempotent_and_pool_scoped() {
+    let (mut g, p) = governor("");
+    let other = g.pool_id("other").unwrap();
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert!(
+        !g.release(other, &id(&a), None, 1),
+        "another pool never releases it"
+    );
+    assert!(g.release(p, &id(&a), None, 1));
+    assert!(!g.release(p, &id(&a), None, 2));
+    assert!(!g.release(p, b"not-a-slot-id", None, 2));
+    assert_eq!(g.pool(p).held, 0);
+    assert_eq!(g.held_total(), 0);
+    assert_eq!(
+        g.timers_total(),
+        0,
+        "a released lease leaves no timer behind"
+    );
+}
+
+#[test]
+fn renew_extends_and_caps_at_the_request_deadline() {
+    let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":2500"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert_eq!(g.renew(p, &id(&a), 500), Ok(1500));
+    assert_eq!(g.renew(p, &id(&a), 1400), Ok(2400));
+    assert_eq!(
+        g.renew(p, &id(&a), 2000),
+        Ok(2500),
+        "capped at requestDeadline"
+    );
+    assert_eq!(g.renew(p, &id(&a), 2100), Err(RenewError::Capped));
+    g.advance(2499);
+    assert_eq!(g.pool(p).held, 1);
+    g.advance(2500);
+    assert_eq!(g.pool(p).held, 0);
+    assert_eq!(g.pool(p).stats.reclaimed_cap, 1);
+    assert_eq!(g.renew(p, &id(&a), 2600), Err(RenewError::NotFound));
+}
+
+#[test]
+fn unrenewed_lease_is_reclaimed_at_its_deadline() {
+    let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    g.advance(999);
+    assert_eq!(g.pool(p).held, 1);
+    g.advance(1000);
+    assert_eq!(g.pool(p).held, 0);
+    assert_eq!(g.pool(p).stats.reclaimed_term, 1);
+    assert!(!g.release(p, &id(&a), Some(&OK), 1001));
+}
+
+#[test]
+fn renewed_lease_survives_its_first_deadline() {
+    let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    g.renew(p, &id(&a), 600).unwrap();
+    g.advance(1000);
+    assert_eq!(g.pool(p).held, 1);
+    g.advance(1599);
+    assert_eq!(g.pool(p).held, 1);
+    g.advance(1600);
+    assert_eq!(g.pool(p).held, 0);
+}
+
+#[test]
+fn renew_after_expiry_fails_even_before_the_wheel_runs() {
+    let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert_eq!(g.renew(p, &id(&a), 1000), Err(RenewError::NotFound));
+    assert_eq!(g.pool(p).held, 0);
+    g.advance(5000);
+    assert_eq!(g.pool(p).stats.reclaimed_term, 1, "reclaimed once");
+}
+
+#[test]
+fn waiters_are_granted_in_arrival_order() {
+    let (mut g, p) = governor(r#","concurrency":1,"adaptive":false"#);
+    let a = granted(g.acquire(p, 0, 100, 0));
+    for owner in 1..=5 {
+        queued(g.acquire(p, 10_000, owner, owner));
+    }
+    assert_eq!(g.signals(p).queue_depth, 5);
+    let mut holder = a;
+    for expected in 1..=5u64 {
+        assert!(g.release(p, &id(&holder), None, 100 + expected));
+        let n = notices(&mut g);
+        assert_eq!(n.len(), 1);
+        match &n[0] {
+            Notice::Granted { owner, grant } => {
+                assert_eq!(*owner, expected);
+                assert_eq!(grant.queued_ms, 100 + expected - expected);
+                holder = *grant;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(g.queued_total(), 0);
+}
+
+#[test]
+fn newcomers_never_overtake_waiters() {
+    let (mut g, p) = governor(r#","concurrency":1,"adaptive":false"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    queued(g.acquire(p, 1000, 2, 0));
+    g.release(p, &id(&a), None, 10);
+    assert_eq!(granted_owners(&mut g), vec![2]);
+    let d = denied(g.acquire(p, 0, 3, 10));
+    assert_eq!(d.reason, DenyReason::Concurrency);
+}
+
+#[test]
+fn queue_deadline_answers_504_and_is_clamped() {
+    let (mut g, p) = governor(r#","concurrency":1,"queue":{"size":10,"timeoutMs":500}"#);
+    granted(g.acquire(p, 0, 1, 0));
+    queued(g.acquire(p, 60_000, 2, 100));
+    g.advance(599);
+    assert!(notices(&mut g).is_empty());
+    g.advance(600);
+    match &notices(&mut g)[..] {
+        [Notice::TimedOut { owner: 2, denial }] => {
+            assert_eq!(denial.queued_ms, 500);
+            assert_eq!(denial.reason, DenyReason::Concurrency);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(g.pool(p).stats.queue_timeouts, 1);
+    assert_eq!(g.queued_total(), 0);
+    assert_eq!(g.timers_total(), 1, "only the held lease's timer is left");
+}
+
+#[test]
+fn full_queue_fails_at_once() {
+    let (mut g, p) = governor(r#","concurrency":1,"queue":{"size":2,"timeoutMs":5000}"#);
+    granted(g.acquire(p, 0, 1, 0));
+    queued(g.acquire(p, 1000, 2, 0));
+    queued(g.acquire(p, 1000, 3, 0));
+    let d = denied(g.acquire(p, 1000, 4, 0));
+    assert_eq!(d.reason, DenyReason::QueueFull);
+    assert_eq!(d.signals.queue_depth, 2);
+}
+
+#[test]
+fn zero_wait_or_zero_queue_timeout_fails_fast() {
+    let (mut g, p) = governor(r#","concurrency":1,"queue":{"size":10,"timeoutMs":0}"#);
+    granted(g.acquire(p, 0, 1, 0));
+    let d = denied(g.acquire(p, 5000, 2, 0));
+    assert_eq!(d.reason, DenyReason::Concurrency);
+}
+
+#[test]
+fn a_cancelled_waiter_is_never_granted_and_leaks_nothing() {
+    let (mut g, p) = governor(r#","concurrency":1,"adaptive":false"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let k2 = queued(g.acquire(p, 5000, 2, 0));
+    queued(g.acquire(p, 5000, 3, 0));
+    g.cancel_waiter(k2, 999); // wrong owner: no effect
+    assert_eq!(g.signals(p).queue_depth, 2);
+    g.cancel_waiter(k2, 2);
+    assert_eq!(g.signals(p).queue_depth, 1);
+    g.release(p, &id(&a), None, 10);
+    assert_eq!(granted_owners(&mut g), vec![3]);
+    g.advance(100_000);
+    assert!(notices(&mut g).is_empty());
+    assert_eq!(g.queued_total(), 0);
+    assert_eq!(g.held_total(), 0);
+    assert_eq!(g.timers_total(), 0);
+}
+
+#[test]
+fn a_reclaim_grants_the_head_waiter() {
+    let (mut g, p) = governor(r#","concurrency":1,"termMs":1000,"renewIntervalMs":300"#);
+    granted(g.acquire(p, 0, 1, 0));
+    queued(g.acquire(p, 5000, 2, 10));
+    g.advance(1000);
+    match &notices(&mut g)[..] {
+        [Notice::Granted { owner: 2, grant }] => assert_eq!(grant.queued_ms, 990),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn rpm_gate_denies_with_time_to_next_token_and_wakes_waiters() {
+    // 60 rpm, burst 2: a token every second.
+    let (mut g, p) = governor(r#","rpm":60,"rpmBurst":2,"adaptive":false"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert_eq!(a.signals.rpm_remaining, Some(1));
+    granted(g.acquire(p, 0, 2, 0));
+    let d = denied(g.acquire(p, 0, 3, 250));
+    assert_eq!(d.reason, DenyReason::Rate);
+    assert_eq!(d.retry_after_ms, 750);
+    assert_eq!(d.signals.rpm_remaining, Some(0));
+    queued(g.acquire(p, 5000, 4, 300));
+    queued(g.acquire(p, 5000, 5, 300));
+    g.advance(999);
+    assert!(notices(&mut g).is_empty());
+    g.advance(1000);
+    assert_eq!(granted_owners(&mut g), vec![4]);
+    g.advance(2000);
+    assert_eq!(granted_owners(&mut g), vec![5]);
+    // Back to a full bucket after idling.
+    g.advance(10_000);
+    assert_eq!(
+        g.signals(p).rpm_remaining,
+        Some(0),
+        "refill is lazy until asked"
+    );
+    let a = granted(g.acquire(p, 0, 6, 10_000));
+    assert_eq!(a.signals.rpm_remaining, Some(1));
+}
+
+#[test]
+fn a_throttled_report_cuts_the_limit_once_per_window() {
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let grants: Vec<_> = (0..10).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+    let throttled = Outcome {
+        status: Some(429),
+        ..OK
+    };
+    for grant in &grants[..5] {
+        assert!(g.release(p, &id(grant), Some(&throttled), 10));
+    }
+    assert_eq!(g.signals(p).effective_limit, 9);
+    assert_eq!(g.signals(p).remaining_slots, 4);
+    // A lease granted after the cut can cut again.
+    let fresh = granted(g.acquire(p, 0, 99, 20));
+    g.release(p, &id(&fresh), Some(&throttled), 21);
+    assert_eq!(g.signals(p).effective_limit, 8);
+}
+
+#[test]
+fn a_lowered_limit_never_revokes_held_slots() {
+    let (mut g, p) = governor(r#","concurrency":4"#);
+    let grants: Vec<_> = (0..4).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+    let throttled = Outcome {
+        status: Some(429),
+        ..OK
+    };
+    g.release(p, &id(&grants[0]), Some(&throttled), 1);
+    // 4 * 0.9 = 3: three still held, none free.
+    assert_eq!(g.pool(p).held, 3);
+    assert_eq!(g.signals(p).effective_limit, 3);
+    assert_eq!(
+        denied(g.acquire(p, 0, 9, 2)).reason,
+        DenyReason::Concurrency
+    );
+}
+
+#[test]
+fn a_report_on_an_already_released_slot_changes_nothing() {
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert!(g.release(p, &id(&a), None, 1));
+    let throttled = Outcome {
+        status: Some(429),
+        retry_after_ms: Some(5000),
+        ..OK
+    };
+    assert!(!g.release(p, &id(&a), Some(&throttled), 2));
+    assert_eq!(g.signals(p).effective_limit, 10);
+    granted(g.acquire(p, 0, 2, 3));
+}
+
+#[test]
+fn cooldown_denies_fail_fast_and_grants_waiters_when_it_ends() {
+    let (mut g, p) = governor(r#","concurrency":4"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let hint = Outcome {
+        status: Some(429),
+        retry_after_ms: Some(1000),
+        ..OK
+    };
+    g.release(p, &id(&a), Some(&hint), 100);
+    let d = denied(g.acquire(p, 0, 2, 200));
+    assert_eq!(d.reason, DenyReason::Cooldown);
+    assert_eq!(d.retry_after_ms, 900);
+    queued(g.acquire(p, 5000, 3, 300));
+    queued(g.acquire(p, 5000, 4, 400));
+    g.advance(1099);
+    assert!(notices(&mut g).is_empty());
+    g.advance(1100);
+    assert_eq!(granted_owners(&mut g), vec![3, 4]);
+}
+
+#[test]
+fn learned_budget_blocks_until_reset() {
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let report = Outcome {
+        remaining: Some(0),
+        reset_ms: Some(700),
+        ..OK
+    };
+    g.release(p, &id(&a), Some(&report), 100);
+    let d = denied(g.acquire(p, 0, 2, 100));
+    assert_eq!(d.reason, DenyReason::Rate);
+    assert_eq!(d.retry_after_ms, 700);
+    queued(g.acquire(p, 5000, 3, 200));
+    g.advance(799);
+    assert!(notices(&mut g).is_empty());
+    g.advance(800);
+    assert_eq!(granted_owners(&mut g), vec![3]);
+}
+
+#[test]
+fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
+    let (mut g, p) = governor(r#","concurrency":1"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    queued(g.acquire(p, 5000, 2, 0));
+    queued(g.acquire(p, 5000, 3, 0));
+    let raised =
+        Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":2},"other":{"keys":["k2"]}}}"#)
+            .unwrap();
+    g.reconfigure(&raised.pools, 10);
+    assert_eq!(granted_owners(&mut g), vec![2]);
+    assert_eq!(g.pool(p).held, 2);
+    let removed = Config::parse(br#"{"pools":{"other":{"keys":["k2"]}}}"#).unwrap();
+    g.reconfigure(&removed.pools, 20);
+    assert!(matches!(
+        &notices(&mut g)[..],
+        [Notice::TimedOut { owner: 3, .. }]
+    ));
+    assert!(g.pool(p).retired);
+    assert_eq!(
+        denied(g.acquire(p, 0, 4, 30)).reason,
+        DenyReason::Concurrency
+    );
+    assert!(
+        g.release(p, &id(&a), None, 40),
+        "leases of a removed pool still drain"
+    );
+    assert_eq!(g.timers_total(), 1);
+}
+
+#[test]
+fn undelivered_grant_is_released() {
+    let (mut g, p) = governor(r#","concurrency":1"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    g.release_undelivered(&a.slot, 5);
+    assert_eq!(g.pool(p).held, 0);
+    granted(g.acquire(p, 0, 2, 6));
+}
+
+#[test]
+fn external_timers_come_back_as_notices() {
+    let (mut g, _) = governor("");
+    g.schedule(50, 7);
+    let k = g.schedule(60, 8);
+    g.cancel_timer(k);
+    g.advance(100);
+    assert!(matches!(&notices(&mut g)[..], [Notice::Timer(7)]));
+}

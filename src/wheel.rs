@@ -1,0 +1,364 @@
+//! The one hierarchical timer wheel behind every deadline in the server.
+//!
+//! Lease terms, queue deadlines, rate refills, cool-down ends and connection
+//! timeouts all live here. The wheel only sees `u64` ticks of one millisecond;
+//! converting from the monotonic clock happens at the edge (`clock.rs`).
+//!
+//! Layout (after tokio's `runtime/time/wheel`): six levels of 64 slots. Level
+//! `L` slots span `64^L` ticks, so the wheel covers 64^6 ms (about 2.2 years);
+//! later deadlines are clamped to its horizon. An entry's level is picked from
+//! the highest bit in which its deadline differs from the wheel's current time,
+//! and each level keeps an `occupied` bitmap, so finding the next expiry is a
+//! `trailing_zeros` per level. Entries live in a `slab` and are threaded into
+//! their slot through intrusive `prev`/`next` indices, which makes insert and
+//! cancel O(1) without `unsafe`.
+//!
+//! The wheel never reads a clock: `poll(now)` is told the time.
+
+use slab::Slab;
+
+const LEVELS: usize = 6;
+const SLOT_BITS: u32 = 6;
+const SLOTS: usize = 1 << SLOT_BITS;
+const SLOT_MASK: u64 = (SLOTS as u64) - 1;
+/// The furthest a deadline may lie ahead of the wheel's time.
+const HORIZON: u64 = (1 << (SLOT_BITS as usize * LEVELS)) - 1;
+const NIL: u32 = u32::MAX;
+
+/// Handle to a scheduled entry. Valid until the entry fires or is cancelled;
+/// the owner must forget it then (slab indices are reused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimerKey(u32);
+
+struct Entry<T> {
+    deadline: u64,
+    prev: u32,
+    next: u32,
+    /// Level and slot the entry is linked into; `NIL`-linked when pending.
+    level: u8,
+    slot: u8,
+    pending: bool,
+    payload: T,
+}
+
+#[derive(Clone, Copy)]
+struct Level {
+    occupied: u64,
+    heads: [u32; SLOTS],
+}
+
+pub struct Wheel<T> {
+    /// The time up to which every slot has been processed.
+    elapsed: u64,
+    levels: [Level; LEVELS],
+    entries: Slab<Entry<T>>,
+    /// Entries whose deadline has passed, waiting to be handed out by `poll`.
+    pending: Vec<u32>,
+}
+
+impl<T> Default for Wheel<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Wheel<T> {
+    pub fn new() -> Self {
+        Wheel {
+            elapsed: 0,
+            levels: [Level {
+                occupied: 0,
+                heads: [NIL; SLOTS],
+            }; LEVELS],
+            entries: Slab::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Number of scheduled entries (fired-but-unpolled ones included).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Schedules `payload` to come out of `poll` once `now >= deadline`.
+    /// A deadline already in the past fires on the next `poll`.
+    pub fn insert(&mut self, deadline: u64, payload: T) -> TimerKey {
+        let idx = self.entries.insert(Entry {
+            deadline,
+            prev: NIL,
+            next: NIL,
+            level: 0,
+            slot: 0,
+            pending: false,
+            payload,
+        });
+        let idx = u32::try_from(idx).expect("timer wheel holds fewer than 2^32 entries");
+        self.link(idx);
+        TimerKey(idx)
+    }
+
+    /// Removes an entry that has not fired yet and returns its payload.
+    pub fn cancel(&mut self, key: TimerKey) -> Option<T> {
+        let idx = key.0;
+        let entry = self.entries.get(idx as usize)?;
+        if entry.pending {
+            // Rare: fired in this poll round but not handed out yet.
+            self.pending.retain(|&i| i != idx);
+        } else {
+            self.unlink(idx);
+        }
+        Some(self.entries.remove(idx as usize).payload)
+    }
+
+    /// The deadline of the earliest entry, or `None` when the wheel is empty.
+    /// Exact for level 0; for higher levels it is the start of the slot, which
+    /// is never later than the entry itself, so a poll at that time is safe.
+    pub fn next_deadline(&self) -> Option<u64> {
+        if !self.pending.is_empty() {
+            return Some(self.elapsed);
+        }
+        self.next_expiration().map(|(_, _, at)| at)
+    }
+
+    /// Hands out one payload whose deadline is `<= now`, or `None` once no
+    /// more are due. Call repeatedly until `None`.
+    pub fn poll(&mut self, now: u64) -> Option<T> {
+        loop {
+            if let Some(idx) = self.pending.pop() {
+                return Some(self.entries.remove(idx as usize).payload);
+            }
+            match self.next_expiration() {
+                Some((level, slot, at)) if at <= now => {
+                    self.elapsed = self.elapsed.max(at);
+                    self.process_slot(level, slot, now);
+                }
+                _ => {
+                    self.elapsed = self.elapsed.max(now);
+                    return None;
+                }
+            }
+        }
+    }
+
+    fn process_slot(&mut self, level: usize, slot: usize, now: u64) {
+        let mut idx = self.levels[level].heads[slot];
+        self.levels[level].heads[slot] = NIL;
+        self.levels[level].occupied &= !(1u64 << slot);
+        while idx != NIL {
+            let entry = &mut self.entries[idx as usize];
+            let next = entry.next;
+            entry.prev = NIL;
+            entry.next = NIL;
+            if entry.deadline <= now {
+                entry.pending = true;
+                self.pending.push(idx);
+            } else {
+                // Cascades to a lower level relative to the new `elapsed`.
+                self.link(idx);
+            }
+            idx = next;
+        }
+    }
+
+    fn next_expiration(&self) -> Option<(usize, usize, u64)> {
+        for level in 0..LEVELS {
+            let occupied = self.levels[level].occupied;
+            if occupied == 0 {
+                continue;
+            }
+            let shift = SLOT_BITS as usize * level;
+            let slot_range = 1u64 << shift;
+            let level_range = slot_range << SLOT_BITS;
+            let now_slot = ((self.elapsed >> shift) & SLOT_MASK) as u32;
+            let slot =
+                (occupied.rotate_right(now_slot).trailing_zeros() + now_slot) as usize % SLOTS;
+            let level_start = self.elapsed & !(level_range - 1);
+            let mut at = level_start + slot as u64 * slot_range;
+            if at + slot_range <= self.elapsed {
+                // Only the top level wraps: its slots act as a ring beyond the horizon.
+                at += level_range;
+            }
+            return Some((level, slot, at.max(self.elapsed)));
+        }
+        None
+    }
+
+    fn link(&mut self, idx: u32) {
+        let elapsed = self.elapsed;
+        let entry = &mut self.entries[idx as usize];
+        let when = entry
+            .deadline
+            .clamp(elapsed, elapsed.saturating_add(HORIZON));
+        let level = level_for(elapsed, when);
+        let slot = ((when >> (SLOT_BITS as usize * level)) & SLOT_MASK) as usize;
+        let head = self.levels[level].heads[slot];
+        entry.level = level as u8;
+        entry.slot = slot as u8;
+        entry.prev = NIL;
+        entry.next = head;
+        if head != NIL {
+            self.entries[head as usize].prev = idx;
+        }
+        self.levels[level].heads[slot] = idx;
+        self.levels[level].occupied |= 1u64 << slot;
+    }
+
+    fn unlink(&mut self, idx: u32) {
+        let (prev, next, level, slot) = {
+            let e = &self.entries[idx as usize];
+            (e.prev, e.next, e.level as usize, e.slot as usize)
+        };
+        if prev == NIL {
+            self.levels[level].heads[slot] = next;
+            if next == NIL {
+                self.levels[level].occupied &= !(1u64 << slot);
+            }
+        } else {
+            self.entries[prev as usize].next = next;
+        }
+        if next != NIL {
+            self.entries[next as usize].prev = prev;
+        }
+    }
+}
+
+/// The level whose slot width matches the highest differing bit between the
+/// wheel's time and the deadline.
+fn level_for(elapsed: u64, when: u64) -> usize {
+    let masked = ((elapsed ^ when) | SLOT_MASK).min(HORIZON);
+    let significant = 63 - masked.leading_zeros() as usize;
+    significant / SLOT_BITS as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(w: &mut Wheel<u32>, now: u64) -> Vec<u32> {
+        let mut out = Vec::new();
+        while let Some(p) = w.poll(now) {
+            out.push(p);
+        }
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn fires_at_deadline_not_before() {
+        let mut w = Wheel::new();
+        w.insert(5, 1);
+        w.insert(70, 2);
+        w.insert(5000, 3);
+        assert_eq!(drain(&mut w, 4), Vec::<u32>::new());
+        assert_eq!(w.next_deadline(), Some(5));
+        assert_eq!(drain(&mut w, 5), vec![1]);
+        assert_eq!(drain(&mut w, 69), Vec::<u32>::new());
+        assert_eq!(drain(&mut w, 70), vec![2]);
+        assert_eq!(drain(&mut w, 4999), Vec::<u32>::new());
+        assert_eq!(drain(&mut w, 5000), vec![3]);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn next_deadline_never_later_than_entry() {
+        for d in [1u64, 63, 64, 65, 4095, 4096, 300_000, 1 << 30] {
+            let mut w = Wheel::new();
+            w.insert(d, 0u32);
+            let nd = w.next_deadline().unwrap();
+            assert!(nd <= d, "next {nd} after {d}");
+        }
+    }
+
+    #[test]
+    fn every_entry_fires_exactly_at_its_tick_when_stepping() {
+        // Step the wheel a millisecond at a time over a range that crosses
+        // level boundaries and check each entry fires on its own tick.
+        let mut w = Wheel::new();
+        let deadlines: Vec<u64> = (0..400).map(|i| (i * 7919 % 20_000) + 1).collect();
+        for (i, &d) in deadlines.iter().enumerate() {
+            w.insert(d, i as u32);
+        }
+        let mut fired = vec![None; deadlines.len()];
+        for now in 0..=20_001u64 {
+            while let Some(i) = w.poll(now) {
+                assert!(fired[i as usize].is_none());
+                fired[i as usize] = Some(now);
+            }
+        }
+        for (i, &d) in deadlines.iter().enumerate() {
+            assert_eq!(fired[i], Some(d), "entry {i}");
+        }
+    }
+
+    #[test]
+    fn jumping_ahead_fires_everything_due() {
+        let mut w = Wheel::new();
+        for d in [3u64, 100, 10_000, 1_000_000, 90_000_000] {
+            w.insert(d, d as u32);
+        }
+        assert_eq!(drain(&mut w, 10_000), vec![3, 100, 10_000]);
+        assert_eq!(drain(&mut w, 999_999), Vec::<u32>::new());
+        assert_eq!(drain(&mut w, 100_000_000), vec![1_000_000, 90_000_000]);
+    }
+
+    #[test]
+    fn cancel_removes_and_returns_payload() {
+        let mut w = Wheel::new();
+        let a = w.insert(10, 1);
+        let b = w.insert(10, 2);
+        let c = w.insert(10, 3);
+        assert_eq!(w.cancel(b), Some(2));
+        assert_eq!(w.cancel(a), Some(1));
+        assert_eq!(drain(&mut w, 10), vec![3]);
+        assert_eq!(w.cancel(c), None);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn past_deadline_fires_on_next_poll() {
+        let mut w = Wheel::new();
+        assert_eq!(drain(&mut w, 1000), Vec::<u32>::new());
+        w.insert(10, 7);
+        assert_eq!(w.next_deadline(), Some(1000));
+        assert_eq!(drain(&mut w, 1000), vec![7]);
+    }
+
+    #[test]
+    fn insert_while_advancing_keeps_order() {
+        // Entries inserted relative to a late `elapsed` still fire on time.
+        let mut w = Wheel::new();
+        let mut now = 0;
+        let mut expected = Vec::new();
+        for round in 0..200u64 {
+            now += 37;
+            w.insert(now + 1000 + round, round as u32);
+            expected.push((now + 1000 + round, round as u32));
+            while let Some(p) = w.poll(now) {
+                let (d, _) = expected.iter().find(|(_, q)| *q == p).copied().unwrap();
+                assert!(d <= now);
+            }
+        }
+        let mut last = 0;
+        while !w.is_empty() {
+            let nd = w.next_deadline().unwrap();
+            assert!(nd >= last);
+            last = nd;
+            while let Some(p) = w.poll(nd) {
+                let (d, _) = expected.iter().find(|(_, q)| *q == p).copied().unwrap();
+                assert_eq!(d, nd, "fired late or early");
+            }
+        }
+    }
+
+    #[test]
+    fn deadline_beyond_horizon_is_clamped() {
+        let mut w = Wheel::new();
+        w.insert(u64::MAX, 1);
+        assert_eq!(drain(&mut w, HORIZON - 1), Vec::<u32>::new());
+        assert_eq!(drain(&mut w, u64::MAX), vec![1]);
+    }
+}

@@ -1,1 +1,112 @@
-fn main() {}
+//! The `nthpool` binary: command line, start-up, and the one line that says
+//! what went wrong when start-up fails.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use nthpool::config::Config;
+use nthpool::server;
+
+const HELP: &str = "\
+nthpool — a concurrency governor for callers of rate-limited APIs
+
+USAGE:
+    nthpool [--config FILE] [--listen ADDR]
+    nthpool --check-config FILE
+
+With no --config, serves the embedded demo configuration: pool `demo` on
+127.0.0.1:7070, with its key and a ready curl line printed at start-up.
+
+OPTIONS:
+    --config FILE         JSON configuration (see the README); re-read on SIGHUP
+    --listen ADDR         listen address, overriding the configuration's `listen`
+                          (port 0 picks a free port; the address is printed)
+    --check-config FILE   validate FILE, print what is wrong, and exit
+    -h, --help            this text
+    -V, --version         the version
+
+ENVIRONMENT:
+    RUST_LOG              log filter for env_logger, e.g. RUST_LOG=debug (default: info)
+";
+
+struct Args {
+    config: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
+    let mut args = Args {
+        config: None,
+        listen: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "-h" | "--help" => {
+                print!("{HELP}");
+                return Ok(None);
+            }
+            "-V" | "--version" => {
+                println!("nthpool {}", env!("CARGO_PKG_VERSION"));
+                return Ok(None);
+            }
+            "--config" => args.config = Some(value("--config")?.into()),
+            "--listen" => {
+                let v = value("--listen")?;
+                args.listen = Some(v.parse().map_err(|_| {
+                    format!("--listen: {v:?} is not an address like 127.0.0.1:7070")
+                })?);
+            }
+            "--check-config" => {
+                let path = PathBuf::from(value("--check-config")?);
+                Config::load(&path).map_err(|e| e.to_string())?;
+                println!("{}: configuration is valid", path.display());
+                return Ok(None);
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    Ok(Some(args))
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = match parse_args() {
+        Ok(Some(args)) => args,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nthpool: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("nthpool: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::embedded(),
+    };
+    let listen = args.listen.unwrap_or_else(|| config.listen_addr());
+    let embedded = args.config.is_none();
+    let result = server::serve(&config, listen, |addr| {
+        println!("nthpool listening on http://{addr}");
+        if embedded {
+            let (name, pool) = config.pools.iter().next().expect("the demo pool");
+            let key = &pool.keys[0];
+            println!("demo pool `{name}`, key {key}");
+            println!("try: curl -sS -X POST http://{addr}/pools/{name}/lock/acquire -H 'X-Nthpool-Key: {key}'");
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nthpool: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

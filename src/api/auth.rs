@@ -1,0 +1,86 @@
+//! Pool keys: who may use a pool at all. Every configured access policy
+//! comes on top of this; the key is always required.
+
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use crate::config::{parse_sha256_hex, PoolConfig};
+use crate::http::request::Head;
+
+pub struct PoolKeys {
+    plain: Vec<Box<[u8]>>,
+    hashed: Vec<[u8; 32]>,
+    allow_authorization_header: bool,
+}
+
+/// Equality that takes the same time wherever the inputs differ.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+const MISSING: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
+
+impl PoolKeys {
+    pub fn new(config: &PoolConfig) -> PoolKeys {
+        PoolKeys {
+            plain: config.keys.iter().map(|k| k.as_bytes().into()).collect(),
+            hashed: config
+                .key_sha256
+                .iter()
+                .map(|h| parse_sha256_hex(h).expect("validated"))
+                .collect(),
+            allow_authorization_header: config.allow_authorization_header,
+        }
+    }
+
+    /// The key the request presents: `X-Nthpool-Key`, else (when allowed)
+    /// `Authorization: Bearer|Nthbouncer <key>`.
+    pub fn presented<'h>(&self, head: &Head<'h>) -> Option<&'h [u8]> {
+        if let Some(key) = head.header("x-nthpool-key") {
+            return Some(trim(key));
+        }
+        if !self.allow_authorization_header {
+            return None;
+        }
+        let value = trim(head.header("authorization")?);
+        let split = value.iter().position(|&b| b == b' ')?;
+        let (scheme, rest) = value.split_at(split);
+        if scheme.eq_ignore_ascii_case(b"bearer") || scheme.eq_ignore_ascii_case(b"nthbouncer") {
+            Some(trim(rest))
+        } else {
+            None
+        }
+    }
+
+    pub fn check(&self, head: &Head) -> Result<(), ApiError> {
+        let key = self.presented(head).ok_or(MISSING)?;
+        // Every configured key is compared, so timing does not tell which matched.
+        let mut ok = false;
+        for k in &self.plain {
+            ok |= ct_eq(k, key);
+        }
+        if !self.hashed.is_empty() {
+            let digest: [u8; 32] = Sha256::digest(key).into();
+            for h in &self.hashed {
+                ok |= ct_eq(h, &digest);
+            }
+        }
+        if ok {
+            Ok(())
+        } else {
+            Err(MISSING)
+        }
+    }
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &v[start..end]
+}

@@ -1,0 +1,92 @@
+//! The one table from "what went wrong" to status, `error` code and message.
+
+use crate::http::response::{error_body, Status, Writer};
+
+/// Every error answer a client can get, one variant each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiError {
+    /// Bad framing or a bad body; the sentence says which.
+    BadRequest(&'static str),
+    /// Missing or wrong key, unknown pool, failed signature/token, nonce replay.
+    Unauthorized(&'static str),
+    /// The client address is outside the pool's `ipAllow`.
+    Forbidden,
+    NotFound,
+    RouteNotFound,
+    MethodNotAllowed,
+    Capped,
+    PayloadTooLarge,
+    HeadTooLarge,
+    /// Overloaded or shutting down; retry after the given seconds.
+    Unavailable(&'static str, u64),
+}
+
+impl ApiError {
+    pub fn status(self) -> Status {
+        match self {
+            ApiError::BadRequest(_) => Status::BadRequest,
+            ApiError::Unauthorized(_) => Status::Unauthorized,
+            ApiError::Forbidden => Status::Forbidden,
+            ApiError::NotFound | ApiError::RouteNotFound => Status::NotFound,
+            ApiError::MethodNotAllowed => Status::MethodNotAllowed,
+            ApiError::Capped => Status::Conflict,
+            ApiError::PayloadTooLarge => Status::PayloadTooLarge,
+            ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
+            ApiError::Unavailable(..) => Status::ServiceUnavailable,
+        }
+    }
+
+    pub fn code(self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::Unauthorized(_) | ApiError::Forbidden => "unauthorized",
+            ApiError::NotFound | ApiError::RouteNotFound => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::Capped => "capped",
+            ApiError::PayloadTooLarge => "payload_too_large",
+            ApiError::HeadTooLarge => "request_header_fields_too_large",
+            ApiError::Unavailable(..) => "unavailable",
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            ApiError::BadRequest(why)
+            | ApiError::Unauthorized(why)
+            | ApiError::Unavailable(why, _) => why,
+            ApiError::Forbidden => "Your address is not allowed to use this pool.",
+            ApiError::NotFound => "The slot was already released or reclaimed.",
+            ApiError::RouteNotFound => "No such route.",
+            ApiError::MethodNotAllowed => "Lock routes accept POST only.",
+            ApiError::Capped => {
+                "The slot reached its request deadline and cannot be renewed; release it."
+            }
+            ApiError::PayloadTooLarge => "The request body is larger than this server accepts.",
+            ApiError::HeadTooLarge => "The request head is larger than 16 KiB.",
+        }
+    }
+
+    /// Errors after which the connection cannot be trusted to stay in sync.
+    pub fn closes(self) -> bool {
+        matches!(
+            self,
+            ApiError::BadRequest(_) | ApiError::PayloadTooLarge | ApiError::HeadTooLarge
+        )
+    }
+
+    pub fn write(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool) {
+        scratch.clear();
+        error_body(scratch, self.code(), self.message());
+        let mut w = Writer::start(out, self.status());
+        match self {
+            ApiError::MethodNotAllowed => {
+                w.header(b"Allow", b"POST");
+            }
+            ApiError::Unavailable(_, retry_after_s) => {
+                w.header_u64(b"Retry-After", retry_after_s.max(1));
+            }
+            _ => {}
+        }
+        w.finish_json(scratch, close || self.closes());
+    }
+}

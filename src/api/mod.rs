@@ -1,0 +1,359 @@
+//! The lock API: routes a parsed request to the governor and writes the answer.
+//!
+//! This layer owns the governor and the per-pool credentials. It sees a
+//! parsed `Head`, the body bytes and a little context from the reactor (the
+//! time, the peer, who owns the connection); it never touches a socket.
+//! A queued acquire is answered later through `answer_notice`.
+
+pub mod auth;
+pub mod error;
+pub mod route;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use crate::config::Config;
+use crate::governor::{Admission, Denial, Governor, Grant, Ms, PoolId, RenewError, WaiterKey};
+use crate::http::request::{Head, Method};
+use crate::http::response::{json_u64, Status, Writer};
+use crate::report::{self, check_object, is_blank};
+use auth::PoolKeys;
+pub use error::ApiError;
+use route::Route;
+
+/// The longest wait a caller may ask for; beyond it the value is refused as absurd.
+pub const MAX_WAIT_MS: u64 = 86_400_000;
+
+/// What the reactor knows about the request being handled.
+pub struct Ctx {
+    pub now: Ms,
+    /// Unix epoch milliseconds at monotonic 0, to turn deadlines into wall time.
+    pub epoch_base_ms: u64,
+    pub owner: u64,
+    pub peer: IpAddr,
+    /// The answer must close the connection (HTTP/1.0, `Connection: close`).
+    pub close: bool,
+}
+
+/// A queued acquire the reactor must remember until its notice comes.
+#[derive(Debug, Clone, Copy)]
+pub struct Queued {
+    pub key: WaiterKey,
+    pub pool: PoolId,
+    pub wait_ms: u64,
+}
+
+pub enum Handled {
+    Done,
+    Queued(Queued),
+}
+
+pub struct App {
+    pub gov: Governor,
+    keys: Vec<PoolKeys>,
+    public_host: Option<Box<[u8]>>,
+    pub max_body: usize,
+    scratch: Vec<u8>,
+}
+
+impl App {
+    pub fn new(config: &Config) -> App {
+        let mut app = App {
+            gov: Governor::new(&BTreeMap::new()),
+            keys: Vec::new(),
+            public_host: None,
+            max_body: config.max_body_bytes,
+            scratch: Vec::with_capacity(512),
+        };
+        app.reconfigure(config, 0);
+        app
+    }
+
+    /// Applies a (re)loaded configuration; pools keep their live state.
+    pub fn reconfigure(&mut self, config: &Config, now: Ms) {
+        self.gov.reconfigure(&config.pools, now);
+        self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
+        self.max_body = config.max_body_bytes;
+        let mut keys: Vec<Option<PoolKeys>> = (0..self.gov.pools().count()).map(|_| None).collect();
+        for (name, pool) in &config.pools {
+            let pid = self
+                .gov
+                .pool_id(name)
+                .expect("reconfigure added every pool");
+            keys[pid.0 as usize] = Some(PoolKeys::new(pool));
+        }
+        // Retired pools keep their old keys so their leases can still be released.
+        let mut old = std::mem::take(&mut self.keys).into_iter();
+        self.keys = keys
+            .into_iter()
+            .map(|k| {
+                let previous = old.next();
+                k.or(previous).expect("every pool had keys once")
+            })
+            .collect();
+    }
+
+    /// What can be decided from the head alone (route, method, host, key),
+    /// so `Expect: 100-continue` can be refused before the body is sent.
+    pub fn precheck(&self, head: &Head) -> Result<(), ApiError> {
+        let (route, pid) = self.resolve(head)?;
+        self.authorize(route, pid, head)
+    }
+
+    fn authorize(&self, route: Route, pid: PoolId, head: &Head) -> Result<(), ApiError> {
+        // A pool dropped by a reload is unknown to new callers; its leases still drain.
+        if matches!(route, Route::Acquire { .. }) && self.gov.pool(pid).retired {
+            return Err(UNKNOWN_POOL);
+        }
+        self.keys[pid.0 as usize].check(head)
+    }
+
+    fn resolve<'h>(&self, head: &Head<'h>) -> Result<(Route<'h>, PoolId), ApiError> {
+        let route = route::route(head.path).ok_or(ApiError::RouteNotFound)?;
+        if head.method != Method::Post {
+            return Err(ApiError::MethodNotAllowed);
+        }
+        if let Some(public) = &self.public_host {
+            let host = head.host.unwrap_or_default();
+            let name = host_without_port(host);
+            if !name.eq_ignore_ascii_case(public) {
+                return Err(ApiError::RouteNotFound);
+            }
+        }
+        let pool = match route {
+            Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. } => {
+                pool
+            }
+        };
+        let pid = self.gov.pool_id(pool).ok_or(UNKNOWN_POOL)?;
+        Ok((route, pid))
+    }
+
+    pub fn handle(&mut self, ctx: &Ctx, head: &Head, body: &[u8], out: &mut Vec<u8>) -> Handled {
+        match self.dispatch(ctx, head, body, out) {
+            Ok(handled) => handled,
+            Err(e) => {
+                e.write(out, &mut self.scratch, ctx.close);
+                Handled::Done
+            }
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        ctx: &Ctx,
+        head: &Head,
+        body: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<Handled, ApiError> {
+        let (route, pid) = self.resolve(head)?;
+        self.authorize(route, pid, head)?;
+        match route {
+            Route::Acquire { .. } => {
+                let wait_ms = wait_budget(head, body)?;
+                match self.gov.acquire(pid, wait_ms, ctx.owner, ctx.now) {
+                    Admission::Granted(grant) => {
+                        self.write_grant(out, &grant, ctx.epoch_base_ms, ctx.close);
+                        Ok(Handled::Done)
+                    }
+                    Admission::Denied(denial) => {
+                        self.write_denial(out, &denial, Status::TooManyRequests, ctx.close);
+                        Ok(Handled::Done)
+                    }
+                    Admission::Queued(key) => Ok(Handled::Queued(Queued {
+                        key,
+                        pool: pid,
+                        wait_ms,
+                    })),
+                }
+            }
+            Route::Renew { slot, .. } => match self.gov.renew(pid, slot.as_bytes(), ctx.now) {
+                Ok(deadline) => {
+                    self.scratch.clear();
+                    self.scratch.push(b'{');
+                    json_u64(
+                        &mut self.scratch,
+                        b"leaseDeadline",
+                        ctx.epoch_base_ms + deadline,
+                    );
+                    self.scratch.push(b'}');
+                    Writer::start(out, Status::Ok).finish_json(&self.scratch, ctx.close);
+                    Ok(Handled::Done)
+                }
+                Err(RenewError::NotFound) => Err(ApiError::NotFound),
+                Err(RenewError::Capped) => Err(ApiError::Capped),
+            },
+            Route::Release { slot, .. } => {
+                let outcome = report::parse_release(body, ctx.epoch_base_ms + ctx.now)
+                    .map_err(ApiError::BadRequest)?;
+                let released = self
+                    .gov
+                    .release(pid, slot.as_bytes(), outcome.as_ref(), ctx.now);
+                let text: &[u8] = if released {
+                    b"{\"released\":true}"
+                } else {
+                    b"{\"released\":false}"
+                };
+                Writer::start(out, Status::Ok).finish_json(text, ctx.close);
+                Ok(Handled::Done)
+            }
+        }
+    }
+
+    /// The `200` of an acquire, immediate or after queueing.
+    pub fn write_grant(
+        &mut self,
+        out: &mut Vec<u8>,
+        grant: &Grant,
+        epoch_base_ms: u64,
+        close: bool,
+    ) {
+        let b = &mut self.scratch;
+        b.clear();
+        b.extend_from_slice(b"{\"slotId\":\"");
+        b.extend_from_slice(&grant.slot.encode());
+        b.extend_from_slice(b"\",");
+        json_u64(b, b"leaseDeadline", epoch_base_ms + grant.lease_deadline);
+        b.push(b',');
+        json_u64(
+            b,
+            b"requestDeadline",
+            epoch_base_ms + grant.request_deadline,
+        );
+        b.push(b',');
+        json_u64(b, b"termMs", grant.term_ms);
+        b.push(b',');
+        json_u64(b, b"renewIntervalMs", grant.renew_interval_ms);
+        b.push(b'}');
+        let mut w = Writer::start(out, Status::Ok);
+        write_signals(&mut w, &grant.signals, grant.queued_ms);
+        w.finish_json(&self.scratch, close);
+    }
+
+    /// A `429` (fail fast, queue full) or `504` (queue deadline).
+    pub fn write_denial(
+        &mut self,
+        out: &mut Vec<u8>,
+        denial: &Denial,
+        status: Status,
+        close: bool,
+    ) {
+        let (code, message) = if status == Status::GatewayTimeout {
+            ("queue_timeout", "No slot opened within the wait budget.")
+        } else {
+            match denial.reason {
+                crate::governor::DenyReason::QueueFull => {
+                    ("too_many_requests", "The pool's wait queue is full.")
+                }
+                crate::governor::DenyReason::Rate => (
+                    "too_many_requests",
+                    "The pool's rate budget is spent for now.",
+                ),
+                crate::governor::DenyReason::Cooldown => (
+                    "too_many_requests",
+                    "The pool is cooling down after the upstream asked to slow down.",
+                ),
+                crate::governor::DenyReason::Concurrency => {
+                    ("too_many_requests", "No free slot in this pool.")
+                }
+            }
+        };
+        self.scratch.clear();
+        crate::http::response::error_body(&mut self.scratch, code, message);
+        let mut w = Writer::start(out, status);
+        write_signals(&mut w, &denial.signals, denial.queued_ms);
+        w.header(b"x-nthpool-deny-reason", denial.reason.as_str().as_bytes());
+        w.header_u64(b"Retry-After", denial.retry_after_ms.div_ceil(1000).max(1));
+        w.finish_json(&self.scratch, close);
+    }
+
+    /// An error answer written by the reactor (framing errors, limits).
+    pub fn write_error(&mut self, out: &mut Vec<u8>, error: ApiError, close: bool) {
+        error.write(out, &mut self.scratch, close);
+    }
+}
+
+const UNKNOWN_POOL: ApiError =
+    ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
+
+fn write_signals(w: &mut Writer, s: &crate::governor::Signals, queued_ms: u64) {
+    w.header_u64(b"x-nthpool-remaining-slots", s.remaining_slots as u64)
+        .header_u64(b"x-nthpool-effective-limit", s.effective_limit as u64)
+        .header_u64(b"x-nthpool-queued-ms", queued_ms)
+        .header_u64(b"x-nthpool-limit", s.limit as u64)
+        .header_u64(b"x-nthpool-queue-depth", s.queue_depth as u64);
+    if let Some(tokens) = s.rpm_remaining {
+        w.header_u64(b"x-nthpool-rpm-remaining", tokens as u64);
+    }
+}
+
+fn host_without_port(host: &[u8]) -> &[u8] {
+    if host.first() == Some(&b'[') {
+        // An IPv6 literal: keep the brackets' content only.
+        return match host.iter().position(|&b| b == b']') {
+            Some(end) => &host[1..end],
+            None => host,
+        };
+    }
+    match host.iter().rposition(|&b| b == b':') {
+        Some(colon) => &host[..colon],
+        None => host,
+    }
+}
+
+/// The caller's wait budget: body `waitMs`, else `X-Nthpool-Queue-Timeout-Ms`;
+/// `X-Nthpool-No-Queue` forces 0. Anything but a whole number of ms up to a
+/// day is refused.
+fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
+    const BAD_WAIT: ApiError = ApiError::BadRequest(
+        "`waitMs` and X-Nthpool-Queue-Timeout-Ms must be whole milliseconds from 0 to 86400000.",
+    );
+    let mut wait = None;
+    if !is_blank(body) {
+        check_object(body).map_err(ApiError::BadRequest)?;
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct AcquireBody {
+            #[serde(default)]
+            wait_ms: Option<serde_json::Number>,
+        }
+        let parsed: AcquireBody = serde_json::from_slice(body).map_err(|_| {
+            ApiError::BadRequest("The acquire body is not valid JSON with a numeric `waitMs`.")
+        })?;
+        if let Some(n) = parsed.wait_ms {
+            wait = Some(n.as_u64().ok_or(BAD_WAIT)?);
+        }
+    }
+    if wait.is_none() {
+        if let Some(value) = head.header("x-nthpool-queue-timeout-ms") {
+            let text = std::str::from_utf8(value).map_err(|_| BAD_WAIT)?.trim();
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(BAD_WAIT);
+            }
+            wait = Some(text.parse::<u64>().map_err(|_| BAD_WAIT)?);
+        }
+    }
+    let wait = wait.unwrap_or(0);
+    if wait > MAX_WAIT_MS {
+        return Err(BAD_WAIT);
+    }
+    if head.header("x-nthpool-no-queue").is_some() {
+        return Ok(0);
+    }
+    Ok(wait)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_is_ignored() {
+        assert_eq!(
+            host_without_port(b"api.example.com:443"),
+            b"api.example.com"
+        );
+        assert_eq!(host_without_port(b"api.example.com"), b"api.example.com");
+        assert_eq!(host_without_port(b"[::1]:7070"), b"::1");
+    }
+}

@@ -1,0 +1,736 @@
+//! Request heads: finds where a request head ends in a connection's input, parses it
+//! with httparse and applies the framing rules of SPEC §4 that httparse leaves open
+//! (bare LF or CR, missing or repeated `Host`, `Content-Length` with
+//! `Transfer-Encoding`, any transfer coding other than `chunked`, list or signed
+//! `Content-Length`s, obsolete line folding).
+//!
+//! The result borrows the input buffer: this module never allocates, never reads a
+//! body, never touches a socket and never chooses an answer. A `HeadError` names the
+//! status only through its variant; the connection layer writes the reply.
+
+use httparse::{Header, Status};
+
+/// Past this many bytes without a complete head the answer is `431`.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// More header fields than this is answered as a head too large (`431`).
+pub const MAX_HEADERS: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    /// Any other method; routes only need to know it is none of the above.
+    Other,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body: no framing header, or `Content-Length: 0`.
+    None,
+    /// A body of exactly this many bytes (never 0).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`; decode with `ChunkedDecoder`.
+    Chunked,
+}
+
+#[derive(Debug)]
+pub struct Head<'b> {
+    pub method: Method,
+    /// The request target as sent, query string included; always starts with `/`.
+    pub path: &'b str,
+    /// False for HTTP/1.0.
+    pub http11: bool,
+    /// HTTP/1.1 keeps the connection unless `Connection: close`; HTTP/1.0 only
+    /// with `Connection: keep-alive` (and no `close`).
+    pub keep_alive: bool,
+    pub framing: BodyFraming,
+    /// `Expect: 100-continue` was sent, whatever the framing; other expectations
+    /// are ignored.
+    pub expect_continue: bool,
+    /// The one `Host` value (always present on HTTP/1.1, optional on HTTP/1.0).
+    pub host: Option<&'b [u8]>,
+    /// Bytes of the input taken by the head, final empty line included: the body or
+    /// the next pipelined request starts here.
+    pub head_len: usize,
+    pub headers: &'b [Header<'b>],
+}
+
+impl<'b> Head<'b> {
+    /// The value of the first field named `lower_case_name`, compared without case.
+    pub fn header(&self, lower_case_name: &str) -> Option<&'b [u8]> {
+        debug_assert!(!lower_case_name.bytes().any(|b| b.is_ascii_uppercase()));
+        self.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(lower_case_name))
+            .map(|h| h.value)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadError {
+    /// `400` and close; the text is the one-sentence `message` of the reply.
+    Malformed(&'static str),
+    /// `431` and close: the head is over `MAX_HEAD_BYTES` or `MAX_HEADERS`.
+    TooLarge,
+}
+
+/// Whether `parse_head` could now return something other than `Ok(None)`, given
+/// that `buf[..searched_from]` was already looked at by an earlier call. Callers
+/// pass the previous `buf.len()` so a slowly arriving head costs O(new bytes)
+/// instead of one full httparse run per read.
+///
+/// True when a new `\r\n\r\n` may end the head, when a bare LF or CR arrived (so a
+/// malformed head gets its `400` now rather than at the head timeout), or when the
+/// buffer is over `MAX_HEAD_BYTES` (so it gets its `431`).
+pub fn head_may_be_complete(buf: &[u8], searched_from: usize) -> bool {
+    if buf.len() > MAX_HEAD_BYTES {
+        return true;
+    }
+    // Each byte is judged with the one before it, so a CR that ended the previous
+    // read is judged by the byte that follows it.
+    for i in searched_from.min(buf.len())..buf.len() {
+        let prev = if i == 0 { 0 } else { buf[i - 1] };
+        if buf[i] == b'\n' {
+            if prev != b'\r' || (i >= 3 && &buf[i - 3..i - 1] == b"\r\n") {
+                return true;
+            }
+        } else if prev == b'\r' {
+            return true;
+        }
+    }
+    false
+}
+
+/// Parses the request head at the start of `buf`. `Ok(None)` means the head is not
+/// complete yet; keep the bytes and call again once `head_may_be_complete` says so.
+pub fn parse_head<'b>(
+    buf: &'b [u8],
+    storage: &'b mut [Header<'b>; MAX_HEADERS],
+) -> Result<Option<Head<'b>>, HeadError> {
+    let mut req = httparse::Request::new(storage);
+    let head_len = match req.parse(buf) {
+        Ok(Status::Complete(n)) => n,
+        Ok(Status::Partial) => {
+            check_line_endings(buf)?;
+            if buf.len() > MAX_HEAD_BYTES {
+                return Err(HeadError::TooLarge);
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(e) => return Err(HeadError::Malformed(httparse_reason(e))),
+    };
+    if head_len > MAX_HEAD_BYTES {
+        return Err(HeadError::TooLarge);
+    }
+    // httparse takes a lone LF as a line ending; a proxy in front of us may not,
+    // and two readings of one head is how requests get smuggled.
+    check_line_endings(&buf[..head_len])?;
+
+    let httparse::Request {
+        method,
+        path,
+        version,
+        headers,
+    } = req;
+    let headers: &'b [Header<'b>] = headers;
+    let (Some(method), Some(path), Some(version)) = (method, path, version) else {
+        return Err(HeadError::Malformed("The request line is incomplete."));
+    };
+    let method = match method {
+        "GET" => Method::Get,
+        "HEAD" => Method::Head,
+        "POST" => Method::Post,
+        _ => Method::Other,
+    };
+    if !path.starts_with('/') {
+        return Err(HeadError::Malformed(
+            "The request target must be a path starting with '/'.",
+        ));
+    }
+    let http11 = match version {
+        1 => true,
+        0 => false,
+        _ => {
+            return Err(HeadError::Malformed(
+                "Only HTTP/1.0 and HTTP/1.1 are served.",
+            ))
+        }
+    };
+
+    let fields = scan_fields(headers)?;
+    if http11 && fields.host.is_none() {
+        return Err(HeadError::Malformed(
+            "An HTTP/1.1 request needs a Host header.",
+        ));
+    }
+    let framing = match (fields.chunked, fields.content_length) {
+        (true, Some(_)) => {
+            return Err(HeadError::Malformed(
+                "Content-Length and Transfer-Encoding cannot be sent together.",
+            ))
+        }
+        (true, None) if !http11 => {
+            return Err(HeadError::Malformed(
+                "Transfer-Encoding is not allowed in an HTTP/1.0 request.",
+            ))
+        }
+        (true, None) => BodyFraming::Chunked,
+        (false, None | Some(0)) => BodyFraming::None,
+        (false, Some(n)) => BodyFraming::Length(n),
+    };
+    let keep_alive = !fields.close && (http11 || fields.keep_alive);
+
+    Ok(Some(Head {
+        method,
+        path,
+        http11,
+        keep_alive,
+        framing,
+        expect_continue: fields.expect_continue,
+        host: fields.host,
+        head_len,
+        headers,
+    }))
+}
+
+/// What the header fields say about framing and the connection, gathered in one
+/// pass over them.
+#[derive(Default)]
+struct Fields<'b> {
+    host: Option<&'b [u8]>,
+    content_length: Option<u64>,
+    chunked: bool,
+    close: bool,
+    keep_alive: bool,
+    expect_continue: bool,
+}
+
+fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
+    let mut f = Fields::default();
+    for h in headers {
+        let name = h.name.as_bytes();
+        // The length dispatch keeps most fields at one integer compare.
+        match name.len() {
+            4 if name.eq_ignore_ascii_case(b"host") => {
+                // Two Hosts are rejected on HTTP/1.0 too: which one a proxy used
+                // cannot be known, and `publicHost` routing depends on it.
+                if f.host.is_some() {
+                    return Err(HeadError::Malformed("The Host header is repeated."));
+                }
+                f.host = Some(h.value);
+            }
+            6 if name.eq_ignore_ascii_case(b"expect") => {
+                f.expect_continue |= trim_ows(h.value).eq_ignore_ascii_case(b"100-continue");
+            }
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                for token in h.value.split(|&b| b == b',').map(trim_ows) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        f.close = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        f.keep_alive = true;
+                    }
+                }
+            }
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                let n = parse_content_length(h.value)?;
+                if f.content_length.is_some_and(|m| m != n) {
+                    return Err(HeadError::Malformed(
+                        "Content-Length is sent twice with different values.",
+                    ));
+                }
+                f.content_length = Some(n);
+            }
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                // One field holding exactly `chunked`: a list (even split over
+                // two fields) would make the body's framing depend on who reads it.
+                if f.chunked {
+                    return Err(HeadError::Malformed("Transfer-Encoding is repeated."));
+                }
+                if !trim_ows(h.value).eq_ignore_ascii_case(b"chunked") {
+                    return Err(HeadError::Malformed(
+                        "Transfer-Encoding must be exactly 'chunked'.",
+                    ));
+                }
+                f.chunked = true;
+            }
+            _ => {}
+        }
+    }
+    Ok(f)
+}
+
+/// `1*DIGIT` around optional spaces or tabs; no sign, no list, no overflow.
+fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
+    const BAD: HeadError = HeadError::Malformed("Content-Length must be a plain decimal number.");
+    let digits = trim_ows(value);
+    if digits.is_empty() {
+        return Err(BAD);
+    }
+    let mut n: u64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return Err(BAD);
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(b - b'0')))
+            .ok_or(HeadError::Malformed("Content-Length is too large."))?;
+    }
+    Ok(n)
+}
+
+/// Strips optional whitespace (spaces and tabs only, as in RFC 9110's OWS).
+fn trim_ows(mut v: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = v {
+        v = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = v {
+        v = rest;
+    }
+    v
+}
+
+/// Every LF must follow a CR and every CR precede an LF, and no line may start
+/// with whitespace (obsolete folding). One scan over the head; a CR as the last
+/// byte of a partial head is left for the next call.
+fn check_line_endings(head: &[u8]) -> Result<(), HeadError> {
+    let mut prev = 0u8;
+    for (i, &b) in head.iter().enumerate() {
+        if b == b'\n' {
+            if prev != b'\r' {
+                return Err(HeadError::Malformed(
+                    "Lines of the request head must end with CRLF, not a bare LF.",
+                ));
+            }
+            if let Some(b' ' | b'\t') = head.get(i + 1) {
+                return Err(HeadError::Malformed(
+                    "Obsolete line folding is not accepted.",
+                ));
+            }
+        } else if prev == b'\r' {
+            return Err(HeadError::Malformed(
+                "A CR in the request head must be followed by LF.",
+            ));
+        }
+        prev = b;
+    }
+    Ok(())
+}
+
+fn httparse_reason(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "A header name is invalid.",
+        httparse::Error::HeaderValue => "A header value contains an invalid byte.",
+        httparse::Error::NewLine => "A line of the request head is not ended by CRLF.",
+        httparse::Error::Version => "Only HTTP/1.0 and HTTP/1.1 are served.",
+        httparse::Error::Token | httparse::Error::Status | httparse::Error::TooManyHeaders => {
+            "The request line is invalid."
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EMPTY: [Header<'static>; MAX_HEADERS] = [httparse::EMPTY_HEADER; MAX_HEADERS];
+
+    /// Parses `raw` and hands the result to `check`, since `Head` borrows locals.
+    fn with_head<R>(raw: &[u8], check: impl FnOnce(Result<Option<Head<'_>>, HeadError>) -> R) -> R {
+        let mut storage = EMPTY;
+        check(parse_head(raw, &mut storage))
+    }
+
+    /// The parts of a complete head that tests compare.
+    fn summary(raw: &[u8]) -> (Method, bool, bool, BodyFraming, bool, usize) {
+        with_head(raw, |r| {
+            let h = r.expect("valid head").expect("complete head");
+            (
+                h.method,
+                h.http11,
+                h.keep_alive,
+                h.framing,
+                h.expect_continue,
+                h.head_len,
+            )
+        })
+    }
+
+    fn error(raw: &[u8]) -> HeadError {
+        with_head(raw, |r| match r {
+            Err(e) => e,
+            Ok(h) => panic!("accepted {:?}: {h:?}", String::from_utf8_lossy(raw)),
+        })
+    }
+
+    fn is_malformed(raw: &[u8]) -> bool {
+        matches!(error(raw), HeadError::Malformed(_))
+    }
+
+    fn incomplete(raw: &[u8]) -> bool {
+        with_head(raw, |r| matches!(r, Ok(None)))
+    }
+
+    #[test]
+    fn simple_get_keeps_alive_on_1_1() {
+        let raw = b"GET /v1/pools?x=1 HTTP/1.1\r\nHost: example.com:8080\r\n\r\n";
+        with_head(raw, |r| {
+            let h = r.unwrap().unwrap();
+            assert_eq!(h.method, Method::Get);
+            assert_eq!(h.path, "/v1/pools?x=1");
+            assert!(h.http11);
+            assert!(h.keep_alive);
+            assert_eq!(h.framing, BodyFraming::None);
+            assert!(!h.expect_continue);
+            assert_eq!(h.host, Some(&b"example.com:8080"[..]));
+            assert_eq!(h.head_len, raw.len());
+            assert_eq!(h.headers.len(), 1);
+        });
+    }
+
+    #[test]
+    fn head_len_stops_before_body_and_pipelined_bytes() {
+        let head = b"POST /a HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n";
+        let mut raw = head.to_vec();
+        raw.extend_from_slice(b"{}GET / HTTP/1.1\r\n");
+        let s = summary(&raw);
+        assert_eq!(s.0, Method::Post);
+        assert_eq!(s.3, BodyFraming::Length(2));
+        assert_eq!(s.5, head.len());
+    }
+
+    #[test]
+    fn connection_rules_for_1_0_and_1_1() {
+        let ka = |raw: &[u8]| summary(raw).2;
+        assert!(!ka(b"GET / HTTP/1.0\r\n\r\n"));
+        assert!(ka(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+        assert!(ka(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
+        assert!(!ka(
+            b"GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n"
+        ));
+        assert!(ka(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"));
+        assert!(!ka(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(!ka(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: CLOSE\r\n\r\n"
+        ));
+        assert!(!ka(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: upgrade ,\tclose\r\n\r\n"
+        ));
+        assert!(!ka(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n"
+        ));
+        assert!(ka(
+            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: closed\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn http_1_0_needs_no_host() {
+        let s = summary(b"GET / HTTP/1.0\r\n\r\n");
+        assert!(!s.1);
+        with_head(b"GET / HTTP/1.0\r\n\r\n", |r| {
+            assert_eq!(r.unwrap().unwrap().host, None)
+        });
+    }
+
+    #[test]
+    fn methods() {
+        let m = |raw: &[u8]| summary(raw).0;
+        assert_eq!(m(b"HEAD / HTTP/1.1\r\nHost: h\r\n\r\n"), Method::Head);
+        assert_eq!(m(b"POST / HTTP/1.1\r\nHost: h\r\n\r\n"), Method::Post);
+        assert_eq!(m(b"DELETE / HTTP/1.1\r\nHost: h\r\n\r\n"), Method::Other);
+        // Methods are case-sensitive.
+        assert_eq!(m(b"post / HTTP/1.1\r\nHost: h\r\n\r\n"), Method::Other);
+    }
+
+    #[test]
+    fn content_length_framing() {
+        let f = |raw: &[u8]| summary(raw).3;
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 42\r\n\r\n"),
+            BodyFraming::Length(42)
+        );
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\ncontent-length:\t7 \r\n\r\n"),
+            BodyFraming::Length(7)
+        );
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"),
+            BodyFraming::None
+        );
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 007\r\n\r\n"),
+            BodyFraming::Length(7)
+        );
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551615\r\n\r\n"),
+            BodyFraming::Length(u64::MAX)
+        );
+        // Identical duplicates say the same thing to every reader.
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"),
+            BodyFraming::Length(5)
+        );
+        // HTTP/1.0 bodies are framed by Content-Length.
+        assert_eq!(
+            f(b"POST / HTTP/1.0\r\nContent-Length: 3\r\n\r\n"),
+            BodyFraming::Length(3)
+        );
+    }
+
+    #[test]
+    fn chunked_framing() {
+        let f = |raw: &[u8]| summary(raw).3;
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            BodyFraming::Chunked
+        );
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\ntransfer-encoding: CHUNKED \r\n\r\n"),
+            BodyFraming::Chunked
+        );
+        // A tab is optional whitespace like a space (RFC 9110 OWS), so it is not a
+        // second reading of the field.
+        assert_eq!(
+            f(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: \tchunked\r\n\r\n"),
+            BodyFraming::Chunked
+        );
+    }
+
+    #[test]
+    fn expect_continue() {
+        let e = |raw: &[u8]| summary(raw).4;
+        assert!(e(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"
+        ));
+        assert!(e(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nexpect: 100-Continue\r\n\r\n"
+        ));
+        assert!(!e(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 200-ok\r\n\r\n"
+        ));
+        assert!(!e(
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn header_lookup_is_case_insensitive_and_first_wins() {
+        let raw = b"GET / HTTP/1.1\r\nHost: h\r\nX-Api-Key: one\r\nx-api-key: two\r\n\r\n";
+        with_head(raw, |r| {
+            let h = r.unwrap().unwrap();
+            assert_eq!(h.header("x-api-key"), Some(&b"one"[..]));
+            assert_eq!(h.header("host"), Some(&b"h"[..]));
+            assert_eq!(h.header("authorization"), None);
+        });
+    }
+
+    #[test]
+    fn leading_empty_line_is_skipped() {
+        let raw = b"\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n";
+        assert_eq!(summary(raw).5, raw.len());
+    }
+
+    #[test]
+    fn incomplete_heads() {
+        assert!(incomplete(b""));
+        assert!(incomplete(b"GET / HTTP/1.1\r\nHost: h\r\n"));
+        assert!(incomplete(b"GET / HTTP/1.1\r\nHost: h\r\n\r"));
+        assert!(incomplete(b"GET /pa"));
+    }
+
+    #[test]
+    fn too_large_heads() {
+        let mut big = b"GET / HTTP/1.1\r\nHost: h\r\nX-Pad: ".to_vec();
+        big.resize(MAX_HEAD_BYTES + 1, b'a');
+        assert_eq!(error(&big), HeadError::TooLarge);
+        big.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(error(&big), HeadError::TooLarge);
+
+        let mut many = b"GET / HTTP/1.1\r\nHost: h\r\n".to_vec();
+        for _ in 0..MAX_HEADERS {
+            many.extend_from_slice(b"X-A: b\r\n");
+        }
+        many.extend_from_slice(b"\r\n");
+        assert_eq!(error(&many), HeadError::TooLarge);
+    }
+
+    #[test]
+    fn largest_allowed_head_is_accepted() {
+        let mut raw = b"GET / HTTP/1.1\r\nHost: h\r\nX-Pad: ".to_vec();
+        raw.resize(MAX_HEAD_BYTES - 4, b'a');
+        raw.extend_from_slice(b"\r\n\r\n");
+        assert_eq!(summary(&raw).5, MAX_HEAD_BYTES);
+
+        let mut raw = b"GET / HTTP/1.1\r\n".to_vec();
+        for _ in 0..MAX_HEADERS - 1 {
+            raw.extend_from_slice(b"X-A: b\r\n");
+        }
+        raw.extend_from_slice(b"Host: h\r\n\r\n");
+        assert_eq!(summary(&raw).5, raw.len());
+    }
+
+    #[test]
+    fn bare_lf_and_cr_are_rejected() {
+        assert!(is_malformed(b"GET / HTTP/1.1\nHost: h\n\n"));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\n\r\n"));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\n\n"));
+        assert!(is_malformed(
+            b"GET / HTTP/1.1\r\nHost: h\r\nX: a\rb\r\n\r\n"
+        ));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\r\n\r\n"));
+        // Found before the head is complete, so no waiting for the head timeout.
+        assert!(is_malformed(b"GET / HTTP/1.1\nHost: h"));
+    }
+
+    #[test]
+    fn host_rules() {
+        assert!(is_malformed(b"GET / HTTP/1.1\r\n\r\n"));
+        assert!(is_malformed(
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"
+        ));
+        assert!(is_malformed(
+            b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n"
+        ));
+        assert!(is_malformed(
+            b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn request_smuggling_vectors() {
+        let cl_te = b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 6\r\n\
+                      Transfer-Encoding: chunked\r\n\r\n";
+        let te_cl = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\
+                      Content-Length: 6\r\n\r\n";
+        for raw in [
+            &cl_te[..],
+            &te_cl[..],
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding : chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding\t: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\n Transfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\
+              Transfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\
+              Transfer-Encoding: identity\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: identity\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: xchunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\x0b\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked;q=1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: \r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: \"chunked\"\r\n\r\n",
+            b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: +5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5, 5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5,5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5 5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0x5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5.0\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: \r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551616\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length : 5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n 6\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nX-A: b\r\n\tTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert!(is_malformed(raw), "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn request_line_rules() {
+        for raw in [
+            &b"GET http://h/ HTTP/1.1\r\nHost: h\r\n\r\n"[..],
+            b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET h/ HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET / HTTP/2.0\r\nHost: h\r\n\r\n",
+            b"GET / HTTP/1.2\r\nHost: h\r\n\r\n",
+            b"GET / HTTP/0.9\r\nHost: h\r\n\r\n",
+            b"GET / http/1.1\r\nHost: h\r\n\r\n",
+            b"GET /\r\n\r\n",
+            b"GET  / HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET / a HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"G(T / HTTP/1.1\r\nHost: h\r\n\r\n",
+        ] {
+            assert!(is_malformed(raw), "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn bad_header_bytes() {
+        assert!(is_malformed(
+            b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\x00b\r\n\r\n"
+        ));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\nX A: b\r\n\r\n"));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\n: b\r\n\r\n"));
+        assert!(is_malformed(
+            b"GET / HTTP/1.1\r\nHost: h\r\nNoColon\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn may_be_complete_looks_only_at_new_bytes() {
+        let raw = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n";
+        // Every split of a valid head: the earlier part never triggers a parse, the
+        // whole always does, whichever read brought the last byte.
+        for cut in 0..raw.len() {
+            assert!(!head_may_be_complete(&raw[..cut], 0), "cut {cut}");
+            assert!(head_may_be_complete(raw, cut), "cut {cut}");
+        }
+        assert!(!head_may_be_complete(raw, raw.len()));
+        assert!(!head_may_be_complete(b"GET / HTTP/1.1\r\nHost: h\r\n", 3));
+    }
+
+    #[test]
+    fn may_be_complete_flags_bad_endings_and_overflow() {
+        assert!(head_may_be_complete(b"GET / HTTP/1.1\n", 0));
+        assert!(head_may_be_complete(b"\n", 0));
+        assert!(head_may_be_complete(b"GET / HTTP/1.1\rX", 15));
+        assert!(!head_may_be_complete(b"GET / HTTP/1.1\r", 0));
+        let big = vec![b'a'; MAX_HEAD_BYTES + 1];
+        assert!(head_may_be_complete(&big, MAX_HEAD_BYTES));
+        assert!(!head_may_be_complete(&big[..MAX_HEAD_BYTES], 0));
+    }
+
+    #[test]
+    fn may_be_complete_agrees_with_parse_when_fed_byte_by_byte() {
+        // The caller only parses when the helper says so; it must still see the
+        // same outcome as parsing after every byte.
+        let cases: [&[u8]; 4] = [
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}",
+            b"GET / HTTP/1.1\r\nHost: h\nX: y\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: h\rX: y\r\n\r\n",
+            b"\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n",
+        ];
+        for raw in cases {
+            let mut searched = 0;
+            let mut gated = None;
+            for end in 1..=raw.len() {
+                let buf = &raw[..end];
+                let decided = with_head(buf, |r| match r {
+                    Ok(None) => None,
+                    Ok(Some(h)) => Some(Ok(h.head_len)),
+                    Err(e) => Some(Err(e)),
+                });
+                if head_may_be_complete(buf, searched) {
+                    gated = decided;
+                    if gated.is_some() {
+                        break;
+                    }
+                } else {
+                    assert_eq!(decided, None, "{:?} at {end}", String::from_utf8_lossy(raw));
+                }
+                searched = end;
+            }
+            assert!(gated.is_some(), "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Writing responses into a connection's output buffer.
+//!
+//! Responses are mostly fixed text: status lines and header names are
+//! constants, numbers are formatted with `itoa` on the stack, and everything
+//! is appended to the connection's reused output buffer, so writing an answer
+//! allocates nothing once the buffers have grown.
+
+/// Every status the server answers with, and its status line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Continue,
+    Ok,
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    MethodNotAllowed,
+    Conflict,
+    PayloadTooLarge,
+    TooManyRequests,
+    HeaderFieldsTooLarge,
+    ServiceUnavailable,
+    GatewayTimeout,
+}
+
+impl Status {
+    pub fn code(self) -> u16 {
+        match self {
+            Status::Continue => 100,
+            Status::Ok => 200,
+            Status::BadRequest => 400,
+            Status::Unauthorized => 401,
+            Status::Forbidden => 403,
+            Status::NotFound => 404,
+            Status::MethodNotAllowed => 405,
+            Status::Conflict => 409,
+            Status::PayloadTooLarge => 413,
+            Status::TooManyRequests => 429,
+            Status::HeaderFieldsTooLarge => 431,
+            Status::ServiceUnavailable => 503,
+            Status::GatewayTimeout => 504,
+        }
+    }
+
+    fn line(self) -> &'static [u8] {
+        match self {
+            Status::Continue => b"HTTP/1.1 100 Continue\r\n",
+            Status::Ok => b"HTTP/1.1 200 OK\r\n",
+            Status::BadRequest => b"HTTP/1.1 400 Bad Request\r\n",
+            Status::Unauthorized => b"HTTP/1.1 401 Unauthorized\r\n",
+            Status::Forbidden => b"HTTP/1.1 403 Forbidden\r\n",
+            Status::NotFound => b"HTTP/1.1 404 Not Found\r\n",
+            Status::MethodNotAllowed => b"HTTP/1.1 405 Method Not Allowed\r\n",
+            Status::Conflict => b"HTTP/1.1 409 Conflict\r\n",
+            Status::PayloadTooLarge => b"HTTP/1.1 413 Payload Too Large\r\n",
+            Status::TooManyRequests => b"HTTP/1.1 429 Too Many Requests\r\n",
+            Status::HeaderFieldsTooLarge => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
+            Status::ServiceUnavailable => b"HTTP/1.1 503 Service Unavailable\r\n",
+            Status::GatewayTimeout => b"HTTP/1.1 504 Gateway Timeout\r\n",
+        }
+    }
+}
+
+/// The interim answer to `Expect: 100-continue`.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// A response being written: status line and headers first, then `finish`
+/// with the body, which adds `Content-Length` and the connection header.
+pub struct Writer<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl<'a> Writer<'a> {
+    pub fn start(out: &'a mut Vec<u8>, status: Status) -> Writer<'a> {
+        out.extend_from_slice(status.line());
+        Writer { out }
+    }
+
+    pub fn header(&mut self, name: &[u8], value: &[u8]) -> &mut Self {
+        self.out.extend_from_slice(name);
+        self.out.extend_from_slice(b": ");
+        self.out.extend_from_slice(value);
+        self.out.extend_from_slice(b"\r\n");
+        self
+    }
+
+    pub fn header_u64(&mut self, name: &[u8], value: u64) -> &mut Self {
+        let mut buf = itoa::Buffer::new();
+        self.header(name, buf.format(value).as_bytes())
+    }
+
+    /// Ends the head and appends a JSON body.
+    pub fn finish_json(self, body: &[u8], close: bool) {
+        self.out
+            .extend_from_slice(b"Content-Type: application/json\r\n");
+        self.finish(body, close);
+    }
+
+    /// Ends the head and appends a body of another type (set with `header`).
+    pub fn finish(self, body: &[u8], close: bool) {
+        let mut buf = itoa::Buffer::new();
+        self.out.extend_from_slice(b"Content-Length: ");
+        self.out
+            .extend_from_slice(buf.format(body.len()).as_bytes());
+        if close {
+            self.out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        } else {
+            self.out.extend_from_slice(b"\r\n\r\n");
+        }
+        self.out.extend_from_slice(body);
+    }
+}
+
+/// Appends `{"error":"<code>","message":"<message>"}`; both are fixed text
+/// from the error table, so no escaping is needed.
+pub fn error_body(out: &mut Vec<u8>, code: &str, message: &str) {
+    debug_assert!(!code.contains(['"', '\\']) && !message.contains(['"', '\\']));
+    out.extend_from_slice(b"{\"error\":\"");
+    out.extend_from_slice(code.as_bytes());
+    out.extend_from_slice(b"\",\"message\":\"");
+    out.extend_from_slice(message.as_bytes());
+    out.extend_from_slice(b"\"}");
+}
+
+/// Appends `"name":<value>` to a JSON object being built.
+pub fn json_u64(out: &mut Vec<u8>, name: &[u8], value: u64) {
+    let mut buf = itoa::Buffer::new();
+    out.push(b'"');
+    out.extend_from_slice(name);
+    out.extend_from_slice(b"\":");
+    out.extend_from_slice(buf.format(value).as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_a_complete_response() {
+        let mut out = Vec::new();
+        let mut w = Writer::start(&mut out, Status::TooManyRequests);
+        w.header_u64(b"Retry-After", 2);
+        w.finish_json(b"{}", true);
+        assert_eq!(
+            out,
+            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+        );
+    }
+
+    #[test]
+    fn error_bodies_are_json() {
+        let mut out = Vec::new();
+        error_body(&mut out, "not_found", "No such route.");
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["error"], "not_found");
+        assert_eq!(v["message"], "No such route.");
+    }
+}

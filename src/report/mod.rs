@@ -1,0 +1,244 @@
+//! Outcome reports: the release body, validated to the field and merged into
+//! one `Outcome` (SPEC §7). A bad report is a `400` and releases nothing, so
+//! validation happens before the governor is touched.
+
+pub mod ratelimit;
+
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use crate::governor::Outcome;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReleaseBody {
+    #[serde(default)]
+    status: Option<serde_json::Number>,
+    #[serde(default)]
+    throttled: Option<serde_json::Number>,
+    #[serde(default)]
+    retry_after_ms: Option<serde_json::Number>,
+    #[serde(default)]
+    rate: Option<RateBody>,
+    #[serde(default)]
+    headers: Option<RawHeaders>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RateBody {
+    #[serde(default)]
+    limit: Option<serde_json::Number>,
+    #[serde(default)]
+    remaining: Option<serde_json::Number>,
+    #[serde(default)]
+    reset_ms: Option<serde_json::Number>,
+    #[serde(default)]
+    token_limit: Option<serde_json::Number>,
+    #[serde(default)]
+    token_remaining: Option<serde_json::Number>,
+    #[serde(default)]
+    token_reset_ms: Option<serde_json::Number>,
+}
+
+/// Raw upstream headers: an object of name → string, or an array of
+/// `[name, value]` pairs (the only way to send a header twice).
+struct RawHeaders(Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for RawHeaders {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawHeaders;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of header strings or an array of [name, value] pairs")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeaders, A::Error> {
+                let mut out = Vec::new();
+                while let Some((name, value)) = map.next_entry::<String, String>()? {
+                    out.push((name, value));
+                }
+                Ok(RawHeaders(out))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawHeaders, A::Error> {
+                let mut out = Vec::new();
+                while let Some(pair) = seq.next_element::<(String, String)>()? {
+                    out.push(pair);
+                }
+                Ok(RawHeaders(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Why a body was refused; the sentence goes into the `400` message.
+pub type BodyError = &'static str;
+
+/// A body is "absent" when it is empty or only white space.
+pub fn is_blank(body: &[u8]) -> bool {
+    body.iter().all(u8::is_ascii_whitespace)
+}
+
+/// Bodies must be JSON objects (serde would also accept an array for a struct).
+pub fn check_object(body: &[u8]) -> Result<(), BodyError> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Ok(()),
+        _ => Err("The request body must be a JSON object."),
+    }
+}
+
+/// A whole, non-negative JSON number that fits `max`.
+fn whole(
+    n: &Option<serde_json::Number>,
+    max: u64,
+    err: BodyError,
+) -> Result<Option<u64>, BodyError> {
+    match n {
+        None => Ok(None),
+        Some(n) => match n.as_u64() {
+            Some(v) if v <= max => Ok(Some(v)),
+            _ => Err(err),
+        },
+    }
+}
+
+/// Parses a release body into an outcome; `Ok(None)` for an absent body.
+/// `now_epoch_ms` dates the `Retry-After` and reset headers in `headers`.
+pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, BodyError> {
+    if is_blank(body) {
+        return Ok(None);
+    }
+    check_object(body)?;
+    let parsed: ReleaseBody = serde_json::from_slice(body)
+        .map_err(|_| "The release body is not valid: fields must be numbers, `rate` an object and `headers` strings.")?;
+    const ANY: u64 = u64::MAX;
+    let status = whole(
+        &parsed.status,
+        599,
+        "`status` must be a whole number from 100 to 599.",
+    )?;
+    if matches!(status, Some(s) if s < 100) {
+        return Err("`status` must be a whole number from 100 to 599.");
+    }
+    let throttled = whole(
+        &parsed.throttled,
+        ANY,
+        "`throttled` must be a whole number of at least 0.",
+    )?;
+    let retry_after = whole(
+        &parsed.retry_after_ms,
+        ANY,
+        "`retryAfterMs` must be a whole number of milliseconds, at least 0.",
+    )?;
+    let rate = parsed.rate.unwrap_or_default();
+    const RATE_ERR: BodyError = "`rate` fields must be whole numbers of at least 0 (or null).";
+    let from_headers = parsed
+        .headers
+        .map(|h| {
+            ratelimit::parse_headers(
+                h.0.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+                now_epoch_ms,
+            )
+        })
+        .unwrap_or_default();
+    // `rate` wins over `headers` field by field; `retryAfterMs` over any header hint.
+    Ok(Some(Outcome {
+        status: status.map(|s| s as u16),
+        throttled: throttled.unwrap_or(0),
+        retry_after_ms: retry_after.or(from_headers.retry_after_ms),
+        limit: whole(&rate.limit, ANY, RATE_ERR)?.or(from_headers.limit),
+        remaining: whole(&rate.remaining, ANY, RATE_ERR)?.or(from_headers.remaining),
+        reset_ms: whole(&rate.reset_ms, ANY, RATE_ERR)?.or(from_headers.reset_ms),
+        token_limit: whole(&rate.token_limit, ANY, RATE_ERR)?.or(from_headers.token_limit),
+        token_remaining: whole(&rate.token_remaining, ANY, RATE_ERR)?
+            .or(from_headers.token_remaining),
+        token_reset_ms: whole(&rate.token_reset_ms, ANY, RATE_ERR)?.or(from_headers.token_reset_ms),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(body: &str) -> Outcome {
+        parse_release(body.as_bytes(), 1_700_000_000_000)
+            .unwrap()
+            .unwrap()
+    }
+
+    fn bad(body: &str) {
+        assert!(
+            parse_release(body.as_bytes(), 0).is_err(),
+            "{body} should be refused"
+        );
+    }
+
+    #[test]
+    fn blank_bodies_are_no_report() {
+        assert_eq!(parse_release(b"", 0), Ok(None));
+        assert_eq!(parse_release(b"  \r\n", 0), Ok(None));
+    }
+
+    #[test]
+    fn fields_are_read() {
+        let o = ok(r#"{"status":429,"throttled":2,"retryAfterMs":2000}"#);
+        assert_eq!(o.status, Some(429));
+        assert_eq!(o.throttled, 2);
+        assert_eq!(o.retry_after_ms, Some(2000));
+        assert_eq!(ok("{}"), Outcome::default());
+    }
+
+    #[test]
+    fn rate_wins_over_headers_field_by_field() {
+        let o = ok(r#"{"status":200,"rate":{"remaining":5},
+            "headers":{"X-RateLimit-Remaining-Requests":"9","x-ratelimit-reset-requests":"700ms","x-ratelimit-limit-requests":"60"}}"#);
+        assert_eq!(o.remaining, Some(5));
+        assert_eq!(o.reset_ms, Some(700));
+        assert_eq!(o.limit, Some(60));
+    }
+
+    #[test]
+    fn headers_as_pairs_and_retry_hints() {
+        let o = ok(r#"{"headers":[["Retry-After","3"],["retry-after","1"]]}"#);
+        assert_eq!(
+            o.retry_after_ms,
+            Some(3000),
+            "of duplicates the larger wins"
+        );
+        let o = ok(r#"{"retryAfterMs":10,"headers":{"retry-after":"3"}}"#);
+        assert_eq!(o.retry_after_ms, Some(10));
+    }
+
+    #[test]
+    fn unparseable_header_values_are_ignored() {
+        let o = ok(r#"{"headers":{"retry-after":"soon","x-ratelimit-remaining":"lots"}}"#);
+        assert_eq!(o.retry_after_ms, None);
+        assert_eq!(o.remaining, None);
+    }
+
+    #[test]
+    fn wrong_types_and_ranges_are_refused() {
+        for body in [
+            "[]",
+            "null",
+            "42",
+            r#""text""#,
+            r#"{"status":99}"#,
+            r#"{"status":600}"#,
+            r#"{"status":200.5}"#,
+            r#"{"status":"200"}"#,
+            r#"{"throttled":-1}"#,
+            r#"{"retryAfterMs":1.5}"#,
+            r#"{"rate":{"remaining":-3}}"#,
+            r#"{"rate":5}"#,
+            r#"{"headers":{"retry-after":3}}"#,
+            r#"{"headers":[["a"]]}"#,
+            r#"{"status":200"#,
+        ] {
+            bad(body);
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! One client connection: its buffers, its request in progress, its deadline.
+//!
+//! Only byte-level state lives here; what a request means is `api`'s
+//! business, and the loop that moves bytes is in `server/mod.rs`.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use mio::net::TcpStream;
+
+use crate::api::Queued;
+use crate::governor::lease::SlotId;
+use crate::governor::Ms;
+use crate::http::chunked::ChunkedDecoder;
+use crate::wheel::TimerKey;
+
+pub const NEVER: Ms = u64::MAX;
+/// A request head (and its body) must arrive within this.
+pub const REQUEST_TIMEOUT_MS: u64 = 10_000;
+/// A keep-alive connection with nothing to do is closed after this.
+pub const IDLE_TIMEOUT_MS: u64 = 60_000;
+/// A client that does not read its answers for this long is closed.
+pub const WRITE_TIMEOUT_MS: u64 = 10_000;
+/// Above this much unsent output, no more requests are read from the client.
+pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
+const INITIAL_INPUT: usize = 4096;
+
+/// What one socket operation came to (sozu's `SocketResult`, trimmed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Io {
+    /// Progress was made and more may be possible.
+    Continue,
+    /// The kernel has nothing more (or no room); wait for readiness.
+    WouldBlock,
+    /// The peer closed (EOF on read); a reset is a close too, not an error.
+    Closed,
+}
+
+/// Input bytes: `buf[start..end]` is unprocessed. `buf` is zero-filled once
+/// when it grows, so reads never re-initialise memory.
+pub struct Input {
+    pub buf: Vec<u8>,
+    pub start: usize,
+    pub end: usize,
+    limit: usize,
+}
+
+impl Input {
+    fn new(limit: usize) -> Input {
+        Input {
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            limit,
+        }
+    }
+
+    pub fn data(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    pub fn consume(&mut self, n: usize) {
+        self.start += n;
+        debug_assert!(self.start <= self.end);
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Room to read into, compacting or growing up to the limit; `None` when full.
+    fn room(&mut self) -> Option<&mut [u8]> {
+        if self.end == self.buf.len() {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else if self.buf.len() < self.limit {
+                let grown = (self.buf.len() * 2).clamp(INITIAL_INPUT, self.limit);
+                self.buf.resize(grown, 0);
+            } else {
+                return None;
+            }
+        }
+        Some(&mut self.buf[self.end..])
+    }
+}
+
+/// A request whose head is complete but whose body is still arriving.
+pub struct PendingBody {
+    pub head_len: usize,
+    /// For chunked bodies: the decoder, the raw bytes it has eaten, the body so far.
+    pub chunked: Option<(ChunkedDecoder, usize)>,
+    pub continue_sent: bool,
+}
+
+pub struct Conn {
+    pub stream: TcpStream,
+    pub peer: SocketAddr,
+    pub serial: u32,
+    pub input: Input,
+    pub output: Vec<u8>,
+    pub out_pos: usize,
+    /// How far the current head has been searched for its end.
+    pub head_scanned: usize,
+    pub pending: Option<PendingBody>,
+    /// Decoded chunked body (reused between requests).
+    pub body: Vec<u8>,
+    pub waiting: Option<Queued>,
+    /// Grants written to `output` but not yet sent: released if the connection dies first.
+    pub undelivered: Vec<(SlotId, usize)>,
+    pub read_closed: bool,
+    pub close_after_flush: bool,
+    /// More input may be waiting in the kernel (the read budget ran out).
+    pub read_more: bool,
+    pub request_started: Option<Ms>,
+    pub last_active: Ms,
+    pub out_since: Ms,
+    pub timer: Option<(Ms, TimerKey)>,
+}
+
+impl Conn {
+    pub fn new(
+        stream: TcpStream,
+        peer: SocketAddr,
+        serial: u32,
+        input_limit: usize,
+        now: Ms,
+    ) -> Conn {
+        Conn {
+            stream,
+            peer,
+            serial,
+            input: Input::new(input_limit),
+            output: Vec::new(),
+            out_pos: 0,
+            head_scanned: 0,
+            pending: None,
+            body: Vec::new(),
+            waiting: None,
+            undelivered: Vec::new(),
+            read_closed: false,
+            close_after_flush: false,
+            read_more: false,
+            request_started: None,
+            last_active: now,
+            out_since: now,
+            timer: None,
+        }
+    }
+
+    pub fn unsent(&self) -> usize {
+        self.output.len() - self.out_pos
+    }
+
+    /// When this connection must be closed if nothing changes.
+    pub fn deadline(&self) -> Ms {
+        if self.waiting.is_some() {
+            // The queue deadline answers it; the wheel holds that one.
+            return NEVER;
+        }
+        let mut at = match self.request_started {
+            Some(t) => t + REQUEST_TIMEOUT_MS,
+            None => self.last_active + IDLE_TIMEOUT_MS,
+        };
+        if self.unsent() > 0 {
+            at = at.min(self.out_since + WRITE_TIMEOUT_MS);
+        }
+        at
+    }
+
+    /// Reads once into the input buffer.
+    pub fn read_once(&mut self) -> io::Result<Io> {
+        let Some(room) = self.input.room() else {
+            return Ok(Io::WouldBlock);
+        };
+        match self.stream.read(room) {
+            Ok(0) => Ok(Io::Closed),
+            Ok(n) => {
+                self.input.end += n;
+                Ok(Io::Continue)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Io::WouldBlock),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Io::Continue),
+            Err(e) if is_reset(&e) => Ok(Io::Closed),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the input buffer is at its limit (reading must wait for processing).
+    pub fn input_full(&self) -> bool {
+        self.input.end == self.input.buf.len()
+            && self.input.start == 0
+            && self.input.buf.len() >= self.input.limit
+    }
+
+    /// Writes as much pending output as the socket takes.
+    pub fn flush(&mut self, now: Ms) -> io::Result<Io> {
+        while self.out_pos < self.output.len() {
+            match self.stream.write(&self.output[self.out_pos..]) {
+                Ok(0) => return Ok(Io::Closed),
+                Ok(n) => {
+                    self.out_pos += n;
+                    self.out_since = now;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_reset(&e) => return Ok(Io::Closed),
+                Err(e) => return Err(e),
+            }
+        }
+        let sent = self.out_pos;
+        if sent == self.output.len() {
+            self.output.clear();
+            self.out_pos = 0;
+            self.undelivered.clear();
+            Ok(Io::Continue)
+        } else {
+            self.undelivered.retain(|&(_, end)| end > sent);
+            Ok(Io::WouldBlock)
+        }
+    }
+}
+
+fn is_reset(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    )
+}

@@ -1,0 +1,588 @@
+//! The reactor: one thread, one `mio::Poll`, every socket and the clock.
+//!
+//! Each turn of the loop: wait for readiness (the timeout comes from the
+//! timer wheel), read and answer what arrived, fire due timers, hand queued
+//! acquires their answers, then flush every connection with output — replies
+//! to pipelined requests go out in one write (Redis's `beforeSleep`).
+//!
+//! Readiness is edge-triggered: reads and writes are drained to `WouldBlock`,
+//! except that a connection gets a bounded read budget per turn and is
+//! revisited on the next turn, so one busy client cannot starve the others.
+
+pub mod clock;
+pub mod conn;
+
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+use slab::Slab;
+
+use crate::api::{ApiError, App, Ctx, Handled};
+use crate::config::Config;
+use crate::governor::{Ms, Notice};
+use crate::http::chunked::{ChunkError, ChunkedDecoder};
+use crate::http::request::{
+    head_may_be_complete, parse_head, BodyFraming, HeadError, MAX_HEADERS, MAX_HEAD_BYTES,
+};
+use crate::http::response::{Status, CONTINUE};
+use clock::Clock;
+use conn::{Conn, Io, NEVER};
+
+const LISTENER: Token = Token(usize::MAX - 1);
+/// Reads per connection per turn before others get their go.
+const READ_BUDGET: usize = 8;
+/// Wait before accepting again when the process is out of file descriptors.
+const ACCEPT_PAUSE_MS: u64 = 100;
+const ACCEPT_TIMER: u64 = u64::MAX;
+/// Sent, best effort, to a connection over the `maxConnections` cap.
+const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nContent-Length: 78\r\nConnection: close\r\n\r\n{\"error\":\"unavailable\",\"message\":\"The server has too many open connections.\"}";
+
+pub struct Server {
+    poll: Poll,
+    listener: TcpListener,
+    conns: Slab<Conn>,
+    app: App,
+    clock: Clock,
+    now: Ms,
+    next_serial: u32,
+    max_connections: usize,
+    input_limit: usize,
+    accept_paused: bool,
+    /// Connections with output to flush before the loop sleeps.
+    dirty: Vec<(usize, u32)>,
+    /// Connections whose read budget ran out with input possibly left; read
+    /// again next turn. Two lists, swapped each turn, so neither reallocates.
+    ready: Vec<(usize, u32)>,
+    ready_carry: Vec<(usize, u32)>,
+}
+
+/// Identifies a connection for its whole life: slab index and serial.
+fn owner(token: usize, serial: u32) -> u64 {
+    (token as u64) | ((serial as u64) << 32)
+}
+
+fn split_owner(owner: u64) -> (usize, u32) {
+    ((owner & 0xffff_ffff) as usize, (owner >> 32) as u32)
+}
+
+impl Server {
+    /// Binds the listener; errors name the cause for a one-line start-up failure.
+    pub fn bind(config: &Config, listen: SocketAddr) -> Result<Server, String> {
+        let poll = Poll::new().map_err(|e| format!("cannot create the event loop: {e}"))?;
+        let mut listener =
+            TcpListener::bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)
+            .map_err(|e| format!("cannot register the listener: {e}"))?;
+        let clock = Clock::start();
+        Ok(Server {
+            poll,
+            listener,
+            conns: Slab::with_capacity(1024),
+            app: App::new(config),
+            clock,
+            now: 0,
+            next_serial: 0,
+            max_connections: config.max_connections,
+            input_limit: MAX_HEAD_BYTES + 2 * config.max_body_bytes + 64 * 1024,
+            accept_paused: false,
+            dirty: Vec::new(),
+            ready: Vec::new(),
+            ready_carry: Vec::new(),
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves forever.
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let timeout = self.poll_timeout();
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            self.now = self.clock.now_ms();
+            let mut carried = std::mem::take(&mut self.ready_carry);
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(),
+                    Token(t) => {
+                        let Some(conn) = self.conns.get(t) else {
+                            continue;
+                        };
+                        let serial = conn.serial;
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.on_readable(t, serial);
+                        }
+                        if event.is_writable()
+                            && self.conns.get(t).is_some_and(|c| c.serial == serial)
+                        {
+                            self.mark_dirty(t, serial);
+                        }
+                    }
+                }
+            }
+            for &(t, serial) in &carried {
+                self.on_readable(t, serial);
+            }
+            carried.clear();
+            self.ready.sort_unstable();
+            self.ready.dedup();
+            self.ready_carry = std::mem::replace(&mut self.ready, carried);
+            self.app.gov.advance(self.now);
+            self.drain_notices();
+            self.flush_dirty();
+        }
+    }
+
+    fn poll_timeout(&mut self) -> Option<Duration> {
+        if !self.ready_carry.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        let now = self.clock.now_ms();
+        self.app
+            .gov
+            .next_deadline()
+            .map(|at| Duration::from_millis(at.saturating_sub(now)))
+    }
+
+    fn accept(&mut self) {
+        if self.accept_paused {
+            return;
+        }
+        loop {
+            match self.listener.accept() {
+                Ok((stream, peer)) => self.admit(stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // EMFILE and friends: the pending connection stays in the
+                    // backlog and the listener would fire again at once, so stop
+                    // accepting for a moment instead of spinning.
+                    warn!("accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms");
+                    self.accept_paused = true;
+                    self.app
+                        .gov
+                        .schedule(self.now + ACCEPT_PAUSE_MS, ACCEPT_TIMER);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        if self.conns.len() >= self.max_connections {
+            let _ = stream.write(OVER_CAPACITY);
+            return;
+        }
+        let _ = stream.set_nodelay(true);
+        let entry = self.conns.vacant_entry();
+        let token = entry.key();
+        if self
+            .poll
+            .registry()
+            .register(
+                &mut stream,
+                Token(token),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .is_err()
+        {
+            return;
+        }
+        let serial = self.next_serial;
+        self.next_serial = serial.wrapping_add(1);
+        entry.insert(Conn::new(stream, peer, serial, self.input_limit, self.now));
+        self.arm_timer(token);
+        // Bytes may already be waiting; edge-triggered readiness would not say so twice.
+        self.on_readable(token, serial);
+    }
+
+    fn on_readable(&mut self, token: usize, serial: u32) {
+        let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial) else {
+            return;
+        };
+        let now = self.now;
+        conn.read_more = false;
+        let mut closed = false;
+        for _ in 0..READ_BUDGET {
+            if conn.read_closed || conn.input_full() {
+                break;
+            }
+            let was_empty = conn.input.is_empty();
+            match conn.read_once() {
+                Ok(Io::Continue) => {
+                    conn.last_active = now;
+                    if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
+                        conn.request_started = Some(now);
+                    }
+                    conn.read_more = true;
+                }
+                Ok(Io::WouldBlock) => {
+                    conn.read_more = false;
+                    break;
+                }
+                Ok(Io::Closed) => {
+                    conn.read_closed = true;
+                    conn.read_more = false;
+                }
+                Err(e) => {
+                    debug!("read from {} failed: {e}", conn.peer);
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if closed {
+            self.close(token);
+            return;
+        }
+        if conn.read_more {
+            self.ready.push((token, serial));
+        }
+        self.process(token);
+    }
+
+    /// Answers every complete request in the input, in order, until one
+    /// must wait in a queue or the output is too far behind.
+    fn process(&mut self, token: usize) {
+        let Server {
+            conns,
+            app,
+            clock,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        let Some(conn) = conns.get_mut(token) else {
+            return;
+        };
+        let owner = owner(token, conn.serial);
+        let before = conn.unsent();
+        loop {
+            if conn.waiting.is_some()
+                || conn.close_after_flush
+                || conn.unsent() > conn::OUTPUT_HIGH_WATER
+            {
+                break;
+            }
+            if conn.input.is_empty() {
+                break;
+            }
+            let data = &conn.input.buf[conn.input.start..conn.input.end];
+            if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
+                conn.head_scanned = data.len();
+                break;
+            }
+            let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let head = match parse_head(data, &mut storage) {
+                Ok(Some(head)) => head,
+                Ok(None) => {
+                    conn.head_scanned = data.len();
+                    break;
+                }
+                Err(HeadError::TooLarge) => {
+                    app.write_error(&mut conn.output, ApiError::HeadTooLarge, true);
+                    conn.close_after_flush = true;
+                    break;
+                }
+                Err(HeadError::Malformed(why)) => {
+                    app.write_error(&mut conn.output, ApiError::BadRequest(why), true);
+                    conn.close_after_flush = true;
+                    break;
+                }
+            };
+            let head_len = head.head_len;
+            // Find the body, or wait for it.
+            let (body, consumed): (&[u8], usize) = match head.framing {
+                BodyFraming::None => (&[], head_len),
+                BodyFraming::Length(n) => {
+                    if n > app.max_body as u64 {
+                        app.write_error(&mut conn.output, ApiError::PayloadTooLarge, true);
+                        conn.close_after_flush = true;
+                        break;
+                    }
+                    let end = head_len + n as usize;
+                    if data.len() < end {
+                        let pending = conn.pending.get_or_insert(conn::PendingBody {
+                            head_len,
+                            chunked: None,
+                            continue_sent: false,
+                        });
+                        if head.expect_continue && !pending.continue_sent {
+                            pending.continue_sent = true;
+                            if let Err(e) = app.precheck(&head) {
+                                app.write_error(&mut conn.output, e, true);
+                                conn.close_after_flush = true;
+                                break;
+                            }
+                            conn.output.extend_from_slice(CONTINUE);
+                        }
+                        break;
+                    }
+                    (&data[head_len..end], end)
+                }
+                BodyFraming::Chunked => {
+                    let pending = conn.pending.get_or_insert_with(|| {
+                        conn.body.clear();
+                        conn::PendingBody {
+                            head_len,
+                            chunked: Some((ChunkedDecoder::new(app.max_body), 0)),
+                            continue_sent: false,
+                        }
+                    });
+                    let (decoder, eaten) = pending.chunked.as_mut().expect("chunked body state");
+                    match decoder.feed(&data[head_len + *eaten..], &mut conn.body) {
+                        Ok((n, done)) => {
+                            *eaten += n;
+                            if !done {
+                                if head.expect_continue && !pending.continue_sent {
+                                    pending.continue_sent = true;
+                                    if let Err(e) = app.precheck(&head) {
+                                        app.write_error(&mut conn.output, e, true);
+                                        conn.close_after_flush = true;
+                                        break;
+                                    }
+                                    conn.output.extend_from_slice(CONTINUE);
+                                }
+                                break;
+                            }
+                            let consumed = head_len + *eaten;
+                            (&conn.body[..], consumed)
+                        }
+                        Err(ChunkError::TooLarge) => {
+                            app.write_error(&mut conn.output, ApiError::PayloadTooLarge, true);
+                            conn.close_after_flush = true;
+                            break;
+                        }
+                        Err(ChunkError::Malformed(why)) => {
+                            app.write_error(&mut conn.output, ApiError::BadRequest(why), true);
+                            conn.close_after_flush = true;
+                            break;
+                        }
+                    }
+                }
+            };
+            let close = !head.keep_alive || conn.read_closed;
+            let ctx = Ctx {
+                now,
+                epoch_base_ms: clock.epoch_base_ms(),
+                owner,
+                peer: conn.peer.ip(),
+                close,
+            };
+            let handled = app.handle(&ctx, &head, body, &mut conn.output);
+            conn.input.consume(consumed);
+            conn.pending = None;
+            conn.head_scanned = 0;
+            conn.request_started = (!conn.input.is_empty()).then_some(now);
+            if close {
+                conn.close_after_flush = true;
+            }
+            if let Handled::Queued(q) = handled {
+                conn.waiting = Some(q);
+            }
+        }
+        if before == 0 && conn.unsent() > 0 {
+            conn.out_since = now;
+        }
+        let serial = conn.serial;
+        if conn.unsent() > 0 || conn.close_after_flush || conn.read_closed {
+            self.mark_dirty(token, serial);
+        }
+        self.arm_timer(token);
+    }
+
+    fn mark_dirty(&mut self, token: usize, serial: u32) {
+        self.dirty.push((token, serial));
+    }
+
+    /// Writes every connection's pending output, then closes the ones that are done.
+    fn flush_dirty(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &(token, serial) in &dirty {
+            let now = self.now;
+            let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial) else {
+                continue;
+            };
+            if conn.read_closed {
+                // A half-closed client leaves the queue at once.
+                if let Some(q) = conn.waiting.take() {
+                    self.app.gov.cancel_waiter(q.key, owner(token, serial));
+                }
+                conn.close_after_flush = true;
+            }
+            match conn.flush(now) {
+                Ok(Io::Continue) if conn.close_after_flush && conn.waiting.is_none() => {
+                    self.close(token)
+                }
+                Ok(Io::Continue) | Ok(Io::WouldBlock) => {
+                    let resume =
+                        conn.unsent() == 0 && !conn.input.is_empty() && conn.waiting.is_none();
+                    self.arm_timer(token);
+                    if resume {
+                        // Output drained below the high-water mark: read on.
+                        self.process(token);
+                    }
+                }
+                Ok(Io::Closed) => self.close(token),
+                Err(e) => {
+                    debug!("write failed: {e}");
+                    self.close(token);
+                }
+            }
+        }
+        dirty.clear();
+        // Processing above may have queued more output: flush it next turn.
+        let more = std::mem::replace(&mut self.dirty, dirty);
+        self.dirty.extend(more);
+    }
+
+    /// Delivers what the governor decided since the last call.
+    fn drain_notices(&mut self) {
+        while let Some(notice) = self.app.gov.pop_notice() {
+            match notice {
+                Notice::Granted { owner: o, grant } => {
+                    let (token, serial) = split_owner(o);
+                    match self
+                        .conns
+                        .get_mut(token)
+                        .filter(|c| c.serial == serial && c.waiting.is_some())
+                    {
+                        Some(conn) => {
+                            conn.waiting = None;
+                            let close = conn.close_after_flush;
+                            let before = conn.unsent();
+                            self.app.write_grant(
+                                &mut conn.output,
+                                &grant,
+                                self.clock.epoch_base_ms(),
+                                close,
+                            );
+                            let end = conn.output.len();
+                            conn.undelivered.push((grant.slot, end));
+                            if before == 0 {
+                                conn.out_since = self.now;
+                            }
+                            self.after_answer(token, serial);
+                        }
+                        None => self.app.gov.release_undelivered(&grant.slot, self.now),
+                    }
+                }
+                Notice::TimedOut { owner: o, denial } => {
+                    let (token, serial) = split_owner(o);
+                    if let Some(conn) = self
+                        .conns
+                        .get_mut(token)
+                        .filter(|c| c.serial == serial && c.waiting.is_some())
+                    {
+                        conn.waiting = None;
+                        let close = conn.close_after_flush;
+                        let before = conn.unsent();
+                        self.app.write_denial(
+                            &mut conn.output,
+                            &denial,
+                            Status::GatewayTimeout,
+                            close,
+                        );
+                        if before == 0 {
+                            conn.out_since = self.now;
+                        }
+                        self.after_answer(token, serial);
+                    }
+                }
+                Notice::Timer(ACCEPT_TIMER) => {
+                    self.accept_paused = false;
+                    self.accept();
+                }
+                Notice::Timer(tag) => {
+                    let (token, serial) = split_owner(tag);
+                    self.on_conn_timer(token, serial);
+                }
+            }
+        }
+    }
+
+    /// A queued acquire was answered: continue with pipelined requests.
+    fn after_answer(&mut self, token: usize, serial: u32) {
+        self.mark_dirty(token, serial);
+        self.process(token);
+    }
+
+    fn on_conn_timer(&mut self, token: usize, serial: u32) {
+        let now = self.now;
+        let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial) else {
+            return;
+        };
+        conn.timer = None;
+        if conn.deadline() <= now {
+            debug!("closing {}: deadline passed", conn.peer);
+            self.close(token);
+        } else {
+            self.arm_timer(token);
+        }
+    }
+
+    /// Makes sure the wheel holds an entry no later than the connection's
+    /// deadline. Later deadlines are not moved: the entry fires, re-checks
+    /// and re-arms (one wheel entry per connection at most).
+    fn arm_timer(&mut self, token: usize) {
+        let Some(conn) = self.conns.get_mut(token) else {
+            return;
+        };
+        let at = conn.deadline();
+        if at == NEVER {
+            return;
+        }
+        match conn.timer {
+            Some((armed, _)) if armed <= at => {}
+            Some((_, key)) => {
+                self.app.gov.cancel_timer(key);
+                conn.timer = Some((at, self.app.gov.schedule(at, owner(token, conn.serial))));
+            }
+            None => conn.timer = Some((at, self.app.gov.schedule(at, owner(token, conn.serial)))),
+        }
+    }
+
+    fn close(&mut self, token: usize) {
+        let mut conn = self.conns.remove(token);
+        let o = owner(token, conn.serial);
+        if let Some(q) = conn.waiting.take() {
+            self.app.gov.cancel_waiter(q.key, o);
+        }
+        if let Some((_, key)) = conn.timer.take() {
+            self.app.gov.cancel_timer(key);
+        }
+        for (slot, end) in conn.undelivered.drain(..) {
+            if end > conn.out_pos {
+                self.app.gov.release_undelivered(&slot, self.now);
+            }
+        }
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+    }
+}
+
+/// Starts a server from a configuration and runs it; the binary's body.
+pub fn serve(
+    config: &Config,
+    listen: SocketAddr,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<(), String> {
+    let mut server = Server::bind(config, listen)?;
+    let addr = server.local_addr().map_err(|e| e.to_string())?;
+    info!("listening on {addr}");
+    on_ready(addr);
+    server.run().map_err(|e| format!("event loop failed: {e}"))
+}

@@ -49,6 +49,15 @@ pub struct Config {
     /// Open connections on the public listener; beyond it new ones get a 503 and are closed.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
+    /// A request head and body must arrive within this after its first byte.
+    #[serde(default = "defaults::head_timeout_ms")]
+    pub head_timeout_ms: u64,
+    /// A keep-alive connection with nothing in flight is closed after this.
+    #[serde(default = "defaults::idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// A client that takes none of its pending answers for this long is closed.
+    #[serde(default = "defaults::write_timeout_ms")]
+    pub write_timeout_ms: u64,
     pub pools: BTreeMap<String, PoolConfig>,
 }
 
@@ -161,6 +170,15 @@ mod defaults {
     pub fn max_connections() -> usize {
         10_000
     }
+    pub fn head_timeout_ms() -> u64 {
+        10_000
+    }
+    pub fn idle_timeout_ms() -> u64 {
+        60_000
+    }
+    pub fn write_timeout_ms() -> u64 {
+        10_000
+    }
     pub fn concurrency() -> u32 {
         16
     }
@@ -266,6 +284,15 @@ impl Config {
                 "maxConnections must be between 1 and {MAX_CONNECTIONS}"
             ));
         }
+        for (name, value) in [
+            ("headTimeoutMs", self.head_timeout_ms),
+            ("idleTimeoutMs", self.idle_timeout_ms),
+            ("writeTimeoutMs", self.write_timeout_ms),
+        ] {
+            if !(10..=3_600_000).contains(&value) {
+                return fail(format!("{name} must be between 10 and 3600000"));
+            }
+        }
         if let Some(host) = &self.public_host {
             if host.is_empty() || host.bytes().any(|b| !b.is_ascii_graphic() || b == b':') {
                 return fail("publicHost must be a host name without port, like api.example.com");
@@ -338,6 +365,10 @@ impl PoolConfig {
                 self.term_ms
             ));
         }
+        crate::access::ip::CidrSet::parse(&self.access.ip_allow)
+            .map_err(|e| ConfigError(format!("access.ipAllow: {e}")))?;
+        crate::access::ip::CidrSet::parse(&self.access.trusted_proxies)
+            .map_err(|e| ConfigError(format!("access.trustedProxies: {e}")))?;
         if let Some(hmac) = &self.access.hmac {
             if hmac.secret.is_empty() {
                 return fail("access.hmac.secret must not be empty");

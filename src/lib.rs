@@ -8,6 +8,7 @@
 //! - `api`: the lock routes, credentials and the answers they give;
 //! - `server`: the mio reactor that owns sockets and the clock.
 
+pub mod access;
 pub mod api;
 pub mod config;
 pub mod governor;

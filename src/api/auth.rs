@@ -6,6 +6,7 @@ use sha2::{Digest, Sha256};
 use super::error::ApiError;
 use crate::config::{parse_sha256_hex, PoolConfig};
 use crate::http::request::Head;
+use crate::http::trim;
 
 pub struct PoolKeys {
     plain: Vec<Box<[u8]>>,
@@ -71,16 +72,4 @@ impl PoolKeys {
             Err(MISSING)
         }
     }
-}
-
-fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|b| !b.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
-    &v[start..end]
 }

@@ -12,6 +12,7 @@ pub mod route;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use crate::access::PoolAccess;
 use crate::config::Config;
 use crate::governor::{Admission, Denial, Governor, Grant, Ms, PoolId, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
@@ -48,64 +49,97 @@ pub enum Handled {
     Queued(Queued),
 }
 
+/// Who may use a pool: its keys and its access policies.
+struct Credentials {
+    keys: PoolKeys,
+    access: PoolAccess,
+}
+
 pub struct App {
     pub gov: Governor,
-    keys: Vec<PoolKeys>,
+    /// Indexed by `PoolId`, like the governor's pools.
+    creds: Vec<Credentials>,
     public_host: Option<Box<[u8]>>,
     pub max_body: usize,
     scratch: Vec<u8>,
 }
 
 impl App {
-    pub fn new(config: &Config) -> App {
+    pub fn new(config: &Config) -> Result<App, String> {
         let mut app = App {
             gov: Governor::new(&BTreeMap::new()),
-            keys: Vec::new(),
+            creds: Vec::new(),
             public_host: None,
             max_body: config.max_body_bytes,
             scratch: Vec::with_capacity(512),
         };
-        app.reconfigure(config, 0);
-        app
+        app.reconfigure(config, 0)?;
+        Ok(app)
     }
 
-    /// Applies a (re)loaded configuration; pools keep their live state.
-    pub fn reconfigure(&mut self, config: &Config, now: Ms) {
+    /// Applies a (re)loaded configuration; pools keep their live state. On
+    /// error (a JWKS file that cannot be read at first load) nothing changes.
+    pub fn reconfigure(&mut self, config: &Config, now: Ms) -> Result<(), String> {
+        // Build every pool's credentials first, so a failure leaves all as it was.
+        let mut fresh = BTreeMap::new();
+        for (name, pool) in &config.pools {
+            let previous = self
+                .gov
+                .pool_id(name)
+                .map(|pid| &self.creds[pid.0 as usize].access);
+            let access = PoolAccess::build(&pool.access, previous)
+                .map_err(|e| format!("pools.{name}.{e}"))?;
+            fresh.insert(
+                name.as_str(),
+                Credentials {
+                    keys: PoolKeys::new(pool),
+                    access,
+                },
+            );
+        }
         self.gov.reconfigure(&config.pools, now);
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
         self.max_body = config.max_body_bytes;
-        let mut keys: Vec<Option<PoolKeys>> = (0..self.gov.pools().count()).map(|_| None).collect();
-        for (name, pool) in &config.pools {
-            let pid = self
-                .gov
-                .pool_id(name)
-                .expect("reconfigure added every pool");
-            keys[pid.0 as usize] = Some(PoolKeys::new(pool));
+        // Retired pools keep their old credentials so their leases can still be released.
+        let mut old = std::mem::take(&mut self.creds).into_iter();
+        for (_, pool) in self.gov.pools() {
+            let previous = old.next();
+            let creds = match (fresh.remove(&*pool.name), previous) {
+                (Some(mut new), Some(mut previous)) => {
+                    new.access.carry_state_from(&mut previous.access);
+                    new
+                }
+                (Some(new), None) => new,
+                (None, Some(previous)) => previous,
+                (None, None) => unreachable!("a pool is configured or was before"),
+            };
+            self.creds.push(creds);
         }
-        // Retired pools keep their old keys so their leases can still be released.
-        let mut old = std::mem::take(&mut self.keys).into_iter();
-        self.keys = keys
-            .into_iter()
-            .map(|k| {
-                let previous = old.next();
-                k.or(previous).expect("every pool had keys once")
-            })
-            .collect();
+        Ok(())
     }
 
     /// What can be decided from the head alone (route, method, host, key),
     /// so `Expect: 100-continue` can be refused before the body is sent.
-    pub fn precheck(&self, head: &Head) -> Result<(), ApiError> {
+    pub fn precheck(&self, ctx: &Ctx, head: &Head) -> Result<(), ApiError> {
         let (route, pid) = self.resolve(head)?;
-        self.authorize(route, pid, head)
+        self.authorize(ctx, route, pid, head)
     }
 
-    fn authorize(&self, route: Route, pid: PoolId, head: &Head) -> Result<(), ApiError> {
+    /// The key, then every policy that the head alone decides.
+    fn authorize(&self, ctx: &Ctx, route: Route, pid: PoolId, head: &Head) -> Result<(), ApiError> {
         // A pool dropped by a reload is unknown to new callers; its leases still drain.
         if matches!(route, Route::Acquire { .. }) && self.gov.pool(pid).retired {
             return Err(UNKNOWN_POOL);
         }
-        self.keys[pid.0 as usize].check(head)
+        let creds = &self.creds[pid.0 as usize];
+        creds.keys.check(head)?;
+        if !creds.access.is_open() {
+            let client = creds.access.client_addr(ctx.peer, head);
+            creds
+                .access
+                .check_head(head, client, ctx.epoch_base_ms + ctx.now)?;
+        }
+        Ok(())
     }
 
     fn resolve<'h>(&self, head: &Head<'h>) -> Result<(Route<'h>, PoolId), ApiError> {
@@ -147,7 +181,11 @@ impl App {
         out: &mut Vec<u8>,
     ) -> Result<Handled, ApiError> {
         let (route, pid) = self.resolve(head)?;
-        self.authorize(route, pid, head)?;
+        self.authorize(ctx, route, pid, head)?;
+        let access = &mut self.creds[pid.0 as usize].access;
+        if access.needs_body() {
+            access.check_signed(head, body, ctx.epoch_base_ms + ctx.now)?;
+        }
         match route {
             Route::Acquire { .. } => {
                 let wait_ms = wait_budget(head, body)?;

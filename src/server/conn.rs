@@ -15,12 +15,17 @@ use crate::http::chunked::ChunkedDecoder;
 use crate::wheel::TimerKey;
 
 pub const NEVER: Ms = u64::MAX;
-/// A request head (and its body) must arrive within this.
-pub const REQUEST_TIMEOUT_MS: u64 = 10_000;
-/// A keep-alive connection with nothing to do is closed after this.
-pub const IDLE_TIMEOUT_MS: u64 = 60_000;
-/// A client that does not read its answers for this long is closed.
-pub const WRITE_TIMEOUT_MS: u64 = 10_000;
+
+/// How long a connection may take over each phase (from the configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// A request head (and its body) must arrive within this.
+    pub head_ms: u64,
+    /// A keep-alive connection with nothing to do is closed after this.
+    pub idle_ms: u64,
+    /// A client that does not read its answers for this long is closed.
+    pub write_ms: u64,
+}
 /// Above this much unsent output, no more requests are read from the client.
 pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
 const INITIAL_INPUT: usize = 4096;
@@ -92,7 +97,6 @@ impl Input {
 
 /// A request whose head is complete but whose body is still arriving.
 pub struct PendingBody {
-    pub head_len: usize,
     /// For chunked bodies: the decoder, the raw bytes it has eaten, the body so far.
     pub chunked: Option<(ChunkedDecoder, usize)>,
     pub continue_sent: bool,
@@ -158,17 +162,17 @@ impl Conn {
     }
 
     /// When this connection must be closed if nothing changes.
-    pub fn deadline(&self) -> Ms {
+    pub fn deadline(&self, t: &Timeouts) -> Ms {
         if self.waiting.is_some() {
             // The queue deadline answers it; the wheel holds that one.
             return NEVER;
         }
         let mut at = match self.request_started {
-            Some(t) => t + REQUEST_TIMEOUT_MS,
-            None => self.last_active + IDLE_TIMEOUT_MS,
+            Some(started) => started + t.head_ms,
+            None => self.last_active + t.idle_ms,
         };
         if self.unsent() > 0 {
-            at = at.min(self.out_since + WRITE_TIMEOUT_MS);
+            at = at.min(self.out_since + t.write_ms);
         }
         at
     }

@@ -26,11 +26,11 @@ use crate::config::Config;
 use crate::governor::{Ms, Notice};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
-    head_may_be_complete, parse_head, BodyFraming, HeadError, MAX_HEADERS, MAX_HEAD_BYTES,
+    head_may_be_complete, parse_head, BodyFraming, Head, HeadError, MAX_HEADERS, MAX_HEAD_BYTES,
 };
 use crate::http::response::{Status, CONTINUE};
 use clock::Clock;
-use conn::{Conn, Io, NEVER};
+use conn::{Conn, Io, PendingBody, Timeouts, NEVER};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 /// Reads per connection per turn before others get their go.
@@ -50,6 +50,7 @@ pub struct Server {
     now: Ms,
     next_serial: u32,
     max_connections: usize,
+    timeouts: Timeouts,
     input_limit: usize,
     accept_paused: bool,
     /// Connections with output to flush before the loop sleeps.
@@ -79,15 +80,21 @@ impl Server {
             .register(&mut listener, LISTENER, Interest::READABLE)
             .map_err(|e| format!("cannot register the listener: {e}"))?;
         let clock = Clock::start();
+        let app = App::new(config)?;
         Ok(Server {
             poll,
             listener,
             conns: Slab::with_capacity(1024),
-            app: App::new(config),
+            app,
             clock,
             now: 0,
             next_serial: 0,
             max_connections: config.max_connections,
+            timeouts: Timeouts {
+                head_ms: config.head_timeout_ms,
+                idle_ms: config.idle_timeout_ms,
+                write_ms: config.write_timeout_ms,
+            },
             input_limit: MAX_HEAD_BYTES + 2 * config.max_body_bytes + 64 * 1024,
             accept_paused: false,
             dirty: Vec::new(),
@@ -291,102 +298,56 @@ impl Server {
                     conn.head_scanned = data.len();
                     break;
                 }
-                Err(HeadError::TooLarge) => {
-                    app.write_error(&mut conn.output, ApiError::HeadTooLarge, true);
-                    conn.close_after_flush = true;
-                    break;
-                }
-                Err(HeadError::Malformed(why)) => {
-                    app.write_error(&mut conn.output, ApiError::BadRequest(why), true);
+                Err(e) => {
+                    let error = match e {
+                        HeadError::TooLarge => ApiError::HeadTooLarge,
+                        HeadError::Malformed(why) => ApiError::BadRequest(why),
+                    };
+                    app.write_error(&mut conn.output, error, true);
                     conn.close_after_flush = true;
                     break;
                 }
             };
-            let head_len = head.head_len;
-            // Find the body, or wait for it.
-            let (body, consumed): (&[u8], usize) = match head.framing {
-                BodyFraming::None => (&[], head_len),
-                BodyFraming::Length(n) => {
-                    if n > app.max_body as u64 {
-                        app.write_error(&mut conn.output, ApiError::PayloadTooLarge, true);
-                        conn.close_after_flush = true;
-                        break;
-                    }
-                    let end = head_len + n as usize;
-                    if data.len() < end {
-                        let pending = conn.pending.get_or_insert(conn::PendingBody {
-                            head_len,
-                            chunked: None,
-                            continue_sent: false,
-                        });
-                        if head.expect_continue && !pending.continue_sent {
-                            pending.continue_sent = true;
-                            if let Err(e) = app.precheck(&head) {
-                                app.write_error(&mut conn.output, e, true);
-                                conn.close_after_flush = true;
-                                break;
-                            }
-                            conn.output.extend_from_slice(CONTINUE);
-                        }
-                        break;
-                    }
-                    (&data[head_len..end], end)
-                }
-                BodyFraming::Chunked => {
-                    let pending = conn.pending.get_or_insert_with(|| {
-                        conn.body.clear();
-                        conn::PendingBody {
-                            head_len,
-                            chunked: Some((ChunkedDecoder::new(app.max_body), 0)),
-                            continue_sent: false,
-                        }
-                    });
-                    let (decoder, eaten) = pending.chunked.as_mut().expect("chunked body state");
-                    match decoder.feed(&data[head_len + *eaten..], &mut conn.body) {
-                        Ok((n, done)) => {
-                            *eaten += n;
-                            if !done {
-                                if head.expect_continue && !pending.continue_sent {
-                                    pending.continue_sent = true;
-                                    if let Err(e) = app.precheck(&head) {
-                                        app.write_error(&mut conn.output, e, true);
-                                        conn.close_after_flush = true;
-                                        break;
-                                    }
-                                    conn.output.extend_from_slice(CONTINUE);
-                                }
-                                break;
-                            }
-                            let consumed = head_len + *eaten;
-                            (&conn.body[..], consumed)
-                        }
-                        Err(ChunkError::TooLarge) => {
-                            app.write_error(&mut conn.output, ApiError::PayloadTooLarge, true);
-                            conn.close_after_flush = true;
-                            break;
-                        }
-                        Err(ChunkError::Malformed(why)) => {
-                            app.write_error(&mut conn.output, ApiError::BadRequest(why), true);
-                            conn.close_after_flush = true;
-                            break;
-                        }
-                    }
-                }
-            };
-            let close = !head.keep_alive || conn.read_closed;
             let ctx = Ctx {
                 now,
                 epoch_base_ms: clock.epoch_base_ms(),
                 owner,
                 peer: conn.peer.ip(),
-                close,
+                close: !head.keep_alive || conn.read_closed,
             };
+            let (body, consumed) =
+                match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
+                    Body::Ready(body, consumed) => (body, consumed),
+                    Body::Incomplete => {
+                        let pending = conn
+                            .pending
+                            .as_mut()
+                            .expect("an incomplete body is pending");
+                        if head.expect_continue && !pending.continue_sent {
+                            pending.continue_sent = true;
+                            // Refuse now what the head already decides, before the body is sent.
+                            match app.precheck(&ctx, &head) {
+                                Ok(()) => conn.output.extend_from_slice(CONTINUE),
+                                Err(e) => {
+                                    app.write_error(&mut conn.output, e, true);
+                                    conn.close_after_flush = true;
+                                }
+                            }
+                        }
+                        break;
+                    }
+                    Body::Refused(e) => {
+                        app.write_error(&mut conn.output, e, true);
+                        conn.close_after_flush = true;
+                        break;
+                    }
+                };
             let handled = app.handle(&ctx, &head, body, &mut conn.output);
             conn.input.consume(consumed);
             conn.pending = None;
             conn.head_scanned = 0;
             conn.request_started = (!conn.input.is_empty()).then_some(now);
-            if close {
+            if ctx.close {
                 conn.close_after_flush = true;
             }
             if let Handled::Queued(q) = handled {
@@ -527,7 +488,7 @@ impl Server {
             return;
         };
         conn.timer = None;
-        if conn.deadline() <= now {
+        if conn.deadline(&self.timeouts) <= now {
             debug!("closing {}: deadline passed", conn.peer);
             self.close(token);
         } else {
@@ -542,7 +503,7 @@ impl Server {
         let Some(conn) = self.conns.get_mut(token) else {
             return;
         };
-        let at = conn.deadline();
+        let at = conn.deadline(&self.timeouts);
         if at == NEVER {
             return;
         }
@@ -585,4 +546,62 @@ pub fn serve(
     info!("listening on {addr}");
     on_ready(addr);
     server.run().map_err(|e| format!("event loop failed: {e}"))
+}
+
+enum Body<'a> {
+    /// The whole body, and the input bytes the request took (head included).
+    Ready(&'a [u8], usize),
+    Incomplete,
+    Refused(ApiError),
+}
+
+/// Finds the request's body in `data`, decoding chunked bodies into `decoded`
+/// incrementally (their state lives in `pending` between reads).
+fn take_body<'a>(
+    head: &Head,
+    data: &'a [u8],
+    pending: &mut Option<PendingBody>,
+    decoded: &'a mut Vec<u8>,
+    max_body: usize,
+) -> Body<'a> {
+    let head_len = head.head_len;
+    match head.framing {
+        BodyFraming::None => Body::Ready(&[], head_len),
+        BodyFraming::Length(n) => {
+            if n > max_body as u64 {
+                return Body::Refused(ApiError::PayloadTooLarge);
+            }
+            let end = head_len + n as usize;
+            if data.len() < end {
+                pending.get_or_insert(PendingBody {
+                    chunked: None,
+                    continue_sent: false,
+                });
+                return Body::Incomplete;
+            }
+            Body::Ready(&data[head_len..end], end)
+        }
+        BodyFraming::Chunked => {
+            let state = pending.get_or_insert_with(|| {
+                decoded.clear();
+                PendingBody {
+                    chunked: Some((ChunkedDecoder::new(max_body), 0)),
+                    continue_sent: false,
+                }
+            });
+            let (decoder, eaten) = state.chunked.as_mut().expect("chunked body state");
+            match decoder.feed(&data[head_len + *eaten..], decoded) {
+                Ok((n, done)) => {
+                    *eaten += n;
+                    if done {
+                        Body::Ready(&decoded[..], head_len + *eaten)
+                    } else {
+                        Body::Incomplete
+                    }
+                }
+                Err(ChunkError::TooLarge) => Body::Refused(ApiError::PayloadTooLarge),
+                Err(ChunkError::Malformed(why)) => Body::Refused(ApiError::BadRequest(why)),
+            }
+        }
+    }
 }

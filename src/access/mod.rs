@@ -1,0 +1,242 @@
+//! Access policies beyond the pool key (SPEC §8): IP allowlist behind trusted
+//! proxies, HMAC request signing with replay defence, HS256 JWTs, and
+//! Cloudflare Access. Each configured policy must pass; a pool without
+//! policies pays nothing (`PoolAccess::is_open`).
+//!
+//! The checks themselves are pure functions in the submodules; this module
+//! reads the right headers and holds the per-pool state (the nonce store,
+//! the JWKS keys).
+
+pub mod cloudflare;
+pub mod denied;
+pub mod hmac;
+pub mod ip;
+pub mod jws;
+pub mod jwt;
+pub mod nonce;
+
+use std::net::IpAddr;
+
+use log::warn;
+
+use crate::api::ApiError;
+use crate::config::AccessConfig;
+use crate::http::request::{Head, Method};
+use crate::http::trim;
+use cloudflare::Jwks;
+use denied::Denied;
+use ip::CidrSet;
+use jwt::JwtPolicy;
+use nonce::{NonceError, NonceStore};
+
+struct HmacPolicy {
+    secret: Vec<u8>,
+    tolerance_ms: u64,
+    nonces: NonceStore,
+}
+
+struct CloudflarePolicy {
+    jwks: Jwks,
+    audience: String,
+    issuer: String,
+}
+
+/// Clock skew forgiven on Cloudflare Access tokens.
+const CF_LEEWAY_MS: u64 = 30_000;
+
+#[derive(Default)]
+pub struct PoolAccess {
+    ip_allow: Option<CidrSet>,
+    trusted_proxies: CidrSet,
+    hmac: Option<HmacPolicy>,
+    jwt: Option<JwtPolicy>,
+    cloudflare: Option<CloudflarePolicy>,
+}
+
+fn denied(d: Denied) -> ApiError {
+    ApiError::Unauthorized(d.reason())
+}
+
+impl PoolAccess {
+    /// Builds a pool's policies. On a reload, `previous` supplies the JWKS
+    /// keys that worked when the file is now broken; `carry_state_from`
+    /// then moves the nonce store over once the whole reload has succeeded.
+    pub fn build(
+        config: &AccessConfig,
+        previous: Option<&PoolAccess>,
+    ) -> Result<PoolAccess, String> {
+        let ip_allow = if config.ip_allow.is_empty() {
+            None
+        } else {
+            Some(CidrSet::parse(&config.ip_allow).map_err(|e| format!("access.ipAllow: {e}"))?)
+        };
+        let trusted_proxies = CidrSet::parse(&config.trusted_proxies)
+            .map_err(|e| format!("access.trustedProxies: {e}"))?;
+        let hmac = config.hmac.as_ref().map(|h| HmacPolicy {
+            secret: h.secret.as_bytes().to_vec(),
+            tolerance_ms: h.tolerance_ms,
+            nonces: NonceStore::new(h.nonce_capacity),
+        });
+        let jwt = config.jwt.as_ref().map(|j| JwtPolicy {
+            secret: j.hs256_secret.as_bytes().to_vec(),
+            issuer: j.issuer.clone(),
+            audience: j.audience.clone(),
+            leeway_ms: j.leeway_ms,
+        });
+        let cloudflare = match &config.cloudflare_access {
+            None => None,
+            Some(cf) => {
+                let loaded = std::fs::read(&cf.jwks_file)
+                    .map_err(|e| format!("cannot read {}: {e}", cf.jwks_file))
+                    .and_then(|bytes| {
+                        Jwks::from_json(&bytes).map_err(|e| format!("{}: {e}", cf.jwks_file))
+                    });
+                let jwks = match (loaded, previous.and_then(|p| p.cloudflare.as_ref())) {
+                    (Ok(jwks), _) => jwks,
+                    (Err(e), Some(old)) => {
+                        warn!(
+                            "access.cloudflareAccess.jwksFile: {e}; keeping the keys loaded before"
+                        );
+                        old.jwks.clone()
+                    }
+                    (Err(e), None) => return Err(format!("access.cloudflareAccess.jwksFile: {e}")),
+                };
+                Some(CloudflarePolicy {
+                    jwks,
+                    audience: cf.audience.clone(),
+                    issuer: cf.issuer.clone(),
+                })
+            }
+        };
+        Ok(PoolAccess {
+            ip_allow,
+            trusted_proxies,
+            hmac,
+            jwt,
+            cloudflare,
+        })
+    }
+
+    /// Keeps the remembered nonces across a reload (so it does not reopen
+    /// replay), when both the old and the new policy sign requests.
+    pub fn carry_state_from(&mut self, old: &mut PoolAccess) {
+        if let (Some(new), Some(old)) = (&mut self.hmac, &mut old.hmac) {
+            if new.nonces.capacity() == old.nonces.capacity() {
+                std::mem::swap(&mut new.nonces, &mut old.nonces);
+            }
+        }
+    }
+
+    /// No policy configured: nothing to check.
+    pub fn is_open(&self) -> bool {
+        self.ip_allow.is_none()
+            && self.hmac.is_none()
+            && self.jwt.is_none()
+            && self.cloudflare.is_none()
+    }
+
+    pub fn needs_body(&self) -> bool {
+        self.hmac.is_some()
+    }
+
+    /// The client address: the peer, or the right-most untrusted
+    /// `X-Forwarded-For` entry when the peer is a trusted proxy.
+    pub fn client_addr(&self, peer: IpAddr, head: &Head) -> IpAddr {
+        if self.trusted_proxies.is_empty() || !self.trusted_proxies.contains(peer) {
+            return peer;
+        }
+        let mut values: [&[u8]; 8] = [&[]; 8];
+        let mut n = 0;
+        for h in head.headers {
+            if h.name.eq_ignore_ascii_case("x-forwarded-for") && n < values.len() {
+                values[n] = h.value;
+                n += 1;
+            }
+        }
+        ip::client_addr(peer, &values[..n], &self.trusted_proxies)
+    }
+
+    /// Checks decidable from the head: IP allowlist, JWT, Cloudflare Access.
+    /// `key_in_header` tells whether the pool key came in `X-Nthpool-Key`
+    /// (then `Authorization: Bearer` may carry the JWT).
+    pub fn check_head(
+        &self,
+        head: &Head,
+        client: IpAddr,
+        now_epoch_ms: u64,
+    ) -> Result<(), ApiError> {
+        if let Some(allow) = &self.ip_allow {
+            if !allow.contains(client) {
+                return Err(ApiError::Forbidden);
+            }
+        }
+        if let Some(policy) = &self.jwt {
+            let token = head.header("x-nthpool-jwt").or_else(|| {
+                head.header("x-nthpool-key")?;
+                let auth = head.header("authorization")?;
+                auth.get(..7)
+                    .filter(|s| s.eq_ignore_ascii_case(b"bearer "))
+                    .map(|_| &auth[7..])
+            });
+            let token = token.ok_or(denied(Denied::TOKEN_MISSING))?;
+            policy.verify(trim(token), now_epoch_ms).map_err(denied)?;
+        }
+        if let Some(cf) = &self.cloudflare {
+            let token = head
+                .header("cf-access-jwt-assertion")
+                .ok_or(denied(Denied::TOKEN_MISSING))?;
+            cloudflare::verify(
+                trim(token),
+                &cf.jwks,
+                &cf.audience,
+                &cf.issuer,
+                now_epoch_ms,
+                CF_LEEWAY_MS,
+            )
+            .map_err(denied)?;
+        }
+        Ok(())
+    }
+
+    /// The HMAC signature over the exact body, then the nonce (remembered
+    /// only once the MAC verified).
+    pub fn check_signed(
+        &mut self,
+        head: &Head,
+        body: &[u8],
+        now_epoch_ms: u64,
+    ) -> Result<(), ApiError> {
+        let Some(policy) = &mut self.hmac else {
+            return Ok(());
+        };
+        let method = match head.method {
+            Method::Post => "POST",
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Other => "OTHER",
+        };
+        let verified = hmac::verify(
+            &policy.secret,
+            method,
+            head.path,
+            head.header("x-nthpool-timestamp"),
+            head.header("x-nthpool-nonce"),
+            head.header("x-nthpool-signature"),
+            body,
+            now_epoch_ms,
+            policy.tolerance_ms,
+        )
+        .map_err(denied)?;
+        match policy
+            .nonces
+            .insert(verified.nonce, now_epoch_ms, verified.nonce_expires_ms)
+        {
+            Ok(()) => Ok(()),
+            Err(NonceError::Replay) => Err(denied(Denied::NONCE_REPLAYED)),
+            Err(NonceError::Full { retry_after_ms }) => Err(ApiError::Unavailable(
+                "Too many signed requests in flight; retry shortly.",
+                retry_after_ms.div_ceil(1000),
+            )),
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! The bounded store of recently seen request-signing nonces (SPEC §8 `hmac`).
+//!
+//! One store per pool. It owns replay detection and its memory bound, and never
+//! evicts a nonce before it expires: dropping one early would let its request be
+//! replayed, so a full store refuses new nonces (`503` with `Retry-After`) instead.
+//!
+//! How long to remember: the caller passes each nonce's expiry, which should be
+//! `hmac::Verified::nonce_expires_ms` = timestamp + tolerance + 1, the first
+//! instant at which the signed timestamp is outside the tolerance window and a
+//! replay would be refused by the timestamp check anyway. Because that expiry
+//! follows the client's timestamp rather than the arrival order, entries do not
+//! expire in insertion order, so expiry order is kept in a min-heap (O(log n) per
+//! insert) rather than a queue; in exchange nothing is remembered longer than
+//! needed, where an arrival-ordered queue would have to keep every nonce for
+//! twice the tolerance.
+//!
+//! Expired entries are purged incrementally: each insert pops at most
+//! [`PURGE_PER_INSERT`] expired entries, and pops more only when the store is full
+//! and room is needed, so no request pays for a mass expiry it did not need. An
+//! expired entry still present answers as absent. Only MAC-verified nonces may be
+//! inserted, or an unauthenticated client could fill the store.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// Expired entries popped per insert when there is room: more than one, so the
+/// purge outruns the at most one entry each insert adds.
+pub const PURGE_PER_INSERT: usize = 2;
+
+/// Why a nonce was not accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NonceError {
+    /// Seen before and not yet expired: the request is a replay (`401`).
+    Replay,
+    /// Every slot holds an unexpired nonce (`503`); the oldest frees in
+    /// `retry_after_ms` (at least 1).
+    Full { retry_after_ms: u64 },
+}
+
+/// Remembers up to `capacity` unexpired nonces.
+#[derive(Debug)]
+pub struct NonceStore {
+    capacity: usize,
+    /// Nonce → expiry (exclusive, epoch ms). May hold expired entries not yet purged.
+    expiries: HashMap<Box<[u8]>, u64>,
+    /// (expiry, nonce), earliest first. An entry whose expiry no longer matches
+    /// `expiries` is stale: its nonce expired and was inserted again since.
+    by_expiry: BinaryHeap<Reverse<(u64, Box<[u8]>)>>,
+}
+
+impl NonceStore {
+    /// A store holding at most `capacity` nonces; a capacity of 0 is taken as 1.
+    pub fn new(capacity: usize) -> NonceStore {
+        NonceStore {
+            capacity: capacity.max(1),
+            expiries: HashMap::new(),
+            by_expiry: BinaryHeap::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Entries held, expired ones not yet purged included.
+    pub fn len(&self) -> usize {
+        self.expiries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.expiries.is_empty()
+    }
+
+    /// Records `nonce` as used until `expires_ms` (exclusive).
+    ///
+    /// A nonce whose expiry is not after `now_ms` is accepted without being
+    /// stored: its timestamp already rules out any replay.
+    pub fn insert(&mut self, nonce: &[u8], now_ms: u64, expires_ms: u64) -> Result<(), NonceError> {
+        self.purge(now_ms, PURGE_PER_INSERT);
+        let known = match self.expiries.get(nonce) {
+            Some(&expiry) if expiry > now_ms => return Err(NonceError::Replay),
+            Some(_) => true,
+            None => false,
+        };
+        if expires_ms <= now_ms {
+            return Ok(());
+        }
+        if !known && self.expiries.len() >= self.capacity {
+            self.purge(now_ms, usize::MAX);
+            if self.expiries.len() >= self.capacity {
+                return Err(NonceError::Full {
+                    retry_after_ms: self.earliest_expiry().saturating_sub(now_ms).max(1),
+                });
+            }
+        }
+        // Replacing an expired, unpurged entry leaves its heap entry stale; the
+        // purge recognises it by the mismatched expiry.
+        self.expiries.insert(nonce.into(), expires_ms);
+        self.by_expiry.push(Reverse((expires_ms, nonce.into())));
+        debug_assert!(self.expiries.len() <= self.capacity);
+        Ok(())
+    }
+
+    /// Pops up to `limit` expired heap entries.
+    fn purge(&mut self, now_ms: u64, limit: usize) {
+        for _ in 0..limit {
+            match self.by_expiry.peek() {
+                Some(Reverse((expiry, _))) if *expiry <= now_ms => {}
+                _ => return,
+            }
+            let Some(Reverse((expiry, nonce))) = self.by_expiry.pop() else {
+                return;
+            };
+            if self.expiries.get(&nonce) == Some(&expiry) {
+                self.expiries.remove(&nonce);
+            }
+        }
+    }
+
+    /// The earliest expiry held. Only called after a full purge, when the heap
+    /// top is a live entry: stale heap entries are all expired.
+    fn earliest_expiry(&self) -> u64 {
+        let Some(Reverse((expiry, nonce))) = self.by_expiry.peek() else {
+            debug_assert!(false, "a full store has entries");
+            return 0;
+        };
+        debug_assert_eq!(self.expiries.get(nonce), Some(expiry));
+        *expiry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn replay_is_refused_until_expiry() {
+        let mut s = NonceStore::new(10);
+        assert_eq!(s.insert(b"a", 0, 100), Ok(()));
+        assert_eq!(s.insert(b"a", 50, 150), Err(NonceError::Replay));
+        assert_eq!(s.insert(b"a", 99, 199), Err(NonceError::Replay));
+        assert_eq!(s.insert(b"b", 99, 199), Ok(()));
+        // Expired: the same nonce may be used again.
+        assert_eq!(s.insert(b"a", 100, 200), Ok(()));
+        assert_eq!(s.insert(b"a", 150, 250), Err(NonceError::Replay));
+    }
+
+    #[test]
+    fn full_store_refuses_with_retry_after() {
+        let mut s = NonceStore::new(2);
+        assert_eq!(s.insert(b"a", 0, 300), Ok(()));
+        assert_eq!(s.insert(b"b", 10, 200), Ok(()));
+        // The earliest expiry is b's at 200, not a's, though a came first.
+        assert_eq!(
+            s.insert(b"c", 50, 400),
+            Err(NonceError::Full {
+                retry_after_ms: 150
+            })
+        );
+        // A replay is still reported as a replay when full.
+        assert_eq!(s.insert(b"a", 50, 400), Err(NonceError::Replay));
+        assert_eq!(
+            s.insert(b"c", 199, 400),
+            Err(NonceError::Full { retry_after_ms: 1 })
+        );
+        // Once b expires there is room; a is never evicted.
+        assert_eq!(s.insert(b"c", 200, 400), Ok(()));
+        assert_eq!(s.insert(b"a", 250, 500), Err(NonceError::Replay));
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn already_expired_nonce_is_not_stored() {
+        let mut s = NonceStore::new(1);
+        assert_eq!(s.insert(b"a", 100, 100), Ok(()));
+        assert!(s.is_empty());
+        assert_eq!(s.insert(b"b", 100, 101), Ok(()));
+    }
+
+    #[test]
+    fn zero_capacity_means_one() {
+        let mut s = NonceStore::new(0);
+        assert_eq!(s.capacity(), 1);
+        assert_eq!(s.insert(b"a", 0, 10), Ok(()));
+        assert_eq!(
+            s.insert(b"b", 0, 10),
+            Err(NonceError::Full { retry_after_ms: 10 })
+        );
+    }
+
+    #[test]
+    fn reinserted_nonce_leaves_a_stale_entry_that_is_ignored() {
+        let mut s = NonceStore::new(10);
+        for (i, exp) in [(b"x1", 1), (b"x2", 2), (b"x3", 3)] {
+            assert_eq!(s.insert(i, 0, exp), Ok(()));
+        }
+        assert_eq!(s.insert(b"a", 0, 4), Ok(()));
+        // At 10 only x1 and x2 are purged; a is expired but still held, and is
+        // replaced in place, leaving (4, a) stale in the heap.
+        assert_eq!(s.insert(b"a", 10, 1000), Ok(()));
+        assert_eq!(s.len(), 2);
+        // This purge pops x3 and the stale (4, a), which must not remove the live a.
+        assert_eq!(s.insert(b"b", 11, 20), Ok(()));
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.insert(b"a", 500, 2000), Err(NonceError::Replay));
+    }
+
+    #[test]
+    fn purge_work_per_insert_is_bounded_when_not_full() {
+        let mut s = NonceStore::new(1000);
+        for i in 0..100u32 {
+            s.insert(&i.to_be_bytes(), 0, 10).unwrap();
+        }
+        s.insert(b"x", 10, 20).unwrap();
+        // Only PURGE_PER_INSERT of the 100 expired entries were popped.
+        assert_eq!(s.len(), 101 - PURGE_PER_INSERT);
+    }
+
+    /// Reference model: a plain list scanned on every call.
+    #[derive(Default)]
+    struct Model {
+        entries: Vec<(Vec<u8>, u64)>,
+    }
+
+    impl Model {
+        fn insert(
+            &mut self,
+            cap: usize,
+            nonce: &[u8],
+            now: u64,
+            exp: u64,
+        ) -> Result<(), NonceError> {
+            self.entries.retain(|(_, e)| *e > now);
+            if self.entries.iter().any(|(n, _)| n == nonce) {
+                return Err(NonceError::Replay);
+            }
+            if exp <= now {
+                return Ok(());
+            }
+            if self.entries.len() >= cap {
+                let oldest = self.entries.iter().map(|(_, e)| *e).min().unwrap();
+                return Err(NonceError::Full {
+                    retry_after_ms: oldest - now,
+                });
+            }
+            self.entries.push((nonce.to_vec(), exp));
+            Ok(())
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn matches_reference_model(
+            cap in 1usize..6,
+            ops in prop::collection::vec((0u8..8, 0u64..20, 0u64..40), 1..200),
+        ) {
+            let mut store = NonceStore::new(cap);
+            let mut model = Model::default();
+            let mut now = 0;
+            for (nonce, step, life) in ops {
+                now += step;
+                let key = [nonce];
+                prop_assert_eq!(
+                    store.insert(&key, now, now + life),
+                    model.insert(cap, &key, now, now + life)
+                );
+            }
+        }
+    }
+}

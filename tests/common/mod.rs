@@ -1,0 +1,232 @@
+//! Test harness: starts the real `nthpool` binary on `127.0.0.1:0` with a
+//! configuration written to a temporary file, and speaks raw HTTP/1.1 to it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+pub const KEY: &str = "test-key-0001";
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+pub struct TestServer {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub dir: PathBuf,
+    pub config_path: PathBuf,
+    pub stdout: BufReader<ChildStdout>,
+}
+
+/// A fresh scratch directory under the system temp dir.
+pub fn scratch_dir() -> PathBuf {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("nthpool-test-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A configuration with one pool `p` (key `KEY`) whose settings are `pool_extra`
+/// (JSON members without braces, may be empty) and top-level members `top_extra`.
+pub fn config(pool_extra: &str, top_extra: &str) -> String {
+    let pool_sep = if pool_extra.is_empty() { "" } else { "," };
+    let top_sep = if top_extra.is_empty() { "" } else { "," };
+    format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null{top_sep}{top_extra},
+        "pools":{{"p":{{"keys":["{KEY}"]{pool_sep}{pool_extra}}},"other":{{"keys":["other-key"]}}}}}}"#
+    )
+}
+
+impl TestServer {
+    /// Starts a server with `config_json`; panics with its stderr if it fails.
+    pub fn start(config_json: &str) -> TestServer {
+        let dir = scratch_dir();
+        let config_path = dir.join("config.json");
+        std::fs::write(&config_path, config_json).unwrap();
+        Self::start_with(dir, config_path, &[])
+    }
+
+    pub fn start_with(dir: PathBuf, config_path: PathBuf, extra_args: &[&str]) -> TestServer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nthpool"))
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .args(extra_args)
+            .current_dir(&dir)
+            .env("RUST_LOG", std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn nthpool");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut addr = None;
+        let mut admin = None;
+        let mut line = String::new();
+        while addr.is_none() {
+            line.clear();
+            if stdout.read_line(&mut line).unwrap() == 0 {
+                let status = child.wait().unwrap();
+                panic!("nthpool exited before listening: {status}");
+            }
+            if let Some(rest) = line.trim().strip_prefix("nthpool admin on http://") {
+                admin = Some(rest.parse().unwrap());
+            }
+            if let Some(rest) = line.trim().strip_prefix("nthpool listening on http://") {
+                addr = Some(rest.parse().unwrap());
+            }
+        }
+        TestServer {
+            child,
+            addr: addr.unwrap(),
+            admin,
+            dir,
+            config_path,
+            stdout,
+        }
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    }
+
+    /// One request on a fresh connection.
+    pub fn request(&self, raw: &[u8]) -> Response {
+        let mut s = self.connect();
+        s.write_all(raw).unwrap();
+        read_response(&mut s).expect("a response")
+    }
+
+    pub fn acquire(&self, extra_headers: &str, body: &str) -> Response {
+        self.request(&post("/pools/p/lock/acquire", KEY, extra_headers, body))
+    }
+
+    pub fn renew(&self, slot: &str) -> Response {
+        self.request(&post(&format!("/pools/p/lock/{slot}/renew"), KEY, "", ""))
+    }
+
+    pub fn release(&self, slot: &str, body: &str) -> Response {
+        self.request(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", body))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A POST with a key (empty `key` = no key header) and optional body.
+pub fn post(path: &str, key: &str, extra_headers: &str, body: &str) -> Vec<u8> {
+    let key_header = if key.is_empty() {
+        String::new()
+    } else {
+        format!("X-Nthpool-Key: {key}\r\n")
+    };
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\n{key_header}{extra_headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn header_u64(&self, name: &str) -> u64 {
+        self.header(name)
+            .unwrap_or_else(|| panic!("missing header {name} in {self:?}"))
+            .parse()
+            .unwrap()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn error_code(&self) -> String {
+        self.json()["error"].as_str().unwrap_or_default().to_string()
+    }
+
+    pub fn slot(&self) -> String {
+        assert_eq!(self.status, 200, "expected a grant: {self:?}");
+        self.json()["slotId"].as_str().unwrap().to_string()
+    }
+}
+
+/// Reads one response (head + Content-Length body). `None` on EOF before a head.
+pub fn read_response(s: &mut impl Read) -> Option<Response> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(0) => return None,
+            Ok(_) => head.push(byte[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+            Err(e) => panic!("read failed: {e}"),
+        }
+    }
+    let text = String::from_utf8(head).unwrap();
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().unwrap();
+    let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (n, v) = l.split_once(':').unwrap();
+            (n.trim().to_string(), v.trim().to_string())
+        })
+        .collect();
+    let len: usize = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    Some(Response { status, headers, body })
+}
+
+/// True when the server closed the connection (EOF or reset) within the read timeout.
+pub fn is_closed(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Ok(0) | Err(_))
+}

@@ -101,10 +101,7 @@ pub struct QueueConfig {
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        QueueConfig {
-            size: defaults::queue_size(),
-            timeout_ms: defaults::queue_timeout_ms(),
-        }
+        QueueConfig { size: defaults::queue_size(), timeout_ms: defaults::queue_timeout_ms() }
     }
 }
 
@@ -229,8 +226,7 @@ fn fail<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read(path)
-            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        let text = std::fs::read(path).map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
         Config::parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
     }
 
@@ -239,8 +235,8 @@ impl Config {
     }
 
     pub fn parse(text: &[u8]) -> Result<Config, ConfigError> {
-        let config: Config = serde_json::from_slice(text)
-            .map_err(|e| ConfigError(format!("invalid configuration: {e}")))?;
+        let config: Config =
+            serde_json::from_slice(text).map_err(|e| ConfigError(format!("invalid configuration: {e}")))?;
         config.validate()?;
         Ok(config)
     }
@@ -250,23 +246,16 @@ impl Config {
     }
 
     pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin_listen
-            .as_ref()
-            .map(|a| a.parse().expect("validated"))
+        self.admin_listen.as_ref().map(|a| a.parse().expect("validated"))
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
         if self.listen.parse::<SocketAddr>().is_err() {
-            return fail(format!(
-                "listen: {:?} is not an address like 127.0.0.1:7070",
-                self.listen
-            ));
+            return fail(format!("listen: {:?} is not an address like 127.0.0.1:7070", self.listen));
         }
         if let Some(admin) = &self.admin_listen {
             if admin.parse::<SocketAddr>().is_err() {
-                return fail(format!(
-                    "adminListen: {admin:?} is not an address like 127.0.0.1:7071"
-                ));
+                return fail(format!("adminListen: {admin:?} is not an address like 127.0.0.1:7071"));
             }
         }
         if let Some(path) = &self.access_log {
@@ -275,14 +264,10 @@ impl Config {
             }
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > MAX_BODY_LIMIT {
-            return fail(format!(
-                "maxBodyBytes must be between 1 and {MAX_BODY_LIMIT}"
-            ));
+            return fail(format!("maxBodyBytes must be between 1 and {MAX_BODY_LIMIT}"));
         }
         if self.max_connections == 0 || self.max_connections > MAX_CONNECTIONS {
-            return fail(format!(
-                "maxConnections must be between 1 and {MAX_CONNECTIONS}"
-            ));
+            return fail(format!("maxConnections must be between 1 and {MAX_CONNECTIONS}"));
         }
         for (name, value) in [
             ("headTimeoutMs", self.head_timeout_ms),
@@ -307,8 +292,7 @@ impl Config {
                     "pools: {name:?} is not a valid pool name (1-63 characters of a-z, 0-9 and '-', not starting or ending with '-')"
                 ));
             }
-            pool.validate()
-                .map_err(|e| ConfigError(format!("pools.{name}.{}", e.0)))?;
+            pool.validate().map_err(|e| ConfigError(format!("pools.{name}.{}", e.0)))?;
         }
         Ok(())
     }
@@ -330,9 +314,7 @@ impl PoolConfig {
             }
         }
         if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
-            return fail(format!(
-                "concurrency must be between 1 and {MAX_CONCURRENCY}"
-            ));
+            return fail(format!("concurrency must be between 1 and {MAX_CONCURRENCY}"));
         }
         if self.queue.size > MAX_QUEUE_SIZE {
             return fail(format!("queue.size must be at most {MAX_QUEUE_SIZE}"));
@@ -393,8 +375,7 @@ impl PoolConfig {
 
     /// The token-bucket size of the RPM gate: `rpmBurst`, else one second's worth.
     pub fn rpm_burst_or_default(&self) -> Option<u32> {
-        self.rpm
-            .map(|rpm| self.rpm_burst.unwrap_or(rpm.div_ceil(60).max(1)))
+        self.rpm.map(|rpm| self.rpm_burst.unwrap_or(rpm.div_ceil(60).max(1)))
     }
 }
 
@@ -402,8 +383,7 @@ impl PoolConfig {
 pub fn is_dns_label(name: &str) -> bool {
     let b = name.as_bytes();
     (1..=63).contains(&b.len())
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -449,17 +429,8 @@ mod tests {
         assert_eq!(c.access_log.as_deref(), Some("access.log"));
         assert_eq!(c.admin_listen.as_deref(), Some("127.0.0.1:7071"));
         assert_eq!(p.concurrency, 16);
-        assert_eq!(
-            p.queue,
-            QueueConfig {
-                size: 1000,
-                timeout_ms: 30_000
-            }
-        );
-        assert_eq!(
-            (p.term_ms, p.renew_interval_ms, p.request_timeout_ms),
-            (30_000, 10_000, 60_000)
-        );
+        assert_eq!(p.queue, QueueConfig { size: 1000, timeout_ms: 30_000 });
+        assert_eq!((p.term_ms, p.renew_interval_ms, p.request_timeout_ms), (30_000, 10_000, 60_000));
         assert!(p.adaptive);
         assert!(!p.allow_authorization_header);
         assert_eq!(p.rpm, None);
@@ -467,8 +438,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        assert!(err(&pool_json(r#","renewIntervalMs":5000,"termMs":5000"#))
-            .contains("pools.p1.renewIntervalMs"));
+        assert!(err(&pool_json(r#","renewIntervalMs":5000,"termMs":5000"#)).contains("pools.p1.renewIntervalMs"));
         assert!(err(&pool_json(r#","concurrency":0"#)).contains("pools.p1.concurrency"));
         assert!(err(&pool_json(r#","bogus":1"#)).contains("bogus"));
         assert!(err(&pool_json(r#","rpmBurst":3"#)).contains("rpmBurst"));

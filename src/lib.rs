@@ -9,6 +9,7 @@
 //! - `server`: the mio reactor that owns sockets and the clock.
 
 pub mod access;
+pub mod accesslog;
 pub mod api;
 pub mod config;
 pub mod governor;

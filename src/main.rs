@@ -36,10 +36,7 @@ struct Args {
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
-    let mut args = Args {
-        config: None,
-        listen: None,
-    };
+    let mut args = Args { config: None, listen: None };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
@@ -55,9 +52,8 @@ fn parse_args() -> Result<Option<Args>, String> {
             "--config" => args.config = Some(value("--config")?.into()),
             "--listen" => {
                 let v = value("--listen")?;
-                args.listen = Some(v.parse().map_err(|_| {
-                    format!("--listen: {v:?} is not an address like 127.0.0.1:7070")
-                })?);
+                args.listen =
+                    Some(v.parse().map_err(|_| format!("--listen: {v:?} is not an address like 127.0.0.1:7070"))?);
             }
             "--check-config" => {
                 let path = PathBuf::from(value("--check-config")?);
@@ -93,7 +89,10 @@ fn main() -> ExitCode {
     };
     let listen = args.listen.unwrap_or_else(|| config.listen_addr());
     let embedded = args.config.is_none();
-    let result = server::serve(&config, listen, |addr| {
+    let result = server::serve(&config, listen, args.config.clone(), |addr, admin| {
+        if let Some(admin) = admin {
+            println!("nthpool admin on http://{admin}");
+        }
         println!("nthpool listening on http://{addr}");
         if embedded {
             let (name, pool) = config.pools.iter().next().expect("the demo pool");

@@ -66,10 +66,7 @@ impl<T> Wheel<T> {
     pub fn new() -> Self {
         Wheel {
             elapsed: 0,
-            levels: [Level {
-                occupied: 0,
-                heads: [NIL; SLOTS],
-            }; LEVELS],
+            levels: [Level { occupied: 0, heads: [NIL; SLOTS] }; LEVELS],
             entries: Slab::new(),
             pending: Vec::new(),
         }
@@ -87,15 +84,8 @@ impl<T> Wheel<T> {
     /// Schedules `payload` to come out of `poll` once `now >= deadline`.
     /// A deadline already in the past fires on the next `poll`.
     pub fn insert(&mut self, deadline: u64, payload: T) -> TimerKey {
-        let idx = self.entries.insert(Entry {
-            deadline,
-            prev: NIL,
-            next: NIL,
-            level: 0,
-            slot: 0,
-            pending: false,
-            payload,
-        });
+        let idx =
+            self.entries.insert(Entry { deadline, prev: NIL, next: NIL, level: 0, slot: 0, pending: false, payload });
         let idx = u32::try_from(idx).expect("timer wheel holds fewer than 2^32 entries");
         self.link(idx);
         TimerKey(idx)
@@ -174,8 +164,7 @@ impl<T> Wheel<T> {
             let slot_range = 1u64 << shift;
             let level_range = slot_range << SLOT_BITS;
             let now_slot = ((self.elapsed >> shift) & SLOT_MASK) as u32;
-            let slot =
-                (occupied.rotate_right(now_slot).trailing_zeros() + now_slot) as usize % SLOTS;
+            let slot = (occupied.rotate_right(now_slot).trailing_zeros() + now_slot) as usize % SLOTS;
             let level_start = self.elapsed & !(level_range - 1);
             let mut at = level_start + slot as u64 * slot_range;
             if at + slot_range <= self.elapsed {
@@ -190,9 +179,7 @@ impl<T> Wheel<T> {
     fn link(&mut self, idx: u32) {
         let elapsed = self.elapsed;
         let entry = &mut self.entries[idx as usize];
-        let when = entry
-            .deadline
-            .clamp(elapsed, elapsed.saturating_add(HORIZON));
+        let when = entry.deadline.clamp(elapsed, elapsed.saturating_add(HORIZON));
         let level = level_for(elapsed, when);
         let slot = ((when >> (SLOT_BITS as usize * level)) & SLOT_MASK) as usize;
         let head = self.levels[level].heads[slot];

@@ -41,16 +41,11 @@ pub const MIN_RSA_BITS: usize = 2048;
 
 /// DER of `DigestInfo { AlgorithmIdentifier { id-sha256, NULL }, OCTET STRING (32) }`
 /// up to the digest itself (RFC 8017 §9.2, note 1).
-const SHA256_DIGEST_INFO_PREFIX: [u8; 19] = [
-    0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05,
-    0x00, 0x04, 0x20,
-];
+const SHA256_DIGEST_INFO_PREFIX: [u8; 19] =
+    [0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20];
 
 fn rs256_scheme() -> Pkcs1v15Sign {
-    Pkcs1v15Sign {
-        hash_len: Some(32),
-        prefix: Box::new(SHA256_DIGEST_INFO_PREFIX),
-    }
+    Pkcs1v15Sign { hash_len: Some(32), prefix: Box::new(SHA256_DIGEST_INFO_PREFIX) }
 }
 
 /// The usable keys of one JWKS document.
@@ -90,8 +85,7 @@ impl Jwks {
     /// Parses a JWKS document (`{"keys":[...]}`); see the module docs for which
     /// keys are kept. The error is a sentence for the operator's log.
     pub fn from_json(bytes: &[u8]) -> Result<Jwks, String> {
-        let raw: RawJwks =
-            serde_json::from_slice(bytes).map_err(|e| format!("the JWKS is not valid: {e}"))?;
+        let raw: RawJwks = serde_json::from_slice(bytes).map_err(|e| format!("the JWKS is not valid: {e}"))?;
         let mut keys = Vec::new();
         for (index, raw_key) in raw.keys.into_iter().enumerate() {
             if raw_key.kty.as_deref() != Some("RSA")
@@ -104,21 +98,15 @@ impl Jwks {
                 Some(kid) => format!("key {index} (kid {kid:?})"),
                 None => format!("key {index}"),
             };
-            let n = decode_uint(raw_key.n.as_deref())
-                .ok_or_else(|| format!("{name}: n is missing or not base64url"))?;
-            let e = decode_uint(raw_key.e.as_deref())
-                .ok_or_else(|| format!("{name}: e is missing or not base64url"))?;
-            let key = RsaPublicKey::new(n, e)
-                .map_err(|err| format!("{name}: not a usable RSA key: {err}"))?;
+            let n =
+                decode_uint(raw_key.n.as_deref()).ok_or_else(|| format!("{name}: n is missing or not base64url"))?;
+            let e =
+                decode_uint(raw_key.e.as_deref()).ok_or_else(|| format!("{name}: e is missing or not base64url"))?;
+            let key = RsaPublicKey::new(n, e).map_err(|err| format!("{name}: not a usable RSA key: {err}"))?;
             if key.n().bits() < MIN_RSA_BITS {
-                return Err(format!(
-                    "{name}: the RSA modulus is shorter than {MIN_RSA_BITS} bits"
-                ));
+                return Err(format!("{name}: the RSA modulus is shorter than {MIN_RSA_BITS} bits"));
             }
-            keys.push(Jwk {
-                kid: raw_key.kid,
-                key,
-            });
+            keys.push(Jwk { kid: raw_key.kid, key });
         }
         if keys.is_empty() {
             return Err("the JWKS has no RSA RS256 signing key".to_owned());
@@ -156,22 +144,14 @@ pub fn verify(
     let mut buf = [0u8; MAX_SIGNATURE_BYTES];
     let signature = compact.signature(&mut buf)?;
     let digest = Sha256::digest(compact.signing_input);
-    let mut candidates = jwks
-        .keys
-        .iter()
-        .filter(|k| header.kid.is_none() || k.kid == header.kid)
-        .peekable();
+    let mut candidates = jwks.keys.iter().filter(|k| header.kid.is_none() || k.kid == header.kid).peekable();
     if candidates.peek().is_none() {
         return Err(Denied::TOKEN_KEY_UNKNOWN);
     }
     if !candidates.any(|k| k.key.verify(rs256_scheme(), &digest, signature).is_ok()) {
         return Err(Denied::TOKEN_SIGNATURE_INVALID);
     }
-    let rules = ClaimRules {
-        issuer: Some(issuer),
-        audience: Some(audience),
-        leeway_ms,
-    };
+    let rules = ClaimRules { issuer: Some(issuer), audience: Some(audience), leeway_ms };
     compact.check_claims(&rules, now_epoch_ms)
 }
 
@@ -223,16 +203,12 @@ mod tests {
 
     fn sign_rs256(key: &RsaPrivateKey, header: &str, claims: &str) -> String {
         let input = signing_input(header, claims);
-        let sig = key
-            .sign(rs256_scheme(), &Sha256::digest(input.as_bytes()))
-            .unwrap();
+        let sig = key.sign(rs256_scheme(), &Sha256::digest(input.as_bytes())).unwrap();
         format!("{input}.{}", b64(&sig))
     }
 
     fn claims(aud: &str, iss: &str, exp: u64) -> String {
-        format!(
-            r#"{{"aud":["{aud}"],"email":"a@example.com","exp":{exp},"iat":{NOW_S},"iss":"{iss}","sub":"u1"}}"#
-        )
+        format!(r#"{{"aud":["{aud}"],"email":"a@example.com","exp":{exp},"iat":{NOW_S},"iss":"{iss}","sub":"u1"}}"#)
     }
 
     fn good_claims() -> String {
@@ -249,104 +225,63 @@ mod tests {
 
     #[test]
     fn good_token_with_first_key() {
-        assert_eq!(
-            check(&sign_rs256(&keys()[0], &header("k1"), &good_claims())),
-            Ok(())
-        );
+        assert_eq!(check(&sign_rs256(&keys()[0], &header("k1"), &good_claims())), Ok(()));
     }
 
     #[test]
     fn good_token_with_second_key() {
-        assert_eq!(
-            check(&sign_rs256(&keys()[1], &header("k2"), &good_claims())),
-            Ok(())
-        );
+        assert_eq!(check(&sign_rs256(&keys()[1], &header("k2"), &good_claims())), Ok(()));
     }
 
     #[test]
     fn token_without_kid_tries_every_key() {
         let h = r#"{"alg":"RS256"}"#;
         assert_eq!(check(&sign_rs256(&keys()[1], h, &good_claims())), Ok(()));
-        assert_eq!(
-            check(&sign_rs256(&keys()[2], h, &good_claims())),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(check(&sign_rs256(&keys()[2], h, &good_claims())), Err(Denied::TOKEN_SIGNATURE_INVALID));
     }
 
     #[test]
     fn kid_selects_the_key() {
         // Signed by key 2 but naming key 1: only key 1 is tried.
-        assert_eq!(
-            check(&sign_rs256(&keys()[1], &header("k1"), &good_claims())),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(check(&sign_rs256(&keys()[1], &header("k1"), &good_claims())), Err(Denied::TOKEN_SIGNATURE_INVALID));
     }
 
     #[test]
     fn unknown_kid() {
-        assert_eq!(
-            check(&sign_rs256(&keys()[0], &header("k9"), &good_claims())),
-            Err(Denied::TOKEN_KEY_UNKNOWN)
-        );
+        assert_eq!(check(&sign_rs256(&keys()[0], &header("k9"), &good_claims())), Err(Denied::TOKEN_KEY_UNKNOWN));
         // The non-RSA key was skipped, so its kid is unknown too.
-        assert_eq!(
-            check(&sign_rs256(&keys()[0], &header("ec"), &good_claims())),
-            Err(Denied::TOKEN_KEY_UNKNOWN)
-        );
+        assert_eq!(check(&sign_rs256(&keys()[0], &header("ec"), &good_claims())), Err(Denied::TOKEN_KEY_UNKNOWN));
     }
 
     #[test]
     fn signed_by_another_key() {
-        assert_eq!(
-            check(&sign_rs256(&keys()[2], &header("k1"), &good_claims())),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(check(&sign_rs256(&keys()[2], &header("k1"), &good_claims())), Err(Denied::TOKEN_SIGNATURE_INVALID));
     }
 
     #[test]
     fn wrong_audience() {
         let c = claims("another-app", ISS, NOW_S + 600);
-        assert_eq!(
-            check(&sign_rs256(&keys()[0], &header("k1"), &c)),
-            Err(Denied::TOKEN_WRONG_AUDIENCE)
-        );
+        assert_eq!(check(&sign_rs256(&keys()[0], &header("k1"), &c)), Err(Denied::TOKEN_WRONG_AUDIENCE));
         let c = format!(r#"{{"aud":"{AUD}","exp":{},"iss":"{ISS}"}}"#, NOW_S + 600);
-        assert_eq!(
-            check(&sign_rs256(&keys()[0], &header("k1"), &c)),
-            Ok(()),
-            "aud as a string"
-        );
+        assert_eq!(check(&sign_rs256(&keys()[0], &header("k1"), &c)), Ok(()), "aud as a string");
     }
 
     #[test]
     fn wrong_issuer() {
         let c = claims(AUD, "https://other.cloudflareaccess.com", NOW_S + 600);
-        assert_eq!(
-            check(&sign_rs256(&keys()[0], &header("k1"), &c)),
-            Err(Denied::TOKEN_WRONG_ISSUER)
-        );
+        assert_eq!(check(&sign_rs256(&keys()[0], &header("k1"), &c)), Err(Denied::TOKEN_WRONG_ISSUER));
     }
 
     #[test]
     fn expired() {
         let c = claims(AUD, ISS, NOW_S - 31);
-        assert_eq!(
-            check(&sign_rs256(&keys()[0], &header("k1"), &c)),
-            Err(Denied::TOKEN_EXPIRED)
-        );
+        assert_eq!(check(&sign_rs256(&keys()[0], &header("k1"), &c)), Err(Denied::TOKEN_EXPIRED));
     }
 
     #[test]
     fn not_yet_valid() {
-        let c = format!(
-            r#"{{"aud":["{AUD}"],"exp":{},"nbf":{},"iss":"{ISS}"}}"#,
-            NOW_S + 600,
-            NOW_S + 60
-        );
-        assert_eq!(
-            check(&sign_rs256(&keys()[0], &header("k1"), &c)),
-            Err(Denied::TOKEN_NOT_YET_VALID)
-        );
+        let c = format!(r#"{{"aud":["{AUD}"],"exp":{},"nbf":{},"iss":"{ISS}"}}"#, NOW_S + 600, NOW_S + 60);
+        assert_eq!(check(&sign_rs256(&keys()[0], &header("k1"), &c)), Err(Denied::TOKEN_NOT_YET_VALID));
     }
 
     #[test]
@@ -366,19 +301,12 @@ mod tests {
         let t = sign_rs256(&keys()[0], &header("k1"), &good_claims());
         let parts: Vec<&str> = t.split('.').collect();
         let forged = b64(claims(AUD, ISS, NOW_S + 999_999).as_bytes());
-        assert_eq!(
-            check(&format!("{}.{forged}.{}", parts[0], parts[2])),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(check(&format!("{}.{forged}.{}", parts[0], parts[2])), Err(Denied::TOKEN_SIGNATURE_INVALID));
     }
 
     #[test]
     fn crit_is_refused() {
-        let t = sign_rs256(
-            &keys()[0],
-            r#"{"alg":"RS256","kid":"k1","crit":["x"]}"#,
-            &good_claims(),
-        );
+        let t = sign_rs256(&keys()[0], r#"{"alg":"RS256","kid":"k1","crit":["x"]}"#, &good_claims());
         assert_eq!(check(&t), Err(Denied::TOKEN_CRIT_REFUSED));
     }
 
@@ -387,27 +315,19 @@ mod tests {
         // A key and token made with `openssl dgst -sha256 -sign`, independent of this code.
         let jwks = Jwks::from_json(KAT_JWKS.as_bytes()).unwrap();
         let (aud, iss) = ("kat-aud", "https://kat.cloudflareaccess.com");
-        assert_eq!(
-            verify(KAT_TOKEN.as_bytes(), &jwks, aud, iss, NOW, 0),
-            Ok(())
-        );
+        assert_eq!(verify(KAT_TOKEN.as_bytes(), &jwks, aud, iss, NOW, 0), Ok(()));
         let i = KAT_TOKEN.rfind('.').unwrap() + 5;
         let mut forged = KAT_TOKEN.to_owned();
         let flipped = if &forged[i..=i] == "A" { "B" } else { "A" };
         forged.replace_range(i..=i, flipped);
-        assert_eq!(
-            verify(forged.as_bytes(), &jwks, aud, iss, NOW, 0),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(verify(forged.as_bytes(), &jwks, aud, iss, NOW, 0), Err(Denied::TOKEN_SIGNATURE_INVALID));
     }
 
     #[test]
     fn jwks_rejects_documents_without_usable_keys() {
         assert!(Jwks::from_json(b"not json").is_err());
         assert!(Jwks::from_json(br#"{"keys":[]}"#).is_err());
-        assert!(
-            Jwks::from_json(br#"{"keys":[{"kty":"EC","crv":"P-256","x":"AA","y":"AA"}]}"#).is_err()
-        );
+        assert!(Jwks::from_json(br#"{"keys":[{"kty":"EC","crv":"P-256","x":"AA","y":"AA"}]}"#).is_err());
         let k1 = jwk_json("k1", &keys()[0]);
         let enc = k1.replace(r#""use":"sig""#, r#""use":"enc""#);
         assert!(Jwks::from_json(format!(r#"{{"keys":[{enc}]}}"#).as_bytes()).is_err());
@@ -419,14 +339,10 @@ mod tests {
     fn jwks_rejects_broken_rsa_keys() {
         let err = Jwks::from_json(br#"{"keys":[{"kty":"RSA","kid":"x","e":"AQAB"}]}"#).unwrap_err();
         assert!(err.contains("n is missing"), "{err}");
-        let err = Jwks::from_json(br#"{"keys":[{"kty":"RSA","kid":"x","e":"AQAB","n":"a+b/"}]}"#)
-            .unwrap_err();
+        let err = Jwks::from_json(br#"{"keys":[{"kty":"RSA","kid":"x","e":"AQAB","n":"a+b/"}]}"#).unwrap_err();
         assert!(err.contains("not base64url"), "{err}");
         // 1024-bit modulus: too weak.
-        let small = format!(
-            r#"{{"keys":[{{"kty":"RSA","e":"AQAB","n":"{}"}}]}}"#,
-            b64(&[0xc3; 128])
-        );
+        let small = format!(r#"{{"keys":[{{"kty":"RSA","e":"AQAB","n":"{}"}}]}}"#, b64(&[0xc3; 128]));
         let err = Jwks::from_json(small.as_bytes()).unwrap_err();
         assert!(err.contains("shorter than 2048"), "{err}");
     }
@@ -436,12 +352,7 @@ mod tests {
         assert_eq!(jwks().key_count(), 2);
         // A key with no alg and no use is kept.
         let k = jwk_json("k", &keys()[0]).replace(r#""alg":"RS256","use":"sig","#, "");
-        assert_eq!(
-            Jwks::from_json(format!(r#"{{"keys":[{k}]}}"#).as_bytes())
-                .unwrap()
-                .key_count(),
-            1
-        );
+        assert_eq!(Jwks::from_json(format!(r#"{{"keys":[{k}]}}"#).as_bytes()).unwrap().key_count(), 1);
     }
 
     const KAT_JWKS: &str = r#"{"keys":[{"kty":"RSA","kid":"kat","alg":"RS256","use":"sig","e":"AQAB","n":"z6qRHwmhx7mePW7K4hO0VunQvTrLss8HWRq269qHIt-Judt7-tvm0DTUkd5FGG8OYT6N5QM4iJf2623gbT5Ls_V7hp8Og1CMfzDlAel4cM5jH6jcm6pCxsYAmJgE57qxrilGiL14JA8AAFPoYQo-s2H7OtrLHXy4PvivhI-Q25gknXzWT7dwdmEtkfUgraW0haBhqhdk8bFq8H_Ocz3EsFxjMTNjStZg1ifdsZBe1h4ddkXUxUf5iCgz6iLxcSLYT-Uc_qlaVZqZJeR18q3TEkO8YX7umxPsM0u_v3xKl66UqIZnfzSHITxAqkO01GHK1RhELsegk8eM47hy16stfw"}]}"#;

@@ -29,48 +29,36 @@ impl Denied {
     pub const TIMESTAMP_MISSING: Denied = Denied::new("The X-Nthpool-Timestamp header is missing.");
     pub const TIMESTAMP_MALFORMED: Denied =
         Denied::new("X-Nthpool-Timestamp must be epoch milliseconds in ASCII digits.");
-    pub const TIMESTAMP_STALE: Denied =
-        Denied::new("The request timestamp is older than the allowed tolerance.");
+    pub const TIMESTAMP_STALE: Denied = Denied::new("The request timestamp is older than the allowed tolerance.");
     pub const TIMESTAMP_FUTURE: Denied =
         Denied::new("The request timestamp is further in the future than the allowed tolerance.");
     pub const NONCE_MISSING: Denied = Denied::new("The X-Nthpool-Nonce header is missing.");
-    pub const NONCE_MALFORMED: Denied =
-        Denied::new("X-Nthpool-Nonce must be 1 to 128 printable ASCII characters.");
+    pub const NONCE_MALFORMED: Denied = Denied::new("X-Nthpool-Nonce must be 1 to 128 printable ASCII characters.");
     /// For the caller to use when the nonce store answers `NonceError::Replay`.
-    pub const NONCE_REPLAYED: Denied =
-        Denied::new("This nonce was already used inside the tolerance window.");
+    pub const NONCE_REPLAYED: Denied = Denied::new("This nonce was already used inside the tolerance window.");
     pub const SIGNATURE_MISSING: Denied = Denied::new("The X-Nthpool-Signature header is missing.");
-    pub const SIGNATURE_MALFORMED: Denied =
-        Denied::new("X-Nthpool-Signature must be v1= followed by 64 hex digits.");
+    pub const SIGNATURE_MALFORMED: Denied = Denied::new("X-Nthpool-Signature must be v1= followed by 64 hex digits.");
     pub const SIGNATURE_MISMATCH: Denied = Denied::new("The request signature does not match.");
 
     // Bearer tokens (SPEC §8 `jwt` and `cloudflareAccess`).
     /// For the caller to use when the policy is configured but no token was sent.
     pub const TOKEN_MISSING: Denied = Denied::new("No token was presented.");
     pub const TOKEN_TOO_LARGE: Denied = Denied::new("The token is larger than allowed.");
-    pub const TOKEN_MALFORMED: Denied =
-        Denied::new("The token is not a compact JWS of three base64url parts.");
+    pub const TOKEN_MALFORMED: Denied = Denied::new("The token is not a compact JWS of three base64url parts.");
     pub const TOKEN_HEADER_INVALID: Denied = Denied::new("The token header is not valid JSON.");
-    pub const TOKEN_ALG_REFUSED: Denied =
-        Denied::new("The token's signing algorithm is not accepted.");
-    pub const TOKEN_CRIT_REFUSED: Denied =
-        Denied::new("Tokens with critical header extensions are not accepted.");
+    pub const TOKEN_ALG_REFUSED: Denied = Denied::new("The token's signing algorithm is not accepted.");
+    pub const TOKEN_CRIT_REFUSED: Denied = Denied::new("Tokens with critical header extensions are not accepted.");
     pub const TOKEN_TYP_REFUSED: Denied = Denied::new("The token's typ must be JWT.");
-    pub const TOKEN_KEY_UNKNOWN: Denied =
-        Denied::new("The token names a signing key that is not configured.");
+    pub const TOKEN_KEY_UNKNOWN: Denied = Denied::new("The token names a signing key that is not configured.");
     pub const TOKEN_SIGNATURE_INVALID: Denied = Denied::new("The token signature does not verify.");
     pub const TOKEN_CLAIMS_INVALID: Denied = Denied::new("The token claims are not valid JSON.");
     pub const TOKEN_EXP_MISSING: Denied = Denied::new("The token has no exp claim.");
-    pub const TOKEN_EXP_INVALID: Denied =
-        Denied::new("The token's exp claim is not a NumericDate.");
-    pub const TOKEN_NBF_INVALID: Denied =
-        Denied::new("The token's nbf claim is not a NumericDate.");
+    pub const TOKEN_EXP_INVALID: Denied = Denied::new("The token's exp claim is not a NumericDate.");
+    pub const TOKEN_NBF_INVALID: Denied = Denied::new("The token's nbf claim is not a NumericDate.");
     pub const TOKEN_EXPIRED: Denied = Denied::new("The token has expired.");
     pub const TOKEN_NOT_YET_VALID: Denied = Denied::new("The token is not valid yet.");
-    pub const TOKEN_WRONG_ISSUER: Denied =
-        Denied::new("The token was issued by an issuer that is not accepted.");
-    pub const TOKEN_WRONG_AUDIENCE: Denied =
-        Denied::new("The token is not meant for this audience.");
+    pub const TOKEN_WRONG_ISSUER: Denied = Denied::new("The token was issued by an issuer that is not accepted.");
+    pub const TOKEN_WRONG_AUDIENCE: Denied = Denied::new("The token is not meant for this audience.");
 }
 
 impl fmt::Display for Denied {

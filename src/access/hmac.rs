@@ -80,41 +80,20 @@ pub fn verify<'a>(
     }
 
     let mac = keyed_mac(secret, method, path, timestamp, nonce, body);
-    mac.verify_slice(&mac_bytes)
-        .map_err(|_| Denied::SIGNATURE_MISMATCH)?;
+    mac.verify_slice(&mac_bytes).map_err(|_| Denied::SIGNATURE_MISMATCH)?;
 
-    Ok(Verified {
-        nonce,
-        timestamp_ms,
-        nonce_expires_ms: timestamp_ms.saturating_add(tolerance_ms).saturating_add(1),
-    })
+    Ok(Verified { nonce, timestamp_ms, nonce_expires_ms: timestamp_ms.saturating_add(tolerance_ms).saturating_add(1) })
 }
 
 /// The lower-case hex signature for these inputs, without the `v1=` prefix.
 ///
 /// The client side of [`verify`], for tests, the load tool and documentation.
-pub fn sign(
-    secret: &[u8],
-    method: &str,
-    path: &str,
-    timestamp: &[u8],
-    nonce: &[u8],
-    body: &[u8],
-) -> [u8; 64] {
-    let tag = keyed_mac(secret, method, path, timestamp, nonce, body)
-        .finalize()
-        .into_bytes();
+pub fn sign(secret: &[u8], method: &str, path: &str, timestamp: &[u8], nonce: &[u8], body: &[u8]) -> [u8; 64] {
+    let tag = keyed_mac(secret, method, path, timestamp, nonce, body).finalize().into_bytes();
     hex_lower(tag.as_slice())
 }
 
-fn keyed_mac(
-    secret: &[u8],
-    method: &str,
-    path: &str,
-    timestamp: &[u8],
-    nonce: &[u8],
-    body: &[u8],
-) -> HmacSha256 {
+fn keyed_mac(secret: &[u8], method: &str, path: &str, timestamp: &[u8], nonce: &[u8], body: &[u8]) -> HmacSha256 {
     // HMAC takes keys of any length, so this cannot fail.
     let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC accepts any key length");
     let body_hex = hex_lower(Sha256::digest(body).as_slice());
@@ -183,17 +162,13 @@ fn parse_epoch_ms(digits: &[u8]) -> Option<u64> {
 /// 1–128 printable ASCII characters (space through `~`). Control characters,
 /// newlines in particular, would let one canonical string be read two ways.
 fn valid_nonce(nonce: &[u8]) -> bool {
-    (1..=MAX_NONCE_BYTES).contains(&nonce.len())
-        && nonce.iter().all(|&c| (0x20..=0x7e).contains(&c))
+    (1..=MAX_NONCE_BYTES).contains(&nonce.len()) && nonce.iter().all(|&c| (0x20..=0x7e).contains(&c))
 }
 
 fn trim(value: &[u8]) -> &[u8] {
     let is_ows = |c: &u8| *c == b' ' || *c == b'\t';
     let start = value.iter().position(|c| !is_ows(c)).unwrap_or(value.len());
-    let end = value
-        .iter()
-        .rposition(|c| !is_ows(c))
-        .map_or(start, |i| i + 1);
+    let end = value.iter().rposition(|c| !is_ows(c)).map_or(start, |i| i + 1);
     &value[start..end]
 }
 
@@ -218,14 +193,7 @@ mod tests {
     fn signed_at(ts: u64) -> Req {
         let timestamp = ts.to_string().into_bytes();
         let nonce = b"n-0001".to_vec();
-        let hex = sign(
-            SECRET,
-            "POST",
-            "/pools/p/lock/acquire",
-            &timestamp,
-            &nonce,
-            BODY,
-        );
+        let hex = sign(SECRET, "POST", "/pools/p/lock/acquire", &timestamp, &nonce, BODY);
         let mut signature = b"v1=".to_vec();
         signature.extend_from_slice(&hex);
         Req {
@@ -285,9 +253,7 @@ mod tests {
     fn known_answer() {
         // Pins the canonical string so clients in other languages can be checked against it.
         let mut mac = HmacSha256::new_from_slice(b"k").unwrap();
-        mac.update(
-            b"v1\nGET\n/x\n1\nn\ne3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-        );
+        mac.update(b"v1\nGET\n/x\n1\nn\ne3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
         let expected = hex_lower(mac.finalize().into_bytes().as_slice());
         assert_eq!(sign(b"k", "GET", "/x", b"1", b"n", b""), expected);
     }
@@ -348,20 +314,14 @@ mod tests {
     #[test]
     fn stale_timestamp() {
         assert!(check(&signed_at(NOW - TOL)).is_ok());
-        assert_eq!(
-            check(&signed_at(NOW - TOL - 1)),
-            Err(Denied::TIMESTAMP_STALE)
-        );
+        assert_eq!(check(&signed_at(NOW - TOL - 1)), Err(Denied::TIMESTAMP_STALE));
         assert_eq!(check(&signed_at(0)), Err(Denied::TIMESTAMP_STALE));
     }
 
     #[test]
     fn future_timestamp() {
         assert!(check(&signed_at(NOW + TOL)).is_ok());
-        assert_eq!(
-            check(&signed_at(NOW + TOL + 1)),
-            Err(Denied::TIMESTAMP_FUTURE)
-        );
+        assert_eq!(check(&signed_at(NOW + TOL + 1)), Err(Denied::TIMESTAMP_FUTURE));
         assert_eq!(check(&signed_at(u64::MAX)), Err(Denied::TIMESTAMP_FUTURE));
     }
 
@@ -400,13 +360,7 @@ mod tests {
 
     #[test]
     fn malformed_nonce() {
-        for bad in [
-            Vec::new(),
-            vec![b'a'; 129],
-            b"a\nb".to_vec(),
-            b"a\x7fb".to_vec(),
-            "é".into(),
-        ] {
+        for bad in [Vec::new(), vec![b'a'; 129], b"a\nb".to_vec(), b"a\x7fb".to_vec(), "é".into()] {
             let mut r = good();
             r.nonce = Some(bad.clone());
             assert_eq!(check(&r), Err(Denied::NONCE_MALFORMED), "{bad:?}");
@@ -438,12 +392,7 @@ mod tests {
         ] {
             let mut r = good();
             r.signature = Some(bad.clone());
-            assert_eq!(
-                check(&r),
-                Err(Denied::SIGNATURE_MALFORMED),
-                "{:?}",
-                String::from_utf8_lossy(&bad)
-            );
+            assert_eq!(check(&r), Err(Denied::SIGNATURE_MALFORMED), "{:?}", String::from_utf8_lossy(&bad));
         }
     }
 }

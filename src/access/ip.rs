@@ -64,10 +64,7 @@ fn as_v6_bits(ip: IpAddr) -> u128 {
 impl Cidr {
     /// Parses `addr` or `addr/prefix` (IPv4 or IPv6).
     pub fn parse(text: &str) -> Result<Cidr, CidrError> {
-        let fail = |why| CidrError {
-            text: text.to_owned(),
-            why,
-        };
+        let fail = |why| CidrError { text: text.to_owned(), why };
         let (addr_text, prefix_text) = match text.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (text, None),
@@ -100,10 +97,7 @@ impl Cidr {
             IpAddr::V6(_) => prefix,
         };
         let mask = mask_of(prefix);
-        Ok(Cidr {
-            network: as_v6_bits(addr) & mask,
-            mask,
-        })
+        Ok(Cidr { network: as_v6_bits(addr) & mask, mask })
     }
 
     /// Whether `ip` lies inside this rule.
@@ -141,10 +135,7 @@ impl CidrSet {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let rules = rules
-            .into_iter()
-            .map(|r| Cidr::parse(r.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let rules = rules.into_iter().map(|r| Cidr::parse(r.as_ref())).collect::<Result<Vec<_>, _>>()?;
         Ok(CidrSet { rules })
     }
 
@@ -268,14 +259,8 @@ mod tests {
 
     #[test]
     fn host_bits_are_masked() {
-        assert_eq!(
-            Cidr::parse("10.1.2.3/8").unwrap(),
-            Cidr::parse("10.0.0.0/8").unwrap()
-        );
-        assert_eq!(
-            Cidr::parse("2001:db8::1/32").unwrap(),
-            Cidr::parse("2001:db8::/32").unwrap()
-        );
+        assert_eq!(Cidr::parse("10.1.2.3/8").unwrap(), Cidr::parse("10.0.0.0/8").unwrap());
+        assert_eq!(Cidr::parse("2001:db8::1/32").unwrap(), Cidr::parse("2001:db8::/32").unwrap());
     }
 
     #[test]
@@ -315,11 +300,7 @@ mod tests {
     fn trusted_peer_yields_rightmost_untrusted_entry() {
         let trusted = set(&["10.0.0.0/8", "::1"]);
         // The client forged "6.6.6.6"; the outer proxy appended the real address.
-        let got = client_addr(
-            ip("10.0.0.2"),
-            &[b"6.6.6.6, 198.51.100.4, 10.0.0.7"],
-            &trusted,
-        );
+        let got = client_addr(ip("10.0.0.2"), &[b"6.6.6.6, 198.51.100.4, 10.0.0.7"], &trusted);
         assert_eq!(got, ip("198.51.100.4"));
         // The same list split over several header lines, read newest last.
         let got = client_addr(ip("::1"), &[b"6.6.6.6", b"198.51.100.4,10.0.0.7"], &trusted);
@@ -354,31 +335,16 @@ mod tests {
     fn forwarded_entries_with_ports_and_brackets() {
         let trusted = set(&["10.0.0.0/8"]);
         let peer = ip("10.0.0.2");
-        assert_eq!(
-            client_addr(peer, &[b"198.51.100.4:5555"], &trusted),
-            ip("198.51.100.4")
-        );
-        assert_eq!(
-            client_addr(peer, &[b"[2001:db8::7]:443"], &trusted),
-            ip("2001:db8::7")
-        );
-        assert_eq!(
-            client_addr(peer, &[b"[2001:db8::7]"], &trusted),
-            ip("2001:db8::7")
-        );
-        assert_eq!(
-            client_addr(peer, &[b"\t2001:db8::8 "], &trusted),
-            ip("2001:db8::8")
-        );
+        assert_eq!(client_addr(peer, &[b"198.51.100.4:5555"], &trusted), ip("198.51.100.4"));
+        assert_eq!(client_addr(peer, &[b"[2001:db8::7]:443"], &trusted), ip("2001:db8::7"));
+        assert_eq!(client_addr(peer, &[b"[2001:db8::7]"], &trusted), ip("2001:db8::7"));
+        assert_eq!(client_addr(peer, &[b"\t2001:db8::8 "], &trusted), ip("2001:db8::8"));
     }
 
     #[test]
     fn mapped_addresses_come_back_canonical() {
         let trusted = set(&["10.0.0.0/8"]);
-        assert_eq!(
-            client_addr(ip("::ffff:203.0.113.1"), &[], &trusted),
-            ip("203.0.113.1")
-        );
+        assert_eq!(client_addr(ip("::ffff:203.0.113.1"), &[], &trusted), ip("203.0.113.1"));
         // A mapped trusted proxy is recognised, and a mapped entry is reported as IPv4.
         let got = client_addr(ip("::ffff:10.0.0.2"), &[b"::ffff:198.51.100.4"], &trusted);
         assert_eq!(got, ip("198.51.100.4"));

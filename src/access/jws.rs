@@ -81,11 +81,7 @@ pub fn split(token: &[u8]) -> Result<Compact<'_>, Denied> {
         return Err(Denied::TOKEN_TOO_LARGE);
     }
     let token = trim(token);
-    let mut dots = token
-        .iter()
-        .enumerate()
-        .filter(|(_, &b)| b == b'.')
-        .map(|(i, _)| i);
+    let mut dots = token.iter().enumerate().filter(|(_, &b)| b == b'.').map(|(i, _)| i);
     let (Some(first), Some(second), None) = (dots.next(), dots.next(), dots.next()) else {
         return Err(Denied::TOKEN_MALFORMED);
     };
@@ -111,18 +107,12 @@ impl<'a> Compact<'a> {
                 return Err(Denied::TOKEN_TYP_REFUSED);
             }
         }
-        Ok(Header {
-            alg: raw.alg.unwrap_or_default(),
-            kid: raw.kid,
-        })
+        Ok(Header { alg: raw.alg.unwrap_or_default(), kid: raw.kid })
     }
 
     /// Decodes the signature into `buf`. Too long for `buf` means no configured
     /// key could have made it.
-    pub fn signature<'b>(
-        &self,
-        buf: &'b mut [u8; MAX_SIGNATURE_BYTES],
-    ) -> Result<&'b [u8], Denied> {
+    pub fn signature<'b>(&self, buf: &'b mut [u8; MAX_SIGNATURE_BYTES]) -> Result<&'b [u8], Denied> {
         match URL_SAFE_NO_PAD.decode_slice(self.signature, buf) {
             Ok(n) => Ok(&buf[..n]),
             Err(DecodeSliceError::OutputSliceTooSmall) => Err(Denied::TOKEN_SIGNATURE_INVALID),
@@ -241,10 +231,7 @@ fn numeric_date_ms(value: &Value) -> Option<u64> {
 fn trim(value: &[u8]) -> &[u8] {
     let is_ows = |c: &u8| *c == b' ' || *c == b'\t';
     let start = value.iter().position(|c| !is_ows(c)).unwrap_or(value.len());
-    let end = value
-        .iter()
-        .rposition(|c| !is_ows(c))
-        .map_or(start, |i| i + 1);
+    let end = value.iter().rposition(|c| !is_ows(c)).map_or(start, |i| i + 1);
     &value[start..end]
 }
 
@@ -276,11 +263,7 @@ mod tests {
     }
 
     fn rules() -> ClaimRules<'static> {
-        ClaimRules {
-            issuer: Some("https://issuer.example"),
-            audience: Some("nthpool"),
-            leeway_ms: 30_000,
-        }
+        ClaimRules { issuer: Some("https://issuer.example"), audience: Some("nthpool"), leeway_ms: 30_000 }
     }
 
     fn claims_result(claims: &str) -> Result<(), Denied> {
@@ -316,105 +299,54 @@ mod tests {
         assert_eq!(h.alg, "HS256");
         assert_eq!(h.kid.as_deref(), Some("k1"));
         assert_eq!(header_result(r#"{"typ":"JWT"}"#).unwrap().alg, "");
-        assert_eq!(
-            header_result(r#"{"alg":"HS256","typ":"JOSE"}"#),
-            Err(Denied::TOKEN_TYP_REFUSED)
-        );
+        assert_eq!(header_result(r#"{"alg":"HS256","typ":"JOSE"}"#), Err(Denied::TOKEN_TYP_REFUSED));
         for crit in [r#"["exp"]"#, "[]", "null"] {
             let h = format!(r#"{{"alg":"HS256","crit":{crit}}}"#);
             assert_eq!(header_result(&h), Err(Denied::TOKEN_CRIT_REFUSED), "{crit}");
         }
-        for bad in [
-            r#"["HS256"]"#,
-            r#"{"alg":"HS256","alg":"none"}"#,
-            r#"{"alg":1}"#,
-            "",
-            "{",
-        ] {
-            assert_eq!(
-                header_result(bad),
-                Err(Denied::TOKEN_HEADER_INVALID),
-                "{bad}"
-            );
+        for bad in [r#"["HS256"]"#, r#"{"alg":"HS256","alg":"none"}"#, r#"{"alg":1}"#, "", "{"] {
+            assert_eq!(header_result(bad), Err(Denied::TOKEN_HEADER_INVALID), "{bad}");
         }
         // Key-locating members are accepted and ignored.
-        let h =
-            header_result(r#"{"alg":"HS256","jku":"https://evil.example/k","jwk":{"kty":"oct"}}"#);
+        let h = header_result(r#"{"alg":"HS256","jku":"https://evil.example/k","jwk":{"kty":"oct"}}"#);
         assert_eq!(h.unwrap().alg, "HS256");
     }
 
     #[test]
     fn strict_base64url() {
         let good = b64(br#"{"alg":"HS256"}"#);
-        assert!(split(format!("{good}.e30.c2ln").as_bytes())
-            .unwrap()
-            .header()
-            .is_ok());
+        assert!(split(format!("{good}.e30.c2ln").as_bytes()).unwrap().header().is_ok());
         // Padding, standard alphabet, invalid characters and non-canonical endings.
-        for bad in [
-            format!("{good}="),
-            good.replace('J', "+"),
-            format!("{good}*"),
-            format!("{good}A"),
-            "e31".into(),
-        ] {
+        for bad in [format!("{good}="), good.replace('J', "+"), format!("{good}*"), format!("{good}A"), "e31".into()] {
             let t = format!("{bad}.e30.c2ln");
-            assert_eq!(
-                split(t.as_bytes()).unwrap().header(),
-                Err(Denied::TOKEN_MALFORMED),
-                "{bad}"
-            );
+            assert_eq!(split(t.as_bytes()).unwrap().header(), Err(Denied::TOKEN_MALFORMED), "{bad}");
         }
         let mut buf = [0u8; MAX_SIGNATURE_BYTES];
         let t = format!("{good}.e30.c2ln==");
-        assert_eq!(
-            split(t.as_bytes()).unwrap().signature(&mut buf),
-            Err(Denied::TOKEN_MALFORMED)
-        );
+        assert_eq!(split(t.as_bytes()).unwrap().signature(&mut buf), Err(Denied::TOKEN_MALFORMED));
         let t = format!("{good}.e30.{}", b64(&[7u8; MAX_SIGNATURE_BYTES + 1]));
-        assert_eq!(
-            split(t.as_bytes()).unwrap().signature(&mut buf),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(split(t.as_bytes()).unwrap().signature(&mut buf), Err(Denied::TOKEN_SIGNATURE_INVALID));
     }
 
     #[test]
     fn claims_pass() {
         let exp = NOW / 1000 + 60;
-        assert_eq!(
-            claims_result(&format!(r#"{{"exp":{exp},{ISS_AUD}}}"#)),
-            Ok(())
-        );
-        assert_eq!(
-            claims_result(&format!(r#"{{"exp":{exp}.5,{ISS_AUD}}}"#)),
-            Ok(())
-        );
+        assert_eq!(claims_result(&format!(r#"{{"exp":{exp},{ISS_AUD}}}"#)), Ok(()));
+        assert_eq!(claims_result(&format!(r#"{{"exp":{exp}.5,{ISS_AUD}}}"#)), Ok(()));
     }
 
     #[test]
     fn exp_rules() {
         let secs = NOW / 1000;
-        assert_eq!(
-            claims_result(&format!(r#"{{{ISS_AUD}}}"#)),
-            Err(Denied::TOKEN_EXP_MISSING)
-        );
-        assert_eq!(
-            claims_result(&format!(r#"{{"exp":null,{ISS_AUD}}}"#)),
-            Err(Denied::TOKEN_EXP_MISSING)
-        );
+        assert_eq!(claims_result(&format!(r#"{{{ISS_AUD}}}"#)), Err(Denied::TOKEN_EXP_MISSING));
+        assert_eq!(claims_result(&format!(r#"{{"exp":null,{ISS_AUD}}}"#)), Err(Denied::TOKEN_EXP_MISSING));
         for bad in [format!(r#""{}""#, secs + 60), "-1".into(), "true".into()] {
             let c = format!(r#"{{"exp":{bad},{ISS_AUD}}}"#);
             assert_eq!(claims_result(&c), Err(Denied::TOKEN_EXP_INVALID), "{bad}");
         }
         // Leeway of 30 s: 29 s past exp passes, 30 s past fails.
-        assert_eq!(
-            claims_result(&format!(r#"{{"exp":{},{ISS_AUD}}}"#, secs - 29)),
-            Ok(())
-        );
-        assert_eq!(
-            claims_result(&format!(r#"{{"exp":{},{ISS_AUD}}}"#, secs - 30)),
-            Err(Denied::TOKEN_EXPIRED)
-        );
+        assert_eq!(claims_result(&format!(r#"{{"exp":{},{ISS_AUD}}}"#, secs - 29)), Ok(()));
+        assert_eq!(claims_result(&format!(r#"{{"exp":{},{ISS_AUD}}}"#, secs - 30)), Err(Denied::TOKEN_EXPIRED));
     }
 
     #[test]
@@ -422,14 +354,8 @@ mod tests {
         let secs = NOW / 1000;
         let c = |nbf: String| format!(r#"{{"exp":{},"nbf":{nbf},{ISS_AUD}}}"#, secs + 600);
         assert_eq!(claims_result(&c((secs + 30).to_string())), Ok(()));
-        assert_eq!(
-            claims_result(&c((secs + 31).to_string())),
-            Err(Denied::TOKEN_NOT_YET_VALID)
-        );
-        assert_eq!(
-            claims_result(&c(r#""soon""#.into())),
-            Err(Denied::TOKEN_NBF_INVALID)
-        );
+        assert_eq!(claims_result(&c((secs + 31).to_string())), Err(Denied::TOKEN_NOT_YET_VALID));
+        assert_eq!(claims_result(&c(r#""soon""#.into())), Err(Denied::TOKEN_NBF_INVALID));
     }
 
     #[test]
@@ -437,55 +363,21 @@ mod tests {
         let exp = NOW / 1000 + 60;
         let c = |rest: &str| claims_result(&format!(r#"{{"exp":{exp}{rest}}}"#));
         assert_eq!(c(r#","aud":"nthpool""#), Err(Denied::TOKEN_WRONG_ISSUER));
-        assert_eq!(
-            c(r#","iss":"https://other.example","aud":"nthpool""#),
-            Err(Denied::TOKEN_WRONG_ISSUER)
-        );
-        assert_eq!(
-            c(r#","iss":"https://issuer.example""#),
-            Err(Denied::TOKEN_WRONG_AUDIENCE)
-        );
-        assert_eq!(
-            c(r#","iss":"https://issuer.example","aud":"other""#),
-            Err(Denied::TOKEN_WRONG_AUDIENCE)
-        );
-        assert_eq!(
-            c(r#","iss":"https://issuer.example","aud":["a","nthpool"]"#),
-            Ok(())
-        );
-        assert_eq!(
-            c(r#","iss":"https://issuer.example","aud":["a","b"]"#),
-            Err(Denied::TOKEN_WRONG_AUDIENCE)
-        );
-        assert_eq!(
-            c(r#","iss":"https://issuer.example","aud":[]"#),
-            Err(Denied::TOKEN_WRONG_AUDIENCE)
-        );
-        assert_eq!(
-            c(r#","iss":"https://issuer.example","aud":[1]"#),
-            Err(Denied::TOKEN_CLAIMS_INVALID)
-        );
-        assert_eq!(
-            c(r#","iss":7,"aud":"nthpool""#),
-            Err(Denied::TOKEN_CLAIMS_INVALID)
-        );
+        assert_eq!(c(r#","iss":"https://other.example","aud":"nthpool""#), Err(Denied::TOKEN_WRONG_ISSUER));
+        assert_eq!(c(r#","iss":"https://issuer.example""#), Err(Denied::TOKEN_WRONG_AUDIENCE));
+        assert_eq!(c(r#","iss":"https://issuer.example","aud":"other""#), Err(Denied::TOKEN_WRONG_AUDIENCE));
+        assert_eq!(c(r#","iss":"https://issuer.example","aud":["a","nthpool"]"#), Ok(()));
+        assert_eq!(c(r#","iss":"https://issuer.example","aud":["a","b"]"#), Err(Denied::TOKEN_WRONG_AUDIENCE));
+        assert_eq!(c(r#","iss":"https://issuer.example","aud":[]"#), Err(Denied::TOKEN_WRONG_AUDIENCE));
+        assert_eq!(c(r#","iss":"https://issuer.example","aud":[1]"#), Err(Denied::TOKEN_CLAIMS_INVALID));
+        assert_eq!(c(r#","iss":7,"aud":"nthpool""#), Err(Denied::TOKEN_CLAIMS_INVALID));
     }
 
     #[test]
     fn unconfigured_iss_and_aud_are_not_checked() {
-        let t = token(
-            r#"{"alg":"HS256"}"#,
-            &format!(r#"{{"exp":{},"aud":"x"}}"#, NOW / 1000 + 60),
-        );
-        let open = ClaimRules {
-            issuer: None,
-            audience: None,
-            leeway_ms: 0,
-        };
-        assert_eq!(
-            split(t.as_bytes()).unwrap().check_claims(&open, NOW),
-            Ok(())
-        );
+        let t = token(r#"{"alg":"HS256"}"#, &format!(r#"{{"exp":{},"aud":"x"}}"#, NOW / 1000 + 60));
+        let open = ClaimRules { issuer: None, audience: None, leeway_ms: 0 };
+        assert_eq!(split(t.as_bytes()).unwrap().check_claims(&open, NOW), Ok(()));
     }
 
     #[test]

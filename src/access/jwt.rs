@@ -41,11 +41,9 @@ impl JwtPolicy {
         let mut buf = [0u8; MAX_SIGNATURE_BYTES];
         let signature = compact.signature(&mut buf)?;
         // HMAC takes keys of any length, so this cannot fail.
-        let mut mac =
-            Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC accepts any key length");
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC accepts any key length");
         mac.update(compact.signing_input);
-        mac.verify_slice(signature)
-            .map_err(|_| Denied::TOKEN_SIGNATURE_INVALID)?;
+        mac.verify_slice(signature).map_err(|_| Denied::TOKEN_SIGNATURE_INVALID)?;
         let rules = ClaimRules {
             issuer: self.issuer.as_deref(),
             audience: self.audience.as_deref(),
@@ -112,10 +110,7 @@ mod tests {
 
     #[test]
     fn bad_signature() {
-        assert_eq!(
-            check(&sign_with(b"another-secret", HEADER, &good_claims())),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(check(&sign_with(b"another-secret", HEADER, &good_claims())), Err(Denied::TOKEN_SIGNATURE_INVALID));
         let mut t = sign(HEADER, &good_claims());
         let flip = if t.ends_with('A') { "Q" } else { "A" };
         t.replace_range(t.len() - 1.., flip);
@@ -129,18 +124,12 @@ mod tests {
         let mut parts: Vec<&str> = t.split('.').collect();
         let forged_b64 = b64(forged.as_bytes());
         parts[1] = &forged_b64;
-        assert_eq!(
-            check(&parts.join(".")),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(check(&parts.join(".")), Err(Denied::TOKEN_SIGNATURE_INVALID));
     }
 
     #[test]
     fn expired() {
-        assert_eq!(
-            check(&sign(HEADER, &claims_exp(NOW_S - 31))),
-            Err(Denied::TOKEN_EXPIRED)
-        );
+        assert_eq!(check(&sign(HEADER, &claims_exp(NOW_S - 31))), Err(Denied::TOKEN_EXPIRED));
         // Inside the leeway.
         assert_eq!(check(&sign(HEADER, &claims_exp(NOW_S - 29))), Ok(()));
     }
@@ -153,11 +142,8 @@ mod tests {
 
     #[test]
     fn not_yet_valid() {
-        let c = format!(
-            r#"{{"iss":"https://issuer.example","aud":"nthpool","exp":{},"nbf":{}}}"#,
-            NOW_S + 600,
-            NOW_S + 60
-        );
+        let c =
+            format!(r#"{{"iss":"https://issuer.example","aud":"nthpool","exp":{},"nbf":{}}}"#, NOW_S + 600, NOW_S + 60);
         assert_eq!(check(&sign(HEADER, &c)), Err(Denied::TOKEN_NOT_YET_VALID));
     }
 
@@ -166,17 +152,9 @@ mod tests {
         for alg in ["none", "None", "NONE", "nOnE"] {
             let header = format!(r#"{{"alg":"{alg}","typ":"JWT"}}"#);
             let input = signing_input(&header, &good_claims());
-            assert_eq!(
-                check(&format!("{input}.")),
-                Err(Denied::TOKEN_ALG_REFUSED),
-                "{alg}"
-            );
+            assert_eq!(check(&format!("{input}.")), Err(Denied::TOKEN_ALG_REFUSED), "{alg}");
             // Even carrying a valid HS256 MAC, the header decides.
-            assert_eq!(
-                check(&sign(&header, &good_claims())),
-                Err(Denied::TOKEN_ALG_REFUSED),
-                "{alg}"
-            );
+            assert_eq!(check(&sign(&header, &good_claims())), Err(Denied::TOKEN_ALG_REFUSED), "{alg}");
         }
         let input = signing_input(r#"{"typ":"JWT"}"#, &good_claims());
         assert_eq!(check(&format!("{input}.")), Err(Denied::TOKEN_ALG_REFUSED));
@@ -184,58 +162,34 @@ mod tests {
 
     #[test]
     fn alg_swapped() {
-        for alg in [
-            "HS384", "HS512", "RS256", "ES256", "PS256", "hs256", "HS256 ", "",
-        ] {
+        for alg in ["HS384", "HS512", "RS256", "ES256", "PS256", "hs256", "HS256 ", ""] {
             let header = format!(r#"{{"alg":"{alg}"}}"#);
-            assert_eq!(
-                check(&sign(&header, &good_claims())),
-                Err(Denied::TOKEN_ALG_REFUSED),
-                "{alg:?}"
-            );
+            assert_eq!(check(&sign(&header, &good_claims())), Err(Denied::TOKEN_ALG_REFUSED), "{alg:?}");
         }
     }
 
     #[test]
     fn wrong_issuer() {
-        let c = format!(
-            r#"{{"iss":"https://evil.example","aud":"nthpool","exp":{}}}"#,
-            NOW_S + 60
-        );
+        let c = format!(r#"{{"iss":"https://evil.example","aud":"nthpool","exp":{}}}"#, NOW_S + 60);
         assert_eq!(check(&sign(HEADER, &c)), Err(Denied::TOKEN_WRONG_ISSUER));
     }
 
     #[test]
     fn wrong_audience() {
-        let c = format!(
-            r#"{{"iss":"https://issuer.example","aud":"other","exp":{}}}"#,
-            NOW_S + 60
-        );
+        let c = format!(r#"{{"iss":"https://issuer.example","aud":"other","exp":{}}}"#, NOW_S + 60);
         assert_eq!(check(&sign(HEADER, &c)), Err(Denied::TOKEN_WRONG_AUDIENCE));
     }
 
     #[test]
     fn audience_array() {
-        let c = |aud: &str| {
-            format!(
-                r#"{{"iss":"https://issuer.example","aud":{aud},"exp":{}}}"#,
-                NOW_S + 60
-            )
-        };
+        let c = |aud: &str| format!(r#"{{"iss":"https://issuer.example","aud":{aud},"exp":{}}}"#, NOW_S + 60);
         assert_eq!(check(&sign(HEADER, &c(r#"["x","nthpool"]"#))), Ok(()));
-        assert_eq!(
-            check(&sign(HEADER, &c(r#"["x","y"]"#))),
-            Err(Denied::TOKEN_WRONG_AUDIENCE)
-        );
+        assert_eq!(check(&sign(HEADER, &c(r#"["x","y"]"#))), Err(Denied::TOKEN_WRONG_AUDIENCE));
     }
 
     #[test]
     fn unconfigured_issuer_and_audience() {
-        let open = JwtPolicy {
-            issuer: None,
-            audience: None,
-            ..policy()
-        };
+        let open = JwtPolicy { issuer: None, audience: None, ..policy() };
         let t = sign(HEADER, &format!(r#"{{"exp":{}}}"#, NOW_S + 60));
         assert_eq!(open.verify(t.as_bytes(), NOW), Ok(()));
     }
@@ -243,42 +197,26 @@ mod tests {
     #[test]
     fn crit_header() {
         let h = r#"{"alg":"HS256","crit":["b64"],"b64":false}"#;
-        assert_eq!(
-            check(&sign(h, &good_claims())),
-            Err(Denied::TOKEN_CRIT_REFUSED)
-        );
+        assert_eq!(check(&sign(h, &good_claims())), Err(Denied::TOKEN_CRIT_REFUSED));
     }
 
     #[test]
     fn key_urls_are_not_followed() {
-        let h =
-            r#"{"alg":"HS256","jku":"https://evil.example/jwks","x5u":"https://evil.example/c"}"#;
+        let h = r#"{"alg":"HS256","jku":"https://evil.example/jwks","x5u":"https://evil.example/c"}"#;
         assert_eq!(check(&sign(h, &good_claims())), Ok(()));
-        assert_eq!(
-            check(&sign_with(b"attacker", h, &good_claims())),
-            Err(Denied::TOKEN_SIGNATURE_INVALID)
-        );
+        assert_eq!(check(&sign_with(b"attacker", h, &good_claims())), Err(Denied::TOKEN_SIGNATURE_INVALID));
     }
 
     #[test]
     fn typ() {
-        assert_eq!(
-            check(&sign(r#"{"alg":"HS256","typ":"jwt"}"#, &good_claims())),
-            Ok(())
-        );
-        assert_eq!(
-            check(&sign(r#"{"alg":"HS256","typ":"at+jwt"}"#, &good_claims())),
-            Err(Denied::TOKEN_TYP_REFUSED)
-        );
+        assert_eq!(check(&sign(r#"{"alg":"HS256","typ":"jwt"}"#, &good_claims())), Ok(()));
+        assert_eq!(check(&sign(r#"{"alg":"HS256","typ":"at+jwt"}"#, &good_claims())), Err(Denied::TOKEN_TYP_REFUSED));
     }
 
     #[test]
     fn oversize() {
         let pad = "x".repeat(MAX_TOKEN_BYTES);
-        let c = format!(
-            r#"{{"iss":"https://issuer.example","aud":"nthpool","exp":{},"pad":"{pad}"}}"#,
-            NOW_S + 60
-        );
+        let c = format!(r#"{{"iss":"https://issuer.example","aud":"nthpool","exp":{},"pad":"{pad}"}}"#, NOW_S + 60);
         assert_eq!(check(&sign(HEADER, &c)), Err(Denied::TOKEN_TOO_LARGE));
     }
 
@@ -291,10 +229,7 @@ mod tests {
             let t2 = format!("{c}{}.{}.{}", &parts[0][1..], parts[1], parts[2]);
             assert_eq!(check(&t2), Err(Denied::TOKEN_MALFORMED));
         }
-        assert_eq!(
-            check(&format!("{}.{}.{}!", parts[0], parts[1], parts[2])),
-            Err(Denied::TOKEN_MALFORMED)
-        );
+        assert_eq!(check(&format!("{}.{}.{}!", parts[0], parts[1], parts[2])), Err(Denied::TOKEN_MALFORMED));
         // Bad claims under a valid MAC: caught when the claims are decoded.
         let input = format!("{}.{}!", parts[0], parts[1]);
         let t2 = format!("{input}.{}", b64(&hs256(SECRET, &input)));

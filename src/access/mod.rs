@@ -61,17 +61,14 @@ impl PoolAccess {
     /// Builds a pool's policies. On a reload, `previous` supplies the JWKS
     /// keys that worked when the file is now broken; `carry_state_from`
     /// then moves the nonce store over once the whole reload has succeeded.
-    pub fn build(
-        config: &AccessConfig,
-        previous: Option<&PoolAccess>,
-    ) -> Result<PoolAccess, String> {
+    pub fn build(config: &AccessConfig, previous: Option<&PoolAccess>) -> Result<PoolAccess, String> {
         let ip_allow = if config.ip_allow.is_empty() {
             None
         } else {
             Some(CidrSet::parse(&config.ip_allow).map_err(|e| format!("access.ipAllow: {e}"))?)
         };
-        let trusted_proxies = CidrSet::parse(&config.trusted_proxies)
-            .map_err(|e| format!("access.trustedProxies: {e}"))?;
+        let trusted_proxies =
+            CidrSet::parse(&config.trusted_proxies).map_err(|e| format!("access.trustedProxies: {e}"))?;
         let hmac = config.hmac.as_ref().map(|h| HmacPolicy {
             secret: h.secret.as_bytes().to_vec(),
             tolerance_ms: h.tolerance_ms,
@@ -88,33 +85,19 @@ impl PoolAccess {
             Some(cf) => {
                 let loaded = std::fs::read(&cf.jwks_file)
                     .map_err(|e| format!("cannot read {}: {e}", cf.jwks_file))
-                    .and_then(|bytes| {
-                        Jwks::from_json(&bytes).map_err(|e| format!("{}: {e}", cf.jwks_file))
-                    });
+                    .and_then(|bytes| Jwks::from_json(&bytes).map_err(|e| format!("{}: {e}", cf.jwks_file)));
                 let jwks = match (loaded, previous.and_then(|p| p.cloudflare.as_ref())) {
                     (Ok(jwks), _) => jwks,
                     (Err(e), Some(old)) => {
-                        warn!(
-                            "access.cloudflareAccess.jwksFile: {e}; keeping the keys loaded before"
-                        );
+                        warn!("access.cloudflareAccess.jwksFile: {e}; keeping the keys loaded before");
                         old.jwks.clone()
                     }
                     (Err(e), None) => return Err(format!("access.cloudflareAccess.jwksFile: {e}")),
                 };
-                Some(CloudflarePolicy {
-                    jwks,
-                    audience: cf.audience.clone(),
-                    issuer: cf.issuer.clone(),
-                })
+                Some(CloudflarePolicy { jwks, audience: cf.audience.clone(), issuer: cf.issuer.clone() })
             }
         };
-        Ok(PoolAccess {
-            ip_allow,
-            trusted_proxies,
-            hmac,
-            jwt,
-            cloudflare,
-        })
+        Ok(PoolAccess { ip_allow, trusted_proxies, hmac, jwt, cloudflare })
     }
 
     /// Keeps the remembered nonces across a reload (so it does not reopen
@@ -129,10 +112,7 @@ impl PoolAccess {
 
     /// No policy configured: nothing to check.
     pub fn is_open(&self) -> bool {
-        self.ip_allow.is_none()
-            && self.hmac.is_none()
-            && self.jwt.is_none()
-            && self.cloudflare.is_none()
+        self.ip_allow.is_none() && self.hmac.is_none() && self.jwt.is_none() && self.cloudflare.is_none()
     }
 
     pub fn needs_body(&self) -> bool {
@@ -159,12 +139,7 @@ impl PoolAccess {
     /// Checks decidable from the head: IP allowlist, JWT, Cloudflare Access.
     /// `key_in_header` tells whether the pool key came in `X-Nthpool-Key`
     /// (then `Authorization: Bearer` may carry the JWT).
-    pub fn check_head(
-        &self,
-        head: &Head,
-        client: IpAddr,
-        now_epoch_ms: u64,
-    ) -> Result<(), ApiError> {
+    pub fn check_head(&self, head: &Head, client: IpAddr, now_epoch_ms: u64) -> Result<(), ApiError> {
         if let Some(allow) = &self.ip_allow {
             if !allow.contains(client) {
                 return Err(ApiError::Forbidden);
@@ -174,38 +149,22 @@ impl PoolAccess {
             let token = head.header("x-nthpool-jwt").or_else(|| {
                 head.header("x-nthpool-key")?;
                 let auth = head.header("authorization")?;
-                auth.get(..7)
-                    .filter(|s| s.eq_ignore_ascii_case(b"bearer "))
-                    .map(|_| &auth[7..])
+                auth.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &auth[7..])
             });
             let token = token.ok_or(denied(Denied::TOKEN_MISSING))?;
             policy.verify(trim(token), now_epoch_ms).map_err(denied)?;
         }
         if let Some(cf) = &self.cloudflare {
-            let token = head
-                .header("cf-access-jwt-assertion")
-                .ok_or(denied(Denied::TOKEN_MISSING))?;
-            cloudflare::verify(
-                trim(token),
-                &cf.jwks,
-                &cf.audience,
-                &cf.issuer,
-                now_epoch_ms,
-                CF_LEEWAY_MS,
-            )
-            .map_err(denied)?;
+            let token = head.header("cf-access-jwt-assertion").ok_or(denied(Denied::TOKEN_MISSING))?;
+            cloudflare::verify(trim(token), &cf.jwks, &cf.audience, &cf.issuer, now_epoch_ms, CF_LEEWAY_MS)
+                .map_err(denied)?;
         }
         Ok(())
     }
 
     /// The HMAC signature over the exact body, then the nonce (remembered
     /// only once the MAC verified).
-    pub fn check_signed(
-        &mut self,
-        head: &Head,
-        body: &[u8],
-        now_epoch_ms: u64,
-    ) -> Result<(), ApiError> {
+    pub fn check_signed(&mut self, head: &Head, body: &[u8], now_epoch_ms: u64) -> Result<(), ApiError> {
         let Some(policy) = &mut self.hmac else {
             return Ok(());
         };
@@ -227,10 +186,7 @@ impl PoolAccess {
             policy.tolerance_ms,
         )
         .map_err(denied)?;
-        match policy
-            .nonces
-            .insert(verified.nonce, now_epoch_ms, verified.nonce_expires_ms)
-        {
+        match policy.nonces.insert(verified.nonce, now_epoch_ms, verified.nonce_expires_ms) {
             Ok(()) => Ok(()),
             Err(NonceError::Replay) => Err(denied(Denied::NONCE_REPLAYED)),
             Err(NonceError::Full { retry_after_ms }) => Err(ApiError::Unavailable(

@@ -51,11 +51,7 @@ pub struct NonceStore {
 impl NonceStore {
     /// A store holding at most `capacity` nonces; a capacity of 0 is taken as 1.
     pub fn new(capacity: usize) -> NonceStore {
-        NonceStore {
-            capacity: capacity.max(1),
-            expiries: HashMap::new(),
-            by_expiry: BinaryHeap::new(),
-        }
+        NonceStore { capacity: capacity.max(1), expiries: HashMap::new(), by_expiry: BinaryHeap::new() }
     }
 
     pub fn capacity(&self) -> usize {
@@ -88,9 +84,7 @@ impl NonceStore {
         if !known && self.expiries.len() >= self.capacity {
             self.purge(now_ms, usize::MAX);
             if self.expiries.len() >= self.capacity {
-                return Err(NonceError::Full {
-                    retry_after_ms: self.earliest_expiry().saturating_sub(now_ms).max(1),
-                });
+                return Err(NonceError::Full { retry_after_ms: self.earliest_expiry().saturating_sub(now_ms).max(1) });
             }
         }
         // Replacing an expired, unpurged entry leaves its heap entry stale; the
@@ -152,18 +146,10 @@ mod tests {
         assert_eq!(s.insert(b"a", 0, 300), Ok(()));
         assert_eq!(s.insert(b"b", 10, 200), Ok(()));
         // The earliest expiry is b's at 200, not a's, though a came first.
-        assert_eq!(
-            s.insert(b"c", 50, 400),
-            Err(NonceError::Full {
-                retry_after_ms: 150
-            })
-        );
+        assert_eq!(s.insert(b"c", 50, 400), Err(NonceError::Full { retry_after_ms: 150 }));
         // A replay is still reported as a replay when full.
         assert_eq!(s.insert(b"a", 50, 400), Err(NonceError::Replay));
-        assert_eq!(
-            s.insert(b"c", 199, 400),
-            Err(NonceError::Full { retry_after_ms: 1 })
-        );
+        assert_eq!(s.insert(b"c", 199, 400), Err(NonceError::Full { retry_after_ms: 1 }));
         // Once b expires there is room; a is never evicted.
         assert_eq!(s.insert(b"c", 200, 400), Ok(()));
         assert_eq!(s.insert(b"a", 250, 500), Err(NonceError::Replay));
@@ -183,10 +169,7 @@ mod tests {
         let mut s = NonceStore::new(0);
         assert_eq!(s.capacity(), 1);
         assert_eq!(s.insert(b"a", 0, 10), Ok(()));
-        assert_eq!(
-            s.insert(b"b", 0, 10),
-            Err(NonceError::Full { retry_after_ms: 10 })
-        );
+        assert_eq!(s.insert(b"b", 0, 10), Err(NonceError::Full { retry_after_ms: 10 }));
     }
 
     #[test]
@@ -224,13 +207,7 @@ mod tests {
     }
 
     impl Model {
-        fn insert(
-            &mut self,
-            cap: usize,
-            nonce: &[u8],
-            now: u64,
-            exp: u64,
-        ) -> Result<(), NonceError> {
+        fn insert(&mut self, cap: usize, nonce: &[u8], now: u64, exp: u64) -> Result<(), NonceError> {
             self.entries.retain(|(_, e)| *e > now);
             if self.entries.iter().any(|(n, _)| n == nonce) {
                 return Err(NonceError::Replay);
@@ -240,9 +217,7 @@ mod tests {
             }
             if self.entries.len() >= cap {
                 let oldest = self.entries.iter().map(|(_, e)| *e).min().unwrap();
-                return Err(NonceError::Full {
-                    retry_after_ms: oldest - now,
-                });
+                return Err(NonceError::Full { retry_after_ms: oldest - now });
             }
             self.entries.push((nonce.to_vec(), exp));
             Ok(())

@@ -25,11 +25,7 @@ impl PoolKeys {
     pub fn new(config: &PoolConfig) -> PoolKeys {
         PoolKeys {
             plain: config.keys.iter().map(|k| k.as_bytes().into()).collect(),
-            hashed: config
-                .key_sha256
-                .iter()
-                .map(|h| parse_sha256_hex(h).expect("validated"))
-                .collect(),
+            hashed: config.key_sha256.iter().map(|h| parse_sha256_hex(h).expect("validated")).collect(),
             allow_authorization_header: config.allow_authorization_header,
         }
     }

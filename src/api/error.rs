@@ -51,16 +51,12 @@ impl ApiError {
 
     pub fn message(self) -> &'static str {
         match self {
-            ApiError::BadRequest(why)
-            | ApiError::Unauthorized(why)
-            | ApiError::Unavailable(why, _) => why,
+            ApiError::BadRequest(why) | ApiError::Unauthorized(why) | ApiError::Unavailable(why, _) => why,
             ApiError::Forbidden => "Your address is not allowed to use this pool.",
             ApiError::NotFound => "The slot was already released or reclaimed.",
             ApiError::RouteNotFound => "No such route.",
             ApiError::MethodNotAllowed => "Lock routes accept POST only.",
-            ApiError::Capped => {
-                "The slot reached its request deadline and cannot be renewed; release it."
-            }
+            ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
             ApiError::PayloadTooLarge => "The request body is larger than this server accepts.",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB.",
         }
@@ -68,10 +64,7 @@ impl ApiError {
 
     /// Errors after which the connection cannot be trusted to stay in sync.
     pub fn closes(self) -> bool {
-        matches!(
-            self,
-            ApiError::BadRequest(_) | ApiError::PayloadTooLarge | ApiError::HeadTooLarge
-        )
+        matches!(self, ApiError::BadRequest(_) | ApiError::PayloadTooLarge | ApiError::HeadTooLarge)
     }
 
     pub fn write(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool) {

@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::access::PoolAccess;
+use crate::accesslog::{AccessLog, Record};
 use crate::config::Config;
+use crate::governor::lease::SlotId;
 use crate::governor::{Admission, Denial, Governor, Grant, Ms, PoolId, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
 use crate::http::response::{json_u64, Status, Writer};
@@ -21,11 +23,13 @@ use crate::report::{self, check_object, is_blank};
 use auth::PoolKeys;
 pub use error::ApiError;
 use route::Route;
+use std::time::Instant;
 
 /// The longest wait a caller may ask for; beyond it the value is refused as absurd.
 pub const MAX_WAIT_MS: u64 = 86_400_000;
 
 /// What the reactor knows about the request being handled.
+#[derive(Clone, Copy)]
 pub struct Ctx {
     pub now: Ms,
     /// Unix epoch milliseconds at monotonic 0, to turn deadlines into wall time.
@@ -34,18 +38,31 @@ pub struct Ctx {
     pub peer: IpAddr,
     /// The answer must close the connection (HTTP/1.0, `Connection: close`).
     pub close: bool,
+    /// When the reactor turn that read this request began.
+    pub started: Instant,
+}
+
+/// An acquire in progress: what its answer and its log line need.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt {
+    pub pool: PoolId,
+    pub client: IpAddr,
+    pub wait_ms: u64,
+    /// When the server started on the request (the reactor turn it arrived in).
+    pub started: Instant,
 }
 
 /// A queued acquire the reactor must remember until its notice comes.
 #[derive(Debug, Clone, Copy)]
 pub struct Queued {
     pub key: WaiterKey,
-    pub pool: PoolId,
-    pub wait_ms: u64,
+    pub attempt: Attempt,
 }
 
 pub enum Handled {
     Done,
+    /// A slot was granted; if the answer cannot be delivered, release it.
+    Granted(SlotId),
     Queued(Queued),
 }
 
@@ -61,6 +78,9 @@ pub struct App {
     creds: Vec<Credentials>,
     public_host: Option<Box<[u8]>>,
     pub max_body: usize,
+    pub log: AccessLog,
+    /// Acquire server time per pool, indexed by `PoolId`.
+    pub latency: Vec<LatencyHistogram>,
     scratch: Vec<u8>,
 }
 
@@ -71,6 +91,8 @@ impl App {
             creds: Vec::new(),
             public_host: None,
             max_body: config.max_body_bytes,
+            log: AccessLog::open(config.access_log.as_deref())?,
+            latency: Vec::new(),
             scratch: Vec::with_capacity(512),
         };
         app.reconfigure(config, 0)?;
@@ -83,23 +105,18 @@ impl App {
         // Build every pool's credentials first, so a failure leaves all as it was.
         let mut fresh = BTreeMap::new();
         for (name, pool) in &config.pools {
-            let previous = self
-                .gov
-                .pool_id(name)
-                .map(|pid| &self.creds[pid.0 as usize].access);
-            let access = PoolAccess::build(&pool.access, previous)
-                .map_err(|e| format!("pools.{name}.{e}"))?;
-            fresh.insert(
-                name.as_str(),
-                Credentials {
-                    keys: PoolKeys::new(pool),
-                    access,
-                },
-            );
+            let previous = self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access);
+            let access = PoolAccess::build(&pool.access, previous).map_err(|e| format!("pools.{name}.{e}"))?;
+            fresh.insert(name.as_str(), Credentials { keys: PoolKeys::new(pool), access });
         }
         self.gov.reconfigure(&config.pools, now);
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
         self.max_body = config.max_body_bytes;
+        if self.log.path() != config.access_log.as_deref() {
+            self.log.flush();
+            self.log = AccessLog::open(config.access_log.as_deref())?;
+        }
+        self.latency.resize_with(self.gov.pools().count(), LatencyHistogram::default);
         // Retired pools keep their old credentials so their leases can still be released.
         let mut old = std::mem::take(&mut self.creds).into_iter();
         for (_, pool) in self.gov.pools() {
@@ -135,9 +152,7 @@ impl App {
         creds.keys.check(head)?;
         if !creds.access.is_open() {
             let client = creds.access.client_addr(ctx.peer, head);
-            creds
-                .access
-                .check_head(head, client, ctx.epoch_base_ms + ctx.now)?;
+            creds.access.check_head(head, client, ctx.epoch_base_ms + ctx.now)?;
         }
         Ok(())
     }
@@ -155,9 +170,7 @@ impl App {
             }
         }
         let pool = match route {
-            Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. } => {
-                pool
-            }
+            Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. } => pool,
         };
         let pid = self.gov.pool_id(pool).ok_or(UNKNOWN_POOL)?;
         Ok((route, pid))
@@ -167,19 +180,39 @@ impl App {
         match self.dispatch(ctx, head, body, out) {
             Ok(handled) => handled,
             Err(e) => {
-                e.write(out, &mut self.scratch, ctx.close);
+                self.reject(ctx, head, e, out);
                 Handled::Done
             }
         }
     }
 
-    fn dispatch(
-        &mut self,
-        ctx: &Ctx,
-        head: &Head,
-        body: &[u8],
-        out: &mut Vec<u8>,
-    ) -> Result<Handled, ApiError> {
+    /// Answers a request with an error; acquire attempts are logged too
+    /// (malformed and unauthorized ones included).
+    pub fn reject(&mut self, ctx: &Ctx, head: &Head, error: ApiError, out: &mut Vec<u8>) {
+        error.write(out, &mut self.scratch, ctx.close);
+        if let Some(Route::Acquire { pool }) = route::route(head.path) {
+            let pid = self.gov.pool_id(pool);
+            let client = pid.map_or(ctx.peer, |pid| self.creds[pid.0 as usize].access.client_addr(ctx.peer, head));
+            let server_us = ctx.started.elapsed().as_micros() as u64;
+            if let Some(pid) = pid {
+                self.latency[pid.0 as usize].observe(server_us);
+            }
+            self.log.record(&Record {
+                epoch_ms: ctx.epoch_base_ms + ctx.now,
+                pool,
+                client,
+                status: error.status().code(),
+                error: Some(error.code()),
+                deny_reason: None,
+                wait_ms: 0,
+                queued_ms: 0,
+                server_us,
+                slot_ref: None,
+            });
+        }
+    }
+
+    fn dispatch(&mut self, ctx: &Ctx, head: &Head, body: &[u8], out: &mut Vec<u8>) -> Result<Handled, ApiError> {
         let (route, pid) = self.resolve(head)?;
         self.authorize(ctx, route, pid, head)?;
         let access = &mut self.creds[pid.0 as usize].access;
@@ -188,32 +221,30 @@ impl App {
         }
         match route {
             Route::Acquire { .. } => {
-                let wait_ms = wait_budget(head, body)?;
-                match self.gov.acquire(pid, wait_ms, ctx.owner, ctx.now) {
+                let attempt = Attempt {
+                    pool: pid,
+                    client: self.creds[pid.0 as usize].access.client_addr(ctx.peer, head),
+                    wait_ms: wait_budget(head, body)?,
+                    started: ctx.started,
+                };
+                let epoch_now = ctx.epoch_base_ms + ctx.now;
+                match self.gov.acquire(pid, attempt.wait_ms, ctx.owner, ctx.now) {
                     Admission::Granted(grant) => {
-                        self.write_grant(out, &grant, ctx.epoch_base_ms, ctx.close);
-                        Ok(Handled::Done)
+                        self.answer_grant(out, &grant, &attempt, ctx.epoch_base_ms, epoch_now, ctx.close);
+                        Ok(Handled::Granted(grant.slot))
                     }
                     Admission::Denied(denial) => {
-                        self.write_denial(out, &denial, Status::TooManyRequests, ctx.close);
+                        self.answer_denial(out, &denial, Status::TooManyRequests, &attempt, epoch_now, ctx.close);
                         Ok(Handled::Done)
                     }
-                    Admission::Queued(key) => Ok(Handled::Queued(Queued {
-                        key,
-                        pool: pid,
-                        wait_ms,
-                    })),
+                    Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt })),
                 }
             }
             Route::Renew { slot, .. } => match self.gov.renew(pid, slot.as_bytes(), ctx.now) {
                 Ok(deadline) => {
                     self.scratch.clear();
                     self.scratch.push(b'{');
-                    json_u64(
-                        &mut self.scratch,
-                        b"leaseDeadline",
-                        ctx.epoch_base_ms + deadline,
-                    );
+                    json_u64(&mut self.scratch, b"leaseDeadline", ctx.epoch_base_ms + deadline);
                     self.scratch.push(b'}');
                     Writer::start(out, Status::Ok).finish_json(&self.scratch, ctx.close);
                     Ok(Handled::Done)
@@ -222,30 +253,96 @@ impl App {
                 Err(RenewError::Capped) => Err(ApiError::Capped),
             },
             Route::Release { slot, .. } => {
-                let outcome = report::parse_release(body, ctx.epoch_base_ms + ctx.now)
-                    .map_err(ApiError::BadRequest)?;
-                let released = self
-                    .gov
-                    .release(pid, slot.as_bytes(), outcome.as_ref(), ctx.now);
-                let text: &[u8] = if released {
-                    b"{\"released\":true}"
-                } else {
-                    b"{\"released\":false}"
-                };
+                let outcome = report::parse_release(body, ctx.epoch_base_ms + ctx.now).map_err(ApiError::BadRequest)?;
+                let released = self.gov.release(pid, slot.as_bytes(), outcome.as_ref(), ctx.now);
+                let text: &[u8] = if released { b"{\"released\":true}" } else { b"{\"released\":false}" };
                 Writer::start(out, Status::Ok).finish_json(text, ctx.close);
                 Ok(Handled::Done)
             }
         }
     }
 
-    /// The `200` of an acquire, immediate or after queueing.
-    pub fn write_grant(
+    /// Counts and logs one answered acquire.
+    fn note_acquire(
+        &mut self,
+        attempt: &Attempt,
+        epoch_now: u64,
+        status: Status,
+        reason: Option<&str>,
+        queued_ms: u64,
+        slot_ref: Option<u32>,
+    ) {
+        let server_us = attempt.started.elapsed().as_micros() as u64;
+        self.latency[attempt.pool.0 as usize].observe(server_us);
+        if self.log.is_on() {
+            let code = match status {
+                Status::Ok => None,
+                Status::GatewayTimeout => Some("queue_timeout"),
+                _ => Some("too_many_requests"),
+            };
+            self.log.record(&Record {
+                epoch_ms: epoch_now,
+                pool: &self.gov.pool(attempt.pool).name,
+                client: attempt.client,
+                status: status.code(),
+                error: code,
+                deny_reason: reason,
+                wait_ms: attempt.wait_ms,
+                queued_ms,
+                server_us,
+                slot_ref,
+            });
+        }
+    }
+
+    /// The `200` of an acquire, immediate or after queueing, logged.
+    pub fn answer_grant(
         &mut self,
         out: &mut Vec<u8>,
         grant: &Grant,
+        attempt: &Attempt,
         epoch_base_ms: u64,
+        epoch_now: u64,
         close: bool,
     ) {
+        self.note_acquire(attempt, epoch_now, Status::Ok, None, grant.queued_ms, Some(grant.slot.log_ref()));
+        self.write_grant(out, grant, epoch_base_ms, close);
+    }
+
+    /// A queued acquire cut short by shutdown: `503` with `Retry-After`, logged.
+    pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, attempt: &Attempt, epoch_now: u64) {
+        let error = ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
+        let server_us = attempt.started.elapsed().as_micros() as u64;
+        self.log.record(&Record {
+            epoch_ms: epoch_now,
+            pool: &self.gov.pool(attempt.pool).name,
+            client: attempt.client,
+            status: error.status().code(),
+            error: Some(error.code()),
+            deny_reason: None,
+            wait_ms: attempt.wait_ms,
+            queued_ms: 0,
+            server_us,
+            slot_ref: None,
+        });
+        error.write(out, &mut self.scratch, true);
+    }
+
+    /// A `429` or `504` for an acquire, logged.
+    pub fn answer_denial(
+        &mut self,
+        out: &mut Vec<u8>,
+        denial: &Denial,
+        status: Status,
+        attempt: &Attempt,
+        epoch_now: u64,
+        close: bool,
+    ) {
+        self.note_acquire(attempt, epoch_now, status, Some(denial.reason.as_str()), denial.queued_ms, None);
+        self.write_denial(out, denial, status, close);
+    }
+
+    fn write_grant(&mut self, out: &mut Vec<u8>, grant: &Grant, epoch_base_ms: u64, close: bool) {
         let b = &mut self.scratch;
         b.clear();
         b.extend_from_slice(b"{\"slotId\":\"");
@@ -253,11 +350,7 @@ impl App {
         b.extend_from_slice(b"\",");
         json_u64(b, b"leaseDeadline", epoch_base_ms + grant.lease_deadline);
         b.push(b',');
-        json_u64(
-            b,
-            b"requestDeadline",
-            epoch_base_ms + grant.request_deadline,
-        );
+        json_u64(b, b"requestDeadline", epoch_base_ms + grant.request_deadline);
         b.push(b',');
         json_u64(b, b"termMs", grant.term_ms);
         b.push(b',');
@@ -269,31 +362,17 @@ impl App {
     }
 
     /// A `429` (fail fast, queue full) or `504` (queue deadline).
-    pub fn write_denial(
-        &mut self,
-        out: &mut Vec<u8>,
-        denial: &Denial,
-        status: Status,
-        close: bool,
-    ) {
+    fn write_denial(&mut self, out: &mut Vec<u8>, denial: &Denial, status: Status, close: bool) {
         let (code, message) = if status == Status::GatewayTimeout {
             ("queue_timeout", "No slot opened within the wait budget.")
         } else {
             match denial.reason {
-                crate::governor::DenyReason::QueueFull => {
-                    ("too_many_requests", "The pool's wait queue is full.")
+                crate::governor::DenyReason::QueueFull => ("too_many_requests", "The pool's wait queue is full."),
+                crate::governor::DenyReason::Rate => ("too_many_requests", "The pool's rate budget is spent for now."),
+                crate::governor::DenyReason::Cooldown => {
+                    ("too_many_requests", "The pool is cooling down after the upstream asked to slow down.")
                 }
-                crate::governor::DenyReason::Rate => (
-                    "too_many_requests",
-                    "The pool's rate budget is spent for now.",
-                ),
-                crate::governor::DenyReason::Cooldown => (
-                    "too_many_requests",
-                    "The pool is cooling down after the upstream asked to slow down.",
-                ),
-                crate::governor::DenyReason::Concurrency => {
-                    ("too_many_requests", "No free slot in this pool.")
-                }
+                crate::governor::DenyReason::Concurrency => ("too_many_requests", "No free slot in this pool."),
             }
         };
         self.scratch.clear();
@@ -311,8 +390,7 @@ impl App {
     }
 }
 
-const UNKNOWN_POOL: ApiError =
-    ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
+const UNKNOWN_POOL: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
 
 fn write_signals(w: &mut Writer, s: &crate::governor::Signals, queued_ms: u64) {
     w.header_u64(b"x-nthpool-remaining-slots", s.remaining_slots as u64)
@@ -343,9 +421,8 @@ fn host_without_port(host: &[u8]) -> &[u8] {
 /// `X-Nthpool-No-Queue` forces 0. Anything but a whole number of ms up to a
 /// day is refused.
 fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
-    const BAD_WAIT: ApiError = ApiError::BadRequest(
-        "`waitMs` and X-Nthpool-Queue-Timeout-Ms must be whole milliseconds from 0 to 86400000.",
-    );
+    const BAD_WAIT: ApiError =
+        ApiError::BadRequest("`waitMs` and X-Nthpool-Queue-Timeout-Ms must be whole milliseconds from 0 to 86400000.");
     let mut wait = None;
     if !is_blank(body) {
         check_object(body).map_err(ApiError::BadRequest)?;
@@ -355,9 +432,8 @@ fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
             #[serde(default)]
             wait_ms: Option<serde_json::Number>,
         }
-        let parsed: AcquireBody = serde_json::from_slice(body).map_err(|_| {
-            ApiError::BadRequest("The acquire body is not valid JSON with a numeric `waitMs`.")
-        })?;
+        let parsed: AcquireBody = serde_json::from_slice(body)
+            .map_err(|_| ApiError::BadRequest("The acquire body is not valid JSON with a numeric `waitMs`."))?;
         if let Some(n) = parsed.wait_ms {
             wait = Some(n.as_u64().ok_or(BAD_WAIT)?);
         }
@@ -381,16 +457,45 @@ fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
     Ok(wait)
 }
 
+/// Acquire server time in µs, in Prometheus-style cumulative buckets.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyHistogram {
+    /// Count per bucket (not cumulative); the last is +Inf.
+    pub counts: [u64; LATENCY_BUCKETS_US.len() + 1],
+    pub sum_us: u64,
+}
+
+/// Upper bounds of the latency buckets, in µs.
+pub const LATENCY_BUCKETS_US: [u64; 12] =
+    [10, 25, 50, 100, 250, 500, 1000, 2500, 10_000, 100_000, 1_000_000, 10_000_000];
+
+impl LatencyHistogram {
+    pub fn observe(&mut self, us: u64) {
+        let i = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
+        self.counts[i] += 1;
+        self.sum_us += us;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn latency_buckets() {
+        let mut h = LatencyHistogram::default();
+        h.observe(0);
+        h.observe(10);
+        h.observe(11);
+        h.observe(u64::MAX / 2);
+        assert_eq!(h.counts[0], 2);
+        assert_eq!(h.counts[1], 1);
+        assert_eq!(h.counts[LATENCY_BUCKETS_US.len()], 1);
+    }
+
+    #[test]
     fn host_port_is_ignored() {
-        assert_eq!(
-            host_without_port(b"api.example.com:443"),
-            b"api.example.com"
-        );
+        assert_eq!(host_without_port(b"api.example.com:443"), b"api.example.com");
         assert_eq!(host_without_port(b"api.example.com"), b"api.example.com");
         assert_eq!(host_without_port(b"[::1]:7070"), b"::1");
     }

@@ -37,28 +37,10 @@ mod tests {
 
     #[test]
     fn lock_routes() {
-        assert_eq!(
-            route("/pools/demo/lock/acquire"),
-            Some(Route::Acquire { pool: "demo" })
-        );
-        assert_eq!(
-            route("/pools/demo/lock/acquire?x=1"),
-            Some(Route::Acquire { pool: "demo" })
-        );
-        assert_eq!(
-            route("/pools/demo/lock/abc/renew"),
-            Some(Route::Renew {
-                pool: "demo",
-                slot: "abc"
-            })
-        );
-        assert_eq!(
-            route("/pools/demo/lock/abc/release"),
-            Some(Route::Release {
-                pool: "demo",
-                slot: "abc"
-            })
-        );
+        assert_eq!(route("/pools/demo/lock/acquire"), Some(Route::Acquire { pool: "demo" }));
+        assert_eq!(route("/pools/demo/lock/acquire?x=1"), Some(Route::Acquire { pool: "demo" }));
+        assert_eq!(route("/pools/demo/lock/abc/renew"), Some(Route::Renew { pool: "demo", slot: "abc" }));
+        assert_eq!(route("/pools/demo/lock/abc/release"), Some(Route::Release { pool: "demo", slot: "abc" }));
         for other in [
             "/",
             "/pools",

@@ -19,12 +19,7 @@ pub struct TokenBucket {
 impl TokenBucket {
     pub fn new(rpm: u32, burst: u32) -> TokenBucket {
         debug_assert!(rpm > 0 && burst > 0);
-        TokenBucket {
-            tokens: burst,
-            burst,
-            interval_us: (60_000_000 / rpm as u64).max(1),
-            next_refill_us: 0,
-        }
+        TokenBucket { tokens: burst, burst, interval_us: (60_000_000 / rpm as u64).max(1), next_refill_us: 0 }
     }
 
     /// Changes rate and size (a reload); tokens above the new size are dropped.

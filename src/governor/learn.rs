@@ -156,14 +156,7 @@ impl Learning {
 
     /// Applies a report about a lease granted in `lease_epoch`. `held_before`
     /// counts the reported lease; `in_flight` are the other leases still held.
-    pub fn on_report(
-        &mut self,
-        o: &Outcome,
-        lease_epoch: u32,
-        held_before: u32,
-        in_flight: u32,
-        now: Ms,
-    ) -> Wakeups {
+    pub fn on_report(&mut self, o: &Outcome, lease_epoch: u32, held_before: u32, in_flight: u32, now: Ms) -> Wakeups {
         let mut wake = Wakeups::default();
         if !self.adaptive {
             return wake;
@@ -191,10 +184,7 @@ impl Learning {
         if let (Some(remaining), Some(reset)) = (o.remaining, o.reset_ms) {
             if reset > 0 {
                 let reset_at = now + reset.min(MAX_BUDGET_WINDOW_MS);
-                self.budget = Some(Budget {
-                    remaining: remaining.saturating_sub(in_flight as u64),
-                    reset_at,
-                });
+                self.budget = Some(Budget { remaining: remaining.saturating_sub(in_flight as u64), reset_at });
                 wake.budget_reset_at = Some(reset_at);
             } else {
                 self.budget = None;
@@ -216,18 +206,11 @@ mod tests {
     use super::*;
 
     fn throttled() -> Outcome {
-        Outcome {
-            status: Some(429),
-            throttled: 1,
-            ..Outcome::default()
-        }
+        Outcome { status: Some(429), throttled: 1, ..Outcome::default() }
     }
 
     fn ok() -> Outcome {
-        Outcome {
-            status: Some(200),
-            ..Outcome::default()
-        }
+        Outcome { status: Some(200), ..Outcome::default() }
     }
 
     #[test]
@@ -278,18 +261,12 @@ mod tests {
     #[test]
     fn retry_hint_opens_a_capped_cooldown() {
         let mut l = Learning::new(4, true);
-        let hint = Outcome {
-            retry_after_ms: Some(2000),
-            ..throttled()
-        };
+        let hint = Outcome { retry_after_ms: Some(2000), ..throttled() };
         let w = l.on_report(&hint, l.epoch(), 1, 0, 1000);
         assert_eq!(w.cooldown_until, Some(3000));
         assert_eq!(l.pause(2999), Some(Pause::Cooldown(1)));
         assert_eq!(l.pause(3000), None);
-        let long = Outcome {
-            retry_after_ms: Some(10_000_000),
-            ..ok()
-        };
+        let long = Outcome { retry_after_ms: Some(10_000_000), ..ok() };
         let w = l.on_report(&long, l.epoch(), 1, 0, 5000);
         assert_eq!(w.cooldown_until, Some(5000 + MAX_COOLDOWN_MS));
         // A shorter hint never shortens a cool-down.
@@ -300,11 +277,7 @@ mod tests {
     #[test]
     fn budget_counts_in_flight_grants_and_lifts_at_reset() {
         let mut l = Learning::new(10, true);
-        let report = Outcome {
-            remaining: Some(3),
-            reset_ms: Some(700),
-            ..ok()
-        };
+        let report = Outcome { remaining: Some(3), reset_ms: Some(700), ..ok() };
         let w = l.on_report(&report, l.epoch(), 2, 1, 100);
         assert_eq!(w.budget_reset_at, Some(800));
         assert_eq!(l.budget().unwrap().remaining, 2);
@@ -322,11 +295,7 @@ mod tests {
     #[test]
     fn exhausted_tokens_block_until_their_reset() {
         let mut l = Learning::new(10, true);
-        let report = Outcome {
-            token_remaining: Some(0),
-            token_reset_ms: Some(1500),
-            ..ok()
-        };
+        let report = Outcome { token_remaining: Some(0), token_reset_ms: Some(1500), ..ok() };
         let w = l.on_report(&report, l.epoch(), 1, 0, 0);
         assert_eq!(w.token_block_until, Some(1500));
         assert_eq!(l.pause(1000), Some(Pause::Budget(500)));
@@ -336,16 +305,7 @@ mod tests {
     #[test]
     fn not_adaptive_learns_nothing() {
         let mut l = Learning::new(5, false);
-        let w = l.on_report(
-            &Outcome {
-                retry_after_ms: Some(5000),
-                ..throttled()
-            },
-            0,
-            5,
-            4,
-            0,
-        );
+        let w = l.on_report(&Outcome { retry_after_ms: Some(5000), ..throttled() }, 0, 5, 4, 0);
         assert_eq!(w, Wakeups::default());
         assert_eq!(l.effective(), 5);
         assert_eq!(l.pause(0), None);

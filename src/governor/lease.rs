@@ -51,9 +51,7 @@ impl SlotId {
     /// Writes the 32-character text form.
     pub fn encode(&self) -> [u8; SLOT_ID_CHARS] {
         let mut out = [0u8; SLOT_ID_CHARS];
-        let n = URL_SAFE_NO_PAD
-            .encode_slice(self.0, &mut out)
-            .expect("32 characters hold 24 bytes");
+        let n = URL_SAFE_NO_PAD.encode_slice(self.0, &mut out).expect("32 characters hold 24 bytes");
         debug_assert_eq!(n, SLOT_ID_CHARS);
         out
     }
@@ -73,9 +71,7 @@ impl SlotId {
     /// A short reference for logs: a non-reversible hash of the id, never the id itself.
     pub fn log_ref(&self) -> u32 {
         // FNV-1a over the secret part; enough to correlate lines, useless to forge an id.
-        self.secret().iter().fold(0x811c_9dc5u32, |h, &b| {
-            (h ^ b as u32).wrapping_mul(0x0100_0193)
-        })
+        self.secret().iter().fold(0x811c_9dc5u32, |h, &b| (h ^ b as u32).wrapping_mul(0x0100_0193))
     }
 }
 
@@ -118,10 +114,7 @@ pub struct Entropy {
 
 impl Default for Entropy {
     fn default() -> Self {
-        Entropy {
-            buf: [0; 4096],
-            pos: 4096,
-        }
+        Entropy { buf: [0; 4096], pos: 4096 }
     }
 }
 
@@ -148,9 +141,7 @@ mod tests {
     fn slot_id_round_trips_and_is_url_safe() {
         let id = SlotId::new(7, 3, [0xfb; 16]);
         let text = id.encode();
-        assert!(text
-            .iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_'));
+        assert!(text.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_'));
         let back = SlotId::decode(&text).unwrap();
         assert_eq!(back.index(), 7);
         assert_eq!(back.generation(), 3);

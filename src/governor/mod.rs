@@ -164,10 +164,7 @@ impl Governor {
     }
 
     pub fn pools(&self) -> impl Iterator<Item = (PoolId, &Pool)> {
-        self.pools
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (PoolId(i as u32), p))
+        self.pools.iter().enumerate().map(|(i, p)| (PoolId(i as u32), p))
     }
 
     pub fn held_total(&self) -> usize {
@@ -216,13 +213,9 @@ impl Governor {
         if pool.queue.len() >= pool.settings.queue_size {
             return Admission::Denied(self.deny(pid, DenyReason::QueueFull, wait, 0));
         }
-        let timer = self
-            .wheel
-            .insert(now + budget, Timer::Waiter(self.waiters.vacant_key()));
+        let timer = self.wheel.insert(now + budget, Timer::Waiter(self.waiters.vacant_key()));
         let pool = &mut self.pools[pid.0 as usize];
-        let key = self
-            .waiters
-            .push_back(&mut pool.queue, pid, owner, now, timer);
+        let key = self.waiters.push_back(&mut pool.queue, pid, owner, now, timer);
         if reason != DenyReason::Concurrency {
             self.arm_wake(pid, now + wait);
         }
@@ -248,13 +241,7 @@ impl Governor {
 
     /// Releases a lease of `pid`; `true` only the first time. The outcome
     /// report is applied only when the release was real.
-    pub fn release(
-        &mut self,
-        pid: PoolId,
-        slot: &[u8],
-        outcome: Option<&Outcome>,
-        now: Ms,
-    ) -> bool {
+    pub fn release(&mut self, pid: PoolId, slot: &[u8], outcome: Option<&Outcome>, now: Ms) -> bool {
         let Some(idx) = self.find(pid, slot, now) else {
             self.pools[pid.0 as usize].stats.release_gone += 1;
             return false;
@@ -268,9 +255,7 @@ impl Governor {
             if o.is_throttled() {
                 pool.stats.reports_throttled += 1;
             }
-            let wake = pool
-                .learning
-                .on_report(o, lease.epoch, pool.held + 1, pool.held, now);
+            let wake = pool.learning.on_report(o, lease.epoch, pool.held + 1, pool.held, now);
             if wake.cooldown_until.is_some() {
                 pool.stats.cooldowns += 1;
             }
@@ -327,8 +312,7 @@ impl Governor {
                 Timer::Lease(idx) => {
                     let deadline = self.leases[idx as usize].lease_deadline;
                     if deadline > now {
-                        self.leases[idx as usize].timer =
-                            self.wheel.insert(deadline, Timer::Lease(idx));
+                        self.leases[idx as usize].timer = self.wheel.insert(deadline, Timer::Lease(idx));
                     } else {
                         self.reclaim(idx as usize, now);
                     }
@@ -369,15 +353,8 @@ impl Governor {
         let secret = self.entropy.secret();
         let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
         let epoch = pool.learning.epoch();
-        let inserted = self.leases.insert(Lease {
-            pool: pid,
-            generation,
-            secret,
-            lease_deadline,
-            request_deadline,
-            epoch,
-            timer,
-        });
+        let inserted =
+            self.leases.insert(Lease { pool: pid, generation, secret, lease_deadline, request_deadline, epoch, timer });
         debug_assert_eq!(inserted, idx);
         Grant {
             slot: SlotId::new(idx as u32, generation, secret),
@@ -392,12 +369,7 @@ impl Governor {
 
     fn deny(&mut self, pid: PoolId, reason: DenyReason, wait: u64, queued_ms: u64) -> Denial {
         self.pools[pid.0 as usize].stats.denied[reason as usize] += 1;
-        Denial {
-            reason,
-            retry_after_ms: wait,
-            queued_ms,
-            signals: self.signals(pid),
-        }
+        Denial { reason, retry_after_ms: wait, queued_ms, signals: self.signals(pid) }
     }
 
     /// The live lease `slot` names in `pid`. A lease past its deadline whose
@@ -407,10 +379,7 @@ impl Governor {
         let id = SlotId::decode(slot)?;
         let idx = id.index() as usize;
         let lease = self.leases.get(idx)?;
-        if lease.pool != pid
-            || lease.generation != id.generation()
-            || !secret_eq(&lease.secret, id.secret())
-        {
+        if lease.pool != pid || lease.generation != id.generation() || !secret_eq(&lease.secret, id.secret()) {
             return None;
         }
         if lease.lease_deadline <= now {
@@ -444,19 +413,10 @@ impl Governor {
             self.wheel.cancel(w.timer);
         }
         pool.stats.queue_timeouts += 1;
-        let (reason, wait) = pool
-            .blocked(now)
-            .unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
-        let denial = Denial {
-            reason,
-            retry_after_ms: wait,
-            queued_ms: now - w.enqueued_at,
-            signals: self.signals(pid),
-        };
-        self.notices.push_back(Notice::TimedOut {
-            owner: w.owner,
-            denial,
-        });
+        let (reason, wait) = pool.blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
+        let denial =
+            Denial { reason, retry_after_ms: wait, queued_ms: now - w.enqueued_at, signals: self.signals(pid) };
+        self.notices.push_back(Notice::TimedOut { owner: w.owner, denial });
     }
 
     /// Grants queued acquires, in order, while slots are free.
@@ -474,10 +434,7 @@ impl Governor {
                     let w = self.waiters.remove(&mut pool.queue, head);
                     self.wheel.cancel(w.timer);
                     let grant = self.grant(pid, now, now - w.enqueued_at);
-                    self.notices.push_back(Notice::Granted {
-                        owner: w.owner,
-                        grant,
-                    });
+                    self.notices.push_back(Notice::Granted { owner: w.owner, grant });
                 }
                 Some((DenyReason::Concurrency, _)) => return,
                 Some((_, wait)) => {

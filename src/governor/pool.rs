@@ -52,12 +52,8 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 4] = [
-        DenyReason::Concurrency,
-        DenyReason::Rate,
-        DenyReason::Cooldown,
-        DenyReason::QueueFull,
-    ];
+    pub const ALL: [DenyReason; 4] =
+        [DenyReason::Concurrency, DenyReason::Rate, DenyReason::Cooldown, DenyReason::QueueFull];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -113,9 +109,7 @@ impl Pool {
             retired: false,
             held: 0,
             queue: Queue::default(),
-            gate: settings
-                .rpm
-                .map(|(rpm, burst)| TokenBucket::new(rpm, burst)),
+            gate: settings.rpm.map(|(rpm, burst)| TokenBucket::new(rpm, burst)),
             learning: Learning::new(settings.concurrency, settings.adaptive),
             wake: None,
             stats: PoolStats::default(),
@@ -124,8 +118,7 @@ impl Pool {
 
     /// Applies new settings; held slots, the queue and what was learned stay.
     pub fn reconfigure(&mut self, settings: PoolSettings, now: Ms) {
-        self.learning
-            .reconfigure(settings.concurrency, settings.adaptive);
+        self.learning.reconfigure(settings.concurrency, settings.adaptive);
         self.gate = match (settings.rpm, self.gate.take()) {
             (None, _) => None,
             (Some((rpm, burst)), Some(mut gate)) => {

@@ -35,11 +35,7 @@ pub struct Queue {
 
 impl Default for Queue {
     fn default() -> Self {
-        Queue {
-            head: NIL,
-            tail: NIL,
-            len: 0,
-        }
+        Queue { head: NIL, tail: NIL, len: 0 }
     }
 }
 
@@ -68,6 +64,10 @@ impl Waiters {
         self.slab.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.slab.is_empty()
+    }
+
     /// The key the next `push_back` will return.
     pub fn vacant_key(&self) -> u32 {
         self.slab.vacant_key() as u32
@@ -86,14 +86,7 @@ impl Waiters {
         enqueued_at: Ms,
         timer: TimerKey,
     ) -> WaiterKey {
-        let idx = self.slab.insert(Waiter {
-            pool,
-            owner,
-            enqueued_at,
-            timer,
-            prev: queue.tail,
-            next: NIL,
-        }) as u32;
+        let idx = self.slab.insert(Waiter { pool, owner, enqueued_at, timer, prev: queue.tail, next: NIL }) as u32;
         if queue.tail == NIL {
             queue.head = idx;
         } else {
@@ -146,9 +139,7 @@ mod tests {
         let mut wheel = Wheel::<()>::new();
         let mut ws = Waiters::default();
         let mut q = Queue::default();
-        let keys: Vec<_> = (0..5)
-            .map(|i| ws.push_back(&mut q, PoolId(0), i, 0, wheel.insert(0, ())))
-            .collect();
+        let keys: Vec<_> = (0..5).map(|i| ws.push_back(&mut q, PoolId(0), i, 0, wheel.insert(0, ()))).collect();
         assert_eq!(order(&ws, &q), vec![0, 1, 2, 3, 4]);
         ws.remove(&mut q, keys[2]);
         assert_eq!(order(&ws, &q), vec![0, 1, 3, 4]);

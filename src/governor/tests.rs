@@ -4,8 +4,7 @@ use super::*;
 use crate::config::Config;
 
 fn governor(pool_json: &str) -> (Governor, PoolId) {
-    let text =
-        format!(r#"{{"pools":{{"p":{{"keys":["k"]{pool_json}}},"other":{{"keys":["k2"]}}}}}}"#);
+    let text = format!(r#"{{"pools":{{"p":{{"keys":["k"]{pool_json}}},"other":{{"keys":["k2"]}}}}}}"#);
     let config = Config::parse(text.as_bytes()).unwrap();
     let g = Governor::new(&config.pools);
     let pid = g.pool_id("p").unwrap();
@@ -87,20 +86,13 @@ fn release_is_idempotent_and_pool_scoped() {
     let (mut g, p) = governor("");
     let other = g.pool_id("other").unwrap();
     let a = granted(g.acquire(p, 0, 1, 0));
-    assert!(
-        !g.release(other, &id(&a), None, 1),
-        "another pool never releases it"
-    );
+    assert!(!g.release(other, &id(&a), None, 1), "another pool never releases it");
     assert!(g.release(p, &id(&a), None, 1));
     assert!(!g.release(p, &id(&a), None, 2));
     assert!(!g.release(p, b"not-a-slot-id", None, 2));
     assert_eq!(g.pool(p).held, 0);
     assert_eq!(g.held_total(), 0);
-    assert_eq!(
-        g.timers_total(),
-        0,
-        "a released lease leaves no timer behind"
-    );
+    assert_eq!(g.timers_total(), 0, "a released lease leaves no timer behind");
 }
 
 #[test]
@@ -109,11 +101,7 @@ fn renew_extends_and_caps_at_the_request_deadline() {
     let a = granted(g.acquire(p, 0, 1, 0));
     assert_eq!(g.renew(p, &id(&a), 500), Ok(1500));
     assert_eq!(g.renew(p, &id(&a), 1400), Ok(2400));
-    assert_eq!(
-        g.renew(p, &id(&a), 2000),
-        Ok(2500),
-        "capped at requestDeadline"
-    );
+    assert_eq!(g.renew(p, &id(&a), 2000), Ok(2500), "capped at requestDeadline");
     assert_eq!(g.renew(p, &id(&a), 2100), Err(RenewError::Capped));
     g.advance(2499);
     assert_eq!(g.pool(p).held, 1);
@@ -285,11 +273,7 @@ fn rpm_gate_denies_with_time_to_next_token_and_wakes_waiters() {
     assert_eq!(granted_owners(&mut g), vec![5]);
     // Back to a full bucket after idling.
     g.advance(10_000);
-    assert_eq!(
-        g.signals(p).rpm_remaining,
-        Some(0),
-        "refill is lazy until asked"
-    );
+    assert_eq!(g.signals(p).rpm_remaining, Some(0), "refill is lazy until asked");
     let a = granted(g.acquire(p, 0, 6, 10_000));
     assert_eq!(a.signals.rpm_remaining, Some(1));
 }
@@ -298,10 +282,7 @@ fn rpm_gate_denies_with_time_to_next_token_and_wakes_waiters() {
 fn a_throttled_report_cuts_the_limit_once_per_window() {
     let (mut g, p) = governor(r#","concurrency":10"#);
     let grants: Vec<_> = (0..10).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
-    let throttled = Outcome {
-        status: Some(429),
-        ..OK
-    };
+    let throttled = Outcome { status: Some(429), ..OK };
     for grant in &grants[..5] {
         assert!(g.release(p, &id(grant), Some(&throttled), 10));
     }
@@ -317,18 +298,12 @@ fn a_throttled_report_cuts_the_limit_once_per_window() {
 fn a_lowered_limit_never_revokes_held_slots() {
     let (mut g, p) = governor(r#","concurrency":4"#);
     let grants: Vec<_> = (0..4).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
-    let throttled = Outcome {
-        status: Some(429),
-        ..OK
-    };
+    let throttled = Outcome { status: Some(429), ..OK };
     g.release(p, &id(&grants[0]), Some(&throttled), 1);
     // 4 * 0.9 = 3: three still held, none free.
     assert_eq!(g.pool(p).held, 3);
     assert_eq!(g.signals(p).effective_limit, 3);
-    assert_eq!(
-        denied(g.acquire(p, 0, 9, 2)).reason,
-        DenyReason::Concurrency
-    );
+    assert_eq!(denied(g.acquire(p, 0, 9, 2)).reason, DenyReason::Concurrency);
 }
 
 #[test]
@@ -336,11 +311,7 @@ fn a_report_on_an_already_released_slot_changes_nothing() {
     let (mut g, p) = governor(r#","concurrency":10"#);
     let a = granted(g.acquire(p, 0, 1, 0));
     assert!(g.release(p, &id(&a), None, 1));
-    let throttled = Outcome {
-        status: Some(429),
-        retry_after_ms: Some(5000),
-        ..OK
-    };
+    let throttled = Outcome { status: Some(429), retry_after_ms: Some(5000), ..OK };
     assert!(!g.release(p, &id(&a), Some(&throttled), 2));
     assert_eq!(g.signals(p).effective_limit, 10);
     granted(g.acquire(p, 0, 2, 3));
@@ -350,11 +321,7 @@ fn a_report_on_an_already_released_slot_changes_nothing() {
 fn cooldown_denies_fail_fast_and_grants_waiters_when_it_ends() {
     let (mut g, p) = governor(r#","concurrency":4"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    let hint = Outcome {
-        status: Some(429),
-        retry_after_ms: Some(1000),
-        ..OK
-    };
+    let hint = Outcome { status: Some(429), retry_after_ms: Some(1000), ..OK };
     g.release(p, &id(&a), Some(&hint), 100);
     let d = denied(g.acquire(p, 0, 2, 200));
     assert_eq!(d.reason, DenyReason::Cooldown);
@@ -371,11 +338,7 @@ fn cooldown_denies_fail_fast_and_grants_waiters_when_it_ends() {
 fn learned_budget_blocks_until_reset() {
     let (mut g, p) = governor(r#","concurrency":10"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    let report = Outcome {
-        remaining: Some(0),
-        reset_ms: Some(700),
-        ..OK
-    };
+    let report = Outcome { remaining: Some(0), reset_ms: Some(700), ..OK };
     g.release(p, &id(&a), Some(&report), 100);
     let d = denied(g.acquire(p, 0, 2, 100));
     assert_eq!(d.reason, DenyReason::Rate);
@@ -393,27 +356,16 @@ fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
     let a = granted(g.acquire(p, 0, 1, 0));
     queued(g.acquire(p, 5000, 2, 0));
     queued(g.acquire(p, 5000, 3, 0));
-    let raised =
-        Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":2},"other":{"keys":["k2"]}}}"#)
-            .unwrap();
+    let raised = Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":2},"other":{"keys":["k2"]}}}"#).unwrap();
     g.reconfigure(&raised.pools, 10);
     assert_eq!(granted_owners(&mut g), vec![2]);
     assert_eq!(g.pool(p).held, 2);
     let removed = Config::parse(br#"{"pools":{"other":{"keys":["k2"]}}}"#).unwrap();
     g.reconfigure(&removed.pools, 20);
-    assert!(matches!(
-        &notices(&mut g)[..],
-        [Notice::TimedOut { owner: 3, .. }]
-    ));
+    assert!(matches!(&notices(&mut g)[..], [Notice::TimedOut { owner: 3, .. }]));
     assert!(g.pool(p).retired);
-    assert_eq!(
-        denied(g.acquire(p, 0, 4, 30)).reason,
-        DenyReason::Concurrency
-    );
-    assert!(
-        g.release(p, &id(&a), None, 40),
-        "leases of a removed pool still drain"
-    );
+    assert_eq!(denied(g.acquire(p, 0, 4, 30)).reason, DenyReason::Concurrency);
+    assert!(g.release(p, &id(&a), None, 40), "leases of a removed pool still drain");
     assert_eq!(g.timers_total(), 1);
 }
 

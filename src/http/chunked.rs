@@ -25,10 +25,8 @@ pub enum ChunkError {
 const BARE_LF: ChunkError = ChunkError::Malformed("Chunked framing lines must end with CRLF.");
 const BAD_SIZE: ChunkError =
     ChunkError::Malformed("A chunk size must be hexadecimal digits, optionally followed by ';'.");
-const CHUNK_BEYOND_LIMIT: ChunkError =
-    ChunkError::Malformed("A chunk size is larger than the body limit.");
-const NO_CRLF_AFTER_DATA: ChunkError =
-    ChunkError::Malformed("A chunk's data must be followed by CRLF.");
+const CHUNK_BEYOND_LIMIT: ChunkError = ChunkError::Malformed("A chunk size is larger than the body limit.");
+const NO_CRLF_AFTER_DATA: ChunkError = ChunkError::Malformed("A chunk's data must be followed by CRLF.");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -107,8 +105,7 @@ impl ChunkedDecoder {
         let mut pos = 0;
         while pos < input.len() {
             if self.state == State::Data {
-                let take =
-                    (input.len() - pos).min(usize::try_from(self.size).unwrap_or(usize::MAX));
+                let take = (input.len() - pos).min(usize::try_from(self.size).unwrap_or(usize::MAX));
                 out.extend_from_slice(&input[pos..pos + take]);
                 pos += take;
                 self.size -= take as u64;
@@ -139,9 +136,7 @@ impl ChunkedDecoder {
                 State::TrailerStart | State::Trailer | State::TrailerLf | State::EndLf => {
                     self.trailer_len += 1;
                     if self.trailer_len > MAX_TRAILERS {
-                        return Err(ChunkError::Malformed(
-                            "The chunked trailer section is too long.",
-                        ));
+                        return Err(ChunkError::Malformed("The chunked trailer section is too long."));
                     }
                     match (self.state, b) {
                         (State::EndLf, b'\n') => {
@@ -193,9 +188,7 @@ impl ChunkedDecoder {
             (State::Extension, b'\r') => State::SizeLf,
             (State::Extension, b'\n') => return Err(BARE_LF),
             (State::Extension, _) if b.is_ascii_control() && b != b'\t' => {
-                return Err(ChunkError::Malformed(
-                    "A chunk extension contains a control character.",
-                ))
+                return Err(ChunkError::Malformed("A chunk extension contains a control character."))
             }
             (State::Extension, _) => State::Extension,
             (State::SizeLf, b'\n') if self.size == 0 => State::TrailerStart,
@@ -205,11 +198,7 @@ impl ChunkedDecoder {
                 }
                 State::Data
             }
-            (State::SizeLf, _) => {
-                return Err(ChunkError::Malformed(
-                    "A chunk size line must end with CRLF.",
-                ))
-            }
+            (State::SizeLf, _) => return Err(ChunkError::Malformed("A chunk size line must end with CRLF.")),
             (other, _) => unreachable!("{other:?} is not a size-line state"),
         })
     }
@@ -243,10 +232,7 @@ mod tests {
                     pending.drain(..n);
                     consumed += n;
                     if done {
-                        return Outcome::Done {
-                            body: out,
-                            consumed,
-                        };
+                        return Outcome::Done { body: out, consumed };
                     }
                     assert!(pending.is_empty(), "an unfinished decoder consumes all");
                 }
@@ -261,17 +247,11 @@ mod tests {
     }
 
     fn done(body: &[u8], consumed: usize) -> Outcome {
-        Outcome::Done {
-            body: body.to_vec(),
-            consumed,
-        }
+        Outcome::Done { body: body.to_vec(), consumed }
     }
 
     fn malformed(input: &[u8], limit: usize) -> bool {
-        matches!(
-            whole(input, limit),
-            Outcome::Failed(ChunkError::Malformed(_))
-        )
+        matches!(whole(input, limit), Outcome::Failed(ChunkError::Malformed(_)))
     }
 
     const VALID: &[&[u8]] = &[
@@ -317,31 +297,19 @@ mod tests {
     fn valid_bodies() {
         assert_eq!(whole(b"0\r\n\r\n", 10), done(b"", 5));
         assert_eq!(whole(b"5\r\nhello\r\n0\r\n\r\n", 10), done(b"hello", 15));
-        assert_eq!(
-            whole(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", 64),
-            done(b"hello world", 26)
-        );
-        assert_eq!(
-            whole(b"A\r\n0123456789\r\n0\r\n\r\n", 10),
-            done(b"0123456789", 20)
-        );
+        assert_eq!(whole(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", 64), done(b"hello world", 26));
+        assert_eq!(whole(b"A\r\n0123456789\r\n0\r\n\r\n", 10), done(b"0123456789", 20));
         assert_eq!(whole(b"005\r\nhello\r\n0\r\n\r\n", 10), done(b"hello", 17));
         // The data is opaque: CR and LF inside it are body bytes.
         assert_eq!(whole(b"3\r\n\r\n\r\r\n0\r\n\r\n", 10), done(b"\r\n\r", 13));
         for input in VALID {
-            assert!(
-                matches!(whole(input, 64), Outcome::Done { .. }),
-                "{input:?}"
-            );
+            assert!(matches!(whole(input, 64), Outcome::Done { .. }), "{input:?}");
         }
     }
 
     #[test]
     fn extensions_and_trailers_are_dropped() {
-        assert_eq!(
-            whole(b"5;name=value\r\nhello\r\n0;last\r\n\r\n", 10),
-            done(b"hello", 31)
-        );
+        assert_eq!(whole(b"5;name=value\r\nhello\r\n0;last\r\n\r\n", 10), done(b"hello", 31));
         let input = b"5\r\nhello\r\n0\r\nX-Trailer: yes\r\n\r\n";
         assert_eq!(whole(input, 10), done(b"hello", input.len()));
     }
@@ -359,18 +327,8 @@ mod tests {
 
     #[test]
     fn incomplete_bodies_keep_what_arrived() {
-        assert_eq!(
-            whole(b"5\r\nhel", 10),
-            Outcome::Incomplete {
-                body: b"hel".to_vec()
-            }
-        );
-        assert_eq!(
-            whole(b"5\r\nhello\r\n0\r\n", 10),
-            Outcome::Incomplete {
-                body: b"hello".to_vec()
-            }
-        );
+        assert_eq!(whole(b"5\r\nhel", 10), Outcome::Incomplete { body: b"hel".to_vec() });
+        assert_eq!(whole(b"5\r\nhello\r\n0\r\n", 10), Outcome::Incomplete { body: b"hello".to_vec() });
         assert_eq!(whole(b"", 10), Outcome::Incomplete { body: Vec::new() });
     }
 
@@ -416,24 +374,15 @@ mod tests {
     fn body_limit() {
         // Exactly the limit is fine, in one chunk or many.
         assert_eq!(whole(b"5\r\nhello\r\n0\r\n\r\n", 5), done(b"hello", 15));
-        assert_eq!(
-            whole(b"2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n", 5),
-            done(b"hello", 20)
-        );
+        assert_eq!(whole(b"2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n", 5), done(b"hello", 20));
         // One chunk beyond the limit is a framing error, answered at its size line.
         assert_eq!(whole(b"6\r\n", 5), Outcome::Failed(CHUNK_BEYOND_LIMIT));
         assert!(malformed(b"ffffffffffffffffff\r\n", usize::MAX));
         // A sum beyond the limit is 413, answered before the data that breaks it.
-        assert_eq!(
-            whole(b"3\r\nhel\r\n3\r\n", 5),
-            Outcome::Failed(ChunkError::TooLarge)
-        );
+        assert_eq!(whole(b"3\r\nhel\r\n3\r\n", 5), Outcome::Failed(ChunkError::TooLarge));
         assert_eq!(whole(b"1\r\n", 0), Outcome::Failed(CHUNK_BEYOND_LIMIT));
         assert_eq!(whole(b"0\r\n\r\n", 0), done(b"", 5));
-        assert_eq!(
-            whole(b"ffffffffffffffff\r\n", usize::MAX),
-            Outcome::Incomplete { body: Vec::new() }
-        );
+        assert_eq!(whole(b"ffffffffffffffff\r\n", usize::MAX), Outcome::Incomplete { body: Vec::new() });
     }
 
     #[test]
@@ -448,10 +397,7 @@ mod tests {
     fn appends_to_existing_output() {
         let mut dec = ChunkedDecoder::new(5);
         let mut out = b"already here".to_vec();
-        assert_eq!(
-            dec.feed(b"5\r\nhello\r\n0\r\n\r\n", &mut out),
-            Ok((15, true))
-        );
+        assert_eq!(dec.feed(b"5\r\nhello\r\n0\r\n\r\n", &mut out), Ok((15, true)));
         assert_eq!(out, b"already herehello");
     }
 
@@ -468,19 +414,11 @@ mod tests {
         for (input, limit) in all {
             let expected = whole(input, limit);
             let every_byte: Vec<usize> = (1..input.len()).collect();
-            assert_eq!(
-                run(input, &every_byte, limit),
-                expected,
-                "{input:?} byte by byte"
-            );
+            assert_eq!(run(input, &every_byte, limit), expected, "{input:?} byte by byte");
             for a in 0..=input.len() {
                 assert_eq!(run(input, &[a], limit), expected, "{input:?} cut at {a}");
                 for b in a..=input.len() {
-                    assert_eq!(
-                        run(input, &[a, b], limit),
-                        expected,
-                        "{input:?} cut at {a}, {b}"
-                    );
+                    assert_eq!(run(input, &[a, b], limit), expected, "{input:?} cut at {a}, {b}");
                 }
             }
         }

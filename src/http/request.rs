@@ -60,10 +60,7 @@ impl<'b> Head<'b> {
     /// The value of the first field named `lower_case_name`, compared without case.
     pub fn header(&self, lower_case_name: &str) -> Option<&'b [u8]> {
         debug_assert!(!lower_case_name.bytes().any(|b| b.is_ascii_uppercase()));
-        self.headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(lower_case_name))
-            .map(|h| h.value)
+        self.headers.iter().find(|h| h.name.eq_ignore_ascii_case(lower_case_name)).map(|h| h.value)
     }
 }
 
@@ -128,12 +125,7 @@ pub fn parse_head<'b>(
     // and two readings of one head is how requests get smuggled.
     check_line_endings(&buf[..head_len])?;
 
-    let httparse::Request {
-        method,
-        path,
-        version,
-        headers,
-    } = req;
+    let httparse::Request { method, path, version, headers } = req;
     let headers: &'b [Header<'b>] = headers;
     let (Some(method), Some(path), Some(version)) = (method, path, version) else {
         return Err(HeadError::Malformed("The request line is incomplete."));
@@ -145,36 +137,24 @@ pub fn parse_head<'b>(
         _ => Method::Other,
     };
     if !path.starts_with('/') {
-        return Err(HeadError::Malformed(
-            "The request target must be a path starting with '/'.",
-        ));
+        return Err(HeadError::Malformed("The request target must be a path starting with '/'."));
     }
     let http11 = match version {
         1 => true,
         0 => false,
-        _ => {
-            return Err(HeadError::Malformed(
-                "Only HTTP/1.0 and HTTP/1.1 are served.",
-            ))
-        }
+        _ => return Err(HeadError::Malformed("Only HTTP/1.0 and HTTP/1.1 are served.")),
     };
 
     let fields = scan_fields(headers)?;
     if http11 && fields.host.is_none() {
-        return Err(HeadError::Malformed(
-            "An HTTP/1.1 request needs a Host header.",
-        ));
+        return Err(HeadError::Malformed("An HTTP/1.1 request needs a Host header."));
     }
     let framing = match (fields.chunked, fields.content_length) {
         (true, Some(_)) => {
-            return Err(HeadError::Malformed(
-                "Content-Length and Transfer-Encoding cannot be sent together.",
-            ))
+            return Err(HeadError::Malformed("Content-Length and Transfer-Encoding cannot be sent together."))
         }
         (true, None) if !http11 => {
-            return Err(HeadError::Malformed(
-                "Transfer-Encoding is not allowed in an HTTP/1.0 request.",
-            ))
+            return Err(HeadError::Malformed("Transfer-Encoding is not allowed in an HTTP/1.0 request."))
         }
         (true, None) => BodyFraming::Chunked,
         (false, None | Some(0)) => BodyFraming::None,
@@ -236,9 +216,7 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
             14 if name.eq_ignore_ascii_case(b"content-length") => {
                 let n = parse_content_length(h.value)?;
                 if f.content_length.is_some_and(|m| m != n) {
-                    return Err(HeadError::Malformed(
-                        "Content-Length is sent twice with different values.",
-                    ));
+                    return Err(HeadError::Malformed("Content-Length is sent twice with different values."));
                 }
                 f.content_length = Some(n);
             }
@@ -249,9 +227,7 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
                     return Err(HeadError::Malformed("Transfer-Encoding is repeated."));
                 }
                 if !trim_ows(h.value).eq_ignore_ascii_case(b"chunked") {
-                    return Err(HeadError::Malformed(
-                        "Transfer-Encoding must be exactly 'chunked'.",
-                    ));
+                    return Err(HeadError::Malformed("Transfer-Encoding must be exactly 'chunked'."));
                 }
                 f.chunked = true;
             }
@@ -300,19 +276,13 @@ fn check_line_endings(head: &[u8]) -> Result<(), HeadError> {
     for (i, &b) in head.iter().enumerate() {
         if b == b'\n' {
             if prev != b'\r' {
-                return Err(HeadError::Malformed(
-                    "Lines of the request head must end with CRLF, not a bare LF.",
-                ));
+                return Err(HeadError::Malformed("Lines of the request head must end with CRLF, not a bare LF."));
             }
             if let Some(b' ' | b'\t') = head.get(i + 1) {
-                return Err(HeadError::Malformed(
-                    "Obsolete line folding is not accepted.",
-                ));
+                return Err(HeadError::Malformed("Obsolete line folding is not accepted."));
             }
         } else if prev == b'\r' {
-            return Err(HeadError::Malformed(
-                "A CR in the request head must be followed by LF.",
-            ));
+            return Err(HeadError::Malformed("A CR in the request head must be followed by LF."));
         }
         prev = b;
     }
@@ -347,14 +317,7 @@ mod tests {
     fn summary(raw: &[u8]) -> (Method, bool, bool, BodyFraming, bool, usize) {
         with_head(raw, |r| {
             let h = r.expect("valid head").expect("complete head");
-            (
-                h.method,
-                h.http11,
-                h.keep_alive,
-                h.framing,
-                h.expect_continue,
-                h.head_len,
-            )
+            (h.method, h.http11, h.keep_alive, h.framing, h.expect_continue, h.head_len)
         })
     }
 
@@ -407,34 +370,20 @@ mod tests {
         assert!(!ka(b"GET / HTTP/1.0\r\n\r\n"));
         assert!(ka(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
         assert!(ka(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
-        assert!(!ka(
-            b"GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n"
-        ));
+        assert!(!ka(b"GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n"));
         assert!(ka(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"));
-        assert!(!ka(
-            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
-        ));
-        assert!(!ka(
-            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: CLOSE\r\n\r\n"
-        ));
-        assert!(!ka(
-            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: upgrade ,\tclose\r\n\r\n"
-        ));
-        assert!(!ka(
-            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n"
-        ));
-        assert!(ka(
-            b"GET / HTTP/1.1\r\nHost: h\r\nConnection: closed\r\n\r\n"
-        ));
+        assert!(!ka(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"));
+        assert!(!ka(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: CLOSE\r\n\r\n"));
+        assert!(!ka(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: upgrade ,\tclose\r\n\r\n"));
+        assert!(!ka(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n"));
+        assert!(ka(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: closed\r\n\r\n"));
     }
 
     #[test]
     fn http_1_0_needs_no_host() {
         let s = summary(b"GET / HTTP/1.0\r\n\r\n");
         assert!(!s.1);
-        with_head(b"GET / HTTP/1.0\r\n\r\n", |r| {
-            assert_eq!(r.unwrap().unwrap().host, None)
-        });
+        with_head(b"GET / HTTP/1.0\r\n\r\n", |r| assert_eq!(r.unwrap().unwrap().host, None));
     }
 
     #[test]
@@ -450,22 +399,10 @@ mod tests {
     #[test]
     fn content_length_framing() {
         let f = |raw: &[u8]| summary(raw).3;
-        assert_eq!(
-            f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 42\r\n\r\n"),
-            BodyFraming::Length(42)
-        );
-        assert_eq!(
-            f(b"POST / HTTP/1.1\r\nHost: h\r\ncontent-length:\t7 \r\n\r\n"),
-            BodyFraming::Length(7)
-        );
-        assert_eq!(
-            f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"),
-            BodyFraming::None
-        );
-        assert_eq!(
-            f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 007\r\n\r\n"),
-            BodyFraming::Length(7)
-        );
+        assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 42\r\n\r\n"), BodyFraming::Length(42));
+        assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\ncontent-length:\t7 \r\n\r\n"), BodyFraming::Length(7));
+        assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"), BodyFraming::None);
+        assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 007\r\n\r\n"), BodyFraming::Length(7));
         assert_eq!(
             f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551615\r\n\r\n"),
             BodyFraming::Length(u64::MAX)
@@ -476,46 +413,26 @@ mod tests {
             BodyFraming::Length(5)
         );
         // HTTP/1.0 bodies are framed by Content-Length.
-        assert_eq!(
-            f(b"POST / HTTP/1.0\r\nContent-Length: 3\r\n\r\n"),
-            BodyFraming::Length(3)
-        );
+        assert_eq!(f(b"POST / HTTP/1.0\r\nContent-Length: 3\r\n\r\n"), BodyFraming::Length(3));
     }
 
     #[test]
     fn chunked_framing() {
         let f = |raw: &[u8]| summary(raw).3;
-        assert_eq!(
-            f(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"),
-            BodyFraming::Chunked
-        );
-        assert_eq!(
-            f(b"POST / HTTP/1.1\r\nHost: h\r\ntransfer-encoding: CHUNKED \r\n\r\n"),
-            BodyFraming::Chunked
-        );
+        assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"), BodyFraming::Chunked);
+        assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\ntransfer-encoding: CHUNKED \r\n\r\n"), BodyFraming::Chunked);
         // A tab is optional whitespace like a space (RFC 9110 OWS), so it is not a
         // second reading of the field.
-        assert_eq!(
-            f(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: \tchunked\r\n\r\n"),
-            BodyFraming::Chunked
-        );
+        assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: \tchunked\r\n\r\n"), BodyFraming::Chunked);
     }
 
     #[test]
     fn expect_continue() {
         let e = |raw: &[u8]| summary(raw).4;
-        assert!(e(
-            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"
-        ));
-        assert!(e(
-            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nexpect: 100-Continue\r\n\r\n"
-        ));
-        assert!(!e(
-            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 200-ok\r\n\r\n"
-        ));
-        assert!(!e(
-            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n"
-        ));
+        assert!(e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"));
+        assert!(e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nexpect: 100-Continue\r\n\r\n"));
+        assert!(!e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 200-ok\r\n\r\n"));
+        assert!(!e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n"));
     }
 
     #[test]
@@ -579,9 +496,7 @@ mod tests {
         assert!(is_malformed(b"GET / HTTP/1.1\nHost: h\n\n"));
         assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\n\r\n"));
         assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\n\n"));
-        assert!(is_malformed(
-            b"GET / HTTP/1.1\r\nHost: h\r\nX: a\rb\r\n\r\n"
-        ));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\nX: a\rb\r\n\r\n"));
         assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\r\n\r\n"));
         // Found before the head is complete, so no waiting for the head timeout.
         assert!(is_malformed(b"GET / HTTP/1.1\nHost: h"));
@@ -590,15 +505,9 @@ mod tests {
     #[test]
     fn host_rules() {
         assert!(is_malformed(b"GET / HTTP/1.1\r\n\r\n"));
-        assert!(is_malformed(
-            b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"
-        ));
-        assert!(is_malformed(
-            b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n"
-        ));
-        assert!(is_malformed(
-            b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"
-        ));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n"));
+        assert!(is_malformed(b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"));
     }
 
     #[test]
@@ -666,14 +575,10 @@ mod tests {
 
     #[test]
     fn bad_header_bytes() {
-        assert!(is_malformed(
-            b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\x00b\r\n\r\n"
-        ));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\nX-A: a\x00b\r\n\r\n"));
         assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\nX A: b\r\n\r\n"));
         assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\n: b\r\n\r\n"));
-        assert!(is_malformed(
-            b"GET / HTTP/1.1\r\nHost: h\r\nNoColon\r\n\r\n"
-        ));
+        assert!(is_malformed(b"GET / HTTP/1.1\r\nHost: h\r\nNoColon\r\n\r\n"));
     }
 
     #[test]

@@ -91,8 +91,7 @@ impl<'a> Writer<'a> {
 
     /// Ends the head and appends a JSON body.
     pub fn finish_json(self, body: &[u8], close: bool) {
-        self.out
-            .extend_from_slice(b"Content-Type: application/json\r\n");
+        self.out.extend_from_slice(b"Content-Type: application/json\r\n");
         self.finish(body, close);
     }
 
@@ -100,8 +99,7 @@ impl<'a> Writer<'a> {
     pub fn finish(self, body: &[u8], close: bool) {
         let mut buf = itoa::Buffer::new();
         self.out.extend_from_slice(b"Content-Length: ");
-        self.out
-            .extend_from_slice(buf.format(body.len()).as_bytes());
+        self.out.extend_from_slice(buf.format(body.len()).as_bytes());
         if close {
             self.out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
         } else {

@@ -91,11 +91,7 @@ pub fn check_object(body: &[u8]) -> Result<(), BodyError> {
 }
 
 /// A whole, non-negative JSON number that fits `max`.
-fn whole(
-    n: &Option<serde_json::Number>,
-    max: u64,
-    err: BodyError,
-) -> Result<Option<u64>, BodyError> {
+fn whole(n: &Option<serde_json::Number>, max: u64, err: BodyError) -> Result<Option<u64>, BodyError> {
     match n {
         None => Ok(None),
         Some(n) => match n.as_u64() {
@@ -112,37 +108,22 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
         return Ok(None);
     }
     check_object(body)?;
-    let parsed: ReleaseBody = serde_json::from_slice(body)
-        .map_err(|_| "The release body is not valid: fields must be numbers, `rate` an object and `headers` strings.")?;
+    let parsed: ReleaseBody = serde_json::from_slice(body).map_err(|_| {
+        "The release body is not valid: fields must be numbers, `rate` an object and `headers` strings."
+    })?;
     const ANY: u64 = u64::MAX;
-    let status = whole(
-        &parsed.status,
-        599,
-        "`status` must be a whole number from 100 to 599.",
-    )?;
+    let status = whole(&parsed.status, 599, "`status` must be a whole number from 100 to 599.")?;
     if matches!(status, Some(s) if s < 100) {
         return Err("`status` must be a whole number from 100 to 599.");
     }
-    let throttled = whole(
-        &parsed.throttled,
-        ANY,
-        "`throttled` must be a whole number of at least 0.",
-    )?;
-    let retry_after = whole(
-        &parsed.retry_after_ms,
-        ANY,
-        "`retryAfterMs` must be a whole number of milliseconds, at least 0.",
-    )?;
+    let throttled = whole(&parsed.throttled, ANY, "`throttled` must be a whole number of at least 0.")?;
+    let retry_after =
+        whole(&parsed.retry_after_ms, ANY, "`retryAfterMs` must be a whole number of milliseconds, at least 0.")?;
     let rate = parsed.rate.unwrap_or_default();
     const RATE_ERR: BodyError = "`rate` fields must be whole numbers of at least 0 (or null).";
     let from_headers = parsed
         .headers
-        .map(|h| {
-            ratelimit::parse_headers(
-                h.0.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-                now_epoch_ms,
-            )
-        })
+        .map(|h| ratelimit::parse_headers(h.0.iter().map(|(n, v)| (n.as_str(), v.as_str())), now_epoch_ms))
         .unwrap_or_default();
     // `rate` wins over `headers` field by field; `retryAfterMs` over any header hint.
     Ok(Some(Outcome {
@@ -153,8 +134,7 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
         remaining: whole(&rate.remaining, ANY, RATE_ERR)?.or(from_headers.remaining),
         reset_ms: whole(&rate.reset_ms, ANY, RATE_ERR)?.or(from_headers.reset_ms),
         token_limit: whole(&rate.token_limit, ANY, RATE_ERR)?.or(from_headers.token_limit),
-        token_remaining: whole(&rate.token_remaining, ANY, RATE_ERR)?
-            .or(from_headers.token_remaining),
+        token_remaining: whole(&rate.token_remaining, ANY, RATE_ERR)?.or(from_headers.token_remaining),
         token_reset_ms: whole(&rate.token_reset_ms, ANY, RATE_ERR)?.or(from_headers.token_reset_ms),
     }))
 }
@@ -164,16 +144,11 @@ mod tests {
     use super::*;
 
     fn ok(body: &str) -> Outcome {
-        parse_release(body.as_bytes(), 1_700_000_000_000)
-            .unwrap()
-            .unwrap()
+        parse_release(body.as_bytes(), 1_700_000_000_000).unwrap().unwrap()
     }
 
     fn bad(body: &str) {
-        assert!(
-            parse_release(body.as_bytes(), 0).is_err(),
-            "{body} should be refused"
-        );
+        assert!(parse_release(body.as_bytes(), 0).is_err(), "{body} should be refused");
     }
 
     #[test]
@@ -203,11 +178,7 @@ mod tests {
     #[test]
     fn headers_as_pairs_and_retry_hints() {
         let o = ok(r#"{"headers":[["Retry-After","3"],["retry-after","1"]]}"#);
-        assert_eq!(
-            o.retry_after_ms,
-            Some(3000),
-            "of duplicates the larger wins"
-        );
+        assert_eq!(o.retry_after_ms, Some(3000), "of duplicates the larger wins");
         let o = ok(r#"{"retryAfterMs":10,"headers":{"retry-after":"3"}}"#);
         assert_eq!(o.retry_after_ms, Some(10));
     }

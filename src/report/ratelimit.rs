@@ -45,10 +45,7 @@ pub struct RateInfo {
 /// When several dialects describe the request window, each field is taken from the
 /// most specific dialect that supplies it (vendor headers, then the IETF
 /// `RateLimit` fields, then the generic `x-ratelimit-*` and `x-rate-limit-*`).
-pub fn parse_headers<'a, I: IntoIterator<Item = (&'a str, &'a str)>>(
-    headers: I,
-    now_epoch_ms: u64,
-) -> RateInfo {
+pub fn parse_headers<'a, I: IntoIterator<Item = (&'a str, &'a str)>>(headers: I, now_epoch_ms: u64) -> RateInfo {
     let now = now_epoch_ms;
     let mut windows = [Window::default(); WINDOWS];
     let mut rate_limit = Values::default();
@@ -72,16 +69,10 @@ pub fn parse_headers<'a, I: IntoIterator<Item = (&'a str, &'a str)>>(
             Slot::RateLimit => rate_limit.push(value),
             Slot::RateLimitPolicy => policy.push(value),
             Slot::RetryAfterMs => {
-                keep_max(
-                    &mut retry_after_ms,
-                    parse_time_list(value, Bare::Millis, now),
-                );
+                keep_max(&mut retry_after_ms, parse_time_list(value, Bare::Millis, now));
             }
             Slot::MsRetryAfterMs => {
-                keep_max(
-                    &mut ms_retry_after_ms,
-                    parse_time_list(value, Bare::Millis, now),
-                );
+                keep_max(&mut ms_retry_after_ms, parse_time_list(value, Bare::Millis, now));
             }
             Slot::RetryAfter => {
                 keep_max(&mut retry_after, parse_time_list(value, Bare::Seconds, now));
@@ -102,10 +93,7 @@ pub fn parse_headers<'a, I: IntoIterator<Item = (&'a str, &'a str)>>(
     let token = windows[ANTHROPIC_TOK]
         .budget()
         .or(windows[OPENAI_TOK].budget())
-        .or(most_restrictive(
-            windows[ANTHROPIC_IN].budget(),
-            windows[ANTHROPIC_OUT].budget(),
-        ));
+        .or(most_restrictive(windows[ANTHROPIC_IN].budget(), windows[ANTHROPIC_OUT].budget()));
 
     RateInfo {
         limit: request.limit,
@@ -160,112 +148,40 @@ const WINDOWS: usize = 10;
 const NAMES: &[(&str, Slot)] = &[
     // Generic / GitHub / Discord / Envoy.
     ("x-ratelimit-limit", Slot::Window(GENERIC, Field::Limit)),
-    (
-        "x-ratelimit-remaining",
-        Slot::Window(GENERIC, Field::Remaining),
-    ),
-    (
-        "x-ratelimit-reset-after",
-        Slot::Window(GENERIC, Field::Reset),
-    ),
-    (
-        "x-ratelimit-reset",
-        Slot::Window(GENERIC, Field::ResetFallback),
-    ),
+    ("x-ratelimit-remaining", Slot::Window(GENERIC, Field::Remaining)),
+    ("x-ratelimit-reset-after", Slot::Window(GENERIC, Field::Reset)),
+    ("x-ratelimit-reset", Slot::Window(GENERIC, Field::ResetFallback)),
     // OpenAI / Groq / Azure OpenAI.
-    (
-        "x-ratelimit-limit-requests",
-        Slot::Window(OPENAI_REQ, Field::Limit),
-    ),
-    (
-        "x-ratelimit-remaining-requests",
-        Slot::Window(OPENAI_REQ, Field::Remaining),
-    ),
-    (
-        "x-ratelimit-reset-requests",
-        Slot::Window(OPENAI_REQ, Field::Reset),
-    ),
-    (
-        "x-ratelimit-limit-tokens",
-        Slot::Window(OPENAI_TOK, Field::Limit),
-    ),
-    (
-        "x-ratelimit-remaining-tokens",
-        Slot::Window(OPENAI_TOK, Field::Remaining),
-    ),
-    (
-        "x-ratelimit-reset-tokens",
-        Slot::Window(OPENAI_TOK, Field::Reset),
-    ),
+    ("x-ratelimit-limit-requests", Slot::Window(OPENAI_REQ, Field::Limit)),
+    ("x-ratelimit-remaining-requests", Slot::Window(OPENAI_REQ, Field::Remaining)),
+    ("x-ratelimit-reset-requests", Slot::Window(OPENAI_REQ, Field::Reset)),
+    ("x-ratelimit-limit-tokens", Slot::Window(OPENAI_TOK, Field::Limit)),
+    ("x-ratelimit-remaining-tokens", Slot::Window(OPENAI_TOK, Field::Remaining)),
+    ("x-ratelimit-reset-tokens", Slot::Window(OPENAI_TOK, Field::Reset)),
     // Anthropic.
-    (
-        "anthropic-ratelimit-requests-limit",
-        Slot::Window(ANTHROPIC_REQ, Field::Limit),
-    ),
-    (
-        "anthropic-ratelimit-requests-remaining",
-        Slot::Window(ANTHROPIC_REQ, Field::Remaining),
-    ),
-    (
-        "anthropic-ratelimit-requests-reset",
-        Slot::Window(ANTHROPIC_REQ, Field::Reset),
-    ),
-    (
-        "anthropic-ratelimit-tokens-limit",
-        Slot::Window(ANTHROPIC_TOK, Field::Limit),
-    ),
-    (
-        "anthropic-ratelimit-tokens-remaining",
-        Slot::Window(ANTHROPIC_TOK, Field::Remaining),
-    ),
-    (
-        "anthropic-ratelimit-tokens-reset",
-        Slot::Window(ANTHROPIC_TOK, Field::Reset),
-    ),
-    (
-        "anthropic-ratelimit-input-tokens-limit",
-        Slot::Window(ANTHROPIC_IN, Field::Limit),
-    ),
-    (
-        "anthropic-ratelimit-input-tokens-remaining",
-        Slot::Window(ANTHROPIC_IN, Field::Remaining),
-    ),
-    (
-        "anthropic-ratelimit-input-tokens-reset",
-        Slot::Window(ANTHROPIC_IN, Field::Reset),
-    ),
-    (
-        "anthropic-ratelimit-output-tokens-limit",
-        Slot::Window(ANTHROPIC_OUT, Field::Limit),
-    ),
-    (
-        "anthropic-ratelimit-output-tokens-remaining",
-        Slot::Window(ANTHROPIC_OUT, Field::Remaining),
-    ),
-    (
-        "anthropic-ratelimit-output-tokens-reset",
-        Slot::Window(ANTHROPIC_OUT, Field::Reset),
-    ),
+    ("anthropic-ratelimit-requests-limit", Slot::Window(ANTHROPIC_REQ, Field::Limit)),
+    ("anthropic-ratelimit-requests-remaining", Slot::Window(ANTHROPIC_REQ, Field::Remaining)),
+    ("anthropic-ratelimit-requests-reset", Slot::Window(ANTHROPIC_REQ, Field::Reset)),
+    ("anthropic-ratelimit-tokens-limit", Slot::Window(ANTHROPIC_TOK, Field::Limit)),
+    ("anthropic-ratelimit-tokens-remaining", Slot::Window(ANTHROPIC_TOK, Field::Remaining)),
+    ("anthropic-ratelimit-tokens-reset", Slot::Window(ANTHROPIC_TOK, Field::Reset)),
+    ("anthropic-ratelimit-input-tokens-limit", Slot::Window(ANTHROPIC_IN, Field::Limit)),
+    ("anthropic-ratelimit-input-tokens-remaining", Slot::Window(ANTHROPIC_IN, Field::Remaining)),
+    ("anthropic-ratelimit-input-tokens-reset", Slot::Window(ANTHROPIC_IN, Field::Reset)),
+    ("anthropic-ratelimit-output-tokens-limit", Slot::Window(ANTHROPIC_OUT, Field::Limit)),
+    ("anthropic-ratelimit-output-tokens-remaining", Slot::Window(ANTHROPIC_OUT, Field::Remaining)),
+    ("anthropic-ratelimit-output-tokens-reset", Slot::Window(ANTHROPIC_OUT, Field::Reset)),
     // IETF draft-06 (and GitLab, which adds an HTTP-date reset).
     ("ratelimit-limit", Slot::Window(DRAFT06, Field::Limit)),
-    (
-        "ratelimit-remaining",
-        Slot::Window(DRAFT06, Field::Remaining),
-    ),
+    ("ratelimit-remaining", Slot::Window(DRAFT06, Field::Remaining)),
     ("ratelimit-reset", Slot::Window(DRAFT06, Field::Reset)),
-    (
-        "ratelimit-resettime",
-        Slot::Window(DRAFT06, Field::ResetFallback),
-    ),
+    ("ratelimit-resettime", Slot::Window(DRAFT06, Field::ResetFallback)),
     // IETF draft-07 dictionary and drafts 08–10 structured lists.
     ("ratelimit", Slot::RateLimit),
     ("ratelimit-policy", Slot::RateLimitPolicy),
     // X (Twitter).
     ("x-rate-limit-limit", Slot::Window(X_RATE, Field::Limit)),
-    (
-        "x-rate-limit-remaining",
-        Slot::Window(X_RATE, Field::Remaining),
-    ),
+    ("x-rate-limit-remaining", Slot::Window(X_RATE, Field::Remaining)),
     ("x-rate-limit-reset", Slot::Window(X_RATE, Field::Reset)),
     // Shopify.
     ("x-shopify-shop-api-call-limit", Slot::ShopifyCallLimit),
@@ -277,10 +193,7 @@ const NAMES: &[(&str, Slot)] = &[
 
 fn lookup(name: &str) -> Option<Slot> {
     let name = name.trim();
-    NAMES
-        .iter()
-        .find(|(known, _)| known.eq_ignore_ascii_case(name))
-        .map(|&(_, slot)| slot)
+    NAMES.iter().find(|(known, _)| known.eq_ignore_ascii_case(name)).map(|&(_, slot)| slot)
 }
 
 // ---------------------------------------------------------------------------
@@ -305,15 +218,9 @@ impl Window {
             Field::Limit => keep_max(&mut self.limit, parse_count(value)),
             Field::Remaining => keep_max(&mut self.remaining, parse_count(value)),
             Field::Reset => {
-                keep_max(
-                    &mut self.reset,
-                    parse_time_list(value, Bare::Seconds, now_ms),
-                );
+                keep_max(&mut self.reset, parse_time_list(value, Bare::Seconds, now_ms));
             }
-            Field::ResetFallback => keep_max(
-                &mut self.reset_fallback,
-                parse_time_list(value, Bare::Seconds, now_ms),
-            ),
+            Field::ResetFallback => keep_max(&mut self.reset_fallback, parse_time_list(value, Bare::Seconds, now_ms)),
         }
     }
 
@@ -321,11 +228,7 @@ impl Window {
         if self.placeholder {
             return Budget::default();
         }
-        Budget {
-            limit: self.limit,
-            remaining: self.remaining,
-            reset: self.reset.or(self.reset_fallback),
-        }
+        Budget { limit: self.limit, remaining: self.remaining, reset: self.reset.or(self.reset_fallback) }
     }
 }
 
@@ -353,10 +256,7 @@ impl Budget {
 
     /// Smaller is more restrictive: least remaining, then the longest wait.
     fn rank(&self) -> (u64, Reverse<u64>) {
-        (
-            self.remaining.unwrap_or(u64::MAX),
-            Reverse(self.reset.unwrap_or(0)),
-        )
+        (self.remaining.unwrap_or(u64::MAX), Reverse(self.reset.unwrap_or(0)))
     }
 }
 
@@ -397,9 +297,7 @@ impl<'a> Values<'a> {
 
     /// All list members of all kept values.
     fn members(&self) -> impl Iterator<Item = &'a str> + '_ {
-        self.items[..self.len]
-            .iter()
-            .flat_map(|value| split_top(value, b','))
+        self.items[..self.len].iter().flat_map(|value| split_top(value, b','))
     }
 }
 
@@ -421,10 +319,7 @@ fn structured_budget(rate_limit: &Values, policy: &Values, now_ms: u64) -> Budge
                 } else if key.eq_ignore_ascii_case("remaining") {
                     keep_max(&mut dictionary.remaining, parse_uint(value.trim()));
                 } else if key.eq_ignore_ascii_case("reset") {
-                    keep_max(
-                        &mut dictionary.reset,
-                        parse_time(value.trim(), Bare::Seconds, now_ms),
-                    );
+                    keep_max(&mut dictionary.reset, parse_time(value.trim(), Bare::Seconds, now_ms));
                 }
                 continue;
             }
@@ -479,10 +374,8 @@ fn item_name(bare: &str) -> Option<&str> {
     if let Some(quoted) = bare.strip_prefix('"') {
         return quoted.strip_suffix('"');
     }
-    let token = !bare.is_empty()
-        && bare
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
+    let token =
+        !bare.is_empty() && bare.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b));
     token.then_some(bare)
 }
 
@@ -583,12 +476,7 @@ enum Bare {
 /// An HTTP-date carries a comma of its own, so a member that does not parse is
 /// retried joined with the next one.
 fn parse_time_list(value: &str, bare: Bare, now_ms: u64) -> Option<u64> {
-    let comma_from = |from: usize| {
-        value
-            .get(from..)
-            .and_then(|s| s.find(','))
-            .map(|i| from + i)
-    };
+    let comma_from = |from: usize| value.get(from..).and_then(|s| s.find(',')).map(|i| from + i);
     let member = |from: usize, to: usize| {
         let s = value.get(from..to).unwrap_or("");
         // Parameters (`60;w=…`) describe the value, they are not part of it.
@@ -638,10 +526,7 @@ fn parse_bare(digits: &[u8], bare: Bare, now_ns: i128) -> Option<u64> {
         Bare::Seconds => {
             let ns = parse_decimal(digits, NS_PER_SEC)?;
             if ns > 1_000_000_000_000 * NS_PER_SEC {
-                until(
-                    i128::try_from(parse_decimal(digits, NS_PER_MS)?).ok()?,
-                    now_ns,
-                )
+                until(i128::try_from(parse_decimal(digits, NS_PER_MS)?).ok()?, now_ns)
             } else if ns > 1_000_000_000 * NS_PER_SEC {
                 until(i128::try_from(ns).ok()?, now_ns)
             } else {
@@ -745,11 +630,7 @@ fn parse_rfc3339(b: &[u8]) -> Option<i128> {
     let mut i = 19;
     let mut frac_ns = 0;
     if at(i) == Some(b'.') {
-        let digits = b
-            .get(i + 1..)?
-            .iter()
-            .take_while(|d| d.is_ascii_digit())
-            .count();
+        let digits = b.get(i + 1..)?.iter().take_while(|d| d.is_ascii_digit()).count();
         if digits == 0 {
             return None;
         }
@@ -777,18 +658,8 @@ fn parse_rfc3339(b: &[u8]) -> Option<i128> {
 }
 
 const SHORT_DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
-const LONG_DAYS: [&str; 7] = [
-    "Monday",
-    "Tuesday",
-    "Wednesday",
-    "Thursday",
-    "Friday",
-    "Saturday",
-    "Sunday",
-];
-const MONTHS: [&str; 12] = [
-    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-];
+const LONG_DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
 
 /// An HTTP-date (RFC 9110 §5.6.7) in any of its three forms, as epoch nanoseconds:
 /// IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT`, RFC 850 `Sunday, 06-Nov-94
@@ -804,16 +675,10 @@ fn parse_http_date(s: &str, now_ms: u64) -> Option<i128> {
     let is_day = |names: &[&str], s: &str| names.iter().any(|d| d.eq_ignore_ascii_case(s));
     let (year, month, day, time) = match (n, parts) {
         (6, [weekday, day, month, year, time, zone]) => {
-            if !is_day(&SHORT_DAYS, weekday.strip_suffix(',')?) || zone != "GMT" || year.len() != 4
-            {
+            if !is_day(&SHORT_DAYS, weekday.strip_suffix(',')?) || zone != "GMT" || year.len() != 4 {
                 return None;
             }
-            (
-                i64::from(fixed_digits(year.as_bytes(), 0, 4)?),
-                month,
-                day,
-                time,
-            )
+            (i64::from(fixed_digits(year.as_bytes(), 0, 4)?), month, day, time)
         }
         (4, [weekday, date, time, zone, ..]) => {
             if !is_day(&LONG_DAYS, weekday.strip_suffix(',')?) || zone != "GMT" {
@@ -835,19 +700,11 @@ fn parse_http_date(s: &str, now_ms: u64) -> Option<i128> {
             if !is_day(&SHORT_DAYS, weekday) || year.len() != 4 {
                 return None;
             }
-            (
-                i64::from(fixed_digits(year.as_bytes(), 0, 4)?),
-                month,
-                day,
-                time,
-            )
+            (i64::from(fixed_digits(year.as_bytes(), 0, 4)?), month, day, time)
         }
         _ => return None,
     };
-    let month = MONTHS
-        .iter()
-        .position(|m| m.eq_ignore_ascii_case(month))
-        .and_then(|i| u32::try_from(i + 1).ok())?;
+    let month = MONTHS.iter().position(|m| m.eq_ignore_ascii_case(month)).and_then(|i| u32::try_from(i + 1).ok())?;
     if day.is_empty() || day.len() > 2 {
         return None;
     }
@@ -856,11 +713,7 @@ fn parse_http_date(s: &str, now_ms: u64) -> Option<i128> {
     if t.len() != 8 || t.get(2) != Some(&b':') || t.get(5) != Some(&b':') {
         return None;
     }
-    let (hour, minute, second) = (
-        fixed_digits(t, 0, 2)?,
-        fixed_digits(t, 3, 2)?,
-        fixed_digits(t, 6, 2)?,
-    );
+    let (hour, minute, second) = (fixed_digits(t, 0, 2)?, fixed_digits(t, 3, 2)?, fixed_digits(t, 6, 2)?);
     let secs = civil_seconds(year, month, day, hour, minute, second)?;
     Some(i128::from(secs) * NS_PER_SEC as i128)
 }
@@ -871,32 +724,19 @@ fn full_year(two_digits: u64, now_ms: u64) -> Option<i64> {
     let now_days = i64::try_from(now_ms / 86_400_000).ok()?;
     let now_year = year_of_days(now_days);
     let year = now_year - now_year.rem_euclid(100) + i64::try_from(two_digits).ok()?;
-    Some(if year > now_year + 50 {
-        year - 100
-    } else {
-        year
-    })
+    Some(if year > now_year + 50 { year - 100 } else { year })
 }
 
 /// `n` ASCII digits at `from`, exactly.
 fn fixed_digits(b: &[u8], from: usize, n: usize) -> Option<u32> {
     b.get(from..from.checked_add(n)?)?
         .iter()
-        .try_fold(0u32, |acc, &d| {
-            d.is_ascii_digit().then(|| acc * 10 + u32::from(d - b'0'))
-        })
+        .try_fold(0u32, |acc, &d| d.is_ascii_digit().then(|| acc * 10 + u32::from(d - b'0')))
 }
 
 /// Seconds since the Unix epoch of a validated UTC civil time. A leap second
 /// (`:60`) is read as the first second of the next minute.
-fn civil_seconds(
-    year: i64,
-    month: u32,
-    day: u32,
-    hour: u32,
-    minute: u32,
-    second: u32,
-) -> Option<i64> {
+fn civil_seconds(year: i64, month: u32, day: u32, hour: u32, minute: u32, second: u32) -> Option<i64> {
     if !(1..=12).contains(&month)
         || day == 0
         || day > days_in_month(year, month)
@@ -907,8 +747,7 @@ fn civil_seconds(
         return None;
     }
     let days = days_from_civil(year, month, day);
-    days.checked_mul(86_400)?
-        .checked_add(i64::from(hour * 3_600 + minute * 60 + second))
+    days.checked_mul(86_400)?.checked_add(i64::from(hour * 3_600 + minute * 60 + second))
 }
 
 fn days_in_month(year: i64, month: u32) -> u32 {
@@ -1004,33 +843,21 @@ mod tests {
             for case in cases {
                 let value = case[0].as_str().expect("case value");
                 let info = parse_headers([(header, value)], now);
-                assert_eq!(
-                    field(&info, name),
-                    case[1].as_u64(),
-                    "{id}: {header}: {value:?}"
-                );
+                assert_eq!(field(&info, name), case[1].as_u64(), "{id}: {header}: {value:?}");
             }
             return;
         }
         let pairs: Vec<(&str, &str)> = match &v["headers"] {
-            Value::Object(map) => map
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str().expect("header value")))
-                .collect(),
-            Value::Array(list) => list
-                .iter()
-                .map(|p| (p[0].as_str().expect("name"), p[1].as_str().expect("value")))
-                .collect(),
+            Value::Object(map) => map.iter().map(|(k, v)| (k.as_str(), v.as_str().expect("header value"))).collect(),
+            Value::Array(list) => {
+                list.iter().map(|p| (p[0].as_str().expect("name"), p[1].as_str().expect("value"))).collect()
+            }
             other => panic!("vector {id}: headers {other}"),
         };
         let info = parse_headers(pairs.iter().copied(), now);
         let expect = v["expect"].as_object().expect("expect object");
         for (name, want) in expect {
-            assert_eq!(
-                field(&info, name),
-                want.as_u64(),
-                "{id}: {name} in {info:?}"
-            );
+            assert_eq!(field(&info, name), want.as_u64(), "{id}: {name} in {info:?}");
         }
         // Arrival order must not matter for any of these sets.
         let reversed = parse_headers(pairs.iter().rev().copied(), now);
@@ -1089,12 +916,8 @@ mod tests {
     #[test]
     fn every_vector_has_a_test() {
         let all = vectors();
-        let ids: Vec<&str> = all["vectors"]
-            .as_array()
-            .expect("vectors array")
-            .iter()
-            .map(|v| v["id"].as_str().expect("id"))
-            .collect();
+        let ids: Vec<&str> =
+            all["vectors"].as_array().expect("vectors array").iter().map(|v| v["id"].as_str().expect("id")).collect();
         assert_eq!(ids, COVERED);
     }
 
@@ -1116,9 +939,7 @@ mod tests {
         assert_eq!(ms("0s"), Some(0));
         assert_eq!(ms(".5s"), Some(500));
         assert_eq!(ms("0.0000000000000000000001s"), Some(1));
-        for bad in [
-            "", "1", "1x", "-1s", "1.2.3s", "s", "1h5", "1S", "inf", "nans",
-        ] {
+        for bad in ["", "1", "1x", "-1s", "1.2.3s", "s", "1h5", "1S", "inf", "nans"] {
             assert_eq!(ms(bad), None, "{bad:?}");
         }
         assert_eq!(ms("99999999999999999999999999999999999999h"), None);
@@ -1173,30 +994,17 @@ mod tests {
             NOW,
         );
         assert_eq!((info.limit, info.reset_ms), (None, None));
-        assert_eq!(
-            (info.token_remaining, info.token_reset_ms),
-            (Some(0), Some(0))
-        );
+        assert_eq!((info.token_remaining, info.token_reset_ms), (Some(0), Some(0)));
     }
 
     #[test]
     fn retry_after_precedence_falls_through_invalid_values() {
-        let info = parse_headers(
-            [
-                ("retry-after-ms", "soon"),
-                ("x-ms-retry-after-ms", "1500.5"),
-                ("retry-after", "9"),
-            ],
-            NOW,
-        );
+        let info =
+            parse_headers([("retry-after-ms", "soon"), ("x-ms-retry-after-ms", "1500.5"), ("retry-after", "9")], NOW);
         assert_eq!(info.retry_after_ms, Some(1501));
         assert_eq!(one("retry-after", "5, 10").retry_after_ms, Some(10_000));
         assert_eq!(
-            one(
-                "retry-after",
-                "Fri, 29 Sep 2023 16:26:57 GMT, Fri, 29 Sep 2023 16:27:07 GMT"
-            )
-            .retry_after_ms,
+            one("retry-after", "Fri, 29 Sep 2023 16:26:57 GMT, Fri, 29 Sep 2023 16:27:07 GMT").retry_after_ms,
             Some(30_000)
         );
     }
@@ -1205,19 +1013,13 @@ mod tests {
     fn structured_fields_join_by_exact_name_and_pick_the_tightest() {
         let info = parse_headers(
             [
-                (
-                    "RateLimit-Policy",
-                    "\"a,b\";q=10;w=1, \"day\";q=1000;w=86400",
-                ),
+                ("RateLimit-Policy", "\"a,b\";q=10;w=1, \"day\";q=1000;w=86400"),
                 ("RateLimit", "\"a,b\";r=3;t=1, \"day\";r=3;t=600"),
             ],
             NOW,
         );
         // Equal remaining: the longer reset governs.
-        assert_eq!(
-            (info.limit, info.remaining, info.reset_ms),
-            (Some(1000), Some(3), Some(600_000))
-        );
+        assert_eq!((info.limit, info.remaining, info.reset_ms), (Some(1000), Some(3), Some(600_000)));
         let info = one("RateLimit", "\"q\";r=-5;t=x");
         assert_eq!(info, RateInfo::default());
     }
@@ -1226,10 +1028,7 @@ mod tests {
     fn shopify_over_the_limit_has_nothing_left() {
         let info = one("x-shopify-shop-api-call-limit", "41/40");
         assert_eq!((info.limit, info.remaining), (Some(40), Some(0)));
-        assert_eq!(
-            one("x-shopify-shop-api-call-limit", "40"),
-            RateInfo::default()
-        );
+        assert_eq!(one("x-shopify-shop-api-call-limit", "40"), RateInfo::default());
     }
 
     #[test]
@@ -1243,22 +1042,13 @@ mod tests {
             ],
             NOW,
         );
-        assert_eq!(
-            (info.token_limit, info.token_remaining),
-            (Some(80_000), Some(500))
-        );
+        assert_eq!((info.token_limit, info.token_remaining), (Some(80_000), Some(500)));
     }
 
     #[test]
     fn extremes_neither_overflow_nor_wrap() {
-        assert_eq!(
-            one("x-ratelimit-remaining", "18446744073709551615").remaining,
-            Some(u64::MAX)
-        );
-        assert_eq!(
-            one("x-ratelimit-remaining", "18446744073709551616").remaining,
-            None
-        );
+        assert_eq!(one("x-ratelimit-remaining", "18446744073709551615").remaining, Some(u64::MAX));
+        assert_eq!(one("x-ratelimit-remaining", "18446744073709551616").remaining, None);
         // Read as epoch milliseconds, far in the future.
         let epoch_ms = one("x-ratelimit-reset", "18446744073709551615").reset_ms;
         assert_eq!(epoch_ms, Some(u64::MAX - NOW));
@@ -1267,10 +1057,7 @@ mod tests {
         // Further out than u64 milliseconds can say: unknown, not wrapped.
         let beyond = parse_headers([("x-ratelimit-reset", "99999999999999999999")], 0);
         assert_eq!(beyond.reset_ms, None);
-        assert_eq!(
-            one("retry-after-ms", "99999999999999999999999").retry_after_ms,
-            None
-        );
+        assert_eq!(one("retry-after-ms", "99999999999999999999999").retry_after_ms, None);
         let late = parse_headers(
             [
                 ("x-ratelimit-reset", "1696004857"),
@@ -1371,15 +1158,9 @@ mod tests {
                 let bytes: Vec<u8> = (0..rng.below(48)).map(|_| rng.next() as u8).collect();
                 String::from_utf8_lossy(&bytes).into_owned()
             } else {
-                (0..rng.below(14))
-                    .map(|_| FRAGMENTS[rng.below(FRAGMENTS.len())])
-                    .collect()
+                (0..rng.below(14)).map(|_| FRAGMENTS[rng.below(FRAGMENTS.len())]).collect()
             };
-            let now = if round % 3 == 0 {
-                rng.next()
-            } else {
-                nows[rng.below(nows.len())]
-            };
+            let now = if round % 3 == 0 { rng.next() } else { nows[rng.below(nows.len())] };
             for &(name, _) in NAMES {
                 let info = parse_headers([(name, value.as_str())], now);
                 let upper = name.to_ascii_uppercase();

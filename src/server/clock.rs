@@ -14,14 +14,8 @@ pub struct Clock {
 impl Clock {
     pub fn start() -> Clock {
         let start = Instant::now();
-        let epoch_base_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        Clock {
-            start,
-            epoch_base_ms,
-        }
+        let epoch_base_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        Clock { start, epoch_base_ms }
     }
 
     pub fn now_ms(&self) -> Ms {

@@ -35,9 +35,22 @@ const INITIAL_INPUT: usize = 4096;
 pub enum Io {
     /// Progress was made and more may be possible.
     Continue,
+    /// A read took less than it had room for: the socket is empty for now.
+    Drained,
     /// The kernel has nothing more (or no room); wait for readiness.
     WouldBlock,
     /// The peer closed (EOF on read); a reset is a close too, not an error.
+    Closed,
+}
+
+/// What a flush came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    /// Everything was written.
+    Done,
+    /// The socket is full; the rest waits for writability.
+    Pending,
+    /// The peer is gone.
     Closed,
 }
 
@@ -52,12 +65,7 @@ pub struct Input {
 
 impl Input {
     fn new(limit: usize) -> Input {
-        Input {
-            buf: Vec::new(),
-            start: 0,
-            end: 0,
-            limit,
-        }
+        Input { buf: Vec::new(), start: 0, end: 0, limit }
     }
 
     pub fn data(&self) -> &[u8] {
@@ -106,6 +114,11 @@ pub struct Conn {
     pub stream: TcpStream,
     pub peer: SocketAddr,
     pub serial: u32,
+    /// Accepted on the admin listener: only admin routes are served.
+    pub admin: bool,
+    /// Bytes read and written, for the server's counters.
+    pub received: u64,
+    pub sent: u64,
     pub input: Input,
     pub output: Vec<u8>,
     pub out_pos: usize,
@@ -128,17 +141,14 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub fn new(
-        stream: TcpStream,
-        peer: SocketAddr,
-        serial: u32,
-        input_limit: usize,
-        now: Ms,
-    ) -> Conn {
+    pub fn new(stream: TcpStream, peer: SocketAddr, serial: u32, admin: bool, input_limit: usize, now: Ms) -> Conn {
         Conn {
             stream,
             peer,
             serial,
+            admin,
+            received: 0,
+            sent: 0,
             input: Input::new(input_limit),
             output: Vec::new(),
             out_pos: 0,
@@ -182,11 +192,13 @@ impl Conn {
         let Some(room) = self.input.room() else {
             return Ok(Io::WouldBlock);
         };
+        let room_len = room.len();
         match self.stream.read(room) {
             Ok(0) => Ok(Io::Closed),
             Ok(n) => {
                 self.input.end += n;
-                Ok(Io::Continue)
+                self.received += n as u64;
+                Ok(if n < room_len { Io::Drained } else { Io::Continue })
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Io::WouldBlock),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Io::Continue),
@@ -197,23 +209,22 @@ impl Conn {
 
     /// Whether the input buffer is at its limit (reading must wait for processing).
     pub fn input_full(&self) -> bool {
-        self.input.end == self.input.buf.len()
-            && self.input.start == 0
-            && self.input.buf.len() >= self.input.limit
+        self.input.end == self.input.buf.len() && self.input.start == 0 && self.input.buf.len() >= self.input.limit
     }
 
     /// Writes as much pending output as the socket takes.
-    pub fn flush(&mut self, now: Ms) -> io::Result<Io> {
+    pub fn flush(&mut self, now: Ms) -> io::Result<Flush> {
         while self.out_pos < self.output.len() {
             match self.stream.write(&self.output[self.out_pos..]) {
-                Ok(0) => return Ok(Io::Closed),
+                Ok(0) => return Ok(Flush::Closed),
                 Ok(n) => {
                     self.out_pos += n;
+                    self.sent += n as u64;
                     self.out_since = now;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if is_reset(&e) => return Ok(Io::Closed),
+                Err(e) if is_reset(&e) => return Ok(Flush::Closed),
                 Err(e) => return Err(e),
             }
         }
@@ -222,19 +233,14 @@ impl Conn {
             self.output.clear();
             self.out_pos = 0;
             self.undelivered.clear();
-            Ok(Io::Continue)
+            Ok(Flush::Done)
         } else {
             self.undelivered.retain(|&(_, end)| end > sent);
-            Ok(Io::WouldBlock)
+            Ok(Flush::Pending)
         }
     }
 }
 
 fn is_reset(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::BrokenPipe
-    )
+    matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe)
 }

@@ -9,18 +9,23 @@
 //! except that a connection gets a bounded read budget per turn and is
 //! revisited on the next turn, so one busy client cannot starve the others.
 
+pub mod admin;
 pub mod clock;
 pub mod conn;
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
+use crate::accesslog;
 use crate::api::{ApiError, App, Ctx, Handled};
 use crate::config::Config;
 use crate::governor::{Ms, Notice};
@@ -29,25 +34,42 @@ use crate::http::request::{
     head_may_be_complete, parse_head, BodyFraming, Head, HeadError, MAX_HEADERS, MAX_HEAD_BYTES,
 };
 use crate::http::response::{Status, CONTINUE};
+use admin::ServerStats;
 use clock::Clock;
-use conn::{Conn, Io, PendingBody, Timeouts, NEVER};
+use conn::{Conn, Flush, Io, PendingBody, Timeouts, NEVER};
 
 const LISTENER: Token = Token(usize::MAX - 1);
+const ADMIN: Token = Token(usize::MAX - 2);
+const SIGNALS: Token = Token(usize::MAX - 3);
 /// Reads per connection per turn before others get their go.
 const READ_BUDGET: usize = 8;
 /// Wait before accepting again when the process is out of file descriptors.
 const ACCEPT_PAUSE_MS: u64 = 100;
 const ACCEPT_TIMER: u64 = u64::MAX;
+const LOG_TIMER: u64 = u64::MAX - 1;
+/// Graceful shutdown finishes within this, whatever clients do.
+const SHUTDOWN_GRACE_MS: u64 = 800;
 /// Sent, best effort, to a connection over the `maxConnections` cap.
 const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nContent-Length: 78\r\nConnection: close\r\n\r\n{\"error\":\"unavailable\",\"message\":\"The server has too many open connections.\"}";
 
 pub struct Server {
     poll: Poll,
-    listener: TcpListener,
+    /// `None` once shutdown has begun.
+    listener: Option<TcpListener>,
+    admin: Option<TcpListener>,
+    signals: Signals,
+    /// The file SIGHUP re-reads; `None` for the embedded configuration.
+    config_path: Option<PathBuf>,
     conns: Slab<Conn>,
+    stats: ServerStats,
+    log_timer_armed: bool,
+    /// Set when SIGTERM/SIGINT arrived: exit once every connection is done, or at this time.
+    shutdown_at: Option<Ms>,
     app: App,
     clock: Clock,
     now: Ms,
+    /// When the current reactor turn began: the start of every request's server time.
+    turn_started: Instant,
     next_serial: u32,
     max_connections: usize,
     timeouts: Timeouts,
@@ -71,31 +93,49 @@ fn split_owner(owner: u64) -> (usize, u32) {
 }
 
 impl Server {
-    /// Binds the listener; errors name the cause for a one-line start-up failure.
-    pub fn bind(config: &Config, listen: SocketAddr) -> Result<Server, String> {
+    /// Binds the listeners; errors name the cause for a one-line start-up failure.
+    pub fn bind(config: &Config, listen: SocketAddr, config_path: Option<PathBuf>) -> Result<Server, String> {
         let poll = Poll::new().map_err(|e| format!("cannot create the event loop: {e}"))?;
-        let mut listener =
-            TcpListener::bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let mut listener = TcpListener::bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)
             .map_err(|e| format!("cannot register the listener: {e}"))?;
+        let admin = match config.admin_addr() {
+            None => None,
+            Some(addr) => {
+                let mut l =
+                    TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr} (adminListen): {e}"))?;
+                poll.registry()
+                    .register(&mut l, ADMIN, Interest::READABLE)
+                    .map_err(|e| format!("cannot register the admin listener: {e}"))?;
+                Some(l)
+            }
+        };
+        let mut signals =
+            Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| format!("cannot install signal handlers: {e}"))?;
+        poll.registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)
+            .map_err(|e| format!("cannot register signals: {e}"))?;
         let clock = Clock::start();
         let app = App::new(config)?;
         Ok(Server {
             poll,
-            listener,
+            listener: Some(listener),
+            admin,
+            signals,
+            config_path,
             conns: Slab::with_capacity(1024),
+            stats: ServerStats::default(),
+            log_timer_armed: false,
+            shutdown_at: None,
             app,
             clock,
             now: 0,
+            turn_started: Instant::now(),
             next_serial: 0,
             max_connections: config.max_connections,
-            timeouts: Timeouts {
-                head_ms: config.head_timeout_ms,
-                idle_ms: config.idle_timeout_ms,
-                write_ms: config.write_timeout_ms,
-            },
-            input_limit: MAX_HEAD_BYTES + 2 * config.max_body_bytes + 64 * 1024,
+            timeouts: Timeouts::from(config),
+            input_limit: input_limit(config),
             accept_paused: false,
             dirty: Vec::new(),
             ready: Vec::new(),
@@ -104,10 +144,14 @@ impl Server {
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+        self.listener.as_ref().expect("listening").local_addr()
     }
 
-    /// Serves forever.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until SIGTERM or SIGINT has been handled.
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
         loop {
@@ -118,11 +162,14 @@ impl Server {
                 }
                 return Err(e);
             }
+            self.turn_started = Instant::now();
             self.now = self.clock.now_ms();
             let mut carried = std::mem::take(&mut self.ready_carry);
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept(),
+                    LISTENER => self.accept(false),
+                    ADMIN => self.accept(true),
+                    SIGNALS => self.on_signals(),
                     Token(t) => {
                         let Some(conn) = self.conns.get(t) else {
                             continue;
@@ -131,9 +178,7 @@ impl Server {
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             self.on_readable(t, serial);
                         }
-                        if event.is_writable()
-                            && self.conns.get(t).is_some_and(|c| c.serial == serial)
-                        {
+                        if event.is_writable() && self.conns.get(t).is_some_and(|c| c.serial == serial) {
                             self.mark_dirty(t, serial);
                         }
                     }
@@ -149,6 +194,93 @@ impl Server {
             self.app.gov.advance(self.now);
             self.drain_notices();
             self.flush_dirty();
+            self.after_turn();
+            if let Some(at) = self.shutdown_at {
+                if self.conns.is_empty() || self.clock.now_ms() >= at {
+                    self.app.log.flush();
+                    info!("shut down ({} connections cut at the deadline)", self.conns.len());
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Work done once the turn's sockets are served: the access log.
+    fn after_turn(&mut self) {
+        self.stats.connections_open = self.conns.len() as u64;
+        let buffered = self.app.log.buffered();
+        if buffered >= accesslog::WRITE_THRESHOLD {
+            self.app.log.flush();
+        } else if buffered > 0 && !self.log_timer_armed {
+            self.log_timer_armed = true;
+            self.app.gov.schedule(self.now + accesslog::FLUSH_INTERVAL_MS, LOG_TIMER);
+        }
+    }
+
+    fn on_signals(&mut self) {
+        let pending: Vec<i32> = self.signals.pending().collect();
+        for signal in pending {
+            match signal {
+                SIGHUP => self.reload(),
+                _ => self.begin_shutdown(),
+            }
+        }
+    }
+
+    /// SIGHUP: re-read the configuration file and apply it without dropping
+    /// anything; a bad file changes nothing.
+    fn reload(&mut self) {
+        let Some(path) = &self.config_path else {
+            warn!("SIGHUP: running on the embedded configuration, nothing to reload");
+            return;
+        };
+        let result = Config::load(path).map_err(|e| e.to_string()).and_then(|config| {
+            self.app.reconfigure(&config, self.now)?;
+            Ok(config)
+        });
+        match result {
+            Ok(config) => {
+                self.max_connections = config.max_connections;
+                self.timeouts = Timeouts::from(&config);
+                self.input_limit = input_limit(&config);
+                let listening = self.listener.as_ref().and_then(|l| l.local_addr().ok());
+                if config.listen_addr().port() != 0 && Some(config.listen_addr()) != listening {
+                    warn!("reload: a new `listen` address takes effect at the next restart");
+                }
+                self.stats.reloads_ok += 1;
+                info!("configuration reloaded from {}", path.display());
+                self.drain_notices();
+            }
+            Err(e) => {
+                self.stats.reloads_failed += 1;
+                error!("reload refused, the running configuration stays: {e}");
+            }
+        }
+    }
+
+    /// SIGTERM/SIGINT: stop accepting, answer what was already read (waiters
+    /// get a 503), then close everything and exit within the grace period.
+    fn begin_shutdown(&mut self) {
+        if self.shutdown_at.is_some() {
+            return;
+        }
+        info!("shutting down");
+        self.shutdown_at = Some(self.now + SHUTDOWN_GRACE_MS);
+        for mut l in [self.listener.take(), self.admin.take()].into_iter().flatten() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+        let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
+        for token in tokens {
+            self.process(token);
+            let epoch_now = self.clock.epoch_base_ms() + self.now;
+            let conn = &mut self.conns[token];
+            if let Some(q) = conn.waiting.take() {
+                self.app.gov.cancel_waiter(q.key, owner(token, conn.serial));
+                self.app.answer_shutdown(&mut conn.output, &q.attempt, epoch_now);
+            }
+            conn.close_after_flush = true;
+            let serial = conn.serial;
+            self.mark_dirty(token, serial);
         }
     }
 
@@ -157,19 +289,18 @@ impl Server {
             return Some(Duration::ZERO);
         }
         let now = self.clock.now_ms();
-        self.app
-            .gov
-            .next_deadline()
-            .map(|at| Duration::from_millis(at.saturating_sub(now)))
+        self.app.gov.next_deadline().map(|at| Duration::from_millis(at.saturating_sub(now)))
     }
 
-    fn accept(&mut self) {
+    fn accept(&mut self, admin: bool) {
         if self.accept_paused {
             return;
         }
         loop {
-            match self.listener.accept() {
-                Ok((stream, peer)) => self.admit(stream, peer),
+            let listener = if admin { &self.admin } else { &self.listener };
+            let Some(listener) = listener else { return };
+            match listener.accept() {
+                Ok((stream, peer)) => self.admit(stream, peer, admin),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -178,41 +309,31 @@ impl Server {
                     // accepting for a moment instead of spinning.
                     warn!("accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms");
                     self.accept_paused = true;
-                    self.app
-                        .gov
-                        .schedule(self.now + ACCEPT_PAUSE_MS, ACCEPT_TIMER);
+                    self.app.gov.schedule(self.now + ACCEPT_PAUSE_MS, ACCEPT_TIMER);
                     return;
                 }
             }
         }
     }
 
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) {
         if self.conns.len() >= self.max_connections {
+            self.stats.connections_refused += 1;
             let _ = stream.write(OVER_CAPACITY);
             return;
         }
+        self.stats.connections_accepted += 1;
         let _ = stream.set_nodelay(true);
         let entry = self.conns.vacant_entry();
         let token = entry.key();
-        if self
-            .poll
-            .registry()
-            .register(
-                &mut stream,
-                Token(token),
-                Interest::READABLE | Interest::WRITABLE,
-            )
-            .is_err()
-        {
+        if self.poll.registry().register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE).is_err() {
             return;
         }
         let serial = self.next_serial;
         self.next_serial = serial.wrapping_add(1);
-        entry.insert(Conn::new(stream, peer, serial, self.input_limit, self.now));
+        // Registering reports readiness that already exists, so no read is tried here.
+        entry.insert(Conn::new(stream, peer, serial, admin, self.input_limit, self.now));
         self.arm_timer(token);
-        // Bytes may already be waiting; edge-triggered readiness would not say so twice.
-        self.on_readable(token, serial);
     }
 
     fn on_readable(&mut self, token: usize, serial: u32) {
@@ -220,6 +341,7 @@ impl Server {
             return;
         };
         let now = self.now;
+        let received = conn.received;
         conn.read_more = false;
         let mut closed = false;
         for _ in 0..READ_BUDGET {
@@ -234,6 +356,15 @@ impl Server {
                         conn.request_started = Some(now);
                     }
                     conn.read_more = true;
+                }
+                Ok(Io::Drained) => {
+                    // A short read emptied the socket: new data will raise a new edge.
+                    conn.last_active = now;
+                    if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
+                        conn.request_started = Some(now);
+                    }
+                    conn.read_more = false;
+                    break;
                 }
                 Ok(Io::WouldBlock) => {
                     conn.read_more = false;
@@ -250,6 +381,7 @@ impl Server {
                 }
             }
         }
+        self.stats.bytes_received += conn.received - received;
         if closed {
             self.close(token);
             return;
@@ -263,13 +395,7 @@ impl Server {
     /// Answers every complete request in the input, in order, until one
     /// must wait in a queue or the output is too far behind.
     fn process(&mut self, token: usize) {
-        let Server {
-            conns,
-            app,
-            clock,
-            now,
-            ..
-        } = self;
+        let Server { conns, app, clock, now, turn_started, stats, .. } = self;
         let now = *now;
         let Some(conn) = conns.get_mut(token) else {
             return;
@@ -277,10 +403,7 @@ impl Server {
         let owner = owner(token, conn.serial);
         let before = conn.unsent();
         loop {
-            if conn.waiting.is_some()
-                || conn.close_after_flush
-                || conn.unsent() > conn::OUTPUT_HIGH_WATER
-            {
+            if conn.waiting.is_some() || conn.close_after_flush || conn.unsent() > conn::OUTPUT_HIGH_WATER {
                 break;
             }
             if conn.input.is_empty() {
@@ -314,35 +437,38 @@ impl Server {
                 owner,
                 peer: conn.peer.ip(),
                 close: !head.keep_alive || conn.read_closed,
+                started: *turn_started,
             };
-            let (body, consumed) =
-                match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
-                    Body::Ready(body, consumed) => (body, consumed),
-                    Body::Incomplete => {
-                        let pending = conn
-                            .pending
-                            .as_mut()
-                            .expect("an incomplete body is pending");
-                        if head.expect_continue && !pending.continue_sent {
-                            pending.continue_sent = true;
-                            // Refuse now what the head already decides, before the body is sent.
-                            match app.precheck(&ctx, &head) {
-                                Ok(()) => conn.output.extend_from_slice(CONTINUE),
-                                Err(e) => {
-                                    app.write_error(&mut conn.output, e, true);
-                                    conn.close_after_flush = true;
-                                }
+            let (body, consumed) = match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
+                Body::Ready(body, consumed) => (body, consumed),
+                Body::Incomplete => {
+                    let pending = conn.pending.as_mut().expect("an incomplete body is pending");
+                    if head.expect_continue && !pending.continue_sent {
+                        pending.continue_sent = true;
+                        // Refuse now what the head already decides, before the body is sent.
+                        match app.precheck(&ctx, &head) {
+                            Ok(()) => conn.output.extend_from_slice(CONTINUE),
+                            Err(e) => {
+                                // The body may still come: the connection cannot be reused.
+                                app.reject(&Ctx { close: true, ..ctx }, &head, e, &mut conn.output);
+                                conn.close_after_flush = true;
                             }
                         }
-                        break;
                     }
-                    Body::Refused(e) => {
-                        app.write_error(&mut conn.output, e, true);
-                        conn.close_after_flush = true;
-                        break;
-                    }
-                };
-            let handled = app.handle(&ctx, &head, body, &mut conn.output);
+                    break;
+                }
+                Body::Refused(e) => {
+                    app.reject(&Ctx { close: true, ..ctx }, &head, e, &mut conn.output);
+                    conn.close_after_flush = true;
+                    break;
+                }
+            };
+            let handled = if conn.admin {
+                admin::handle(&head, app, stats, &mut conn.output, ctx.close);
+                Handled::Done
+            } else {
+                app.handle(&ctx, &head, body, &mut conn.output)
+            };
             conn.input.consume(consumed);
             conn.pending = None;
             conn.head_scanned = 0;
@@ -350,8 +476,10 @@ impl Server {
             if ctx.close {
                 conn.close_after_flush = true;
             }
-            if let Handled::Queued(q) = handled {
-                conn.waiting = Some(q);
+            match handled {
+                Handled::Done => {}
+                Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
+                Handled::Queued(q) => conn.waiting = Some(q),
             }
         }
         if before == 0 && conn.unsent() > 0 {
@@ -385,20 +513,20 @@ impl Server {
                 }
                 conn.close_after_flush = true;
             }
-            match conn.flush(now) {
-                Ok(Io::Continue) if conn.close_after_flush && conn.waiting.is_none() => {
-                    self.close(token)
-                }
-                Ok(Io::Continue) | Ok(Io::WouldBlock) => {
-                    let resume =
-                        conn.unsent() == 0 && !conn.input.is_empty() && conn.waiting.is_none();
+            let sent = conn.sent;
+            let flushed = conn.flush(now);
+            self.stats.bytes_sent += conn.sent - sent;
+            match flushed {
+                Ok(Flush::Done) if conn.close_after_flush && conn.waiting.is_none() => self.close(token),
+                Ok(Flush::Done | Flush::Pending) => {
+                    let resume = conn.unsent() == 0 && !conn.input.is_empty() && conn.waiting.is_none();
                     self.arm_timer(token);
                     if resume {
                         // Output drained below the high-water mark: read on.
                         self.process(token);
                     }
                 }
-                Ok(Io::Closed) => self.close(token),
+                Ok(Flush::Closed) => self.close(token),
                 Err(e) => {
                     debug!("write failed: {e}");
                     self.close(token);
@@ -416,57 +544,50 @@ impl Server {
         while let Some(notice) = self.app.gov.pop_notice() {
             match notice {
                 Notice::Granted { owner: o, grant } => {
-                    let (token, serial) = split_owner(o);
-                    match self
-                        .conns
-                        .get_mut(token)
-                        .filter(|c| c.serial == serial && c.waiting.is_some())
-                    {
-                        Some(conn) => {
-                            conn.waiting = None;
-                            let close = conn.close_after_flush;
-                            let before = conn.unsent();
-                            self.app.write_grant(
-                                &mut conn.output,
-                                &grant,
-                                self.clock.epoch_base_ms(),
-                                close,
-                            );
-                            let end = conn.output.len();
-                            conn.undelivered.push((grant.slot, end));
-                            if before == 0 {
-                                conn.out_since = self.now;
-                            }
-                            self.after_answer(token, serial);
-                        }
-                        None => self.app.gov.release_undelivered(&grant.slot, self.now),
-                    }
+                    let Some((token, queued)) = self.take_waiting(o) else {
+                        // Its client is gone: the grant cannot be delivered.
+                        self.app.gov.release_undelivered(&grant.slot, self.now);
+                        continue;
+                    };
+                    let epoch_now = self.clock.epoch_base_ms() + self.now;
+                    let conn = &mut self.conns[token];
+                    let close = conn.close_after_flush;
+                    self.app.answer_grant(
+                        &mut conn.output,
+                        &grant,
+                        &queued.attempt,
+                        self.clock.epoch_base_ms(),
+                        epoch_now,
+                        close,
+                    );
+                    conn.undelivered.push((grant.slot, conn.output.len()));
+                    self.after_answer(token);
                 }
                 Notice::TimedOut { owner: o, denial } => {
-                    let (token, serial) = split_owner(o);
-                    if let Some(conn) = self
-                        .conns
-                        .get_mut(token)
-                        .filter(|c| c.serial == serial && c.waiting.is_some())
-                    {
-                        conn.waiting = None;
-                        let close = conn.close_after_flush;
-                        let before = conn.unsent();
-                        self.app.write_denial(
-                            &mut conn.output,
-                            &denial,
-                            Status::GatewayTimeout,
-                            close,
-                        );
-                        if before == 0 {
-                            conn.out_since = self.now;
-                        }
-                        self.after_answer(token, serial);
-                    }
+                    let Some((token, queued)) = self.take_waiting(o) else {
+                        continue;
+                    };
+                    let epoch_now = self.clock.epoch_base_ms() + self.now;
+                    let conn = &mut self.conns[token];
+                    let close = conn.close_after_flush;
+                    self.app.answer_denial(
+                        &mut conn.output,
+                        &denial,
+                        Status::GatewayTimeout,
+                        &queued.attempt,
+                        epoch_now,
+                        close,
+                    );
+                    self.after_answer(token);
                 }
                 Notice::Timer(ACCEPT_TIMER) => {
                     self.accept_paused = false;
-                    self.accept();
+                    self.accept(false);
+                    self.accept(true);
+                }
+                Notice::Timer(LOG_TIMER) => {
+                    self.log_timer_armed = false;
+                    self.app.log.flush();
                 }
                 Notice::Timer(tag) => {
                     let (token, serial) = split_owner(tag);
@@ -476,8 +597,20 @@ impl Server {
         }
     }
 
+    /// The connection `owner` names, if it still waits, with its wait taken.
+    fn take_waiting(&mut self, owner: u64) -> Option<(usize, crate::api::Queued)> {
+        let (token, serial) = split_owner(owner);
+        let conn = self.conns.get_mut(token).filter(|c| c.serial == serial)?;
+        let queued = conn.waiting.take()?;
+        if conn.unsent() == 0 {
+            conn.out_since = self.now;
+        }
+        Some((token, queued))
+    }
+
     /// A queued acquire was answered: continue with pipelined requests.
-    fn after_answer(&mut self, token: usize, serial: u32) {
+    fn after_answer(&mut self, token: usize) {
+        let serial = self.conns[token].serial;
         self.mark_dirty(token, serial);
         self.process(token);
     }
@@ -535,16 +668,30 @@ impl Server {
     }
 }
 
-/// Starts a server from a configuration and runs it; the binary's body.
+/// Input a connection may buffer: a head, a body (chunked framing included)
+/// and some pipelined requests behind them.
+fn input_limit(config: &Config) -> usize {
+    MAX_HEAD_BYTES + 2 * config.max_body_bytes + 64 * 1024
+}
+
+impl From<&Config> for Timeouts {
+    fn from(c: &Config) -> Timeouts {
+        Timeouts { head_ms: c.head_timeout_ms, idle_ms: c.idle_timeout_ms, write_ms: c.write_timeout_ms }
+    }
+}
+
+/// Starts a server and runs it until a graceful shutdown; the binary's body.
+/// `on_ready` gets the bound public and admin addresses.
 pub fn serve(
     config: &Config,
     listen: SocketAddr,
-    on_ready: impl FnOnce(SocketAddr),
+    config_path: Option<PathBuf>,
+    on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
 ) -> Result<(), String> {
-    let mut server = Server::bind(config, listen)?;
+    let mut server = Server::bind(config, listen, config_path)?;
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     info!("listening on {addr}");
-    on_ready(addr);
+    on_ready(addr, server.admin_addr());
     server.run().map_err(|e| format!("event loop failed: {e}"))
 }
 
@@ -573,10 +720,7 @@ fn take_body<'a>(
             }
             let end = head_len + n as usize;
             if data.len() < end {
-                pending.get_or_insert(PendingBody {
-                    chunked: None,
-                    continue_sent: false,
-                });
+                pending.get_or_insert(PendingBody { chunked: None, continue_sent: false });
                 return Body::Incomplete;
             }
             Body::Ready(&data[head_len..end], end)
@@ -584,10 +728,7 @@ fn take_body<'a>(
         BodyFraming::Chunked => {
             let state = pending.get_or_insert_with(|| {
                 decoded.clear();
-                PendingBody {
-                    chunked: Some((ChunkedDecoder::new(max_body), 0)),
-                    continue_sent: false,
-                }
+                PendingBody { chunked: Some((ChunkedDecoder::new(max_body), 0)), continue_sent: false }
             });
             let (decoder, eaten) = state.chunked.as_mut().expect("chunked body state");
             match decoder.feed(&data[head_len + *eaten..], decoded) {

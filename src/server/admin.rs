@@ -1,0 +1,174 @@
+//! The admin listener's routes: `GET /healthz` and `GET /metrics`.
+//!
+//! Served by the same event loop as the lock API but on its own listener;
+//! lock routes are not served here and these are not served there. The
+//! metrics text is built only when scraped, from plain counters.
+
+use std::fmt::Write as _;
+
+use crate::api::{App, LATENCY_BUCKETS_US};
+use crate::governor::DenyReason;
+use crate::http::request::{Head, Method};
+use crate::http::response::{error_body, Status, Writer};
+
+/// Server-wide counters, bumped by the reactor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ServerStats {
+    pub connections_open: u64,
+    pub connections_accepted: u64,
+    pub connections_refused: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+}
+
+pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool) {
+    let path = head.path.split_once('?').map_or(head.path, |(p, _)| p);
+    let known = matches!(path, "/healthz" | "/metrics");
+    if known && !matches!(head.method, Method::Get | Method::Head) {
+        let mut body = Vec::new();
+        error_body(&mut body, "method_not_allowed", "Admin routes accept GET only.");
+        let mut w = Writer::start(out, Status::MethodNotAllowed);
+        w.header(b"Allow", b"GET");
+        w.finish_json(&body, close);
+        return;
+    }
+    match path {
+        "/healthz" => Writer::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
+        "/metrics" => {
+            let text = render(app, stats);
+            let mut w = Writer::start(out, Status::Ok);
+            w.header(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8");
+            w.finish(text.as_bytes(), close);
+        }
+        _ => {
+            let mut body = Vec::new();
+            error_body(&mut body, "not_found", "No such route.");
+            Writer::start(out, Status::NotFound).finish_json(&body, close);
+        }
+    }
+}
+
+/// One metric family: its `# HELP` and `# TYPE` lines.
+fn family(t: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(t, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The Prometheus text exposition of everything the server counts.
+pub fn render(app: &App, stats: &ServerStats) -> String {
+    let mut t = String::with_capacity(8192);
+    let pools: Vec<_> = app.gov.pools().collect();
+    type PoolValue = fn(&crate::governor::Pool) -> u64;
+    let per_pool: [(&str, &str, &str, PoolValue); 10] = [
+        ("nthpool_slots_held", "gauge", "Slots currently held.", |p| p.held as u64),
+        ("nthpool_waiters", "gauge", "Acquires waiting in the queue.", |p| p.queue.len() as u64),
+        ("nthpool_limit", "gauge", "Configured concurrency limit.", |p| p.settings.concurrency as u64),
+        ("nthpool_effective_limit", "gauge", "Concurrency limit in force after adaptive cuts.", |p| {
+            p.effective_limit() as u64
+        }),
+        ("nthpool_grants_total", "counter", "Slots granted.", |p| p.stats.grants),
+        ("nthpool_queue_timeouts_total", "counter", "Queued acquires answered 504 at their deadline.", |p| {
+            p.stats.queue_timeouts
+        }),
+        ("nthpool_waiters_gone_total", "counter", "Queued acquires whose client went away.", |p| p.stats.waiters_gone),
+        ("nthpool_reports_throttled_total", "counter", "Outcome reports that saw upstream throttling.", |p| {
+            p.stats.reports_throttled
+        }),
+        ("nthpool_cooldowns_total", "counter", "Cool-downs opened or extended by a retry hint.", |p| p.stats.cooldowns),
+        ("nthpool_retired", "gauge", "1 when the pool was removed by a reload and is draining.", |p| p.retired as u64),
+    ];
+    for (name, kind, help, value) in &per_pool {
+        family(&mut t, name, kind, help);
+        for (_, p) in &pools {
+            let _ = writeln!(t, "{name}{{pool=\"{}\"}} {}", p.name, value(p));
+        }
+    }
+    family(&mut t, "nthpool_budget_remaining", "gauge", "Grants left in the learned upstream budget (-1: none).");
+    for (_, p) in &pools {
+        let v = p.learning.budget().map_or(-1, |b| b.remaining as i64);
+        let _ = writeln!(t, "nthpool_budget_remaining{{pool=\"{}\"}} {v}", p.name);
+    }
+    family(&mut t, "nthpool_rpm_tokens", "gauge", "Tokens in the requests-per-minute bucket.");
+    for (_, p) in &pools {
+        if let Some(tokens) = p.rpm_remaining() {
+            let _ = writeln!(t, "nthpool_rpm_tokens{{pool=\"{}\"}} {tokens}", p.name);
+        }
+    }
+    family(&mut t, "nthpool_denials_total", "counter", "Acquires answered 429, by reason.");
+    for (_, p) in &pools {
+        for reason in DenyReason::ALL {
+            let _ = writeln!(
+                t,
+                "nthpool_denials_total{{pool=\"{}\",reason=\"{}\"}} {}",
+                p.name,
+                reason.as_str(),
+                p.stats.denied[reason as usize]
+            );
+        }
+    }
+    family(
+        &mut t,
+        "nthpool_reclaims_total",
+        "counter",
+        "Leases reclaimed, by cause (term: not renewed; cap: request deadline).",
+    );
+    for (_, p) in &pools {
+        let _ = writeln!(t, "nthpool_reclaims_total{{pool=\"{}\",cause=\"term\"}} {}", p.name, p.stats.reclaimed_term);
+        let _ = writeln!(t, "nthpool_reclaims_total{{pool=\"{}\",cause=\"cap\"}} {}", p.name, p.stats.reclaimed_cap);
+    }
+    family(&mut t, "nthpool_renewals_total", "counter", "Renew requests, by outcome.");
+    for (_, p) in &pools {
+        for (outcome, v) in
+            [("renewed", p.stats.renewed), ("not_found", p.stats.renew_not_found), ("capped", p.stats.renew_capped)]
+        {
+            let _ = writeln!(t, "nthpool_renewals_total{{pool=\"{}\",outcome=\"{outcome}\"}} {v}", p.name);
+        }
+    }
+    family(&mut t, "nthpool_releases_total", "counter", "Release requests, by outcome.");
+    for (_, p) in &pools {
+        for (outcome, v) in [("released", p.stats.released), ("already_gone", p.stats.release_gone)] {
+            let _ = writeln!(t, "nthpool_releases_total{{pool=\"{}\",outcome=\"{outcome}\"}} {v}", p.name);
+        }
+    }
+    family(&mut t, "nthpool_acquire_server_time_us", "histogram", "Server time of acquire answers, in microseconds.");
+    for ((_, p), h) in pools.iter().zip(&app.latency) {
+        let mut cumulative = 0;
+        for (i, le) in LATENCY_BUCKETS_US.iter().enumerate() {
+            cumulative += h.counts[i];
+            let _ =
+                writeln!(t, "nthpool_acquire_server_time_us_bucket{{pool=\"{}\",le=\"{le}\"}} {cumulative}", p.name);
+        }
+        cumulative += h.counts[LATENCY_BUCKETS_US.len()];
+        let _ = writeln!(t, "nthpool_acquire_server_time_us_bucket{{pool=\"{}\",le=\"+Inf\"}} {cumulative}", p.name);
+        let _ = writeln!(t, "nthpool_acquire_server_time_us_sum{{pool=\"{}\"}} {}", p.name, h.sum_us);
+        let _ = writeln!(t, "nthpool_acquire_server_time_us_count{{pool=\"{}\"}} {cumulative}", p.name);
+    }
+    let server: [(&str, &str, &str, u64); 10] = [
+        ("nthpool_connections_open", "gauge", "Open client connections (both listeners).", stats.connections_open),
+        ("nthpool_connections_accepted_total", "counter", "Connections accepted.", stats.connections_accepted),
+        (
+            "nthpool_connections_refused_total",
+            "counter",
+            "Connections refused at the maxConnections cap.",
+            stats.connections_refused,
+        ),
+        ("nthpool_bytes_received_total", "counter", "Bytes read from clients.", stats.bytes_received),
+        ("nthpool_bytes_sent_total", "counter", "Bytes written to clients.", stats.bytes_sent),
+        ("nthpool_config_reloads_total", "counter", "Configuration reloads applied.", stats.reloads_ok),
+        ("nthpool_config_reload_failures_total", "counter", "Configuration reloads refused.", stats.reloads_failed),
+        ("nthpool_access_log_lines_total", "counter", "Access log lines written or buffered.", app.log.lines),
+        ("nthpool_access_log_write_errors_total", "counter", "Failed access log writes.", app.log.write_errors),
+        (
+            "nthpool_access_log_dropped_total",
+            "counter",
+            "Access log lines dropped while writes failed.",
+            app.log.dropped,
+        ),
+    ];
+    for (name, kind, help, v) in server {
+        family(&mut t, name, kind, help);
+        let _ = writeln!(t, "{name} {v}");
+    }
+    t
+}

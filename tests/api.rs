@@ -12,33 +12,22 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::*;
 
 fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
 #[test]
 fn grant_has_the_documented_body_and_headers() {
-    let s = TestServer::start(&config(
-        r#""concurrency":3,"termMs":30000,"renewIntervalMs":10000"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":3,"termMs":30000,"renewIntervalMs":10000"#, ""));
     let before = epoch_ms();
     let r = s.acquire("", "");
     assert_eq!(r.status, 200);
     let j = r.json();
     let slot = j["slotId"].as_str().unwrap();
     assert!(slot.len() >= 22, "at least 128 bits");
-    assert!(slot
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+    assert!(slot.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
     let lease = j["leaseDeadline"].as_u64().unwrap();
     let request = j["requestDeadline"].as_u64().unwrap();
-    assert!(
-        lease >= before + 30_000 - 1000 && lease <= epoch_ms() + 30_000 + 1000,
-        "{lease}"
-    );
+    assert!(lease >= before + 30_000 - 1000 && lease <= epoch_ms() + 30_000 + 1000, "{lease}");
     assert_eq!(request - lease, 30_000);
     assert_eq!(j["termMs"], 30_000);
     assert_eq!(j["renewIntervalMs"], 10_000);
@@ -47,10 +36,7 @@ fn grant_has_the_documented_body_and_headers() {
     assert_eq!(r.header_u64("x-nthpool-limit"), 3);
     assert_eq!(r.header_u64("x-nthpool-queued-ms"), 0);
     assert_eq!(r.header_u64("x-nthpool-queue-depth"), 0);
-    assert!(
-        r.header("x-nthpool-rpm-remaining").is_none(),
-        "no gate configured"
-    );
+    assert!(r.header("x-nthpool-rpm-remaining").is_none(), "no gate configured");
     assert_eq!(r.header("content-type"), Some("application/json"));
 }
 
@@ -77,19 +63,9 @@ fn renew_and_release_lifecycle() {
     assert_eq!(r.status, 200);
     assert!(r.json()["leaseDeadline"].as_u64().unwrap() > epoch_ms());
     // Another pool's key never touches this slot.
-    let foreign = s.request(&post(
-        &format!("/pools/p/lock/{slot}/release"),
-        "other-key",
-        "",
-        "",
-    ));
+    let foreign = s.request(&post(&format!("/pools/p/lock/{slot}/release"), "other-key", "", ""));
     assert_eq!(foreign.status, 401);
-    let via_other_pool = s.request(&post(
-        &format!("/pools/other/lock/{slot}/release"),
-        "other-key",
-        "",
-        "",
-    ));
+    let via_other_pool = s.request(&post(&format!("/pools/other/lock/{slot}/release"), "other-key", "", ""));
     assert_eq!(via_other_pool.json()["released"], false);
     let r = s.release(&slot, r#"{"status":200}"#);
     assert_eq!(r.status, 200);
@@ -105,10 +81,7 @@ fn renew_and_release_lifecycle() {
 
 #[test]
 fn unrenewed_slot_is_reclaimed_after_its_term() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"termMs":300,"renewIntervalMs":100"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":1,"termMs":300,"renewIntervalMs":100"#, ""));
     let slot = s.acquire("", "").slot();
     assert_eq!(s.acquire("", "").status, 429);
     thread::sleep(Duration::from_millis(450));
@@ -118,48 +91,32 @@ fn unrenewed_slot_is_reclaimed_after_its_term() {
 
 #[test]
 fn renewing_keeps_a_slot_past_its_first_term() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"termMs":400,"renewIntervalMs":100,"requestTimeoutMs":5000"#,
-        "",
-    ));
+    let s =
+        TestServer::start(&config(r#""concurrency":1,"termMs":400,"renewIntervalMs":100,"requestTimeoutMs":5000"#, ""));
     let slot = s.acquire("", "").slot();
     for _ in 0..6 {
         thread::sleep(Duration::from_millis(150));
         assert_eq!(s.renew(&slot).status, 200);
     }
-    assert_eq!(
-        s.acquire("", "").status,
-        429,
-        "still held after 900 ms of renewals"
-    );
+    assert_eq!(s.acquire("", "").status, 429, "still held after 900 ms of renewals");
 }
 
 #[test]
 fn renew_stops_at_the_request_deadline_with_409() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"termMs":300,"renewIntervalMs":100,"requestTimeoutMs":500"#,
-        "",
-    ));
+    let s =
+        TestServer::start(&config(r#""concurrency":1,"termMs":300,"renewIntervalMs":100,"requestTimeoutMs":500"#, ""));
     let grant = s.acquire("", "");
     let request_deadline = grant.json()["requestDeadline"].as_u64().unwrap();
     let slot = grant.slot();
     thread::sleep(Duration::from_millis(250));
     let r = s.renew(&slot);
     assert_eq!(r.status, 200);
-    assert_eq!(
-        r.json()["leaseDeadline"].as_u64().unwrap(),
-        request_deadline,
-        "capped"
-    );
+    assert_eq!(r.json()["leaseDeadline"].as_u64().unwrap(), request_deadline, "capped");
     let r = s.renew(&slot);
     assert_eq!(r.status, 409);
     assert_eq!(r.error_code(), "capped");
     thread::sleep(Duration::from_millis(400));
-    assert_eq!(
-        s.release(&slot, "").json()["released"],
-        false,
-        "reclaimed at the cap"
-    );
+    assert_eq!(s.release(&slot, "").json()["released"], false, "reclaimed at the cap");
 }
 
 #[test]
@@ -176,8 +133,7 @@ fn many_clients_never_hold_more_than_the_limit() {
                 let mut conn = std::net::TcpStream::connect(addr).unwrap();
                 let mut grants = 0;
                 for round in 0..60u64 {
-                    conn.write_all(&post("/pools/p/lock/acquire", KEY, "", ""))
-                        .unwrap();
+                    conn.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
                     let r = read_response(&mut conn).unwrap();
                     if r.status != 200 {
                         assert_eq!(r.status, 429);
@@ -191,8 +147,7 @@ fn many_clients_never_hold_more_than_the_limit() {
                     }
                     let slot = r.slot();
                     held.fetch_sub(1, Ordering::SeqCst);
-                    conn.write_all(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", ""))
-                        .unwrap();
+                    conn.write_all(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", "")).unwrap();
                     assert_eq!(read_response(&mut conn).unwrap().json()["released"], true);
                 }
                 grants
@@ -201,11 +156,7 @@ fn many_clients_never_hold_more_than_the_limit() {
         .collect();
     let total: u32 = workers.into_iter().map(|w| w.join().unwrap()).sum();
     assert!(total > 0);
-    assert!(
-        peak.load(Ordering::SeqCst) <= LIMIT,
-        "peak {}",
-        peak.load(Ordering::SeqCst)
-    );
+    assert!(peak.load(Ordering::SeqCst) <= LIMIT, "peak {}", peak.load(Ordering::SeqCst));
     // Everything was released: the whole limit is free again.
     let slots: Vec<_> = (0..LIMIT).map(|_| s.acquire("", "").slot()).collect();
     assert_eq!(slots.len(), 3);
@@ -215,22 +166,13 @@ fn many_clients_never_hold_more_than_the_limit() {
 /// Sends an acquire that will queue, on its own connection.
 fn queue_acquire(s: &TestServer, wait_ms: u64) -> std::net::TcpStream {
     let mut c = s.connect();
-    c.write_all(&post(
-        "/pools/p/lock/acquire",
-        KEY,
-        "",
-        &format!(r#"{{"waitMs":{wait_ms}}}"#),
-    ))
-    .unwrap();
+    c.write_all(&post("/pools/p/lock/acquire", KEY, "", &format!(r#"{{"waitMs":{wait_ms}}}"#))).unwrap();
     c
 }
 
 #[test]
 fn waiters_are_granted_in_arrival_order() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
     let mut holder = s.acquire("", "").slot();
     let mut waiters: Vec<_> = (0..5)
         .map(|_| {
@@ -252,10 +194,7 @@ fn waiters_are_granted_in_arrival_order() {
 
 #[test]
 fn a_waiter_that_disconnects_is_never_granted() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
     let holder = s.acquire("", "").slot();
     let gone = queue_acquire(&s, 10_000);
     thread::sleep(Duration::from_millis(50));
@@ -263,11 +202,7 @@ fn a_waiter_that_disconnects_is_never_granted() {
     thread::sleep(Duration::from_millis(50));
     let mut second = queue_acquire(&s, 10_000);
     thread::sleep(Duration::from_millis(50));
-    assert_eq!(
-        s.acquire("", "").header_u64("x-nthpool-queue-depth"),
-        1,
-        "the closed waiter left the queue"
-    );
+    assert_eq!(s.acquire("", "").header_u64("x-nthpool-queue-depth"), 1, "the closed waiter left the queue");
     s.release(&holder, "");
     let r = read_response(&mut second).unwrap();
     let slot = r.slot();
@@ -278,10 +213,7 @@ fn a_waiter_that_disconnects_is_never_granted() {
 
 #[test]
 fn a_waiter_that_half_closes_leaves_the_queue() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
     let holder = s.acquire("", "").slot();
     let half = queue_acquire(&s, 10_000);
     thread::sleep(Duration::from_millis(50));
@@ -294,10 +226,7 @@ fn a_waiter_that_half_closes_leaves_the_queue() {
 
 #[test]
 fn a_full_queue_answers_429_queue_full() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"queue":{"size":2,"timeoutMs":10000}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":2,"timeoutMs":10000}"#, ""));
     s.acquire("", "").slot();
     let _a = queue_acquire(&s, 5000);
     let _b = queue_acquire(&s, 5000);
@@ -311,10 +240,7 @@ fn a_full_queue_answers_429_queue_full() {
 
 #[test]
 fn queue_deadline_answers_504_and_the_wait_is_clamped() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"queue":{"size":10,"timeoutMs":300}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":300}"#, ""));
     s.acquire("", "").slot();
     let started = Instant::now();
     let r = s.acquire("", r#"{"waitMs":60000}"#);
@@ -324,38 +250,23 @@ fn queue_deadline_answers_504_and_the_wait_is_clamped() {
     assert_eq!(r.header("x-nthpool-deny-reason"), Some("concurrency"));
     let queued = r.header_u64("x-nthpool-queued-ms");
     assert!((300..1000).contains(&queued), "queued {queued} ms");
-    assert!(
-        waited >= Duration::from_millis(290),
-        "clamped to the pool's 300 ms, not 60 s"
-    );
+    assert!(waited >= Duration::from_millis(290), "clamped to the pool's 300 ms, not 60 s");
     assert!(waited < Duration::from_secs(5));
 }
 
 #[test]
 fn header_wait_budget_and_no_queue() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"queue":{"size":10,"timeoutMs":5000}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":5000}"#, ""));
     s.acquire("", "").slot();
     let r = s.acquire("X-Nthpool-Queue-Timeout-Ms: 200\r\n", "");
     assert_eq!(r.status, 504, "the header budget queues");
     let started = Instant::now();
     let r = s.acquire("X-Nthpool-Queue-Timeout-Ms: 5000\r\n", r#"{"waitMs":150}"#);
     assert_eq!(r.status, 504);
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "the body wins over the header"
-    );
+    assert!(started.elapsed() < Duration::from_secs(3), "the body wins over the header");
     let r = s.acquire("X-Nthpool-No-Queue: 1\r\n", r#"{"waitMs":5000}"#);
     assert_eq!(r.status, 429, "no-queue forces fail fast");
-    for bad in [
-        r#"{"waitMs":-1}"#,
-        r#"{"waitMs":1.5}"#,
-        r#"{"waitMs":"10"}"#,
-        r#"{"waitMs":1e12}"#,
-        "[1]",
-    ] {
+    for bad in [r#"{"waitMs":-1}"#, r#"{"waitMs":1.5}"#, r#"{"waitMs":"10"}"#, r#"{"waitMs":1e12}"#, "[1]"] {
         let r = s.acquire("", bad);
         assert_eq!(r.status, 400, "{bad}");
         assert_eq!(r.error_code(), "bad_request");
@@ -382,10 +293,7 @@ fn a_reclaim_grants_the_head_waiter() {
 
 #[test]
 fn pipelined_requests_behind_a_waiting_acquire_keep_their_order() {
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"queue":{"size":10,"timeoutMs":5000}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":5000}"#, ""));
     let holder = s.acquire("", "").slot();
     let mut c = s.connect();
     let mut burst = post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":5000}"#);
@@ -421,10 +329,7 @@ fn rpm_gate_denies_with_retry_after_to_the_next_token() {
 fn a_429_report_lowers_the_effective_limit() {
     let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
     let slot = s.acquire("", "").slot();
-    assert_eq!(
-        s.release(&slot, r#"{"status":429,"throttled":1}"#).json()["released"],
-        true
-    );
+    assert_eq!(s.release(&slot, r#"{"status":429,"throttled":1}"#).json()["released"], true);
     let r = s.acquire("", "");
     assert_eq!(r.header_u64("x-nthpool-effective-limit"), 9);
     assert_eq!(r.header_u64("x-nthpool-remaining-slots"), 8);
@@ -439,18 +344,12 @@ fn a_bad_report_releases_nothing() {
     assert_eq!(r.status, 400);
     assert_eq!(r.error_code(), "bad_request");
     assert_eq!(s.acquire("", "").status, 429, "still held");
-    assert_eq!(
-        s.release(&slot, r#"{"status":200}"#).json()["released"],
-        true
-    );
+    assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
 }
 
 #[test]
 fn a_retry_after_report_pauses_the_pool() {
-    let s = TestServer::start(&config(
-        r#""concurrency":4,"queue":{"size":10,"timeoutMs":5000}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":4,"queue":{"size":10,"timeoutMs":5000}"#, ""));
     let slot = s.acquire("", "").slot();
     let started = Instant::now();
     s.release(&slot, r#"{"status":429,"headers":{"Retry-After":"1"}}"#);
@@ -465,10 +364,7 @@ fn a_retry_after_report_pauses_the_pool() {
 
 #[test]
 fn openai_headers_with_no_remaining_requests_block_until_the_reset() {
-    let s = TestServer::start(&config(
-        r#""concurrency":4,"queue":{"size":10,"timeoutMs":5000}"#,
-        "",
-    ));
+    let s = TestServer::start(&config(r#""concurrency":4,"queue":{"size":10,"timeoutMs":5000}"#, ""));
     let slot = s.acquire("", "").slot();
     let started = Instant::now();
     s.release(
@@ -480,9 +376,5 @@ fn openai_headers_with_no_remaining_requests_block_until_the_reset() {
     assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
     let r = s.acquire("", r#"{"waitMs":5000}"#);
     assert_eq!(r.status, 200);
-    assert!(
-        started.elapsed() >= Duration::from_millis(650),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() >= Duration::from_millis(650), "{:?}", started.elapsed());
 }

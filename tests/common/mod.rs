@@ -82,14 +82,7 @@ impl TestServer {
                 addr = Some(rest.parse().unwrap());
             }
         }
-        TestServer {
-            child,
-            addr: addr.unwrap(),
-            admin,
-            dir,
-            config_path,
-            stdout,
-        }
+        TestServer { child, addr: addr.unwrap(), admin, dir, config_path, stdout }
     }
 
     pub fn connect(&self) -> TcpStream {
@@ -123,12 +116,7 @@ impl TestServer {
     }
 
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .unwrap()
-            .success();
+        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status().unwrap().success();
         assert!(ok, "kill -{sig} failed");
     }
 }
@@ -143,11 +131,7 @@ impl Drop for TestServer {
 
 /// A POST with a key (empty `key` = no key header) and optional body.
 pub fn post(path: &str, key: &str, extra_headers: &str, body: &str) -> Vec<u8> {
-    let key_header = if key.is_empty() {
-        String::new()
-    } else {
-        format!("X-Nthpool-Key: {key}\r\n")
-    };
+    let key_header = if key.is_empty() { String::new() } else { format!("X-Nthpool-Key: {key}\r\n") };
     format!(
         "POST {path} HTTP/1.1\r\nHost: localhost\r\n{key_header}{extra_headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
@@ -164,17 +148,11 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 
     pub fn header_u64(&self, name: &str) -> u64 {
-        self.header(name)
-            .unwrap_or_else(|| panic!("missing header {name} in {self:?}"))
-            .parse()
-            .unwrap()
+        self.header(name).unwrap_or_else(|| panic!("missing header {name} in {self:?}")).parse().unwrap()
     }
 
     pub fn json(&self) -> serde_json::Value {

@@ -147,8 +147,8 @@ impl PoolAccess {
         }
         if let Some(policy) = &self.jwt {
             let token = head.header("x-nthpool-jwt").or_else(|| {
-                head.header("x-nthpool-key")?;
-                let auth = head.header("authorization")?;
+                head.api.key?;
+                let auth = head.api.authorization?;
                 auth.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &auth[7..])
             });
             let token = token.ok_or(denied(Denied::TOKEN_MISSING))?;

@@ -33,13 +33,13 @@ impl PoolKeys {
     /// The key the request presents: `X-Nthpool-Key`, else (when allowed)
     /// `Authorization: Bearer|Nthbouncer <key>`.
     pub fn presented<'h>(&self, head: &Head<'h>) -> Option<&'h [u8]> {
-        if let Some(key) = head.header("x-nthpool-key") {
+        if let Some(key) = head.api.key {
             return Some(trim(key));
         }
         if !self.allow_authorization_header {
             return None;
         }
-        let value = trim(head.header("authorization")?);
+        let value = trim(head.api.authorization?);
         let split = value.iter().position(|&b| b == b' ')?;
         let (scheme, rest) = value.split_at(split);
         if scheme.eq_ignore_ascii_case(b"bearer") || scheme.eq_ignore_ascii_case(b"nthbouncer") {

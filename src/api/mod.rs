@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::governor::lease::SlotId;
 use crate::governor::{Admission, Denial, Governor, Grant, Ms, PoolId, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
-use crate::http::response::{json_u64, Status, Writer};
+use crate::http::response::{json_u64, push_u64, Status, Writer};
 use crate::report::{self, check_object, is_blank};
 use auth::PoolKeys;
 pub use error::ApiError;
@@ -347,14 +347,14 @@ impl App {
         b.clear();
         b.extend_from_slice(b"{\"slotId\":\"");
         b.extend_from_slice(&grant.slot.encode());
-        b.extend_from_slice(b"\",");
-        json_u64(b, b"leaseDeadline", epoch_base_ms + grant.lease_deadline);
-        b.push(b',');
-        json_u64(b, b"requestDeadline", epoch_base_ms + grant.request_deadline);
-        b.push(b',');
-        json_u64(b, b"termMs", grant.term_ms);
-        b.push(b',');
-        json_u64(b, b"renewIntervalMs", grant.renew_interval_ms);
+        b.extend_from_slice(b"\",\"leaseDeadline\":");
+        push_u64(b, epoch_base_ms + grant.lease_deadline);
+        b.extend_from_slice(b",\"requestDeadline\":");
+        push_u64(b, epoch_base_ms + grant.request_deadline);
+        b.extend_from_slice(b",\"termMs\":");
+        push_u64(b, grant.term_ms);
+        b.extend_from_slice(b",\"renewIntervalMs\":");
+        push_u64(b, grant.renew_interval_ms);
         b.push(b'}');
         let mut w = Writer::start(out, Status::Ok);
         write_signals(&mut w, &grant.signals, grant.queued_ms);
@@ -392,15 +392,23 @@ impl App {
 
 const UNKNOWN_POOL: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
 
+/// The governor headers of every acquire answer. Each constant carries the
+/// previous header's CRLF, so the block is one append per header.
 fn write_signals(w: &mut Writer, s: &crate::governor::Signals, queued_ms: u64) {
-    w.header_u64(b"x-nthpool-remaining-slots", s.remaining_slots as u64)
-        .header_u64(b"x-nthpool-effective-limit", s.effective_limit as u64)
-        .header_u64(b"x-nthpool-queued-ms", queued_ms)
-        .header_u64(b"x-nthpool-limit", s.limit as u64)
-        .header_u64(b"x-nthpool-queue-depth", s.queue_depth as u64);
+    w.raw(b"x-nthpool-remaining-slots: ")
+        .num(s.remaining_slots as u64)
+        .raw(b"\r\nx-nthpool-effective-limit: ")
+        .num(s.effective_limit as u64)
+        .raw(b"\r\nx-nthpool-queued-ms: ")
+        .num(queued_ms)
+        .raw(b"\r\nx-nthpool-limit: ")
+        .num(s.limit as u64)
+        .raw(b"\r\nx-nthpool-queue-depth: ")
+        .num(s.queue_depth as u64);
     if let Some(tokens) = s.rpm_remaining {
-        w.header_u64(b"x-nthpool-rpm-remaining", tokens as u64);
+        w.raw(b"\r\nx-nthpool-rpm-remaining: ").num(tokens as u64);
     }
+    w.raw(b"\r\n");
 }
 
 fn host_without_port(host: &[u8]) -> &[u8] {
@@ -439,7 +447,7 @@ fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         }
     }
     if wait.is_none() {
-        if let Some(value) = head.header("x-nthpool-queue-timeout-ms") {
+        if let Some(value) = head.api.queue_timeout_ms {
             let text = std::str::from_utf8(value).map_err(|_| BAD_WAIT)?.trim();
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(BAD_WAIT);
@@ -451,7 +459,7 @@ fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
     if wait > MAX_WAIT_MS {
         return Err(BAD_WAIT);
     }
-    if head.header("x-nthpool-no-queue").is_some() {
+    if head.api.no_queue {
         return Ok(0);
     }
     Ok(wait)

@@ -6,9 +6,6 @@
 //! hitting a newer lease in the same slab slot; the random part makes ids
 //! unguessable, and is compared in constant time.
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
-
 use super::pool::PoolId;
 use super::Ms;
 use crate::wheel::TimerKey;
@@ -19,6 +16,18 @@ pub const SLOT_ID_CHARS: usize = 32;
 /// The raw bytes of a `slotId`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SlotId(pub [u8; SLOT_ID_BYTES]);
+
+const B64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+const INVALID: u8 = 0xff;
+const B64URL_INV: [u8; 256] = {
+    let mut table = [INVALID; 256];
+    let mut i = 0;
+    while i < 64 {
+        table[B64URL[i] as usize] = i as u8;
+        i += 1;
+    }
+    table
+};
 
 /// Debug output shows only the log reference: ids are secrets.
 impl std::fmt::Debug for SlotId {
@@ -48,11 +57,17 @@ impl SlotId {
         &self.0[8..]
     }
 
-    /// Writes the 32-character text form.
+    /// Writes the 32-character text form: unpadded URL-safe base64 (RFC 4648
+    /// §5). 24 bytes are exactly eight 3-byte groups, so this is a plain
+    /// table walk; it runs on every grant, renew and release.
     pub fn encode(&self) -> [u8; SLOT_ID_CHARS] {
         let mut out = [0u8; SLOT_ID_CHARS];
-        let n = URL_SAFE_NO_PAD.encode_slice(self.0, &mut out).expect("32 characters hold 24 bytes");
-        debug_assert_eq!(n, SLOT_ID_CHARS);
+        for (group, chars) in self.0.chunks_exact(3).zip(out.chunks_exact_mut(4)) {
+            let n = (group[0] as u32) << 16 | (group[1] as u32) << 8 | group[2] as u32;
+            for (i, c) in chars.iter_mut().enumerate() {
+                *c = B64URL[(n >> (18 - 6 * i) & 63) as usize];
+            }
+        }
         out
     }
 
@@ -62,10 +77,18 @@ impl SlotId {
             return None;
         }
         let mut raw = [0u8; SLOT_ID_BYTES];
-        match URL_SAFE_NO_PAD.decode_slice(text, &mut raw) {
-            Ok(SLOT_ID_BYTES) => Some(SlotId(raw)),
-            _ => None,
+        for (chars, group) in text.chunks_exact(4).zip(raw.chunks_exact_mut(3)) {
+            let mut n = 0u32;
+            for &c in chars {
+                let v = B64URL_INV[c as usize];
+                if v == INVALID {
+                    return None;
+                }
+                n = n << 6 | v as u32;
+            }
+            group.copy_from_slice(&n.to_be_bytes()[1..]);
         }
+        Some(SlotId(raw))
     }
 
     /// A short reference for logs: a non-reversible hash of the id, never the id itself.
@@ -146,6 +169,18 @@ mod tests {
         assert_eq!(back.index(), 7);
         assert_eq!(back.generation(), 3);
         assert_eq!(back.secret(), &[0xfb; 16]);
+    }
+
+    #[test]
+    fn encoding_matches_standard_base64url() {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine;
+        let id = SlotId::new(0xdead_beef, 0x0102_0304, *b"\x00\xff\x10 any 16 bytes");
+        assert_eq!(id.encode().as_slice(), URL_SAFE_NO_PAD.encode(id.0).as_bytes());
+        for i in 0..=255u8 {
+            let id = SlotId([i; SLOT_ID_BYTES]);
+            assert_eq!(SlotId::decode(&id.encode()), Some(id));
+        }
     }
 
     #[test]

@@ -8,12 +8,24 @@
 //! body, never touches a socket and never chooses an answer. A `HeadError` names the
 //! status only through its variant; the connection layer writes the reply.
 
+use std::mem::MaybeUninit;
+
 use httparse::{Header, Status};
+
+use super::bytes_equal;
 
 /// Past this many bytes without a complete head the answer is `431`.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// More header fields than this is answered as a head too large (`431`).
 pub const MAX_HEADERS: usize = 64;
+
+/// Room for the parsed header fields; left uninitialised, so a parse costs
+/// nothing for the fields a request does not send.
+pub type HeaderStorage<'b> = [MaybeUninit<Header<'b>>; MAX_HEADERS];
+
+pub fn header_storage<'b>() -> HeaderStorage<'b> {
+    [const { MaybeUninit::uninit() }; MAX_HEADERS]
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
@@ -53,7 +65,19 @@ pub struct Head<'b> {
     /// Bytes of the input taken by the head, final empty line included: the body or
     /// the next pipelined request starts here.
     pub head_len: usize,
+    /// The fields the lock API reads on every request, found in the same pass
+    /// as the framing fields (first occurrence of each).
+    pub api: ApiFields<'b>,
     pub headers: &'b [Header<'b>],
+}
+
+/// `X-Nthpool-Key`, `Authorization`, `X-Nthpool-Queue-Timeout-Ms`, `X-Nthpool-No-Queue`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ApiFields<'b> {
+    pub key: Option<&'b [u8]>,
+    pub authorization: Option<&'b [u8]>,
+    pub queue_timeout_ms: Option<&'b [u8]>,
+    pub no_queue: bool,
 }
 
 impl<'b> Head<'b> {
@@ -101,12 +125,9 @@ pub fn head_may_be_complete(buf: &[u8], searched_from: usize) -> bool {
 
 /// Parses the request head at the start of `buf`. `Ok(None)` means the head is not
 /// complete yet; keep the bytes and call again once `head_may_be_complete` says so.
-pub fn parse_head<'b>(
-    buf: &'b [u8],
-    storage: &'b mut [Header<'b>; MAX_HEADERS],
-) -> Result<Option<Head<'b>>, HeadError> {
-    let mut req = httparse::Request::new(storage);
-    let head_len = match req.parse(buf) {
+pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Result<Option<Head<'b>>, HeadError> {
+    let mut req = httparse::Request::new(&mut []);
+    let head_len = match req.parse_with_uninit_headers(buf, storage) {
         Ok(Status::Complete(n)) => n,
         Ok(Status::Partial) => {
             check_line_endings(buf)?;
@@ -121,15 +142,18 @@ pub fn parse_head<'b>(
     if head_len > MAX_HEAD_BYTES {
         return Err(HeadError::TooLarge);
     }
-    // httparse takes a lone LF as a line ending; a proxy in front of us may not,
-    // and two readings of one head is how requests get smuggled.
-    check_line_endings(&buf[..head_len])?;
-
     let httparse::Request { method, path, version, headers } = req;
     let headers: &'b [Header<'b>] = headers;
     let (Some(method), Some(path), Some(version)) = (method, path, version) else {
         return Err(HeadError::Malformed("The request line is incomplete."));
     };
+    // httparse takes a lone LF as a line ending; a proxy in front of us may not,
+    // and two readings of one head is how requests get smuggled. Checking the
+    // few line ends httparse found is enough when they all hold a CR; anything
+    // else gets the exact byte scan, which also words the error.
+    if !line_ends_are_crlf(buf, head_len, path, headers) {
+        check_line_endings(&buf[..head_len])?;
+    }
     let method = match method {
         "GET" => Method::Get,
         "HEAD" => Method::Head,
@@ -171,8 +195,57 @@ pub fn parse_head<'b>(
         expect_continue: fields.expect_continue,
         host: fields.host,
         head_len,
+        api: fields.api,
         headers,
     }))
+}
+
+/// Whether every line end of a complete head is CRLF, looking only where
+/// httparse ended each line. httparse has already refused any CR not followed
+/// by LF, obsolete line folding and extra spaces in the request line, so each
+/// header is one line and each line ends right after its value (and optional
+/// spaces or tabs). `false` means "not proven", not "malformed".
+fn line_ends_are_crlf(buf: &[u8], head_len: usize, path: &str, headers: &[Header]) -> bool {
+    let base = buf.as_ptr() as usize;
+    let is_cr = |at: usize| buf.get(at) == Some(&b'\r');
+    // Leading empty lines, which httparse skips, are left to the exact scan.
+    if matches!(buf.first(), Some(b'\r' | b'\n')) {
+        return false;
+    }
+    // `<path> HTTP/1.x` then the line end.
+    let path_end = path.as_ptr() as usize - base + path.len();
+    if !is_cr(path_end + b" HTTP/1.1".len()) {
+        return false;
+    }
+    for h in headers {
+        let mut at = h.value.as_ptr() as usize - base + h.value.len();
+        while matches!(buf.get(at), Some(b' ' | b'\t')) {
+            at += 1;
+        }
+        if !is_cr(at) {
+            return false;
+        }
+    }
+    buf[..head_len].ends_with(b"\r\n\r\n")
+}
+
+/// `name == lower`, ignoring ASCII case, for a `lower` made of lowercase
+/// letters, digits and `-` (every field name this server looks for). Eight
+/// bytes per step: OR-ing 0x20 folds letters and leaves `-` and digits alone.
+fn name_is(name: &[u8], lower: &[u8]) -> bool {
+    if name.len() != lower.len() {
+        return false;
+    }
+    let mut a = name.chunks_exact(8);
+    let mut b = lower.chunks_exact(8);
+    for (x, y) in a.by_ref().zip(b.by_ref()) {
+        let x = u64::from_le_bytes(x.try_into().expect("8 bytes"));
+        let y = u64::from_le_bytes(y.try_into().expect("8 bytes"));
+        if x | 0x2020_2020_2020_2020 != y {
+            return false;
+        }
+    }
+    a.remainder().iter().zip(b.remainder()).all(|(x, y)| x | 0x20 == *y)
 }
 
 /// What the header fields say about framing and the connection, gathered in one
@@ -185,6 +258,7 @@ struct Fields<'b> {
     close: bool,
     keep_alive: bool,
     expect_continue: bool,
+    api: ApiFields<'b>,
 }
 
 fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
@@ -193,7 +267,7 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
         let name = h.name.as_bytes();
         // The length dispatch keeps most fields at one integer compare.
         match name.len() {
-            4 if name.eq_ignore_ascii_case(b"host") => {
+            4 if name_is(name, b"host") => {
                 // Two Hosts are rejected on HTTP/1.0 too: which one a proxy used
                 // cannot be known, and `publicHost` routing depends on it.
                 if f.host.is_some() {
@@ -201,10 +275,20 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
                 }
                 f.host = Some(h.value);
             }
-            6 if name.eq_ignore_ascii_case(b"expect") => {
+            13 if name_is(name, b"x-nthpool-key") => {
+                f.api.key.get_or_insert(h.value);
+            }
+            13 if name_is(name, b"authorization") => {
+                f.api.authorization.get_or_insert(h.value);
+            }
+            26 if name_is(name, b"x-nthpool-queue-timeout-ms") => {
+                f.api.queue_timeout_ms.get_or_insert(h.value);
+            }
+            18 if name_is(name, b"x-nthpool-no-queue") => f.api.no_queue = true,
+            6 if name_is(name, b"expect") => {
                 f.expect_continue |= trim_ows(h.value).eq_ignore_ascii_case(b"100-continue");
             }
-            10 if name.eq_ignore_ascii_case(b"connection") => {
+            10 if name_is(name, b"connection") => {
                 for token in h.value.split(|&b| b == b',').map(trim_ows) {
                     if token.eq_ignore_ascii_case(b"close") {
                         f.close = true;
@@ -213,14 +297,14 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
                     }
                 }
             }
-            14 if name.eq_ignore_ascii_case(b"content-length") => {
+            14 if name_is(name, b"content-length") => {
                 let n = parse_content_length(h.value)?;
                 if f.content_length.is_some_and(|m| m != n) {
                     return Err(HeadError::Malformed("Content-Length is sent twice with different values."));
                 }
                 f.content_length = Some(n);
             }
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+            17 if name_is(name, b"transfer-encoding") => {
                 // One field holding exactly `chunked`: a list (even split over
                 // two fields) would make the body's framing depend on who reads it.
                 if f.chunked {
@@ -269,22 +353,42 @@ fn trim_ows(mut v: &[u8]) -> &[u8] {
 }
 
 /// Every LF must follow a CR and every CR precede an LF, and no line may start
-/// with whitespace (obsolete folding). One scan over the head; a CR as the last
-/// byte of a partial head is left for the next call.
+/// with whitespace (obsolete folding). One scan over the head, eight bytes at a
+/// time: only the CR and LF bytes are looked at, each judged with its
+/// neighbours, so skipping everything else is exact.
+/// A CR as the last byte of a partial head is left for the next call.
 fn check_line_endings(head: &[u8]) -> Result<(), HeadError> {
-    let mut prev = 0u8;
-    for (i, &b) in head.iter().enumerate() {
-        if b == b'\n' {
-            if prev != b'\r' {
+    let mut words = head.chunks_exact(8);
+    let mut at = 0;
+    for word in words.by_ref() {
+        let w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+        let mut found = bytes_equal(w, b'\r') | bytes_equal(w, b'\n');
+        while found != 0 {
+            check_line_byte(head, at + (found.trailing_zeros() / 8) as usize)?;
+            found &= found - 1;
+        }
+        at += 8;
+    }
+    for i in at..head.len() {
+        check_line_byte(head, i)?;
+    }
+    Ok(())
+}
+
+fn check_line_byte(head: &[u8], i: usize) -> Result<(), HeadError> {
+    match head[i] {
+        b'\n' => {
+            if i == 0 || head[i - 1] != b'\r' {
                 return Err(HeadError::Malformed("Lines of the request head must end with CRLF, not a bare LF."));
             }
             if let Some(b' ' | b'\t') = head.get(i + 1) {
                 return Err(HeadError::Malformed("Obsolete line folding is not accepted."));
             }
-        } else if prev == b'\r' {
+        }
+        b'\r' if head.get(i + 1).is_some_and(|&next| next != b'\n') => {
             return Err(HeadError::Malformed("A CR in the request head must be followed by LF."));
         }
-        prev = b;
+        _ => {}
     }
     Ok(())
 }
@@ -305,11 +409,9 @@ fn httparse_reason(e: httparse::Error) -> &'static str {
 mod tests {
     use super::*;
 
-    const EMPTY: [Header<'static>; MAX_HEADERS] = [httparse::EMPTY_HEADER; MAX_HEADERS];
-
     /// Parses `raw` and hands the result to `check`, since `Head` borrows locals.
     fn with_head<R>(raw: &[u8], check: impl FnOnce(Result<Option<Head<'_>>, HeadError>) -> R) -> R {
-        let mut storage = EMPTY;
+        let mut storage = header_storage();
         check(parse_head(raw, &mut storage))
     }
 

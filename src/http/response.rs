@@ -72,8 +72,24 @@ pub struct Writer<'a> {
 
 impl<'a> Writer<'a> {
     pub fn start(out: &'a mut Vec<u8>, status: Status) -> Writer<'a> {
+        // One reservation covers a whole typical answer, so the appends below
+        // never reallocate in the middle.
+        out.reserve(512);
         out.extend_from_slice(status.line());
         Writer { out }
+    }
+
+    /// Appends bytes as they are. Hot paths merge constant text (a header's
+    /// CRLF with the next header's name) into one call.
+    pub fn raw(&mut self, bytes: &[u8]) -> &mut Self {
+        self.out.extend_from_slice(bytes);
+        self
+    }
+
+    /// Appends a number in decimal.
+    pub fn num(&mut self, value: u64) -> &mut Self {
+        push_u64(self.out, value);
+        self
     }
 
     pub fn header(&mut self, name: &[u8], value: &[u8]) -> &mut Self {
@@ -91,15 +107,18 @@ impl<'a> Writer<'a> {
 
     /// Ends the head and appends a JSON body.
     pub fn finish_json(self, body: &[u8], close: bool) {
-        self.out.extend_from_slice(b"Content-Type: application/json\r\n");
-        self.finish(body, close);
+        self.out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
+        self.end(body, close);
     }
 
     /// Ends the head and appends a body of another type (set with `header`).
     pub fn finish(self, body: &[u8], close: bool) {
-        let mut buf = itoa::Buffer::new();
         self.out.extend_from_slice(b"Content-Length: ");
-        self.out.extend_from_slice(buf.format(body.len()).as_bytes());
+        self.end(body, close);
+    }
+
+    fn end(self, body: &[u8], close: bool) {
+        push_u64(self.out, body.len() as u64);
         if close {
             self.out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
         } else {
@@ -120,13 +139,17 @@ pub fn error_body(out: &mut Vec<u8>, code: &str, message: &str) {
     out.extend_from_slice(b"\"}");
 }
 
+/// Appends a number in decimal.
+pub fn push_u64(out: &mut Vec<u8>, value: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+}
+
 /// Appends `"name":<value>` to a JSON object being built.
 pub fn json_u64(out: &mut Vec<u8>, name: &[u8], value: u64) {
-    let mut buf = itoa::Buffer::new();
     out.push(b'"');
     out.extend_from_slice(name);
     out.extend_from_slice(b"\":");
-    out.extend_from_slice(buf.format(value).as_bytes());
+    push_u64(out, value);
 }
 
 #[cfg(test)]

@@ -107,6 +107,9 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
     if is_blank(body) {
         return Ok(None);
     }
+    if let Some(flat) = parse_flat(body) {
+        return flat.map(Some);
+    }
     check_object(body)?;
     let parsed: ReleaseBody = serde_json::from_slice(body).map_err(|_| {
         "The release body is not valid: fields must be numbers, `rate` an object and `headers` strings."
@@ -137,6 +140,102 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
         token_remaining: whole(&rate.token_remaining, ANY, RATE_ERR)?.or(from_headers.token_remaining),
         token_reset_ms: whole(&rate.token_reset_ms, ANY, RATE_ERR)?.or(from_headers.token_reset_ms),
     }))
+}
+
+/// The report nearly every release carries — an object of `status`,
+/// `throttled` and `retryAfterMs` with plain integers — read without serde.
+/// `None` means "not that shape": the general parser decides, so both paths
+/// accept and refuse exactly the same bodies.
+fn parse_flat(body: &[u8]) -> Option<Result<Outcome, BodyError>> {
+    let mut p = Scan { b: body, at: 0 };
+    let (mut status, mut throttled, mut retry) = (None, None, None);
+    p.ws();
+    p.eat(b'{')?;
+    p.ws();
+    if !p.eat_if(b'}') {
+        loop {
+            p.eat(b'"')?;
+            let key_start = p.at;
+            while p.b.get(p.at).is_some_and(|&c| c.is_ascii_alphabetic()) {
+                p.at += 1;
+            }
+            let slot = match &p.b[key_start..p.at] {
+                b"status" => &mut status,
+                b"throttled" => &mut throttled,
+                b"retryAfterMs" => &mut retry,
+                _ => return None,
+            };
+            p.eat(b'"')?;
+            p.ws();
+            p.eat(b':')?;
+            p.ws();
+            if slot.is_some() {
+                return None; // a repeated field: the general parser refuses it
+            }
+            *slot = Some(p.integer()?);
+            p.ws();
+            if p.eat_if(b'}') {
+                break;
+            }
+            p.eat(b',')?;
+            p.ws();
+        }
+    }
+    p.ws();
+    if p.at != body.len() {
+        return None;
+    }
+    Some(flat_outcome(status, throttled, retry))
+}
+
+fn flat_outcome(status: Option<u64>, throttled: Option<u64>, retry: Option<u64>) -> Result<Outcome, BodyError> {
+    if matches!(status, Some(s) if !(100..=599).contains(&s)) {
+        return Err("`status` must be a whole number from 100 to 599.");
+    }
+    Ok(Outcome {
+        status: status.map(|s| s as u16),
+        throttled: throttled.unwrap_or(0),
+        retry_after_ms: retry,
+        ..Outcome::default()
+    })
+}
+
+/// A cursor over a body for `parse_flat`.
+struct Scan<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Scan<'_> {
+    fn ws(&mut self) {
+        while self.b.get(self.at).is_some_and(|c| matches!(c, b' ' | b'\t' | b'\r' | b'\n')) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        self.eat_if(c).then_some(())
+    }
+
+    fn eat_if(&mut self, c: u8) -> bool {
+        let hit = self.b.get(self.at) == Some(&c);
+        self.at += usize::from(hit);
+        hit
+    }
+
+    /// A JSON integer without sign, fraction or exponent that fits in u64.
+    fn integer(&mut self) -> Option<u64> {
+        let start = self.at;
+        let mut n: u64 = 0;
+        while let Some(&c) = self.b.get(self.at).filter(|c| c.is_ascii_digit()) {
+            n = n.checked_mul(10)?.checked_add((c - b'0') as u64)?;
+            self.at += 1;
+        }
+        let digits = self.at - start;
+        let leading_zero = digits > 1 && self.b[start] == b'0';
+        let more = matches!(self.b.get(self.at), Some(b'.' | b'e' | b'E'));
+        (digits > 0 && !leading_zero && !more).then_some(n)
+    }
 }
 
 #[cfg(test)]
@@ -188,6 +287,40 @@ mod tests {
         let o = ok(r#"{"headers":{"retry-after":"soon","x-ratelimit-remaining":"lots"}}"#);
         assert_eq!(o.retry_after_ms, None);
         assert_eq!(o.remaining, None);
+    }
+
+    #[test]
+    fn the_flat_fast_path_agrees_with_serde() {
+        for body in [
+            r#"{"status":200}"#,
+            r#" { "status" : 429 , "throttled" : 3, "retryAfterMs":0 } "#,
+            r#"{}"#,
+            r#"{"status":99}"#,
+            r#"{"status":600}"#,
+            r#"{"status":200,"status":200}"#,
+            r#"{"status":01}"#,
+            r#"{"status":2e2}"#,
+            r#"{"status":-1}"#,
+            r#"{"status":200,}"#,
+            r#"{"status":200}x"#,
+            r#"{"throttled":18446744073709551616}"#,
+            r#"{"rate":{"remaining":1}}"#,
+        ] {
+            let flat = parse_flat(body.as_bytes());
+            let mut reference = body.to_string();
+            // The general path alone: a field the fast path does not know.
+            reference.insert_str(reference.find('{').unwrap() + 1, r#""headers":{},"#);
+            if let Some(flat) = flat {
+                let general = parse_release(reference.replace(",}", "}").as_bytes(), 0).map(|o| o.unwrap());
+                assert_eq!(flat.is_ok(), general.is_ok(), "{body}");
+                if let (Ok(a), Ok(b)) = (flat, general) {
+                    assert_eq!(a, b, "{body}");
+                }
+            }
+        }
+        assert!(parse_flat(br#"{"status":200}"#).is_some());
+        assert!(parse_flat(br#"{"status":200,"status":200}"#).is_none());
+        assert!(parse_flat(br#"{"rate":{}}"#).is_none());
     }
 
     #[test]

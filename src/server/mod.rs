@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::governor::{Ms, Notice};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
-    head_may_be_complete, parse_head, BodyFraming, Head, HeadError, MAX_HEADERS, MAX_HEAD_BYTES,
+    head_may_be_complete, header_storage, parse_head, BodyFraming, Head, HeadError, MAX_HEAD_BYTES,
 };
 use crate::http::response::{Status, CONTINUE};
 use admin::ServerStats;
@@ -410,11 +410,13 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
+            // A head usually arrives whole and is parsed at once; after a partial
+            // parse, only new bytes that could end it trigger another.
+            if conn.pending.is_none() && conn.head_scanned > 0 && !head_may_be_complete(data, conn.head_scanned) {
                 conn.head_scanned = data.len();
                 break;
             }
-            let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut storage = header_storage();
             let head = match parse_head(data, &mut storage) {
                 Ok(Some(head)) => head,
                 Ok(None) => {

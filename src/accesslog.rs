@@ -29,7 +29,6 @@ enum Sink {
 
 pub struct AccessLog {
     sink: Sink,
-    path: Option<String>,
     buf: Vec<u8>,
     /// Set after the first failure, so it is logged once until a write works again.
     failing: bool,
@@ -68,7 +67,6 @@ impl AccessLog {
         };
         Ok(AccessLog {
             sink,
-            path: path.map(str::to_owned),
             buf: Vec::with_capacity(WRITE_THRESHOLD),
             failing: false,
             lines: 0,
@@ -77,8 +75,11 @@ impl AccessLog {
         })
     }
 
-    pub fn path(&self) -> Option<&str> {
-        self.path.as_deref()
+    /// Takes over `other`'s destination (a reload); the counters carry on.
+    /// Call `flush` first so buffered lines go to the old destination.
+    pub fn replace_sink(&mut self, other: AccessLog) {
+        self.sink = other.sink;
+        self.failing = false;
     }
 
     pub fn is_on(&self) -> bool {

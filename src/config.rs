@@ -235,8 +235,17 @@ impl Config {
     }
 
     pub fn parse(text: &[u8]) -> Result<Config, ConfigError> {
-        let config: Config =
-            serde_json::from_slice(text).map_err(|e| ConfigError(format!("invalid configuration: {e}")))?;
+        // The path names the field of a wrongly typed value (`pools.p.queue.timeoutMs`).
+        let de = &mut serde_json::Deserializer::from_slice(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." {
+                ConfigError(format!("invalid configuration: {inner}"))
+            } else {
+                ConfigError(format!("invalid configuration: {path}: {inner}"))
+            }
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -448,6 +457,8 @@ mod tests {
         assert!(err(r#"{"pools":{"p":{"keys":["k"],"keySha256":["xyz"]}}}"#).contains("keySha256"));
         assert!(err(r#"{"listen":"nowhere","pools":{"p":{"keys":["k"]}}}"#).contains("listen"));
         assert!(err(r#"{"pools":{}}"#).contains("pools"));
+        assert!(err(&pool_json(r#","queue":{"timeoutMs":"soon"}"#)).contains("pools.p1.queue.timeoutMs"));
+        assert!(err(&pool_json(r#","termMs":-1"#)).contains("pools.p1.termMs"));
     }
 
     #[test]

@@ -33,6 +33,9 @@ struct HmacPolicy {
     secret: Vec<u8>,
     tolerance_ms: u64,
     nonces: NonceStore,
+    /// Requests signed before this (epoch ms) are refused: set when a reload
+    /// widened the window, since their nonces may already have been forgotten.
+    not_before_ms: u64,
 }
 
 struct CloudflarePolicy {
@@ -73,6 +76,7 @@ impl PoolAccess {
             secret: h.secret.as_bytes().to_vec(),
             tolerance_ms: h.tolerance_ms,
             nonces: NonceStore::new(h.nonce_capacity),
+            not_before_ms: 0,
         });
         let jwt = config.jwt.as_ref().map(|j| JwtPolicy {
             secret: j.hs256_secret.as_bytes().to_vec(),
@@ -100,13 +104,21 @@ impl PoolAccess {
         Ok(PoolAccess { ip_allow, trusted_proxies, hmac, jwt, cloudflare })
     }
 
-    /// Keeps the remembered nonces across a reload (so it does not reopen
-    /// replay), when both the old and the new policy sign requests.
-    pub fn carry_state_from(&mut self, old: &mut PoolAccess) {
-        if let (Some(new), Some(old)) = (&mut self.hmac, &mut old.hmac) {
-            if new.nonces.capacity() == old.nonces.capacity() {
-                std::mem::swap(&mut new.nonces, &mut old.nonces);
-            }
+    /// Keeps the remembered nonces across a reload, so a reload never
+    /// reopens replay: a new capacity keeps every entry, and a wider window
+    /// makes entries live longer and refuses requests signed so long ago
+    /// that their nonces may already have been forgotten.
+    pub fn carry_state_from(&mut self, old: &mut PoolAccess, now_epoch_ms: u64) {
+        let (Some(new), Some(old)) = (&mut self.hmac, &mut old.hmac) else {
+            return;
+        };
+        let capacity = new.nonces.capacity();
+        std::mem::swap(&mut new.nonces, &mut old.nonces);
+        new.nonces.set_capacity(capacity);
+        new.not_before_ms = old.not_before_ms;
+        if new.tolerance_ms > old.tolerance_ms {
+            new.nonces.extend_expiries(new.tolerance_ms - old.tolerance_ms);
+            new.not_before_ms = new.not_before_ms.max(now_epoch_ms.saturating_sub(old.tolerance_ms));
         }
     }
 
@@ -186,6 +198,9 @@ impl PoolAccess {
             policy.tolerance_ms,
         )
         .map_err(denied)?;
+        if verified.timestamp_ms < policy.not_before_ms {
+            return Err(denied(Denied::TIMESTAMP_STALE));
+        }
         match policy.nonces.insert(verified.nonce, now_epoch_ms, verified.nonce_expires_ms) {
             Ok(()) => Ok(()),
             Err(NonceError::Replay) => Err(denied(Denied::NONCE_REPLAYED)),

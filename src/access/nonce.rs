@@ -91,8 +91,25 @@ impl NonceStore {
         // purge recognises it by the mismatched expiry.
         self.expiries.insert(nonce.into(), expires_ms);
         self.by_expiry.push(Reverse((expires_ms, nonce.into())));
-        debug_assert!(self.expiries.len() <= self.capacity);
+        debug_assert!(known || self.expiries.len() <= self.capacity);
         Ok(())
+    }
+
+    /// A new capacity (a reload). Entries beyond a smaller capacity are kept
+    /// until they expire — dropping one would reopen its replay — and new
+    /// nonces are refused meanwhile.
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+    }
+
+    /// Makes every remembered nonce live `delta_ms` longer: a reload widened
+    /// the tolerance window, so a replay stays acceptable for longer. O(n),
+    /// once per reload.
+    pub fn extend_expiries(&mut self, delta_ms: u64) {
+        for expiry in self.expiries.values_mut() {
+            *expiry = expiry.saturating_add(delta_ms);
+        }
+        self.by_expiry = self.expiries.iter().map(|(nonce, &expiry)| Reverse((expiry, nonce.clone()))).collect();
     }
 
     /// Pops up to `limit` expired heap entries.
@@ -127,6 +144,20 @@ impl NonceStore {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn resizing_and_extending_keep_what_was_remembered() {
+        let mut s = NonceStore::new(3);
+        for n in [b"a", b"b", b"c"] {
+            s.insert(n, 0, 100).unwrap();
+        }
+        s.set_capacity(1);
+        assert_eq!(s.insert(b"a", 10, 110), Err(NonceError::Replay));
+        assert!(matches!(s.insert(b"d", 10, 110), Err(NonceError::Full { .. })));
+        s.extend_expiries(50);
+        assert_eq!(s.insert(b"b", 120, 220), Err(NonceError::Replay), "lives until 150 now");
+        assert_eq!(s.insert(b"b", 150, 250), Ok(()));
+    }
 
     #[test]
     fn replay_is_refused_until_expiry() {

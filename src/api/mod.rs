@@ -95,14 +95,17 @@ impl App {
             latency: Vec::new(),
             scratch: Vec::with_capacity(512),
         };
-        app.reconfigure(config, 0)?;
+        app.reconfigure(config, 0, 0)?;
         Ok(app)
     }
 
     /// Applies a (re)loaded configuration; pools keep their live state. On
-    /// error (a JWKS file that cannot be read at first load) nothing changes.
-    pub fn reconfigure(&mut self, config: &Config, now: Ms) -> Result<(), String> {
-        // Build every pool's credentials first, so a failure leaves all as it was.
+    /// error (an access log or JWKS file that cannot be opened) nothing
+    /// changes. The access log is always reopened, so SIGHUP after a log
+    /// rotation writes to the new file.
+    pub fn reconfigure(&mut self, config: &Config, now: Ms, now_epoch_ms: u64) -> Result<(), String> {
+        // Everything that can fail comes first, so a failure leaves all as it was.
+        let log = AccessLog::open(config.access_log.as_deref())?;
         let mut fresh = BTreeMap::new();
         for (name, pool) in &config.pools {
             let previous = self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access);
@@ -112,10 +115,8 @@ impl App {
         self.gov.reconfigure(&config.pools, now);
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
         self.max_body = config.max_body_bytes;
-        if self.log.path() != config.access_log.as_deref() {
-            self.log.flush();
-            self.log = AccessLog::open(config.access_log.as_deref())?;
-        }
+        self.log.flush();
+        self.log.replace_sink(log);
         self.latency.resize_with(self.gov.pools().count(), LatencyHistogram::default);
         // Retired pools keep their old credentials so their leases can still be released.
         let mut old = std::mem::take(&mut self.creds).into_iter();
@@ -123,7 +124,7 @@ impl App {
             let previous = old.next();
             let creds = match (fresh.remove(&*pool.name), previous) {
                 (Some(mut new), Some(mut previous)) => {
-                    new.access.carry_state_from(&mut previous.access);
+                    new.access.carry_state_from(&mut previous.access, now_epoch_ms);
                     new
                 }
                 (Some(new), None) => new,

@@ -132,8 +132,11 @@ pub struct Conn {
     pub undelivered: Vec<(SlotId, usize)>,
     pub read_closed: bool,
     pub close_after_flush: bool,
-    /// More input may be waiting in the kernel (the read budget ran out).
-    pub read_more: bool,
+    /// The socket may hold unread input (edge-triggered readiness, remembered
+    /// until a read finds it empty).
+    pub readable: bool,
+    /// The peer's FIN was reported: read to EOF even after a short read.
+    pub hangup: bool,
     pub request_started: Option<Ms>,
     pub last_active: Ms,
     pub out_since: Ms,
@@ -159,7 +162,8 @@ impl Conn {
             undelivered: Vec::new(),
             read_closed: false,
             close_after_flush: false,
-            read_more: false,
+            readable: false,
+            hangup: false,
             request_started: None,
             last_active: now,
             out_since: now,
@@ -205,6 +209,12 @@ impl Conn {
             Err(e) if is_reset(&e) => Ok(Io::Closed),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether reading now makes sense: input may be waiting, and there is
+    /// room for it and for the answers it would produce.
+    pub fn may_read(&self) -> bool {
+        self.readable && !self.read_closed && !self.input_full() && self.unsent() <= OUTPUT_HIGH_WATER
     }
 
     /// Whether the input buffer is at its limit (reading must wait for processing).

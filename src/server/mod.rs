@@ -49,8 +49,6 @@ const ACCEPT_TIMER: u64 = u64::MAX;
 const LOG_TIMER: u64 = u64::MAX - 1;
 /// Graceful shutdown finishes within this, whatever clients do.
 const SHUTDOWN_GRACE_MS: u64 = 800;
-/// Sent, best effort, to a connection over the `maxConnections` cap.
-const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nContent-Length: 78\r\nConnection: close\r\n\r\n{\"error\":\"unavailable\",\"message\":\"The server has too many open connections.\"}";
 
 pub struct Server {
     poll: Poll,
@@ -60,7 +58,11 @@ pub struct Server {
     signals: Signals,
     /// The file SIGHUP re-reads; `None` for the embedded configuration.
     config_path: Option<PathBuf>,
+    /// The listener addresses as last configured, to warn when a reload changes them.
+    configured_listen: (String, Option<String>),
     conns: Slab<Conn>,
+    /// Sent, best effort, to a connection over the `maxConnections` cap.
+    over_capacity: Vec<u8>,
     stats: ServerStats,
     log_timer_armed: bool,
     /// Set when SIGTERM/SIGINT arrived: exit once every connection is done, or at this time.
@@ -124,7 +126,17 @@ impl Server {
             admin,
             signals,
             config_path,
+            configured_listen: (config.listen.clone(), config.admin_listen.clone()),
             conns: Slab::with_capacity(1024),
+            over_capacity: {
+                let mut answer = Vec::new();
+                ApiError::Unavailable("The server has too many open connections.", 1).write(
+                    &mut answer,
+                    &mut Vec::new(),
+                    true,
+                );
+                answer
+            },
             stats: ServerStats::default(),
             log_timer_armed: false,
             shutdown_at: None,
@@ -176,7 +188,7 @@ impl Server {
                         };
                         let serial = conn.serial;
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.on_readable(t, serial);
+                            self.on_readable(t, serial, event.is_read_closed() || event.is_error());
                         }
                         if event.is_writable() && self.conns.get(t).is_some_and(|c| c.serial == serial) {
                             self.mark_dirty(t, serial);
@@ -185,7 +197,9 @@ impl Server {
                 }
             }
             for &(t, serial) in &carried {
-                self.on_readable(t, serial);
+                if self.conns.get(t).is_some_and(|c| c.serial == serial) {
+                    self.read_and_process(t);
+                }
             }
             carried.clear();
             self.ready.sort_unstable();
@@ -235,7 +249,7 @@ impl Server {
             return;
         };
         let result = Config::load(path).map_err(|e| e.to_string()).and_then(|config| {
-            self.app.reconfigure(&config, self.now)?;
+            self.app.reconfigure(&config, self.now, self.clock.epoch_base_ms() + self.now)?;
             Ok(config)
         });
         match result {
@@ -243,9 +257,10 @@ impl Server {
                 self.max_connections = config.max_connections;
                 self.timeouts = Timeouts::from(&config);
                 self.input_limit = input_limit(&config);
-                let listening = self.listener.as_ref().and_then(|l| l.local_addr().ok());
-                if config.listen_addr().port() != 0 && Some(config.listen_addr()) != listening {
-                    warn!("reload: a new `listen` address takes effect at the next restart");
+                let listen = (config.listen.clone(), config.admin_listen.clone());
+                if listen != self.configured_listen {
+                    warn!("reload: new `listen` / `adminListen` addresses take effect at the next restart");
+                    self.configured_listen = listen;
                 }
                 self.stats.reloads_ok += 1;
                 info!("configuration reloaded from {}", path.display());
@@ -285,7 +300,7 @@ impl Server {
     }
 
     fn poll_timeout(&mut self) -> Option<Duration> {
-        if !self.ready_carry.is_empty() {
+        if !self.ready_carry.is_empty() || !self.dirty.is_empty() {
             return Some(Duration::ZERO);
         }
         let now = self.clock.now_ms();
@@ -319,7 +334,7 @@ impl Server {
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) {
         if self.conns.len() >= self.max_connections {
             self.stats.connections_refused += 1;
-            let _ = stream.write(OVER_CAPACITY);
+            let _ = stream.write(&self.over_capacity);
             return;
         }
         self.stats.connections_accepted += 1;
@@ -336,60 +351,70 @@ impl Server {
         self.arm_timer(token);
     }
 
-    fn on_readable(&mut self, token: usize, serial: u32) {
+    /// A readiness event: the socket may hold data (or the peer's FIN).
+    fn on_readable(&mut self, token: usize, serial: u32, hangup: bool) {
         let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial) else {
             return;
         };
+        conn.readable = true;
+        // With the FIN already seen, a short read is not the end: read to EOF,
+        // since no new edge will announce it.
+        conn.hangup |= hangup;
+        self.read_and_process(token);
+    }
+
+    /// Reads what the socket holds, within the turn's budget and the
+    /// connection's buffer limits, then answers what arrived. Reading pauses
+    /// (the socket stays marked readable) while the input is full or the
+    /// output is over its high-water mark; answering or flushing resumes it.
+    fn read_and_process(&mut self, token: usize) {
         let now = self.now;
+        let conn = &mut self.conns[token];
+        let serial = conn.serial;
         let received = conn.received;
-        conn.read_more = false;
-        let mut closed = false;
-        for _ in 0..READ_BUDGET {
-            if conn.read_closed || conn.input_full() {
+        let mut reads = 0;
+        let mut failed = false;
+        while conn.may_read() {
+            if reads == READ_BUDGET {
+                // Fairness: the rest waits for the next turn.
+                self.ready.push((token, serial));
                 break;
             }
+            reads += 1;
             let was_empty = conn.input.is_empty();
             match conn.read_once() {
-                Ok(Io::Continue) => {
+                Ok(io @ (Io::Continue | Io::Drained)) => {
                     conn.last_active = now;
                     if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
                         conn.request_started = Some(now);
                     }
-                    conn.read_more = true;
-                }
-                Ok(Io::Drained) => {
-                    // A short read emptied the socket: new data will raise a new edge.
-                    conn.last_active = now;
-                    if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
-                        conn.request_started = Some(now);
+                    // A short read emptied the socket; new data raises a new edge.
+                    if io == Io::Drained && !conn.hangup {
+                        conn.readable = false;
                     }
-                    conn.read_more = false;
-                    break;
                 }
-                Ok(Io::WouldBlock) => {
-                    conn.read_more = false;
-                    break;
-                }
+                Ok(Io::WouldBlock) => conn.readable = false,
                 Ok(Io::Closed) => {
                     conn.read_closed = true;
-                    conn.read_more = false;
+                    conn.readable = false;
                 }
                 Err(e) => {
                     debug!("read from {} failed: {e}", conn.peer);
-                    closed = true;
+                    failed = true;
                     break;
                 }
             }
         }
         self.stats.bytes_received += conn.received - received;
-        if closed {
+        if failed {
             self.close(token);
             return;
         }
-        if conn.read_more {
+        self.process(token);
+        // Answering may have made room for input still in the socket.
+        if reads < READ_BUDGET && self.conns[token].may_read() {
             self.ready.push((token, serial));
         }
-        self.process(token);
     }
 
     /// Answers every complete request in the input, in order, until one
@@ -438,7 +463,9 @@ impl Server {
                 epoch_base_ms: clock.epoch_base_ms(),
                 owner,
                 peer: conn.peer.ip(),
-                close: !head.keep_alive || conn.read_closed,
+                // A half-closed client still gets every answer; the connection
+                // closes once they are written (see `flush_dirty`).
+                close: !head.keep_alive,
                 started: *turn_started,
             };
             let (body, consumed) = match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
@@ -521,11 +548,12 @@ impl Server {
             match flushed {
                 Ok(Flush::Done) if conn.close_after_flush && conn.waiting.is_none() => self.close(token),
                 Ok(Flush::Done | Flush::Pending) => {
-                    let resume = conn.unsent() == 0 && !conn.input.is_empty() && conn.waiting.is_none();
+                    let resume =
+                        conn.unsent() == 0 && (conn.readable || !conn.input.is_empty()) && conn.waiting.is_none();
                     self.arm_timer(token);
                     if resume {
                         // Output drained below the high-water mark: read on.
-                        self.process(token);
+                        self.read_and_process(token);
                     }
                 }
                 Ok(Flush::Closed) => self.close(token),
@@ -614,7 +642,7 @@ impl Server {
     fn after_answer(&mut self, token: usize) {
         let serial = self.conns[token].serial;
         self.mark_dirty(token, serial);
-        self.process(token);
+        self.read_and_process(token);
     }
 
     fn on_conn_timer(&mut self, token: usize, serial: u32) {

@@ -61,6 +61,8 @@ pub struct Queued {
 
 pub enum Handled {
     Done,
+    /// The answer said `Connection: close`: nothing after it may be read.
+    Close,
     /// A slot was granted; if the answer cannot be delivered, release it.
     Granted(SlotId),
     Queued(Queued),
@@ -160,15 +162,16 @@ impl App {
 
     fn resolve<'h>(&self, head: &Head<'h>) -> Result<(Route<'h>, PoolId), ApiError> {
         let route = route::route(head.path).ok_or(ApiError::RouteNotFound)?;
-        if head.method != Method::Post {
-            return Err(ApiError::MethodNotAllowed);
-        }
+        // The host first: on another host the lock routes do not exist at all.
         if let Some(public) = &self.public_host {
             let host = head.host.unwrap_or_default();
             let name = host_without_port(host);
             if !name.eq_ignore_ascii_case(public) {
                 return Err(ApiError::RouteNotFound);
             }
+        }
+        if head.method != Method::Post {
+            return Err(ApiError::MethodNotAllowed);
         }
         let pool = match route {
             Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. } => pool,
@@ -182,7 +185,11 @@ impl App {
             Ok(handled) => handled,
             Err(e) => {
                 self.reject(ctx, head, e, out);
-                Handled::Done
+                if e.closes() {
+                    Handled::Close
+                } else {
+                    Handled::Done
+                }
             }
         }
     }

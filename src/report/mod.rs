@@ -20,7 +20,7 @@ struct ReleaseBody {
     throttled: Option<serde_json::Number>,
     #[serde(default)]
     retry_after_ms: Option<serde_json::Number>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object_or_null")]
     rate: Option<RateBody>,
     #[serde(default)]
     headers: Option<RawHeaders>,
@@ -41,6 +41,25 @@ struct RateBody {
     token_remaining: Option<serde_json::Number>,
     #[serde(default)]
     token_reset_ms: Option<serde_json::Number>,
+}
+
+/// A nested object field: derived structs would also take a JSON array by
+/// position (`"rate":[10,0,60000]`), which no client means.
+fn object_or_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    struct V<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object or null")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<T>, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+    d.deserialize_any(V(std::marker::PhantomData))
 }
 
 /// Raw upstream headers: an object of name → string, or an array of
@@ -338,6 +357,7 @@ mod tests {
             r#"{"retryAfterMs":1.5}"#,
             r#"{"rate":{"remaining":-3}}"#,
             r#"{"rate":5}"#,
+            r#"{"status":200,"rate":[10,0,60000]}"#,
             r#"{"headers":{"retry-after":3}}"#,
             r#"{"headers":[["a"]]}"#,
             r#"{"status":200"#,

@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::governor::{Ms, Notice};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
-    head_may_be_complete, header_storage, parse_head, BodyFraming, Head, HeadError, MAX_HEAD_BYTES,
+    head_may_be_complete, header_storage, parse_head, BodyFraming, Head, HeadError, Method, MAX_HEAD_BYTES,
 };
 use crate::http::response::{Status, CONTINUE};
 use admin::ServerStats;
@@ -492,12 +492,16 @@ impl Server {
                     break;
                 }
             };
+            let answer_start = conn.output.len();
             let handled = if conn.admin {
                 admin::handle(&head, app, stats, &mut conn.output, ctx.close);
                 Handled::Done
             } else {
                 app.handle(&ctx, &head, body, &mut conn.output)
             };
+            if head.method == Method::Head {
+                strip_body(&mut conn.output, answer_start);
+            }
             conn.input.consume(consumed);
             conn.pending = None;
             conn.head_scanned = 0;
@@ -507,6 +511,7 @@ impl Server {
             }
             match handled {
                 Handled::Done => {}
+                Handled::Close => conn.close_after_flush = true,
                 Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
                 Handled::Queued(q) => conn.waiting = Some(q),
             }
@@ -723,6 +728,14 @@ pub fn serve(
     info!("listening on {addr}");
     on_ready(addr, server.admin_addr());
     server.run().map_err(|e| format!("event loop failed: {e}"))
+}
+
+/// A `HEAD` answer is the answer without its body (RFC 9110 §9.3.2); the
+/// head, `Content-Length` included, stays.
+fn strip_body(output: &mut Vec<u8>, answer_start: usize) {
+    if let Some(end) = output[answer_start..].windows(4).position(|w| w == b"\r\n\r\n") {
+        output.truncate(answer_start + end + 4);
+    }
 }
 
 enum Body<'a> {

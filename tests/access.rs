@@ -1,0 +1,596 @@
+//! Access policies over the wire (SPEC §8) — HMAC request signing with replay
+//! defence, HS256 JWTs, Cloudflare Access with JWKS reloads, the IP allowlist
+//! behind trusted proxies — and the access log (SPEC §9). Every refusal is
+//! checked for its status and its `error` code, since callers branch on both.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rsa::traits::PublicKeyParts;
+use rsa::{Pkcs1v15Sign, RsaPrivateKey};
+use sha2::{Digest, Sha256, Sha384};
+
+use common::*;
+
+fn epoch_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn epoch_s() -> u64 {
+    epoch_ms() / 1000
+}
+
+fn assert_refused(r: &Response, status: u16, code: &str, case: &str) {
+    assert_eq!(r.status, status, "{case}: {r:?}");
+    assert_eq!(r.error_code(), code, "{case}");
+}
+
+fn get_metric(s: &TestServer, name: &str) -> u64 {
+    let admin = s.admin.expect("the harness enables the admin listener");
+    let mut c = std::net::TcpStream::connect(admin).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    std::io::Write::write_all(&mut c, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut c).expect("a metrics answer");
+    let text = String::from_utf8(r.body).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+}
+
+/// Waits until the server has handled `n` SIGHUPs, applied or refused, so a
+/// test never races the reload it triggered.
+fn wait_for_reloads(s: &TestServer, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let done =
+            get_metric(s, "nthpool_config_reloads_total") + get_metric(s, "nthpool_config_reload_failures_total");
+        if done >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the server did not handle SIGHUP #{n}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------- HMAC
+
+const HMAC_SECRET: &str = "hmac-secret-0001";
+
+fn hmac_pool(extra: &str) -> String {
+    format!(r#""access":{{"hmac":{{"secret":"{HMAC_SECRET}","toleranceMs":60000{extra}}}}}"#)
+}
+
+/// A nonce never used before in this test binary.
+fn fresh_nonce() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("nonce-{}", NEXT.fetch_add(1, Ordering::SeqCst))
+}
+
+/// The three signing headers for a request of `path` with `body`, signed at `ts`.
+fn signing_headers(path: &str, body: &str, ts: u64, nonce: &str) -> String {
+    let ts = ts.to_string();
+    let hex = nthpool::access::hmac::sign(
+        HMAC_SECRET.as_bytes(),
+        "POST",
+        path,
+        ts.as_bytes(),
+        nonce.as_bytes(),
+        body.as_bytes(),
+    );
+    let hex = std::str::from_utf8(&hex).unwrap();
+    format!("X-Nthpool-Timestamp: {ts}\r\nX-Nthpool-Nonce: {nonce}\r\nX-Nthpool-Signature: v1={hex}\r\n")
+}
+
+/// A correctly signed POST with the pool key.
+fn signed(path: &str, body: &str) -> Vec<u8> {
+    post(path, KEY, &signing_headers(path, body, epoch_ms(), &fresh_nonce()), body)
+}
+
+/// `headers` with the last hex digit of the signature changed.
+fn corrupt_signature(headers: &str) -> String {
+    headers
+        .split_inclusive("\r\n")
+        .map(|l| match l.strip_prefix("X-Nthpool-Signature: ") {
+            Some(sig) => {
+                let mut sig = sig.trim_end().to_string();
+                let last = sig.pop().unwrap();
+                sig.push(if last == '0' { '1' } else { '0' });
+                format!("X-Nthpool-Signature: {sig}\r\n")
+            }
+            None => l.to_string(),
+        })
+        .collect()
+}
+
+fn without_header(headers: &str, name: &str) -> String {
+    headers.split_inclusive("\r\n").filter(|l| !l.starts_with(name)).collect()
+}
+
+const ACQUIRE: &str = "/pools/p/lock/acquire";
+
+#[test]
+fn hmac_good_signature_is_granted_and_every_bad_one_is_refused() {
+    let s = TestServer::start(&config(&hmac_pool(""), ""));
+    let body = r#"{"waitMs":0}"#;
+    assert_eq!(s.request(&signed(ACQUIRE, body)).status, 200, "a good signature");
+    assert_eq!(s.request(&signed(ACQUIRE, "")).status, 200, "a good signature over an empty body");
+
+    let good = signing_headers(ACQUIRE, body, epoch_ms(), &fresh_nonce());
+    let bad_sig = corrupt_signature(&good);
+    let now = epoch_ms();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("bad signature", post(ACQUIRE, KEY, &bad_sig, body)),
+        ("stale timestamp", post(ACQUIRE, KEY, &signing_headers(ACQUIRE, body, now - 120_000, &fresh_nonce()), body)),
+        ("future timestamp", post(ACQUIRE, KEY, &signing_headers(ACQUIRE, body, now + 120_000, &fresh_nonce()), body)),
+        ("no timestamp", post(ACQUIRE, KEY, &without_header(&good, "X-Nthpool-Timestamp"), body)),
+        ("no nonce", post(ACQUIRE, KEY, &without_header(&good, "X-Nthpool-Nonce"), body)),
+        ("no signature", post(ACQUIRE, KEY, &without_header(&good, "X-Nthpool-Signature"), body)),
+        ("no signing headers at all", post(ACQUIRE, KEY, "", body)),
+        ("changed body", post(ACQUIRE, KEY, &signing_headers(ACQUIRE, body, now, &fresh_nonce()), r#"{"waitMs":1}"#)),
+        (
+            "changed path",
+            post(ACQUIRE, KEY, &signing_headers("/pools/other/lock/acquire", body, now, &fresh_nonce()), body),
+        ),
+        ("a good signature without the pool key", post(ACQUIRE, "", &good, body)),
+    ];
+    for (case, raw) in &cases {
+        assert_refused(&s.request(raw), 401, "unauthorized", case);
+    }
+    // None of the refusals took a slot or spent the good nonce: it still works once.
+    let r = s.request(&post(ACQUIRE, KEY, &good, body));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header_u64("x-nthpool-remaining-slots"), 13, "16 minus the three grants");
+}
+
+#[test]
+fn hmac_replayed_nonce_is_refused_after_its_first_use() {
+    let s = TestServer::start(&config(&hmac_pool(""), ""));
+    let request = signed(ACQUIRE, "");
+    assert_eq!(s.request(&request).status, 200, "the first use");
+    assert_refused(&s.request(&request), 401, "unauthorized", "the same request again");
+    // The same nonce under a new, valid signature is still a replay.
+    let text = String::from_utf8(request.clone()).unwrap();
+    let nonce = text.lines().find_map(|l| l.strip_prefix("X-Nthpool-Nonce: ")).unwrap();
+    let resigned = post(ACQUIRE, KEY, &signing_headers(ACQUIRE, "", epoch_ms() + 5, nonce), "");
+    assert_refused(&s.request(&resigned), 401, "unauthorized", "the nonce re-signed");
+    assert_eq!(s.request(&signed(ACQUIRE, "")).status, 200, "a new nonce passes");
+}
+
+#[test]
+fn hmac_full_nonce_store_answers_503_with_retry_after() {
+    let s = TestServer::start(&config(&hmac_pool(r#","nonceCapacity":2"#), ""));
+    // Requests whose MAC fails never occupy the store, or anyone could fill it.
+    for _ in 0..5 {
+        let broken = corrupt_signature(&signing_headers(ACQUIRE, "", epoch_ms(), &fresh_nonce()));
+        assert_refused(&s.request(&post(ACQUIRE, KEY, &broken, "")), 401, "unauthorized", "bad MAC");
+    }
+    let first = signed(ACQUIRE, "");
+    assert_eq!(s.request(&first).status, 200);
+    assert_eq!(s.request(&signed(ACQUIRE, "")).status, 200);
+    let r = s.request(&signed(ACQUIRE, ""));
+    assert_refused(&r, 503, "unavailable", "a third nonce with the store full");
+    let retry = r.header_u64("Retry-After");
+    assert!((1..=61).contains(&retry), "Retry-After {retry} s: until the oldest nonce leaves the 60 s window");
+    // A full store still recognises a replay: nothing was evicted to make room.
+    assert_refused(&s.request(&first), 401, "unauthorized", "replay with the store full");
+}
+
+#[test]
+fn hmac_nonces_are_remembered_across_reloads() {
+    let s = TestServer::start(&config(&hmac_pool(r#","nonceCapacity":100"#), ""));
+    let captured = signed(ACQUIRE, "");
+    assert_eq!(s.request(&captured).status, 200);
+    // A reload that changes nothing about signing.
+    std::fs::write(&s.config_path, config(&hmac_pool(r#","nonceCapacity":100"#), "")).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    assert_refused(&s.request(&captured), 401, "unauthorized", "replay after a plain reload");
+    // A larger store must not forget what the smaller one held: the nonce is
+    // still inside its tolerance window, so forgetting it reopens the replay.
+    std::fs::write(&s.config_path, config(&hmac_pool(r#","nonceCapacity":200"#), "")).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 2);
+    assert_eq!(get_metric(&s, "nthpool_config_reloads_total"), 2, "both reloads applied");
+    assert_refused(&s.request(&captured), 401, "unauthorized", "replay after the nonce store was resized");
+}
+
+#[test]
+fn hmac_a_wider_tolerance_after_a_reload_does_not_reopen_replay() {
+    let narrow = format!(r#""access":{{"hmac":{{"secret":"{HMAC_SECRET}","toleranceMs":3000}}}}"#);
+    let s = TestServer::start(&config(&narrow, ""));
+    let signed_at = Instant::now();
+    let captured = signed(ACQUIRE, "");
+    assert_eq!(s.request(&captured).status, 200);
+    std::fs::write(&s.config_path, config(&hmac_pool(""), "")).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    // Past the old 3 s window, well inside the new 60 s one: the timestamp
+    // check now lets the request through, so only the nonce can stop it.
+    thread::sleep(Duration::from_millis(4500).saturating_sub(signed_at.elapsed()));
+    assert_refused(&s.request(&captured), 401, "unauthorized", "replay inside the widened window");
+}
+
+#[test]
+fn hmac_renew_and_release_need_the_signature_too() {
+    let s = TestServer::start(&config(&hmac_pool(""), ""));
+    let slot = s.request(&signed(ACQUIRE, "")).slot();
+    let renew = format!("/pools/p/lock/{slot}/renew");
+    let release = format!("/pools/p/lock/{slot}/release");
+    assert_refused(&s.renew(&slot), 401, "unauthorized", "unsigned renew");
+    assert_refused(&s.release(&slot, ""), 401, "unauthorized", "unsigned release");
+    // A signature made for another route does not carry over.
+    let for_acquire = signing_headers(ACQUIRE, "", epoch_ms(), &fresh_nonce());
+    assert_refused(&s.request(&post(&renew, KEY, &for_acquire, "")), 401, "unauthorized", "acquire's signature");
+    let r = s.request(&signed(&renew, ""));
+    assert_eq!(r.status, 200, "{r:?}");
+    let report = r#"{"status":200}"#;
+    let r = s.request(&signed(&release, report));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["released"], true);
+}
+
+// ---------------------------------------------------------------- JWT
+
+const JWT_SECRET: &[u8] = b"0123456789abcdef0123";
+const JWT_POOL: &str =
+    r#""access":{"jwt":{"hs256Secret":"0123456789abcdef0123","issuer":"iss1","audience":"aud1","leewayMs":0}}"#;
+
+fn b64(bytes: &[u8]) -> String {
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn signing_input(header: &str, claims: &str) -> String {
+    format!("{}.{}", b64(header.as_bytes()), b64(claims.as_bytes()))
+}
+
+fn hs256(secret: &[u8], header: &str, claims: &str) -> String {
+    let input = signing_input(header, claims);
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).unwrap();
+    mac.update(input.as_bytes());
+    format!("{input}.{}", b64(&mac.finalize().into_bytes()))
+}
+
+fn hs384(secret: &[u8], header: &str, claims: &str) -> String {
+    let input = signing_input(header, claims);
+    let mut mac = Hmac::<Sha384>::new_from_slice(secret).unwrap();
+    mac.update(input.as_bytes());
+    format!("{input}.{}", b64(&mac.finalize().into_bytes()))
+}
+
+fn jwt_claims(iss: &str, aud: &str, exp: u64) -> String {
+    format!(r#"{{"iss":"{iss}","aud":{aud},"exp":{exp},"sub":"caller-1"}}"#)
+}
+
+fn good_jwt() -> String {
+    hs256(JWT_SECRET, r#"{"alg":"HS256","typ":"JWT"}"#, &jwt_claims("iss1", r#""aud1""#, epoch_s() + 300))
+}
+
+fn jwt_header(token: &str) -> String {
+    format!("X-Nthpool-Jwt: {token}\r\n")
+}
+
+#[test]
+fn jwt_good_tokens_are_granted_in_either_header() {
+    let s = TestServer::start(&config(JWT_POOL, ""));
+    let r = s.acquire(&jwt_header(&good_jwt()), "");
+    assert_eq!(r.status, 200, "X-Nthpool-Jwt: {r:?}");
+    let r = s.acquire(&format!("Authorization: Bearer {}\r\n", good_jwt()), "");
+    assert_eq!(r.status, 200, "Authorization: Bearer with the key in X-Nthpool-Key: {r:?}");
+    let aud_list =
+        hs256(JWT_SECRET, r#"{"alg":"HS256"}"#, &jwt_claims("iss1", r#"["someone-else","aud1"]"#, epoch_s() + 300));
+    let r = s.acquire(&jwt_header(&aud_list), "");
+    assert_eq!(r.status, 200, "aud array containing the audience: {r:?}");
+    // Renew and release need the token as well.
+    let slot = r.slot();
+    assert_refused(&s.renew(&slot), 401, "unauthorized", "renew without a token");
+    let with_token = post(&format!("/pools/p/lock/{slot}/renew"), KEY, &jwt_header(&good_jwt()), "");
+    assert_eq!(s.request(&with_token).status, 200);
+    assert_refused(&s.release(&slot, ""), 401, "unauthorized", "release without a token");
+    let with_token = post(&format!("/pools/p/lock/{slot}/release"), KEY, &jwt_header(&good_jwt()), "");
+    assert_eq!(s.request(&with_token).json()["released"], true);
+}
+
+#[test]
+fn jwt_every_bad_token_is_refused() {
+    let s = TestServer::start(&config(JWT_POOL, ""));
+    let now = epoch_s();
+    let good_claims = jwt_claims("iss1", r#""aud1""#, now + 300);
+    let hs = r#"{"alg":"HS256","typ":"JWT"}"#;
+    let cases: Vec<(&str, String)> = vec![
+        ("expired", hs256(JWT_SECRET, hs, &jwt_claims("iss1", r#""aud1""#, now - 5))),
+        ("missing exp", hs256(JWT_SECRET, hs, r#"{"iss":"iss1","aud":"aud1"}"#)),
+        ("alg none, unsigned", format!("{}.", signing_input(r#"{"alg":"none"}"#, &good_claims))),
+        ("alg none carrying a valid MAC", hs256(JWT_SECRET, r#"{"alg":"none"}"#, &good_claims)),
+        ("alg HS384", hs384(JWT_SECRET, r#"{"alg":"HS384"}"#, &good_claims)),
+        ("alg-swapped RS256 header, HMAC-signed", hs256(JWT_SECRET, r#"{"alg":"RS256"}"#, &good_claims)),
+        ("wrong audience", hs256(JWT_SECRET, hs, &jwt_claims("iss1", r#""aud2""#, now + 300))),
+        ("aud array without the audience", hs256(JWT_SECRET, hs, &jwt_claims("iss1", r#"["a","b"]"#, now + 300))),
+        ("wrong issuer", hs256(JWT_SECRET, hs, &jwt_claims("iss2", r#""aud1""#, now + 300))),
+        ("crit present", hs256(JWT_SECRET, r#"{"alg":"HS256","crit":["exp"]}"#, &good_claims)),
+        ("another secret", hs256(b"fedcba9876543210fedc", hs, &good_claims)),
+        ("not a JWS", "not-a-token".to_string()),
+    ];
+    for (case, token) in &cases {
+        assert_refused(&s.acquire(&jwt_header(token), ""), 401, "unauthorized", case);
+    }
+    assert_refused(&s.acquire("", ""), 401, "unauthorized", "no token");
+    // The token never stands in for the pool key.
+    let no_key = post(ACQUIRE, "", &format!("Authorization: Bearer {}\r\n", good_jwt()), "");
+    assert_refused(&s.request(&no_key), 401, "unauthorized", "token without a key");
+    assert_eq!(s.acquire(&jwt_header(&good_jwt()), "").status, 200, "and a good token still passes");
+}
+
+// ---------------------------------------------------------------- Cloudflare Access
+
+const CF_AUD: &str = "aud-cf";
+const CF_ISS: &str = "https://team.cloudflareaccess.com";
+const CF_POOL: &str = r#""access":{"cloudflareAccess":{"jwksFile":"certs.json","audience":"aud-cf","issuer":"https://team.cloudflareaccess.com"}}"#;
+
+/// DER `DigestInfo` prefix for SHA-256 (RFC 8017 §9.2 note 1): RS256 is
+/// PKCS#1 v1.5 over it, built here so the test does not depend on how the
+/// server builds its own.
+const SHA256_DIGEST_INFO: [u8; 19] =
+    [0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20];
+
+/// Two keys of the first JWKS, a key that is never published, and the key
+/// the JWKS rotates to.
+fn rsa_keys() -> &'static [RsaPrivateKey; 4] {
+    static KEYS: OnceLock<[RsaPrivateKey; 4]> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let mut rng = StdRng::seed_from_u64(0x6163_6365_7373);
+        [(); 4].map(|()| RsaPrivateKey::new(&mut rng, 2048).expect("RSA key generation"))
+    })
+}
+
+fn jwk(kid: &str, key: &RsaPrivateKey) -> String {
+    format!(
+        r#"{{"kty":"RSA","kid":"{kid}","alg":"RS256","use":"sig","e":"{}","n":"{}"}}"#,
+        b64(&key.e().to_bytes_be()),
+        b64(&key.n().to_bytes_be())
+    )
+}
+
+fn jwks(keys: &[(&str, &RsaPrivateKey)]) -> String {
+    let keys: Vec<String> = keys.iter().map(|(kid, key)| jwk(kid, key)).collect();
+    format!(r#"{{"keys":[{}]}}"#, keys.join(","))
+}
+
+fn rs256(key: &RsaPrivateKey, kid: Option<&str>, claims: &str) -> String {
+    let header = match kid {
+        Some(kid) => format!(r#"{{"alg":"RS256","kid":"{kid}","typ":"JWT"}}"#),
+        None => r#"{"alg":"RS256","typ":"JWT"}"#.to_string(),
+    };
+    let input = signing_input(&header, claims);
+    let scheme = Pkcs1v15Sign { hash_len: Some(32), prefix: Box::new(SHA256_DIGEST_INFO) };
+    let sig = key.sign(scheme, &Sha256::digest(input.as_bytes())).unwrap();
+    format!("{input}.{}", b64(&sig))
+}
+
+fn cf_claims(aud: &str, iss: &str, exp: u64) -> String {
+    let now = epoch_s();
+    format!(r#"{{"aud":["{aud}"],"email":"a@example.com","exp":{exp},"iat":{now},"iss":"{iss}","sub":"u1"}}"#)
+}
+
+fn cf_good_claims() -> String {
+    cf_claims(CF_AUD, CF_ISS, epoch_s() + 600)
+}
+
+fn cf_header(token: &str) -> String {
+    format!("Cf-Access-Jwt-Assertion: {token}\r\n")
+}
+
+/// A server for the Cloudflare pool, with `certs` written as its JWKS file
+/// (read relative to the server's working directory) before it starts.
+fn start_cloudflare(certs: &str) -> TestServer {
+    let dir = scratch_dir();
+    std::fs::write(dir.join("certs.json"), certs).unwrap();
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, config(CF_POOL, "")).unwrap();
+    TestServer::start_with(dir, config_path, &[])
+}
+
+#[test]
+fn cloudflare_tokens_of_either_published_key_pass_and_bad_ones_fail() {
+    let [k1, k2, k3, _] = rsa_keys();
+    let s = start_cloudflare(&jwks(&[("k1", k1), ("k2", k2)]));
+    let good = cf_good_claims();
+    assert_eq!(s.acquire(&cf_header(&rs256(k1, Some("k1"), &good)), "").status, 200, "key 1");
+    assert_eq!(s.acquire(&cf_header(&rs256(k2, Some("k2"), &good)), "").status, 200, "key 2");
+    assert_eq!(s.acquire(&cf_header(&rs256(k2, None, &good)), "").status, 200, "no kid: every key is tried");
+    let now = epoch_s();
+    let cases: Vec<(&str, String)> = vec![
+        ("unknown kid", rs256(k1, Some("k9"), &good)),
+        ("wrong aud", rs256(k1, Some("k1"), &cf_claims("someone-else", CF_ISS, now + 600))),
+        ("wrong iss", rs256(k1, Some("k1"), &cf_claims(CF_AUD, "https://evil.cloudflareaccess.com", now + 600))),
+        // Well past the server's clock-skew allowance.
+        ("expired", rs256(k1, Some("k1"), &cf_claims(CF_AUD, CF_ISS, now - 600))),
+        ("signed by a third key, naming key 1", rs256(k3, Some("k1"), &good)),
+        ("signed by a third key, no kid", rs256(k3, None, &good)),
+        (
+            "HS256 with the JWKS as secret",
+            hs256(jwks(&[("k1", k1)]).as_bytes(), r#"{"alg":"HS256","kid":"k1"}"#, &good),
+        ),
+    ];
+    for (case, token) in &cases {
+        assert_refused(&s.acquire(&cf_header(token), ""), 401, "unauthorized", case);
+    }
+    assert_refused(&s.acquire("", ""), 401, "unauthorized", "no assertion header");
+}
+
+#[test]
+fn cloudflare_keys_are_reloaded_on_sighup_and_a_broken_file_keeps_the_old_ones() {
+    let [k1, k2, _, k4] = rsa_keys();
+    let s = start_cloudflare(&jwks(&[("k1", k1), ("k2", k2)]));
+    let good = cf_good_claims();
+    let old = rs256(k1, Some("k1"), &good);
+    let new = rs256(k4, Some("k4"), &good);
+    assert_eq!(s.acquire(&cf_header(&old), "").status, 200);
+    assert_refused(&s.acquire(&cf_header(&new), ""), 401, "unauthorized", "not published yet");
+
+    std::fs::write(s.dir.join("certs.json"), jwks(&[("k4", k4)])).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    assert_eq!(s.acquire(&cf_header(&new), "").status, 200, "the rotated-in key");
+    assert_refused(&s.acquire(&cf_header(&old), ""), 401, "unauthorized", "key 1 after rotation");
+    let old2 = rs256(k2, Some("k2"), &good);
+    assert_refused(&s.acquire(&cf_header(&old2), ""), 401, "unauthorized", "key 2 after rotation");
+
+    std::fs::write(s.dir.join("certs.json"), "{\"keys\": [ broken").unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 2);
+    assert_eq!(s.acquire(&cf_header(&new), "").status, 200, "a broken JWKS keeps the keys loaded before");
+    assert_refused(&s.acquire(&cf_header(&old), ""), 401, "unauthorized", "and brings no old key back");
+}
+
+// ---------------------------------------------------------------- IP policy
+
+fn with_forwarded(xff: &str) -> String {
+    format!("X-Forwarded-For: {xff}\r\n")
+}
+
+#[test]
+fn ip_outside_the_allowlist_is_403() {
+    let s = TestServer::start(&config(r#""access":{"ipAllow":["10.0.0.0/8"]}"#, ""));
+    assert_refused(&s.acquire("", ""), 403, "unauthorized", "127.0.0.1 outside 10.0.0.0/8");
+    // The key is checked first: without it the answer is the 401 of any keyless caller.
+    assert_refused(&s.request(&post(ACQUIRE, "", "", "")), 401, "unauthorized", "no key");
+}
+
+#[test]
+fn ip_inside_the_allowlist_is_granted() {
+    let s = TestServer::start(&config(r#""access":{"ipAllow":["127.0.0.1/32","::1/128"]}"#, ""));
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+#[test]
+fn behind_a_trusted_proxy_the_forwarded_address_is_judged() {
+    let s =
+        TestServer::start(&config(r#""access":{"ipAllow":["203.0.113.0/24"],"trustedProxies":["127.0.0.1/32"]}"#, ""));
+    let r = s.acquire(&with_forwarded("203.0.113.9"), "");
+    assert_eq!(r.status, 200, "{r:?}");
+    let slot = r.slot();
+    assert_refused(&s.acquire(&with_forwarded("198.51.100.1"), ""), 403, "unauthorized", "a forwarded outsider");
+    assert_refused(&s.acquire("", ""), 403, "unauthorized", "the proxy itself is not allowed");
+    // The right-most entry not added by a trusted proxy decides; anything left of it is the client's own claim.
+    assert_refused(
+        &s.acquire(&with_forwarded("203.0.113.9, 198.51.100.1"), ""),
+        403,
+        "unauthorized",
+        "a forged allowed address to the left",
+    );
+    assert_eq!(s.acquire(&with_forwarded("198.51.100.1, 203.0.113.9"), "").status, 200);
+    // Renew and release are judged by the same policy.
+    let renew = format!("/pools/p/lock/{slot}/renew");
+    assert_refused(&s.renew(&slot), 403, "unauthorized", "renew from the proxy's own address");
+    assert_eq!(s.request(&post(&renew, KEY, &with_forwarded("203.0.113.9"), "")).status, 200);
+}
+
+#[test]
+fn without_trusted_proxies_a_forged_forwarded_for_changes_nothing() {
+    let s = TestServer::start(&config(r#""access":{"ipAllow":["203.0.113.0/24"]}"#, ""));
+    assert_refused(&s.acquire(&with_forwarded("203.0.113.9"), ""), 403, "unauthorized", "forged X-Forwarded-For");
+}
+
+// ---------------------------------------------------------------- access log
+
+/// `config` with the access log written to `access.log` in the server's
+/// directory. The harness writes `"accessLog":null` itself, and the strict
+/// parser refuses a repeated member, so the value is replaced rather than
+/// passed again.
+fn config_with_access_log(pool_extra: &str) -> String {
+    let c = config(pool_extra, "");
+    assert!(c.contains(r#""accessLog":null"#));
+    c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1)
+}
+
+fn wait_for_exit(s: &mut TestServer, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit within {within:?} of SIGTERM");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn access_log_has_one_line_per_acquire_attempt_and_no_secrets() {
+    let mut s = TestServer::start(&config_with_access_log(r#""concurrency":1,"queue":{"size":10,"timeoutMs":5000}"#));
+    let grant = s.acquire("", "");
+    let slot = grant.slot();
+    assert_eq!(s.acquire("", "").status, 429);
+    let r = s.acquire("", r#"{"waitMs":200}"#);
+    assert_eq!(r.status, 504, "{r:?}");
+    const WRONG_KEY: &str = "wrong-key-9f8e7d";
+    assert_eq!(s.request(&post(ACQUIRE, WRONG_KEY, "", "")).status, 401);
+    assert_eq!(s.acquire("", r#"{"waitMs":"soon"}"#).status, 400);
+    for _ in 0..2 {
+        assert_eq!(s.renew(&slot).status, 200);
+    }
+    assert_eq!(s.renew("not-a-slot").status, 404);
+    assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+    assert_eq!(s.release(&slot, "").json()["released"], false);
+
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let statuses: Vec<u64> = lines.iter().map(|l| l["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [200, 429, 504, 401, 400], "one line per acquire, none for renew or release:\n{text}");
+
+    let mut previous_time = String::new();
+    for l in &lines {
+        for field in ["time", "pool", "client", "status", "error", "denyReason", "waitMs", "queuedMs", "serverUs"] {
+            assert!(l.get(field).is_some(), "{field} missing in {l}");
+        }
+        let time = l["time"].as_str().unwrap();
+        let b = time.as_bytes();
+        assert!(b.len() == 24 && b[4] == b'-' && b[10] == b'T' && b[19] == b'.' && b[23] == b'Z', "{time}");
+        assert!(time >= previous_time.as_str(), "times in order");
+        previous_time = time.to_string();
+        assert_eq!(l["pool"], "p");
+        assert_eq!(l["client"], "127.0.0.1");
+        assert!(l["serverUs"].is_u64());
+    }
+    let [granted, denied, timed_out, unauthorized, bad] = &lines[..] else { unreachable!() };
+    assert_eq!(granted["error"], serde_json::Value::Null);
+    assert_eq!(granted["denyReason"], serde_json::Value::Null);
+    assert_eq!((granted["waitMs"].as_u64(), granted["queuedMs"].as_u64()), (Some(0), Some(0)));
+    let slot_ref = granted["slot"].as_str().expect("a grant names its slot");
+    assert!(!slot_ref.is_empty() && slot_ref != slot, "a short reference, not the slotId: {slot_ref}");
+
+    assert_eq!(denied["error"], "too_many_requests");
+    assert_eq!(denied["denyReason"], "concurrency");
+    assert_eq!(denied["waitMs"], 0);
+
+    assert_eq!(timed_out["error"], "queue_timeout");
+    assert_eq!(timed_out["denyReason"], "concurrency");
+    assert_eq!(timed_out["waitMs"], 200);
+    assert!(timed_out["queuedMs"].as_u64().unwrap() >= 200, "{timed_out}");
+    assert!(timed_out["serverUs"].as_u64().unwrap() >= 190_000, "server time covers the wait: {timed_out}");
+
+    assert_eq!(unauthorized["error"], "unauthorized");
+    assert_eq!(bad["error"], "bad_request");
+    for l in &lines[1..] {
+        assert!(l.get("slot").is_none_or(|v| v.is_null()), "slot only on grants: {l}");
+    }
+
+    assert!(!text.contains(&slot), "the whole slotId is never logged");
+    assert!(!text.contains(KEY), "the pool key is never logged");
+    assert!(!text.contains(WRONG_KEY), "a presented wrong key is never logged");
+}

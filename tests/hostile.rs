@@ -1,0 +1,533 @@
+//! Hostile clients against the real server: slowloris heads, clients that
+//! never read, too many connections, garbage bytes, half-closed sockets.
+//! Each test checks that the server protects itself (closes or refuses the
+//! offender) and that a well-behaved client is still served meanwhile.
+//!
+//! Nothing here asserts on speed: "eventually" gets a generous bound, and
+//! every loop is bounded in requests and time.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const ACQUIRE: &str = "/pools/p/lock/acquire";
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.set_nodelay(true).unwrap();
+    c
+}
+
+/// One acquire and its release on a fresh connection, the way a normal caller
+/// behaves; panics unless both are answered with success.
+fn acquire_release(addr: SocketAddr) {
+    let mut c = connect(addr);
+    c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();
+    let slot = read_response(&mut c).expect("an answer to a normal acquire").slot();
+    c.write_all(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", "")).unwrap();
+    let r = read_response(&mut c).expect("an answer to a normal release");
+    assert_eq!(r.json()["released"], true, "{r:?}");
+}
+
+/// How a connection ended, as seen by a reader that takes everything.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    /// EOF or a reset: the server closed it.
+    Closed,
+    /// Nothing more within the read timeout: the server kept it open.
+    StillOpen,
+}
+
+/// Reads until the server closes or `quiet` passes without a byte; returns
+/// what arrived and how it ended.
+fn read_to_end(c: &mut TcpStream, quiet: Duration) -> (Vec<u8>, End) {
+    c.set_read_timeout(Some(quiet)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => return (got, End::Closed),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return (got, End::StillOpen),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return (got, End::Closed),
+        }
+    }
+}
+
+/// Answers to `SMALL` requests in a byte stream, counted by their status
+/// lines (their body, "No such route.", never contains one).
+fn count_answers(bytes: &[u8]) -> usize {
+    bytes.windows(9).filter(|w| w == b"HTTP/1.1 ").count()
+}
+
+/// The first answer in `bytes` and what follows it; an error when the head is
+/// incomplete or the body is shorter than its `Content-Length`.
+fn parse_answer(bytes: &[u8]) -> Result<(Response, &[u8]), String> {
+    let shown = || String::from_utf8_lossy(bytes).into_owned();
+    let end =
+        bytes.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| format!("no whole head in {:?}", shown()))? + 4;
+    let text = std::str::from_utf8(&bytes[..end]).map_err(|_| format!("head is not UTF-8: {:?}", shown()))?;
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status line in {:?}", shown()))?;
+    let headers: Vec<(String, String)> = lines
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let len = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .map_or(Ok(0), |(_, v)| v.parse::<usize>())
+        .map_err(|_| format!("bad Content-Length in {:?}", shown()))?;
+    let rest = &bytes[end..];
+    if rest.len() < len {
+        return Err(format!("Content-Length says {len} but the body has {} bytes: {:?}", rest.len(), shown()));
+    }
+    Ok((Response { status, headers, body: rest[..len].to_vec() }, &rest[len..]))
+}
+
+/// The soft limit on open files, from /proc (no libc here to raise it).
+fn open_files_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Runs acquire+release cycles against `addr` until `stop`, counting them;
+/// any cycle that is not answered fails the thread.
+fn normal_client(addr: SocketAddr, stop: Arc<AtomicBool>, cycles: Arc<AtomicUsize>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let give_up = Instant::now() + Duration::from_secs(40);
+        while !stop.load(Ordering::SeqCst) && Instant::now() < give_up {
+            acquire_release(addr);
+            cycles.fetch_add(1, Ordering::SeqCst);
+            thread::sleep(Duration::from_millis(20));
+        }
+    })
+}
+
+#[test]
+fn slowloris_heads_are_cut_at_the_head_deadline_while_others_are_served() {
+    const HEAD_MS: u64 = 1000;
+    const DRIP: Duration = Duration::from_millis(300);
+    // The server inherits this process's descriptor limit, and both ends hold
+    // one descriptor per connection; other tests of this file run alongside.
+    let budget = open_files_limit().map_or(400, |limit| limit.saturating_sub(250));
+    let count = budget.min(1000);
+    assert!(count >= 100, "too few file descriptors for a slowloris test ({budget})");
+
+    let s = TestServer::start(&config("", &format!(r#""headTimeoutMs":{HEAD_MS},"idleTimeoutMs":60000"#)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicUsize::new(0));
+    let normal = normal_client(s.addr, stop.clone(), cycles.clone());
+
+    // A head that never ends: one byte of it every DRIP.
+    let head: &[u8] =
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: localhost\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    struct Loris {
+        c: TcpStream,
+        started: Instant,
+        last_drip: Instant,
+        sent: usize,
+        closed: Option<Instant>,
+    }
+    // Connect them all first, then start every head at once, so the clock of
+    // each starts when its first byte goes out, not while others connect.
+    let idle: Vec<TcpStream> = (0..count)
+        .map(|_| {
+            let c = TcpStream::connect(s.addr).unwrap();
+            c.set_nodelay(true).unwrap();
+            c
+        })
+        .collect();
+    let mut lorises: Vec<Loris> = idle
+        .into_iter()
+        .map(|mut c| {
+            let started = Instant::now();
+            c.write_all(&head[..1]).unwrap();
+            c.set_nonblocking(true).unwrap();
+            Loris { c, started, last_drip: started, sent: 1, closed: None }
+        })
+        .collect();
+    let cycles_at_attack = cycles.load(Ordering::SeqCst);
+
+    let give_up = lorises.last().unwrap().started + Duration::from_millis(HEAD_MS + 5000);
+    let mut buf = [0u8; 512];
+    while lorises.iter().any(|l| l.closed.is_none()) && Instant::now() < give_up {
+        for l in lorises.iter_mut().filter(|l| l.closed.is_none()) {
+            let now = Instant::now();
+            match l.c.read(&mut buf) {
+                Ok(0) => l.closed = Some(now),
+                // An answer (a 408, say) is allowed before the close.
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => l.closed = Some(now),
+            }
+            if l.closed.is_none() && now.duration_since(l.last_drip) >= DRIP {
+                l.last_drip = now;
+                match l.c.write(&head[l.sent % head.len()..][..1]) {
+                    Ok(_) => l.sent += 1,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(_) => l.closed = Some(now),
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::SeqCst);
+    normal.join().expect("every normal acquire and release was answered during the attack");
+    let during = cycles.load(Ordering::SeqCst) - cycles_at_attack;
+
+    let open = lorises.iter().filter(|l| l.closed.is_none()).count();
+    assert_eq!(open, 0, "{open} of {count} slowloris connections were still open after their head deadline");
+    for (i, l) in lorises.iter().enumerate() {
+        let lived = l.closed.unwrap().duration_since(l.started);
+        assert!(
+            lived >= Duration::from_millis(HEAD_MS - 50),
+            "slowloris {i} was closed after {lived:?}, before its head deadline"
+        );
+        assert!(
+            lived <= Duration::from_millis(HEAD_MS + 2000),
+            "slowloris {i} was closed only after {lived:?} (head deadline {HEAD_MS} ms)"
+        );
+    }
+    assert!(during >= 1, "no normal cycle completed during the attack");
+    // The server is still whole after the attack.
+    acquire_release(s.addr);
+}
+
+/// A request that costs almost nothing to send and gets a much longer answer.
+const SMALL: &[u8] = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n";
+
+/// Writes pipelined `SMALL` requests until the socket stops taking them for
+/// `stall`, or `cap` bytes; returns the whole requests written.
+fn pipeline_until_stalled(c: &mut TcpStream, stall: Duration, cap: usize) -> usize {
+    c.set_write_timeout(Some(stall)).unwrap();
+    let batch: Vec<u8> = SMALL.iter().copied().cycle().take(SMALL.len() * 2048).collect();
+    let mut written = 0usize;
+    while written < cap {
+        let at = written % batch.len();
+        match c.write(&batch[at..]) {
+            Ok(n) => written += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    written / SMALL.len()
+}
+
+#[test]
+fn a_client_that_never_reads_is_cut_off_and_closed() {
+    const WRITE_MS: u64 = 1000;
+    const CAP: usize = 64 * 1024 * 1024;
+    let s = TestServer::start(&config("", &format!(r#""writeTimeoutMs":{WRITE_MS}"#)));
+    let mut hog = connect(s.addr);
+    let sent = pipeline_until_stalled(&mut hog, Duration::from_millis(500), CAP);
+    assert!(sent * SMALL.len() < CAP, "the server read {CAP} bytes from a client that reads nothing");
+
+    // Others are served while the hog is stuck.
+    for _ in 0..3 {
+        acquire_release(s.addr);
+    }
+    // The hog's answers are not taken for writeTimeoutMs: the server closes it.
+    thread::sleep(Duration::from_millis(WRITE_MS + 1500));
+    let (got, end) = read_to_end(&mut hog, Duration::from_secs(5));
+    assert_eq!(end, End::Closed, "the server kept a client that read nothing for {} ms", WRITE_MS + 1500);
+    let answered = count_answers(&got);
+    assert!(answered < sent, "all {sent} requests were answered: the server never stopped");
+    acquire_release(s.addr);
+}
+
+#[test]
+fn a_client_that_reads_late_still_gets_every_answer() {
+    // The output cap stops reading from a client that does not read; once it
+    // reads again, every pipelined request must be answered, including the
+    // ones still in the kernel when reading stopped.
+    const REQUESTS: usize = 60_000;
+    let s = TestServer::start(&config("", r#""writeTimeoutMs":20000"#));
+    let c = connect(s.addr);
+    let mut writer = c.try_clone().unwrap();
+    let all: Vec<u8> = SMALL.iter().copied().cycle().take(SMALL.len() * REQUESTS).collect();
+    let write = thread::spawn(move || writer.write_all(&all).is_ok());
+    thread::sleep(Duration::from_millis(1500));
+    acquire_release(s.addr);
+
+    let mut reader = c;
+    reader.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut answered = 0;
+    let mut tail: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while answered < REQUESTS && Instant::now() < give_up {
+        match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                // Status lines may straddle reads: keep the last few bytes.
+                tail.extend_from_slice(&buf[..n]);
+                answered += count_answers(&tail);
+                let keep = tail.len().min(8);
+                tail.drain(..tail.len() - keep);
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    assert_eq!(answered, REQUESTS, "pipelined requests left unanswered after the client caught up");
+    assert!(write.join().unwrap(), "the server stopped taking the pipeline");
+}
+
+#[test]
+fn connections_over_the_cap_get_503_and_are_closed() {
+    const CAP: usize = 20;
+    let s = TestServer::start(&config("", &format!(r#""maxConnections":{CAP},"idleTimeoutMs":60000"#)));
+    let probe = post("/pools/p/lock/none/release", KEY, "", "");
+    let served = |c: &mut TcpStream| -> Option<Response> {
+        c.write_all(&probe).ok()?;
+        read_response(c)
+    };
+
+    let mut held: Vec<TcpStream> = (0..CAP)
+        .map(|i| {
+            let mut c = connect(s.addr);
+            let r = served(&mut c).unwrap_or_else(|| panic!("connection {i} under the cap was closed"));
+            assert_eq!(r.status, 200, "connection {i} under the cap: {r:?}");
+            c
+        })
+        .collect();
+
+    // The one over the cap: read first, since the server closes at once and a
+    // request written into a closed socket could turn the answer into a reset.
+    let over_cap = |what: &str| {
+        let mut c = connect(s.addr);
+        let (got, end) = read_to_end(&mut c, Duration::from_secs(5));
+        assert_eq!(end, End::Closed, "{what}: the refused connection stays open");
+        let (r, rest) = parse_answer(&got).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(r.status, 503, "{what}: {r:?}");
+        assert_eq!(r.error_code(), "unavailable", "{what}");
+        assert!(r.header_u64("retry-after") >= 1, "{what}");
+        assert_eq!(r.header("connection"), Some("close"), "{what}");
+        assert!(rest.is_empty(), "{what}: more after the 503: {:?}", String::from_utf8_lossy(rest));
+    };
+    over_cap("connection 21");
+    over_cap("connection 22");
+
+    // Close five; the server notices, and exactly five new ones are served.
+    for c in held.drain(..5) {
+        c.shutdown(Shutdown::Both).unwrap();
+    }
+    for i in 0..5 {
+        let give_up = Instant::now() + Duration::from_secs(10);
+        let c = loop {
+            let mut c = connect(s.addr);
+            match served(&mut c) {
+                Some(r) if r.status == 200 => break c,
+                Some(r) => assert_eq!(r.status, 503, "{r:?}"),
+                None => {}
+            }
+            assert!(Instant::now() < give_up, "replacement {i} was never served after others closed");
+            thread::sleep(Duration::from_millis(50));
+        };
+        held.push(c);
+    }
+    over_cap("connection 21 again");
+    // The connections that stayed were not disturbed.
+    for (i, c) in held.iter_mut().enumerate() {
+        let r = served(c).unwrap_or_else(|| panic!("held connection {i} was closed"));
+        assert_eq!(r.status, 200, "held connection {i}: {r:?}");
+    }
+}
+
+/// One garbage payload and how to deliver it.
+struct Garbage {
+    name: String,
+    bytes: Vec<u8>,
+    /// Write the payload in pieces of this size (1 = a byte per write).
+    piece: usize,
+    /// Close right after writing, without reading anything.
+    hang_up: bool,
+}
+
+fn garbage_cases() -> Vec<Garbage> {
+    let case =
+        |name: &str, bytes: Vec<u8>| Garbage { name: name.to_string(), bytes, piece: usize::MAX, hang_up: false };
+    let mut cases = Vec::new();
+    let mut rng = StdRng::seed_from_u64(0x6e74_6870_6f6f_6c21);
+    for i in 0..12 {
+        let len = rng.gen_range(1..6000);
+        let bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        cases.push(case(&format!("random bytes #{i} ({len})"), bytes));
+    }
+    for i in 0..4 {
+        let len = rng.gen_range(1..3000);
+        let bytes: Vec<u8> = (0..len).map(|_| rng.gen_range(b' '..=b'~')).collect();
+        cases.push(case(&format!("random printable text #{i} ({len})"), bytes));
+    }
+    let full = post(ACQUIRE, KEY, "", r#"{"waitMs":0}"#);
+    for cut in [1, 10, full.len() / 2, full.len() - 3, full.len() - 1] {
+        cases.push(case(&format!("request cut at {cut}"), full[..cut].to_vec()));
+    }
+    let mut huge_line = b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nX-Huge: ".to_vec();
+    huge_line.resize(200 * 1024, b'h');
+    cases.push(case("200 KiB header line", huge_line));
+    let mut huge_target = b"GET /".to_vec();
+    huge_target.resize(40 * 1024, b'x');
+    cases.push(case("40 KiB request target", huge_target));
+    cases.push(case("NUL bytes", vec![0; 4096]));
+    cases.push(case("NUL bytes then CRLFs", [&[0u8; 64][..], b"\r\n\r\n"].concat()));
+    cases.push(case("NUL in the request line", b"GET /\0 HTTP/1.1\r\nHost: a\r\n\r\n".to_vec()));
+    cases.push(case("NUL in a header name", b"GET / HTTP/1.1\r\nHo\0st: a\r\n\r\n".to_vec()));
+    cases.push(case("20 KiB of CRLF", b"\r\n".repeat(10 * 1024)));
+    cases.push(case("only LFs", vec![b'\n'; 1000]));
+    cases.push(case("TLS client hello", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 hello".to_vec()));
+    cases.push(case("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec()));
+    cases.push(case("high bytes in a header name", b"GET / HTTP/1.1\r\nHost: a\r\nX-\xff\xfe: b\r\n\r\n".to_vec()));
+    let mut lying = post(ACQUIRE, KEY, "", "");
+    lying.truncate(lying.len() - 4);
+    lying.extend_from_slice(b"Content-Length: 100\r\n\r\n{\"wa");
+    cases.push(case("body shorter than its Content-Length", lying));
+    let chunked = format!(
+        "POST {ACQUIRE} HTTP/1.1\r\nHost: a\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{{\"wa"
+    );
+    cases.push(case("chunked body cut short", chunked.into_bytes()));
+    // No acquires among the requests of a client that hangs up: a grant the
+    // kernel took before the hang-up counts as delivered and stays held.
+    let mut hundred = Vec::new();
+    for _ in 0..100 {
+        hundred.extend(post("/pools/p/lock/x/release", KEY, "", ""));
+        hundred.extend(post("/pools/p/lock/x/renew", KEY, "", ""));
+        hundred.extend_from_slice(b"GET /nowhere HTTP/1.1\r\nHost: a\r\n\r\n");
+    }
+    cases.push(Garbage {
+        name: "pipelined requests, then hang up unread".into(),
+        bytes: hundred,
+        piece: usize::MAX,
+        hang_up: true,
+    });
+    let release = post("/pools/p/lock/x/release", KEY, "", r#"{"status":200}"#);
+    cases.push(Garbage {
+        name: "request a byte per write, then hang up".into(),
+        bytes: release,
+        piece: 1,
+        hang_up: true,
+    });
+    cases.push(Garbage {
+        name: "head a byte per write, kept open".into(),
+        bytes: full[..40].to_vec(),
+        piece: 1,
+        hang_up: false,
+    });
+    cases.push(Garbage {
+        name: "random bytes in small writes, then hang up".into(),
+        bytes: (0..2000).map(|_| rng.gen()).collect(),
+        piece: 7,
+        hang_up: true,
+    });
+    cases
+}
+
+#[test]
+fn garbage_never_kills_the_server() {
+    const HEAD_MS: u64 = 1000;
+    let mut s = TestServer::start(&config("", &format!(r#""headTimeoutMs":{HEAD_MS},"idleTimeoutMs":60000"#)));
+    let mut failures = Vec::new();
+    for g in garbage_cases() {
+        let mut c = connect(s.addr);
+        // The server may answer and close before it has read everything: a
+        // failed write is a fine outcome here, not a test failure.
+        for piece in g.bytes.chunks(g.piece.min(g.bytes.len()).max(1)) {
+            if c.write_all(piece).is_err() {
+                break;
+            }
+        }
+        if g.hang_up {
+            drop(c);
+        } else {
+            let (got, end) = read_to_end(&mut c, Duration::from_millis(HEAD_MS + 4000));
+            if end != End::Closed {
+                failures.push(format!("{}: connection left open", g.name));
+            }
+            if !got.is_empty() {
+                match parse_answer(&got) {
+                    Ok((r, rest)) if matches!(r.status, 400 | 431) && rest.is_empty() => {}
+                    Ok(_) => failures.push(format!("{}: answered {:?}", g.name, String::from_utf8_lossy(&got))),
+                    Err(e) => failures.push(format!("{}: {e}", g.name)),
+                }
+            }
+        }
+        if let Ok(Some(status)) = s.child.try_wait() {
+            panic!("the server died after {:?}: {status}", g.name);
+        }
+        acquire_release(s.addr);
+    }
+    assert!(failures.is_empty(), "garbage cases that failed:\n{}", failures.join("\n"));
+    // Every grant above was released, whatever the garbage did before it.
+    let r = s.acquire("", "");
+    assert_eq!(r.header_u64("x-nthpool-remaining-slots"), 15, "{r:?}");
+}
+
+#[test]
+fn a_half_closed_client_still_gets_its_answer() {
+    let s = TestServer::start(&config("", r#""idleTimeoutMs":30000"#));
+    let mut c = connect(s.addr);
+    c.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":0}"#)).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let r = read_response(&mut c).expect("an answer after shutdown(Write)");
+    let slot = r.slot();
+    // Nothing more can come from this client, so the server ends the connection
+    // instead of keeping it for the idle timeout.
+    let (rest, end) = read_to_end(&mut c, Duration::from_secs(5));
+    assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    assert_eq!(end, End::Closed, "the server kept a half-closed connection open");
+    assert_eq!(s.release(&slot, "").json()["released"], true, "the delivered grant was held");
+}
+
+#[test]
+fn a_half_closed_client_gets_every_pipelined_answer() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, r#""idleTimeoutMs":30000"#));
+    let mut c = connect(s.addr);
+    let mut batch = post("/pools/p/lock/x/release", KEY, "", "");
+    batch.extend(post(ACQUIRE, KEY, "", ""));
+    batch.extend(post(ACQUIRE, KEY, "", ""));
+    c.write_all(&batch).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let (got, end) = read_to_end(&mut c, Duration::from_secs(5));
+    let text = String::from_utf8_lossy(&got);
+    let statuses: Vec<&str> = text.match_indices("HTTP/1.1 ").map(|(i, _)| &text[i + 9..i + 12]).collect();
+    assert_eq!(statuses, ["200", "200", "429"], "{text}");
+    assert_eq!(end, End::Closed, "the server kept a half-closed connection open");
+}
+
+#[test]
+fn a_waiter_that_hangs_up_at_once_is_never_granted() {
+    // The acquire and the FIN arrive together: the server must still see the
+    // close, drop the waiter, and not hand it the next free slot.
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let holder = s.acquire("", "").slot();
+    let mut gone = connect(s.addr);
+    gone.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":10000}"#)).unwrap();
+    drop(gone);
+    thread::sleep(Duration::from_millis(300));
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header_u64("x-nthpool-queue-depth"), 0, "the departed waiter is still queued");
+    assert_eq!(s.release(&holder, "").json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200, "the freed slot went to the departed waiter: {r:?}");
+}

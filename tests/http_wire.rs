@@ -1,0 +1,667 @@
+//! HTTP/1.1 as the real server speaks it over a socket (SPEC §4): keep-alive,
+//! pipelining, split reads, bodies, `Expect: 100-continue`, the limits, the
+//! error answers of the lock routes, and a table of framing attacks that must
+//! each get a `400` and a closed connection.
+//!
+//! Every case checks three things: the status, the JSON `error` code, and
+//! whether the connection stays usable or is closed by the server.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const ACQUIRE: &str = "/pools/p/lock/acquire";
+
+/// Writes `raw` and reads one answer; panics if the server closes instead.
+fn exchange(c: &mut TcpStream, raw: &[u8]) -> Response {
+    c.write_all(raw).unwrap();
+    read_response(c).unwrap_or_else(|| panic!("no answer to {:?}", String::from_utf8_lossy(raw)))
+}
+
+/// Whether the server closed the connection: EOF or a reset. Unlike the
+/// harness's `is_closed`, a read that times out means "still open", so a
+/// server that forgets to close is caught; bytes instead of EOF are a failure.
+fn closed_by_server(c: &mut TcpStream) -> bool {
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 256];
+    match c.read(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => panic!("expected the connection to end, got {:?}", String::from_utf8_lossy(&buf[..n])),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
+        Err(_) => true,
+    }
+}
+
+#[track_caller]
+fn assert_closed(c: &mut TcpStream, what: &str) {
+    assert!(closed_by_server(c), "{what}: the server should have closed the connection");
+}
+
+/// The connection still serves: a harmless request on it gets its answer.
+#[track_caller]
+fn assert_open(c: &mut TcpStream, what: &str) {
+    let probe = post("/pools/p/lock/no-such-slot/release", KEY, "", "");
+    if c.write_all(&probe).is_err() {
+        panic!("{what}: the connection was closed, it should stay open");
+    }
+    match read_response(c) {
+        Some(r) => {
+            assert_eq!(r.status, 200, "{what}: probe answer {r:?}");
+            assert_eq!(r.json()["released"], false, "{what}");
+        }
+        None => panic!("{what}: the connection was closed, it should stay open"),
+    }
+}
+
+#[track_caller]
+fn assert_error(r: &Response, status: u16, code: &str, what: &str) {
+    assert_eq!(r.status, status, "{what}: {r:?}");
+    assert_eq!(r.error_code(), code, "{what}: {r:?}");
+    let message = r.json()["message"].as_str().map(str::to_string).unwrap_or_default();
+    assert!(!message.is_empty(), "{what}: an error says why in `message`: {r:?}");
+    assert_eq!(r.header("content-type"), Some("application/json"), "{what}");
+}
+
+/// `Connection: close` on the answer, and the server then really closes.
+#[track_caller]
+fn assert_answer_closes(c: &mut TcpStream, r: &Response, what: &str) {
+    assert_eq!(r.header("connection").map(str::to_ascii_lowercase).as_deref(), Some("close"), "{what}: {r:?}");
+    assert_closed(c, what);
+}
+
+fn chunked_post(path: &str, chunks: &[&str]) -> Vec<u8> {
+    let mut raw = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    for chunk in chunks {
+        raw.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
+    }
+    raw.push_str("0\r\n\r\n");
+    raw.into_bytes()
+}
+
+/// `raw` (a request from `post`) with another method.
+fn with_method(method: &str, raw: Vec<u8>) -> Vec<u8> {
+    let mut out = method.as_bytes().to_vec();
+    out.extend_from_slice(raw.strip_prefix(b"POST").expect("a POST"));
+    out
+}
+
+fn release_path(slot: &str) -> String {
+    format!("/pools/p/lock/{slot}/release")
+}
+
+#[test]
+fn keep_alive_serves_a_whole_lease_on_one_connection() {
+    let s = TestServer::start(&config(r#""concurrency":2"#, ""));
+    let mut c = s.connect();
+    for _ in 0..3 {
+        let r = exchange(&mut c, &post(ACQUIRE, KEY, "", ""));
+        assert!(r.header("connection").is_none(), "keep-alive is the HTTP/1.1 default: {r:?}");
+        let slot = r.slot();
+        let r = exchange(&mut c, &post(&format!("/pools/p/lock/{slot}/renew"), KEY, "", ""));
+        assert_eq!(r.status, 200, "{r:?}");
+        let r = exchange(&mut c, &post(&release_path(&slot), KEY, "", r#"{"status":200}"#));
+        assert_eq!(r.json()["released"], true);
+    }
+    assert_open(&mut c, "after three leases");
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let s = TestServer::start(&config(r#""concurrency":2"#, ""));
+    let mut c = s.connect();
+    let mut batch = Vec::new();
+    batch.extend(post(ACQUIRE, KEY, "", ""));
+    batch.extend(post("/nowhere", KEY, "", ""));
+    batch.extend(post(&release_path("not-a-slot"), KEY, "", ""));
+    batch.extend(chunked_post(ACQUIRE, &[r#"{"wait"#, r#"Ms":0}"#]));
+    batch.extend(b"GET /pools/p/lock/acquire HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    batch.extend(post(ACQUIRE, KEY, "", r#"{"waitMs":0}"#));
+    batch.extend(post("/pools/p/lock/x/renew", KEY, "", ""));
+    c.write_all(&batch).unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..7 {
+        answers.push(read_response(&mut c).expect("every pipelined request is answered"));
+    }
+    let statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 404, 200, 200, 405, 429, 404], "{answers:#?}");
+    assert!(answers[0].json()["slotId"].is_string());
+    assert_eq!(answers[1].error_code(), "not_found");
+    assert_eq!(answers[2].json()["released"], false);
+    assert!(answers[3].json()["slotId"].is_string());
+    assert_eq!(answers[4].header("allow"), Some("POST"));
+    assert_eq!(answers[5].header("x-nthpool-deny-reason"), Some("concurrency"));
+    assert_eq!(answers[6].error_code(), "not_found");
+    assert_open(&mut c, "after a pipelined batch");
+}
+
+#[test]
+fn a_request_written_one_byte_at_a_time_is_answered() {
+    let s = TestServer::start(&config("", ""));
+    let mut c = s.connect();
+    let trickle = |c: &mut TcpStream, raw: &[u8]| {
+        for b in raw {
+            c.write_all(std::slice::from_ref(b)).unwrap();
+            thread::sleep(Duration::from_millis(1));
+        }
+    };
+    trickle(&mut c, &post(ACQUIRE, KEY, "X-Nthpool-Queue-Timeout-Ms: 0\r\n", r#"{"waitMs":0}"#));
+    let slot = read_response(&mut c).expect("answer to a trickled acquire").slot();
+    // A chunked body split at every byte, CRLFs included.
+    trickle(&mut c, &chunked_post(&release_path(&slot), &[r#"{"status""#, r#":200}"#]));
+    let r = read_response(&mut c).expect("answer to a trickled chunked release");
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    assert_open(&mut c, "after trickled requests");
+}
+
+#[test]
+fn http_1_0_closes_unless_it_asks_for_keep_alive() {
+    let s = TestServer::start(&config("", ""));
+    let plain = format!("POST /pools/p/lock/x/release HTTP/1.0\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    let mut c = s.connect();
+    let r = exchange(&mut c, plain.as_bytes());
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_answer_closes(&mut c, &r, "HTTP/1.0 without keep-alive");
+
+    let keep = format!(
+        "POST /pools/p/lock/x/release HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n"
+    );
+    let mut c = s.connect();
+    for _ in 0..2 {
+        let r = exchange(&mut c, keep.as_bytes());
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_ne!(r.header("connection"), Some("close"), "{r:?}");
+    }
+    // The last request of the keep-alive connection closes it again.
+    let r = exchange(&mut c, plain.as_bytes());
+    assert_answer_closes(&mut c, &r, "HTTP/1.0 after keep-alive");
+}
+
+#[test]
+fn connection_close_on_1_1_closes_after_the_answer() {
+    let s = TestServer::start(&config("", ""));
+    let mut c = s.connect();
+    let r = exchange(&mut c, &post(ACQUIRE, KEY, "Connection: close\r\n", ""));
+    let slot = r.slot();
+    assert_answer_closes(&mut c, &r, "Connection: close");
+    // The grant was delivered, so it is held, and releasing it works.
+    assert_eq!(s.release(&slot, "").json()["released"], true);
+}
+
+#[test]
+fn content_length_and_chunked_bodies_are_read() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let mut c = s.connect();
+    let slot = exchange(&mut c, &post(ACQUIRE, KEY, "", r#"{"waitMs":0}"#)).slot();
+    let r = exchange(&mut c, &chunked_post(&release_path(&slot), &["{", r#""status":200,"throttled":0"#, "}"]));
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    // Extensions and trailers are framing only.
+    let slot = exchange(&mut c, &post(ACQUIRE, KEY, "", "")).slot();
+    let raw = format!(
+        "POST {} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n\
+         e;ext=1\r\n{{\"status\":200}}\r\n0\r\nX-Trailer: t\r\n\r\n",
+        release_path(&slot)
+    );
+    let r = exchange(&mut c, raw.as_bytes());
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    assert_open(&mut c, "after chunked bodies");
+}
+
+#[test]
+fn expect_continue_gets_100_then_the_answer() {
+    let s = TestServer::start(&config("", ""));
+    let mut c = s.connect();
+    let body = r#"{"waitMs":0}"#;
+    let head = format!(
+        "POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let interim = exchange(&mut c, head.as_bytes());
+    assert_eq!(interim.status, 100, "{interim:?}");
+    assert!(interim.body.is_empty());
+    let r = exchange(&mut c, body.as_bytes());
+    r.slot();
+    assert_open(&mut c, "after 100-continue");
+}
+
+#[test]
+fn expect_continue_is_refused_at_once_when_the_head_decides() {
+    let s = TestServer::start(&config("", ""));
+    let expect = |path: &str, key: &str, length: usize| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {key}\r\nExpect: 100-continue\r\nContent-Length: {length}\r\n\r\n"
+        )
+    };
+    for (what, head, status, code) in [
+        ("wrong key", expect(ACQUIRE, "wrong-key", 12), 401, "unauthorized"),
+        ("unknown pool", expect("/pools/nope/lock/acquire", KEY, 12), 401, "unauthorized"),
+        ("over maxBodyBytes", expect(ACQUIRE, KEY, 65_537), 413, "payload_too_large"),
+    ] {
+        let mut c = s.connect();
+        // Only the head is sent: the answer must not wait for the body.
+        let r = exchange(&mut c, head.as_bytes());
+        assert_error(&r, status, code, what);
+        assert_answer_closes(&mut c, &r, what);
+    }
+}
+
+#[test]
+fn a_body_over_the_limit_is_refused_before_it_is_sent() {
+    let s = TestServer::start(&config("", r#""maxBodyBytes":1024"#));
+    let mut c = s.connect();
+    let head =
+        format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 1025\r\n\r\n");
+    let r = exchange(&mut c, head.as_bytes());
+    assert_error(&r, 413, "payload_too_large", "Content-Length over the limit");
+    assert_answer_closes(&mut c, &r, "413");
+
+    // Chunks that add up to more than the limit: refused at the size line that breaks it.
+    let mut c = s.connect();
+    let head = format!(
+        "POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n\
+         400\r\n{}\r\n1\r\n",
+        " ".repeat(1024)
+    );
+    let r = exchange(&mut c, head.as_bytes());
+    assert_error(&r, 413, "payload_too_large", "chunks over the limit");
+    assert_answer_closes(&mut c, &r, "chunked 413");
+
+    // Exactly the limit is fine.
+    let mut c = s.connect();
+    let body = format!("{{\"waitMs\":0{}}}", " ".repeat(1024 - 12));
+    assert_eq!(body.len(), 1024);
+    exchange(&mut c, &post(ACQUIRE, KEY, "", &body)).slot();
+}
+
+#[test]
+fn a_head_over_16_kib_gets_431() {
+    let s = TestServer::start(&config("", ""));
+    let mut c = s.connect();
+    let mut head =
+        format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nX-Pad: ").into_bytes();
+    head.resize(17 * 1024, b'a');
+    let r = exchange(&mut c, &head);
+    assert_error(&r, 431, "request_header_fields_too_large", "17 KiB head");
+    assert_answer_closes(&mut c, &r, "431");
+
+    // Too many fields is the same answer.
+    let mut c = s.connect();
+    let mut many = format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n");
+    for i in 0..100 {
+        many.push_str(&format!("X-F{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    let r = exchange(&mut c, many.as_bytes());
+    assert_error(&r, 431, "request_header_fields_too_large", "100 header fields");
+    assert_answer_closes(&mut c, &r, "431 fields");
+
+    // Just under the limit is served.
+    let mut c = s.connect();
+    let mut head =
+        format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nX-Pad: ").into_bytes();
+    head.resize(16 * 1024 - 4, b'a');
+    head.extend_from_slice(b"\r\n\r\n");
+    exchange(&mut c, &head).slot();
+}
+
+#[test]
+fn routes_methods_pools_and_keys() {
+    let s = TestServer::start(&config("", ""));
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("GET acquire", get(ACQUIRE).into_bytes(), 405, "method_not_allowed"),
+        ("GET renew", get("/pools/p/lock/abc/renew").into_bytes(), 405, "method_not_allowed"),
+        ("PUT release", with_method("PUT", post("/pools/p/lock/abc/release", KEY, "", "")), 405, "method_not_allowed"),
+        ("DELETE acquire", with_method("DELETE", post(ACQUIRE, KEY, "", "")), 405, "method_not_allowed"),
+        ("unknown path", post("/nowhere", KEY, "", ""), 404, "not_found"),
+        ("GET /", get("/").into_bytes(), 404, "not_found"),
+        ("unknown action", post("/pools/p/lock/abc/cancel", KEY, "", ""), 404, "not_found"),
+        ("unknown pool", post("/pools/nope/lock/acquire", KEY, "", ""), 401, "unauthorized"),
+        ("other pool's key", post(ACQUIRE, "other-key", "", ""), 401, "unauthorized"),
+        ("wrong key", post(ACQUIRE, "test-key-0002", "", ""), 401, "unauthorized"),
+        ("no key", post(ACQUIRE, "", "", ""), 401, "unauthorized"),
+        ("key for unknown pool release", post("/pools/nope/lock/abc/release", KEY, "", ""), 401, "unauthorized"),
+    ];
+    let mut c = s.connect();
+    for (what, raw, status, code) in cases {
+        let r = exchange(&mut c, &raw);
+        assert_error(&r, status, code, what);
+        if status == 405 {
+            assert_eq!(r.header("allow"), Some("POST"), "{what}");
+        }
+        assert!(r.header("connection").is_none(), "{what}: a well-framed request keeps the connection: {r:?}");
+    }
+    assert_open(&mut c, "after error answers");
+    // None of the refused acquires took a slot.
+    assert_eq!(s.acquire("", "").header_u64("x-nthpool-remaining-slots"), 15);
+}
+
+/// Sends a `HEAD` request with a probe pipelined behind it, and returns the
+/// head of the first answer and the bytes that follow it.
+fn head_then_probe(c: &mut TcpStream, target: &str, probe: &[u8]) -> (String, Vec<u8>) {
+    let mut batch = format!("HEAD {target} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n\r\n").into_bytes();
+    batch.extend_from_slice(probe);
+    c.write_all(&batch).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(c.read(&mut byte).unwrap(), 1, "closed inside the HEAD answer");
+        head.push(byte[0]);
+    }
+    let mut next = vec![0u8; 9];
+    c.read_exact(&mut next).unwrap();
+    (String::from_utf8_lossy(&head).into_owned(), next)
+}
+
+#[test]
+fn answers_to_head_requests_have_no_body() {
+    // RFC 9110 §9.3.2: an answer to HEAD carries the headers only. A body
+    // would be read by the client as the start of the next answer.
+    let s = TestServer::start(&config("", ""));
+    let probe = post(&release_path("x"), KEY, "", "");
+    for target in [ACQUIRE, "/nowhere"] {
+        let mut c = s.connect();
+        let (head, next) = head_then_probe(&mut c, target, &probe);
+        assert!(head.starts_with("HTTP/1.1 405 ") || head.starts_with("HTTP/1.1 404 "), "{head}");
+        assert_eq!(next, b"HTTP/1.1 ", "HEAD {target}: a body followed the head:\n{head}");
+    }
+    let admin = s.admin.expect("the test configuration has an admin listener");
+    let mut c = TcpStream::connect(admin).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (head, next) = head_then_probe(&mut c, "/healthz", b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert_eq!(next, b"HTTP/1.1 ", "HEAD /healthz: a body followed the head:\n{head}");
+}
+
+#[test]
+fn authorization_header_only_when_the_pool_allows_it() {
+    let bearer = format!("Authorization: Bearer {KEY}\r\n");
+    let nthbouncer = format!("Authorization: Nthbouncer {KEY}\r\n");
+
+    let closed = TestServer::start(&config("", ""));
+    let mut c = closed.connect();
+    for header in [&bearer, &nthbouncer] {
+        let r = exchange(&mut c, &post(ACQUIRE, "", header, ""));
+        assert_error(&r, 401, "unauthorized", header);
+    }
+    assert_open(&mut c, "after refused Authorization");
+
+    let open = TestServer::start(&config(r#""allowAuthorizationHeader":true"#, ""));
+    let mut c = open.connect();
+    for header in [&bearer, &nthbouncer] {
+        exchange(&mut c, &post(ACQUIRE, "", header, "")).slot();
+    }
+    let r = exchange(&mut c, &post(ACQUIRE, "", "Authorization: Bearer wrong\r\n", ""));
+    assert_error(&r, 401, "unauthorized", "wrong bearer");
+    let r = exchange(&mut c, &post(ACQUIRE, "", &format!("Authorization: Basic {KEY}\r\n"), ""));
+    assert_error(&r, 401, "unauthorized", "another scheme");
+}
+
+#[test]
+fn public_host_limits_lock_routes_to_one_host() {
+    let s = TestServer::start(&config("", r#""publicHost":"api.example.com""#));
+    let with_host = |host: &str, method: &str| {
+        format!("{method} {ACQUIRE} HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n")
+    };
+    let mut c = s.connect();
+    for host in ["localhost", "p.api.example.com", "api.example.com.evil", "evil.com:80", "[::1]:7070"] {
+        let r = exchange(&mut c, with_host(host, "POST").as_bytes());
+        assert_error(&r, 404, "not_found", host);
+    }
+    for host in ["api.example.com", "api.example.com:7070", "API.Example.COM:443"] {
+        let r = exchange(&mut c, with_host(host, "POST").as_bytes());
+        r.slot();
+        assert!(r.header("connection").is_none(), "{r:?}");
+    }
+    // HTTP/1.0 without Host is another host too.
+    let mut c = s.connect();
+    let raw = format!("POST {ACQUIRE} HTTP/1.0\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    let r = exchange(&mut c, raw.as_bytes());
+    assert_error(&r, 404, "not_found", "HTTP/1.0 without Host");
+}
+
+#[test]
+fn public_host_hides_lock_routes_from_other_methods_too() {
+    // On another host the lock routes do not exist (SPEC §4), so the answer is
+    // 404 whatever the method: a 405 would tell the route is there.
+    let s = TestServer::start(&config("", r#""publicHost":"api.example.com""#));
+    let raw = format!("GET {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    let r = s.request(raw.as_bytes());
+    assert_error(&r, 404, "not_found", "GET on the wrong host");
+}
+
+#[test]
+fn a_bad_release_body_is_400_and_releases_nothing() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = s.acquire("", "").slot();
+    for body in [
+        r#"{"status":"#,
+        "[1]",
+        r#""status""#,
+        "200",
+        r#"{"status":"200"}"#,
+        r#"{"status":99}"#,
+        r#"{"status":600}"#,
+        r#"{"throttled":-1}"#,
+        r#"{"retryAfterMs":1.5}"#,
+        r#"{"rate":[]}"#,
+        r#"{"status":200,"rate":[10,0,60000]}"#,
+        r#"{"headers":{"retry-after":5}}"#,
+        "{}x",
+    ] {
+        let mut c = s.connect();
+        let r = exchange(&mut c, &post(&release_path(&slot), KEY, "", body));
+        assert_error(&r, 400, "bad_request", body);
+        assert_answer_closes(&mut c, &r, body);
+    }
+    // Nothing was released: the pool is still full, and the slot still renews and releases.
+    assert_eq!(s.acquire("", "").status, 429);
+    assert_eq!(s.renew(&slot).status, 200);
+    assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+    s.acquire("", "").slot();
+}
+
+#[test]
+fn a_bad_acquire_body_is_400_and_takes_no_slot() {
+    let s = TestServer::start(&config(r#""concurrency":2"#, ""));
+    for body in [r#"{"waitMs":"#, "[]", r#""waitMs""#, "0", "null", r#"{"waitMs":null}x"#] {
+        let mut c = s.connect();
+        let r = exchange(&mut c, &post(ACQUIRE, KEY, "", body));
+        assert_error(&r, 400, "bad_request", body);
+        assert_answer_closes(&mut c, &r, body);
+    }
+    assert_eq!(s.acquire("", "").header_u64("x-nthpool-remaining-slots"), 1);
+}
+
+#[test]
+fn nothing_after_an_answer_that_says_close_is_executed() {
+    // `Connection: close` on an answer means the server reads no further
+    // (RFC 9112 §9.6): an acquire pipelined behind a refused one must not run,
+    // or it takes a slot whose grant the client will never read.
+    let s = TestServer::start(&config(r#""concurrency":2"#, ""));
+    let mut c = s.connect();
+    let mut batch = post(ACQUIRE, KEY, "", r#"{"waitMs":-1}"#);
+    batch.extend(post(ACQUIRE, KEY, "", ""));
+    c.write_all(&batch).unwrap();
+    let r = read_response(&mut c).expect("an answer to the bad acquire");
+    assert_error(&r, 400, "bad_request", "negative waitMs");
+    assert_answer_closes(&mut c, &r, "negative waitMs, then a pipelined acquire");
+    assert_eq!(s.acquire("", "").header_u64("x-nthpool-remaining-slots"), 1, "the pipelined acquire ran");
+}
+
+#[test]
+fn bad_wait_budgets_are_400() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let mut cases: Vec<(String, String)> = Vec::new();
+    for wait in ["-1", "1.5", r#""100""#, "1e20", "86400001", "18446744073709551616", "true", "{}"] {
+        cases.push((String::new(), format!(r#"{{"waitMs":{wait}}}"#)));
+    }
+    for wait in ["-1", "1.5", "abc", "", "99999999999999999999", "86400001", "1 0", "+5", "0x10"] {
+        cases.push((format!("X-Nthpool-Queue-Timeout-Ms: {wait}\r\n"), String::new()));
+    }
+    for (header, body) in &cases {
+        let what = format!("{header:?} {body:?}");
+        let mut c = s.connect();
+        let r = exchange(&mut c, &post(ACQUIRE, KEY, header, body));
+        assert_error(&r, 400, "bad_request", &what);
+        assert_answer_closes(&mut c, &r, &what);
+    }
+    // Good budgets on a free pool are grants; none of the above took the slot.
+    let slot = s.acquire("X-Nthpool-Queue-Timeout-Ms: 0\r\n", r#"{"waitMs":86400000}"#).slot();
+    s.release(&slot, "");
+    let slot = s.acquire("X-Nthpool-Queue-Timeout-Ms: 250\r\n", "").slot();
+    s.release(&slot, "");
+}
+
+/// The framing attacks of SPEC §4, with the status each must get. The pool
+/// allows bodies of 1 KiB so a chunk size beyond the limit is short to write.
+const FRAMING: &[(&str, &[u8], u16)] = &[
+    (
+        "CL.TE",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "TE.CL",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+    ("TE chunked, gzip", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 400),
+    ("TE gzip, chunked", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 400),
+    ("TE gzip", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+    ("TE identity", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: identity\r\n\r\n", 400),
+    ("TE xchunked", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n", 400),
+    (
+        "TE with space before colon",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "TE twice",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "TE folded onto the line before",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nX-A: b\r\n Transfer-Encoding: chunked\r\n\r\n",
+        400,
+    ),
+    ("TE on HTTP/1.0", b"POST /pools/p/lock/acquire HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+    (
+        "two different Content-Lengths",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{} ",
+        400,
+    ),
+    ("Content-Length list", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 2, 3\r\n\r\n{} ", 400),
+    ("Content-Length +5", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n{}   ", 400),
+    ("Content-Length -1", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", 400),
+    ("Content-Length hex", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 0x2\r\n\r\n{}", 400),
+    ("bare LF line endings", b"POST /pools/p/lock/acquire HTTP/1.1\nHost: a\nContent-Length: 0\n\n", 400),
+    ("bare LF ending the head", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\n", 400),
+    ("CR inside a header line", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nX-A: b\rc\r\n\r\n", 400),
+    ("bare CR line ending", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\rContent-Length: 0\r\n\r\n", 400),
+    ("NUL in a header value", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nX-A: b\x00c\r\n\r\n", 400),
+    ("missing Host on HTTP/1.1", b"POST /pools/p/lock/acquire HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400),
+    ("duplicate Host", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400),
+    ("two different Hosts", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", 400),
+    ("absolute-form target", b"POST http://a/pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    ("HTTP/1.2", b"POST /pools/p/lock/acquire HTTP/1.2\r\nHost: a\r\n\r\n", 400),
+    ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
+    (
+        "bad chunk size line",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        400,
+    ),
+    (
+        "chunk size with 0x",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "chunk size line with bare LF",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\n{}\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "chunk data longer than its size",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}X\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "chunk size over the body limit",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n401\r\n",
+        400,
+    ),
+    (
+        "huge chunk size",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n",
+        400,
+    ),
+];
+
+#[test]
+fn framing_attacks_get_400_and_a_closed_connection() {
+    let s = TestServer::start(&config("", r#""maxBodyBytes":1024"#));
+    let mut failures = Vec::new();
+    for &(name, raw, status) in FRAMING {
+        let mut c = s.connect();
+        c.write_all(raw).unwrap();
+        let Some(r) = read_response(&mut c) else {
+            failures.push(format!("{name}: closed without an answer"));
+            continue;
+        };
+        if r.status != status || r.error_code() != "bad_request" {
+            failures.push(format!("{name}: got {} {:?}", r.status, String::from_utf8_lossy(&r.body)));
+            continue;
+        }
+        if r.header("connection").map(str::to_ascii_lowercase).as_deref() != Some("close") {
+            failures.push(format!("{name}: no `Connection: close` on the answer"));
+        }
+        if !closed_by_server(&mut c) {
+            failures.push(format!("{name}: connection left open"));
+        }
+    }
+    assert!(failures.is_empty(), "framing cases that failed:\n{}", failures.join("\n"));
+    // The server is unharmed and nothing smuggled took a slot.
+    assert_eq!(s.acquire("", "").header_u64("x-nthpool-remaining-slots"), 15);
+}
+
+#[test]
+fn framing_attacks_behind_a_good_request_still_get_its_answer_first() {
+    // A smuggling attempt pipelined after a valid request: the valid one is
+    // answered, then the attack is refused and nothing after it is read.
+    let s = TestServer::start(&config("", r#""maxBodyBytes":1024"#));
+    for &(name, raw, _) in FRAMING {
+        let mut c = s.connect();
+        let mut batch = post(&release_path("x"), KEY, "", "");
+        batch.extend_from_slice(raw);
+        batch.extend(post(ACQUIRE, KEY, "", ""));
+        c.write_all(&batch).unwrap();
+        let first = read_response(&mut c).unwrap_or_else(|| panic!("{name}: no first answer"));
+        assert_eq!(first.json()["released"], false, "{name}");
+        let second = read_response(&mut c).unwrap_or_else(|| panic!("{name}: no answer to the attack"));
+        assert_eq!(second.status, 400, "{name}: {second:?}");
+        assert_closed(&mut c, name);
+    }
+    assert_eq!(s.acquire("", "").header_u64("x-nthpool-remaining-slots"), 15, "no smuggled acquire ran");
+}
+
+#[test]
+fn idle_connections_are_closed_after_the_idle_timeout() {
+    let s = TestServer::start(&config("", r#""idleTimeoutMs":300"#));
+    // After an answer, and without ever sending a byte.
+    let mut used = s.connect();
+    assert_eq!(exchange(&mut used, &post(&release_path("x"), KEY, "", "")).status, 200);
+    let started = Instant::now();
+    let mut silent = s.connect();
+    assert_closed(&mut used, "idle after an answer");
+    assert_closed(&mut silent, "idle from the start");
+    // The server accepted `silent` after `started`, so it may not end sooner.
+    assert!(started.elapsed() >= Duration::from_millis(290), "closed before the idle timeout");
+}

@@ -1,0 +1,587 @@
+//! Operating the server (SPEC §2, §9): the admin listener's health and
+//! metrics, SIGHUP reloads, graceful SIGTERM, and start-up errors as an
+//! operator sees them — one line on stderr and a non-zero exit.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Long enough for anything "eventually" on a loaded machine.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+fn get(addr: SocketAddr, path: &str) -> Response {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    read_response(&mut c).expect("an answer")
+}
+
+fn admin(s: &TestServer) -> SocketAddr {
+    s.admin.expect("the harness enables the admin listener")
+}
+
+// ---------------------------------------------------------------- metrics text
+
+/// One sample: metric name, labels, value.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// A parsed Prometheus text exposition (format 0.0.4), checked as it is read.
+#[derive(Debug, Default)]
+struct Exposition {
+    help: BTreeSet<String>,
+    types: BTreeMap<String, String>,
+    samples: Vec<Sample>,
+}
+
+impl Exposition {
+    fn parse(text: &str) -> Exposition {
+        let mut e = Exposition::default();
+        for line in text.lines() {
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap_or_else(|| panic!("HELP without text: {line}"));
+                assert!(!help.trim().is_empty(), "empty HELP: {line}");
+                assert!(e.help.insert(name.to_string()), "HELP twice for {name}");
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap_or_else(|| panic!("TYPE without kind: {line}"));
+                assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind), "{line}");
+                assert!(e.types.insert(name.to_string(), kind.to_string()).is_none(), "TYPE twice for {name}");
+                continue;
+            }
+            assert!(!line.starts_with('#'), "unknown comment line: {line}");
+            e.samples.push(parse_sample(line));
+        }
+        e
+    }
+
+    /// The family a sample belongs to: histograms expose `_bucket`, `_sum`, `_count`.
+    fn family_of(&self, name: &str) -> String {
+        for suffix in ["_bucket", "_sum", "_count"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                if self.types.get(base).is_some_and(|k| k == "histogram" || k == "summary") {
+                    return base.to_string();
+                }
+            }
+        }
+        name.to_string()
+    }
+
+    /// The value of the sample with exactly these labels.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let want: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let found: Vec<&Sample> = self.samples.iter().filter(|s| s.name == name && s.labels == want).collect();
+        assert_eq!(found.len(), 1, "expected one sample {name}{want:?}, found {found:?}");
+        found[0].value
+    }
+
+    fn pool(&self, name: &str, pool: &str) -> f64 {
+        self.value(name, &[("pool", pool)])
+    }
+}
+
+fn parse_sample(line: &str) -> Sample {
+    let name_end = line.find(['{', ' ']).unwrap_or_else(|| panic!("no value: {line}"));
+    let name = &line[..name_end];
+    assert!(
+        !name.is_empty()
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+            && !name.as_bytes()[0].is_ascii_digit(),
+        "bad metric name in {line}"
+    );
+    let mut labels = BTreeMap::new();
+    let mut rest = &line[name_end..];
+    if let Some(inner) = rest.strip_prefix('{') {
+        let mut chars = inner.char_indices().peekable();
+        let mut key = String::new();
+        loop {
+            let (i, c) = chars.next().unwrap_or_else(|| panic!("unterminated labels: {line}"));
+            match c {
+                '}' => {
+                    rest = &inner[i + 1..];
+                    break;
+                }
+                ',' if key.is_empty() => {}
+                '=' => {
+                    assert_eq!(chars.next().map(|(_, c)| c), Some('"'), "unquoted label value: {line}");
+                    let mut value = String::new();
+                    loop {
+                        match chars.next().unwrap_or_else(|| panic!("unterminated label value: {line}")).1 {
+                            '"' => break,
+                            '\\' => match chars.next().unwrap().1 {
+                                'n' => value.push('\n'),
+                                other => value.push(other),
+                            },
+                            other => value.push(other),
+                        }
+                    }
+                    assert!(labels.insert(std::mem::take(&mut key), value).is_none(), "repeated label: {line}");
+                }
+                c => key.push(c),
+            }
+        }
+    }
+    let value = rest.trim();
+    let value: f64 = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
+    };
+    Sample { name: name.to_string(), labels, value }
+}
+
+fn metrics(s: &TestServer) -> Exposition {
+    let r = get(admin(s), "/metrics");
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").unwrap_or_default().starts_with("text/plain"), "{r:?}");
+    Exposition::parse(std::str::from_utf8(&r.body).unwrap())
+}
+
+/// Scrapes until `done` holds, so nothing depends on how fast the server is.
+fn eventually(s: &TestServer, what: &str, done: impl Fn(&Exposition) -> bool) -> Exposition {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let m = metrics(s);
+        if done(&m) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "never saw {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn reloads(m: &Exposition) -> (f64, f64) {
+    (m.value("nthpool_config_reloads_total", &[]), m.value("nthpool_config_reload_failures_total", &[]))
+}
+
+/// Rewrites the configuration, sends SIGHUP and waits until the server has
+/// handled it (applied or refused); returns (applied, refused) totals.
+fn reload_with(s: &TestServer, config_json: &str) -> (f64, f64) {
+    let (ok, failed) = reloads(&metrics(s));
+    std::fs::write(&s.config_path, config_json).unwrap();
+    s.signal("HUP");
+    let m = eventually(s, "the reload handled", |m| {
+        let (o, f) = reloads(m);
+        o + f > ok + failed
+    });
+    reloads(&m)
+}
+
+// ---------------------------------------------------------------- admin routes
+
+#[test]
+fn health_and_metrics_live_only_on_the_admin_port() {
+    let s = TestServer::start(&config("", ""));
+    let r = get(admin(&s), "/healthz");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json(), serde_json::json!({"status": "ok"}));
+    assert_eq!(get(admin(&s), "/metrics").status, 200);
+
+    let mut c = TcpStream::connect(admin(&s)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
+    let r = read_response(&mut c).unwrap();
+    assert_eq!(r.status, 404, "no lock routes on the admin port: {r:?}");
+    assert_eq!(r.error_code(), "not_found");
+    assert_eq!(get(admin(&s), "/pools/p/lock/acquire").status, 404);
+
+    for path in ["/metrics", "/healthz"] {
+        let r = get(s.addr, path);
+        assert_eq!(r.status, 404, "{path} on the public port: {r:?}");
+        assert_eq!(r.error_code(), "not_found");
+    }
+    // The lock API is unaffected by all this.
+    assert_eq!(s.acquire("", "").status, 200);
+}
+
+#[test]
+fn every_metric_family_has_help_and_type() {
+    let s = TestServer::start(&config(r#""rpm":600"#, ""));
+    s.acquire("", "").slot();
+    let m = metrics(&s);
+    assert!(!m.samples.is_empty());
+    for sample in &m.samples {
+        let family = m.family_of(&sample.name);
+        assert!(m.types.contains_key(&family), "no # TYPE for {}", sample.name);
+        assert!(m.help.contains(&family), "no # HELP for {}", sample.name);
+    }
+    for name in m.types.keys() {
+        assert!(m.help.contains(name), "# TYPE without # HELP: {name}");
+    }
+    for name in &m.help {
+        assert!(m.types.contains_key(name), "# HELP without # TYPE: {name}");
+    }
+    for (name, kind) in &m.types {
+        if kind == "counter" {
+            assert!(name.ends_with("_total"), "counter {name} should end in _total");
+        }
+    }
+}
+
+#[test]
+fn metrics_count_grants_denials_reclaims_renewals_and_releases() {
+    // A term long enough that the renewed slot cannot lapse between requests
+    // on a slow machine, short enough that the unrenewed one is reclaimed soon.
+    let s = TestServer::start(&config(r#""concurrency":2,"termMs":3000,"renewIntervalMs":1000,"adaptive":false"#, ""));
+    let a = s.acquire("", "").slot();
+    assert_eq!(s.renew(&a).status, 200);
+    let _b = s.acquire("", "").slot();
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("concurrency"));
+    assert_eq!(s.renew("not-a-slot").status, 404);
+    assert_eq!(s.release(&a, r#"{"status":200}"#).json()["released"], true);
+    assert_eq!(s.release(&a, "").json()["released"], false);
+
+    let m = eventually(&s, "the unrenewed slot reclaimed", |m| {
+        m.value("nthpool_reclaims_total", &[("pool", "p"), ("cause", "term")]) >= 1.0
+    });
+    assert_eq!(m.pool("nthpool_grants_total", "p"), 2.0);
+    assert_eq!(m.value("nthpool_denials_total", &[("pool", "p"), ("reason", "concurrency")]), 1.0);
+    for reason in ["rate", "cooldown", "queue_full"] {
+        assert_eq!(m.value("nthpool_denials_total", &[("pool", "p"), ("reason", reason)]), 0.0, "{reason}");
+    }
+    assert_eq!(m.value("nthpool_reclaims_total", &[("pool", "p"), ("cause", "term")]), 1.0);
+    assert_eq!(m.value("nthpool_reclaims_total", &[("pool", "p"), ("cause", "cap")]), 0.0);
+    assert_eq!(m.pool("nthpool_slots_held", "p"), 0.0);
+    assert_eq!(m.pool("nthpool_waiters", "p"), 0.0);
+    assert_eq!(m.pool("nthpool_limit", "p"), 2.0);
+    assert_eq!(m.pool("nthpool_effective_limit", "p"), 2.0);
+    assert_eq!(m.pool("nthpool_acquire_server_time_us_count", "p"), 3.0, "two grants and one 429");
+    assert_eq!(m.value("nthpool_acquire_server_time_us_bucket", &[("pool", "p"), ("le", "+Inf")]), 3.0);
+    let mut previous = 0.0;
+    for sample in m.samples.iter().filter(|x| x.name == "nthpool_acquire_server_time_us_bucket") {
+        if sample.labels["pool"] == "p" {
+            assert!(sample.value >= previous, "buckets are cumulative");
+            previous = sample.value;
+        }
+    }
+    assert_eq!(m.value("nthpool_renewals_total", &[("pool", "p"), ("outcome", "renewed")]), 1.0);
+    assert_eq!(m.value("nthpool_renewals_total", &[("pool", "p"), ("outcome", "not_found")]), 1.0);
+    assert_eq!(m.value("nthpool_renewals_total", &[("pool", "p"), ("outcome", "capped")]), 0.0);
+    assert_eq!(m.value("nthpool_releases_total", &[("pool", "p"), ("outcome", "released")]), 1.0);
+    assert_eq!(m.value("nthpool_releases_total", &[("pool", "p"), ("outcome", "already_gone")]), 1.0);
+    // The other pool saw nothing.
+    assert_eq!(m.pool("nthpool_grants_total", "other"), 0.0);
+    assert_eq!(m.pool("nthpool_acquire_server_time_us_count", "other"), 0.0);
+}
+
+#[test]
+fn metrics_count_open_connections() {
+    let s = TestServer::start(&config("", ""));
+    let idle: Vec<TcpStream> = (0..2).map(|_| s.connect()).collect();
+    // Two idle public connections plus the scrape's own.
+    eventually(&s, "3 open connections", |m| m.value("nthpool_connections_open", &[]) == 3.0);
+    drop(idle);
+    eventually(&s, "only the scrape's connection", |m| m.value("nthpool_connections_open", &[]) == 1.0);
+}
+
+// ---------------------------------------------------------------- SIGHUP
+
+#[test]
+fn sighup_raises_a_limit_and_keeps_held_slots() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let first = s.acquire("", "").slot();
+    assert_eq!(s.acquire("", "").status, 429);
+    assert_eq!(reload_with(&s, &config(r#""concurrency":3"#, "")), (1.0, 0.0));
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header_u64("x-nthpool-limit"), 3);
+    assert_eq!(r.header_u64("x-nthpool-remaining-slots"), 1, "the slot held before the reload still counts");
+    assert_eq!(s.acquire("", "").status, 200);
+    assert_eq!(s.acquire("", "").status, 429, "three held under a limit of three");
+    assert_eq!(s.renew(&first).status, 200, "the slot held across the reload renews");
+    assert_eq!(s.release(&first, "").json()["released"], true);
+}
+
+#[test]
+fn sighup_raise_grants_a_queued_waiter_at_once() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":60000}"#, ""));
+    s.acquire("", "").slot();
+    let mut waiter = s.connect();
+    waiter.write_all(&post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":60000}"#)).unwrap();
+    eventually(&s, "the waiter queued", |m| m.pool("nthpool_waiters", "p") == 1.0);
+    reload_with(&s, &config(r#""concurrency":2,"queue":{"size":10,"timeoutMs":60000}"#, ""));
+    // Long before the 60 s wait ends (the harness read timeout is 10 s).
+    let r = read_response(&mut waiter).expect("an answer");
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+#[test]
+fn sighup_adds_a_pool_and_retires_a_removed_one() {
+    let s = TestServer::start(&config("", ""));
+    let kept = s.request(&post("/pools/other/lock/acquire", "other-key", "", "")).slot();
+    let fresh = || s.request(&post("/pools/fresh/lock/acquire", "fresh-key", "", ""));
+    assert_eq!(fresh().status, 401, "unknown before the reload");
+    let without_other = format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,
+        "pools":{{"p":{{"keys":["{KEY}"]}},"fresh":{{"keys":["fresh-key"]}}}}}}"#
+    );
+    assert_eq!(reload_with(&s, &without_other), (1.0, 0.0));
+    assert_eq!(fresh().status, 200, "the new pool grants");
+    let r = s.request(&post("/pools/other/lock/acquire", "other-key", "", ""));
+    assert_eq!(r.status, 401, "a removed pool grants nothing: {r:?}");
+    assert_eq!(r.error_code(), "unauthorized");
+    let r = s.request(&post(&format!("/pools/other/lock/{kept}/release"), "other-key", "", ""));
+    assert_eq!(r.status, 200, "its held slot can still be released: {r:?}");
+    assert_eq!(r.json()["released"], true);
+    let m = metrics(&s);
+    assert_eq!(m.pool("nthpool_retired", "other"), 1.0);
+    assert_eq!(m.pool("nthpool_slots_held", "other"), 0.0);
+    assert_eq!(m.pool("nthpool_retired", "fresh"), 0.0);
+    assert_eq!(s.acquire("", "").status, 200, "the untouched pool carries on");
+}
+
+#[test]
+fn sighup_with_a_broken_file_keeps_the_old_configuration() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    assert_eq!(reload_with(&s, "{ this is not json"), (0.0, 1.0));
+    let held = s.acquire("", "");
+    assert_eq!(held.status, 200);
+    assert_eq!(held.header_u64("x-nthpool-limit"), 1, "the old limit stays");
+    assert_eq!(s.acquire("", "").status, 429);
+
+    let impossible = config(r#""concurrency":3,"termMs":5000,"renewIntervalMs":5000"#, "");
+    assert_eq!(reload_with(&s, &impossible), (0.0, 2.0));
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429, "renewIntervalMs >= termMs is refused whole: {r:?}");
+    assert_eq!(r.header_u64("x-nthpool-limit"), 1);
+    assert_eq!(s.renew(&held.slot()).status, 200, "still serving");
+}
+
+#[test]
+fn sighup_with_an_unopenable_access_log_changes_nothing() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let held = s.acquire("", "").slot();
+    // Valid JSON, but the access log cannot be opened: the reload must be refused whole.
+    let unopenable = format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":"no-such-dir/access.log",
+        "pools":{{"p":{{"keys":["{KEY}"],"concurrency":3}},"fresh":{{"keys":["fresh-key"]}}}}}}"#
+    );
+    assert_eq!(reload_with(&s, &unopenable), (0.0, 1.0));
+    let mut c = s.connect();
+    c.write_all(&post("/pools/fresh/lock/acquire", "fresh-key", "", "")).unwrap();
+    let r = read_response(&mut c).expect("an answer for a pool of the refused configuration (the server is gone)");
+    assert_eq!(r.status, 401, "a pool of the refused configuration does not exist: {r:?}");
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429, "the refused reload must not raise the limit: {r:?}");
+    assert_eq!(r.header_u64("x-nthpool-limit"), 1);
+    assert_eq!(s.renew(&held).status, 200, "still serving");
+}
+
+// ---------------------------------------------------------------- SIGTERM
+
+fn wait_for_exit(s: &mut TestServer, within: Duration) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "still running {within:?} after SIGTERM");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sigterm_exits_promptly_with_idle_keep_alive_connections_open() {
+    let mut s = TestServer::start(&config("", ""));
+    let mut kept_alive = s.connect();
+    kept_alive.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
+    assert_eq!(read_response(&mut kept_alive).unwrap().status, 200);
+    let mut idle: Vec<TcpStream> = (0..3).map(|_| s.connect()).collect();
+    let mut admin_idle = TcpStream::connect(admin(&s)).unwrap();
+    admin_idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // 1 kept alive + 3 idle + 1 idle admin + the scrape.
+    eventually(&s, "every connection accepted", |m| m.value("nthpool_connections_open", &[]) == 6.0);
+
+    s.signal("TERM");
+    // The contract is one second; three leave room for a loaded machine.
+    let status = wait_for_exit(&mut s, Duration::from_secs(3));
+    assert!(status.success(), "exit status {status}");
+    assert!(is_closed(&mut kept_alive));
+    for c in idle.iter_mut() {
+        assert!(is_closed(c));
+    }
+    assert!(is_closed(&mut admin_idle));
+}
+
+#[test]
+fn sigterm_answers_a_queued_waiter_with_503_before_exiting() {
+    let mut s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":60000}"#, ""));
+    s.acquire("", "").slot();
+    let mut waiter = s.connect();
+    waiter.write_all(&post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":60000}"#)).unwrap();
+    eventually(&s, "the waiter queued", |m| m.pool("nthpool_waiters", "p") == 1.0);
+
+    s.signal("TERM");
+    let r = read_response(&mut waiter).expect("the waiter is answered, not dropped");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.error_code(), "unavailable");
+    assert!(r.header_u64("Retry-After") >= 1);
+    assert!(is_closed(&mut waiter), "and its connection closed");
+    let status = wait_for_exit(&mut s, Duration::from_secs(3));
+    assert!(status.success(), "exit status {status}");
+}
+
+// ---------------------------------------------------------------- start-up
+
+struct Run {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the binary to completion in `dir`, with the default log filter an
+/// operator would have. A binary that keeps running is a failure, not a hang.
+fn run(dir: &Path, args: &[&str]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nthpool");
+    let deadline = Instant::now() + PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("nthpool {args:?} was still running after {PATIENCE:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdout = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    Run { status, stdout, stderr }
+}
+
+/// A start-up failure: non-zero exit and exactly one stderr line containing every `needle`.
+fn assert_fails_with(r: &Run, needles: &[&str]) {
+    assert!(!r.status.success(), "expected a failure, got {}; stderr: {}", r.status, r.stderr);
+    let lines: Vec<&str> = r.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one stderr line, got: {:?}", r.stderr);
+    for needle in needles {
+        assert!(lines[0].contains(needle), "{:?} does not name {needle:?}", lines[0]);
+    }
+}
+
+fn write_config(dir: &Path, json: &str) -> String {
+    let path = dir.join("config.json");
+    std::fs::write(&path, json).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn start_up_fails_in_one_line_when_the_port_is_taken() {
+    let dir = scratch_dir();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let path = write_config(&dir, &config("", ""));
+    let r = run(&dir, &["--config", &path, "--listen", &addr]);
+    assert_fails_with(&r, &[&addr]);
+
+    let admin_taken =
+        config("", "").replacen(r#""adminListen":"127.0.0.1:0""#, &format!(r#""adminListen":"{addr}""#), 1);
+    let path = write_config(&dir, &admin_taken);
+    let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
+    assert_fails_with(&r, &[&addr, "adminListen"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn start_up_fails_in_one_line_when_the_config_cannot_be_read() {
+    let dir = scratch_dir();
+    let missing = dir.join("missing.json");
+    let missing = missing.to_str().unwrap();
+    let r = run(&dir, &["--config", missing, "--listen", "127.0.0.1:0"]);
+    assert_fails_with(&r, &["cannot read", missing]);
+    let directory = dir.to_str().unwrap();
+    let r = run(&dir, &["--config", directory, "--listen", "127.0.0.1:0"]);
+    assert_fails_with(&r, &[directory]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn start_up_fails_in_one_line_naming_an_invalid_or_unknown_field() {
+    let dir = scratch_dir();
+    for (pool_extra, needles) in [
+        (r#""concurrency":0"#, &["pools.p.concurrency"][..]),
+        (r#""bogus":1"#, &["bogus"][..]),
+        (r#""termMs":5000,"renewIntervalMs":5000"#, &["pools.p.renewIntervalMs"][..]),
+    ] {
+        let path = write_config(&dir, &config(pool_extra, ""));
+        let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
+        assert_fails_with(&r, needles);
+    }
+    let path = write_config(&dir, &config("", r#""listenn":"127.0.0.1:1""#));
+    assert_fails_with(&run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]), &["listenn"]);
+    let path = write_config(&dir, "{ not json");
+    assert_fails_with(&run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]), &["invalid configuration"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn start_up_names_the_field_of_a_wrongly_typed_value() {
+    let dir = scratch_dir();
+    for (pool_extra, field) in [
+        (r#""queue":{"size":10,"timeoutMs":"soon"}"#, "timeoutMs"),
+        (r#""concurrency":"3""#, "concurrency"),
+        (r#""termMs":-1"#, "termMs"),
+    ] {
+        let path = write_config(&dir, &config(pool_extra, ""));
+        let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
+        assert_fails_with(&r, &[field]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_config_validates_without_serving() {
+    let dir = scratch_dir();
+    let path = write_config(&dir, &config(r#""concurrency":4"#, ""));
+    let r = run(&dir, &["--check-config", &path]);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(r.stdout.contains("valid"), "{}", r.stdout);
+    assert!(!r.stdout.contains("listening"), "it does not serve");
+
+    let path = write_config(&dir, &config(r#""concurrency":0"#, ""));
+    let r = run(&dir, &["--check-config", &path]);
+    assert_fails_with(&r, &["pools.p.concurrency"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn help_explains_the_flags() {
+    let dir = scratch_dir();
+    for flag in ["--help", "-h"] {
+        let r = run(&dir, &[flag]);
+        assert!(r.status.success(), "{flag}: {}", r.status);
+        for needle in ["--config", "--listen", "--check-config", "RUST_LOG"] {
+            assert!(r.stdout.contains(needle), "{flag} output lacks {needle}:\n{}", r.stdout);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -135,6 +135,8 @@ pub struct Conn {
     /// The socket may hold unread input (edge-triggered readiness, remembered
     /// until a read finds it empty).
     pub readable: bool,
+    /// Listed in the server's flush list for this turn.
+    pub dirty: bool,
     /// The peer's FIN was reported: read to EOF even after a short read.
     pub hangup: bool,
     pub request_started: Option<Ms>,
@@ -163,6 +165,7 @@ impl Conn {
             read_closed: false,
             close_after_flush: false,
             readable: false,
+            dirty: false,
             hangup: false,
             request_started: None,
             last_active: now,

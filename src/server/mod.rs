@@ -77,8 +77,10 @@ pub struct Server {
     timeouts: Timeouts,
     input_limit: usize,
     accept_paused: bool,
-    /// Connections with output to flush before the loop sleeps.
+    /// Connections with output to flush before the loop sleeps (each once:
+    /// `Conn::dirty` says it is listed), and the list swapped in while it is.
     dirty: Vec<(usize, u32)>,
+    dirty_spare: Vec<(usize, u32)>,
     /// Connections whose read budget ran out with input possibly left; read
     /// again next turn. Two lists, swapped each turn, so neither reallocates.
     ready: Vec<(usize, u32)>,
@@ -150,6 +152,7 @@ impl Server {
             input_limit: input_limit(config),
             accept_paused: false,
             dirty: Vec::new(),
+            dirty_spare: Vec::new(),
             ready: Vec::new(),
             ready_carry: Vec::new(),
         })
@@ -527,19 +530,21 @@ impl Server {
     }
 
     fn mark_dirty(&mut self, token: usize, serial: u32) {
-        self.dirty.push((token, serial));
+        if let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial && !c.dirty) {
+            conn.dirty = true;
+            self.dirty.push((token, serial));
+        }
     }
 
     /// Writes every connection's pending output, then closes the ones that are done.
     fn flush_dirty(&mut self) {
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
+        let mut dirty = std::mem::replace(&mut self.dirty, std::mem::take(&mut self.dirty_spare));
         for &(token, serial) in &dirty {
             let now = self.now;
             let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial) else {
                 continue;
             };
+            conn.dirty = false;
             if conn.read_closed {
                 // A half-closed client leaves the queue at once.
                 if let Some(q) = conn.waiting.take() {
@@ -568,10 +573,10 @@ impl Server {
                 }
             }
         }
+        // Processing above may have queued more output in `self.dirty`: it is
+        // flushed next turn (the poll does not sleep while it is non-empty).
         dirty.clear();
-        // Processing above may have queued more output: flush it next turn.
-        let more = std::mem::replace(&mut self.dirty, dirty);
-        self.dirty.extend(more);
+        self.dirty_spare = dirty;
     }
 
     /// Delivers what the governor decided since the last call.

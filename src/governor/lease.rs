@@ -62,33 +62,30 @@ impl SlotId {
     /// table walk; it runs on every grant, renew and release.
     pub fn encode(&self) -> [u8; SLOT_ID_CHARS] {
         let mut out = [0u8; SLOT_ID_CHARS];
-        for (group, chars) in self.0.chunks_exact(3).zip(out.chunks_exact_mut(4)) {
-            let n = (group[0] as u32) << 16 | (group[1] as u32) << 8 | group[2] as u32;
-            for (i, c) in chars.iter_mut().enumerate() {
-                *c = B64URL[(n >> (18 - 6 * i) & 63) as usize];
-            }
+        for g in 0..SLOT_ID_BYTES / 3 {
+            let b = &self.0[3 * g..3 * g + 3];
+            let n = (b[0] as usize) << 16 | (b[1] as usize) << 8 | b[2] as usize;
+            out[4 * g] = B64URL[n >> 18];
+            out[4 * g + 1] = B64URL[n >> 12 & 63];
+            out[4 * g + 2] = B64URL[n >> 6 & 63];
+            out[4 * g + 3] = B64URL[n & 63];
         }
         out
     }
 
     /// Parses the text form; anything else is `None` (and answers 404).
     pub fn decode(text: &[u8]) -> Option<SlotId> {
-        if text.len() != SLOT_ID_CHARS {
-            return None;
-        }
+        let text: &[u8; SLOT_ID_CHARS] = text.try_into().ok()?;
         let mut raw = [0u8; SLOT_ID_BYTES];
-        for (chars, group) in text.chunks_exact(4).zip(raw.chunks_exact_mut(3)) {
-            let mut n = 0u32;
-            for &c in chars {
-                let v = B64URL_INV[c as usize];
-                if v == INVALID {
-                    return None;
-                }
-                n = n << 6 | v as u32;
-            }
-            group.copy_from_slice(&n.to_be_bytes()[1..]);
+        // Invalid characters map to 0xff; OR-ing everything finds one at the end.
+        let mut invalid = 0u8;
+        for g in 0..SLOT_ID_BYTES / 3 {
+            let v = [0, 1, 2, 3].map(|i| B64URL_INV[text[4 * g + i] as usize]);
+            invalid |= v[0] | v[1] | v[2] | v[3];
+            let n = (v[0] as u32) << 18 | (v[1] as u32) << 12 | (v[2] as u32) << 6 | v[3] as u32;
+            raw[3 * g..3 * g + 3].copy_from_slice(&n.to_be_bytes()[1..]);
         }
-        Some(SlotId(raw))
+        (invalid & 0xc0 == 0).then_some(SlotId(raw))
     }
 
     /// A short reference for logs: a non-reversible hash of the id, never the id itself.

@@ -139,9 +139,14 @@ pub fn error_body(out: &mut Vec<u8>, code: &str, message: &str) {
     out.extend_from_slice(b"\"}");
 }
 
-/// Appends a number in decimal.
+/// Appends a number in decimal. Most numbers in answers (slots, depths) are
+/// below 100, and those skip the general formatter.
 pub fn push_u64(out: &mut Vec<u8>, value: u64) {
-    out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
+    match value {
+        0..=9 => out.push(b'0' + value as u8),
+        10..=99 => out.extend_from_slice(&[b'0' + (value / 10) as u8, b'0' + (value % 10) as u8]),
+        _ => out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes()),
+    }
 }
 
 /// Appends `"name":<value>` to a JSON object being built.
@@ -166,6 +171,15 @@ mod tests {
             out,
             b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
         );
+    }
+
+    #[test]
+    fn numbers_in_decimal() {
+        for v in [0, 7, 9, 10, 42, 99, 100, 12345, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, v);
+            assert_eq!(out, v.to_string().as_bytes());
+        }
     }
 
     #[test]

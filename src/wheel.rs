@@ -152,6 +152,11 @@ impl<T> Wheel<T> {
             }
             idx = next;
         }
+        // One call may cover many deadlines of a higher-level slot: hand them
+        // out in deadline order (`pending` is popped from the end). Slots are
+        // processed in time order, so this keeps the order across slots too.
+        let entries = &self.entries;
+        self.pending.sort_unstable_by(|&a, &b| entries[b as usize].deadline.cmp(&entries[a as usize].deadline));
     }
 
     fn next_expiration(&self) -> Option<(usize, usize, u64)> {
@@ -339,6 +344,21 @@ mod tests {
                 assert_eq!(d, nd, "fired late or early");
             }
         }
+    }
+
+    #[test]
+    fn one_poll_over_many_deadlines_fires_them_in_order() {
+        let mut w = Wheel::new();
+        // Both land in one level-1 slot when inserted at 0.
+        w.insert(329, 329u32);
+        w.insert(320, 320);
+        w.insert(70, 70);
+        w.insert(5000, 5000);
+        let mut fired = Vec::new();
+        while let Some(p) = w.poll(6000) {
+            fired.push(p);
+        }
+        assert_eq!(fired, vec![70, 320, 329, 5000]);
     }
 
     #[test]

@@ -105,19 +105,22 @@ pub enum HeadError {
 /// malformed head gets its `400` now rather than at the head timeout), or when the
 /// buffer is over `MAX_HEAD_BYTES` (so it gets its `431`).
 pub fn head_may_be_complete(buf: &[u8], searched_from: usize) -> bool {
-    if buf.len() > MAX_HEAD_BYTES {
+    if buf.len() > MAX_HEAD_BYTES || searched_from == 0 {
         return true;
     }
     // Each byte is judged with the one before it, so a CR that ended the previous
-    // read is judged by the byte that follows it.
+    // read is judged by the byte that follows it. A control or non-ASCII byte
+    // (a NUL, a TLS handshake, stray binary) opens the gate too: httparse may
+    // refuse it, and then the 400 comes at once.
     for i in searched_from.min(buf.len())..buf.len() {
         let prev = if i == 0 { 0 } else { buf[i - 1] };
-        if buf[i] == b'\n' {
-            if prev != b'\r' || (i >= 3 && &buf[i - 3..i - 1] == b"\r\n") {
-                return true;
-            }
-        } else if prev == b'\r' {
-            return true;
+        match buf[i] {
+            b'\n' if prev != b'\r' || (i >= 3 && &buf[i - 3..i - 1] == b"\r\n") => return true,
+            b'\n' => {}
+            _ if prev == b'\r' => return true,
+            b'\r' | b'\t' => {}
+            b if !(0x20..0x7f).contains(&b) => return true,
+            _ => {}
         }
     }
     false
@@ -136,7 +139,12 @@ pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Resu
             }
             return Ok(None);
         }
-        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(httparse::Error::TooManyHeaders) => {
+            // Bare line ends are judged first, so the verdict does not depend on
+            // how much of the head arrived in one read.
+            check_line_endings(buf)?;
+            return Err(HeadError::TooLarge);
+        }
         Err(e) => return Err(HeadError::Malformed(httparse_reason(e))),
     };
     if head_len > MAX_HEAD_BYTES {
@@ -686,12 +694,14 @@ mod tests {
     #[test]
     fn may_be_complete_looks_only_at_new_bytes() {
         let raw = b"GET / HTTP/1.1\r\nHost: h\r\n\r\n";
-        // Every split of a valid head: the earlier part never triggers a parse, the
-        // whole always does, whichever read brought the last byte.
-        for cut in 0..raw.len() {
-            assert!(!head_may_be_complete(&raw[..cut], 0), "cut {cut}");
+        // Every split of a valid head: once a first parse found it partial, the
+        // earlier part never triggers another, the whole always does, whichever
+        // read brought the last byte. Nothing parsed yet means parse at once.
+        for cut in 1..raw.len() {
+            assert!(!head_may_be_complete(&raw[..cut], 1), "cut {cut}");
             assert!(head_may_be_complete(raw, cut), "cut {cut}");
         }
+        assert!(head_may_be_complete(b"GET", 0));
         assert!(!head_may_be_complete(raw, raw.len()));
         assert!(!head_may_be_complete(b"GET / HTTP/1.1\r\nHost: h\r\n", 3));
     }
@@ -701,10 +711,12 @@ mod tests {
         assert!(head_may_be_complete(b"GET / HTTP/1.1\n", 0));
         assert!(head_may_be_complete(b"\n", 0));
         assert!(head_may_be_complete(b"GET / HTTP/1.1\rX", 15));
-        assert!(!head_may_be_complete(b"GET / HTTP/1.1\r", 0));
+        assert!(!head_may_be_complete(b"GET / HTTP/1.1\r", 1));
+        assert!(head_may_be_complete(b"GET / HTTP/1.1\r\nX: \x00", 16), "a NUL opens the gate");
+        assert!(head_may_be_complete(b"GET /\xcf", 4), "so does a non-ASCII byte");
         let big = vec![b'a'; MAX_HEAD_BYTES + 1];
         assert!(head_may_be_complete(&big, MAX_HEAD_BYTES));
-        assert!(!head_may_be_complete(&big[..MAX_HEAD_BYTES], 0));
+        assert!(!head_may_be_complete(&big[..MAX_HEAD_BYTES], 1));
     }
 
     #[test]

@@ -439,8 +439,8 @@ impl Server {
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
             // A head usually arrives whole and is parsed at once; after a partial
-            // parse, only new bytes that could end it trigger another.
-            if conn.pending.is_none() && conn.head_scanned > 0 && !head_may_be_complete(data, conn.head_scanned) {
+            // parse, only new bytes that could end it (or break it) trigger another.
+            if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
                 conn.head_scanned = data.len();
                 break;
             }

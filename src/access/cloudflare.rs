@@ -136,13 +136,8 @@ pub fn verify(
     now_epoch_ms: u64,
     leeway_ms: u64,
 ) -> Result<(), Denied> {
-    let compact = jws::split(token)?;
-    let header = compact.header()?;
-    if header.alg != ALG {
-        return Err(Denied::TOKEN_ALG_REFUSED);
-    }
     let mut buf = [0u8; MAX_SIGNATURE_BYTES];
-    let signature = compact.signature(&mut buf)?;
+    let (compact, header, signature) = jws::open(token, ALG, &mut buf)?;
     let digest = Sha256::digest(compact.signing_input);
     let mut candidates = jwks.keys.iter().filter(|k| header.kid.is_none() || k.kid == header.kid).peekable();
     if candidates.peek().is_none() {

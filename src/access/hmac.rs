@@ -21,6 +21,7 @@ use ::hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use super::denied::Denied;
+use crate::http::trim;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -163,13 +164,6 @@ fn parse_epoch_ms(digits: &[u8]) -> Option<u64> {
 /// newlines in particular, would let one canonical string be read two ways.
 fn valid_nonce(nonce: &[u8]) -> bool {
     (1..=MAX_NONCE_BYTES).contains(&nonce.len()) && nonce.iter().all(|&c| (0x20..=0x7e).contains(&c))
-}
-
-fn trim(value: &[u8]) -> &[u8] {
-    let is_ows = |c: &u8| *c == b' ' || *c == b'\t';
-    let start = value.iter().position(|c| !is_ows(c)).unwrap_or(value.len());
-    let end = value.iter().rposition(|c| !is_ows(c)).map_or(start, |i| i + 1);
-    &value[start..end]
 }
 
 #[cfg(test)]

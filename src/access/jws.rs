@@ -33,6 +33,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use super::denied::Denied;
+use crate::http::trim;
 
 /// Longest token accepted, in bytes, before any decoding.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
@@ -75,6 +76,22 @@ pub struct ClaimRules<'a> {
 }
 
 /// Splits a token into three parts. Surrounding spaces and tabs are dropped;
+/// The checks every verifier starts with: split `token`, require the header's
+/// `alg` to be exactly `alg`, and decode the signature into `buf`.
+pub fn open<'t, 'b>(
+    token: &'t [u8],
+    alg: &str,
+    buf: &'b mut [u8; MAX_SIGNATURE_BYTES],
+) -> Result<(Compact<'t>, Header, &'b [u8]), Denied> {
+    let compact = split(token)?;
+    let header = compact.header()?;
+    if header.alg != alg {
+        return Err(Denied::TOKEN_ALG_REFUSED);
+    }
+    let signature = compact.signature(buf)?;
+    Ok((compact, header, signature))
+}
+
 /// anything else in the way is the caller's problem and fails decoding.
 pub fn split(token: &[u8]) -> Result<Compact<'_>, Denied> {
     if token.len() > MAX_TOKEN_BYTES {
@@ -226,13 +243,6 @@ fn numeric_date_ms(value: &Value) -> Option<u64> {
     }
     // Saturates for absurdly large values, which only ever makes exp later.
     Some((secs * 1000.0) as u64)
-}
-
-fn trim(value: &[u8]) -> &[u8] {
-    let is_ows = |c: &u8| *c == b' ' || *c == b'\t';
-    let start = value.iter().position(|c| !is_ows(c)).unwrap_or(value.len());
-    let end = value.iter().rposition(|c| !is_ows(c)).map_or(start, |i| i + 1);
-    &value[start..end]
 }
 
 /// Test helpers shared by the `jwt` and `cloudflare` tests.

@@ -5,11 +5,16 @@ pub mod chunked;
 pub mod request;
 pub mod response;
 
-/// A header value without surrounding optional white space.
-pub fn trim(v: &[u8]) -> &[u8] {
-    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
-    let end = v.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(start, |e| e + 1);
-    &v[start..end]
+/// A header value without surrounding optional white space (spaces and
+/// tabs only, RFC 9110's OWS).
+pub fn trim(mut v: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = v {
+        v = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = v {
+        v = rest;
+    }
+    v
 }
 
 const LO: u64 = 0x0101_0101_0101_0101;

@@ -12,7 +12,7 @@ use std::mem::MaybeUninit;
 
 use httparse::{Header, Status};
 
-use super::bytes_equal;
+use super::{bytes_equal, trim};
 
 /// Past this many bytes without a complete head the answer is `431`.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -294,10 +294,10 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
             }
             18 if name_is(name, b"x-nthpool-no-queue") => f.api.no_queue = true,
             6 if name_is(name, b"expect") => {
-                f.expect_continue |= trim_ows(h.value).eq_ignore_ascii_case(b"100-continue");
+                f.expect_continue |= trim(h.value).eq_ignore_ascii_case(b"100-continue");
             }
             10 if name_is(name, b"connection") => {
-                for token in h.value.split(|&b| b == b',').map(trim_ows) {
+                for token in h.value.split(|&b| b == b',').map(trim) {
                     if token.eq_ignore_ascii_case(b"close") {
                         f.close = true;
                     } else if token.eq_ignore_ascii_case(b"keep-alive") {
@@ -318,7 +318,7 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
                 if f.chunked {
                     return Err(HeadError::Malformed("Transfer-Encoding is repeated."));
                 }
-                if !trim_ows(h.value).eq_ignore_ascii_case(b"chunked") {
+                if !trim(h.value).eq_ignore_ascii_case(b"chunked") {
                     return Err(HeadError::Malformed("Transfer-Encoding must be exactly 'chunked'."));
                 }
                 f.chunked = true;
@@ -332,7 +332,7 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
 /// `1*DIGIT` around optional spaces or tabs; no sign, no list, no overflow.
 fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
     const BAD: HeadError = HeadError::Malformed("Content-Length must be a plain decimal number.");
-    let digits = trim_ows(value);
+    let digits = trim(value);
     if digits.is_empty() {
         return Err(BAD);
     }
@@ -347,17 +347,6 @@ fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
             .ok_or(HeadError::Malformed("Content-Length is too large."))?;
     }
     Ok(n)
-}
-
-/// Strips optional whitespace (spaces and tabs only, as in RFC 9110's OWS).
-fn trim_ows(mut v: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = v {
-        v = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = v {
-        v = rest;
-    }
-    v
 }
 
 /// Every LF must follow a CR and every CR precede an LF, and no line may start

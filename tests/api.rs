@@ -378,3 +378,22 @@ fn openai_headers_with_no_remaining_requests_block_until_the_reset() {
     assert_eq!(r.status, 200);
     assert!(started.elapsed() >= Duration::from_millis(650), "{:?}", started.elapsed());
 }
+
+#[test]
+fn a_waiter_that_leaves_in_the_same_turn_as_a_release_is_not_granted() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let holder = s.acquire("", "").slot();
+    let mut waiter = queue_acquire(&s, 10_000);
+    thread::sleep(Duration::from_millis(100));
+    let mut releaser = s.connect();
+    // Freeze the server so the hang-up and the release land in one turn.
+    s.signal("STOP");
+    waiter.shutdown(std::net::Shutdown::Write).unwrap();
+    releaser.write_all(&post(&format!("/pools/p/lock/{holder}/release"), KEY, "", "")).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    s.signal("CONT");
+    assert_eq!(read_response(&mut releaser).unwrap().json()["released"], true);
+    assert!(read_response(&mut waiter).is_none(), "the departed waiter got an answer");
+    // The slot went nowhere: a newcomer gets it at once.
+    assert_eq!(s.acquire("", "").status, 200);
+}

@@ -413,6 +413,15 @@ impl Server {
             self.close(token);
             return;
         }
+        if conn.read_closed {
+            // A client that closed or half-closed leaves the queue now, before
+            // anything later in this turn can grant it a slot.
+            if let Some(q) = conn.waiting.take() {
+                conn.close_after_flush = true;
+                self.app.gov.cancel_waiter(q.key, owner(token, serial));
+                self.mark_dirty(token, serial);
+            }
+        }
         self.process(token);
         // Answering may have made room for input still in the socket.
         if reads < READ_BUDGET && self.conns[token].may_read() {

@@ -569,7 +569,12 @@ impl<'a> Client<'a> {
             if c.rlen == 0 || c.link != Link::Open {
                 return c.link == Link::Open;
             }
-            let r = match response::parse(&c.rbuf[..c.rlen]) {
+            let parsed = if self.opts.redis.is_some() {
+                response::parse_resp(&c.rbuf[..c.rlen])
+            } else {
+                response::parse(&c.rbuf[..c.rlen])
+            };
+            let r = match parsed {
                 Ok(Parsed::Complete(r)) => r,
                 Ok(Parsed::Partial | Parsed::UntilClose { .. }) => return true,
                 Err(_) => {
@@ -598,7 +603,9 @@ impl<'a> Client<'a> {
             let granted = ep == Endpoint::Acquire && (200..300).contains(&r.status);
             if granted {
                 c.slot.clear();
-                if let Some(id) = response::slot_id(&c.rbuf[r.body.clone()]) {
+                let body = &c.rbuf[r.body.clone()];
+                let id = if self.opts.redis.is_some() { response::redis_id(body) } else { response::slot_id(body) };
+                if let Some(id) = id {
                     c.slot.extend_from_slice(id);
                 } else {
                     self.fail(i, Failure::BadResponse, now);
@@ -821,6 +828,80 @@ mod tests {
         let renews = statuses(Endpoint::Renew)[0].1;
         assert!(renews + 6 >= 2 * granted.1 && renews <= 2 * granted.1);
         // Slots still held at the end were released during the drain.
+        assert_eq!(counts[0].load(Ordering::SeqCst), counts[1].load(Ordering::SeqCst));
+    }
+
+    /// A Redis stand-in on loopback: `EVALSHA` grants a new id until `limit`
+    /// are held (nil after that), `ZREM` gives one back.
+    fn serve_redis(limit: usize) -> (SocketAddr, Arc<[AtomicU64; 2]>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let counts: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let shared = counts.clone();
+        let held = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let (counts, held) = (shared.clone(), held.clone());
+                std::thread::spawn(move || {
+                    let mut out = stream.try_clone().unwrap();
+                    let mut r = std::io::BufReader::new(stream);
+                    let mut line = String::new();
+                    while r.read_line(&mut line).unwrap_or(0) > 0 {
+                        let n: usize = line.trim().strip_prefix('*').unwrap().parse().unwrap();
+                        let args: Vec<String> = (0..n)
+                            .map(|_| {
+                                let (mut len, mut arg) = (String::new(), String::new());
+                                r.read_line(&mut len).unwrap();
+                                r.read_line(&mut arg).unwrap();
+                                arg.trim_end().to_string()
+                            })
+                            .collect();
+                        let reply = match args[0].as_str() {
+                            "EVALSHA" => {
+                                let mut held = held.lock().unwrap();
+                                if held.len() < limit {
+                                    let id = counts[0].fetch_add(1, Ordering::SeqCst) + 1;
+                                    held.insert(id.to_string());
+                                    format!(":{id}\r\n")
+                                } else {
+                                    "$-1\r\n".to_string()
+                                }
+                            }
+                            "ZREM" => {
+                                counts[1].fetch_add(1, Ordering::SeqCst);
+                                format!(":{}\r\n", u8::from(held.lock().unwrap().remove(&args[2])))
+                            }
+                            other => format!("-ERR unknown command {other}\r\n"),
+                        };
+                        out.write_all(reply.as_bytes()).unwrap();
+                        line.clear();
+                    }
+                });
+            }
+        });
+        (addr, counts)
+    }
+
+    #[test]
+    fn redis_cycles_release_every_holder_id() {
+        // Two holders at most for three connections: some acquires see nil.
+        let (addr, counts) = serve_redis(2);
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        let opts = Options {
+            connections: 3,
+            duration: Duration::from_millis(300),
+            hold: Duration::from_millis(1),
+            redis: Some(sha.into()),
+            pool: "sem".into(),
+            ..Options::default()
+        };
+        let s = run(&opts, addr);
+        assert_eq!(s.failure_total(), 0);
+        assert!(s.cycles > 10, "{} cycles", s.cycles);
+        let acquires: Vec<_> = s.statuses(Endpoint::Acquire).map(|(code, _)| code).collect();
+        assert_eq!(acquires, [200, 429]);
+        assert_eq!(s.statuses(Endpoint::Release).map(|(code, _)| code).collect::<Vec<_>>(), [200]);
         assert_eq!(counts[0].load(Ordering::SeqCst), counts[1].load(Ordering::SeqCst));
     }
 

@@ -2,9 +2,12 @@
 //!
 //! Splits the connections over `--threads` event loops ([`client`]), lets them
 //! run for the measured window, merges their HDR histograms and prints one
-//! report ([`report`]). It contacts only the address it is given.
+//! report ([`report`]). `--fill` and `--queue` instead build state in the
+//! server for the scale runs ([`hold`]). It contacts only the address it is
+//! given.
 
 mod client;
+mod hold;
 mod options;
 mod report;
 mod request;
@@ -40,6 +43,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(mode) = hold::Mode::of(&opts) {
+        return build(mode, &opts, addr);
+    }
     let (stats, elapsed) = match run(&opts, addr) {
         Ok(r) => r,
         Err(e) => {
@@ -58,6 +64,29 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// `--fill` or `--queue`: build the state, report it, and succeed only if all
+/// of it was built.
+fn build(mode: hold::Mode, opts: &Options, addr: SocketAddr) -> ExitCode {
+    let built = match hold::Holder::new(mode, opts, addr).and_then(hold::Holder::run) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("nthpool-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let target = addr.to_string();
+    if opts.json {
+        println!("{}", hold::json(mode, opts, &target, &built));
+    } else {
+        print!("{}", hold::table(mode, opts, &target, &built));
+    }
+    if built.complete(mode) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// The first address the name resolves to; only that one is driven.

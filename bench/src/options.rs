@@ -29,6 +29,13 @@ pub struct Options {
     pub timeout: Duration,
     /// `Some(path)` switches from the lock workload to plain `GET path`.
     pub get: Option<String>,
+    /// `Some(sha)` drives a Redis server instead: acquire is `EVALSHA sha`
+    /// of a semaphore script, release is `ZREM`.
+    pub redis: Option<String>,
+    /// `--fill N`: acquire N slots as fast as possible and leave them held.
+    pub fill: Option<u64>,
+    /// `--queue N`: open N connections that each send one waiting acquire.
+    pub queue: Option<usize>,
     pub json: bool,
 }
 
@@ -50,6 +57,9 @@ impl Default for Options {
             backoff: Duration::ZERO,
             timeout: Duration::from_secs(5),
             get: None,
+            redis: None,
+            fill: None,
+            queue: None,
             json: false,
         }
     }
@@ -93,6 +103,10 @@ TARGET:
                           demo key on start-up) [default: none; NTHPOOL_KEY is
                           used when set]
     --get PATH            Send `GET PATH` instead of the lock cycle
+    --redis SHA           Drive a Redis server with the same cycle: acquire is
+                          `EVALSHA SHA 2 POOL POOL:seq` (a semaphore script that
+                          answers a new holder id, or nil when full), release is
+                          `ZREM POOL id`. Load the script first with SCRIPT LOAD
 
 LOAD:
     -c, --connections N   Keep-alive connections, each with one request in
@@ -114,6 +128,21 @@ LOAD:
     --backoff-ms MS       Pause MS ms after a 429/504 before acquiring again
                           [default: 0]
 
+STATE (for scale runs; both leave what they create on the server):
+    --fill N              Acquire N slots on --pool as fast as the -c
+                          connections allow (16 pipelined per connection), never
+                          renew or release them, and exit once all N are
+                          answered or --duration is over. Use a pool whose
+                          termMs outlasts the test so the slots stay held
+    --queue N             Open N connections (-c is ignored), send one waiting
+                          acquire on each ({\"waitMs\":MS}, --wait-ms or one
+                          hour) and keep them open until --duration is over.
+                          Prints `queue: N waiting acquires sent` on standard
+                          error once every request is written. Each connection is
+                          a file descriptor here and one in the server: raise
+                          `ulimit -n` to fit. To a loopback target they come
+                          from 127.0.0.2-9, so that ephemeral ports stay cheap
+
 BOUNDS:
     -d, --duration SECS   Measure for SECS seconds (fractions allowed)
                           [default: 10]
@@ -131,8 +160,9 @@ OUTPUT:
     -h, --help            Print this text
 
 At the end every slot still held is released, so the next run starts from an
-empty pool. Exit status: 0 after a run with at least one 2xx answer, 1 when
-nothing succeeded, 2 on a usage error.
+empty pool (--fill and --queue excepted: holding is their purpose). Exit
+status: 0 after a run with at least one 2xx answer (--fill: all N granted;
+--queue: all N sent and still open), 1 otherwise, 2 on a usage error.
 
 EXAMPLES:
     # 10 s closed loop, 50 connections, against a local server's demo pool
@@ -146,6 +176,10 @@ EXAMPLES:
 
     # the same client against nginx serving a static JSON reply
     nthpool-bench --addr 127.0.0.1:8080 --get /grant.json -c 50
+
+    # hold 1 000 000 slots (pool with a long termMs), then 9 000 queued waiters
+    nthpool-bench --key nb_demo_... --pool full --fill 1000000 -c 64 -d 60
+    nthpool-bench --key nb_demo_... --pool waiters --queue 9000 -d 40 &
 ";
 
 /// Parses the arguments after the program name. `env_key` is the value of
@@ -177,6 +211,9 @@ where
             "--pool" => o.pool = value("--pool")?,
             "--key" => o.key = Some(value("--key")?),
             "--get" => o.get = Some(value("--get")?),
+            "--redis" => o.redis = Some(value("--redis")?),
+            "--fill" => o.fill = Some(number(&flag, &value(&flag)?)?),
+            "--queue" => o.queue = Some(number(&flag, &value(&flag)?)?),
             "-c" | "--connections" => o.connections = number(&flag, &value(&flag)?)?,
             "--threads" => o.threads = number(&flag, &value(&flag)?)?,
             "-d" | "--duration" => o.duration = seconds(&flag, &value(&flag)?)?,
@@ -194,6 +231,10 @@ where
             _ => return Err(UsageError(format!("unknown flag {arg} (see --help)"))),
         }
     }
+    if o.queue.is_some() && o.wait_ms.is_none() {
+        // The point of --queue is to stay queued for the whole run.
+        o.wait_ms = Some(QUEUE_WAIT_MS);
+    }
     if !timeout_given {
         // A queued acquire legitimately takes up to waitMs; do not call it a timeout.
         o.timeout += Duration::from_millis(o.wait_ms.unwrap_or(0));
@@ -202,8 +243,30 @@ where
     Ok(Command::Run(Box::new(o)))
 }
 
+/// The wait budget `--queue` asks for when `--wait-ms` is not given: one hour,
+/// longer than any bounded run, so the waiters are still queued at its end.
+pub const QUEUE_WAIT_MS: u64 = 3_600_000;
+
 fn check(o: &Options) -> Result<(), UsageError> {
     let fail = |m: &str| Err(UsageError(m.to_string()));
+    let modes = [o.get.is_some(), o.redis.is_some(), o.fill.is_some(), o.queue.is_some()];
+    if modes.iter().filter(|&&m| m).count() > 1 {
+        return fail("--get, --redis, --fill and --queue exclude each other");
+    }
+    if o.fill == Some(0) || o.queue == Some(0) {
+        return fail("--fill and --queue want at least 1");
+    }
+    if (o.fill.is_some() || o.queue.is_some()) && (o.rate.is_some() || o.threads > 1 || o.requests.is_some()) {
+        return fail("--fill and --queue run closed-loop on one thread: drop --rate, --threads and -n");
+    }
+    if o.redis.is_some() && (o.renews > 0 || o.wait_ms.is_some()) {
+        return fail("--redis drives acquire and release only: drop --renews and --wait-ms");
+    }
+    if let Some(sha) = &o.redis {
+        if sha.len() != 40 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return fail("--redis wants the 40-hex-digit SHA1 that SCRIPT LOAD printed");
+        }
+    }
     if o.connections == 0 {
         return fail("--connections must be at least 1");
     }
@@ -336,6 +399,31 @@ mod tests {
     fn get_mode() {
         assert_eq!(run(&["--get", "/x.json"]).get.as_deref(), Some("/x.json"));
         assert!(error(&["--get", "x.json"]).contains("--get"));
+    }
+
+    #[test]
+    fn state_modes() {
+        let fill = run(&["--fill", "1000000", "-c", "64"]);
+        assert_eq!((fill.fill, fill.wait_ms), (Some(1_000_000), None));
+        let queue = run(&["--queue=9000"]);
+        assert_eq!(queue.queue, Some(9000));
+        // Queued for longer than any run unless told otherwise.
+        assert_eq!(queue.wait_ms, Some(QUEUE_WAIT_MS));
+        assert_eq!(run(&["--queue", "5", "--wait-ms", "100"]).wait_ms, Some(100));
+        assert!(error(&["--fill", "0"]).contains("--fill"));
+        assert!(error(&["--fill", "5", "--queue", "5"]).contains("exclude"));
+        assert!(error(&["--fill", "5", "--get", "/x"]).contains("exclude"));
+        assert!(error(&["--fill", "5", "--rate", "10"]).contains("--rate"));
+        assert!(error(&["--queue", "5", "-n", "10"]).contains("-n"));
+    }
+
+    #[test]
+    fn redis_mode() {
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        assert_eq!(run(&["--redis", sha]).redis.as_deref(), Some(sha));
+        assert!(error(&["--redis", "abc"]).contains("SHA1"));
+        assert!(error(&["--redis", sha, "--renews", "1"]).contains("--renews"));
+        assert!(error(&["--redis", sha, "--get", "/x"]).contains("exclude"));
     }
 
     #[test]

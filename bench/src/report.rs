@@ -47,6 +47,14 @@ impl Run<'_> {
 
     fn workload(&self) -> String {
         let o = self.opts;
+        if o.redis.is_some() {
+            return format!(
+                "Redis semaphore: EVALSHA acquire -> ZREM release on sorted set {}, hold {} ms, back-off {} ms",
+                o.pool,
+                o.hold.as_millis(),
+                o.backoff.as_millis()
+            );
+        }
         match &o.get {
             Some(path) => format!("GET {path}"),
             None => {
@@ -163,7 +171,7 @@ impl Run<'_> {
         json!({
             "addr": o.addr,
             "target": self.target,
-            "mode": if o.get.is_some() { "get" } else { "lock" },
+            "mode": if o.get.is_some() { "get" } else if o.redis.is_some() { "redis" } else { "lock" },
             "path": o.get,
             "pool": o.pool,
             "connections": o.connections,

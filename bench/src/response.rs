@@ -1,5 +1,6 @@
 //! Framing of HTTP/1.1 responses read by the load tool, and the one field of a
-//! grant it needs (`slotId`).
+//! grant it needs (`slotId`); and, for the `--redis` comparison, framing of
+//! the few RESP replies a semaphore script and `ZREM` give.
 //!
 //! Pure functions over a byte slice: no I/O, no allocation, so the event loop can
 //! call them on every readable event and the tests can feed split and pipelined
@@ -43,6 +44,7 @@ pub enum ParseError {
     HeadTooLarge,
     ContentLength,
     Chunk,
+    Resp,
 }
 
 /// Finds the first response in `buf`.
@@ -152,6 +154,46 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Frames one RESP reply and maps it onto the HTTP status the rest of the tool
+/// counts: an integer or string is a grant or a done release (200, the body
+/// being the value, so a holder id reads like a slot id), a nil is "the
+/// semaphore is full" (429), an error is 500. Arrays are never asked for.
+pub fn parse_resp(buf: &[u8]) -> Result<Parsed, ParseError> {
+    let Some(eol) = find(buf, b"\r\n") else {
+        return if buf.len() > MAX_HEAD { Err(ParseError::Resp) } else { Ok(Parsed::Partial) };
+    };
+    let line = 1..eol;
+    let reply = |status, body: Range<usize>, len| Ok(complete_range(status, body, len));
+    match buf.first() {
+        Some(b':') | Some(b'+') => reply(200, line, eol + 2),
+        Some(b'-') => reply(500, line, eol + 2),
+        Some(b'_') => reply(429, eol..eol, eol + 2),
+        Some(b'$') if &buf[line.clone()] == b"-1" => reply(429, eol..eol, eol + 2),
+        Some(b'$') => {
+            let n = decimal(&buf[line]).ok_or(ParseError::Resp)?;
+            let start = eol + 2;
+            if buf.len() < start + n + 2 {
+                return Ok(Parsed::Partial);
+            }
+            if &buf[start + n..start + n + 2] != b"\r\n" {
+                return Err(ParseError::Resp);
+            }
+            reply(200, start..start + n, start + n + 2)
+        }
+        _ => Err(ParseError::Resp),
+    }
+}
+
+fn complete_range(status: u16, body: Range<usize>, len: usize) -> Parsed {
+    Parsed::Complete(Response { status, body, len, close: false })
+}
+
+/// A Redis holder id used as the slot id: the reply's value as it came.
+pub fn redis_id(body: &[u8]) -> Option<&[u8]> {
+    let url_safe = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b':');
+    (!body.is_empty() && body.iter().all(url_safe)).then_some(body)
+}
+
 /// The value of `"slotId"` in a grant body. A byte search instead of a JSON
 /// parse keeps the acquire path allocation-free; slot ids are URL-safe by
 /// contract, so they never contain an escaped quote.
@@ -242,6 +284,26 @@ mod tests {
         let mut huge = b"HTTP/1.1 200 OK\r\nX: ".to_vec();
         huge.resize(MAX_HEAD + 1, b'a');
         assert_eq!(parse(&huge), Err(ParseError::HeadTooLarge));
+    }
+
+    #[test]
+    fn resp_replies() {
+        let done = |buf: &[u8]| match parse_resp(buf) {
+            Ok(Parsed::Complete(r)) => (r.status, buf[r.body].to_vec(), r.len),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(done(b":42\r\n:1\r\n"), (200, b"42".to_vec(), 5));
+        assert_eq!(done(b"$-1\r\n"), (429, Vec::new(), 5));
+        assert_eq!(done(b"_\r\n"), (429, Vec::new(), 3));
+        assert_eq!(done(b"$3\r\nabc\r\n"), (200, b"abc".to_vec(), 9));
+        assert_eq!(done(b"-NOSCRIPT No matching script\r\n").0, 500);
+        for cut in 0..9 {
+            assert_eq!(parse_resp(&b"$3\r\nabc\r\n"[..cut]), Ok(Parsed::Partial), "cut at {cut}");
+        }
+        assert_eq!(parse_resp(b"*1\r\n"), Err(ParseError::Resp));
+        assert_eq!(parse_resp(b"$3\r\nabcd\r\n"), Err(ParseError::Resp));
+        assert_eq!(redis_id(b"17"), Some(&b"17"[..]));
+        assert_eq!(redis_id(b""), None);
     }
 
     #[test]

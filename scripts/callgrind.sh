@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# User-space instructions per request, counted by valgrind's callgrind.
+#
+#   scripts/callgrind.sh
+#
+# Instruction counts do not depend on what else the machine is doing, so
+# unlike requests per second they can be compared across runs and machines.
+# The release server runs under `valgrind --tool=callgrind` with one pool
+# `bench` (concurrency 1,000,000); nthpool-bench drives acquire -> release
+# cycles over 50 connections to 127.0.0.1, first for N1 requests, then for N2.
+# The counters are zeroed before the first run and dumped after each, so
+#     (Ir2 - Ir1) / (requests2 - requests1)
+# is the cost of one more request, with start-up, connection set-up and
+# tear-down cancelled out. Variants:
+#   - nthpool, empty
+#   - nthpool with 1,000,000 slots held on another pool, filled with
+#     `nthpool-bench --fill` before the measured runs (instrumentation is off
+#     during the fill, so it is not counted at all; the subtraction removes
+#     what is left of it)
+#   - nginx serving a static JSON file the size of a grant body, if nginx is
+#     installed: `valgrind --tool=callgrind --trace-children=yes nginx -g
+#     'daemon off; master_process off;'`
+# Kernel work (epoll, socket reads and writes) is not counted: callgrind sees
+# user space only. Takes about two minutes.
+# Environment: CG_N1 (20000), CG_N2 (120000), CG_FILL (1000000), CARGO_TARGET_DIR.
+set -euo pipefail
+
+case "${1:-}" in
+    "") ;;
+    -h | --help)
+        sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+        exit 0
+        ;;
+    *)
+        echo "callgrind.sh: unknown argument $1 (try --help)" >&2
+        exit 2
+        ;;
+esac
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+N1=${CG_N1:-20000}
+N2=${CG_N2:-120000}
+FILL=${CG_FILL:-1000000}
+CONNS=50
+KEY=nthpool-bench-key
+PORT=27170
+NGINX_PORT=27180
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=$CARGO_TARGET_DIR/release
+
+command -v valgrind >/dev/null || {
+    echo "callgrind.sh: valgrind is not installed (apt-get install valgrind)" >&2
+    exit 1
+}
+
+WORK=$(mktemp -d /tmp/nthpool-callgrind.XXXXXX)
+PIDS=()
+cleanup() {
+    # Only what this script started, by process id.
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+say() { printf '%s\n' "$*"; }
+die() {
+    say "callgrind.sh: $*" >&2
+    exit 1
+}
+
+# Command prefixes, not functions, so that `$!` is the program itself.
+if [ "$(nproc)" -ge 2 ]; then
+    ON_SERVER=(taskset -c 0)
+    ON_CLIENT=(taskset -c 1)
+else
+    ON_SERVER=()
+    ON_CLIENT=()
+fi
+
+check_free() {
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+        die "127.0.0.1:$1 is already in use; stop what listens there first"
+    fi
+}
+
+# Valgrind starts slowly: up to a minute for the port to open.
+wait_port() {
+    local port=$1 pid=$2
+    for _ in $(seq 1 600); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+say "building release binaries (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)..."
+cargo build --release --quiet -p nthpool -p nthpool-bench || die "build failed"
+
+cat >"$WORK/nthpool.json" <<JSON
+{
+  "listen": "127.0.0.1:$PORT",
+  "adminListen": null,
+  "accessLog": null,
+  "maxConnections": 100000,
+  "pools": {
+    "bench": { "keys": ["$KEY"], "concurrency": 1000000, "adaptive": false },
+    "full": { "keys": ["$KEY"], "concurrency": 1000000, "termMs": 3600000, "renewIntervalMs": 1000000,
+              "requestTimeoutMs": 3600000 }
+  }
+}
+JSON
+
+# The newest dump file of a callgrind run whose files start with $1.
+newest_dump() {
+    find "$(dirname "$1")" -maxdepth 1 -name "$(basename "$1").*" -printf '%T@ %p\n' | sort -n | tail -n 1 | cut -d' ' -f2-
+}
+# The instruction total of a dump file (its `summary:` line).
+dump_ir() { awk '/^summary:/ { print $2 }' "$1"; }
+requests_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["requests"])' "$1"; }
+
+# Measures one server already running under callgrind (pid $2, out files $3)
+# with the load-tool arguments that follow; prints "Ir1 req1 Ir2 req2".
+measure() {
+    local name=$1 pid=$2 out=$3
+    shift 3
+    callgrind_control -i on "$pid" >/dev/null 2>&1
+    callgrind_control -z "$pid" >/dev/null 2>&1
+    local i ir=() req=()
+    for i in 1 2; do
+        local n=$N1
+        [ "$i" = 2 ] && n=$N2
+        "${ON_CLIENT[@]}" "$BIN/nthpool-bench" --json -c "$CONNS" -n "$n" -d 600 "$@" \
+            >"$WORK/$name-$i.json" 2>"$WORK/$name-$i.err" || die "$name run $i failed: $(cat "$WORK/$name-$i.err")"
+        # Let the server finish closing this run's connections inside the
+        # same counting period, so both periods hold one set-up and tear-down.
+        sleep 1
+        callgrind_control -d "$name-$i" "$pid" >/dev/null 2>&1
+        sleep 0.2
+        ir+=("$(dump_ir "$(newest_dump "$out")")")
+        req+=("$(requests_of "$WORK/$name-$i.json")")
+    done
+    echo "${ir[0]} ${req[0]} ${ir[1]} ${req[1]}"
+}
+
+start_nthpool() {
+    local name=$1
+    check_free "$PORT"
+    # Instrumentation starts off: nothing before `callgrind_control -i on` is
+    # counted, and an uninstrumented fill runs several times faster.
+    env RUST_LOG=warn "${ON_SERVER[@]}" valgrind --tool=callgrind --instr-atstart=no \
+        --callgrind-out-file="$WORK/$name.out" "$BIN/nthpool" --config "$WORK/nthpool.json" \
+        >"$WORK/$name.log" 2>&1 &
+    SERVER=$!
+    PIDS+=("$SERVER")
+    wait_port "$PORT" "$SERVER" || die "nthpool under valgrind did not start: $(tail "$WORK/$name.log")"
+}
+
+stop() {
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+}
+
+RESULTS=()
+record() {
+    local label=$1 ir1 req1 ir2 req2
+    read -r ir1 req1 ir2 req2 <<<"$2"
+    [ -n "$req2" ] || die "$label: no measurement (see the messages above)"
+    RESULTS+=("$(python3 -c '
+import sys
+label, ir1, req1, ir2, req2 = sys.argv[1], *map(int, sys.argv[2:])
+per = (ir2 - ir1) / (req2 - req1)
+print(f"{label:<40} {req1:>9} {ir1:>13} {req2:>9} {ir2:>13} {per:>12.0f}")
+' "$label" "$ir1" "$req1" "$ir2" "$req2")")
+}
+
+say "nthpool, empty: $N1 then $N2 requests under callgrind..."
+start_nthpool empty
+record "nthpool acquire/release, empty" "$(measure empty "$SERVER" "$WORK/empty.out" \
+    --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench)"
+# A real grant body, for nginx to serve as a file of the same size.
+python3 - "$PORT" "$KEY" "$WORK/grant.json" <<'PY' || true
+import http.client, sys
+port, key, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+c.request("POST", "/pools/bench/lock/acquire", headers={"X-Nthpool-Key": key, "Content-Length": "0"})
+open(out, "wb").write(c.getresponse().read())
+PY
+# The hot functions of the second run, for whoever wants to look further.
+TOP=$(callgrind_annotate "$(newest_dump "$WORK/empty.out")" 2>/dev/null |
+    awk '/file:function/ { getline; listing = 1; next } listing && NF { print; if (++n == 12) exit }' |
+    sed 's|[^ ]*/registry/src/[^/]*/||; s| \[.*\]$||' || true)
+stop "$SERVER"
+
+say "nthpool with $FILL slots held: filling (not counted), then $N1 and $N2 requests..."
+start_nthpool full
+"${ON_CLIENT[@]}" "$BIN/nthpool-bench" --addr "127.0.0.1:$PORT" --key "$KEY" --pool full --fill "$FILL" -c 64 \
+    -d 240 >"$WORK/fill.txt" 2>&1 || die "fill failed: $(cat "$WORK/fill.txt")"
+FILLED=$(sed -n 's/^ *\([0-9]*\) granted in \([0-9.]*\) s.*/\1 slots in \2 s/p' "$WORK/fill.txt")
+record "nthpool acquire/release, 1M held" "$(measure full "$SERVER" "$WORK/full.out" \
+    --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench)"
+stop "$SERVER"
+
+NGINX_NOTE="nginx is not installed: no comparison (apt-get install nginx, or scripts/bench.sh --compare)"
+if command -v nginx >/dev/null; then
+    say "nginx: $N1 then $N2 GET /grant.json under callgrind..."
+    mkdir -p "$WORK/www" "$WORK/nginx-tmp"
+    [ -s "$WORK/grant.json" ] || die "could not fetch a grant body from nthpool"
+    cp "$WORK/grant.json" "$WORK/www/grant.json"
+    cat >"$WORK/nginx.conf" <<NGINX
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    default_type application/json;
+    keepalive_requests 1000000000;
+    keepalive_timeout 300s;
+    # Keep the file open between requests, as in scripts/bench.sh.
+    open_file_cache max=16 inactive=600s;
+    client_body_temp_path $WORK/nginx-tmp/body;
+    proxy_temp_path $WORK/nginx-tmp/proxy;
+    fastcgi_temp_path $WORK/nginx-tmp/fastcgi;
+    uwsgi_temp_path $WORK/nginx-tmp/uwsgi;
+    scgi_temp_path $WORK/nginx-tmp/scgi;
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        root $WORK/www;
+        location = /grant.json { }
+    }
+}
+NGINX
+    check_free "$NGINX_PORT"
+    "${ON_SERVER[@]}" valgrind --tool=callgrind --trace-children=yes --instr-atstart=no \
+        --callgrind-out-file="$WORK/nginx.out" nginx -e "$WORK/nginx-error.log" -p "$WORK" -c "$WORK/nginx.conf" \
+        -g 'daemon off; master_process off;' >"$WORK/nginx.log" 2>&1 &
+    NGINX_PID=$!
+    PIDS+=("$NGINX_PID")
+    wait_port "$NGINX_PORT" "$NGINX_PID" || die "nginx under valgrind did not start: $(tail "$WORK/nginx.log")"
+    record "nginx GET /grant.json (static)" "$(measure nginx "$NGINX_PID" "$WORK/nginx.out" \
+        --addr "127.0.0.1:$NGINX_PORT" --get /grant.json)"
+    stop "$NGINX_PID"
+    NGINX_NOTE="nginx: $(nginx -v 2>&1 | sed 's/.*: //'), one process, static file of $(wc -c <"$WORK/www/grant.json") bytes"
+fi
+
+say ""
+say "====== user-space instructions per request (callgrind Ir), $CONNS connections, 127.0.0.1 ======"
+say "  $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(valgrind --version); $NGINX_NOTE"
+say "  an nthpool request is one acquire or one release (a cycle is two); the fill: ${FILLED:-?}"
+printf '%-40s %9s %13s %9s %13s %12s\n' "server" "requests1" "Ir1" "requests2" "Ir2" "Ir/request"
+for r in "${RESULTS[@]}"; do
+    say "$r"
+done
+say "  Ir/request = (Ir2 - Ir1) / (requests2 - requests1)"
+if [ -n "${TOP:-}" ]; then
+    say ""
+    say "nthpool, empty, second run: functions by own instructions (callgrind_annotate)"
+    say "$TOP"
+fi

@@ -19,7 +19,12 @@ impl Clock {
     }
 
     pub fn now_ms(&self) -> Ms {
-        self.start.elapsed().as_millis() as u64
+        self.ms_at(Instant::now())
+    }
+
+    /// The monotonic milliseconds of an instant already read.
+    pub fn ms_at(&self, at: Instant) -> Ms {
+        at.saturating_duration_since(self.start).as_millis() as u64
     }
 
     /// Unix epoch milliseconds at monotonic 0.

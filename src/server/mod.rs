@@ -177,8 +177,9 @@ impl Server {
                 }
                 return Err(e);
             }
+            // One clock read per turn serves both the governor and server times.
             self.turn_started = Instant::now();
-            self.now = self.clock.now_ms();
+            self.now = self.clock.ms_at(self.turn_started);
             let mut carried = std::mem::take(&mut self.ready_carry);
             for event in events.iter() {
                 match event.token() {

@@ -51,62 +51,13 @@ KEY=nthpool-bench-key
 PORT=27070
 NGINX_PORT=27080
 REDIS_PORT=27079
-SERVER_CPU=0
-CLIENT_CPU=1
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=$CARGO_TARGET_DIR/release
 
-WORK=$(mktemp -d /tmp/nthpool-bench.XXXXXX)
-PIDS=()
-cleanup() {
-    # Only what this script started, by process id.
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-say() { printf '%s\n' "$*"; }
-die() {
-    say "bench.sh: $*" >&2
-    exit 1
-}
-
-# Pinning needs two CPUs; on one, both sides share it and the table says so.
-# Command prefixes, not functions: taskset execs the program, so `$!` of a
-# background job is the program itself, the process to measure and to stop.
-if [ "$(nproc)" -ge 2 ]; then
-    ON_SERVER=(taskset -c "$SERVER_CPU")
-    ON_CLIENT=(taskset -c "$CLIENT_CPU")
-    PINNING="server on CPU $SERVER_CPU, load tool on CPU $CLIENT_CPU (taskset)"
-else
-    ON_SERVER=()
-    ON_CLIENT=()
-    PINNING="one CPU: server and load tool share it (no pinning)"
-fi
-
-# A port someone else listens on would be measured instead of ours.
-check_free() {
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
-        die "127.0.0.1:$1 is already in use; stop what listens there first"
-    fi
-}
-
-wait_port() {
-    local port=$1 pid=$2
-    for _ in $(seq 1 200); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            return 0
-        fi
-        kill -0 "$pid" 2>/dev/null || return 1
-        sleep 0.05
-    done
-    return 1
-}
+SCRIPT=bench.sh
+WORK_PREFIX=nthpool-bench
+# shellcheck source=scripts/common.sh
+source "$ROOT/scripts/common.sh"
 
 # --- file descriptors --------------------------------------------------------
 # Each waiting acquire is one TCP connection: one descriptor in the server (a
@@ -341,7 +292,7 @@ check_free "$PORT"
 env RUST_LOG=warn "${ON_SERVER[@]}" "$BIN/nthpool" --config "$WORK/nthpool.json" >"$WORK/nthpool.log" 2>&1 &
 SERVER=$!
 PIDS+=("$SERVER")
-wait_port "$PORT" "$SERVER" || die "nthpool did not start: $(cat "$WORK/nthpool.log")"
+wait_port "$PORT" "$SERVER" 100 || die "nthpool did not start: $(cat "$WORK/nthpool.log")"
 
 say ""
 say "====== nthpool bench: $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD 2>/dev/null || echo '?') ======"
@@ -438,7 +389,7 @@ if [ "$COMPARE" = 1 ]; then
     env RUST_LOG=warn "${ON_SERVER[@]}" "$BIN/nthpool" --config "$WORK/nthpool.json" >"$WORK/nthpool.log" 2>&1 &
     SERVER=$!
     PIDS+=("$SERVER")
-    wait_port "$PORT" "$SERVER" || die "nthpool did not start again: $(cat "$WORK/nthpool.log")"
+    wait_port "$PORT" "$SERVER" 100 || die "nthpool did not start again: $(cat "$WORK/nthpool.log")"
 
     # nginx serves a real grant body, byte for byte, as a static file. Its
     # worker runs as nobody, so the files must be readable by all.
@@ -482,7 +433,7 @@ NGINX
     "${ON_SERVER[@]}" "$NGINX" -e "$WORK/nginx-error.log" -p "$WORK" -c "$WORK/nginx.conf" &
     NGINX_PID=$!
     PIDS+=("$NGINX_PID")
-    wait_port "$NGINX_PORT" "$NGINX_PID" || die "nginx did not start: $(cat "$WORK/nginx-error.log")"
+    wait_port "$NGINX_PORT" "$NGINX_PID" 100 || die "nginx did not start: $(cat "$WORK/nginx-error.log")"
 
     # The semaphore: holders in a sorted set scored by acquire time; expired
     # holders (older than the 30 s term) go first, then a new holder gets in
@@ -503,7 +454,7 @@ LUA
         --dir "$WORK" --logfile "$WORK/redis.log" &
     REDIS_PID=$!
     PIDS+=("$REDIS_PID")
-    wait_port "$REDIS_PORT" "$REDIS_PID" || die "redis did not start: $(cat "$WORK/redis.log")"
+    wait_port "$REDIS_PORT" "$REDIS_PID" 100 || die "redis did not start: $(cat "$WORK/redis.log")"
     SHA=$(redis-cli -p "$REDIS_PORT" SCRIPT LOAD "$(cat "$WORK/semaphore.lua")")
     [ "${#SHA}" = 40 ] || die "SCRIPT LOAD failed: $SHA"
 
@@ -520,7 +471,7 @@ LUA
     XS+=("$WORK/x$((ROUNDS + 1)).json")
 
     say ""
-    say "comparison, interleaved, same load tool and $CONNS connections; each server on CPU $SERVER_CPU"
+    say "comparison, interleaved, same load tool and $CONNS connections; each server on CPU 0"
     say "  grant body served by nginx: $(wc -c <"$WORK/www/grant.json") bytes; $("$NGINX" -v 2>&1 | sed 's/.*: //')," \
         "one worker; $("$REDIS" --version | cut -d' ' -f1-3)"
     python3 "$WORK/row.py" header

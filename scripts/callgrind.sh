@@ -54,53 +54,10 @@ command -v valgrind >/dev/null || {
     exit 1
 }
 
-WORK=$(mktemp -d /tmp/nthpool-callgrind.XXXXXX)
-PIDS=()
-cleanup() {
-    # Only what this script started, by process id.
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-say() { printf '%s\n' "$*"; }
-die() {
-    say "callgrind.sh: $*" >&2
-    exit 1
-}
-
-# Command prefixes, not functions, so that `$!` is the program itself.
-if [ "$(nproc)" -ge 2 ]; then
-    ON_SERVER=(taskset -c 0)
-    ON_CLIENT=(taskset -c 1)
-else
-    ON_SERVER=()
-    ON_CLIENT=()
-fi
-
-check_free() {
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
-        die "127.0.0.1:$1 is already in use; stop what listens there first"
-    fi
-}
-
-# Valgrind starts slowly: up to a minute for the port to open.
-wait_port() {
-    local port=$1 pid=$2
-    for _ in $(seq 1 600); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            return 0
-        fi
-        kill -0 "$pid" 2>/dev/null || return 1
-        sleep 0.1
-    done
-    return 1
-}
+SCRIPT=callgrind.sh
+WORK_PREFIX=nthpool-callgrind
+# shellcheck source=scripts/common.sh
+source "$ROOT/scripts/common.sh"
 
 say "building release binaries (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)..."
 cargo build --release --quiet -p nthpool -p nthpool-bench || die "build failed"
@@ -161,7 +118,7 @@ start_nthpool() {
         >"$WORK/$name.log" 2>&1 &
     SERVER=$!
     PIDS+=("$SERVER")
-    wait_port "$PORT" "$SERVER" || die "nthpool under valgrind did not start: $(tail "$WORK/$name.log")"
+    wait_port "$PORT" "$SERVER" 600 || die "nthpool under valgrind did not start: $(tail "$WORK/$name.log")"
 }
 
 stop() {
@@ -244,7 +201,7 @@ NGINX
         -g 'daemon off; master_process off;' >"$WORK/nginx.log" 2>&1 &
     NGINX_PID=$!
     PIDS+=("$NGINX_PID")
-    wait_port "$NGINX_PORT" "$NGINX_PID" || die "nginx under valgrind did not start: $(tail "$WORK/nginx.log")"
+    wait_port "$NGINX_PORT" "$NGINX_PID" 600 || die "nginx under valgrind did not start: $(tail "$WORK/nginx.log")"
     record "nginx GET /grant.json (static)" "$(measure nginx "$NGINX_PID" "$WORK/nginx.out" \
         --addr "127.0.0.1:$NGINX_PORT" --get /grant.json)"
     stop "$NGINX_PID"

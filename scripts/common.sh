@@ -1,0 +1,55 @@
+# shellcheck shell=bash disable=SC2034  # the variables set here are used by the sourcing script
+# Helpers shared by scripts/bench.sh and scripts/callgrind.sh; sourced, not run.
+# The sourcing script sets SCRIPT (its name, for messages) and WORK_PREFIX.
+
+WORK=$(mktemp -d "/tmp/$WORK_PREFIX.XXXXXX")
+PIDS=()
+cleanup() {
+    # Only what this script started, by process id.
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+say() { printf '%s\n' "$*"; }
+die() {
+    say "$SCRIPT: $*" >&2
+    exit 1
+}
+
+# Command prefixes, not functions: taskset execs the program, so `$!` of a
+# background job is the program itself, the process to measure and to stop.
+if [ "$(nproc)" -ge 2 ]; then
+    ON_SERVER=(taskset -c 0)
+    ON_CLIENT=(taskset -c 1)
+    PINNING="server on CPU 0, load tool on CPU 1 (taskset)"
+else
+    ON_SERVER=()
+    ON_CLIENT=()
+    PINNING="one CPU: server and load tool share it (no pinning)"
+fi
+
+# A port someone else listens on would be measured instead of ours.
+check_free() {
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+        die "127.0.0.1:$1 is already in use; stop what listens there first"
+    fi
+}
+
+# wait_port PORT PID TRIES: until PORT accepts (TRIES × 0.1 s), or PID exits.
+wait_port() {
+    local port=$1 pid=$2 tries=$3
+    for _ in $(seq 1 "$tries"); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}

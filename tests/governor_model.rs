@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use nthpool::config::{Config, PoolConfig};
-use nthpool::governor::{Admission, Governor, Notice, Outcome, PoolId, RenewError, WaiterKey};
+use nthpool::governor::{Admission, Governor, Notice, Outcome, PoolId, RateInfo, RenewError, WaiterKey};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
@@ -168,13 +168,15 @@ fn outcome() -> impl Strategy<Value = Outcome> {
         .prop_map(|(status, throttled, retry_after_ms, (limit, remaining, reset_ms), tokens)| Outcome {
             status,
             throttled,
-            retry_after_ms,
-            limit,
-            remaining,
-            reset_ms,
-            token_limit: tokens.0,
-            token_remaining: tokens.1,
-            token_reset_ms: tokens.2,
+            rate: RateInfo {
+                limit,
+                remaining,
+                reset_ms,
+                token_limit: tokens.0,
+                token_remaining: tokens.1,
+                token_reset_ms: tokens.2,
+                retry_after_ms,
+            },
         })
 }
 

@@ -22,18 +22,36 @@ pub const MAX_COOLDOWN_MS: u64 = 120_000;
 /// The furthest ahead a learned budget window may reach.
 pub const MAX_BUDGET_WINDOW_MS: u64 = 3_600_000;
 
-/// One outcome report, already parsed and merged (`rate` over `headers`).
+/// What the upstream said about its budget: parsed from its response headers
+/// (`report::ratelimit::parse_headers`) or sent pre-parsed as `rate`.
+///
+/// Every duration is relative milliseconds from when the report was read;
+/// `None` means the upstream did not say (never `0`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateInfo {
+    /// Requests allowed in the request window.
+    pub limit: Option<u64>,
+    /// Requests still allowed before the request window resets.
+    pub remaining: Option<u64>,
+    /// Time until the request window resets.
+    pub reset_ms: Option<u64>,
+    /// Tokens allowed in the token window.
+    pub token_limit: Option<u64>,
+    /// Tokens still allowed before the token window resets.
+    pub token_remaining: Option<u64>,
+    /// Time until the token window resets.
+    pub token_reset_ms: Option<u64>,
+    /// How long the upstream asked callers to wait before retrying.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// One outcome report, already parsed and merged (`rate` over `headers`,
+/// `retryAfterMs` over any header hint).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub status: Option<u16>,
     pub throttled: u64,
-    pub retry_after_ms: Option<u64>,
-    pub limit: Option<u64>,
-    pub remaining: Option<u64>,
-    pub reset_ms: Option<u64>,
-    pub token_limit: Option<u64>,
-    pub token_remaining: Option<u64>,
-    pub token_reset_ms: Option<u64>,
+    pub rate: RateInfo,
 }
 
 impl Outcome {
@@ -174,14 +192,14 @@ impl Learning {
                 self.effective = (self.effective + 1).min(self.concurrency);
             }
         }
-        if let Some(hint) = o.retry_after_ms.filter(|&h| h > 0) {
+        if let Some(hint) = o.rate.retry_after_ms.filter(|&h| h > 0) {
             let until = now + hint.min(MAX_COOLDOWN_MS);
             if until > self.cooldown_until {
                 self.cooldown_until = until;
                 wake.cooldown_until = Some(until);
             }
         }
-        if let (Some(remaining), Some(reset)) = (o.remaining, o.reset_ms) {
+        if let (Some(remaining), Some(reset)) = (o.rate.remaining, o.rate.reset_ms) {
             if reset > 0 {
                 let reset_at = now + reset.min(MAX_BUDGET_WINDOW_MS);
                 self.budget = Some(Budget { remaining: remaining.saturating_sub(in_flight as u64), reset_at });
@@ -190,7 +208,7 @@ impl Learning {
                 self.budget = None;
             }
         }
-        if let (Some(0), Some(reset)) = (o.token_remaining, o.token_reset_ms) {
+        if let (Some(0), Some(reset)) = (o.rate.token_remaining, o.rate.token_reset_ms) {
             let until = now + reset.min(MAX_BUDGET_WINDOW_MS);
             if until > self.token_block_until {
                 self.token_block_until = until;
@@ -261,12 +279,12 @@ mod tests {
     #[test]
     fn retry_hint_opens_a_capped_cooldown() {
         let mut l = Learning::new(4, true);
-        let hint = Outcome { retry_after_ms: Some(2000), ..throttled() };
+        let hint = Outcome { rate: RateInfo { retry_after_ms: Some(2000), ..RateInfo::default() }, ..throttled() };
         let w = l.on_report(&hint, l.epoch(), 1, 0, 1000);
         assert_eq!(w.cooldown_until, Some(3000));
         assert_eq!(l.pause(2999), Some(Pause::Cooldown(1)));
         assert_eq!(l.pause(3000), None);
-        let long = Outcome { retry_after_ms: Some(10_000_000), ..ok() };
+        let long = Outcome { rate: RateInfo { retry_after_ms: Some(10_000_000), ..RateInfo::default() }, ..ok() };
         let w = l.on_report(&long, l.epoch(), 1, 0, 5000);
         assert_eq!(w.cooldown_until, Some(5000 + MAX_COOLDOWN_MS));
         // A shorter hint never shortens a cool-down.
@@ -277,7 +295,8 @@ mod tests {
     #[test]
     fn budget_counts_in_flight_grants_and_lifts_at_reset() {
         let mut l = Learning::new(10, true);
-        let report = Outcome { remaining: Some(3), reset_ms: Some(700), ..ok() };
+        let report =
+            Outcome { rate: RateInfo { remaining: Some(3), reset_ms: Some(700), ..RateInfo::default() }, ..ok() };
         let w = l.on_report(&report, l.epoch(), 2, 1, 100);
         assert_eq!(w.budget_reset_at, Some(800));
         assert_eq!(l.budget().unwrap().remaining, 2);
@@ -295,7 +314,10 @@ mod tests {
     #[test]
     fn exhausted_tokens_block_until_their_reset() {
         let mut l = Learning::new(10, true);
-        let report = Outcome { token_remaining: Some(0), token_reset_ms: Some(1500), ..ok() };
+        let report = Outcome {
+            rate: RateInfo { token_remaining: Some(0), token_reset_ms: Some(1500), ..RateInfo::default() },
+            ..ok()
+        };
         let w = l.on_report(&report, l.epoch(), 1, 0, 0);
         assert_eq!(w.token_block_until, Some(1500));
         assert_eq!(l.pause(1000), Some(Pause::Budget(500)));
@@ -305,7 +327,13 @@ mod tests {
     #[test]
     fn not_adaptive_learns_nothing() {
         let mut l = Learning::new(5, false);
-        let w = l.on_report(&Outcome { retry_after_ms: Some(5000), ..throttled() }, 0, 5, 4, 0);
+        let w = l.on_report(
+            &Outcome { rate: RateInfo { retry_after_ms: Some(5000), ..RateInfo::default() }, ..throttled() },
+            0,
+            5,
+            4,
+            0,
+        );
         assert_eq!(w, Wakeups::default());
         assert_eq!(l.effective(), 5);
         assert_eq!(l.pause(0), None);

@@ -24,7 +24,7 @@ use slab::Slab;
 
 use crate::config::PoolConfig;
 use crate::wheel::{TimerKey, Wheel};
-pub use learn::Outcome;
+pub use learn::{Outcome, RateInfo};
 use lease::{secret_eq, Entropy, Lease, SlotId};
 pub use pool::{DenyReason, Pool, PoolId, PoolSettings, PoolStats};
 pub use queue::WaiterKey;

@@ -53,13 +53,15 @@ fn id(grant: &Grant) -> [u8; 32] {
 const OK: Outcome = Outcome {
     status: Some(200),
     throttled: 0,
-    retry_after_ms: None,
-    limit: None,
-    remaining: None,
-    reset_ms: None,
-    token_limit: None,
-    token_remaining: None,
-    token_reset_ms: None,
+    rate: RateInfo {
+        limit: None,
+        remaining: None,
+        reset_ms: None,
+        token_limit: None,
+        token_remaining: None,
+        token_reset_ms: None,
+        retry_after_ms: None,
+    },
 };
 
 #[test]
@@ -311,7 +313,7 @@ fn a_report_on_an_already_released_slot_changes_nothing() {
     let (mut g, p) = governor(r#","concurrency":10"#);
     let a = granted(g.acquire(p, 0, 1, 0));
     assert!(g.release(p, &id(&a), None, 1));
-    let throttled = Outcome { status: Some(429), retry_after_ms: Some(5000), ..OK };
+    let throttled = Outcome { status: Some(429), rate: RateInfo { retry_after_ms: Some(5000), ..OK.rate }, ..OK };
     assert!(!g.release(p, &id(&a), Some(&throttled), 2));
     assert_eq!(g.signals(p).effective_limit, 10);
     granted(g.acquire(p, 0, 2, 3));
@@ -321,7 +323,7 @@ fn a_report_on_an_already_released_slot_changes_nothing() {
 fn cooldown_denies_fail_fast_and_grants_waiters_when_it_ends() {
     let (mut g, p) = governor(r#","concurrency":4"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    let hint = Outcome { status: Some(429), retry_after_ms: Some(1000), ..OK };
+    let hint = Outcome { status: Some(429), rate: RateInfo { retry_after_ms: Some(1000), ..OK.rate }, ..OK };
     g.release(p, &id(&a), Some(&hint), 100);
     let d = denied(g.acquire(p, 0, 2, 200));
     assert_eq!(d.reason, DenyReason::Cooldown);
@@ -338,7 +340,7 @@ fn cooldown_denies_fail_fast_and_grants_waiters_when_it_ends() {
 fn learned_budget_blocks_until_reset() {
     let (mut g, p) = governor(r#","concurrency":10"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    let report = Outcome { remaining: Some(0), reset_ms: Some(700), ..OK };
+    let report = Outcome { rate: RateInfo { remaining: Some(0), reset_ms: Some(700), ..OK.rate }, ..OK };
     g.release(p, &id(&a), Some(&report), 100);
     let d = denied(g.acquire(p, 0, 2, 100));
     assert_eq!(d.reason, DenyReason::Rate);

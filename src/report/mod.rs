@@ -9,7 +9,7 @@ use std::fmt;
 use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use crate::governor::Outcome;
+use crate::governor::{Outcome, RateInfo};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -151,13 +151,15 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
     Ok(Some(Outcome {
         status: status.map(|s| s as u16),
         throttled: throttled.unwrap_or(0),
-        retry_after_ms: retry_after.or(from_headers.retry_after_ms),
-        limit: whole(&rate.limit, ANY, RATE_ERR)?.or(from_headers.limit),
-        remaining: whole(&rate.remaining, ANY, RATE_ERR)?.or(from_headers.remaining),
-        reset_ms: whole(&rate.reset_ms, ANY, RATE_ERR)?.or(from_headers.reset_ms),
-        token_limit: whole(&rate.token_limit, ANY, RATE_ERR)?.or(from_headers.token_limit),
-        token_remaining: whole(&rate.token_remaining, ANY, RATE_ERR)?.or(from_headers.token_remaining),
-        token_reset_ms: whole(&rate.token_reset_ms, ANY, RATE_ERR)?.or(from_headers.token_reset_ms),
+        rate: RateInfo {
+            limit: whole(&rate.limit, ANY, RATE_ERR)?.or(from_headers.limit),
+            remaining: whole(&rate.remaining, ANY, RATE_ERR)?.or(from_headers.remaining),
+            reset_ms: whole(&rate.reset_ms, ANY, RATE_ERR)?.or(from_headers.reset_ms),
+            token_limit: whole(&rate.token_limit, ANY, RATE_ERR)?.or(from_headers.token_limit),
+            token_remaining: whole(&rate.token_remaining, ANY, RATE_ERR)?.or(from_headers.token_remaining),
+            token_reset_ms: whole(&rate.token_reset_ms, ANY, RATE_ERR)?.or(from_headers.token_reset_ms),
+            retry_after_ms: retry_after.or(from_headers.retry_after_ms),
+        },
     }))
 }
 
@@ -214,8 +216,7 @@ fn flat_outcome(status: Option<u64>, throttled: Option<u64>, retry: Option<u64>)
     Ok(Outcome {
         status: status.map(|s| s as u16),
         throttled: throttled.unwrap_or(0),
-        retry_after_ms: retry,
-        ..Outcome::default()
+        rate: RateInfo { retry_after_ms: retry, ..RateInfo::default() },
     })
 }
 
@@ -280,7 +281,7 @@ mod tests {
         let o = ok(r#"{"status":429,"throttled":2,"retryAfterMs":2000}"#);
         assert_eq!(o.status, Some(429));
         assert_eq!(o.throttled, 2);
-        assert_eq!(o.retry_after_ms, Some(2000));
+        assert_eq!(o.rate.retry_after_ms, Some(2000));
         assert_eq!(ok("{}"), Outcome::default());
     }
 
@@ -288,24 +289,24 @@ mod tests {
     fn rate_wins_over_headers_field_by_field() {
         let o = ok(r#"{"status":200,"rate":{"remaining":5},
             "headers":{"X-RateLimit-Remaining-Requests":"9","x-ratelimit-reset-requests":"700ms","x-ratelimit-limit-requests":"60"}}"#);
-        assert_eq!(o.remaining, Some(5));
-        assert_eq!(o.reset_ms, Some(700));
-        assert_eq!(o.limit, Some(60));
+        assert_eq!(o.rate.remaining, Some(5));
+        assert_eq!(o.rate.reset_ms, Some(700));
+        assert_eq!(o.rate.limit, Some(60));
     }
 
     #[test]
     fn headers_as_pairs_and_retry_hints() {
         let o = ok(r#"{"headers":[["Retry-After","3"],["retry-after","1"]]}"#);
-        assert_eq!(o.retry_after_ms, Some(3000), "of duplicates the larger wins");
+        assert_eq!(o.rate.retry_after_ms, Some(3000), "of duplicates the larger wins");
         let o = ok(r#"{"retryAfterMs":10,"headers":{"retry-after":"3"}}"#);
-        assert_eq!(o.retry_after_ms, Some(10));
+        assert_eq!(o.rate.retry_after_ms, Some(10));
     }
 
     #[test]
     fn unparseable_header_values_are_ignored() {
         let o = ok(r#"{"headers":{"retry-after":"soon","x-ratelimit-remaining":"lots"}}"#);
-        assert_eq!(o.retry_after_ms, None);
-        assert_eq!(o.remaining, None);
+        assert_eq!(o.rate.retry_after_ms, None);
+        assert_eq!(o.rate.remaining, None);
     }
 
     #[test]

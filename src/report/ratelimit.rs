@@ -14,27 +14,7 @@
 
 use std::cmp::Reverse;
 
-/// What one set of upstream response headers says about the upstream budget.
-///
-/// Every duration is relative milliseconds from the `now` given to
-/// [`parse_headers`]; `None` means the headers did not say (never `0`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RateInfo {
-    /// Requests allowed in the request window.
-    pub limit: Option<u64>,
-    /// Requests still allowed before the request window resets.
-    pub remaining: Option<u64>,
-    /// Time until the request window resets.
-    pub reset_ms: Option<u64>,
-    /// Tokens allowed in the token window.
-    pub token_limit: Option<u64>,
-    /// Tokens still allowed before the token window resets.
-    pub token_remaining: Option<u64>,
-    /// Time until the token window resets.
-    pub token_reset_ms: Option<u64>,
-    /// How long the upstream asked callers to wait before retrying.
-    pub retry_after_ms: Option<u64>,
-}
+pub use crate::governor::RateInfo;
 
 /// Reads rate-limit information out of raw upstream response headers.
 ///

@@ -665,3 +665,25 @@ fn idle_connections_are_closed_after_the_idle_timeout() {
     // The server accepted `silent` after `started`, so it may not end sooner.
     assert!(started.elapsed() >= Duration::from_millis(290), "closed before the idle timeout");
 }
+
+#[test]
+fn a_chunked_body_whose_framing_outgrows_the_input_buffer_is_413() {
+    // Tiny chunks behind 1000-byte extensions: a 100-byte body in 100 KB of
+    // framing, more than the connection buffers (16 KiB + 2 x maxBodyBytes + 64 KiB).
+    let s = TestServer::start(&config("", r#""maxBodyBytes":1024"#));
+    let ext = "x".repeat(1000);
+    let chunk = format!("1;e={ext}\r\na\r\n");
+    let mut raw = format!(
+        "POST /pools/p/lock/acquire HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for _ in 0..100 {
+        raw.extend_from_slice(chunk.as_bytes());
+    }
+    let mut c = s.connect();
+    // The server may stop reading once it has answered; a failed write is expected then.
+    let _ = c.write_all(&raw);
+    let r = read_response(&mut c).expect("an answer, not a stall until the head deadline");
+    assert_error(&r, 413, "payload_too_large", "chunked framing over the buffer");
+    assert_answer_closes(&mut c, &r, "chunked framing over the buffer");
+}

@@ -137,6 +137,10 @@ pub struct Conn {
     pub readable: bool,
     /// Listed in the server's flush list for this turn.
     pub dirty: bool,
+    /// Answered and half-closed by us: unread input is drained and dropped
+    /// until the peer closes or this time, so the kernel does not answer
+    /// that input with a reset that could destroy the answer in flight.
+    pub lingering_until: Option<Ms>,
     /// The peer's FIN was reported: read to EOF even after a short read.
     pub hangup: bool,
     pub request_started: Option<Ms>,
@@ -166,6 +170,7 @@ impl Conn {
             close_after_flush: false,
             readable: false,
             dirty: false,
+            lingering_until: None,
             hangup: false,
             request_started: None,
             last_active: now,
@@ -180,6 +185,9 @@ impl Conn {
 
     /// When this connection must be closed if nothing changes.
     pub fn deadline(&self, t: &Timeouts) -> Ms {
+        if let Some(until) = self.lingering_until {
+            return until;
+        }
         if self.waiting.is_some() {
             // The queue deadline answers it; the wheel holds that one.
             return NEVER;

@@ -47,6 +47,8 @@ const READ_BUDGET: usize = 8;
 const ACCEPT_PAUSE_MS: u64 = 100;
 const ACCEPT_TIMER: u64 = u64::MAX;
 const LOG_TIMER: u64 = u64::MAX - 1;
+/// How long a closing connection's unread input is drained (see `Conn::lingering_until`).
+const LINGER_MS: u64 = 1000;
 /// Graceful shutdown finishes within this, whatever clients do.
 const SHUTDOWN_GRACE_MS: u64 = 800;
 
@@ -372,6 +374,10 @@ impl Server {
     /// (the socket stays marked readable) while the input is full or the
     /// output is over its high-water mark; answering or flushing resumes it.
     fn read_and_process(&mut self, token: usize) {
+        if self.conns[token].lingering_until.is_some() {
+            self.drain_lingering(token);
+            return;
+        }
         let now = self.now;
         let conn = &mut self.conns[token];
         let serial = conn.serial;
@@ -430,6 +436,30 @@ impl Server {
         }
     }
 
+    /// Reads and drops what a closing client still sends; closes at its EOF.
+    fn drain_lingering(&mut self, token: usize) {
+        let conn = &mut self.conns[token];
+        for _ in 0..READ_BUDGET {
+            let io = conn.read_once();
+            conn.input.consume(conn.input.end - conn.input.start);
+            match io {
+                Ok(Io::Continue) => {}
+                Ok(Io::Drained) if conn.hangup => {}
+                Ok(Io::Drained | Io::WouldBlock) => {
+                    conn.readable = false;
+                    return;
+                }
+                Ok(Io::Closed) | Err(_) => {
+                    self.close(token);
+                    return;
+                }
+            }
+        }
+        // Still more: continue next turn.
+        let serial = conn.serial;
+        self.ready.push((token, serial));
+    }
+
     /// Answers every complete request in the input, in order, until one
     /// must wait in a queue or the output is too far behind.
     fn process(&mut self, token: usize) {
@@ -481,8 +511,17 @@ impl Server {
                 close: !head.keep_alive,
                 started: *turn_started,
             };
+            let input_full = conn.input_full();
             let (body, consumed) = match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
                 Body::Ready(body, consumed) => (body, consumed),
+                Body::Incomplete if input_full => {
+                    // Only a chunked body can outgrow the input buffer (its
+                    // framing, extensions and trailers count): refuse it rather
+                    // than stall until the head deadline.
+                    app.reject(&Ctx { close: true, ..ctx }, &head, ApiError::PayloadTooLarge, &mut conn.output);
+                    conn.close_after_flush = true;
+                    break;
+                }
                 Body::Incomplete => {
                     let pending = conn.pending.as_mut().expect("an incomplete body is pending");
                     if head.expect_continue && !pending.continue_sent {
@@ -566,7 +605,18 @@ impl Server {
             let flushed = conn.flush(now);
             self.stats.bytes_sent += conn.sent - sent;
             match flushed {
-                Ok(Flush::Done) if conn.close_after_flush && conn.waiting.is_none() => self.close(token),
+                Ok(Flush::Done) if conn.close_after_flush && conn.waiting.is_none() => {
+                    if conn.read_closed || conn.lingering_until.is_some() {
+                        self.close(token);
+                    } else {
+                        // Close our side, then drain what the client still sends.
+                        let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+                        conn.lingering_until = Some(now + LINGER_MS);
+                        conn.input.consume(conn.input.end - conn.input.start);
+                        self.arm_timer(token);
+                        self.read_and_process(token);
+                    }
+                }
                 Ok(Flush::Done | Flush::Pending) => {
                     let resume =
                         conn.unsent() == 0 && (conn.readable || !conn.input.is_empty()) && conn.waiting.is_none();

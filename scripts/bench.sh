@@ -409,26 +409,8 @@ daemon off;
 pid $WORK/nginx.pid;
 error_log $WORK/nginx-error.log warn;
 events { worker_connections 4096; }
-http {
-    access_log off;
-    default_type application/json;
-    # nthpool keeps a connection open as long as the client does; so does nginx here.
-    keepalive_requests 1000000000;
-    keepalive_timeout 300s;
-    # Keep the file open between requests, as a static-file benchmark of nginx would.
-    open_file_cache max=16 inactive=600s;
-    client_body_temp_path $WORK/nginx-tmp/body;
-    proxy_temp_path $WORK/nginx-tmp/proxy;
-    fastcgi_temp_path $WORK/nginx-tmp/fastcgi;
-    uwsgi_temp_path $WORK/nginx-tmp/uwsgi;
-    scgi_temp_path $WORK/nginx-tmp/scgi;
-    server {
-        listen 127.0.0.1:$NGINX_PORT;
-        root $WORK/www;
-        location = /grant.json { }
-    }
-}
 NGINX
+    nginx_http_block "$NGINX_PORT" >>"$WORK/nginx.conf"
     check_free "$NGINX_PORT"
     "${ON_SERVER[@]}" "$NGINX" -e "$WORK/nginx-error.log" -p "$WORK" -c "$WORK/nginx.conf" &
     NGINX_PID=$!

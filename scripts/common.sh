@@ -53,3 +53,30 @@ wait_port() {
     done
     return 1
 }
+
+# nginx_http_block PORT: the `http { … }` block both scripts give nginx — one
+# static JSON file at /grant.json under $WORK/www, kept open and served on
+# long-lived keep-alive connections, as a static-file benchmark of nginx would.
+nginx_http_block() {
+    cat <<NGINX
+http {
+    access_log off;
+    default_type application/json;
+    # nthpool keeps a connection open as long as the client does; so does nginx here.
+    keepalive_requests 1000000000;
+    keepalive_timeout 300s;
+    # Keep the file open between requests.
+    open_file_cache max=16 inactive=600s;
+    client_body_temp_path $WORK/nginx-tmp/body;
+    proxy_temp_path $WORK/nginx-tmp/proxy;
+    fastcgi_temp_path $WORK/nginx-tmp/fastcgi;
+    uwsgi_temp_path $WORK/nginx-tmp/uwsgi;
+    scgi_temp_path $WORK/nginx-tmp/scgi;
+    server {
+        listen 127.0.0.1:$1;
+        root $WORK/www;
+        location = /grant.json { }
+    }
+}
+NGINX
+}

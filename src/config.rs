@@ -58,7 +58,32 @@ pub struct Config {
     /// A client that takes none of its pending answers for this long is closed.
     #[serde(default = "defaults::write_timeout_ms")]
     pub write_timeout_ms: u64,
+    #[serde(deserialize_with = "unique_pools")]
     pub pools: BTreeMap<String, PoolConfig>,
+}
+
+/// The `pools` object, refusing a pool name given twice: a map would keep the
+/// last and silently drop the first pool's keys and limits.
+fn unique_pools<'de, D: serde::Deserializer<'de>>(de: D) -> Result<BTreeMap<String, PoolConfig>, D::Error> {
+    struct Pools;
+    impl<'de> serde::de::Visitor<'de> for Pools {
+        type Value = BTreeMap<String, PoolConfig>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object of pools by name")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut pools = BTreeMap::new();
+            while let Some(name) = map.next_key::<String>()? {
+                if pools.contains_key(&name) {
+                    return Err(serde::de::Error::custom(format!("duplicate pool `{name}`")));
+                }
+                let pool = map.next_value()?;
+                pools.insert(name, pool);
+            }
+            Ok(pools)
+        }
+    }
+    de.deserialize_map(Pools)
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -421,6 +446,12 @@ mod tests {
 
     fn err(json: &str) -> String {
         Config::parse(json.as_bytes()).unwrap_err().0
+    }
+
+    #[test]
+    fn a_pool_named_twice_is_refused() {
+        let e = err(r#"{"pools":{"p":{"keys":["k1"]},"p":{"keys":["k2"]}}}"#);
+        assert!(e.contains("duplicate pool `p`"), "{e}");
     }
 
     #[test]

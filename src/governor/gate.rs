@@ -22,14 +22,21 @@ impl TokenBucket {
         TokenBucket { tokens: burst, burst, interval_us: (60_000_000 / rpm as u64).max(1), next_refill_us: 0 }
     }
 
-    /// Changes rate and size (a reload); tokens above the new size are dropped.
+    /// Changes rate and size (a reload), at once: tokens due at the old rate
+    /// are added first, tokens above the new size are dropped, and the next
+    /// token comes no later than one new interval from now (a raised rate
+    /// does not wait out the old rate's interval).
     pub fn reconfigure(&mut self, rpm: u32, burst: u32, now: Ms) {
+        self.refill(now);
         let was_full = self.is_full();
         self.interval_us = (60_000_000 / rpm as u64).max(1);
         self.burst = burst;
         self.tokens = self.tokens.min(burst);
-        if was_full && !self.is_full() {
-            self.next_refill_us = now * 1000 + self.interval_us;
+        let soonest = now * 1000 + self.interval_us;
+        if was_full {
+            self.next_refill_us = soonest;
+        } else {
+            self.next_refill_us = self.next_refill_us.min(soonest);
         }
     }
 
@@ -123,6 +130,27 @@ mod tests {
         b.refill(1000);
         assert_eq!(b.tokens(), 2);
         assert_eq!(b.next_refill_ms(), Some(2000));
+    }
+
+    #[test]
+    fn a_raised_rate_applies_at_once() {
+        // 2 rpm, burst 1: the next token is 30 s away after a grant.
+        let mut b = TokenBucket::new(2, 1);
+        b.take(0);
+        assert_eq!(b.wait_ms(1000), 29_000);
+        b.reconfigure(600, 10, 1000);
+        assert_eq!(b.next_refill_ms(), Some(1100));
+        b.refill(1100);
+        assert!(b.has_token());
+        // A raised burst alone starts refilling a full bucket.
+        let mut b = TokenBucket::new(60, 1);
+        b.reconfigure(60, 5, 0);
+        assert_eq!(b.next_refill_ms(), Some(1000));
+        // A lowered rate keeps the token already on its way.
+        let mut b = TokenBucket::new(60, 1);
+        b.take(0);
+        b.reconfigure(1, 1, 500);
+        assert_eq!(b.next_refill_ms(), Some(1000));
     }
 
     #[test]

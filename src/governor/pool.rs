@@ -137,26 +137,59 @@ impl Pool {
 
     /// Why a grant cannot happen at `now`, with the known wait in ms, or
     /// `None` when a slot is free. The caller refilled the gate first.
+    /// When several gates block, the one that opens last decides both the
+    /// reason and the wait: a retry sooner would be refused again.
     pub fn blocked(&self, now: Ms) -> Option<(DenyReason, u64)> {
         if self.retired {
             return Some((DenyReason::Concurrency, UNKNOWN_WAIT_MS));
         }
-        if let Some(Pause::Cooldown(wait)) = self.learning.pause(now) {
-            return Some((DenyReason::Cooldown, wait));
-        }
-        if self.held >= self.effective_limit() {
-            return Some((DenyReason::Concurrency, UNKNOWN_WAIT_MS));
-        }
-        let gate_wait = self.gate.as_ref().map_or(0, |g| g.wait_ms(now));
-        let budget_wait = match self.learning.pause(now) {
+        let pause = self.learning.pause(now);
+        let cooldown_wait = match pause {
+            Some(Pause::Cooldown(wait)) => wait,
+            _ => 0,
+        };
+        let budget_wait = match pause {
             Some(Pause::Budget(wait)) => wait,
             _ => 0,
         };
-        let wait = gate_wait.max(budget_wait);
-        (wait > 0).then_some((DenyReason::Rate, wait))
+        let rate_wait = self.gate.as_ref().map_or(0, |g| g.wait_ms(now)).max(budget_wait);
+        let concurrency_wait = if self.held >= self.effective_limit() { UNKNOWN_WAIT_MS } else { 0 };
+        // Ties go to the first: a cool-down, then the concurrency limit, then rate.
+        [
+            (DenyReason::Cooldown, cooldown_wait),
+            (DenyReason::Concurrency, concurrency_wait),
+            (DenyReason::Rate, rate_wait),
+        ]
+        .into_iter()
+        .filter(|&(_, wait)| wait > 0)
+        .reduce(|latest, next| if next.1 > latest.1 { next } else { latest })
     }
 
     pub fn rpm_remaining(&self) -> Option<u32> {
         self.gate.as_ref().map(TokenBucket::tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::governor::{Admission, DenyReason, Governor};
+
+    #[test]
+    fn the_gate_that_opens_last_decides_the_answer() {
+        let config = Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":1,"rpm":1,"adaptive":false}}}"#);
+        let mut g = Governor::new(&config.unwrap().pools);
+        let p = g.pool_id("p").unwrap();
+        assert!(matches!(g.acquire(p, 0, 1, 0), Admission::Granted(_)));
+        // Held and out of tokens: the token is 60 s away, past the 1 s guess for a slot.
+        match g.acquire(p, 0, 2, 0) {
+            Admission::Denied(d) => assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Rate, 60_000)),
+            other => panic!("expected a denial, got {other:?}"),
+        }
+        // With the token back, only the concurrency limit blocks.
+        match g.acquire(p, 0, 3, 60_000) {
+            Admission::Denied(d) => assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Concurrency, 1000)),
+            other => panic!("expected a denial, got {other:?}"),
+        }
     }
 }

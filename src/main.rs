@@ -57,7 +57,8 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             "--check-config" => {
                 let path = PathBuf::from(value("--check-config")?);
-                Config::load(&path).map_err(|e| e.to_string())?;
+                let config = Config::load(&path).map_err(|e| e.to_string())?;
+                nthpool::api::check(&config).map_err(|e| format!("{}: {e}", path.display()))?;
                 println!("{}: configuration is valid", path.display());
                 return Ok(None);
             }

@@ -83,7 +83,56 @@ pub struct App {
     pub log: AccessLog,
     /// Acquire server time per pool, indexed by `PoolId`.
     pub latency: Vec<LatencyHistogram>,
+    pub rejections: Rejections,
     scratch: Vec<u8>,
+}
+
+/// Lock API answers of 400 and above, by status code: one counter per code,
+/// bumped where the answer is written.
+#[derive(Debug, Clone)]
+pub struct Rejections([u64; 200]);
+
+impl Default for Rejections {
+    fn default() -> Self {
+        Rejections([0; 200])
+    }
+}
+
+impl Rejections {
+    /// Every code an acquire, renew or release can be answered with (and a
+    /// request too malformed to route): the series exist from the start.
+    pub const CODES: [u16; 11] = [400, 401, 403, 404, 405, 409, 413, 429, 431, 503, 504];
+
+    pub fn count(&mut self, status: Status) {
+        if let Some(n) = self.0.get_mut((status.code() as usize).wrapping_sub(400)) {
+            *n += 1;
+        }
+    }
+
+    pub fn get(&self, code: u16) -> u64 {
+        self.0.get((code as usize).wrapping_sub(400)).copied().unwrap_or(0)
+    }
+}
+
+/// Builds every pool's keys and access policies (JWKS files read and
+/// checked): the one step start-up, reload and `--check-config` share.
+/// `previous` gives a pool's running policies on a reload.
+fn credentials<'c, 'p>(
+    config: &'c Config,
+    previous: impl Fn(&str) -> Option<&'p PoolAccess>,
+) -> Result<BTreeMap<&'c str, Credentials>, String> {
+    let mut fresh = BTreeMap::new();
+    for (name, pool) in &config.pools {
+        let access = PoolAccess::build(&pool.access, previous(name)).map_err(|e| format!("pools.{name}.{e}"))?;
+        fresh.insert(name.as_str(), Credentials { keys: PoolKeys::new(pool), access });
+    }
+    Ok(fresh)
+}
+
+/// Checks what start-up would check beyond the file itself (JWKS files),
+/// without opening anything else or serving.
+pub fn check(config: &Config) -> Result<(), String> {
+    credentials(config, |_| None).map(drop)
 }
 
 impl App {
@@ -95,6 +144,7 @@ impl App {
             max_body: config.max_body_bytes,
             log: AccessLog::open(config.access_log.as_deref())?,
             latency: Vec::new(),
+            rejections: Rejections::default(),
             scratch: Vec::with_capacity(512),
         };
         app.reconfigure(config, 0, 0)?;
@@ -108,12 +158,8 @@ impl App {
     pub fn reconfigure(&mut self, config: &Config, now: Ms, now_epoch_ms: u64) -> Result<(), String> {
         // Everything that can fail comes first, so a failure leaves all as it was.
         let log = AccessLog::open(config.access_log.as_deref())?;
-        let mut fresh = BTreeMap::new();
-        for (name, pool) in &config.pools {
-            let previous = self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access);
-            let access = PoolAccess::build(&pool.access, previous).map_err(|e| format!("pools.{name}.{e}"))?;
-            fresh.insert(name.as_str(), Credentials { keys: PoolKeys::new(pool), access });
-        }
+        let mut fresh =
+            credentials(config, |name| self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access))?;
         self.gov.reconfigure(&config.pools, now);
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
         self.max_body = config.max_body_bytes;
@@ -197,6 +243,7 @@ impl App {
     /// Answers a request with an error; acquire attempts are logged too
     /// (malformed and unauthorized ones included).
     pub fn reject(&mut self, ctx: &Ctx, head: &Head, error: ApiError, out: &mut Vec<u8>) {
+        self.rejections.count(error.status());
         error.write(out, &mut self.scratch, ctx.close);
         if let Some(Route::Acquire { pool }) = route::route(head.path) {
             let pid = self.gov.pool_id(pool);
@@ -320,6 +367,7 @@ impl App {
     /// A queued acquire cut short by shutdown: `503` with `Retry-After`, logged.
     pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, attempt: &Attempt, epoch_now: u64) {
         let error = ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
+        self.rejections.count(error.status());
         let server_us = attempt.started.elapsed().as_micros() as u64;
         self.log.record(&Record {
             epoch_ms: epoch_now,
@@ -346,8 +394,19 @@ impl App {
         epoch_now: u64,
         close: bool,
     ) {
+        self.rejections.count(status);
         self.note_acquire(attempt, epoch_now, status, Some(denial.reason.as_str()), denial.queued_ms, None);
         self.write_denial(out, denial, status, close);
+    }
+
+    /// The `504` of a queued acquire whose client half-closed: its wait ends
+    /// now, so what it pipelined behind can be answered in order. Logged.
+    pub fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, epoch_now: u64) {
+        let status = Status::GatewayTimeout;
+        self.rejections.count(status);
+        self.note_acquire(attempt, epoch_now, status, Some(denial.reason.as_str()), denial.queued_ms, None);
+        let message = "The client half-closed its connection, so its wait ended without a slot.";
+        self.write_denial_as(out, denial, status, "queue_timeout", message, false);
     }
 
     fn write_grant(&mut self, out: &mut Vec<u8>, grant: &Grant, epoch_base_ms: u64, close: bool) {
@@ -383,6 +442,18 @@ impl App {
                 crate::governor::DenyReason::Concurrency => ("too_many_requests", "No free slot in this pool."),
             }
         };
+        self.write_denial_as(out, denial, status, code, message, close);
+    }
+
+    fn write_denial_as(
+        &mut self,
+        out: &mut Vec<u8>,
+        denial: &Denial,
+        status: Status,
+        code: &str,
+        message: &str,
+        close: bool,
+    ) {
         self.scratch.clear();
         crate::http::response::error_body(&mut self.scratch, code, message);
         let mut w = Writer::start(out, status);
@@ -394,6 +465,7 @@ impl App {
 
     /// An error answer written by the reactor (framing errors, limits).
     pub fn write_error(&mut self, out: &mut Vec<u8>, error: ApiError, close: bool) {
+        self.rejections.count(error.status());
         error.write(out, &mut self.scratch, close);
     }
 }
@@ -451,7 +523,7 @@ fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         let parsed: AcquireBody = serde_json::from_slice(body)
             .map_err(|_| ApiError::BadRequest("The acquire body is not valid JSON with a numeric `waitMs`."))?;
         if let Some(n) = parsed.wait_ms {
-            wait = Some(n.as_u64().ok_or(BAD_WAIT)?);
+            wait = Some(crate::report::integral(&n).ok_or(BAD_WAIT)?);
         }
     }
     if wait.is_none() {

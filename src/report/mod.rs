@@ -109,11 +109,22 @@ pub fn check_object(body: &[u8]) -> Result<(), BodyError> {
     }
 }
 
+/// A JSON number that is a whole, non-negative value: `300`, and also
+/// `300.0` or `3e2` (what float-typed JSON encoders send); `300.5` is not.
+/// Floats are taken only up to 2^53, where every integer is exact.
+pub fn integral(n: &serde_json::Number) -> Option<u64> {
+    const EXACT: f64 = (1u64 << 53) as f64;
+    n.as_u64().or_else(|| {
+        let f = n.as_f64()?;
+        ((0.0..=EXACT).contains(&f) && f.fract() == 0.0).then_some(f as u64)
+    })
+}
+
 /// A whole, non-negative JSON number that fits `max`.
 fn whole(n: &Option<serde_json::Number>, max: u64, err: BodyError) -> Result<Option<u64>, BodyError> {
     match n {
         None => Ok(None),
-        Some(n) => match n.as_u64() {
+        Some(n) => match integral(n) {
             Some(v) if v <= max => Ok(Some(v)),
             _ => Err(err),
         },

@@ -312,6 +312,18 @@ impl Governor {
         pool.stats.waiters_gone += 1;
     }
 
+    /// Takes a queued acquire out of the queue because its client will send
+    /// nothing more (a half-close), returning the `504` it is answered with
+    /// so the requests pipelined behind it can be answered in order.
+    pub fn withdraw_waiter(&mut self, key: WaiterKey, owner: u64, now: Ms) -> Option<Denial> {
+        let w = self.waiters.get(key).filter(|w| w.owner == owner)?;
+        let (pid, enqueued_at) = (w.pool, w.enqueued_at);
+        self.cancel_waiter(key, owner);
+        let (reason, wait) =
+            self.pools[pid.0 as usize].blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
+        Some(Denial { reason, retry_after_ms: wait, queued_ms: now - enqueued_at, signals: self.signals(pid) })
+    }
+
     /// Schedules an external timer; it comes back as `Notice::Timer(tag)`.
     pub fn schedule(&mut self, at: Ms, tag: u64) -> TimerKey {
         self.wheel.insert(at, Timer::External(tag))

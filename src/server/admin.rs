@@ -28,9 +28,9 @@ pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, cl
     let known = matches!(path, "/healthz" | "/metrics");
     if known && !matches!(head.method, Method::Get | Method::Head) {
         let mut body = Vec::new();
-        error_body(&mut body, "method_not_allowed", "Admin routes accept GET only.");
+        error_body(&mut body, "method_not_allowed", "Admin routes accept GET and HEAD only.");
         let mut w = Writer::start(out, Status::MethodNotAllowed);
-        w.header(b"Allow", b"GET");
+        w.header(b"Allow", b"GET, HEAD");
         w.finish_json(&body, close);
         return;
     }
@@ -106,6 +106,10 @@ pub fn render(app: &App, stats: &ServerStats) -> String {
                 p.stats.denied[reason as usize]
             );
         }
+    }
+    family(&mut t, "nthpool_rejections_total", "counter", "Lock API answers of 400 and above, by status code.");
+    for code in crate::api::Rejections::CODES {
+        let _ = writeln!(t, "nthpool_rejections_total{{code=\"{code}\"}} {}", app.rejections.get(code));
     }
     family(
         &mut t,

@@ -51,6 +51,9 @@ const LOG_TIMER: u64 = u64::MAX - 1;
 const LINGER_MS: u64 = 1000;
 /// Graceful shutdown finishes within this, whatever clients do.
 const SHUTDOWN_GRACE_MS: u64 = 800;
+/// Open connections on the admin listener: its own budget, so health checks
+/// and scrapes are answered however many public connections are open.
+pub const ADMIN_MAX_CONNECTIONS: usize = 16;
 
 pub struct Server {
     poll: Poll,
@@ -76,6 +79,9 @@ pub struct Server {
     turn_started: Instant,
     next_serial: u32,
     max_connections: usize,
+    /// Open connections per listener, each against its own budget.
+    open_public: usize,
+    open_admin: usize,
     timeouts: Timeouts,
     input_limit: usize,
     accept_paused: bool,
@@ -150,6 +156,8 @@ impl Server {
             turn_started: Instant::now(),
             next_serial: 0,
             max_connections: config.max_connections,
+            open_public: 0,
+            open_admin: 0,
             timeouts: Timeouts::from(config),
             input_limit: input_limit(config),
             accept_paused: false,
@@ -183,10 +191,11 @@ impl Server {
             self.turn_started = Instant::now();
             self.now = self.clock.ms_at(self.turn_started);
             let mut carried = std::mem::take(&mut self.ready_carry);
+            let (mut accept_public, mut accept_admin) = (false, false);
             for event in events.iter() {
                 match event.token() {
-                    LISTENER => self.accept(false),
-                    ADMIN => self.accept(true),
+                    LISTENER => accept_public = true,
+                    ADMIN => accept_admin = true,
                     SIGNALS => self.on_signals(),
                     Token(t) => {
                         let Some(conn) = self.conns.get(t) else {
@@ -214,6 +223,14 @@ impl Server {
             self.app.gov.advance(self.now);
             self.drain_notices();
             self.flush_dirty();
+            // Accepting comes last, so a connection whose close was read this
+            // turn no longer counts against the budget of a new one.
+            if accept_public {
+                self.accept(false);
+            }
+            if accept_admin {
+                self.accept(true);
+            }
             self.after_turn();
             if let Some(at) = self.shutdown_at {
                 if self.conns.is_empty() || self.clock.now_ms() >= at {
@@ -310,7 +327,12 @@ impl Server {
             return Some(Duration::ZERO);
         }
         let now = self.clock.now_ms();
-        self.app.gov.next_deadline().map(|at| Duration::from_millis(at.saturating_sub(now)))
+        // A stopping server wakes at its deadline whatever else is (or is not) due.
+        let wake = match (self.app.gov.next_deadline(), self.shutdown_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        wake.map(|at| Duration::from_millis(at.saturating_sub(now)))
     }
 
     fn accept(&mut self, admin: bool) {
@@ -338,7 +360,9 @@ impl Server {
     }
 
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) {
-        if self.conns.len() >= self.max_connections {
+        let (open, budget) =
+            if admin { (self.open_admin, ADMIN_MAX_CONNECTIONS) } else { (self.open_public, self.max_connections) };
+        if open >= budget {
             self.stats.connections_refused += 1;
             let _ = stream.write(&self.over_capacity);
             return;
@@ -354,6 +378,7 @@ impl Server {
         self.next_serial = serial.wrapping_add(1);
         // Registering reports readiness that already exists, so no read is tried here.
         entry.insert(Conn::new(stream, peer, serial, admin, self.input_limit, self.now));
+        *(if admin { &mut self.open_admin } else { &mut self.open_public }) += 1;
         self.arm_timer(token);
     }
 
@@ -422,10 +447,11 @@ impl Server {
         }
         if conn.read_closed {
             // A client that closed or half-closed leaves the queue now, before
-            // anything later in this turn can grant it a slot.
+            // anything later in this turn can grant it a slot. It is answered
+            // (a half-closed client still reads), and what it pipelined
+            // behind the acquire is answered after it.
             if let Some(q) = conn.waiting.take() {
-                conn.close_after_flush = true;
-                self.app.gov.cancel_waiter(q.key, owner(token, serial));
+                withdraw(&mut self.app, conn, &q, owner(token, serial), now, self.clock.epoch_base_ms() + now);
                 self.mark_dirty(token, serial);
             }
         }
@@ -565,6 +591,10 @@ impl Server {
                 Handled::Done => {}
                 Handled::Close => conn.close_after_flush = true,
                 Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
+                // A half-closed client cannot wait: nothing it sends can follow.
+                Handled::Queued(q) if conn.read_closed => {
+                    withdraw(app, conn, &q, owner, now, clock.epoch_base_ms() + now)
+                }
                 Handled::Queued(q) => conn.waiting = Some(q),
             }
         }
@@ -752,6 +782,7 @@ impl Server {
 
     fn close(&mut self, token: usize) {
         let mut conn = self.conns.remove(token);
+        *(if conn.admin { &mut self.open_admin } else { &mut self.open_public }) -= 1;
         let o = owner(token, conn.serial);
         if let Some(q) = conn.waiting.take() {
             self.app.gov.cancel_waiter(q.key, o);
@@ -765,6 +796,13 @@ impl Server {
             }
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
+    }
+}
+
+/// Takes a half-closed client's acquire out of the queue and answers it `504`.
+fn withdraw(app: &mut App, conn: &mut Conn, q: &crate::api::Queued, owner: u64, now: Ms, epoch_now: u64) {
+    if let Some(denial) = app.gov.withdraw_waiter(q.key, owner, now) {
+        app.answer_withdrawn(&mut conn.output, &denial, &q.attempt, epoch_now);
     }
 }
 

@@ -5,10 +5,10 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -440,43 +440,6 @@ fn sigterm_answers_a_queued_waiter_with_503_before_exiting() {
 }
 
 // ---------------------------------------------------------------- start-up
-
-struct Run {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs the binary to completion in `dir`, with the default log filter an
-/// operator would have. A binary that keeps running is a failure, not a hang.
-fn run(dir: &Path, args: &[&str]) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nthpool"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn nthpool");
-    let deadline = Instant::now() + PATIENCE;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nthpool {args:?} was still running after {PATIENCE:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    let mut stdout = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-    let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    Run { status, stdout, stderr }
-}
 
 /// A start-up failure: non-zero exit and exactly one stderr line containing every `needle`.
 fn assert_fails_with(r: &Run, needles: &[&str]) {

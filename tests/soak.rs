@@ -474,6 +474,11 @@ impl Client {
         thread::sleep(ms(self.rng.gen_range(20..=wait_ms * 2 / 3)));
         c.stream.shutdown(Shutdown::Write).expect("half-close");
         match c.answer() {
+            // Taken out of the queue by the half-close, and told so.
+            Some(answer) if answer.status == 504 && String::from_utf8_lossy(&answer.body).contains("half-closed") => {
+                self.log.counts.left_queue += 1;
+                Acquired::Left
+            }
             Some(answer) => {
                 let acquired = self.classify(answer, sent);
                 self.log.counts.half_close_granted += matches!(acquired, Acquired::Granted(_)) as u64;

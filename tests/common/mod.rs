@@ -4,10 +4,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub const KEY: &str = "test-key-0001";
 
@@ -207,4 +208,45 @@ pub fn read_response(s: &mut impl Read) -> Option<Response> {
 pub fn is_closed(s: &mut TcpStream) -> bool {
     let mut buf = [0u8; 64];
     matches!(s.read(&mut buf), Ok(0) | Err(_))
+}
+
+/// How long `run` lets the binary take before calling it a hang.
+const RUN_PATIENCE: Duration = Duration::from_secs(15);
+
+/// The outcome of running the binary to completion.
+pub struct Run {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the binary to completion in `dir`, with the default log filter an
+/// operator would have. A binary that keeps running is a failure, not a hang.
+pub fn run(dir: &Path, args: &[&str]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nthpool");
+    let deadline = Instant::now() + RUN_PATIENCE;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("nthpool {args:?} was still running after {RUN_PATIENCE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stdout = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    Run { status, stdout, stderr }
 }

@@ -1,0 +1,287 @@
+//! Wire tests for defects found by adversarial use: half-closed waiters,
+//! reloaded rates, Retry-After across gates, the admin listener's budget,
+//! configuration checks, rejection metrics, number forms and a bounded stop.
+
+mod common;
+
+use std::io::{ErrorKind, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Long enough for anything "eventually" on a loaded machine.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+fn get(addr: SocketAddr, method: &str, path: &str) -> Response {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
+    read_response(&mut c).expect("an answer")
+}
+
+/// The value of one sample (`name{labels}` exactly as exposed) in `/metrics`.
+fn metric(s: &TestServer, sample: &str) -> Option<f64> {
+    let r = get(s.admin.expect("admin listener"), "GET", "/metrics");
+    assert_eq!(r.status, 200, "{r:?}");
+    let text = String::from_utf8(r.body).unwrap();
+    text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn reload(s: &TestServer, config_json: &str) {
+    let before = metric(s, "nthpool_config_reloads_total").unwrap();
+    std::fs::write(&s.config_path, config_json).unwrap();
+    s.signal("HUP");
+    eventually("the reload applied", || metric(s, "nthpool_config_reloads_total").unwrap() > before);
+}
+
+// ------------------------------------------------------------ 1: half-close
+
+#[test]
+fn a_half_closed_waiter_leaves_the_queue_and_its_pipelined_release_is_answered() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#, ""));
+    let held = s.acquire("", "").slot();
+    let mut b = s.connect();
+    let mut raw = post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":2000}"#);
+    raw.extend(post(&format!("/pools/p/lock/{held}/release"), KEY, "", r#"{"status":200}"#));
+    b.write_all(&raw).unwrap();
+    b.shutdown(std::net::Shutdown::Write).unwrap();
+
+    let acquire = read_response(&mut b).expect("the waiter is answered, not dropped");
+    assert_eq!(acquire.status, 504, "{acquire:?}");
+    assert_eq!(acquire.error_code(), "queue_timeout");
+    let release = read_response(&mut b).expect("the release behind it is answered");
+    assert_eq!(release.status, 200, "{release:?}");
+    assert_eq!(release.json()["released"], true);
+    assert!(is_closed(&mut b), "then the connection closes");
+    // The slot is free again and nobody holds it.
+    s.acquire("", "").slot();
+}
+
+#[test]
+fn a_waiter_that_half_closes_later_is_answered_before_what_follows() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#, ""));
+    let held = s.acquire("", "").slot();
+    let mut b = s.connect();
+    b.write_all(&post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":10000}"#)).unwrap();
+    eventually("the waiter queued", || metric(&s, "nthpool_waiters{pool=\"p\"}") == Some(1.0));
+    b.write_all(&post(&format!("/pools/p/lock/{held}/renew"), KEY, "", "")).unwrap();
+    b.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(read_response(&mut b).unwrap().status, 504);
+    assert_eq!(read_response(&mut b).unwrap().status, 200, "the renew is executed");
+    assert!(is_closed(&mut b));
+    assert_eq!(metric(&s, "nthpool_waiters{pool=\"p\"}"), Some(0.0));
+}
+
+// ------------------------------------------------------------ 2: reload rpm
+
+#[test]
+fn a_reload_that_raises_rpm_applies_at_once() {
+    let pool = |rpm: u32| config(&format!(r#""concurrency":10,"rpm":{rpm},"adaptive":false"#), "");
+    let s = TestServer::start(&pool(2));
+    s.acquire("", "").slot();
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("rate")), "{r:?}");
+    assert!(r.header_u64("Retry-After") >= 20, "the old rate's token is ~30 s away: {r:?}");
+
+    reload(&s, &pool(600));
+    // At 600 rpm a token comes every 100 ms; the old rate would need ~30 s.
+    let started = Instant::now();
+    loop {
+        let r = s.acquire("", "");
+        if r.status == 200 {
+            break;
+        }
+        assert!(r.header_u64("Retry-After") <= 1, "still on the old rate: {r:?}");
+        assert!(started.elapsed() < Duration::from_secs(10), "no token after the reload: {r:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ------------------------------------------------------------ 3: Retry-After
+
+#[test]
+fn retry_after_is_the_latest_of_the_gates_that_block() {
+    let s = TestServer::start(&config(r#""concurrency":1,"rpm":1,"adaptive":false"#, ""));
+    let held = s.acquire("", "").slot();
+    // The slot is held and the next token is a minute away: retrying in 1 s is pointless.
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"), "{r:?}");
+    assert!(r.header_u64("Retry-After") >= 50, "{r:?}");
+    s.release(&held, "");
+    let r = s.acquire("", "");
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
+    assert!(r.header_u64("Retry-After") >= 50, "{r:?}");
+}
+
+// ------------------------------------------------------------ 5: admin budget
+
+/// `n` public connections, each known to be accepted (it got an answer).
+fn answered_connections(s: &TestServer, n: usize) -> Vec<TcpStream> {
+    let mut open: Vec<TcpStream> = (0..n).map(|_| s.connect()).collect();
+    for c in &mut open {
+        c.write_all(&post("/pools/p/lock/nope/renew", KEY, "", "")).unwrap();
+        assert_eq!(read_response(c).unwrap().status, 404);
+    }
+    open
+}
+
+#[test]
+fn health_and_metrics_answer_while_the_public_listener_is_full() {
+    let s = TestServer::start(&config("", r#""maxConnections":3"#));
+    let _open = answered_connections(&s, 3);
+    let admin = s.admin.unwrap();
+    assert_eq!(get(admin, "GET", "/healthz").status, 200);
+    assert_eq!(get(admin, "GET", "/metrics").status, 200);
+    // The public listener itself is full.
+    let r = s.request(&post("/pools/p/lock/nope/renew", KEY, "", ""));
+    assert_eq!(r.status, 503, "{r:?}");
+}
+
+#[test]
+fn a_connection_the_client_closed_stops_counting() {
+    let s = TestServer::start(&config("", r#""maxConnections":3"#));
+    let _open = answered_connections(&s, 2);
+    for trial in 0..20 {
+        let r = s.request(&post("/pools/p/lock/nope/renew", KEY, "", ""));
+        assert_eq!(r.status, 404, "trial {trial}: a closed connection still counted: {r:?}");
+    }
+}
+
+// ------------------------------------------------------------ 6, 7: --check-config
+
+#[test]
+fn a_pool_named_twice_is_refused_naming_it() {
+    let dir = scratch_dir();
+    let path = dir.join("config.json");
+    std::fs::write(&path, r#"{"pools":{"twice":{"keys":["k1"]},"twice":{"keys":["k2"]}}}"#).unwrap();
+    let path = path.to_str().unwrap();
+    for args in [vec!["--check-config", path], vec!["--config", path, "--listen", "127.0.0.1:0"]] {
+        let r = run(&dir, &args);
+        let (status, stderr) = (r.status, r.stderr);
+        assert!(!status.success(), "{args:?} accepted a duplicate pool");
+        assert!(stderr.contains("duplicate pool `twice`"), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_config_reads_jwks_files_as_start_up_does() {
+    let dir = scratch_dir();
+    let pool = r#""access":{"cloudflareAccess":{"jwksFile":"certs.json","audience":"a","issuer":"https://t.cloudflareaccess.com"}}"#;
+    let path = dir.join("config.json");
+    std::fs::write(&path, config(pool, "")).unwrap();
+    let path = path.to_str().unwrap();
+    for (contents, why) in [(None, "cannot read"), (Some("not json"), "not valid"), (Some(r#"{"keys":[]}"#), "no RSA")]
+    {
+        let _ = std::fs::remove_file(dir.join("certs.json"));
+        if let Some(text) = contents {
+            std::fs::write(dir.join("certs.json"), text).unwrap();
+        }
+        for args in [vec!["--check-config", path], vec!["--config", path, "--listen", "127.0.0.1:0"]] {
+            let r = run(&dir, &args);
+            let (status, stderr) = (r.status, r.stderr);
+            assert!(!status.success(), "{args:?} accepted a JWKS file that is {why}");
+            assert!(stderr.contains("jwksFile") && stderr.contains(why), "{args:?}: {stderr}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ------------------------------------------------------------ 9: rejections
+
+#[test]
+fn rejections_by_code_are_in_the_metrics() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    for code in [400, 401, 403, 404, 409, 413, 429, 503, 504] {
+        assert_eq!(metric(&s, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), Some(0.0), "{code}");
+    }
+    assert_eq!(s.request(&post("/pools/p/lock/acquire", "wrong", "", "")).status, 401);
+    assert_eq!(s.request(&post("/pools/p/lock/acquire", "wrong", "", "")).status, 401);
+    assert_eq!(s.acquire("", "[1]").status, 400);
+    assert_eq!(s.renew("nope").status, 404);
+    s.acquire("", "").slot();
+    assert_eq!(s.acquire("", "").status, 429);
+    let big = "x".repeat(70_000);
+    assert_eq!(s.acquire("", &big).status, 413);
+    for (code, n) in [(401, 2.0), (400, 1.0), (404, 1.0), (429, 1.0), (413, 1.0), (403, 0.0)] {
+        assert_eq!(metric(&s, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), Some(n), "{code}");
+    }
+}
+
+// ------------------------------------------------------------ 10: small
+
+#[test]
+fn the_admin_405_allows_get_and_head() {
+    let s = TestServer::start(&config("", ""));
+    let r = get(s.admin.unwrap(), "POST", "/healthz");
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("Allow"), Some("GET, HEAD"));
+}
+
+#[test]
+fn whole_number_floats_are_accepted_and_fractions_refused() {
+    let s = TestServer::start(&config(r#""concurrency":4"#, ""));
+    for body in [r#"{"waitMs":300.0}"#, r#"{"waitMs":3e2}"#, r#"{"waitMs":0.0}"#] {
+        let r = s.acquire("", body);
+        assert_eq!(r.status, 200, "{body}: {r:?}");
+        let release =
+            s.release(&r.slot(), r#"{"status":200.0,"throttled":0.0,"rate":{"remaining":1e1,"resetMs":5e3}}"#);
+        assert_eq!((release.status, release.json()["released"].as_bool()), (200, Some(true)), "{release:?}");
+    }
+    assert_eq!(s.acquire("", r#"{"waitMs":300.5}"#).status, 400);
+    let slot = s.acquire("", "").slot();
+    for body in [r#"{"status":200.5}"#, r#"{"throttled":0.5}"#, r#"{"retryAfterMs":-1.0}"#] {
+        assert_eq!(s.release(&slot, body).status, 400, "{body}");
+    }
+    assert_eq!(s.release(&slot, "").json()["released"], true, "the refused releases released nothing");
+}
+
+// ------------------------------------------------------------ 11: bounded stop
+
+#[test]
+fn sigterm_exits_in_time_with_a_client_that_pipelines_and_never_reads() {
+    let top = r#""headTimeoutMs":30000,"writeTimeoutMs":30000,"idleTimeoutMs":30000"#;
+    let mut s = TestServer::start(&config("", top));
+    let mut c = s.connect();
+    c.set_nonblocking(true).unwrap();
+    let request = post("/pools/p/lock/nope/renew", KEY, "", "");
+    let stuffed = Instant::now() + Duration::from_secs(2);
+    let mut blocked_since = None;
+    // Write until the server stops reading (its output is full) and the socket buffers fill.
+    while Instant::now() < stuffed {
+        match c.write(&request) {
+            Ok(_) => blocked_since = None,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if *blocked_since.get_or_insert_with(Instant::now) + Duration::from_millis(300) < Instant::now() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("write failed: {e}"),
+        }
+    }
+    s.signal("TERM");
+    let started = Instant::now();
+    // The promise is 0.8 s; three leave room for a loaded machine.
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(3), "still running {:?} after SIGTERM", started.elapsed());
+        thread::sleep(Duration::from_millis(10));
+    }
+    drop(c);
+}

@@ -1,0 +1,67 @@
+//! Runs the README's reference client, `examples/nthpool_client.py`, against
+//! the real server: a renewed lease, a busy pool, and a lease that ends
+//! under the client. Skipped, saying so, when `python3` is not installed.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn python_missing() -> bool {
+    let found = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        println!("skipped: python3 is not installed, so the Python reference client cannot run");
+    }
+    !found
+}
+
+/// Runs the client; its one line of JSON output.
+fn client(s: &TestServer, wait_ms: u64, work_s: f64) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/nthpool_client.py");
+    let base = format!("http://{}", s.addr);
+    let out = Command::new("python3")
+        .args([script, &base, "p", KEY, &wait_ms.to_string(), &work_s.to_string()])
+        .output()
+        .expect("run python3");
+    assert!(out.status.success(), "client failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn metric(s: &TestServer, sample: &str) -> f64 {
+    let mut c = std::net::TcpStream::connect(s.admin.unwrap()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    std::io::Write::write_all(&mut c, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let text = String::from_utf8(read_response(&mut c).unwrap().body).unwrap();
+    text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok()).expect(sample)
+}
+
+#[test]
+fn the_reference_client_renews_reports_and_backs_off() {
+    if python_missing() {
+        return;
+    }
+    let pool = r#""concurrency":1,"termMs":600,"renewIntervalMs":150,"requestTimeoutMs":2000,"adaptive":false"#;
+    let s = TestServer::start(&config(pool, ""));
+
+    // Work lasting three terms: only renewing keeps the slot.
+    let done = client(&s, 0, 1.5);
+    assert_eq!(done["lost"], false, "{done}");
+    assert!(metric(&s, r#"nthpool_renewals_total{pool="p",outcome="renewed"}"#) >= 3.0);
+    assert_eq!(metric(&s, r#"nthpool_reclaims_total{pool="p",cause="term"}"#), 0.0);
+    assert_eq!(metric(&s, r#"nthpool_releases_total{pool="p",outcome="released"}"#), 1.0);
+
+    // A held pool: fail fast gets a 429 and the time to wait.
+    let held = s.acquire("", "").slot();
+    let busy = client(&s, 0, 0.0);
+    assert_eq!((busy["busy"].as_u64(), busy["retryAfter"].as_u64()), (Some(429), Some(1)), "{busy}");
+    s.release(&held, "");
+
+    // Work past requestDeadline: renew answers 409 (or 404 once reclaimed) and the client is told it lost the slot.
+    let lost = client(&s, 0, 2.8);
+    assert_eq!(lost["lost"], true, "{lost}");
+    let refused = metric(&s, r#"nthpool_renewals_total{pool="p",outcome="capped"}"#)
+        + metric(&s, r#"nthpool_renewals_total{pool="p",outcome="not_found"}"#);
+    assert!(refused >= 1.0, "renew was refused once the lease hit its request deadline");
+}

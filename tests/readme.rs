@@ -1,0 +1,71 @@
+//! The README's configuration examples are real: every JSON block of its
+//! Configuration section, the full field reference included, passes
+//! `--check-config` as pasted.
+
+mod common;
+
+use common::*;
+
+/// The ```json blocks between two headings of the README.
+fn json_blocks(section: &str, next: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme.find(section).unwrap_or_else(|| panic!("no {section:?} in the README"));
+    let end = start + readme[start..].find(next).expect("the next section");
+    readme[start..end].split("```json\n").skip(1).map(|b| b.split("```").next().unwrap().to_string()).collect()
+}
+
+/// A JWKS with one RSA key of 2064 bits: a public key need not be a real one
+/// for the file to be checked.
+fn jwks() -> String {
+    format!(r#"{{"keys":[{{"kty":"RSA","alg":"RS256","use":"sig","kid":"k1","n":"{}","e":"AQAB"}}]}}"#, "_".repeat(344))
+}
+
+#[test]
+fn every_configuration_example_passes_check_config() {
+    let blocks = json_blocks("\n## Configuration\n", "\n## HTTP rules and limits\n");
+    assert!(blocks.len() >= 7, "the minimal file, one per feature and the reference: {}", blocks.len());
+    assert!(blocks.iter().any(|b| b.contains("cloudflareAccess")), "the reference has every field");
+    let dir = scratch_dir();
+    std::fs::write(dir.join("certs.json"), jwks()).unwrap();
+    for (i, block) in blocks.iter().enumerate() {
+        let path = dir.join(format!("example-{i}.json"));
+        std::fs::write(&path, block).unwrap();
+        let r = run(&dir, &["--check-config", path.to_str().unwrap()]);
+        assert!(r.status.success(), "README configuration example {i} fails: {}\n{block}", r.stderr);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The ```bash blocks of the walk-through at the top of the README.
+fn walk_through() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let top = &readme[..readme.find("\n## Contents").expect("a Contents section")];
+    top.split("```bash\n").skip(2).map(|b| b.split("```").next().unwrap()).collect::<Vec<_>>().join("\n")
+}
+
+#[test]
+fn the_walk_through_runs_as_pasted() {
+    let tools = ["bash", "curl", "sed", "grep"];
+    if let Some(missing) = tools.iter().find(|t| std::process::Command::new(t).arg("--version").output().is_err()) {
+        println!("skipped: {missing} is not installed, so the README's shell walk-through cannot run");
+        return;
+    }
+    let demo = r#"{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{"demo":{"keys":["nb_demo_0123456789abcdef"],
+        "concurrency":4,"queue":{"size":100,"timeoutMs":30000}}}}"#;
+    let s = TestServer::start(demo);
+    let script = walk_through().replace("127.0.0.1:7070", &s.addr.to_string());
+    assert!(script.contains("SLOT=$("), "the slot id is captured, not hard-coded");
+    let out = std::process::Command::new("bash").args(["-euo", "pipefail", "-c", &script]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].contains("\"slotId\""), "{stdout}");
+    assert!(lines[1].starts_with("{\"leaseDeadline\":"), "the renew of the captured slot works: {stdout}");
+    assert_eq!(lines[2], r#"{"released":true}"#, "{stdout}");
+    assert_eq!(lines[3], r#"{"released":true}"#, "{stdout}");
+    for shown in
+        ["429 Too Many Requests", "x-nthpool-effective-limit: 3", "x-nthpool-deny-reason: cooldown", "Retry-After: "]
+    {
+        assert!(stdout.contains(shown), "{shown:?} not in {stdout}");
+    }
+}

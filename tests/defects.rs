@@ -147,6 +147,7 @@ fn health_and_metrics_answer_while_the_public_listener_is_full() {
     // The public listener itself is full.
     let r = s.request(&post("/pools/p/lock/nope/renew", KEY, "", ""));
     assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(metric(&s, "nthpool_rejections_total{code=\"503\"}"), Some(1.0), "counted as a rejection");
 }
 
 #[test]

@@ -364,6 +364,9 @@ impl Server {
             if admin { (self.open_admin, ADMIN_MAX_CONNECTIONS) } else { (self.open_public, self.max_connections) };
         if open >= budget {
             self.stats.connections_refused += 1;
+            if !admin {
+                self.app.rejections.count(Status::ServiceUnavailable);
+            }
             let _ = stream.write(&self.over_capacity);
             return;
         }

@@ -364,8 +364,9 @@ impl App {
         self.write_grant(out, grant, epoch_base_ms, close);
     }
 
-    /// A queued acquire cut short by shutdown: `503` with `Retry-After`, logged.
-    pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, attempt: &Attempt, epoch_now: u64) {
+    /// A queued acquire cut short by shutdown: `503` with `Retry-After`, logged;
+    /// `close` when nothing was pipelined behind it.
+    pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, attempt: &Attempt, epoch_now: u64, close: bool) {
         let error = ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
         self.rejections.count(error.status());
         let server_us = attempt.started.elapsed().as_micros() as u64;
@@ -381,7 +382,7 @@ impl App {
             server_us,
             slot_ref: None,
         });
-        error.write(out, &mut self.scratch, true);
+        error.write(out, &mut self.scratch, close);
     }
 
     /// A `429` or `504` for an acquire, logged.

@@ -308,14 +308,19 @@ impl Server {
             let _ = self.poll.registry().deregister(&mut l);
         }
         let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
+        let epoch_now = self.clock.epoch_base_ms() + self.now;
         for token in tokens {
+            // Every request already read is answered: a waiter gets its 503,
+            // then what was pipelined behind it runs.
             self.process(token);
-            let epoch_now = self.clock.epoch_base_ms() + self.now;
-            let conn = &mut self.conns[token];
-            if let Some(q) = conn.waiting.take() {
+            while let Some(q) = self.conns[token].waiting.take() {
+                let conn = &mut self.conns[token];
                 self.app.gov.cancel_waiter(q.key, owner(token, conn.serial));
-                self.app.answer_shutdown(&mut conn.output, &q.attempt, epoch_now);
+                let last = conn.input.is_empty();
+                self.app.answer_shutdown(&mut conn.output, &q.attempt, epoch_now, last);
+                self.process(token);
             }
+            let conn = &mut self.conns[token];
             conn.close_after_flush = true;
             let serial = conn.serial;
             self.mark_dirty(token, serial);

@@ -40,6 +40,10 @@ pub struct Config {
     pub listen: String,
     #[serde(default = "defaults::admin_listen")]
     pub admin_listen: Option<String>,
+    /// Bearer token for every admin route but `/healthz`; required when
+    /// `adminListen` is not a loopback address.
+    #[serde(default)]
+    pub admin_token: Option<String>,
     #[serde(default = "defaults::access_log")]
     pub access_log: Option<String>,
     #[serde(default = "defaults::max_body_bytes")]
@@ -288,9 +292,17 @@ impl Config {
             return fail(format!("listen: {:?} is not an address like 127.0.0.1:7070", self.listen));
         }
         if let Some(admin) = &self.admin_listen {
-            if admin.parse::<SocketAddr>().is_err() {
+            let Ok(addr) = admin.parse::<SocketAddr>() else {
                 return fail(format!("adminListen: {admin:?} is not an address like 127.0.0.1:7071"));
+            };
+            if !addr.ip().is_loopback() && self.admin_token.is_none() {
+                return fail(format!(
+                    "adminListen {admin} is not a loopback address: set adminToken (16 bytes or more) to protect the dashboard"
+                ));
             }
+        }
+        if self.admin_token.as_ref().is_some_and(|t| t.len() < 16 || t.bytes().any(|b| !b.is_ascii_graphic())) {
+            return fail("adminToken must be 16 or more printable ASCII characters without spaces");
         }
         if let Some(path) = &self.access_log {
             if path.is_empty() {
@@ -498,6 +510,18 @@ mod tests {
         assert_eq!(c.pools["p1"].rpm_burst_or_default(), Some(10));
         let c = Config::parse(pool_json(r#","rpm":30"#).as_bytes()).unwrap();
         assert_eq!(c.pools["p1"].rpm_burst_or_default(), Some(1));
+    }
+
+    #[test]
+    fn a_non_loopback_admin_listener_needs_a_token() {
+        let open = r#"{"adminListen":"0.0.0.0:7071","pools":{"p":{"keys":["k"]}}}"#;
+        assert!(err(open).contains("adminToken"), "{}", err(open));
+        let short = r#"{"adminListen":"0.0.0.0:7071","adminToken":"short","pools":{"p":{"keys":["k"]}}}"#;
+        assert!(err(short).contains("adminToken must be 16"));
+        let ok = r#"{"adminListen":"[::]:7071","adminToken":"0123456789abcdef","pools":{"p":{"keys":["k"]}}}"#;
+        assert_eq!(Config::parse(ok.as_bytes()).unwrap().admin_token.as_deref(), Some("0123456789abcdef"));
+        let loopback = r#"{"adminListen":"[::1]:7071","pools":{"p":{"keys":["k"]}}}"#;
+        assert!(Config::parse(loopback.as_bytes()).is_ok());
     }
 
     #[test]

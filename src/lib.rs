@@ -12,6 +12,7 @@ pub mod access;
 pub mod accesslog;
 pub mod api;
 pub mod config;
+pub mod dashboard;
 pub mod governor;
 pub mod http;
 pub mod report;

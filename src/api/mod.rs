@@ -15,8 +15,9 @@ use std::net::IpAddr;
 use crate::access::PoolAccess;
 use crate::accesslog::{AccessLog, Record};
 use crate::config::Config;
+use crate::governor::history::{self, Attempts, History};
 use crate::governor::lease::SlotId;
-use crate::governor::{Admission, Denial, Governor, Grant, Ms, PoolId, RenewError, WaiterKey};
+use crate::governor::{Admission, Denial, DenyReason, Governor, Grant, Ms, PoolId, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
 use crate::http::response::{json_u64, push_u64, Status, Writer};
 use crate::report::{self, check_object, is_blank};
@@ -84,6 +85,16 @@ pub struct App {
     /// Acquire server time per pool, indexed by `PoolId`.
     pub latency: Vec<LatencyHistogram>,
     pub rejections: Rejections,
+    /// What the dashboard shows, indexed by `PoolId`.
+    pub history: Vec<(History, Attempts)>,
+    /// The second the histories were last sampled in.
+    history_second: Option<u64>,
+    /// The current reactor turn's time: monotonic and Unix epoch ms.
+    turn: (Ms, u64),
+    /// `adminToken`: every admin route but `/healthz` asks for it.
+    pub admin_token: Option<Box<str>>,
+    /// The public listener's bound address, for the dashboard's Examples.
+    pub listen_addr: Option<std::net::SocketAddr>,
     scratch: Vec<u8>,
 }
 
@@ -145,6 +156,11 @@ impl App {
             log: AccessLog::open(config.access_log.as_deref())?,
             latency: Vec::new(),
             rejections: Rejections::default(),
+            history: Vec::new(),
+            history_second: None,
+            turn: (0, 0),
+            admin_token: None,
+            listen_addr: None,
             scratch: Vec::with_capacity(512),
         };
         app.reconfigure(config, 0, 0)?;
@@ -166,6 +182,8 @@ impl App {
         self.log.flush();
         self.log.replace_sink(log);
         self.latency.resize_with(self.gov.pools().count(), LatencyHistogram::default);
+        self.history.resize_with(self.gov.pools().count(), Default::default);
+        self.admin_token = config.admin_token.as_deref().map(Into::into);
         // Retired pools keep their old credentials so their leases can still be released.
         let mut old = std::mem::take(&mut self.creds).into_iter();
         for (_, pool) in self.gov.pools() {
@@ -182,6 +200,30 @@ impl App {
             self.creds.push(creds);
         }
         Ok(())
+    }
+
+    /// Samples every pool's counters for the dashboard once per second of
+    /// `now`; called once per reactor turn, a comparison when the second is
+    /// not over.
+    pub fn sample_history(&mut self, now: Ms, epoch_base_ms: u64) {
+        self.turn = (now, epoch_base_ms + now);
+        if self.history_second == Some(now / 1000) {
+            return;
+        }
+        self.history_second = Some(now / 1000);
+        for ((_, pool), (h, _)) in self.gov.pools().zip(&mut self.history) {
+            h.sample(pool, now);
+        }
+    }
+
+    /// The current turn's time, monotonic and Unix epoch ms.
+    pub fn turn(&self) -> (Ms, u64) {
+        self.turn
+    }
+
+    /// `publicHost`, when configured.
+    pub fn public_host(&self) -> Option<&[u8]> {
+        self.public_host.as_deref()
     }
 
     /// What can be decided from the head alone (route, method, host, key),
@@ -251,6 +293,13 @@ impl App {
             let server_us = ctx.started.elapsed().as_micros() as u64;
             if let Some(pid) = pid {
                 self.latency[pid.0 as usize].observe(server_us);
+                self.history[pid.0 as usize].1.push(history::Attempt {
+                    epoch_ms: ctx.epoch_base_ms + ctx.now,
+                    status: error.status().code(),
+                    error: Some(error.code()),
+                    server_us,
+                    ..history::Attempt::default()
+                });
             }
             self.log.record(&Record {
                 epoch_ms: ctx.epoch_base_ms + ctx.now,
@@ -323,25 +372,35 @@ impl App {
         attempt: &Attempt,
         epoch_now: u64,
         status: Status,
-        reason: Option<&str>,
+        reason: Option<DenyReason>,
         queued_ms: u64,
         slot_ref: Option<u32>,
     ) {
         let server_us = attempt.started.elapsed().as_micros() as u64;
         self.latency[attempt.pool.0 as usize].observe(server_us);
+        let code = match status {
+            Status::Ok => None,
+            Status::GatewayTimeout => Some("queue_timeout"),
+            _ => Some("too_many_requests"),
+        };
+        self.history[attempt.pool.0 as usize].1.push(history::Attempt {
+            epoch_ms: epoch_now,
+            status: status.code(),
+            error: code,
+            reason,
+            wait_ms: attempt.wait_ms,
+            queued_ms,
+            server_us,
+            slot_ref,
+        });
         if self.log.is_on() {
-            let code = match status {
-                Status::Ok => None,
-                Status::GatewayTimeout => Some("queue_timeout"),
-                _ => Some("too_many_requests"),
-            };
             self.log.record(&Record {
                 epoch_ms: epoch_now,
                 pool: &self.gov.pool(attempt.pool).name,
                 client: attempt.client,
                 status: status.code(),
                 error: code,
-                deny_reason: reason,
+                deny_reason: reason.map(DenyReason::as_str),
                 wait_ms: attempt.wait_ms,
                 queued_ms,
                 server_us,
@@ -396,7 +455,7 @@ impl App {
         close: bool,
     ) {
         self.rejections.count(status);
-        self.note_acquire(attempt, epoch_now, status, Some(denial.reason.as_str()), denial.queued_ms, None);
+        self.note_acquire(attempt, epoch_now, status, Some(denial.reason), denial.queued_ms, None);
         self.write_denial(out, denial, status, close);
     }
 
@@ -405,7 +464,7 @@ impl App {
     pub fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, epoch_now: u64) {
         let status = Status::GatewayTimeout;
         self.rejections.count(status);
-        self.note_acquire(attempt, epoch_now, status, Some(denial.reason.as_str()), denial.queued_ms, None);
+        self.note_acquire(attempt, epoch_now, status, Some(denial.reason), denial.queued_ms, None);
         let message = "The client half-closed its connection, so its wait ended without a slot.";
         self.write_denial_as(out, denial, status, "queue_timeout", message, false);
     }

@@ -12,6 +12,7 @@
 //! lists, and every deadline is one entry in the shared timer wheel.
 
 pub mod gate;
+pub mod history;
 pub mod learn;
 pub mod lease;
 pub mod pool;

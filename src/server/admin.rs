@@ -7,9 +7,10 @@
 use std::fmt::Write as _;
 
 use crate::api::{App, LATENCY_BUCKETS_US};
+use crate::dashboard;
 use crate::governor::DenyReason;
 use crate::http::request::{Head, Method};
-use crate::http::response::{error_body, Status, Writer};
+use crate::http::response::{error_body, Status};
 
 /// Server-wide counters, bumped by the reactor.
 #[derive(Debug, Default, Clone, Copy)]
@@ -25,27 +26,30 @@ pub struct ServerStats {
 
 pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool) {
     let path = head.path.split_once('?').map_or(head.path, |(p, _)| p);
-    let known = matches!(path, "/healthz" | "/metrics");
+    let known = matches!(path, "/healthz" | "/metrics") || crate::dashboard::is_route(path);
     if known && !matches!(head.method, Method::Get | Method::Head) {
         let mut body = Vec::new();
         error_body(&mut body, "method_not_allowed", "Admin routes accept GET and HEAD only.");
-        let mut w = Writer::start(out, Status::MethodNotAllowed);
+        let mut w = dashboard::start(out, Status::MethodNotAllowed);
         w.header(b"Allow", b"GET, HEAD");
         w.finish_json(&body, close);
         return;
     }
+    if crate::dashboard::handle(head, app, out, close) {
+        return;
+    }
     match path {
-        "/healthz" => Writer::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
+        "/healthz" => dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
         "/metrics" => {
             let text = render(app, stats);
-            let mut w = Writer::start(out, Status::Ok);
+            let mut w = dashboard::start(out, Status::Ok);
             w.header(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8");
             w.finish(text.as_bytes(), close);
         }
         _ => {
             let mut body = Vec::new();
             error_body(&mut body, "not_found", "No such route.");
-            Writer::start(out, Status::NotFound).finish_json(&body, close);
+            dashboard::start(out, Status::NotFound).finish_json(&body, close);
         }
     }
 }

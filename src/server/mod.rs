@@ -129,7 +129,8 @@ impl Server {
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(|e| format!("cannot register signals: {e}"))?;
         let clock = Clock::start();
-        let app = App::new(config)?;
+        let mut app = App::new(config)?;
+        app.listen_addr = listener.local_addr().ok();
         Ok(Server {
             poll,
             listener: Some(listener),
@@ -190,6 +191,7 @@ impl Server {
             // One clock read per turn serves both the governor and server times.
             self.turn_started = Instant::now();
             self.now = self.clock.ms_at(self.turn_started);
+            self.app.sample_history(self.now, self.clock.epoch_base_ms());
             let mut carried = std::mem::take(&mut self.ready_carry);
             let (mut accept_public, mut accept_admin) = (false, false);
             for event in events.iter() {

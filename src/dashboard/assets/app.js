@@ -1,0 +1,264 @@
+// nthpool dashboard: fetches /api/pools or /api/pools/{pool} every second
+// and builds the page with DOM calls and textContent only (never innerHTML).
+"use strict";
+
+const POLL_MS = 1000;
+const TOKEN_KEY = "nthpool-admin-token";
+const SVG = "http://www.w3.org/2000/svg";
+
+const STATUS_TEXT = {
+  ok: "ok",
+  concurrency: "limited by concurrency",
+  rate: "limited by rate budget",
+  cooldown: "cooling down",
+  recovering: "recovering",
+  draining: "draining (removed by a reload)",
+};
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v !== null && v !== undefined) node.setAttribute(k, String(v));
+  }
+  for (const c of children) {
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  return node;
+}
+
+function fmtMs(ms) {
+  if (ms === null || ms === undefined) return "—";
+  if (ms < 1000) return ms + " ms";
+  if (ms < 120000) return (ms / 1000).toFixed(1) + " s";
+  return Math.round(ms / 60000) + " min";
+}
+
+function fmtTime(epochMs) {
+  return new Date(epochMs).toLocaleTimeString();
+}
+
+function orDash(v) {
+  return v === null || v === undefined ? "—" : v;
+}
+
+function statusBadge(status) {
+  return el("span", { class: "status status-" + status, "data-status": status }, STATUS_TEXT[status] || status);
+}
+
+async function api(path) {
+  const headers = {};
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = "Bearer " + token;
+  const res = await fetch(path, { headers, cache: "no-store", credentials: "omit" });
+  if (res.status === 401) {
+    const err = new Error("unauthorized");
+    err.unauthorized = true;
+    throw err;
+  }
+  if (!res.ok) throw new Error("HTTP " + res.status + " from " + path);
+  return res.json();
+}
+
+// ---- pools at a glance ----
+
+function renderIndex(data) {
+  const rows = data.pools.map((p) =>
+    el("tr", { "data-pool": p.name },
+      el("th", { scope: "row" }, el("a", { href: "/pools/" + encodeURIComponent(p.name) }, p.name)),
+      el("td", {}, statusBadge(p.status)),
+      el("td", { class: "num", "data-field": "held" }, p.held),
+      el("td", { class: "num", "data-field": "effectiveLimit" }, p.effectiveLimit),
+      el("td", { class: "num", "data-field": "limit" }, p.limit),
+      el("td", { class: "num", "data-field": "queueDepth" }, p.queueDepth + " / " + p.queueSize),
+      el("td", { class: "num" }, orDash(p.rpmTokens)),
+      el("td", { class: "num" }, p.cooldownMs > 0 ? fmtMs(p.cooldownMs) : "—")));
+  const table = el("table", { id: "pools" },
+    el("caption", { class: "muted" }, "Live state, refreshed every second."),
+    el("thead", {}, el("tr", {},
+      el("th", { scope: "col" }, "Pool"), el("th", { scope: "col" }, "Status"),
+      el("th", { scope: "col", class: "num" }, "Held"), el("th", { scope: "col", class: "num" }, "Effective limit"),
+      el("th", { scope: "col", class: "num" }, "Configured limit"), el("th", { scope: "col", class: "num" }, "Queue"),
+      el("th", { scope: "col", class: "num" }, "RPM tokens"), el("th", { scope: "col", class: "num" }, "Cool-down left"))),
+    el("tbody", {}, ...rows));
+  return [el("h1", {}, "Pools"), el("div", { class: "table-wrap" }, table)];
+}
+
+// ---- one pool's Overview ----
+
+function facts(id, items) {
+  return el("dl", { class: "facts", id },
+    ...items.map(([label, value, field]) =>
+      el("div", {}, el("dt", {}, label), el("dd", field ? { "data-field": field } : {}, value))));
+}
+
+const CHARTS = [
+  { id: "chart-grants", title: "Grants per second", series: [["grants", "grants", "c1"]] },
+  { id: "chart-denials", title: "Denials per second, by reason", series: [
+    ["deniedConcurrency", "concurrency", "c1"], ["deniedRate", "rate", "c2"],
+    ["deniedCooldown", "cool-down", "c3"], ["deniedQueueFull", "queue full", "c4"]] },
+  { id: "chart-throttled", title: "Upstream throttling reported per second", series: [["throttled", "throttled reports", "c2"]] },
+  { id: "chart-limits", title: "Effective vs configured limit", series: [
+    ["effectiveLimit", "effective", "c1"], ["limit", "configured", "c3 dashed"]] },
+  { id: "chart-held", title: "Slots held", series: [["held", "held", "c1"]] },
+  { id: "chart-queue", title: "Queue depth", series: [["queueDepth", "waiting", "c4"]] },
+];
+
+function chart(spec, history) {
+  const W = 900, H = 100;
+  const n = history.grants.length;
+  let max = 1;
+  for (const [key] of spec.series) for (const v of history[key]) max = Math.max(max, v);
+  const node = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img" });
+  const title = svg("title");
+  title.textContent = `${spec.title}, last ${n} s, peak ${max}`;
+  node.append(title, svg("line", { x1: 0, y1: H, x2: W, y2: H, class: "axis" }));
+  for (const [key, , cls] of spec.series) {
+    const values = history[key];
+    const x0 = W - values.length;
+    const points = values.map((v, i) => `${x0 + i},${(H - (v / max) * (H - 4)).toFixed(1)}`).join(" ");
+    node.append(svg("polyline", { points, class: cls, "data-series": key }));
+  }
+  const legend = el("ul", { class: "legend" },
+    ...spec.series.map(([, label, cls]) => el("li", {}, el("span", { class: "key " + cls }), label)),
+    el("li", {}, `peak ${max}`));
+  const axis = el("p", { class: "time-axis", "aria-hidden": "true" }, el("span", {}, "15 min ago"), el("span", {}, "now"));
+  return el("figure", { class: "chart", id: spec.id }, el("figcaption", {}, spec.title), node, axis, legend);
+}
+
+function copyButton(text, label) {
+  const button = el("button", { type: "button", "aria-label": "Copy: " + label }, "Copy");
+  button.addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = "Copied";
+    } catch (e) {
+      button.textContent = "Select and copy";
+    }
+    setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  });
+  return button;
+}
+
+function renderPool(data) {
+  const p = data.pool, c = data.config, h = data.history;
+  const budget = data.budget;
+  const out = [
+    el("p", {}, el("a", { href: "/" }, "← All pools")),
+    el("h1", {}, "Pool ", el("code", {}, p.name), " ", statusBadge(p.status)),
+    el("h2", {}, "Live state"),
+    facts("live", [
+      ["Held", p.held, "held"],
+      ["Effective limit", p.effectiveLimit, "effectiveLimit"],
+      ["Configured limit", p.limit, "limit"],
+      ["Queue", p.queueDepth + " / " + p.queueSize, "queueDepth"],
+      ["RPM tokens", orDash(p.rpmTokens), "rpmTokens"],
+      ["Cool-down left", p.cooldownMs > 0 ? fmtMs(p.cooldownMs) : "none", "cooldown"],
+      ["Learned budget", budget ? budget.remaining : "none learned", "budget"],
+      ["Budget resets", budget ? fmtTime(budget.resetAt) : "—", "budgetReset"],
+    ]),
+    el("h2", {}, "Last 15 minutes"),
+    el("div", { class: "charts" }, ...CHARTS.map((spec) => chart(spec, h))),
+    el("h2", {}, "Latest acquire attempts"),
+    attemptsTable(data.attempts),
+    el("h2", {}, "Configuration"),
+    facts("config", [
+      ["Concurrency", c.concurrency],
+      ["Queue size", c.queueSize],
+      ["Queue timeout", fmtMs(c.queueTimeoutMs)],
+      ["RPM", c.rpm === null ? "no limit" : c.rpm + " (burst " + c.rpmBurst + ")"],
+      ["Lease term", fmtMs(c.termMs)],
+      ["Renew interval", fmtMs(c.renewIntervalMs)],
+      ["Request timeout", fmtMs(c.requestTimeoutMs)],
+      ["Adaptive", c.adaptive ? "yes" : "no"],
+      ["Public host", orDash(c.publicHost), "publicHost"],
+    ]),
+    el("h2", { id: "examples" }, "Examples"),
+    el("p", { class: "muted" }, "Set POOL_KEY to one of this pool's keys first: export POOL_KEY='…'. SLOT_ID is the slotId of a grant."),
+    ...data.examples.map((x) =>
+      el("section", { class: "example", id: "example-" + x.id, "aria-labelledby": "example-title-" + x.id },
+        el("div", { class: "example-head" }, el("h3", { id: "example-title-" + x.id }, x.title), copyButton(x.text, x.title)),
+        el("pre", {}, el("code", {}, x.text)))),
+    // Proxy usage examples join here once the pool can have an upstream.
+    el("div", { id: "proxy-examples" }),
+  ];
+  return out;
+}
+
+function attemptsTable(attempts) {
+  if (attempts.length === 0) return el("p", { class: "muted", id: "attempts" }, "No acquire attempts yet.");
+  return el("div", { class: "table-wrap" }, el("table", { id: "attempts" },
+    el("thead", {}, el("tr", {},
+      ...["Time", "Status", "Error", "Reason", "Wait", "Queued", "Server time", "Slot ref"]
+        .map((t) => el("th", { scope: "col" }, t)))),
+    el("tbody", {}, ...attempts.map((a) => el("tr", {},
+      el("td", {}, fmtTime(a.time)), el("td", {}, a.status), el("td", {}, orDash(a.error)),
+      el("td", {}, orDash(a.denyReason)), el("td", {}, fmtMs(a.waitMs)), el("td", {}, fmtMs(a.queuedMs)),
+      el("td", {}, a.serverUs + " µs"), el("td", {}, orDash(a.slotRef)))))));
+}
+
+// ---- routing, polling, login ----
+
+function route() {
+  const m = location.pathname.match(/^\/pools\/([^/]+)$/);
+  if (m) return { api: "/api/pools/" + m[1], render: renderPool, title: "nthpool · " + decodeURIComponent(m[1]) };
+  return { api: "/api/pools", render: renderIndex, title: "nthpool · pools" };
+}
+
+function showLogin(message) {
+  document.getElementById("login").hidden = false;
+  document.getElementById("view").replaceChildren();
+  document.getElementById("login-error").textContent = message || "";
+  document.getElementById("token").focus();
+}
+
+async function tick(r) {
+  try {
+    const data = await api(r.api);
+    document.getElementById("login").hidden = true;
+    const view = document.getElementById("view");
+    // Keep keyboard focus on a copy button across refreshes.
+    const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest(".example");
+    const focusId = focused ? focused.id : null;
+    view.replaceChildren(...r.render(data));
+    if (focusId) {
+      const again = document.querySelector("#" + focusId + " button");
+      if (again) again.focus();
+    }
+    document.getElementById("updated").textContent = "Updated " + fmtTime(data.serverTime);
+  } catch (e) {
+    if (e.unauthorized) {
+      showLogin(sessionStorage.getItem(TOKEN_KEY) ? "That token was not accepted." : "");
+      return false;
+    }
+    document.getElementById("updated").textContent = "Not updated: " + e.message;
+  }
+  return true;
+}
+
+let timer = null;
+
+async function start() {
+  const r = route();
+  document.title = r.title;
+  if (timer) clearTimeout(timer);
+  const loop = async () => {
+    if (await tick(r)) timer = setTimeout(loop, POLL_MS);
+  };
+  loop();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("login-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value);
+    document.getElementById("token").value = "";
+    start();
+  });
+  start();
+});

@@ -1,0 +1,255 @@
+//! The dashboard on the admin listener: `/` (every pool at a glance),
+//! `/pools/{pool}` (one pool's Overview) and the JSON behind them,
+//! `/api/pools` and `/api/pools/{pool}`.
+//!
+//! The pages are one static shell plus a script and a style sheet, all
+//! embedded in the binary; they carry no data. The script fetches the JSON
+//! (with the admin token as a Bearer header when one is configured) and
+//! builds the DOM with `textContent` only. The JSON is built here, off the
+//! request path, from the governor's state and the per-pool histories the
+//! reactor samples once a second.
+
+use serde_json::{json, Value};
+
+use crate::api::App;
+use crate::governor::history::Sample;
+use crate::governor::lease::secret_eq;
+use crate::governor::{DenyReason, Pool, PoolId};
+use crate::http::request::Head;
+use crate::http::response::{error_body, Status, Writer};
+
+const INDEX_HTML: &[u8] = include_bytes!("assets/index.html");
+const APP_JS: &[u8] = include_bytes!("assets/app.js");
+const APP_CSS: &[u8] = include_bytes!("assets/app.css");
+
+/// Starts an admin answer with the security headers every admin answer carries.
+pub fn start(out: &mut Vec<u8>, status: Status) -> Writer<'_> {
+    let mut w = Writer::start(out, status);
+    w.raw(
+        b"Content-Security-Policy: default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; \
+          object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'\r\n\
+          X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n\
+          Cache-Control: no-store\r\n",
+    );
+    w
+}
+
+fn error(out: &mut Vec<u8>, status: Status, code: &str, message: &str, close: bool) {
+    let mut body = Vec::new();
+    error_body(&mut body, code, message);
+    let mut w = start(out, status);
+    if status == Status::Unauthorized {
+        w.header(b"WWW-Authenticate", b"Bearer realm=\"nthpool admin\"");
+    }
+    w.finish_json(&body, close);
+}
+
+/// Whether the request carries the admin token (always true without one).
+fn authorized(head: &Head, app: &App) -> bool {
+    let Some(token) = app.admin_token.as_deref() else {
+        return true;
+    };
+    let given = head.header("authorization").and_then(|v| v.strip_prefix(b"Bearer ")).unwrap_or_default();
+    secret_eq(given, token.as_bytes())
+}
+
+/// Answers the dashboard's routes and refuses what the token does not
+/// allow; returns false for routes left to the caller (`/healthz`,
+/// `/metrics`, unknown ones), which are then authorized already. Only GET
+/// and HEAD reach here.
+pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
+    let path = head.path.split_once('?').map_or(head.path, |(p, _)| p);
+    let asset = |out: &mut Vec<u8>, kind: &[u8], body: &[u8]| {
+        let mut w = start(out, Status::Ok);
+        w.header(b"Content-Type", kind);
+        w.finish(body, close);
+    };
+    // The shell and its assets are the same bytes for everyone and hold no
+    // data; the page asks for the token itself.
+    let shell = match path {
+        "/" => Some((&b"text/html; charset=utf-8"[..], INDEX_HTML)),
+        "/assets/app.js" => Some((&b"text/javascript; charset=utf-8"[..], APP_JS)),
+        "/assets/app.css" => Some((&b"text/css; charset=utf-8"[..], APP_CSS)),
+        "/healthz" => return false,
+        _ => None,
+    };
+    if let Some((kind, body)) = shell {
+        asset(out, kind, body);
+        return true;
+    }
+    if let Some(name) = path.strip_prefix("/pools/") {
+        if app.gov.pool_id(name).is_none() {
+            error(out, Status::NotFound, "not_found", "No such pool.", close);
+        } else {
+            asset(out, b"text/html; charset=utf-8", INDEX_HTML);
+        }
+        return true;
+    }
+    if !authorized(head, app) {
+        error(
+            out,
+            Status::Unauthorized,
+            "unauthorized",
+            "This admin route needs Authorization: Bearer <adminToken>.",
+            close,
+        );
+        return true;
+    }
+    let body = match path {
+        "/api/pools" => pools_json(app),
+        _ => match path.strip_prefix("/api/pools/").map(|name| app.gov.pool_id(name)) {
+            Some(Some(pid)) => pool_json(app, pid),
+            Some(None) => {
+                error(out, Status::NotFound, "not_found", "No such pool.", close);
+                return true;
+            }
+            None => return false,
+        },
+    };
+    start(out, Status::Ok).finish_json(body.to_string().as_bytes(), close);
+    true
+}
+
+/// The status word of a pool: what stops its next grant, if anything.
+/// `recovering` is reserved for a pool that restores its leases after a
+/// restart; nothing reports it yet.
+fn status(pool: &Pool, now: u64) -> &'static str {
+    if pool.retired {
+        return "draining";
+    }
+    match pool.blocked(now) {
+        None => "ok",
+        Some((DenyReason::Concurrency | DenyReason::QueueFull, _)) => "concurrency",
+        Some((DenyReason::Rate, _)) => "rate",
+        Some((DenyReason::Cooldown, _)) => "cooldown",
+    }
+}
+
+fn cooldown_left(pool: &Pool, now: u64) -> u64 {
+    match pool.learning.pause(now) {
+        Some(crate::governor::learn::Pause::Cooldown(ms)) => ms,
+        _ => 0,
+    }
+}
+
+fn summary(app: &App, pool: &Pool) -> Value {
+    let now = app.turn().0;
+    json!({
+        "name": &*pool.name,
+        "status": status(pool, now),
+        "held": pool.held,
+        "effectiveLimit": pool.effective_limit(),
+        "limit": pool.settings.concurrency,
+        "queueDepth": pool.queue.len(),
+        "queueSize": pool.settings.queue_size,
+        "rpmTokens": pool.rpm_remaining(),
+        "cooldownMs": cooldown_left(pool, now),
+    })
+}
+
+fn pools_json(app: &App) -> Value {
+    let (_, epoch_now) = app.turn();
+    let pools: Vec<Value> = app.gov.pools().map(|(_, p)| summary(app, p)).collect();
+    json!({ "serverTime": epoch_now, "pools": pools })
+}
+
+/// Where the lock API of this server is reached: `https://<publicHost>` or
+/// the public listener's address.
+fn public_url(app: &App) -> String {
+    match app.public_host() {
+        Some(host) => format!("https://{}", String::from_utf8_lossy(host)),
+        None => app.listen_addr.map_or_else(|| "http://127.0.0.1:7070".into(), |a| format!("http://{a}")),
+    }
+}
+
+fn pool_json(app: &App, pid: PoolId) -> Value {
+    let pool = app.gov.pool(pid);
+    let (now, epoch_now) = app.turn();
+    let (history, attempts) = &app.history[pid.0 as usize];
+    let s = &pool.settings;
+    let budget = pool
+        .learning
+        .budget()
+        .map(|b| json!({ "remaining": b.remaining, "resetAt": epoch_now + b.reset_at.saturating_sub(now) }));
+    let series = |f: fn(&Sample) -> u32| -> Vec<u32> { history.iter().map(f).collect() };
+    let end = history.last_second().map(|sec| epoch_now - now + (sec * 1000));
+    let attempts: Vec<Value> = attempts
+        .iter()
+        .map(|a| {
+            json!({
+                "time": a.epoch_ms,
+                "status": a.status,
+                "error": a.error,
+                "denyReason": a.reason.map(DenyReason::as_str),
+                "waitMs": a.wait_ms,
+                "queuedMs": a.queued_ms,
+                "serverUs": a.server_us,
+                "slotRef": a.slot_ref.map(|r| format!("#{r:08x}")),
+            })
+        })
+        .collect();
+    let lock_api = format!("{}/pools/{}/lock", public_url(app), pool.name);
+    json!({
+        "serverTime": epoch_now,
+        "pool": summary(app, pool),
+        "config": {
+            "concurrency": s.concurrency,
+            "queueSize": s.queue_size,
+            "queueTimeoutMs": s.queue_timeout_ms,
+            "rpm": s.rpm.map(|(rpm, _)| rpm),
+            "rpmBurst": s.rpm.map(|(_, burst)| burst),
+            "termMs": s.term_ms,
+            "renewIntervalMs": s.renew_interval_ms,
+            "requestTimeoutMs": s.request_timeout_ms,
+            "adaptive": s.adaptive,
+            "publicHost": app.public_host().map(String::from_utf8_lossy),
+        },
+        "budget": budget,
+        "history": {
+            "resolutionMs": 1000,
+            "endTime": end,
+            "grants": series(|x| x.grants),
+            "deniedConcurrency": series(|x| x.denied[DenyReason::Concurrency as usize]),
+            "deniedRate": series(|x| x.denied[DenyReason::Rate as usize]),
+            "deniedCooldown": series(|x| x.denied[DenyReason::Cooldown as usize]),
+            "deniedQueueFull": series(|x| x.denied[DenyReason::QueueFull as usize]),
+            "throttled": series(|x| x.throttled),
+            "effectiveLimit": series(|x| x.effective),
+            "limit": series(|x| x.limit),
+            "held": series(|x| x.held),
+            "queueDepth": series(|x| x.queue),
+        },
+        "attempts": attempts,
+        "examples": examples(&lock_api),
+    })
+}
+
+/// Ready `curl` lines in the shapes of the lock-API page, with the key as
+/// `$POOL_KEY`. Proxy usage joins these when the pool has an upstream.
+fn examples(lock_api: &str) -> Value {
+    // Single-quoted for the shell; a quote in publicHost is closed and escaped.
+    let head = format!("export LOCK_API='{}'\n", lock_api.replace('\'', "'\\''"));
+    let post = |path: &str, extra: &str| {
+        format!("curl -sS -X POST \"$LOCK_API/{path}\" \\\n  -H \"X-Nthpool-Key: $POOL_KEY\"{extra}")
+    };
+    let json_body = |body: &str| format!(" \\\n  -H \"Content-Type: application/json\" \\\n  -d '{body}'");
+    json!([
+        { "id": "acquire", "title": "Acquire, fail fast",
+          "text": format!("{head}{}", post("acquire", " \\\n  -H \"Content-Type: application/json\"")) },
+        { "id": "acquire-queued", "title": "Acquire, wait up to 30 s in the queue",
+          "text": format!("{head}{}", post("acquire", &json_body("{\"waitMs\":30000}"))) },
+        { "id": "renew", "title": "Renew",
+          "text": format!("{head}{}", post("$SLOT_ID/renew", "")) },
+        { "id": "release", "title": "Release",
+          "text": format!("{head}{}", post("$SLOT_ID/release", &json_body("{\"status\":200}"))) },
+        { "id": "release-throttled", "title": "Release with a throttle report",
+          "text": format!("{head}{}", post("$SLOT_ID/release", &json_body("{\"status\":429,\"throttled\":1,\"retryAfterMs\":2000}"))) },
+    ])
+}
+
+/// Whether `path` is one of the dashboard's routes (for the method check).
+pub fn is_route(path: &str) -> bool {
+    matches!(path, "/" | "/assets/app.js" | "/assets/app.css" | "/api/pools")
+        || path.starts_with("/pools/")
+        || path.starts_with("/api/pools/")
+}

@@ -1,0 +1,201 @@
+//! What the dashboard charts: one sample per second for the last 15 minutes,
+//! and the latest acquire attempts, per pool, in fixed memory.
+//!
+//! Nothing here is on the request path except `Attempts::push` (a copy into a
+//! fixed ring). Samples are taken from the pool's existing counters once per
+//! elapsed second by whoever owns the clock; seconds in which the reactor
+//! slept are filled with the gauges it slept on and no events.
+
+use super::pool::{DenyReason, Pool, PoolStats};
+use super::Ms;
+
+/// Seconds kept: 15 minutes at 1-s resolution.
+pub const SECONDS: usize = 900;
+/// Acquire attempts kept per pool.
+pub const ATTEMPTS: usize = 20;
+
+/// One second of one pool: counts of what happened in it, gauges at its end.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    pub grants: u32,
+    pub denied: [u32; 4],
+    pub throttled: u32,
+    pub effective: u32,
+    pub limit: u32,
+    pub held: u32,
+    pub queue: u32,
+}
+
+pub struct History {
+    samples: Box<[Sample; SECONDS]>,
+    /// Where the next sample goes.
+    next: usize,
+    len: usize,
+    /// The second (of monotonic time) the last sample stands for.
+    second: Option<u64>,
+    seen: PoolStats,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            samples: Box::new([Sample::default(); SECONDS]),
+            next: 0,
+            len: 0,
+            second: None,
+            seen: PoolStats::default(),
+        }
+    }
+}
+
+fn delta(now: u64, then: u64) -> u32 {
+    now.saturating_sub(then).min(u32::MAX as u64) as u32
+}
+
+impl History {
+    /// Records every second completed before `now`. The first call only
+    /// remembers where the counters stand.
+    pub fn sample(&mut self, pool: &Pool, now: Ms) {
+        let second = now / 1000;
+        let Some(last) = self.second else {
+            self.second = Some(second);
+            self.seen = pool.stats;
+            return;
+        };
+        if second <= last {
+            return;
+        }
+        let s = &pool.stats;
+        let mut first = Sample {
+            grants: delta(s.grants, self.seen.grants),
+            denied: [0, 1, 2, 3].map(|i| delta(s.denied[i], self.seen.denied[i])),
+            throttled: delta(s.reports_throttled, self.seen.reports_throttled),
+            effective: pool.effective_limit(),
+            limit: pool.settings.concurrency,
+            held: pool.held,
+            queue: pool.queue.len(),
+        };
+        self.seen = *s;
+        // Events are booked to the first elapsed second; the rest were quiet.
+        for _ in 0..(second - last).min(SECONDS as u64) {
+            self.push(first);
+            first = Sample { grants: 0, denied: [0; 4], throttled: 0, ..first };
+        }
+        self.second = Some(second);
+    }
+
+    fn push(&mut self, sample: Sample) {
+        self.samples[self.next] = sample;
+        self.next = (self.next + 1) % SECONDS;
+        self.len = (self.len + 1).min(SECONDS);
+    }
+
+    /// The samples, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &Sample> {
+        let start = (self.next + SECONDS - self.len) % SECONDS;
+        (0..self.len).map(move |i| &self.samples[(start + i) % SECONDS])
+    }
+
+    /// The second of monotonic time the newest sample stands for.
+    pub fn last_second(&self) -> Option<u64> {
+        self.second.filter(|_| self.len > 0)
+    }
+}
+
+/// One answered acquire, as the dashboard shows it: no key, no slot id
+/// (only its short log reference).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Attempt {
+    pub epoch_ms: u64,
+    pub status: u16,
+    pub error: Option<&'static str>,
+    pub reason: Option<DenyReason>,
+    pub wait_ms: u64,
+    pub queued_ms: u64,
+    pub server_us: u64,
+    pub slot_ref: Option<u32>,
+}
+
+#[derive(Default)]
+pub struct Attempts {
+    ring: [Attempt; ATTEMPTS],
+    next: usize,
+    len: usize,
+}
+
+impl Attempts {
+    pub fn push(&mut self, a: Attempt) {
+        self.ring[self.next] = a;
+        self.next = (self.next + 1) % ATTEMPTS;
+        self.len = (self.len + 1).min(ATTEMPTS);
+    }
+
+    /// The attempts, newest first.
+    pub fn iter(&self) -> impl Iterator<Item = &Attempt> {
+        (1..=self.len).map(move |i| &self.ring[(self.next + ATTEMPTS - i) % ATTEMPTS])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::governor::PoolSettings;
+
+    fn pool() -> Pool {
+        Pool::new(
+            "p",
+            PoolSettings {
+                concurrency: 4,
+                queue_size: 0,
+                queue_timeout_ms: 0,
+                rpm: None,
+                term_ms: 1000,
+                renew_interval_ms: 500,
+                request_timeout_ms: 10_000,
+                adaptive: true,
+            },
+        )
+    }
+
+    #[test]
+    fn counts_go_to_their_second_and_quiet_seconds_repeat_gauges() {
+        let mut p = pool();
+        let mut h = History::default();
+        h.sample(&p, 500);
+        assert_eq!(h.iter().count(), 0);
+        p.stats.grants = 3;
+        p.stats.denied[DenyReason::Rate as usize] = 2;
+        p.held = 3;
+        h.sample(&p, 999);
+        assert_eq!(h.iter().count(), 0, "the second is not over");
+        h.sample(&p, 4_100);
+        let got: Vec<_> = h.iter().copied().collect();
+        assert_eq!(got.len(), 4);
+        assert_eq!((got[0].grants, got[0].denied, got[0].held), (3, [0, 2, 0, 0], 3));
+        assert!(got[1..].iter().all(|s| s.grants == 0 && s.held == 3 && s.limit == 4));
+        assert_eq!(h.last_second(), Some(4));
+    }
+
+    #[test]
+    fn memory_is_fixed_after_a_long_sleep() {
+        let p = pool();
+        let mut h = History::default();
+        h.sample(&p, 0);
+        h.sample(&p, 10_000_000);
+        assert_eq!(h.iter().count(), SECONDS);
+        h.sample(&p, 10_001_000);
+        assert_eq!(h.iter().count(), SECONDS);
+    }
+
+    #[test]
+    fn attempts_ring_keeps_the_newest_first() {
+        let mut a = Attempts::default();
+        for i in 0..(ATTEMPTS as u64 + 5) {
+            a.push(Attempt { epoch_ms: i, ..Attempt::default() });
+        }
+        let got: Vec<u64> = a.iter().map(|x| x.epoch_ms).collect();
+        assert_eq!(got.len(), ATTEMPTS);
+        assert_eq!(got[0], ATTEMPTS as u64 + 4);
+        assert_eq!(*got.last().unwrap(), 5);
+    }
+}

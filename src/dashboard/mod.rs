@@ -77,7 +77,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         asset(out, kind, body);
         return true;
     }
-    if let Some(name) = path.strip_prefix("/pools/") {
+    if let Some(name) = pool_name(path, "/pools/") {
         if app.gov.pool_id(name).is_none() {
             error(out, Status::NotFound, "not_found", "No such pool.", close);
         } else {
@@ -97,7 +97,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
     }
     let body = match path {
         "/api/pools" => pools_json(app),
-        _ => match path.strip_prefix("/api/pools/").map(|name| app.gov.pool_id(name)) {
+        _ => match pool_name(path, "/api/pools/").map(|name| app.gov.pool_id(name)) {
             Some(Some(pid)) => pool_json(app, pid),
             Some(None) => {
                 error(out, Status::NotFound, "not_found", "No such pool.", close);
@@ -250,6 +250,11 @@ fn examples(lock_api: &str) -> Value {
 /// Whether `path` is one of the dashboard's routes (for the method check).
 pub fn is_route(path: &str) -> bool {
     matches!(path, "/" | "/assets/app.js" | "/assets/app.css" | "/api/pools")
-        || path.starts_with("/pools/")
-        || path.starts_with("/api/pools/")
+        || pool_name(path, "/pools/").is_some()
+        || pool_name(path, "/api/pools/").is_some()
+}
+
+/// The `{pool}` of `<prefix>{pool}`: one non-empty path segment.
+fn pool_name<'p>(path: &'p str, prefix: &str) -> Option<&'p str> {
+    path.strip_prefix(prefix).filter(|name| !name.is_empty() && !name.contains('/'))
 }

@@ -178,6 +178,14 @@ function renderPool(data) {
       ["Adaptive", c.adaptive ? "yes" : "no"],
       ["Public host", orDash(c.publicHost), "publicHost"],
     ]),
+  ];
+  return out;
+}
+
+// The Examples only change with the configuration; they are rebuilt only
+// then, so a selection or a focused copy button survives the refreshes.
+function renderExamples(data) {
+  return [
     el("h2", { id: "examples" }, "Examples"),
     el("p", { class: "muted" }, "Set POOL_KEY to one of this pool's keys first: export POOL_KEY='…'. SLOT_ID is the slotId of a grant."),
     ...data.examples.map((x) =>
@@ -187,7 +195,6 @@ function renderPool(data) {
     // Proxy usage examples join here once the pool can have an upstream.
     el("div", { id: "proxy-examples" }),
   ];
-  return out;
 }
 
 function attemptsTable(attempts) {
@@ -206,8 +213,11 @@ function attemptsTable(attempts) {
 
 function route() {
   const m = location.pathname.match(/^\/pools\/([^/]+)$/);
-  if (m) return { api: "/api/pools/" + m[1], render: renderPool, title: "nthpool · " + decodeURIComponent(m[1]) };
-  return { api: "/api/pools", render: renderIndex, title: "nthpool · pools" };
+  if (m) {
+    return { api: "/api/pools/" + m[1], render: renderPool, still: renderExamples,
+      title: "nthpool · " + decodeURIComponent(m[1]) };
+  }
+  return { api: "/api/pools", render: renderIndex, still: null, title: "nthpool · pools" };
 }
 
 function showLogin(message) {
@@ -217,18 +227,27 @@ function showLogin(message) {
   document.getElementById("token").focus();
 }
 
+let stillKey = null;
+
 async function tick(r) {
   try {
     const data = await api(r.api);
     document.getElementById("login").hidden = true;
     const view = document.getElementById("view");
-    // Keep keyboard focus on a copy button across refreshes.
-    const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest(".example");
-    const focusId = focused ? focused.id : null;
-    view.replaceChildren(...r.render(data));
-    if (focusId) {
-      const again = document.querySelector("#" + focusId + " button");
-      if (again) again.focus();
+    let live = document.getElementById("live-part");
+    let still = document.getElementById("still-part");
+    if (!live) {
+      live = el("div", { id: "live-part" });
+      still = el("div", { id: "still-part" });
+      view.replaceChildren(live, still);
+    }
+    live.replaceChildren(...r.render(data));
+    if (r.still) {
+      const key = JSON.stringify(data.examples);
+      if (stillKey !== key) {
+        still.replaceChildren(...r.still(data));
+        stillKey = key;
+      }
     }
     document.getElementById("updated").textContent = "Updated " + fmtTime(data.serverTime);
   } catch (e) {

@@ -1,0 +1,339 @@
+//! The dashboard (SPEC §13) over real sockets: its JSON API, the admin
+//! token, the security headers, and what a real headless browser renders.
+
+mod common;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{read_response, Response, TestServer};
+use serde_json::Value;
+
+const DEMO_KEY: &str = "demo-secret-key-0001";
+const TOKEN: &str = "admin-token-0123456789";
+/// A `publicHost` that would inject markup if anything printed it unescaped.
+const HOSTILE_HOST: &str = "evil\"><img/src=x/onerror=alert(1)><b>x";
+
+fn demo_config(top_extra: &str) -> String {
+    format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null{top_extra},
+        "pools":{{"demo":{{"keys":["{DEMO_KEY}"],"concurrency":3,"queue":{{"size":10,"timeoutMs":5000}}}},
+                 "other":{{"keys":["other-secret-key-1"],"rpm":600}}}}}}"#
+    )
+}
+
+fn admin(s: &TestServer) -> SocketAddr {
+    s.admin.expect("the harness enables the admin listener")
+}
+
+fn get(addr: SocketAddr, path: &str, extra_headers: &str) -> Response {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra_headers}Connection: close\r\n\r\n");
+    c.write_all(req.as_bytes()).unwrap();
+    read_response(&mut c).expect("an answer")
+}
+
+fn get_json(s: &TestServer, path: &str) -> Value {
+    let r = get(admin(s), path, "");
+    assert_eq!(r.status, 200, "{path}: {r:?}");
+    r.json()
+}
+
+/// A fail-fast acquire on `demo` with `host` as the Host header.
+fn acquire_demo(s: &TestServer, host: &str) -> Response {
+    let mut c = s.connect();
+    let req = format!(
+        "POST /pools/demo/lock/acquire HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {DEMO_KEY}\r\nContent-Length: 0\r\n\r\n"
+    );
+    c.write_all(req.as_bytes()).unwrap();
+    read_response(&mut c).expect("an answer")
+}
+
+/// Fills `demo` (three slots held) and has one more acquire denied; returns the slot ids.
+fn load_demo(s: &TestServer, host: &str) -> Vec<String> {
+    let slots: Vec<String> = (0..3).map(|_| acquire_demo(s, host).slot()).collect();
+    let denied = acquire_demo(s, host);
+    assert_eq!(denied.status, 429, "{denied:?}");
+    slots
+}
+
+/// Waits until the history holds a sample taken after the load.
+fn wait_for_history(s: &TestServer, held: u64) -> Value {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = get_json(s, "/api/pools/demo");
+        if v["history"]["held"].as_array().and_then(|a| a.last()).and_then(Value::as_u64) == Some(held) {
+            return v;
+        }
+        assert!(Instant::now() < until, "no sample with held={held}: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn sum(v: &Value) -> u64 {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).sum()
+}
+
+#[test]
+fn pools_json_shows_live_state_and_status() {
+    let s = TestServer::start(&demo_config(""));
+    let v = get_json(&s, "/api/pools");
+    let demo = v["pools"].as_array().unwrap().iter().find(|p| p["name"] == "demo").unwrap().clone();
+    assert_eq!((demo["held"].as_u64(), demo["status"].as_str()), (Some(0), Some("ok")));
+    load_demo(&s, "localhost");
+    let v = get_json(&s, "/api/pools");
+    let pools = v["pools"].as_array().unwrap();
+    assert_eq!(pools.len(), 2);
+    let demo = pools.iter().find(|p| p["name"] == "demo").unwrap();
+    assert_eq!(demo["held"], 3);
+    assert_eq!(demo["limit"], 3);
+    assert_eq!(demo["effectiveLimit"], 3);
+    assert_eq!(demo["queueDepth"], 0);
+    assert_eq!(demo["queueSize"], 10);
+    assert_eq!(demo["status"], "concurrency");
+    assert_eq!(demo["rpmTokens"], Value::Null);
+    let other = pools.iter().find(|p| p["name"] == "other").unwrap();
+    assert_eq!((other["status"].as_str(), other["rpmTokens"].as_u64()), (Some("ok"), Some(10)));
+    assert!(v["serverTime"].as_u64().unwrap() > 1_600_000_000_000);
+}
+
+#[test]
+fn pool_json_has_history_attempts_and_examples_without_secrets() {
+    let s = TestServer::start(&demo_config(""));
+    let slots = load_demo(&s, "localhost");
+    let v = wait_for_history(&s, 3);
+    let h = &v["history"];
+    assert_eq!(h["resolutionMs"], 1000);
+    assert_eq!(sum(&h["grants"]), 3, "{h}");
+    assert_eq!(sum(&h["deniedConcurrency"]), 1, "{h}");
+    assert_eq!(sum(&h["deniedRate"]) + sum(&h["deniedCooldown"]) + sum(&h["deniedQueueFull"]), 0);
+    assert_eq!(h["limit"].as_array().unwrap().last().unwrap(), 3);
+    assert!(h["grants"].as_array().unwrap().len() <= 900);
+
+    let attempts = v["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 4);
+    assert_eq!((attempts[0]["status"].as_u64(), attempts[0]["denyReason"].as_str()), (Some(429), Some("concurrency")));
+    assert!(attempts[1..].iter().all(|a| a["status"] == 200 && a["slotRef"].as_str().unwrap().len() == 9));
+
+    assert_eq!(v["config"]["concurrency"], 3);
+    assert_eq!(v["config"]["queueTimeoutMs"], 5000);
+    let examples = v["examples"].as_array().unwrap();
+    let ids: Vec<&str> = examples.iter().map(|x| x["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["acquire", "acquire-queued", "renew", "release", "release-throttled"]);
+    let lock_api = format!("export LOCK_API='http://{}/pools/demo/lock'", s.addr);
+    for x in examples {
+        let text = x["text"].as_str().unwrap();
+        assert!(text.starts_with(&lock_api), "{text}");
+        assert!(text.contains("-H \"X-Nthpool-Key: $POOL_KEY\""), "{text}");
+    }
+    assert!(examples[1]["text"].as_str().unwrap().contains(r#"-d '{"waitMs":30000}'"#));
+    assert!(examples[2]["text"].as_str().unwrap().contains(r#""$LOCK_API/$SLOT_ID/renew""#));
+    assert!(examples[4]["text"].as_str().unwrap().contains(r#""status":429,"throttled":1"#));
+
+    let raw = get(admin(&s), "/api/pools/demo", "");
+    let body = String::from_utf8_lossy(&raw.body);
+    assert!(!body.contains(DEMO_KEY) && !body.contains("other-secret-key"), "a key leaked: {body}");
+    for slot in &slots {
+        assert!(!body.contains(slot.as_str()), "a slot id leaked: {body}");
+    }
+}
+
+#[test]
+fn unknown_pools_and_methods_are_refused() {
+    let s = TestServer::start(&demo_config(""));
+    let r = get(admin(&s), "/api/pools/nope", "");
+    assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"));
+    assert_eq!(get(admin(&s), "/pools/nope", "").status, 404);
+    let mut c = TcpStream::connect(admin(&s)).unwrap();
+    c.write_all(b"POST /api/pools HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
+    let r = read_response(&mut c).unwrap();
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET")));
+}
+
+#[test]
+fn every_admin_answer_carries_the_security_headers() {
+    let s = TestServer::start(&demo_config(""));
+    for path in [
+        "/",
+        "/pools/demo",
+        "/assets/app.js",
+        "/assets/app.css",
+        "/api/pools",
+        "/api/pools/demo",
+        "/healthz",
+        "/metrics",
+        "/nope",
+    ] {
+        let r = get(admin(&s), path, "");
+        let csp = r.header("content-security-policy").unwrap_or_else(|| panic!("{path}: no CSP"));
+        assert!(csp.contains("default-src 'self'") && !csp.contains("unsafe-inline"), "{path}: {csp}");
+        assert_eq!(r.header("x-frame-options"), Some("DENY"), "{path}");
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"), "{path}");
+        assert_eq!(r.header("referrer-policy"), Some("no-referrer"), "{path}");
+    }
+    let page = get(admin(&s), "/", "");
+    let html = String::from_utf8_lossy(&page.body);
+    assert!(page.header("content-type").unwrap().starts_with("text/html"));
+    assert!(!html.contains("<script>") && html.contains(r#"<script src="/assets/app.js""#), "no inline script");
+}
+
+#[test]
+fn the_admin_token_guards_every_route_but_health() {
+    let s = TestServer::start(&demo_config(&format!(r#","adminToken":"{TOKEN}""#)));
+    let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+    for path in ["/api/pools", "/api/pools/demo", "/metrics"] {
+        let r = get(admin(&s), path, "");
+        assert_eq!((r.status, r.error_code().as_str()), (401, "unauthorized"), "{path}");
+        assert!(r.header("www-authenticate").unwrap().starts_with("Bearer"));
+        let wrong = get(admin(&s), path, &format!("Authorization: Bearer {TOKEN}x\r\n"));
+        assert_eq!(wrong.status, 401, "{path}");
+        let basic = get(admin(&s), path, &format!("Authorization: Basic {TOKEN}\r\n"));
+        assert_eq!(basic.status, 401, "{path}");
+        assert_eq!(get(admin(&s), path, &bearer).status, 200, "{path}");
+    }
+    assert_eq!(get(admin(&s), "/healthz", "").status, 200);
+    // The page shell holds no data; it asks for the token itself.
+    let shell = get(admin(&s), "/", "");
+    assert_eq!(shell.status, 200);
+    assert!(String::from_utf8_lossy(&shell.body).contains(r#"id="login-form""#));
+}
+
+#[test]
+fn a_non_loopback_admin_listener_without_token_refuses_to_start() {
+    let dir = common::scratch_dir();
+    let path = dir.join("config.json");
+    std::fs::write(&path, demo_config("").replace("127.0.0.1:0", "0.0.0.0:0")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        .arg("--config")
+        .arg(&path)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("adminToken") && stderr.contains("loopback"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn hostile_config_text_stays_text_in_the_json() {
+    let s =
+        TestServer::start(&demo_config(&format!(r#","publicHost":{}"#, serde_json::to_string(HOSTILE_HOST).unwrap())));
+    let v = get_json(&s, "/api/pools/demo");
+    assert_eq!(v["config"]["publicHost"], HOSTILE_HOST);
+    let text = v["examples"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with(&format!("export LOCK_API='https://{HOSTILE_HOST}/pools/demo/lock'")), "{text}");
+}
+
+// ------------------------------------------------------------ headless browser
+
+fn find_chromium() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("CHROMIUM") {
+        return Some(PathBuf::from(path));
+    }
+    let dirs: Vec<PathBuf> = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).collect();
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|name| dirs.iter().map(move |d| d.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// The browser, or `None` (with the reason printed) when it is missing
+/// outside CI; under CI a missing browser fails the test.
+fn chromium_or_skip() -> Option<PathBuf> {
+    let found = find_chromium();
+    if found.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "CI is set but chromium is not installed");
+        println!("skipped: chromium not found on PATH (set CHROMIUM=/path or install Debian's chromium)");
+    }
+    found
+}
+
+/// Runs headless chromium on `url` and returns the DOM after the page's
+/// script has run for a few seconds of virtual time.
+fn chromium(bin: &PathBuf, args: &[&str], url: &str) -> String {
+    let profile = common::scratch_dir();
+    let out = Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run chromium");
+    let _ = std::fs::remove_dir_all(profile);
+    assert!(out.status.success(), "chromium failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn dump_dom(bin: &PathBuf, url: &str) -> String {
+    chromium(bin, &["--virtual-time-budget=5000", "--dump-dom"], url)
+}
+
+#[test]
+fn a_real_browser_renders_live_numbers_charts_and_examples() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s =
+        TestServer::start(&demo_config(&format!(r#","publicHost":{}"#, serde_json::to_string(HOSTILE_HOST).unwrap())));
+    let slots = load_demo(&s, HOSTILE_HOST);
+    wait_for_history(&s, 3);
+    let base = format!("http://{}", admin(&s));
+
+    let index = dump_dom(&bin, &format!("{base}/"));
+    let row = index.split(r#"<tr data-pool="demo">"#).nth(1).unwrap_or_else(|| panic!("no demo row: {index}"));
+    let row = row.split("</tr>").next().unwrap();
+    assert!(row.contains(r#"data-field="held">3<"#), "{row}");
+    assert!(row.contains(r#"data-field="limit">3<"#), "{row}");
+    assert!(row.contains(r#"data-status="concurrency""#), "{row}");
+    assert!(index.contains(r#"<tr data-pool="other">"#));
+
+    let page = dump_dom(&bin, &format!("{base}/pools/demo"));
+    assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "{page}");
+    assert!(page.contains(r#"<dd data-field="effectiveLimit">3</dd>"#), "{page}");
+    assert!(page.contains(r#"<dd data-field="queueDepth">0 / 10</dd>"#), "{page}");
+    for id in ["acquire", "acquire-queued", "renew", "release", "release-throttled"] {
+        assert!(page.contains(&format!(r#"id="example-{id}""#)), "example {id} missing");
+    }
+    assert_eq!(page.matches("Copy</button>").count(), 5);
+    assert!(page.contains("$LOCK_API/$SLOT_ID/renew") && page.contains("X-Nthpool-Key: $POOL_KEY"));
+    for chart in ["grants", "denials", "throttled", "limits", "held", "queue"] {
+        let fig =
+            page.split(&format!(r#"id="chart-{chart}""#)).nth(1).unwrap_or_else(|| panic!("chart {chart} missing"));
+        let fig = fig.split("</figure>").next().unwrap();
+        assert!(fig.contains("<svg") && fig.contains("<polyline points=\""), "chart {chart} not drawn: {fig}");
+    }
+    assert!(page.contains(r#"<table id="attempts">"#) && page.contains("<td>429</td>"));
+    // The hostile publicHost shows as text, never as markup.
+    assert!(page.contains("evil\"&gt;&lt;img/src=x/onerror=alert(1)&gt;&lt;b&gt;x"), "publicHost not shown escaped");
+    assert!(!page.contains("<img") && !page.contains("<b>x"), "markup from config reached the DOM");
+    for dom in [&index, &page] {
+        assert!(!dom.contains(DEMO_KEY) && !dom.contains("other-secret-key"), "a key reached the page");
+        assert!(slots.iter().all(|slot| !dom.contains(slot.as_str())), "a slot id reached the page");
+    }
+}
+
+#[test]
+fn a_real_browser_asks_for_the_admin_token() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(&format!(r#","adminToken":"{TOKEN}""#)));
+    let page = dump_dom(&bin, &format!("http://{}/pools/demo", admin(&s)));
+    assert!(page.contains(r#"<section id="login" aria-labelledby="login-title">"#), "login form not shown: {page}");
+    assert!(!page.contains(r#"id="example-acquire""#), "data shown without the token");
+}

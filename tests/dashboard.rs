@@ -151,7 +151,7 @@ fn unknown_pools_and_methods_are_refused() {
     let mut c = TcpStream::connect(admin(&s)).unwrap();
     c.write_all(b"POST /api/pools HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
     let r = read_response(&mut c).unwrap();
-    assert_eq!((r.status, r.header("allow")), (405, Some("GET")));
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET, HEAD")));
 }
 
 #[test]

@@ -35,6 +35,13 @@ pub struct AccessLog {
     pub lines: u64,
     pub write_errors: u64,
     pub dropped: u64,
+    /// `YYYY-MM-DDTHH:MM:SS.` of `time_secs`, rebuilt when the second changes.
+    time_prefix: [u8; 20],
+    time_secs: u64,
+    /// The last client address and its text, reformatted only when it changes.
+    client: Option<std::net::IpAddr>,
+    client_text: [u8; 46],
+    client_len: usize,
 }
 
 /// One acquire attempt, as logged.
@@ -72,6 +79,11 @@ impl AccessLog {
             lines: 0,
             write_errors: 0,
             dropped: 0,
+            time_prefix: [0; 20],
+            time_secs: u64::MAX,
+            client: None,
+            client_text: [0; 46],
+            client_len: 0,
         })
     }
 
@@ -99,14 +111,32 @@ impl AccessLog {
             return;
         }
         self.lines += 1;
+        // No `core::fmt` here: the time prefix and the client's text are
+        // cached, numbers go through itoa, the slot reference is hex by table.
+        let secs = r.epoch_ms / 1000;
+        if secs != self.time_secs {
+            self.time_secs = secs;
+            let mut tmp = Vec::with_capacity(24);
+            write_rfc3339(&mut tmp, secs * 1000);
+            self.time_prefix.copy_from_slice(&tmp[..20]);
+        }
+        if self.client != Some(r.client) {
+            self.client = Some(r.client);
+            let mut tmp = Vec::with_capacity(46);
+            // An address formats without quotes or escapes.
+            let _ = write!(tmp, "{}", r.client);
+            self.client_len = tmp.len();
+            self.client_text[..tmp.len()].copy_from_slice(&tmp);
+        }
         let b = &mut self.buf;
         b.extend_from_slice(b"{\"time\":\"");
-        write_rfc3339(b, r.epoch_ms);
-        b.extend_from_slice(b"\",\"pool\":");
+        b.extend_from_slice(&self.time_prefix);
+        let ms = (r.epoch_ms % 1000) as u16;
+        b.extend_from_slice(&[b'0' + (ms / 100) as u8, b'0' + (ms / 10 % 10) as u8, b'0' + (ms % 10) as u8]);
+        b.extend_from_slice(b"Z\",\"pool\":");
         write_json_str(b, r.pool);
         b.extend_from_slice(b",\"client\":\"");
-        // An address formats without quotes or escapes.
-        let _ = write!(b, "{}", r.client);
+        b.extend_from_slice(&self.client_text[..self.client_len]);
         b.extend_from_slice(b"\",\"status\":");
         push_u64(b, r.status as u64);
         b.extend_from_slice(b",\"error\":");
@@ -122,7 +152,9 @@ impl AccessLog {
         b.extend_from_slice(b",\"slot\":");
         match r.slot_ref {
             Some(v) => {
-                let _ = write!(b, "\"{v:08x}\"");
+                b.push(b'"');
+                b.extend_from_slice(&hex8(v));
+                b.push(b'"');
             }
             None => b.extend_from_slice(b"null"),
         }
@@ -153,8 +185,16 @@ impl AccessLog {
     }
 }
 
-fn push_u64(b: &mut Vec<u8>, v: u64) {
-    b.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+use crate::http::response::{civil_from_days, push_u64};
+
+/// Eight lower-case hex digits.
+fn hex8(v: u32) -> [u8; 8] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 8];
+    for (i, d) in out.iter_mut().enumerate() {
+        *d = DIGITS[(v >> (28 - 4 * i)) as usize & 0xf];
+    }
+    out
 }
 
 fn write_opt_str(b: &mut Vec<u8>, s: Option<&str>) {
@@ -167,6 +207,12 @@ fn write_opt_str(b: &mut Vec<u8>, s: Option<&str>) {
 /// A JSON string; pool names in the log come from request paths, so escape.
 fn write_json_str(b: &mut Vec<u8>, s: &str) {
     b.push(b'"');
+    // Pool names are plain text: the common case is one copy.
+    if !s.bytes().any(|c| c == b'"' || c == b'\\' || c < 0x20) {
+        b.extend_from_slice(s.as_bytes());
+        b.push(b'"');
+        return;
+    }
     for c in s.chars() {
         match c {
             '"' => b.extend_from_slice(b"\\\""),
@@ -196,20 +242,6 @@ pub fn write_rfc3339(b: &mut Vec<u8>, epoch_ms: u64) {
         rem % 60,
         epoch_ms % 1000
     );
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]

@@ -40,7 +40,9 @@ fn verdict(buf: &[u8]) -> Verdict {
                 h.headers.len()
             ),
         },
-        Err(HeadError::Malformed(_)) => Verdict::Malformed,
+        Err(HeadError::Malformed(_) | HeadError::NotImplemented(_) | HeadError::NewerMinorVersion) => {
+            Verdict::Malformed
+        }
         Err(HeadError::TooLarge) => Verdict::TooLarge,
     }
 }

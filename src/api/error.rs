@@ -17,6 +17,8 @@ pub enum ApiError {
     Capped,
     PayloadTooLarge,
     HeadTooLarge,
+    /// A transfer coding (or other framing feature) the server does not implement.
+    NotImplemented(&'static str),
     /// Overloaded or shutting down; retry after the given seconds.
     Unavailable(&'static str, u64),
 }
@@ -32,6 +34,7 @@ impl ApiError {
             ApiError::Capped => Status::Conflict,
             ApiError::PayloadTooLarge => Status::PayloadTooLarge,
             ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
+            ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
         }
     }
@@ -45,13 +48,17 @@ impl ApiError {
             ApiError::Capped => "capped",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::HeadTooLarge => "request_header_fields_too_large",
+            ApiError::NotImplemented(_) => "not_implemented",
             ApiError::Unavailable(..) => "unavailable",
         }
     }
 
     pub fn message(self) -> &'static str {
         match self {
-            ApiError::BadRequest(why) | ApiError::Unauthorized(why) | ApiError::Unavailable(why, _) => why,
+            ApiError::BadRequest(why)
+            | ApiError::Unauthorized(why)
+            | ApiError::NotImplemented(why)
+            | ApiError::Unavailable(why, _) => why,
             ApiError::Forbidden => "Your address is not allowed to use this pool.",
             ApiError::NotFound => "The slot was already released or reclaimed.",
             ApiError::RouteNotFound => "No such route.",
@@ -64,7 +71,10 @@ impl ApiError {
 
     /// Errors after which the connection cannot be trusted to stay in sync.
     pub fn closes(self) -> bool {
-        matches!(self, ApiError::BadRequest(_) | ApiError::PayloadTooLarge | ApiError::HeadTooLarge)
+        matches!(
+            self,
+            ApiError::BadRequest(_) | ApiError::PayloadTooLarge | ApiError::HeadTooLarge | ApiError::NotImplemented(_)
+        )
     }
 
     pub fn write(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool) {

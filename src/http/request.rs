@@ -94,6 +94,10 @@ pub enum HeadError {
     Malformed(&'static str),
     /// `431` and close: the head is over `MAX_HEAD_BYTES` or `MAX_HEADERS`.
     TooLarge,
+    /// `501` and close: a transfer coding this server does not implement.
+    NotImplemented(&'static str),
+    /// `HTTP/1.x` with x > 1: call `serve_as_http11` on the buffer and parse again.
+    NewerMinorVersion,
 }
 
 /// Whether `parse_head` could now return something other than `Ok(None)`, given
@@ -145,6 +149,9 @@ pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Resu
             check_line_endings(buf)?;
             return Err(HeadError::TooLarge);
         }
+        Err(httparse::Error::Version) if newer_minor_version(buf).is_some() => {
+            return Err(HeadError::NewerMinorVersion)
+        }
         Err(e) => return Err(HeadError::Malformed(httparse_reason(e))),
     };
     if head_len > MAX_HEAD_BYTES {
@@ -168,9 +175,7 @@ pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Resu
         "POST" => Method::Post,
         _ => Method::Other,
     };
-    if !path.starts_with('/') {
-        return Err(HeadError::Malformed("The request target must be a path starting with '/'."));
-    }
+    let (path, authority) = split_target(path)?;
     let http11 = match version {
         1 => true,
         0 => false,
@@ -180,6 +185,9 @@ pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Resu
     let fields = scan_fields(headers)?;
     if http11 && fields.host.is_none() {
         return Err(HeadError::Malformed("An HTTP/1.1 request needs a Host header."));
+    }
+    if !fields.host.is_none_or(valid_host) {
+        return Err(HeadError::Malformed("The Host header is not a valid host[:port]."));
     }
     let framing = match (fields.chunked, fields.content_length) {
         (true, Some(_)) => {
@@ -200,12 +208,96 @@ pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Resu
         http11,
         keep_alive,
         framing,
-        expect_continue: fields.expect_continue,
-        host: fields.host,
+        // An HTTP/1.0 client may not know 1xx answers (RFC 9110 §10.1.1).
+        expect_continue: fields.expect_continue && http11,
+        // An absolute-form target's authority takes the place of Host (RFC 9112 §3.2.2).
+        host: authority.or(fields.host),
         head_len,
         api: fields.api,
         headers,
     }))
+}
+
+/// The position of the minor-version digit when the request line ends in
+/// `HTTP/1.<2-9>`: a later HTTP/1 minor version, served as 1.1 (RFC 9110 §2.5).
+fn newer_minor_version(buf: &[u8]) -> Option<usize> {
+    let line_end = buf.iter().position(|&b| b == b'\n')?;
+    let line = buf[..line_end].strip_suffix(b"\r").unwrap_or(&buf[..line_end]);
+    let at = line.len().checked_sub(1)?;
+    (line.len() > b" HTTP/1.x".len() && line[..at].ends_with(b" HTTP/1.") && (b'2'..=b'9').contains(&line[at]))
+        .then_some(at)
+}
+
+/// Rewrites a request line's `HTTP/1.x` (x > 1) to `HTTP/1.1` in place, after
+/// `parse_head` answered `NewerMinorVersion`. Returns whether it did.
+pub fn serve_as_http11(buf: &mut [u8]) -> bool {
+    match newer_minor_version(buf) {
+        Some(at) => {
+            buf[at] = b'1';
+            true
+        }
+        None => false,
+    }
+}
+
+/// The path of a request target and, for the absolute form
+/// (`http://host[:port]/path`), its authority.
+fn split_target(target: &str) -> Result<(&str, Option<&[u8]>), HeadError> {
+    if target.starts_with('/') {
+        return Ok((target, None));
+    }
+    let bytes = target.as_bytes();
+    let scheme_len = if bytes.len() >= 7 && bytes[..7].eq_ignore_ascii_case(b"http://") {
+        7
+    } else if bytes.len() >= 8 && bytes[..8].eq_ignore_ascii_case(b"https://") {
+        8
+    } else {
+        return Err(HeadError::Malformed("The request target must be a path starting with '/'."));
+    };
+    let rest = &target[scheme_len..];
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], &rest[i..]),
+        Some(_) => return Err(HeadError::Malformed("An absolute request target needs a path.")),
+        None => (rest, "/"),
+    };
+    if authority.is_empty() || !valid_host(authority.as_bytes()) {
+        return Err(HeadError::Malformed("The request target's authority is not a valid host[:port]."));
+    }
+    Ok((path, Some(authority.as_bytes())))
+}
+
+/// `host[:port]` as RFC 9112 §3.2 allows in `Host`: a registered name or IPv4
+/// address (unreserved, percent-encoded and sub-delimiter characters, but no
+/// comma: a list is not one host), or a bracketed IP literal; an optional port
+/// of at most five digits up to 65535. Empty is valid (RFC 9112 §3.2).
+pub fn valid_host(value: &[u8]) -> bool {
+    let (name_ok, rest) = if let Some(literal) = value.strip_prefix(b"[") {
+        match literal.iter().position(|&b| b == b']') {
+            Some(end) => {
+                let inner = &literal[..end];
+                (
+                    !inner.is_empty() && inner.iter().all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.'),
+                    &literal[end + 1..],
+                )
+            }
+            None => return false,
+        }
+    } else {
+        let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
+        let name = &value[..end];
+        let reg_name = |b: &u8| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+;=".contains(b);
+        (name.iter().all(reg_name), &value[end..])
+    };
+    let port_ok = match rest {
+        [] => true,
+        [b':', port @ ..] => {
+            port.len() <= 5
+                && port.iter().all(u8::is_ascii_digit)
+                && port.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0')) <= 65_535
+        }
+        _ => false,
+    };
+    name_ok && port_ok
 }
 
 /// Whether every line end of a complete head is CRLF, looking only where
@@ -318,7 +410,14 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
                 if f.chunked {
                     return Err(HeadError::Malformed("Transfer-Encoding is repeated."));
                 }
-                if !trim(h.value).eq_ignore_ascii_case(b"chunked") {
+                let value = trim(h.value);
+                if !value.eq_ignore_ascii_case(b"chunked") {
+                    // A list of known form ending in chunked names a coding we
+                    // do not implement; anything else is malformed framing.
+                    let last = value.rsplit(|&b| b == b',').next().map(trim).unwrap_or_default();
+                    if value.contains(&b',') && last.eq_ignore_ascii_case(b"chunked") {
+                        return Err(HeadError::NotImplemented("Only the chunked transfer coding is implemented."));
+                    }
                     return Err(HeadError::Malformed("Transfer-Encoding must be exactly 'chunked'."));
                 }
                 f.chunked = true;
@@ -626,7 +725,6 @@ mod tests {
             b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\
               Transfer-Encoding: identity\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
-            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: identity\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: xchunked\r\n\r\n",
@@ -651,16 +749,42 @@ mod tests {
         ] {
             assert!(is_malformed(raw), "{:?}", String::from_utf8_lossy(raw));
         }
+        let gzip = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
+        assert!(matches!(error(gzip), HeadError::NotImplemented(_)));
+    }
+
+    #[test]
+    fn host_values() {
+        for good in ["", "h", "127.0.0.1:7070", "[::1]", "[::1]:80", "a-b.example_c~d", "x:"] {
+            assert!(valid_host(good.as_bytes()), "{good}");
+        }
+        for bad in ["exa mple", "user@h", "h/p", "a, b", "a,b", "x:abc", "[::1", "[]", "[::1]x", "x:65536", "x:123456"]
+        {
+            assert!(!valid_host(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn absolute_form_and_later_minor_versions() {
+        with_head(b"POST http://h:1/pools/p?x HTTP/1.1\r\nHost: other\r\n\r\n", |r| {
+            let h = r.unwrap().unwrap();
+            assert_eq!((h.path, h.host), ("/pools/p?x", Some(&b"h:1"[..])));
+        });
+        assert!(is_malformed(b"GET http://a@h/ HTTP/1.1\r\nHost: h\r\n\r\n"));
+        let mut raw = *b"GET / HTTP/1.2\r\nHost: h\r\n\r\n";
+        assert_eq!(error(&raw), HeadError::NewerMinorVersion);
+        assert!(serve_as_http11(&mut raw));
+        assert!(summary(&raw).1, "served as HTTP/1.1");
+        let gone = b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n";
+        assert!(!summary(gone).4, "no 100-continue for HTTP/1.0");
     }
 
     #[test]
     fn request_line_rules() {
         for raw in [
-            &b"GET http://h/ HTTP/1.1\r\nHost: h\r\n\r\n"[..],
-            b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n",
+            &b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n"[..],
             b"GET h/ HTTP/1.1\r\nHost: h\r\n\r\n",
             b"GET / HTTP/2.0\r\nHost: h\r\n\r\n",
-            b"GET / HTTP/1.2\r\nHost: h\r\n\r\n",
             b"GET / HTTP/0.9\r\nHost: h\r\n\r\n",
             b"GET / http/1.1\r\nHost: h\r\n\r\n",
             b"GET /\r\n\r\n",

@@ -19,6 +19,7 @@ pub enum Status {
     PayloadTooLarge,
     TooManyRequests,
     HeaderFieldsTooLarge,
+    NotImplemented,
     ServiceUnavailable,
     GatewayTimeout,
 }
@@ -37,6 +38,7 @@ impl Status {
             Status::PayloadTooLarge => 413,
             Status::TooManyRequests => 429,
             Status::HeaderFieldsTooLarge => 431,
+            Status::NotImplemented => 501,
             Status::ServiceUnavailable => 503,
             Status::GatewayTimeout => 504,
         }
@@ -55,10 +57,67 @@ impl Status {
             Status::PayloadTooLarge => b"HTTP/1.1 413 Payload Too Large\r\n",
             Status::TooManyRequests => b"HTTP/1.1 429 Too Many Requests\r\n",
             Status::HeaderFieldsTooLarge => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
+            Status::NotImplemented => b"HTTP/1.1 501 Not Implemented\r\n",
             Status::ServiceUnavailable => b"HTTP/1.1 503 Service Unavailable\r\n",
             Status::GatewayTimeout => b"HTTP/1.1 504 Gateway Timeout\r\n",
         }
     }
+}
+
+/// `Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n` (RFC 9110 §5.6.7).
+const DATE_LEN: usize = 37;
+
+thread_local! {
+    /// The `Date` header line of every answer, and the second it shows. The
+    /// reactor sets the time once per turn; the line is rebuilt only when the
+    /// second changes, so an answer copies 37 bytes.
+    static DATE: std::cell::Cell<(u64, [u8; DATE_LEN])> = const { std::cell::Cell::new((u64::MAX, *b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n")) };
+}
+
+/// Sets the time answers show in `Date`, from Unix epoch milliseconds.
+pub fn set_date(epoch_ms: u64) {
+    let secs = epoch_ms / 1000;
+    DATE.with(|d| {
+        if d.get().0 != secs {
+            d.set((secs, date_line(secs)));
+        }
+    });
+}
+
+/// The `Date` header line for a Unix time in seconds, IMF-fixdate.
+fn date_line(secs: u64) -> [u8; DATE_LEN] {
+    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const MONTHS: [&[u8; 3]; 12] =
+        [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
+    let days = secs / 86_400;
+    let (year, month, day) = civil_from_days(days as i64);
+    let rem = secs % 86_400;
+    let two = |v: u64| [b'0' + (v / 10 % 10) as u8, b'0' + (v % 10) as u8];
+    let mut line = *b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n";
+    line[6..9].copy_from_slice(DAYS[(days % 7) as usize]);
+    line[11..13].copy_from_slice(&two(day as u64));
+    line[14..17].copy_from_slice(MONTHS[month as usize - 1]);
+    let y = year.clamp(0, 9999) as u64;
+    line[18..20].copy_from_slice(&two(y / 100));
+    line[20..22].copy_from_slice(&two(y));
+    line[23..25].copy_from_slice(&two(rem / 3600));
+    line[26..28].copy_from_slice(&two(rem % 3600 / 60));
+    line[29..31].copy_from_slice(&two(rem % 60));
+    line
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// The interim answer to `Expect: 100-continue`.
@@ -76,6 +135,7 @@ impl<'a> Writer<'a> {
         // never reallocate in the middle.
         out.reserve(512);
         out.extend_from_slice(status.line());
+        DATE.with(|d| out.extend_from_slice(&d.get().1));
         Writer { out }
     }
 
@@ -164,13 +224,21 @@ mod tests {
     #[test]
     fn writes_a_complete_response() {
         let mut out = Vec::new();
+        set_date(1_696_004_797_123);
         let mut w = Writer::start(&mut out, Status::TooManyRequests);
         w.header_u64(b"Retry-After", 2);
         w.finish_json(b"{}", true);
         assert_eq!(
             out,
-            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 2\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+            b"HTTP/1.1 429 Too Many Requests\r\nDate: Fri, 29 Sep 2023 16:26:37 GMT\r\nRetry-After: 2\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
         );
+    }
+
+    #[test]
+    fn dates_are_imf_fixdate() {
+        assert_eq!(&date_line(0), b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n");
+        assert_eq!(&date_line(951_782_400), b"Date: Tue, 29 Feb 2000 00:00:00 GMT\r\n");
+        assert_eq!(&date_line(1_784_303_999), b"Date: Fri, 17 Jul 2026 15:59:59 GMT\r\n");
     }
 
     #[test]

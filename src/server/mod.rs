@@ -31,7 +31,8 @@ use crate::config::Config;
 use crate::governor::{Ms, Notice};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
-    head_may_be_complete, header_storage, parse_head, BodyFraming, Head, HeadError, Method, MAX_HEAD_BYTES,
+    head_may_be_complete, header_storage, parse_head, serve_as_http11, BodyFraming, Head, HeadError, Method,
+    MAX_HEAD_BYTES,
 };
 use crate::http::response::{Status, CONTINUE};
 use admin::ServerStats;
@@ -192,6 +193,7 @@ impl Server {
             self.turn_started = Instant::now();
             self.now = self.clock.ms_at(self.turn_started);
             self.app.sample_history(self.now, self.clock.epoch_base_ms());
+            crate::http::response::set_date(self.clock.epoch_base_ms() + self.now);
             let mut carried = std::mem::take(&mut self.ready_carry);
             let (mut accept_public, mut accept_admin) = (false, false);
             for event in events.iter() {
@@ -527,10 +529,21 @@ impl Server {
                     conn.head_scanned = data.len();
                     break;
                 }
+                Err(HeadError::NewerMinorVersion) => {
+                    let (start, end) = (conn.input.start, conn.input.end);
+                    if serve_as_http11(&mut conn.input.buf[start..end]) {
+                        continue;
+                    }
+                    app.write_error(&mut conn.output, ApiError::BadRequest("Only HTTP/1.x is served."), true);
+                    conn.close_after_flush = true;
+                    break;
+                }
                 Err(e) => {
                     let error = match e {
                         HeadError::TooLarge => ApiError::HeadTooLarge,
                         HeadError::Malformed(why) => ApiError::BadRequest(why),
+                        HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
+                        HeadError::NewerMinorVersion => unreachable!("handled above"),
                     };
                     app.write_error(&mut conn.output, error, true);
                     conn.close_after_flush = true;

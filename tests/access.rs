@@ -594,3 +594,56 @@ fn access_log_has_one_line_per_acquire_attempt_and_no_secrets() {
     assert!(!text.contains(KEY), "the pool key is never logged");
     assert!(!text.contains(WRONG_KEY), "a presented wrong key is never logged");
 }
+
+#[test]
+fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
+    let mut s = TestServer::start(&config_with_access_log(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#));
+    let _held = s.acquire("", "").slot();
+    let queue = |s: &TestServer| {
+        let mut c = s.connect();
+        std::io::Write::write_all(&mut c, &post(ACQUIRE, KEY, "", r#"{"waitMs":5000}"#)).unwrap();
+        // Long enough to be queued and to have waited a measurable time.
+        thread::sleep(Duration::from_millis(400));
+        c
+    };
+    drop(queue(&s));
+    queue(&s).shutdown(std::net::Shutdown::Write).unwrap();
+    let framing = [
+        format!(
+            "POST {ACQUIRE} HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        ),
+        format!("POST {ACQUIRE} HTTP/1.1\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n"),
+    ];
+    for raw in &framing {
+        assert_eq!(s.request(raw.as_bytes()).status, 400, "{raw}");
+    }
+    let mut at_shutdown = queue(&s);
+    thread::sleep(Duration::from_millis(400));
+    s.signal("TERM");
+    let r = common::read_response(&mut at_shutdown).expect("the waiter is answered at shutdown");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+
+    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let summary: Vec<(u64, &str)> =
+        lines.iter().map(|l| (l["status"].as_u64().unwrap(), l["error"].as_str().unwrap_or("-"))).collect();
+    assert_eq!(
+        summary,
+        [
+            (200, "-"),
+            (504, "client_gone"),
+            (504, "client_gone"),
+            (400, "bad_request"),
+            (400, "bad_request"),
+            (503, "unavailable")
+        ],
+        "one line per acquire attempt:\n{text}"
+    );
+    for l in [&lines[1], &lines[2]] {
+        assert_eq!(l["waitMs"], 5000, "{l}");
+        assert!(l["queuedMs"].as_u64().unwrap() >= 100, "a gone waiter's line shows its wait: {l}");
+    }
+    assert!(lines[5]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[5]);
+    assert!(lines[3..5].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
+}

@@ -376,13 +376,28 @@ impl App {
         queued_ms: u64,
         slot_ref: Option<u32>,
     ) {
-        let server_us = attempt.started.elapsed().as_micros() as u64;
-        self.latency[attempt.pool.0 as usize].observe(server_us);
         let code = match status {
             Status::Ok => None,
             Status::GatewayTimeout => Some("queue_timeout"),
             _ => Some("too_many_requests"),
         };
+        self.log_acquire(attempt, epoch_now, status, code, reason, queued_ms, slot_ref);
+    }
+
+    /// Counts and logs one answered acquire under the log's error `code`.
+    #[allow(clippy::too_many_arguments)]
+    fn log_acquire(
+        &mut self,
+        attempt: &Attempt,
+        epoch_now: u64,
+        status: Status,
+        code: Option<&'static str>,
+        reason: Option<DenyReason>,
+        queued_ms: u64,
+        slot_ref: Option<u32>,
+    ) {
+        let server_us = attempt.started.elapsed().as_micros() as u64;
+        self.latency[attempt.pool.0 as usize].observe(server_us);
         self.history[attempt.pool.0 as usize].1.push(history::Attempt {
             epoch_ms: epoch_now,
             status: status.code(),
@@ -423,25 +438,80 @@ impl App {
         self.write_grant(out, grant, epoch_base_ms, close);
     }
 
-    /// A queued acquire cut short by shutdown: `503` with `Retry-After`, logged;
-    /// `close` when nothing was pipelined behind it.
+    /// A queued acquire cut short by shutdown: `503` with `Retry-After`,
+    /// logged with the time it waited; `close` when nothing was pipelined behind it.
     pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, attempt: &Attempt, epoch_now: u64, close: bool) {
         let error = ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
         self.rejections.count(error.status());
-        let server_us = attempt.started.elapsed().as_micros() as u64;
+        self.log_queued_end(attempt, epoch_now, error.status().code(), error.code());
+        error.write(out, &mut self.scratch, close);
+    }
+
+    /// A queued acquire whose connection ended before it was answered: it
+    /// leaves the queue, and its log line says `client_gone` with status 499
+    /// (no answer was sent) and the time it waited.
+    pub fn waiter_gone(&mut self, queued: &Queued, owner: u64, epoch_now: u64) {
+        self.gov.cancel_waiter(queued.key, owner);
+        self.log_queued_end(&queued.attempt, epoch_now, CLIENT_GONE_STATUS, "client_gone");
+    }
+
+    /// The log line of a queued acquire that ends without a governor answer.
+    fn log_queued_end(&mut self, attempt: &Attempt, epoch_now: u64, status: u16, code: &'static str) {
+        // The attempt started in the turn its request arrived, so this is
+        // the time spent queued (to the turn's precision).
+        let waited = attempt.started.elapsed();
+        self.history[attempt.pool.0 as usize].1.push(history::Attempt {
+            epoch_ms: epoch_now,
+            status,
+            error: Some(code),
+            reason: None,
+            wait_ms: attempt.wait_ms,
+            queued_ms: waited.as_millis() as u64,
+            server_us: waited.as_micros() as u64,
+            slot_ref: None,
+        });
         self.log.record(&Record {
             epoch_ms: epoch_now,
             pool: &self.gov.pool(attempt.pool).name,
             client: attempt.client,
+            status,
+            error: Some(code),
+            deny_reason: None,
+            wait_ms: attempt.wait_ms,
+            queued_ms: waited.as_millis() as u64,
+            server_us: waited.as_micros() as u64,
+            slot_ref: None,
+        });
+    }
+
+    /// Answers a head refused before it could be used (framing, version,
+    /// size) and closes; if its request line names an acquire route, the
+    /// attempt is logged (by the peer's address: no header is trusted).
+    pub fn refuse_head(
+        &mut self,
+        input: &[u8],
+        peer: IpAddr,
+        started: Instant,
+        epoch_now: u64,
+        error: ApiError,
+        out: &mut Vec<u8>,
+    ) {
+        self.write_error(out, error, true);
+        let Some(Route::Acquire { pool }) = request_target(input).and_then(route::route) else {
+            return;
+        };
+        self.log.record(&Record {
+            epoch_ms: epoch_now,
+            pool,
+            client: peer,
             status: error.status().code(),
             error: Some(error.code()),
             deny_reason: None,
-            wait_ms: attempt.wait_ms,
+            wait_ms: 0,
             queued_ms: 0,
-            server_us,
+            server_us: started.elapsed().as_micros() as u64,
             slot_ref: None,
         });
-        error.write(out, &mut self.scratch, close);
     }
 
     /// A `429` or `504` for an acquire, logged.
@@ -464,7 +534,7 @@ impl App {
     pub fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, epoch_now: u64) {
         let status = Status::GatewayTimeout;
         self.rejections.count(status);
-        self.note_acquire(attempt, epoch_now, status, Some(denial.reason), denial.queued_ms, None);
+        self.log_acquire(attempt, epoch_now, status, Some("client_gone"), Some(denial.reason), denial.queued_ms, None);
         let message = "The client half-closed its connection, so its wait ended without a slot.";
         self.write_denial_as(out, denial, status, "queue_timeout", message, false);
     }
@@ -527,6 +597,22 @@ impl App {
     pub fn write_error(&mut self, out: &mut Vec<u8>, error: ApiError, close: bool) {
         self.rejections.count(error.status());
         error.write(out, &mut self.scratch, close);
+    }
+}
+
+/// The status an access-log line shows for a waiter that went away unanswered
+/// (nginx's "client closed request"); never sent on the wire.
+pub const CLIENT_GONE_STATUS: u16 = 499;
+
+/// The path of the request line at the start of `input`, origin or absolute
+/// form, if the line is there and is text.
+fn request_target(input: &[u8]) -> Option<&str> {
+    let line = &input[..input.iter().position(|&b| b == b'\n').unwrap_or(input.len())];
+    let target = line.split(|&b| b == b' ').nth(1)?;
+    let target = std::str::from_utf8(target).ok()?;
+    match target.split_once("://") {
+        Some((_, rest)) => rest.find('/').map(|i| &rest[i..]),
+        None => Some(target),
     }
 }
 

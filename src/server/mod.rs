@@ -545,7 +545,8 @@ impl Server {
                         HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
                         HeadError::NewerMinorVersion => unreachable!("handled above"),
                     };
-                    app.write_error(&mut conn.output, error, true);
+                    let epoch_now = clock.epoch_base_ms() + now;
+                    app.refuse_head(data, conn.peer.ip(), *turn_started, epoch_now, error, &mut conn.output);
                     conn.close_after_flush = true;
                     break;
                 }
@@ -650,7 +651,7 @@ impl Server {
             if conn.read_closed {
                 // A half-closed client leaves the queue at once.
                 if let Some(q) = conn.waiting.take() {
-                    self.app.gov.cancel_waiter(q.key, owner(token, serial));
+                    self.app.waiter_gone(&q, owner(token, serial), self.clock.epoch_base_ms() + now);
                 }
                 conn.close_after_flush = true;
             }
@@ -808,7 +809,7 @@ impl Server {
         *(if conn.admin { &mut self.open_admin } else { &mut self.open_public }) -= 1;
         let o = owner(token, conn.serial);
         if let Some(q) = conn.waiting.take() {
-            self.app.gov.cancel_waiter(q.key, o);
+            self.app.waiter_gone(&q, o, self.clock.epoch_base_ms() + self.now);
         }
         if let Some((_, key)) = conn.timer.take() {
             self.app.gov.cancel_timer(key);

@@ -276,7 +276,7 @@ cat >"$WORK/nthpool.json" <<JSON
 {
   "listen": "127.0.0.1:$PORT",
   "adminListen": null,
-  "accessLog": null,
+  "accessLog": "$WORK/access.log",
   "maxConnections": 1000000,
   "pools": {
     "bench": { "keys": ["$KEY"], "concurrency": 1000000, "adaptive": false },
@@ -459,11 +459,58 @@ LUA
     python3 "$WORK/row.py" header
     for round in $(seq 1 "$ROUNDS"); do
         row "nthpool: acquire -> release" "$WORK/x$round.json"
-        row "nginx: GET /grant.json (static file)" "$WORK/ng$round.json"
+        row "nginx: GET /grant.json (return 200)" "$WORK/ng$round.json"
         row "redis: EVALSHA acquire -> ZREM release" "$WORK/rd$round.json"
     done
     row "nthpool again" "$WORK/x$((ROUNDS + 1)).json"
     python3 "$WORK/row.py" compare "${XS[@]}" -- "${NGS[@]}" -- "${RDS[@]}"
+
+    # The same comparison with an independent client, so that no ratio rests
+    # on one load tool: wrk, one thread on CPU 1, acquire -> release cycles
+    # from a Lua script that takes each slotId from the grant body.
+    if ! command -v wrk >/dev/null; then
+        say "  installing wrk with apt-get..."
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk >/dev/null ||
+            die "apt-get install wrk failed"
+    fi
+    cat >"$WORK/cycle.lua" <<LUA
+-- Acquire, then release each granted slot with a {"status":200} report.
+local acquire = wrk.format("POST", "/pools/bench/lock/acquire", { ["X-Nthpool-Key"] = "$KEY" }, "")
+local slots = {}
+function request()
+  local slot = table.remove(slots)
+  if slot then
+    return wrk.format("POST", "/pools/bench/lock/" .. slot .. "/release",
+      { ["X-Nthpool-Key"] = "$KEY", ["Content-Type"] = "application/json" }, '{"status":200}')
+  end
+  return acquire
+end
+function response(status, headers, body)
+  local slot = body:match('"slotId":"([^"]+)"')
+  if slot then slots[#slots + 1] = slot end
+end
+LUA
+    wrk_rps() {
+        "${ON_CLIENT[@]}" wrk -t1 -c "$CONNS" -d "${DURATION}s" "$@" >"$WORK/wrk.out" 2>&1 || true
+        awk '/^Requests\/sec:/ { print $2 }' "$WORK/wrk.out"
+    }
+    WX=() WNG=()
+    for round in $(seq 1 "$ROUNDS"); do
+        WX+=("$(wrk_rps -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
+        WNG+=("$(wrk_rps "http://$NGINX_ADDR/grant.json")")
+    done
+    WX+=("$(wrk_rps -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
+    say ""
+    say "comparison with wrk ($(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)), one thread, $CONNS connections, interleaved"
+    say "  nthpool acquire -> release requests/s: ${WX[*]}"
+    say "  nginx return 200 requests/s:          ${WNG[*]}"
+    python3 -c '
+import statistics, sys
+xs, ng = sys.argv[1].split(), sys.argv[2].split()
+x, n = statistics.median(map(float, xs)), statistics.median(map(float, ng))
+print(f"  wrk requests/s ratio nthpool/nginx: {x / n:.3f} (medians {x:.0f} / {n:.0f}); run by run: "
+      + " ".join(f"{float(v) / n:.3f}" for v in xs))
+' "${WX[*]}" "${WNG[*]}"
 fi
 
 # --- the governor alone --------------------------------------------------------

@@ -42,7 +42,8 @@ ROOT=$(pwd)
 N1=${CG_N1:-20000}
 N2=${CG_N2:-120000}
 FILL=${CG_FILL:-1000000}
-CONNS=50
+# The two client shapes: one sequential keep-alive client, and 50 connections.
+SHAPES=(1 50)
 KEY=nthpool-bench-key
 PORT=27170
 NGINX_PORT=27180
@@ -66,7 +67,7 @@ cat >"$WORK/nthpool.json" <<JSON
 {
   "listen": "127.0.0.1:$PORT",
   "adminListen": null,
-  "accessLog": null,
+  "accessLog": "$WORK/access.log",
   "maxConnections": 100000,
   "pools": {
     "bench": { "keys": ["$KEY"], "concurrency": 1000000, "adaptive": false },
@@ -95,7 +96,7 @@ measure() {
     for i in 1 2; do
         local n=$N1
         [ "$i" = 2 ] && n=$N2
-        "${ON_CLIENT[@]}" "$BIN/nthpool-bench" --json -c "$CONNS" -n "$n" -d 600 "$@" \
+        "${ON_CLIENT[@]}" "$BIN/nthpool-bench" --json -n "$n" -d 600 "$@" \
             >"$WORK/$name-$i.json" 2>"$WORK/$name-$i.err" || die "$name run $i failed: $(cat "$WORK/$name-$i.err")"
         # Let the server finish closing this run's connections inside the
         # same counting period, so both periods hold one set-up and tear-down.
@@ -139,10 +140,12 @@ print(f"{label:<40} {req1:>9} {ir1:>13} {req2:>9} {ir2:>13} {per:>12.0f}")
 ' "$label" "$ir1" "$req1" "$ir2" "$req2")")
 }
 
-say "nthpool, empty: $N1 then $N2 requests under callgrind..."
+say "nthpool, empty, access log on: $N1 then $N2 requests under callgrind, ${SHAPES[*]} connections..."
 start_nthpool empty
-record "nthpool acquire/release, empty" "$(measure empty "$SERVER" "$WORK/empty.out" \
-    --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench)"
+for c in "${SHAPES[@]}"; do
+    record "nthpool acquire/release, empty, c=$c" "$(measure "empty$c" "$SERVER" "$WORK/empty.out" \
+        --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c "$c")"
+done
 # A real grant body, for nginx to serve as a file of the same size.
 python3 - "$PORT" "$KEY" "$WORK/grant.json" <<'PY' || true
 import http.client, sys
@@ -162,13 +165,18 @@ start_nthpool full
 "${ON_CLIENT[@]}" "$BIN/nthpool-bench" --addr "127.0.0.1:$PORT" --key "$KEY" --pool full --fill "$FILL" -c 64 \
     -d 240 >"$WORK/fill.txt" 2>&1 || die "fill failed: $(cat "$WORK/fill.txt")"
 FILLED=$(sed -n 's/^ *\([0-9]*\) granted in \([0-9.]*\) s.*/\1 slots in \2 s/p' "$WORK/fill.txt")
-record "nthpool acquire/release, 1M held" "$(measure full "$SERVER" "$WORK/full.out" \
-    --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench)"
+record "nthpool acquire/release, 1M held, c=50" "$(measure full "$SERVER" "$WORK/full.out" \
+    --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c 50)"
 stop "$SERVER"
 
 NGINX_NOTE="nginx is not installed: no comparison (apt-get install nginx, or scripts/bench.sh --compare)"
+if ! command -v nginx >/dev/null && [ "$(id -u)" = 0 ]; then
+    say "installing nginx (apt-get)..."
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null 2>&1 ||
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null 2>&1 || true
+fi
 if command -v nginx >/dev/null; then
-    say "nginx: $N1 then $N2 GET /grant.json under callgrind..."
+    say "nginx: $N1 then $N2 GET /grant.json (return 200) under callgrind, ${SHAPES[*]} connections..."
     mkdir -p "$WORK/www" "$WORK/nginx-tmp"
     [ -s "$WORK/grant.json" ] || die "could not fetch a grant body from nthpool"
     cp "$WORK/grant.json" "$WORK/www/grant.json"
@@ -185,14 +193,16 @@ NGINX
     NGINX_PID=$!
     PIDS+=("$NGINX_PID")
     wait_port "$NGINX_PORT" "$NGINX_PID" 600 || die "nginx under valgrind did not start: $(tail "$WORK/nginx.log")"
-    record "nginx GET /grant.json (static)" "$(measure nginx "$NGINX_PID" "$WORK/nginx.out" \
-        --addr "127.0.0.1:$NGINX_PORT" --get /grant.json)"
+    for c in "${SHAPES[@]}"; do
+        record "nginx return 200, c=$c" "$(measure "nginx$c" "$NGINX_PID" "$WORK/nginx.out" \
+            --addr "127.0.0.1:$NGINX_PORT" --get /grant.json -c "$c")"
+    done
     stop "$NGINX_PID"
-    NGINX_NOTE="nginx: $(nginx -v 2>&1 | sed 's/.*: //'), one process, static file of $(wc -c <"$WORK/www/grant.json") bytes"
+    NGINX_NOTE="nginx: $(nginx -v 2>&1 | sed 's/.*: //'), one process, return 200 with a body of $(wc -c <"$WORK/www/grant.json") bytes"
 fi
 
 say ""
-say "====== user-space instructions per request (callgrind Ir), $CONNS connections, 127.0.0.1 ======"
+say "====== user-space instructions per request (callgrind Ir), access log on, 127.0.0.1 ======"
 say "  $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(valgrind --version); $NGINX_NOTE"
 say "  an nthpool request is one acquire or one release (a cycle is two); the fill: ${FILLED:-?}"
 printf '%-40s %9s %13s %9s %13s %12s\n' "server" "requests1" "Ir1" "requests2" "Ir2" "Ir/request"

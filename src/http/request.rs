@@ -266,6 +266,23 @@ fn split_target(target: &str) -> Result<(&str, Option<&[u8]>), HeadError> {
     Ok((path, Some(authority.as_bytes())))
 }
 
+/// The bytes of a registered name or IPv4 address in `Host`: unreserved,
+/// `%` of percent-encoding and the sub-delimiters but `,`.
+static REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.' | b'_' | b'~' | b'%' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b';' | b'='
+            );
+        i += 1;
+    }
+    t
+};
+
 /// `host[:port]` as RFC 9112 §3.2 allows in `Host`: a registered name or IPv4
 /// address (unreserved, percent-encoded and sub-delimiter characters, but no
 /// comma: a list is not one host), or a bracketed IP literal; an optional port
@@ -285,8 +302,7 @@ pub fn valid_host(value: &[u8]) -> bool {
     } else {
         let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
         let name = &value[..end];
-        let reg_name = |b: &u8| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+;=".contains(b);
-        (name.iter().all(reg_name), &value[end..])
+        (name.iter().all(|&b| REG_NAME[b as usize]), &value[end..])
     };
     let port_ok = match rest {
         [] => true,

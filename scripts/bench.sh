@@ -13,16 +13,20 @@
 #       plus the server's RSS per held slot
 # then the governor micro-benchmark (no sockets).
 #
-# --compare also installs (apt-get) and starts nginx (one worker, a static JSON
-# file the size of a grant body) and Redis 7 (a ZSET semaphore in Lua), both on
-# CPU 0, and runs nthpool, nginx, Redis, nthpool again with the same load tool
-# and connection count, then prints nthpool/nginx and nthpool/Redis ratios.
+# --compare also installs (apt-get) and starts nginx (one worker, `return 200`
+# with a real grant body, access log off) and Redis 7 (a ZSET semaphore in Lua),
+# both on CPU 0, and runs nthpool, nginx, Redis, nthpool again with the same load
+# tool and connection count, then prints nthpool/nginx and nthpool/Redis ratios;
+# then nthpool and nginx again with wrk (one thread, a Lua acquire -> release
+# script that takes the slotId from each grant), so no ratio rests on one client.
+# nthpool runs with its access log on.
 #
 # Every run is bounded by BENCH_DURATION seconds (default 10); the whole script
 # takes about a minute, two with --compare (plus the build and any apt-get).
 # Environment: BENCH_DURATION, BENCH_CONNECTIONS (50), BENCH_FILL (1000000),
 # BENCH_WAITERS (as many as fit, at most 100000), BENCH_ROUNDS (1: rounds of
-# nthpool, nginx, redis before the last nthpool run), CARGO_TARGET_DIR.
+# nthpool, nginx, redis before the last nthpool run), BENCH_PORT (27070; nginx
+# and Redis listen 10 and 9 above it), CARGO_TARGET_DIR.
 set -euo pipefail
 
 COMPARE=0
@@ -48,9 +52,9 @@ FILL=${BENCH_FILL:-1000000}
 # --compare: rounds of nthpool, nginx, redis, then nthpool once more.
 ROUNDS=${BENCH_ROUNDS:-1}
 KEY=nthpool-bench-key
-PORT=27070
-NGINX_PORT=27080
-REDIS_PORT=27079
+PORT=${BENCH_PORT:-27070}
+NGINX_PORT=$((PORT + 10))
+REDIS_PORT=$((PORT + 9))
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=$CARGO_TARGET_DIR/release
 
@@ -391,8 +395,7 @@ if [ "$COMPARE" = 1 ]; then
     PIDS+=("$SERVER")
     wait_port "$PORT" "$SERVER" 100 || die "nthpool did not start again: $(cat "$WORK/nthpool.log")"
 
-    # nginx serves a real grant body, byte for byte, as a static file. Its
-    # worker runs as nobody, so the files must be readable by all.
+    # nginx answers with a real grant body, byte for byte (`return 200`).
     mkdir -p "$WORK/www" "$WORK/nginx-tmp"
     chmod 755 "$WORK" "$WORK/www"
     python3 - "$PORT" "$KEY" "$WORK/www/grant.json" <<'PY'

@@ -7,7 +7,8 @@
 # unlike requests per second they can be compared across runs and machines.
 # The release server runs under `valgrind --tool=callgrind` with one pool
 # `bench` (concurrency 1,000,000); nthpool-bench drives acquire -> release
-# cycles over 50 connections to 127.0.0.1, first for N1 requests, then for N2.
+# cycles with its access log on, over 1 and over 50 keep-alive connections to
+# 127.0.0.1, first for N1 requests, then for N2.
 # The counters are zeroed before the first run and dumped after each, so
 #     (Ir2 - Ir1) / (requests2 - requests1)
 # is the cost of one more request, with start-up, connection set-up and
@@ -17,12 +18,13 @@
 #     `nthpool-bench --fill` before the measured runs (instrumentation is off
 #     during the fill, so it is not counted at all; the subtraction removes
 #     what is left of it)
-#   - nginx serving a static JSON file the size of a grant body, if nginx is
-#     installed: `valgrind --tool=callgrind --trace-children=yes nginx -g
+#   - nginx answering `return 200` with a real grant body, access log off
+#     (installed with apt-get if missing and run as root): `valgrind --tool=callgrind --trace-children=yes nginx -g
 #     'daemon off; master_process off;'`
 # Kernel work (epoll, socket reads and writes) is not counted: callgrind sees
 # user space only. Takes about two minutes.
-# Environment: CG_N1 (20000), CG_N2 (120000), CG_FILL (1000000), CARGO_TARGET_DIR.
+# Environment: CG_N1 (20000), CG_N2 (120000), CG_FILL (1000000), CG_PORT (27170),
+# CG_NGINX_PORT (27180), CARGO_TARGET_DIR.
 set -euo pipefail
 
 case "${1:-}" in
@@ -45,8 +47,8 @@ FILL=${CG_FILL:-1000000}
 # The two client shapes: one sequential keep-alive client, and 50 connections.
 SHAPES=(1 50)
 KEY=nthpool-bench-key
-PORT=27170
-NGINX_PORT=27180
+PORT=${CG_PORT:-27170}
+NGINX_PORT=${CG_NGINX_PORT:-27180}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=$CARGO_TARGET_DIR/release
 

@@ -167,7 +167,7 @@ start_nthpool full
 "${ON_CLIENT[@]}" "$BIN/nthpool-bench" --addr "127.0.0.1:$PORT" --key "$KEY" --pool full --fill "$FILL" -c 64 \
     -d 240 >"$WORK/fill.txt" 2>&1 || die "fill failed: $(cat "$WORK/fill.txt")"
 FILLED=$(sed -n 's/^ *\([0-9]*\) granted in \([0-9.]*\) s.*/\1 slots in \2 s/p' "$WORK/fill.txt")
-record "nthpool acquire/release, 1M held, c=50" "$(measure full "$SERVER" "$WORK/full.out" \
+record "nthpool acquire/release, $FILL held, c=50" "$(measure full "$SERVER" "$WORK/full.out" \
     --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c 50)"
 stop "$SERVER"
 

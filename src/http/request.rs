@@ -300,9 +300,10 @@ pub fn valid_host(value: &[u8]) -> bool {
             None => return false,
         }
     } else {
-        let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
-        let name = &value[..end];
-        (name.iter().all(|&b| REG_NAME[b as usize]), &value[end..])
+        // One pass: the name ends at the first byte a name cannot hold, which
+        // must then be the port's colon or nothing.
+        let end = value.iter().position(|&b| !REG_NAME[b as usize]).unwrap_or(value.len());
+        (true, &value[end..])
     };
     let port_ok = match rest {
         [] => true,

@@ -478,7 +478,12 @@ LUA
     fi
     cat >"$WORK/cycle.lua" <<LUA
 -- Acquire, then release each granted slot with a {"status":200} report.
-local acquire = wrk.format("POST", "/pools/bench/lock/acquire", { ["X-Nthpool-Key"] = "$KEY" }, "")
+-- wrk.host is known in init, not when the script loads: formatted earlier,
+-- the request would go without a Host header.
+local acquire
+function init(args)
+  acquire = wrk.format("POST", "/pools/bench/lock/acquire", { ["X-Nthpool-Key"] = "$KEY" }, "")
+end
 local slots = {}
 function request()
   local slot = table.remove(slots)
@@ -495,6 +500,9 @@ end
 LUA
     wrk_rps() {
         "${ON_CLIENT[@]}" wrk -t1 -c "$CONNS" -d "${DURATION}s" "$@" >"$WORK/wrk.out" 2>&1 || true
+        if grep -q '^  Non-2xx' "$WORK/wrk.out"; then
+            say "  wrk $*: $(grep '^  Non-2xx' "$WORK/wrk.out" | sed 's/^ *//')" >&2
+        fi
         awk '/^Requests\/sec:/ { print $2 }' "$WORK/wrk.out"
     }
     WX=() WNG=()

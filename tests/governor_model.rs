@@ -547,7 +547,18 @@ impl Model {
                 if real {
                     self.touch_expired(i);
                 }
+                let before = g.pool(self.pids[route]).learning.budget().filter(|b| b.reset_at > self.now);
                 let released = g.release(self.pids[route], &slot, outcome.as_ref(), self.now);
+                let after = g.pool(self.pids[route]).learning.budget();
+                // Inside one reset window a report only lowers `remaining`;
+                // only a report of a later window (a later reset) may raise it.
+                if let (Some(b0), Some(b1)) = (before, after) {
+                    check!(
+                        self,
+                        b1.reset_at > b0.reset_at || b1.remaining <= b0.remaining,
+                        "a report raised the budget inside its window: {b0:?} -> {b1:?}"
+                    );
+                }
                 let expected = real && self.leases[i].state == LeaseState::Held;
                 check!(
                     self,

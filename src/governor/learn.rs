@@ -3,18 +3,25 @@
 //!
 //! Pure arithmetic on `now`; the governor arms the wheel entries that end a
 //! cool-down or a budget window, using the instants this module returns.
+//! Every report is O(1) and allocates nothing. The rules and why they are
+//! these are in the README ("What reports teach") and LEARNING.md.
 //!
-//! Rules (SPEC §7), in one place:
-//! - a throttled report (status 429 or `throttled > 0`) multiplies the
-//!   effective limit by 0.9, rounded down, never below 1 — once per congestion
-//!   window: only a lease granted after the last cut can cut again;
-//! - a success adds one to the limit per `effective` successes, up to
-//!   `concurrency`, and only while the pool used at least half of its limit;
-//! - a retry hint (capped at 120 s) pauses every grant until it ends;
-//! - `remaining` + `resetMs` cap the grants until the reset instant, less the
-//!   grants still in flight; `tokenRemaining: 0` + `tokenResetMs` blocks grants
-//!   until the token window resets. At the reset the budget is lifted.
-
+//! - A report is classified (`Evidence`): a refusal with an exhausted budget
+//!   (`remaining: 0` or `tokenRemaining: 0`) is a rate refusal, any other
+//!   refusal a concurrency refusal.
+//! - A rate refusal teaches the budget (and its retry hint pauses the pool:
+//!   an exhausted budget is pool-wide); it never touches the limit.
+//! - A concurrency refusal cuts the limit to the evidence: the calls still in
+//!   flight when it arrives (never below half the limit per report, never
+//!   below 1). Its retry hint pauses the pool only when refusals go on after
+//!   a cut with no success in between.
+//! - Successes grow the limit by one per `effective` successes while the pool
+//!   uses its limit, up to just under the last refused level; the step onto
+//!   that level (a probe) waits `probe_wait` such successes, which doubles on
+//!   every failed probe.
+//! - Budget windows are told apart by their reset instant: within one window
+//!   `remaining` only goes down; a report of a later window replaces it; a
+//!   report of a window that already ended is ignored.
 use super::Ms;
 
 /// The longest pause a single retry hint can impose.
@@ -64,10 +71,37 @@ impl Outcome {
     }
 }
 
-/// The upstream budget learned from the freshest report.
+/// What one report says about the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// Refused because a request or token window is spent.
+    Rate,
+    /// Refused with no sign of a spent budget: too many at once, or overload.
+    Concurrency,
+    /// Served (`status < 400`, not throttled).
+    Success,
+    /// Anything else (a 5xx, no status): teaches only its rate headers.
+    Other,
+}
+
+impl Outcome {
+    pub fn evidence(&self) -> Evidence {
+        let spent = self.rate.remaining == Some(0) || self.rate.token_remaining == Some(0);
+        match (self.is_throttled(), spent) {
+            (true, true) => Evidence::Rate,
+            (true, false) => Evidence::Concurrency,
+            (false, _) if self.is_success() => Evidence::Success,
+            _ => Evidence::Other,
+        }
+    }
+}
+
+/// The upstream request budget of one reset window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
+    /// Grants still allowed before `reset_at`.
     pub remaining: u64,
+    /// The earliest instant any report of this window put its reset at.
     pub reset_at: Ms,
 }
 
@@ -79,17 +113,56 @@ pub struct Wakeups {
     pub token_block_until: Option<Ms>,
 }
 
-#[derive(Debug, Clone)]
+/// The lease a report is about, as the governor saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    /// The congestion epoch the lease was granted in.
+    pub epoch: u32,
+    /// When it was granted.
+    pub granted_at: Ms,
+    /// `Learning::grants` right after its grant.
+    pub grant_seq: u64,
+    /// Leases of the pool still held, the reported one not counted.
+    pub in_flight: u32,
+}
+
+/// The first probe onto the last refused level waits this many successes.
+pub const PROBE_WAIT_MIN: u32 = 256;
+/// A probe that keeps failing waits at most this many successes.
+pub const PROBE_WAIT_MAX: u32 = 16_384;
+/// Concurrency refusals in a row (no success between) that make a retry hint
+/// pool-wide.
+pub const POOL_WIDE_STREAK: u32 = 3;
+
+/// Everything a pool has learned: plain fields, so it can be saved and restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Learning {
-    adaptive: bool,
-    concurrency: u32,
-    effective: u32,
+    pub adaptive: bool,
+    pub concurrency: u32,
+    /// The concurrency limit in force, in `[1, concurrency]`.
+    pub effective: u32,
+    /// The lowest in-flight count the upstream refused since the last
+    /// successful probe (`0`: none known). Growth stops just under it.
+    pub refused_at: u32,
+    /// Successes at full use needed before probing `refused_at`.
+    pub probe_wait: u32,
     /// Bumped at every cut; leases remember the epoch they were granted in.
-    epoch: u32,
-    successes: u32,
-    cooldown_until: Ms,
-    budget: Option<Budget>,
-    token_block_until: Ms,
+    pub epoch: u32,
+    /// Successes counted towards the next step of growth.
+    pub successes: u32,
+    /// Concurrency refusals since the last success.
+    pub refusal_streak: u32,
+    /// Grants made so far (orders reports against grants).
+    pub grants: u64,
+    pub cooldown_until: Ms,
+    pub budget: Option<Budget>,
+    /// The requests the upstream allows per window, when it said.
+    pub budget_limit: Option<u64>,
+    /// The longest reset the upstream announced: the window length.
+    pub window_ms: u64,
+    /// The reset instant of the window that ended last: reports of it are stale.
+    pub ended_reset_at: Ms,
+    pub token_block_until: Ms,
 }
 
 /// Why a pool cannot grant right now, and for how long that is known to last.
@@ -105,10 +178,17 @@ impl Learning {
             adaptive,
             concurrency,
             effective: concurrency,
+            refused_at: 0,
+            probe_wait: PROBE_WAIT_MIN,
             epoch: 0,
             successes: 0,
+            refusal_streak: 0,
+            grants: 0,
             cooldown_until: 0,
             budget: None,
+            budget_limit: None,
+            window_ms: 0,
+            ended_reset_at: 0,
             token_block_until: 0,
         }
     }
@@ -137,9 +217,7 @@ impl Learning {
             self.effective = self.effective.min(concurrency);
         }
         if !adaptive {
-            self.cooldown_until = 0;
-            self.budget = None;
-            self.token_block_until = 0;
+            *self = Learning { grants: self.grants, ..Learning::new(concurrency, false) };
         }
     }
 
@@ -157,57 +235,55 @@ impl Learning {
         (wait > 0).then_some(Pause::Budget(wait))
     }
 
-    /// Counts a grant against the learned budget (lifting one whose window ended).
+    /// Counts a grant against the learned budget (moving on from a window that ended).
     pub fn on_grant(&mut self, now: Ms) {
-        self.on_budget_reset(now);
+        self.grants += 1;
+        let _ = self.on_budget_reset(now);
         if let Some(b) = &mut self.budget {
             b.remaining = b.remaining.saturating_sub(1);
         }
     }
 
-    /// A wheel entry set by `Wakeups::budget_reset_at` fired.
-    pub fn on_budget_reset(&mut self, now: Ms) {
-        if matches!(self.budget, Some(b) if b.reset_at <= now) {
-            self.budget = None;
-        }
+    /// A wheel entry set by `Wakeups::budget_reset_at` fired: a window that
+    /// ended is refilled to the known limit for one more window, or lifted.
+    pub fn on_budget_reset(&mut self, now: Ms) -> Option<Ms> {
+        let b = self.budget.filter(|b| b.reset_at <= now)?;
+        self.ended_reset_at = b.reset_at;
+        self.budget = match (self.budget_limit, self.window_ms) {
+            (Some(limit), w) if w > 0 => {
+                let mut reset_at = b.reset_at + w;
+                if reset_at <= now {
+                    reset_at = now + w;
+                }
+                Some(Budget { remaining: limit, reset_at })
+            }
+            _ => None,
+        };
+        self.budget.map(|b| b.reset_at)
     }
 
-    /// Applies a report about a lease granted in `lease_epoch`. `held_before`
-    /// counts the reported lease; `in_flight` are the other leases still held.
-    pub fn on_report(&mut self, o: &Outcome, lease_epoch: u32, held_before: u32, in_flight: u32, now: Ms) -> Wakeups {
+    /// Applies a report about `lease` at `now`.
+    pub fn on_report(&mut self, o: &Outcome, lease: Reported, now: Ms) -> Wakeups {
         let mut wake = Wakeups::default();
         if !self.adaptive {
             return wake;
         }
-        if o.is_throttled() {
-            if lease_epoch == self.epoch {
-                self.effective = (self.effective as u64 * 9 / 10).max(1) as u32;
-                self.epoch = self.epoch.wrapping_add(1);
-                self.successes = 0;
-            }
-        } else if o.is_success() && held_before as u64 * 2 >= self.effective as u64 {
-            self.successes += 1;
-            if self.successes >= self.effective {
-                self.successes = 0;
-                self.effective = (self.effective + 1).min(self.concurrency);
-            }
+        let evidence = o.evidence();
+        let mut pool_wide = false;
+        match evidence {
+            Evidence::Concurrency => pool_wide = self.on_refusal(lease),
+            Evidence::Success => self.on_success(lease),
+            Evidence::Rate => pool_wide = true,
+            Evidence::Other => {}
         }
-        if let Some(hint) = o.rate.retry_after_ms.filter(|&h| h > 0) {
+        if let Some(hint) = o.rate.retry_after_ms.filter(|&h| h > 0 && pool_wide) {
             let until = now + hint.min(MAX_COOLDOWN_MS);
             if until > self.cooldown_until {
                 self.cooldown_until = until;
                 wake.cooldown_until = Some(until);
             }
         }
-        if let (Some(remaining), Some(reset)) = (o.rate.remaining, o.rate.reset_ms) {
-            if reset > 0 {
-                let reset_at = now + reset.min(MAX_BUDGET_WINDOW_MS);
-                self.budget = Some(Budget { remaining: remaining.saturating_sub(in_flight as u64), reset_at });
-                wake.budget_reset_at = Some(reset_at);
-            } else {
-                self.budget = None;
-            }
-        }
+        wake.budget_reset_at = self.learn_budget(&o.rate, lease, now);
         if let (Some(0), Some(reset)) = (o.rate.token_remaining, o.rate.token_reset_ms) {
             let until = now + reset.min(MAX_BUDGET_WINDOW_MS);
             if until > self.token_block_until {
@@ -217,13 +293,99 @@ impl Learning {
         }
         wake
     }
+
+    /// A concurrency refusal: the upstream allows about the calls still in
+    /// flight. Says whether the refusals have become pool-wide.
+    fn on_refusal(&mut self, lease: Reported) -> bool {
+        self.refusal_streak = self.refusal_streak.saturating_add(1);
+        let level = lease.in_flight + 1;
+        let target = lease.in_flight.max(self.effective / 2).max(1);
+        if lease.epoch == self.epoch {
+            // A new congestion window: the level refused is remembered, and a
+            // refused probe makes the next one wait twice as long.
+            if self.refused_at != 0 && level >= self.refused_at {
+                self.probe_wait = (self.probe_wait.saturating_mul(2)).min(PROBE_WAIT_MAX);
+            }
+            self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
+            self.epoch = self.epoch.wrapping_add(1);
+            self.successes = 0;
+            let pool_wide = self.refusal_streak >= POOL_WIDE_STREAK;
+            self.effective = self.effective.min(target);
+            return pool_wide;
+        }
+        // A report of the burst that caused the cut: follow the evidence down.
+        self.effective = self.effective.min(target);
+        false
+    }
+
+    fn on_success(&mut self, lease: Reported) {
+        self.refusal_streak = 0;
+        let held_before = lease.in_flight + 1;
+        if held_before < self.effective || self.effective >= self.concurrency {
+            return;
+        }
+        self.successes += 1;
+        let probing = self.refused_at != 0 && self.effective + 1 >= self.refused_at;
+        let needed = if probing { self.probe_wait.max(self.effective) } else { self.effective };
+        if self.successes >= needed {
+            self.successes = 0;
+            if probing && self.effective >= self.refused_at {
+                // The probed level held: the old refusal no longer binds.
+                self.refused_at = self.effective + 1;
+                self.probe_wait = (self.probe_wait / 2).max(PROBE_WAIT_MIN);
+            }
+            self.effective = (self.effective + 1).min(self.concurrency);
+        }
+    }
+
+    /// Learns the request budget from `remaining` and its reset; returns the
+    /// instant to wake at when it set one.
+    fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms) -> Option<Ms> {
+        if let Some(limit) = rate.limit.filter(|&l| l > 0) {
+            self.budget_limit = Some(limit);
+        }
+        let (Some(remaining), Some(reset)) = (rate.remaining, rate.reset_ms) else {
+            return None;
+        };
+        if reset == 0 {
+            return None;
+        }
+        let reset = reset.min(MAX_BUDGET_WINDOW_MS);
+        self.window_ms = self.window_ms.max(reset);
+        // The headers were stamped between the grant and now, so the window
+        // resets between `earliest` and `latest`. A whole number of seconds
+        // may have been rounded up by up to a second.
+        let slack = if reset % 1000 == 0 { 1000 } else { 0 };
+        let earliest = (lease.granted_at + reset).saturating_sub(slack);
+        let latest = now + reset;
+        if earliest < self.ended_reset_at {
+            return None; // a window that already ended
+        }
+        // Grants made after this lease's grant are not in its `remaining`.
+        let since = self.grants.saturating_sub(lease.grant_seq);
+        let left = remaining.saturating_sub(since);
+        let _ = self.on_budget_reset(now);
+        match &mut self.budget {
+            Some(b) if earliest <= b.reset_at => {
+                // The same window: `remaining` only goes down.
+                b.remaining = b.remaining.min(left);
+                let moved = latest < b.reset_at;
+                b.reset_at = b.reset_at.min(latest);
+                moved.then_some(b.reset_at)
+            }
+            _ => {
+                self.budget = Some(Budget { remaining: left, reset_at: latest });
+                Some(latest)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn throttled() -> Outcome {
+    fn concurrency_429() -> Outcome {
         Outcome { status: Some(429), throttled: 1, ..Outcome::default() }
     }
 
@@ -231,94 +393,206 @@ mod tests {
         Outcome { status: Some(200), ..Outcome::default() }
     }
 
+    fn with_budget(o: Outcome, remaining: u64, reset_ms: u64) -> Outcome {
+        Outcome { rate: RateInfo { remaining: Some(remaining), reset_ms: Some(reset_ms), ..o.rate }, ..o }
+    }
+
+    /// A lease granted now, in the current epoch.
+    fn grant(l: &mut Learning, now: Ms) -> (u32, Ms, u64) {
+        l.on_grant(now);
+        (l.epoch, now, l.grants)
+    }
+
+    fn about((epoch, granted_at, grant_seq): (u32, Ms, u64), in_flight: u32) -> Reported {
+        Reported { epoch, granted_at, grant_seq, in_flight }
+    }
+
+    /// Cause 1: one per-request concurrency 429 with a retry hint stopped
+    /// every grant of a pool whose other calls were succeeding.
     #[test]
-    fn one_burst_of_429s_is_one_cut() {
-        let mut l = Learning::new(20, true);
-        let epoch = l.epoch();
-        for _ in 0..5 {
-            l.on_report(&throttled(), epoch, 20, 19, 0);
+    fn one_concurrency_refusal_does_not_pause_the_pool() {
+        let mut l = Learning::new(64, true);
+        let leases: Vec<_> = (0..5).map(|_| grant(&mut l, 0)).collect();
+        let hinted =
+            Outcome { rate: RateInfo { retry_after_ms: Some(1000), ..RateInfo::default() }, ..concurrency_429() };
+        let w = l.on_report(&hinted, about(leases[0], 4), 10);
+        assert_eq!(w.cooldown_until, None);
+        assert_eq!(l.pause(10), None);
+        assert!(l.effective() > 4, "one refusal with 4 calls in flight does not close the pool");
+    }
+
+    /// Refusals that go on after the cut, with no success between, are
+    /// pool-wide: then the retry hint pauses every grant.
+    #[test]
+    fn refusals_that_go_on_after_a_cut_pause_the_pool() {
+        let mut l = Learning::new(8, true);
+        let hinted =
+            Outcome { rate: RateInfo { retry_after_ms: Some(1000), ..RateInfo::default() }, ..concurrency_429() };
+        for i in 0..POOL_WIDE_STREAK {
+            let lease = grant(&mut l, i as Ms);
+            let w = l.on_report(&hinted, about(lease, 0), i as Ms);
+            assert_eq!(w.cooldown_until.is_some(), i + 1 == POOL_WIDE_STREAK, "refusal {i}");
         }
-        assert_eq!(l.effective(), 18);
-        // A lease granted after the cut can cut again.
-        l.on_report(&throttled(), l.epoch(), 18, 17, 0);
-        assert_eq!(l.effective(), 16);
+        assert!(matches!(l.pause(POOL_WIDE_STREAK as Ms), Some(Pause::Cooldown(_))));
+    }
+
+    /// Cause 2: a late report from a call admitted earlier re-opened a budget
+    /// that a newer report had closed.
+    #[test]
+    fn a_stale_report_never_reopens_a_closed_budget() {
+        let mut l = Learning::new(20, true);
+        let b = grant(&mut l, 0);
+        let a = grant(&mut l, 100);
+        l.on_report(&with_budget(ok(), 0, 5000), about(a, 1), 200);
+        assert!(matches!(l.pause(200), Some(Pause::Budget(_))));
+        l.on_report(&with_budget(ok(), 12, 5000), about(b, 0), 900);
+        assert_eq!(l.budget().unwrap().remaining, 0);
+        assert!(matches!(l.pause(900), Some(Pause::Budget(_))), "still closed inside the window");
+        // A report of a later window replaces the budget.
+        let c = grant(&mut l, 5300);
+        l.on_report(&with_budget(ok(), 40, 5700), about(c, 0), 5400);
+        assert_eq!(l.budget().unwrap().remaining, 40);
+        assert_eq!(l.pause(5400), None);
+        // A late report of the window that ended is ignored.
+        l.on_report(&with_budget(ok(), 0, 1000), about(b, 0), 5500);
+        assert_eq!(l.budget().unwrap().remaining, 40);
+    }
+
+    /// Grants made after the reported lease's grant are not in its `remaining`.
+    #[test]
+    fn grants_after_the_reported_one_are_counted() {
+        let mut l = Learning::new(10, true);
+        let first = grant(&mut l, 0);
+        grant(&mut l, 10);
+        grant(&mut l, 20);
+        l.on_report(&with_budget(ok(), 5, 700), about(first, 2), 100);
+        assert_eq!(l.budget().unwrap().remaining, 3);
+        grant(&mut l, 100);
+        grant(&mut l, 100);
+        grant(&mut l, 100);
+        assert_eq!(l.pause(100), Some(Pause::Budget(700)));
+        assert!(l.pause(799).is_some());
+        assert_eq!(l.pause(800), None);
+        let _ = l.on_budget_reset(800);
+        assert_eq!(l.budget(), None, "no known limit: lifted at the reset");
+    }
+
+    #[test]
+    fn a_known_limit_refills_the_next_window() {
+        let mut l = Learning::new(10, true);
+        let lease = grant(&mut l, 0);
+        let report = Outcome {
+            rate: RateInfo { limit: Some(6), remaining: Some(0), reset_ms: Some(600), ..RateInfo::default() },
+            ..ok()
+        };
+        l.on_report(&report, about(lease, 0), 0);
+        assert!(l.pause(0).is_some());
+        assert_eq!(l.on_budget_reset(600), Some(1200));
+        assert_eq!(l.budget(), Some(Budget { remaining: 6, reset_at: 1200 }));
+    }
+
+    /// Cause 3: a rate 429 (`remaining: 0`) also cut the concurrency limit.
+    #[test]
+    fn a_rate_refusal_teaches_the_budget_and_keeps_the_limit() {
+        let mut l = Learning::new(20, true);
+        let lease = grant(&mut l, 0);
+        let refused = Outcome {
+            rate: RateInfo {
+                remaining: Some(0),
+                reset_ms: Some(3000),
+                retry_after_ms: Some(3000),
+                ..RateInfo::default()
+            },
+            ..concurrency_429()
+        };
+        assert_eq!(refused.evidence(), Evidence::Rate);
+        let w = l.on_report(&refused, about(lease, 19), 0);
+        assert_eq!(l.effective(), 20);
+        assert_eq!(w.cooldown_until, Some(3000), "a spent budget is pool-wide");
+        assert!(l.pause(10).is_some());
+    }
+
+    /// Cause 4: a burst where 44 of 64 calls were refused cut only to 57.
+    #[test]
+    fn a_burst_of_refusals_cuts_to_the_calls_that_succeed() {
+        let mut l = Learning::new(64, true);
+        let leases: Vec<_> = (0..64).map(|_| grant(&mut l, 0)).collect();
+        let mut held = 64;
+        for lease in &leases[20..] {
+            held -= 1;
+            l.on_report(&concurrency_429(), about(*lease, held), 5);
+        }
+        assert_eq!(l.effective(), 20);
+    }
+
+    /// Cause 4: the additive probe past the learned limit cost one 429 in
+    /// every window. An upstream that allows 20, a pool that always has
+    /// demand: probing alone stays well under 1 % of calls.
+    #[test]
+    fn probing_above_the_refused_level_is_rare() {
+        let mut l = Learning::new(64, true);
+        let upstream = 20;
+        let (mut calls, mut refused) = (0u64, 0u64);
+        let mut now = 0;
+        for _ in 0..200_000 {
+            now += 1;
+            // The pool runs at its limit: the call granted into the last free
+            // slot succeeds only while the upstream allows that many.
+            let lease = grant(&mut l, now);
+            let in_flight = l.effective() - 1;
+            calls += 1;
+            if in_flight >= upstream {
+                refused += 1;
+                l.on_report(&concurrency_429(), about(lease, in_flight), now);
+            } else {
+                l.on_report(&ok(), about(lease, in_flight), now);
+            }
+            assert!((1..=64).contains(&l.effective()));
+        }
+        assert!(refused * 1000 < calls * 3, "{refused} refusals in {calls} calls");
+        assert!(l.effective() >= upstream - 1);
+    }
+
+    #[test]
+    fn growth_returns_to_concurrency_while_the_limit_is_used() {
+        let mut l = Learning::new(10, true);
+        let lease = grant(&mut l, 0);
+        l.on_report(&concurrency_429(), about(lease, 4), 0);
+        assert_eq!(l.effective(), 5);
+        // An idle pool (1 held of 5) does not grow.
+        for _ in 0..50 {
+            let lease = grant(&mut l, 1);
+            l.on_report(&ok(), about(lease, 0), 1);
+        }
+        assert_eq!(l.effective(), 5);
+        // A busy pool grows back to the refused level, then probes it and beyond.
+        for _ in 0..100_000 {
+            let lease = grant(&mut l, 2);
+            let e = l.effective();
+            l.on_report(&ok(), about(lease, e - 1), 2);
+        }
+        assert_eq!(l.effective(), 10, "never above concurrency");
     }
 
     #[test]
     fn cuts_never_go_below_one() {
         let mut l = Learning::new(3, true);
         for _ in 0..10 {
-            l.on_report(&throttled(), l.epoch(), 1, 0, 0);
+            let lease = grant(&mut l, 0);
+            l.on_report(&concurrency_429(), about(lease, 0), 0);
         }
         assert_eq!(l.effective(), 1);
     }
 
     #[test]
-    fn growth_is_additive_and_needs_half_usage() {
-        let mut l = Learning::new(10, true);
-        l.on_report(&throttled(), l.epoch(), 10, 9, 0);
-        assert_eq!(l.effective(), 9);
-        // Idle pool (1 held of 9): successes do not grow the limit.
-        for _ in 0..50 {
-            l.on_report(&ok(), l.epoch(), 1, 0, 0);
-        }
-        assert_eq!(l.effective(), 9);
-        // Busy pool: +1 per `effective` successes.
-        for _ in 0..8 {
-            l.on_report(&ok(), l.epoch(), 5, 4, 0);
-        }
-        assert_eq!(l.effective(), 9);
-        l.on_report(&ok(), l.epoch(), 5, 4, 0);
-        assert_eq!(l.effective(), 10);
-        for _ in 0..100 {
-            l.on_report(&ok(), l.epoch(), 10, 9, 0);
-        }
-        assert_eq!(l.effective(), 10, "never above concurrency");
-    }
-
-    #[test]
-    fn retry_hint_opens_a_capped_cooldown() {
-        let mut l = Learning::new(4, true);
-        let hint = Outcome { rate: RateInfo { retry_after_ms: Some(2000), ..RateInfo::default() }, ..throttled() };
-        let w = l.on_report(&hint, l.epoch(), 1, 0, 1000);
-        assert_eq!(w.cooldown_until, Some(3000));
-        assert_eq!(l.pause(2999), Some(Pause::Cooldown(1)));
-        assert_eq!(l.pause(3000), None);
-        let long = Outcome { rate: RateInfo { retry_after_ms: Some(10_000_000), ..RateInfo::default() }, ..ok() };
-        let w = l.on_report(&long, l.epoch(), 1, 0, 5000);
-        assert_eq!(w.cooldown_until, Some(5000 + MAX_COOLDOWN_MS));
-        // A shorter hint never shortens a cool-down.
-        let w = l.on_report(&hint, l.epoch(), 1, 0, 6000);
-        assert_eq!(w.cooldown_until, None);
-    }
-
-    #[test]
-    fn budget_counts_in_flight_grants_and_lifts_at_reset() {
-        let mut l = Learning::new(10, true);
-        let report =
-            Outcome { rate: RateInfo { remaining: Some(3), reset_ms: Some(700), ..RateInfo::default() }, ..ok() };
-        let w = l.on_report(&report, l.epoch(), 2, 1, 100);
-        assert_eq!(w.budget_reset_at, Some(800));
-        assert_eq!(l.budget().unwrap().remaining, 2);
-        assert_eq!(l.pause(100), None);
-        l.on_grant(100);
-        l.on_grant(100);
-        assert_eq!(l.pause(100), Some(Pause::Budget(700)));
-        l.on_budget_reset(799);
-        assert!(l.pause(799).is_some());
-        l.on_budget_reset(800);
-        assert_eq!(l.pause(800), None);
-        assert_eq!(l.budget(), None);
-    }
-
-    #[test]
     fn exhausted_tokens_block_until_their_reset() {
         let mut l = Learning::new(10, true);
+        let lease = grant(&mut l, 0);
         let report = Outcome {
             rate: RateInfo { token_remaining: Some(0), token_reset_ms: Some(1500), ..RateInfo::default() },
             ..ok()
         };
-        let w = l.on_report(&report, l.epoch(), 1, 0, 0);
+        let w = l.on_report(&report, about(lease, 0), 0);
         assert_eq!(w.token_block_until, Some(1500));
         assert_eq!(l.pause(1000), Some(Pause::Budget(500)));
         assert_eq!(l.pause(1500), None);
@@ -327,11 +601,14 @@ mod tests {
     #[test]
     fn not_adaptive_learns_nothing() {
         let mut l = Learning::new(5, false);
+        let lease = grant(&mut l, 0);
         let w = l.on_report(
-            &Outcome { rate: RateInfo { retry_after_ms: Some(5000), ..RateInfo::default() }, ..throttled() },
-            0,
-            5,
-            4,
+            &with_budget(
+                Outcome { rate: RateInfo { retry_after_ms: Some(5000), ..RateInfo::default() }, ..concurrency_429() },
+                0,
+                100,
+            ),
+            about(lease, 4),
             0,
         );
         assert_eq!(w, Wakeups::default());
@@ -344,10 +621,11 @@ mod tests {
         let mut l = Learning::new(10, true);
         l.reconfigure(20, true);
         assert_eq!(l.effective(), 20);
-        l.on_report(&throttled(), l.epoch(), 20, 19, 0);
-        assert_eq!(l.effective(), 18);
+        let lease = grant(&mut l, 0);
+        l.on_report(&concurrency_429(), about(lease, 17), 0);
+        assert_eq!(l.effective(), 17);
         l.reconfigure(30, true);
-        assert_eq!(l.effective(), 18);
+        assert_eq!(l.effective(), 17);
         l.reconfigure(5, true);
         assert_eq!(l.effective(), 5);
     }

@@ -105,6 +105,10 @@ pub struct Lease {
     /// The pool's congestion epoch when granted: reports about leases from an
     /// older epoch do not cut the limit again.
     pub epoch: u32,
+    /// When it was granted, and the pool's grant count right after: a report
+    /// is placed among the grants by these.
+    pub granted_at: Ms,
+    pub grant_seq: u64,
     /// The wheel entry that reclaims the lease. Renew does not move it: the
     /// entry fires at the old deadline, sees the newer one and re-arms.
     pub timer: TimerKey,
@@ -208,6 +212,8 @@ mod tests {
             lease_deadline: 100,
             request_deadline: 150,
             epoch: 0,
+            granted_at: 0,
+            grant_seq: 0,
             timer: crate::wheel::Wheel::<()>::new().insert(0, ()),
         };
         assert_eq!(lease.renewed_deadline(90, 30), 120);

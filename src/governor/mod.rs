@@ -277,7 +277,13 @@ impl Governor {
             if o.is_throttled() {
                 pool.stats.reports_throttled += 1;
             }
-            let wake = pool.learning.on_report(o, lease.epoch, pool.held + 1, pool.held, now);
+            let reported = learn::Reported {
+                epoch: lease.epoch,
+                granted_at: lease.granted_at,
+                grant_seq: lease.grant_seq,
+                in_flight: pool.held,
+            };
+            let wake = pool.learning.on_report(o, reported, now);
             if wake.cooldown_until.is_some() {
                 pool.stats.cooldowns += 1;
             }
@@ -387,8 +393,18 @@ impl Governor {
         let secret = self.entropy.secret();
         let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
         let epoch = pool.learning.epoch();
-        let inserted =
-            self.leases.insert(Lease { pool: pid, generation, secret, lease_deadline, request_deadline, epoch, timer });
+        let grant_seq = pool.learning.grants;
+        let inserted = self.leases.insert(Lease {
+            pool: pid,
+            generation,
+            secret,
+            lease_deadline,
+            request_deadline,
+            epoch,
+            granted_at: now,
+            grant_seq,
+            timer,
+        });
         debug_assert_eq!(inserted, idx);
         Grant {
             slot: SlotId::new(idx as u32, generation, secret),

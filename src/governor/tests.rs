@@ -281,19 +281,16 @@ fn rpm_gate_denies_with_time_to_next_token_and_wakes_waiters() {
 }
 
 #[test]
-fn a_throttled_report_cuts_the_limit_once_per_window() {
+fn a_burst_of_throttled_reports_cuts_the_limit_to_the_calls_in_flight() {
     let (mut g, p) = governor(r#","concurrency":10"#);
     let grants: Vec<_> = (0..10).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
     let throttled = Outcome { status: Some(429), ..OK };
     for grant in &grants[..5] {
         assert!(g.release(p, &id(grant), Some(&throttled), 10));
     }
-    assert_eq!(g.signals(p).effective_limit, 9);
-    assert_eq!(g.signals(p).remaining_slots, 4);
-    // A lease granted after the cut can cut again.
-    let fresh = granted(g.acquire(p, 0, 99, 20));
-    g.release(p, &id(&fresh), Some(&throttled), 21);
-    assert_eq!(g.signals(p).effective_limit, 8);
+    assert_eq!(g.signals(p).effective_limit, 5);
+    assert_eq!(g.signals(p).remaining_slots, 0);
+    assert_eq!(denied(g.acquire(p, 0, 99, 20)).reason, DenyReason::Concurrency);
 }
 
 #[test]
@@ -302,7 +299,7 @@ fn a_lowered_limit_never_revokes_held_slots() {
     let grants: Vec<_> = (0..4).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
     let throttled = Outcome { status: Some(429), ..OK };
     g.release(p, &id(&grants[0]), Some(&throttled), 1);
-    // 4 * 0.9 = 3: three still held, none free.
+    // Cut to the three calls still in flight: none free.
     assert_eq!(g.pool(p).held, 3);
     assert_eq!(g.signals(p).effective_limit, 3);
     assert_eq!(denied(g.acquire(p, 0, 9, 2)).reason, DenyReason::Concurrency);
@@ -323,7 +320,12 @@ fn a_report_on_an_already_released_slot_changes_nothing() {
 fn cooldown_denies_fail_fast_and_grants_waiters_when_it_ends() {
     let (mut g, p) = governor(r#","concurrency":4"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    let hint = Outcome { status: Some(429), rate: RateInfo { retry_after_ms: Some(1000), ..OK.rate }, ..OK };
+    // A rate refusal (the budget is spent): pool-wide evidence.
+    let hint = Outcome {
+        status: Some(429),
+        rate: RateInfo { retry_after_ms: Some(1000), remaining: Some(0), reset_ms: Some(1000), ..OK.rate },
+        ..OK
+    };
     g.release(p, &id(&a), Some(&hint), 100);
     let d = denied(g.acquire(p, 0, 2, 200));
     assert_eq!(d.reason, DenyReason::Cooldown);

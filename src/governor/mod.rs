@@ -129,6 +129,9 @@ pub struct Governor {
     notices: VecDeque<Notice>,
     entropy: Entropy,
     next_generation: u32,
+    /// The `now` of the last `advance`: what the metrics read the learned
+    /// instants against.
+    advanced_to: Ms,
 }
 
 impl Governor {
@@ -142,6 +145,7 @@ impl Governor {
             notices: VecDeque::new(),
             entropy: Entropy::default(),
             next_generation: 0,
+            advanced_to: 0,
         };
         g.reconfigure(pools, 0);
         g
@@ -340,6 +344,11 @@ impl Governor {
         self.wheel.cancel(key);
     }
 
+    /// The latest `now` the governor was advanced to.
+    pub fn advanced_to(&self) -> Ms {
+        self.advanced_to
+    }
+
     /// When `advance` next has work to do.
     pub fn next_deadline(&self) -> Option<Ms> {
         self.wheel.next_deadline()
@@ -347,6 +356,7 @@ impl Governor {
 
     /// Fires everything due by `now`: reclaims, queue deadlines, wake-ups.
     pub fn advance(&mut self, now: Ms) {
+        self.advanced_to = self.advanced_to.max(now);
         while let Some(timer) = self.wheel.poll(now) {
             match timer {
                 Timer::Lease(idx) => {

@@ -93,6 +93,7 @@ pub fn render(app: &App, stats: &ServerStats) -> String {
         let v = p.learning.budget().map_or(-1, |b| b.remaining as i64);
         let _ = writeln!(t, "nthpool_budget_remaining{{pool=\"{}\"}} {v}", p.name);
     }
+    render_learning(&mut t, &app.gov);
     family(&mut t, "nthpool_rpm_tokens", "gauge", "Tokens in the requests-per-minute bucket.");
     for (_, p) in &pools {
         if let Some(tokens) = p.rpm_remaining() {
@@ -179,4 +180,39 @@ pub fn render(app: &App, stats: &ServerStats) -> String {
         let _ = writeln!(t, "{name} {v}");
     }
     t
+}
+
+/// What limits each pool now, and what it learned of the upstream's limits.
+fn render_learning(t: &mut String, gov: &crate::governor::Governor) {
+    let now = gov.advanced_to();
+    let reasons = [DenyReason::Concurrency, DenyReason::Rate, DenyReason::Cooldown];
+    family(t, "nthpool_limited_by", "gauge", "1 for the reason a pool cannot grant now (concurrency, rate, cooldown).");
+    for (_, p) in gov.pools() {
+        let blocked = p.blocked(now).map(|(reason, _)| reason);
+        for reason in reasons {
+            let v = u8::from(blocked == Some(reason));
+            let _ = writeln!(t, "nthpool_limited_by{{pool=\"{}\",reason=\"{}\"}} {v}", p.name, reason.as_str());
+        }
+    }
+    type Learned = fn(&crate::governor::learn::Learning, u64) -> i64;
+    let learned: [(&str, &str, Learned); 4] = [
+        ("nthpool_learned_refused_at", "Lowest in-flight count the upstream refused (0: none known).", |l, _| {
+            l.refused_at as i64
+        }),
+        ("nthpool_budget_limit", "Requests per window the upstream announced (-1: unknown).", |l, _| {
+            l.budget_limit.map_or(-1, |v| v as i64)
+        }),
+        ("nthpool_budget_reset_ms", "Time until the learned budget window resets (-1: none).", |l, now| {
+            l.budget.map_or(-1, |b| b.reset_at.saturating_sub(now) as i64)
+        }),
+        ("nthpool_cooldown_ms", "Time left in the pool-wide cool-down.", |l, now| {
+            l.cooldown_until.saturating_sub(now) as i64
+        }),
+    ];
+    for (name, help, value) in learned {
+        family(t, name, "gauge", help);
+        for (_, p) in gov.pools() {
+            let _ = writeln!(t, "{name}{{pool=\"{}\"}} {}", p.name, value(&p.learning, now));
+        }
+    }
 }

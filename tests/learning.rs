@@ -1,0 +1,90 @@
+//! What outcome reports teach, over the wire (SPEC §7): the three
+//! reproductions of rules that used to misread the upstream.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{config, TestServer};
+
+const POOL: &str = r#""concurrency":64,"queue":{"size":10,"timeoutMs":5000}"#;
+
+fn metrics(s: &TestServer) -> String {
+    let mut c = TcpStream::connect(s.admin.expect("admin listener")).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    text
+}
+
+fn gauge(text: &str, line_start: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_start).map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no {line_start} in metrics"))
+}
+
+/// One per-request concurrency 429 with a retry hint, while four other
+/// calls still run, does not stop the pool.
+#[test]
+fn one_concurrency_refusal_does_not_pause_the_pool() {
+    let s = TestServer::start(&config(POOL, ""));
+    let slots: Vec<String> = (0..5).map(|_| s.acquire("", "").slot()).collect();
+    let r = s.release(&slots[0], r#"{"status":429,"throttled":1,"retryAfterMs":1000}"#);
+    assert_eq!(r.json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200, "granted at once, not after a cool-down: {:?}", r.header("x-nthpool-deny-reason"));
+    let m = metrics(&s);
+    assert_eq!(gauge(&m, r#"nthpool_limited_by{pool="p",reason="cooldown"}"#), "0");
+    assert_eq!(gauge(&m, r#"nthpool_cooldown_ms{pool="p"}"#), "0");
+    assert_eq!(gauge(&m, r#"nthpool_learned_refused_at{pool="p"}"#), "5");
+}
+
+/// A late report from a call granted earlier does not re-open a budget that
+/// a newer report closed inside the same window.
+#[test]
+fn a_late_report_does_not_reopen_a_closed_budget() {
+    let s = TestServer::start(&config(POOL, ""));
+    let b = s.acquire("", "").slot();
+    let a = s.acquire("", "").slot();
+    let headers = |remaining: u32| {
+        format!(
+            r#"{{"status":200,"headers":{{"x-ratelimit-remaining-requests":"{remaining}","x-ratelimit-reset-requests":"5s"}}}}"#
+        )
+    };
+    assert_eq!(s.release(&a, &headers(0)).json()["released"], true);
+    assert_eq!(s.release(&b, &headers(12)).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
+    let m = metrics(&s);
+    assert_eq!(gauge(&m, r#"nthpool_budget_remaining{pool="p"}"#), "0");
+    assert_eq!(gauge(&m, r#"nthpool_limited_by{pool="p",reason="rate"}"#), "1");
+    let reset: i64 = gauge(&m, r#"nthpool_budget_reset_ms{pool="p"}"#).parse().unwrap();
+    assert!((1..=5000).contains(&reset), "reset in {reset} ms");
+}
+
+/// A rate 429 (`remaining: 0`) teaches the budget and leaves the
+/// concurrency limit alone.
+#[test]
+fn a_rate_refusal_does_not_cut_the_concurrency_limit() {
+    let s = TestServer::start(&config(POOL, ""));
+    let slots: Vec<String> = (0..20).map(|_| s.acquire("", "").slot()).collect();
+    let refused = r#"{"status":429,"throttled":1,"headers":{"x-ratelimit-limit-requests":"60","x-ratelimit-remaining-requests":"0","x-ratelimit-reset-requests":"300ms","retry-after":"1"}}"#;
+    for slot in &slots[..10] {
+        assert_eq!(s.release(slot, refused).json()["released"], true);
+    }
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert!(matches!(r.header("x-nthpool-deny-reason"), Some("rate" | "cooldown")));
+    // Queued until the budget and the cool-down end, then granted under the
+    // configured limit.
+    let r = s.acquire("", r#"{"waitMs":5000}"#);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header_u64("x-nthpool-effective-limit"), 64);
+    let m = metrics(&s);
+    assert_eq!(gauge(&m, r#"nthpool_effective_limit{pool="p"}"#), "64");
+    assert_eq!(gauge(&m, r#"nthpool_budget_limit{pool="p"}"#), "60");
+}

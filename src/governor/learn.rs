@@ -361,8 +361,10 @@ impl Learning {
         if earliest < self.ended_reset_at {
             return None; // a window that already ended
         }
-        // Grants made after this lease's grant are not in its `remaining`.
-        let since = self.grants.saturating_sub(lease.grant_seq);
+        // Grants made after this lease's grant are not in its `remaining`;
+        // of those, only the ones still in flight are sure to be upstream
+        // calls (a refused call leaves at once and may not have counted).
+        let since = self.grants.saturating_sub(lease.grant_seq).min(lease.in_flight as u64);
         let left = remaining.saturating_sub(since);
         let _ = self.on_budget_reset(now);
         match &mut self.budget {

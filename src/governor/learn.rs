@@ -300,13 +300,14 @@ impl Learning {
         self.refusal_streak = self.refusal_streak.saturating_add(1);
         let level = lease.in_flight + 1;
         let target = lease.in_flight.max(self.effective / 2).max(1);
+        let first_refused_at = self.refused_at;
+        self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
         if lease.epoch == self.epoch {
-            // A new congestion window: the level refused is remembered, and a
-            // refused probe makes the next one wait twice as long.
-            if self.refused_at != 0 && level >= self.refused_at {
+            // A new congestion window; a refused probe makes the next one
+            // wait twice as long.
+            if first_refused_at != 0 && level >= first_refused_at {
                 self.probe_wait = (self.probe_wait.saturating_mul(2)).min(PROBE_WAIT_MAX);
             }
-            self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
             self.epoch = self.epoch.wrapping_add(1);
             self.successes = 0;
             let pool_wide = self.refusal_streak >= POOL_WIDE_STREAK;
@@ -525,6 +526,7 @@ mod tests {
             l.on_report(&concurrency_429(), about(*lease, held), 5);
         }
         assert_eq!(l.effective(), 20);
+        assert_eq!(l.refused_at, 21, "the lowest level refused in the burst");
     }
 
     /// Cause 4: the additive probe past the learned limit cost one 429 in

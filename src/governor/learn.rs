@@ -283,7 +283,11 @@ impl Learning {
                 wake.cooldown_until = Some(until);
             }
         }
-        wake.budget_reset_at = self.learn_budget(&o.rate, lease, now);
+        // A concurrency refusal's `remaining` was stamped before the refused
+        // calls of its burst left; the calls that ran say it better.
+        if evidence != Evidence::Concurrency {
+            wake.budget_reset_at = self.learn_budget(&o.rate, lease, now);
+        }
         if let (Some(0), Some(reset)) = (o.rate.token_remaining, o.rate.token_reset_ms) {
             let until = now + reset.min(MAX_BUDGET_WINDOW_MS);
             if until > self.token_block_until {

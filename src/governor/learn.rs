@@ -363,8 +363,11 @@ impl Learning {
         let slack = if reset % 1000 == 0 { 1000 } else { 0 };
         let earliest = (lease.granted_at + reset).saturating_sub(slack);
         let latest = now + reset;
-        if earliest < self.ended_reset_at {
-            return None; // a window that already ended
+        // A window that already ended. Half a window of margin: the instant a
+        // window was taken to end is an estimate, and the next window's
+        // reports reset a whole window later.
+        if earliest < self.ended_reset_at.saturating_add(self.window_ms / 2) && self.ended_reset_at > 0 {
+            return None;
         }
         // Grants made after this lease's grant are not in its `remaining`;
         // of those, only the ones still in flight are sure to be upstream
@@ -381,6 +384,9 @@ impl Learning {
                 moved.then_some(b.reset_at)
             }
             _ => {
+                if let Some(b) = self.budget {
+                    self.ended_reset_at = b.reset_at;
+                }
                 self.budget = Some(Budget { remaining: left, reset_at: latest });
                 Some(latest)
             }
@@ -496,6 +502,12 @@ mod tests {
         assert!(l.pause(0).is_some());
         assert_eq!(l.on_budget_reset(600), Some(1200));
         assert_eq!(l.budget(), Some(Budget { remaining: 6, reset_at: 1200 }));
+        // A late report of the window that ended, whose reset lands just after
+        // the instant it was taken to end, does not close the new window.
+        let late = grant(&mut l, 5);
+        let old = Outcome { rate: RateInfo { remaining: Some(0), reset_ms: Some(605), ..RateInfo::default() }, ..ok() };
+        l.on_report(&old, about(late, 0), 700);
+        assert_eq!(l.budget().unwrap().remaining, 5);
     }
 
     /// Cause 3: a rate 429 (`remaining: 0`) also cut the concurrency limit.

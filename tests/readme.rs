@@ -64,7 +64,7 @@ fn the_walk_through_runs_as_pasted() {
     assert_eq!(lines[2], r#"{"released":true}"#, "{stdout}");
     assert_eq!(lines[3], r#"{"released":true}"#, "{stdout}");
     for shown in
-        ["429 Too Many Requests", "x-nthpool-effective-limit: 3", "x-nthpool-deny-reason: cooldown", "Retry-After: "]
+        ["429 Too Many Requests", "x-nthpool-effective-limit: 4", "x-nthpool-deny-reason: cooldown", "Retry-After: "]
     {
         assert!(stdout.contains(shown), "{shown:?} not in {stdout}");
     }

@@ -62,6 +62,10 @@ pub struct Config {
     /// A client that takes none of its pending answers for this long is closed.
     #[serde(default = "defaults::write_timeout_ms")]
     pub write_timeout_ms: u64,
+    /// The 32-byte secret that signs slot ids, beside the configuration file
+    /// (SPEC §11); the embedded demo keeps it in memory.
+    #[serde(default = "defaults::slot_secret_file")]
+    pub slot_secret_file: String,
     #[serde(deserialize_with = "unique_pools")]
     pub pools: BTreeMap<String, PoolConfig>,
 }
@@ -187,6 +191,9 @@ mod defaults {
     pub fn admin_listen() -> Option<String> {
         Some("127.0.0.1:7071".into())
     }
+    pub fn slot_secret_file() -> String {
+        "nthpool.secret".into()
+    }
     pub fn access_log() -> Option<String> {
         Some("access.log".into())
     }
@@ -303,6 +310,9 @@ impl Config {
         }
         if self.admin_token.as_ref().is_some_and(|t| t.len() < 16 || t.bytes().any(|b| !b.is_ascii_graphic())) {
             return fail("adminToken must be 16 or more printable ASCII characters without spaces");
+        }
+        if self.slot_secret_file.is_empty() {
+            return fail("slotSecretFile: use a file path (relative to the configuration file)");
         }
         if let Some(path) = &self.access_log {
             if path.is_empty() {

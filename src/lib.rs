@@ -6,7 +6,8 @@
 //! - `report`: outcome reports and the upstream rate-limit header dialects;
 //! - `http`: request parsing and response writing — pure byte work;
 //! - `api`: the lock routes, credentials and the answers they give;
-//! - `server`: the mio reactor that owns sockets and the clock.
+//! - `server`: the mio reactor that owns sockets and the clock;
+//! - `state`: what is kept on disk between runs (the slot secret).
 
 pub mod access;
 pub mod accesslog;
@@ -17,4 +18,5 @@ pub mod governor;
 pub mod http;
 pub mod report;
 pub mod server;
+pub mod state;
 pub mod wheel;

@@ -214,7 +214,7 @@ enum LeaseState {
 
 struct LeaseModel {
     pool: usize,
-    slot: [u8; 32],
+    slot: [u8; nthpool::governor::lease::SLOT_ID_CHARS],
     lease_deadline: u64,
     request_deadline: u64,
     state: LeaseState,

@@ -570,6 +570,9 @@ impl App {
                     ("too_many_requests", "The pool is cooling down after the upstream asked to slow down.")
                 }
                 crate::governor::DenyReason::Concurrency => ("too_many_requests", "No free slot in this pool."),
+                crate::governor::DenyReason::Recovering => {
+                    ("too_many_requests", "The pool is re-adopting the slots held before a restart.")
+                }
             }
         };
         self.write_denial_as(out, denial, status, code, message, close);

@@ -111,8 +111,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
 }
 
 /// The status word of a pool: what stops its next grant, if anything.
-/// `recovering` is reserved for a pool that restores its leases after a
-/// restart; nothing reports it yet.
+/// `recovering`: the pool is in its re-adoption window after a restart.
 fn status(pool: &Pool, now: u64) -> &'static str {
     if pool.retired {
         return "draining";
@@ -122,6 +121,7 @@ fn status(pool: &Pool, now: u64) -> &'static str {
         Some((DenyReason::Concurrency | DenyReason::QueueFull, _)) => "concurrency",
         Some((DenyReason::Rate, _)) => "rate",
         Some((DenyReason::Cooldown, _)) => "cooldown",
+        Some((DenyReason::Recovering, _)) => "recovering",
     }
 }
 

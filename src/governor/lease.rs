@@ -1,21 +1,108 @@
 //! Leases and the `slotId` that names one.
 //!
-//! A `slotId` is 24 bytes shown as 32 URL-safe base64 characters: the lease's
-//! slab index, its generation, and 128 random bits from the OS source. The
-//! index makes lookup O(1); the generation makes a stale id miss instead of
-//! hitting a newer lease in the same slab slot; the random part makes ids
-//! unguessable, and is compared in constant time.
+//! A `slotId` is 42 bytes shown as 56 URL-safe base64 characters, and it
+//! describes itself (SPEC §11): the lease's slab index and generation, a tag
+//! of its pool's name, its lease and request deadlines at grant (Unix ms,
+//! 48 bits each), 64 random bits from the OS source, and an 80-bit
+//! HMAC-SHA256 tag over all of that under the server's 32-byte slot secret.
+//! The index makes lookup O(1); the generation makes a stale id miss instead
+//! of hitting a newer lease in the same slab slot; random part and MAC make
+//! 144 bits no client can guess. A server that does not know the lease (after
+//! a crash, or a standby sharing the secret) can still check the MAC and read
+//! the deadlines, so it can re-adopt the slot instead of granting it twice.
+//!
+//! A known lease keeps its whole id and compares all 42 bytes in constant
+//! time, so renew and release cost no MAC; only grant and re-adoption do.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 
 use super::pool::PoolId;
 use super::Ms;
 use crate::wheel::TimerKey;
 
-pub const SLOT_ID_BYTES: usize = 24;
-pub const SLOT_ID_CHARS: usize = 32;
+pub const SLOT_ID_BYTES: usize = 42;
+pub const SLOT_ID_CHARS: usize = 56;
+/// The bytes the MAC covers; the tag follows them.
+const BODY: usize = 32;
+const TAG: usize = SLOT_ID_BYTES - BODY;
+/// Deadlines are stored as 48-bit Unix milliseconds (good until year 10889).
+const DEADLINE_BYTES: usize = 6;
 
 /// The raw bytes of a `slotId`.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlotId(pub [u8; SLOT_ID_BYTES]);
+
+/// What a `slotId` says about itself; deadlines in Unix milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotFields {
+    pub index: u32,
+    pub generation: u32,
+    pub pool_tag: u32,
+    pub lease_deadline_unix: u64,
+    pub request_deadline_unix: u64,
+    pub random: [u8; 8],
+}
+
+/// The server's slot secret, keyed once: cloning the keyed HMAC copies its
+/// precomputed inner and outer SHA-256 states, so one tag costs two
+/// compressions (SHA-NI where the CPU has it; `sha2` detects it at run time).
+#[derive(Clone)]
+pub struct SlotKey {
+    mac: Hmac<Sha256>,
+}
+
+impl SlotKey {
+    pub fn new(secret: &[u8; 32]) -> SlotKey {
+        SlotKey { mac: Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length") }
+    }
+
+    fn tag(&self, body: &[u8]) -> [u8; TAG] {
+        let mut mac = self.mac.clone();
+        mac.update(body);
+        let full = mac.finalize().into_bytes();
+        let mut out = [0u8; TAG];
+        out.copy_from_slice(&full[..TAG]);
+        out
+    }
+
+    /// Builds and signs an id.
+    pub fn sign(&self, f: &SlotFields) -> SlotId {
+        let mut raw = [0u8; SLOT_ID_BYTES];
+        raw[..4].copy_from_slice(&f.index.to_le_bytes());
+        raw[4..8].copy_from_slice(&f.generation.to_le_bytes());
+        raw[8..12].copy_from_slice(&f.pool_tag.to_le_bytes());
+        raw[12..18].copy_from_slice(&f.lease_deadline_unix.to_le_bytes()[..DEADLINE_BYTES]);
+        raw[18..24].copy_from_slice(&f.request_deadline_unix.to_le_bytes()[..DEADLINE_BYTES]);
+        raw[24..BODY].copy_from_slice(&f.random);
+        let tag = self.tag(&raw[..BODY]);
+        raw[BODY..].copy_from_slice(&tag);
+        SlotId(raw)
+    }
+
+    /// The fields of an id whose MAC is right under this key; `None` for a
+    /// tampered or forged id, or one signed under another secret.
+    pub fn verify(&self, id: &SlotId) -> Option<SlotFields> {
+        let tag = self.tag(&id.0[..BODY]);
+        secret_eq(&tag, &id.0[BODY..]).then(|| id.fields())
+    }
+}
+
+/// A 32-bit tag of a pool name (FNV-1a), so an id names its pool across
+/// restarts and reloads that renumber pools. Not a secret: the MAC covers it.
+pub fn pool_tag(name: &str) -> u32 {
+    fnv1a(name.as_bytes())
+}
+
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, &b| (h ^ b as u32).wrapping_mul(0x0100_0193))
+}
+
+fn read_u48(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w[..DEADLINE_BYTES].copy_from_slice(b);
+    u64::from_le_bytes(w)
+}
 
 const B64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 const INVALID: u8 = 0xff;
@@ -37,14 +124,6 @@ impl std::fmt::Debug for SlotId {
 }
 
 impl SlotId {
-    pub fn new(index: u32, generation: u32, secret: [u8; 16]) -> SlotId {
-        let mut raw = [0u8; SLOT_ID_BYTES];
-        raw[..4].copy_from_slice(&index.to_le_bytes());
-        raw[4..8].copy_from_slice(&generation.to_le_bytes());
-        raw[8..].copy_from_slice(&secret);
-        SlotId(raw)
-    }
-
     pub fn index(&self) -> u32 {
         u32::from_le_bytes(self.0[..4].try_into().expect("4 bytes"))
     }
@@ -53,12 +132,20 @@ impl SlotId {
         u32::from_le_bytes(self.0[4..8].try_into().expect("4 bytes"))
     }
 
-    pub fn secret(&self) -> &[u8] {
-        &self.0[8..]
+    /// The fields, unchecked: only `SlotKey::verify` vouches for them.
+    pub fn fields(&self) -> SlotFields {
+        SlotFields {
+            index: self.index(),
+            generation: self.generation(),
+            pool_tag: u32::from_le_bytes(self.0[8..12].try_into().expect("4 bytes")),
+            lease_deadline_unix: read_u48(&self.0[12..18]),
+            request_deadline_unix: read_u48(&self.0[18..24]),
+            random: self.0[24..BODY].try_into().expect("8 bytes"),
+        }
     }
 
-    /// Writes the 32-character text form: unpadded URL-safe base64 (RFC 4648
-    /// §5). 24 bytes are exactly eight 3-byte groups, so this is a plain
+    /// Writes the 56-character text form: unpadded URL-safe base64 (RFC 4648
+    /// §5). 42 bytes are exactly fourteen 3-byte groups, so this is a plain
     /// table walk; it runs on every grant, renew and release.
     pub fn encode(&self) -> [u8; SLOT_ID_CHARS] {
         let mut out = [0u8; SLOT_ID_CHARS];
@@ -90,16 +177,16 @@ impl SlotId {
 
     /// A short reference for logs: a non-reversible hash of the id, never the id itself.
     pub fn log_ref(&self) -> u32 {
-        // FNV-1a over the secret part; enough to correlate lines, useless to forge an id.
-        self.secret().iter().fold(0x811c_9dc5u32, |h, &b| (h ^ b as u32).wrapping_mul(0x0100_0193))
+        // FNV-1a over the random part and tag; enough to correlate lines, useless to forge an id.
+        fnv1a(&self.0[24..])
     }
 }
 
 /// One held slot.
 pub struct Lease {
     pub pool: PoolId,
-    pub generation: u32,
-    pub secret: [u8; 16],
+    /// The id it was granted (or re-adopted) under; renew and release must present it whole.
+    pub id: SlotId,
     pub lease_deadline: Ms,
     pub request_deadline: Ms,
     /// The pool's congestion epoch when granted: reports about leases from an
@@ -112,6 +199,8 @@ pub struct Lease {
     /// The wheel entry that reclaims the lease. Renew does not move it: the
     /// entry fires at the old deadline, sees the newer one and re-arms.
     pub timer: TimerKey,
+    /// Taken back from an id another process granted (SPEC §11).
+    pub adopted: bool,
 }
 
 impl Lease {
@@ -125,7 +214,7 @@ impl Lease {
     }
 }
 
-/// Constant-time equality for the secret part of an id.
+/// Constant-time equality (ids and tags are secrets).
 pub fn secret_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -143,16 +232,16 @@ impl Default for Entropy {
 }
 
 impl Entropy {
-    pub fn secret(&mut self) -> [u8; 16] {
-        if self.pos + 16 > self.buf.len() {
+    pub fn take<const N: usize>(&mut self) -> [u8; N] {
+        if self.pos + N > self.buf.len() {
             getrandom::getrandom(&mut self.buf).expect("the OS random source is available");
             self.pos = 0;
         }
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&self.buf[self.pos..self.pos + 16]);
+        let mut out = [0u8; N];
+        out.copy_from_slice(&self.buf[self.pos..self.pos + N]);
         // Never hand the same bytes out twice.
-        self.buf[self.pos..self.pos + 16].fill(0);
-        self.pos += 16;
+        self.buf[self.pos..self.pos + N].fill(0);
+        self.pos += N;
         out
     }
 }
@@ -161,22 +250,46 @@ impl Entropy {
 mod tests {
     use super::*;
 
+    fn fields() -> SlotFields {
+        SlotFields {
+            index: 7,
+            generation: 3,
+            pool_tag: pool_tag("openai"),
+            lease_deadline_unix: 1_800_000_030_000,
+            request_deadline_unix: 1_800_000_600_000,
+            random: [0xfb; 8],
+        }
+    }
+
     #[test]
     fn slot_id_round_trips_and_is_url_safe() {
-        let id = SlotId::new(7, 3, [0xfb; 16]);
+        let key = SlotKey::new(&[9; 32]);
+        let id = key.sign(&fields());
         let text = id.encode();
         assert!(text.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_'));
         let back = SlotId::decode(&text).unwrap();
-        assert_eq!(back.index(), 7);
-        assert_eq!(back.generation(), 3);
-        assert_eq!(back.secret(), &[0xfb; 16]);
+        assert_eq!(back, id);
+        assert_eq!(key.verify(&back), Some(fields()));
+    }
+
+    #[test]
+    fn tampered_forged_and_foreign_ids_fail_the_mac() {
+        let key = SlotKey::new(&[9; 32]);
+        let id = key.sign(&fields());
+        for byte in 0..SLOT_ID_BYTES {
+            let mut bad = id;
+            bad.0[byte] ^= 1;
+            assert_eq!(key.verify(&bad), None, "flipped byte {byte}");
+        }
+        assert_eq!(SlotKey::new(&[8; 32]).verify(&id), None);
+        assert_eq!(key.verify(&SlotId([0; SLOT_ID_BYTES])), None);
     }
 
     #[test]
     fn encoding_matches_standard_base64url() {
         use base64::engine::general_purpose::URL_SAFE_NO_PAD;
         use base64::Engine;
-        let id = SlotId::new(0xdead_beef, 0x0102_0304, *b"\x00\xff\x10 any 16 bytes");
+        let id = SlotKey::new(&[1; 32]).sign(&fields());
         assert_eq!(id.encode().as_slice(), URL_SAFE_NO_PAD.encode(id.0).as_bytes());
         for i in 0..=255u8 {
             let id = SlotId([i; SLOT_ID_BYTES]);
@@ -195,11 +308,11 @@ mod tests {
     #[test]
     fn entropy_never_repeats_within_a_page() {
         let mut e = Entropy::default();
-        let a = e.secret();
-        let b = e.secret();
+        let a = e.take::<8>();
+        let b = e.take::<8>();
         assert_ne!(a, b);
         for _ in 0..600 {
-            e.secret();
+            e.take::<8>();
         }
     }
 
@@ -207,14 +320,14 @@ mod tests {
     fn renew_is_capped_by_request_deadline() {
         let lease = Lease {
             pool: PoolId(0),
-            generation: 0,
-            secret: [0; 16],
+            id: SlotId([0; SLOT_ID_BYTES]),
             lease_deadline: 100,
             request_deadline: 150,
             epoch: 0,
             granted_at: 0,
             grant_seq: 0,
             timer: crate::wheel::Wheel::<()>::new().insert(0, ()),
+            adopted: false,
         };
         assert_eq!(lease.renewed_deadline(90, 30), 120);
         assert_eq!(lease.renewed_deadline(130, 30), 150);

@@ -26,7 +26,7 @@ use slab::Slab;
 use crate::config::PoolConfig;
 use crate::wheel::{TimerKey, Wheel};
 pub use learn::{Outcome, RateInfo};
-use lease::{secret_eq, Entropy, Lease, SlotId};
+use lease::{secret_eq, Entropy, Lease, SlotFields, SlotId, SlotKey};
 pub use pool::{DenyReason, Pool, PoolId, PoolSettings, PoolStats};
 pub use queue::WaiterKey;
 use queue::Waiters;
@@ -132,6 +132,16 @@ pub struct Governor {
     /// The `now` of the last `advance`: what the metrics read the learned
     /// instants against.
     advanced_to: Ms,
+    /// Signs slot ids and checks the ids of slots this process never granted.
+    key: SlotKey,
+    /// Unix milliseconds at monotonic 0: slot ids carry Unix deadlines so
+    /// another process can read them.
+    epoch_base_ms: u64,
+    /// Every id re-adopted by this process: its slab index while held, `None`
+    /// once released or reclaimed, so a dead id is never adopted twice. Empty
+    /// unless a re-adoption window ran; it holds at most one entry per slot
+    /// held when the previous process stopped.
+    adopted: HashMap<SlotId, Option<usize>>,
 }
 
 impl Governor {
@@ -146,7 +156,13 @@ impl Governor {
             entropy: Entropy::default(),
             next_generation: 0,
             advanced_to: 0,
+            key: SlotKey::new(&[0; 32]),
+            epoch_base_ms: 0,
+            adopted: HashMap::new(),
         };
+        // Until the server hands over its slot secret, ids are signed under a
+        // random one: nothing outside this process can vouch for them.
+        g.key = SlotKey::new(&g.entropy.take::<32>());
         g.reconfigure(pools, 0);
         g
     }
@@ -179,6 +195,31 @@ impl Governor {
                 }
             }
         }
+    }
+
+    /// Sets the slot secret and the Unix time of monotonic 0. Call before the
+    /// first grant: ids granted earlier stay valid here but no other process
+    /// could re-adopt them.
+    pub fn set_identity(&mut self, secret: &[u8; 32], epoch_base_ms: u64) {
+        self.key = SlotKey::new(secret);
+        self.epoch_base_ms = epoch_base_ms;
+        // A fresh process must not repeat the previous one's (index, generation) pairs.
+        self.next_generation = u32::from_le_bytes(self.entropy.take::<4>());
+    }
+
+    /// Opens the re-adoption window of every pool for one `termMs` from
+    /// `now` (SPEC §11): a start without a usable snapshot.
+    pub fn open_recovery_window(&mut self, now: Ms) {
+        for idx in 0..self.pools.len() {
+            let until = now + self.pools[idx].settings.term_ms;
+            self.pools[idx].recovering_until = Some(until);
+            self.arm_wake(PoolId(idx as u32), until);
+        }
+    }
+
+    /// Whether any pool is in its re-adoption window.
+    pub fn recovering(&self, now: Ms) -> bool {
+        self.pools.iter().any(|p| p.recovering(now))
     }
 
     pub fn pool_id(&self, name: &str) -> Option<PoolId> {
@@ -272,7 +313,7 @@ impl Governor {
             self.pools[pid.0 as usize].stats.release_gone += 1;
             return false;
         };
-        let lease = self.leases.remove(idx);
+        let lease = self.remove_lease(idx);
         self.wheel.cancel(lease.timer);
         let pool = &mut self.pools[pid.0 as usize];
         pool.held -= 1;
@@ -298,9 +339,8 @@ impl Governor {
 
     /// Releases a grant whose answer could not be delivered.
     pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
-        let idx = slot.index() as usize;
-        if let Some(lease) = self.leases.get(idx) {
-            if lease.generation == slot.generation() && secret_eq(&lease.secret, slot.secret()) {
+        if let Some(lease) = self.leases.get(slot.index() as usize) {
+            if secret_eq(&lease.id.0, &slot.0) {
                 let pid = lease.pool;
                 self.release(pid, &slot.encode(), None, now);
             }
@@ -400,24 +440,31 @@ impl Governor {
         let lease_deadline = (now + s.term_ms).min(request_deadline);
         let generation = self.next_generation;
         self.next_generation = generation.wrapping_add(1);
-        let secret = self.entropy.secret();
+        let id = self.key.sign(&SlotFields {
+            index: idx as u32,
+            generation,
+            pool_tag: pool.tag,
+            lease_deadline_unix: self.epoch_base_ms + lease_deadline,
+            request_deadline_unix: self.epoch_base_ms + request_deadline,
+            random: self.entropy.take::<8>(),
+        });
         let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
         let epoch = pool.learning.epoch();
         let grant_seq = pool.learning.grants;
         let inserted = self.leases.insert(Lease {
             pool: pid,
-            generation,
-            secret,
+            id,
             lease_deadline,
             request_deadline,
             epoch,
             granted_at: now,
             grant_seq,
             timer,
+            adopted: false,
         });
         debug_assert_eq!(inserted, idx);
         Grant {
-            slot: SlotId::new(idx as u32, generation, secret),
+            slot: id,
             lease_deadline,
             request_deadline,
             term_ms: s.term_ms,
@@ -437,9 +484,17 @@ impl Governor {
     /// fails" holds to the millisecond.
     fn find(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Option<usize> {
         let id = SlotId::decode(slot)?;
-        let idx = id.index() as usize;
-        let lease = self.leases.get(idx)?;
-        if lease.pool != pid || lease.generation != id.generation() || !secret_eq(&lease.secret, id.secret()) {
+        let direct = id.index() as usize;
+        let idx = match self.leases.get(direct) {
+            Some(lease) if secret_eq(&lease.id.0, &id.0) => direct,
+            _ => match self.adopted.get(&id) {
+                Some(&Some(idx)) => idx,
+                Some(None) => return None,
+                None => return self.readopt(pid, id, now),
+            },
+        };
+        let lease = &self.leases[idx];
+        if lease.pool != pid {
             return None;
         }
         if lease.lease_deadline <= now {
@@ -451,9 +506,60 @@ impl Governor {
         Some(idx)
     }
 
+    /// Adopts a slot this process does not know, if `pid` is in its
+    /// re-adoption window and the id is one of its own under the slot secret
+    /// with a request deadline still ahead. It is held from now on, for one
+    /// more term at most (the id's lease deadline may predate renewals).
+    fn readopt(&mut self, pid: PoolId, id: SlotId, now: Ms) -> Option<usize> {
+        let pool = &self.pools[pid.0 as usize];
+        if !pool.recovering(now) {
+            return None;
+        }
+        let fields = self.key.verify(&id)?;
+        if fields.pool_tag != pool.tag {
+            return None;
+        }
+        let request_deadline = fields.request_deadline_unix.checked_sub(self.epoch_base_ms)?;
+        if request_deadline <= now {
+            return None;
+        }
+        let lease_deadline = (now + pool.settings.term_ms).min(request_deadline);
+        let idx = self.leases.vacant_key();
+        let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
+        let pool = &mut self.pools[pid.0 as usize];
+        pool.held += 1;
+        pool.stats.readopted += 1;
+        let epoch = pool.learning.epoch();
+        // Its real grant instant is unknown: counting it as granted now keeps
+        // its report from vouching for a budget window it may predate.
+        let grant_seq = pool.learning.grants;
+        self.leases.insert(Lease {
+            pool: pid,
+            id,
+            lease_deadline,
+            request_deadline,
+            epoch,
+            granted_at: now,
+            grant_seq,
+            timer,
+            adopted: true,
+        });
+        self.adopted.insert(id, Some(idx));
+        Some(idx)
+    }
+
+    /// Removes a lease from the table (an adopted one stays dead in the map).
+    fn remove_lease(&mut self, idx: usize) -> Lease {
+        let lease = self.leases.remove(idx);
+        if lease.adopted {
+            self.adopted.insert(lease.id, None);
+        }
+        lease
+    }
+
     /// Takes back a lease whose holder stopped renewing (or hit the cap).
     fn reclaim(&mut self, idx: usize, now: Ms) {
-        let lease = self.leases.remove(idx);
+        let lease = self.remove_lease(idx);
         let pool = &mut self.pools[lease.pool.0 as usize];
         pool.held -= 1;
         if lease.is_capped() {

@@ -49,11 +49,18 @@ pub enum DenyReason {
     Rate,
     Cooldown,
     QueueFull,
+    /// The re-adoption window after a start without a usable snapshot (SPEC §11).
+    Recovering,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 4] =
-        [DenyReason::Concurrency, DenyReason::Rate, DenyReason::Cooldown, DenyReason::QueueFull];
+    pub const ALL: [DenyReason; 5] = [
+        DenyReason::Concurrency,
+        DenyReason::Rate,
+        DenyReason::Cooldown,
+        DenyReason::QueueFull,
+        DenyReason::Recovering,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -61,6 +68,7 @@ impl DenyReason {
             DenyReason::Rate => "rate",
             DenyReason::Cooldown => "cooldown",
             DenyReason::QueueFull => "queue_full",
+            DenyReason::Recovering => "recovering",
         }
     }
 }
@@ -72,7 +80,7 @@ pub const UNKNOWN_WAIT_MS: u64 = 1000;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PoolStats {
     pub grants: u64,
-    pub denied: [u64; 4],
+    pub denied: [u64; 5],
     pub queue_timeouts: u64,
     pub waiters_gone: u64,
     pub reclaimed_term: u64,
@@ -84,10 +92,14 @@ pub struct PoolStats {
     pub release_gone: u64,
     pub reports_throttled: u64,
     pub cooldowns: u64,
+    /// Unknown but valid slots taken back in a re-adoption window.
+    pub readopted: u64,
 }
 
 pub struct Pool {
     pub name: Box<str>,
+    /// `lease::pool_tag(name)`, carried in every slot id of this pool.
+    pub tag: u32,
     pub settings: PoolSettings,
     /// A pool dropped by a reload: it grants nothing more, its leases drain.
     pub retired: bool,
@@ -99,12 +111,15 @@ pub struct Pool {
     /// rate wait ends, with its instant.
     pub wake: Option<(Ms, TimerKey)>,
     pub stats: PoolStats,
+    /// The end of the re-adoption window, while one is or was open.
+    pub recovering_until: Option<Ms>,
 }
 
 impl Pool {
     pub fn new(name: &str, settings: PoolSettings) -> Pool {
         Pool {
             name: name.into(),
+            tag: super::lease::pool_tag(name),
             settings,
             retired: false,
             held: 0,
@@ -113,6 +128,7 @@ impl Pool {
             learning: Learning::new(settings.concurrency, settings.adaptive),
             wake: None,
             stats: PoolStats::default(),
+            recovering_until: None,
         }
     }
 
@@ -131,6 +147,11 @@ impl Pool {
         self.retired = false;
     }
 
+    /// Whether the re-adoption window is open at `now`.
+    pub fn recovering(&self, now: Ms) -> bool {
+        self.recovering_until.is_some_and(|until| now < until)
+    }
+
     pub fn effective_limit(&self) -> u32 {
         self.learning.effective()
     }
@@ -142,6 +163,10 @@ impl Pool {
     pub fn blocked(&self, now: Ms) -> Option<(DenyReason, u64)> {
         if self.retired {
             return Some((DenyReason::Concurrency, UNKNOWN_WAIT_MS));
+        }
+        // No grant until the old holders had one term to come back.
+        if let Some(until) = self.recovering_until.filter(|&until| now < until) {
+            return Some((DenyReason::Recovering, until - now));
         }
         let pause = self.learning.pause(now);
         let cooldown_wait = match pause {

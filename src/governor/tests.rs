@@ -46,7 +46,7 @@ fn granted_owners(g: &mut Governor) -> Vec<u64> {
         .collect()
 }
 
-fn id(grant: &Grant) -> [u8; 32] {
+fn id(grant: &Grant) -> [u8; lease::SLOT_ID_CHARS] {
     grant.slot.encode()
 }
 
@@ -390,4 +390,83 @@ fn external_timers_come_back_as_notices() {
     g.cancel_timer(k);
     g.advance(100);
     assert!(matches!(&notices(&mut g)[..], [Notice::Timer(7)]));
+}
+
+/// A pair of governors sharing a slot secret: `old` grants, `new` starts
+/// after it with nothing known, as after a crash or on a standby.
+fn crashed_pair(pool_json: &str, crash_at_unix: u64) -> (Governor, Governor, PoolId) {
+    let (mut old, pid) = governor(pool_json);
+    old.set_identity(&[7; 32], 1_000_000);
+    let (mut new, _) = governor(pool_json);
+    new.set_identity(&[7; 32], crash_at_unix);
+    (old, new, pid)
+}
+
+#[test]
+fn a_valid_unknown_slot_is_readopted_in_the_window_and_fail_fast_acquires_wait() {
+    let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
+    let (mut old, mut new, p) = crashed_pair(json, 1_000_500);
+    let a = granted(old.acquire(p, 0, 1, 0));
+    let b = granted(old.acquire(p, 0, 2, 0));
+    new.open_recovery_window(0);
+    assert!(new.recovering(0) && new.pool(p).recovering(999));
+    let d = denied(new.acquire(p, 0, 3, 10));
+    assert_eq!(d.reason, DenyReason::Recovering);
+    assert_eq!(d.retry_after_ms, 990);
+    // A waiter waits through the window.
+    let w = queued(new.acquire(p, 5000, 4, 10));
+    assert!(notices(&mut new).is_empty());
+    // Renewing `a` re-adopts it and extends it by a term; releasing `b` re-adopts and frees it.
+    assert_eq!(new.renew(p, &id(&a), 100), Ok(1100));
+    assert_eq!(new.renew(p, &id(&a), 200), Ok(1200));
+    assert!(new.release(p, &id(&b), None, 300));
+    assert!(!new.release(p, &id(&b), None, 301));
+    assert_eq!(new.pool(p).held, 1);
+    assert_eq!(new.pool(p).stats.readopted, 2);
+    // At the window's end the waiter gets the one free slot, and the pool is full.
+    new.advance(1000);
+    assert!(!new.pool(p).recovering(1000));
+    assert_eq!(granted_owners(&mut new), vec![4]);
+    assert_eq!(denied(new.acquire(p, 0, 5, 1001)).reason, DenyReason::Concurrency);
+    let _ = w;
+}
+
+#[test]
+fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
+    let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":2000"#;
+    let (mut old, mut new, p) = crashed_pair(json, 1_000_500);
+    let other = new.pool_id("other").unwrap();
+    let a = granted(old.acquire(p, 0, 1, 0));
+    new.open_recovery_window(0);
+    let mut tampered = a.slot;
+    tampered.0[14] ^= 0x40; // a later lease deadline
+    assert_eq!(new.renew(p, &tampered.encode(), 10), Err(RenewError::NotFound));
+    let (mut stranger, _) = governor(json);
+    stranger.set_identity(&[8; 32], 1_000_000);
+    let forged = granted(stranger.acquire(p, 0, 1, 0));
+    assert_eq!(new.renew(p, &id(&forged), 10), Err(RenewError::NotFound));
+    assert_eq!(new.renew(other, &id(&a), 10), Err(RenewError::NotFound));
+    // Past its request deadline (2000 ms after grant = 1500 ms into the new process).
+    new.advance(999);
+    assert_eq!(new.pool(p).held, 0);
+    assert_eq!(new.pool(p).stats.readopted, 0);
+}
+
+#[test]
+fn outside_a_window_unknown_slots_are_not_found_and_readopted_ones_are_reclaimed() {
+    let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
+    let (mut old, mut new, p) = crashed_pair(json, 1_000_500);
+    let a = granted(old.acquire(p, 0, 1, 0));
+    let b = granted(old.acquire(p, 0, 2, 0));
+    // The first start (a fresh secret) opens no window.
+    assert_eq!(new.renew(p, &id(&a), 10), Err(RenewError::NotFound));
+    new.open_recovery_window(20);
+    assert!(new.renew(p, &id(&b), 30).is_ok());
+    // `b` stops renewing: reclaimed one term after its re-adoption.
+    new.advance(1029);
+    assert_eq!(new.pool(p).held, 1);
+    new.advance(1030);
+    assert_eq!(new.pool(p).held, 0);
+    assert_eq!(new.pool(p).stats.reclaimed_term, 1);
+    assert_eq!(new.renew(p, &id(&b), 1031), Err(RenewError::NotFound));
 }

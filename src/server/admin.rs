@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use crate::api::{App, LATENCY_BUCKETS_US};
 use crate::dashboard;
-use crate::governor::DenyReason;
+use crate::governor::{DenyReason, Ms};
 use crate::http::request::{Head, Method};
 use crate::http::response::{error_body, Status};
 
@@ -24,7 +24,7 @@ pub struct ServerStats {
     pub reloads_failed: u64,
 }
 
-pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool) {
+pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool, now: Ms) {
     let path = head.path.split_once('?').map_or(head.path, |(p, _)| p);
     let known = matches!(path, "/healthz" | "/metrics") || crate::dashboard::is_route(path);
     if known && !matches!(head.method, Method::Get | Method::Head) {
@@ -39,9 +39,16 @@ pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, cl
         return;
     }
     match path {
+        // Still 200 while re-adopting: the holders' renewals must reach this
+        // instance (a health check that took it out of rotation would turn
+        // the window into lost slots); the body tells an operator why
+        // acquires are refused.
+        "/healthz" if app.gov.recovering(now) => {
+            dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"recovering\"}", close)
+        }
         "/healthz" => dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
         "/metrics" => {
-            let text = render(app, stats);
+            let text = render(app, stats, now);
             let mut w = dashboard::start(out, Status::Ok);
             w.header(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8");
             w.finish(text.as_bytes(), close);
@@ -60,7 +67,7 @@ fn family(t: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// The Prometheus text exposition of everything the server counts.
-pub fn render(app: &App, stats: &ServerStats) -> String {
+pub fn render(app: &App, stats: &ServerStats, now: Ms) -> String {
     let mut t = String::with_capacity(8192);
     let pools: Vec<_> = app.gov.pools().collect();
     type PoolValue = fn(&crate::governor::Pool) -> u64;
@@ -99,6 +106,14 @@ pub fn render(app: &App, stats: &ServerStats) -> String {
         if let Some(tokens) = p.rpm_remaining() {
             let _ = writeln!(t, "nthpool_rpm_tokens{{pool=\"{}\"}} {tokens}", p.name);
         }
+    }
+    family(&mut t, "nthpool_recovering", "gauge", "1 while the pool's re-adoption window is open.");
+    for (_, p) in &pools {
+        let _ = writeln!(t, "nthpool_recovering{{pool=\"{}\"}} {}", p.name, p.recovering(now) as u8);
+    }
+    family(&mut t, "nthpool_readopted_total", "counter", "Slots held before a restart and re-adopted in the window.");
+    for (_, p) in &pools {
+        let _ = writeln!(t, "nthpool_readopted_total{{pool=\"{}\"}} {}", p.name, p.stats.readopted);
     }
     family(&mut t, "nthpool_denials_total", "counter", "Acquires answered 429, by reason.");
     for (_, p) in &pools {

@@ -35,6 +35,7 @@ use crate::http::request::{
     MAX_HEAD_BYTES,
 };
 use crate::http::response::{Status, CONTINUE};
+use crate::state;
 use admin::ServerStats;
 use clock::Clock;
 use conn::{Conn, Flush, Io, PendingBody, Timeouts, NEVER};
@@ -132,6 +133,17 @@ impl Server {
         let clock = Clock::start();
         let mut app = App::new(config)?;
         app.listen_addr = listener.local_addr().ok();
+        let secret = match &config_path {
+            Some(path) => state::secret::load_or_create(&state::secret::path_beside(path, &config.slot_secret_file))?,
+            None => state::secret::ephemeral(),
+        };
+        app.gov.set_identity(&secret.bytes, clock.epoch_base_ms());
+        if !secret.created {
+            // Nothing says which slots the previous process held: give their
+            // holders one term to come back before granting anew.
+            app.gov.open_recovery_window(0);
+            log::warn!("started without a snapshot: re-adoption window of one termMs per pool");
+        }
         Ok(Server {
             poll,
             listener: Some(listener),
@@ -596,7 +608,7 @@ impl Server {
             };
             let answer_start = conn.output.len();
             let handled = if conn.admin {
-                admin::handle(&head, app, stats, &mut conn.output, ctx.close);
+                admin::handle(&head, app, stats, &mut conn.output, ctx.close, ctx.now);
                 Handled::Done
             } else {
                 app.handle(&ctx, &head, body, &mut conn.output)

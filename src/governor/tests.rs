@@ -402,12 +402,19 @@ fn crashed_pair(pool_json: &str, crash_at_unix: u64) -> (Governor, Governor, Poo
     (old, new, pid)
 }
 
-#[test]
-fn a_valid_unknown_slot_is_readopted_in_the_window_and_fail_fast_acquires_wait() {
+/// Two slots of a full pool (limit 2, term 1 s) granted by a process that
+/// then died 500 ms later, and its successor.
+fn two_held_then_crash() -> (Governor, PoolId, Grant, Grant) {
     let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
-    let (mut old, mut new, p) = crashed_pair(json, 1_000_500);
+    let (mut old, new, p) = crashed_pair(json, 1_000_500);
     let a = granted(old.acquire(p, 0, 1, 0));
     let b = granted(old.acquire(p, 0, 2, 0));
+    (new, p, a, b)
+}
+
+#[test]
+fn a_valid_unknown_slot_is_readopted_in_the_window_and_fail_fast_acquires_wait() {
+    let (mut new, p, a, b) = two_held_then_crash();
     new.open_recovery_window(0);
     assert!(new.recovering(0) && new.pool(p).recovering(999));
     let d = denied(new.acquire(p, 0, 3, 10));
@@ -454,10 +461,7 @@ fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
 
 #[test]
 fn outside_a_window_unknown_slots_are_not_found_and_readopted_ones_are_reclaimed() {
-    let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
-    let (mut old, mut new, p) = crashed_pair(json, 1_000_500);
-    let a = granted(old.acquire(p, 0, 1, 0));
-    let b = granted(old.acquire(p, 0, 2, 0));
+    let (mut new, p, a, b) = two_held_then_crash();
     // The first start (a fresh secret) opens no window.
     assert_eq!(new.renew(p, &id(&a), 10), Err(RenewError::NotFound));
     new.open_recovery_window(20);

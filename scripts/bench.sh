@@ -390,6 +390,8 @@ if [ "$COMPARE" = 1 ]; then
     # A fresh nthpool, so its two runs start from the state (a) started from.
     kill "$SERVER" 2>/dev/null || true
     wait "$SERVER" 2>/dev/null || true
+    # Without its slot secret the new server is a first start: no re-adoption window.
+    rm -f "$WORK/nthpool.secret"
     env RUST_LOG=warn "${ON_SERVER[@]}" "$BIN/nthpool" --config "$WORK/nthpool.json" >"$WORK/nthpool.log" 2>&1 &
     SERVER=$!
     PIDS+=("$SERVER")

@@ -114,6 +114,8 @@ measure() {
 start_nthpool() {
     local name=$1
     check_free "$PORT"
+    # Without its slot secret each server is a first start: no re-adoption window.
+    rm -f "$WORK/nthpool.secret"
     # Instrumentation starts off: nothing before `callgrind_control -i on` is
     # counted, and an uninstrumented fill runs several times faster.
     env RUST_LOG=warn "${ON_SERVER[@]}" valgrind --tool=callgrind --instr-atstart=no \

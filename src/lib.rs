@@ -19,4 +19,5 @@ pub mod http;
 pub mod report;
 pub mod server;
 pub mod state;
+pub mod time;
 pub mod wheel;

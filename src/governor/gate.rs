@@ -5,7 +5,7 @@
 //! sleeps: the governor arms one wheel entry at `next_refill_ms()` while the
 //! bucket is not full, and calls `refill` when it fires.
 
-use super::Ms;
+use crate::time::Ms;
 
 #[derive(Debug, Clone)]
 pub struct TokenBucket {

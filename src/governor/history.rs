@@ -7,7 +7,7 @@
 //! slept are filled with the gauges it slept on and no events.
 
 use super::pool::{DenyReason, Pool, PoolStats};
-use super::Ms;
+use crate::time::Ms;
 
 /// Seconds kept: 15 minutes at 1-s resolution.
 pub const SECONDS: usize = 900;

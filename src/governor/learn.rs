@@ -22,7 +22,7 @@
 //! - Budget windows are told apart by their reset instant: within one window
 //!   `remaining` only goes down; a report of a later window replaces it; a
 //!   report of a window that already ended is ignored.
-use super::Ms;
+use crate::time::Ms;
 
 /// The longest pause a single retry hint can impose.
 pub const MAX_COOLDOWN_MS: u64 = 120_000;

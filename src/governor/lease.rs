@@ -17,8 +17,8 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::pool::PoolId;
-use super::Ms;
+use super::id::PoolId;
+use crate::time::Ms;
 use crate::wheel::TimerKey;
 
 pub const SLOT_ID_BYTES: usize = 42;

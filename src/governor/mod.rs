@@ -13,6 +13,7 @@
 
 pub mod gate;
 pub mod history;
+pub mod id;
 pub mod learn;
 pub mod lease;
 pub mod pool;
@@ -25,14 +26,14 @@ use slab::Slab;
 
 use crate::config::PoolConfig;
 use crate::wheel::{TimerKey, Wheel};
+pub use id::PoolId;
 pub use learn::{Outcome, RateInfo};
 use lease::{secret_eq, Entropy, Lease, SlotFields, SlotId, SlotKey};
-pub use pool::{DenyReason, Pool, PoolId, PoolSettings, PoolStats};
+pub use pool::{DenyReason, Pool, PoolSettings, PoolStats};
 pub use queue::WaiterKey;
 use queue::Waiters;
 
-/// Monotonic milliseconds since the server started.
-pub type Ms = u64;
+pub use crate::time::Ms;
 
 /// What a wheel entry stands for.
 #[derive(Clone, Copy, Debug)]

@@ -7,12 +7,9 @@
 use super::gate::TokenBucket;
 use super::learn::{Learning, Pause};
 use super::queue::Queue;
-use super::Ms;
 use crate::config::PoolConfig;
+use crate::time::Ms;
 use crate::wheel::TimerKey;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PoolId(pub u32);
 
 /// The numbers of a pool's configuration the governor works with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,8 +6,8 @@
 
 use slab::Slab;
 
-use super::pool::PoolId;
-use super::Ms;
+use super::id::PoolId;
+use crate::time::Ms;
 use crate::wheel::TimerKey;
 
 const NIL: u32 = u32::MAX;

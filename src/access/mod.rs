@@ -19,7 +19,6 @@ use std::net::IpAddr;
 
 use log::warn;
 
-use crate::api::ApiError;
 use crate::config::AccessConfig;
 use crate::http::request::{Head, Method};
 use crate::http::trim;
@@ -56,8 +55,19 @@ pub struct PoolAccess {
     cloudflare: Option<CloudflarePolicy>,
 }
 
-fn denied(d: Denied) -> ApiError {
-    ApiError::Unauthorized(d.reason())
+/// Why a policy refused a request; `api` turns it into the answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessError {
+    /// The client address is outside the pool's `ipAllow`.
+    Forbidden,
+    /// A signature, token or nonce was refused.
+    Denied(Denied),
+    /// The nonce store is full of live entries: retry after this many seconds.
+    Busy { retry_after_s: u64 },
+}
+
+fn denied(d: Denied) -> AccessError {
+    AccessError::Denied(d)
 }
 
 impl PoolAccess {
@@ -151,10 +161,10 @@ impl PoolAccess {
     /// Checks decidable from the head: IP allowlist, JWT, Cloudflare Access.
     /// `key_in_header` tells whether the pool key came in `X-Nthpool-Key`
     /// (then `Authorization: Bearer` may carry the JWT).
-    pub fn check_head(&self, head: &Head, client: IpAddr, now_epoch_ms: u64) -> Result<(), ApiError> {
+    pub fn check_head(&self, head: &Head, client: IpAddr, now_epoch_ms: u64) -> Result<(), AccessError> {
         if let Some(allow) = &self.ip_allow {
             if !allow.contains(client) {
-                return Err(ApiError::Forbidden);
+                return Err(AccessError::Forbidden);
             }
         }
         if let Some(policy) = &self.jwt {
@@ -176,7 +186,7 @@ impl PoolAccess {
 
     /// The HMAC signature over the exact body, then the nonce (remembered
     /// only once the MAC verified).
-    pub fn check_signed(&mut self, head: &Head, body: &[u8], now_epoch_ms: u64) -> Result<(), ApiError> {
+    pub fn check_signed(&mut self, head: &Head, body: &[u8], now_epoch_ms: u64) -> Result<(), AccessError> {
         let Some(policy) = &mut self.hmac else {
             return Ok(());
         };
@@ -204,10 +214,9 @@ impl PoolAccess {
         match policy.nonces.insert(verified.nonce, now_epoch_ms, verified.nonce_expires_ms) {
             Ok(()) => Ok(()),
             Err(NonceError::Replay) => Err(denied(Denied::NONCE_REPLAYED)),
-            Err(NonceError::Full { retry_after_ms }) => Err(ApiError::Unavailable(
-                "Too many signed requests in flight; retry shortly.",
-                retry_after_ms.div_ceil(1000),
-            )),
+            Err(NonceError::Full { retry_after_ms }) => {
+                Err(AccessError::Busy { retry_after_s: retry_after_ms.div_ceil(1000) })
+            }
         }
     }
 }

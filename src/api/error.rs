@@ -1,5 +1,6 @@
 //! The one table from "what went wrong" to status, `error` code and message.
 
+use crate::access::AccessError;
 use crate::http::response::{error_body, Status, Writer};
 
 /// Every error answer a client can get, one variant each.
@@ -91,5 +92,17 @@ impl ApiError {
             _ => {}
         }
         w.finish_json(scratch, close || self.closes());
+    }
+}
+
+impl From<AccessError> for ApiError {
+    fn from(e: AccessError) -> ApiError {
+        match e {
+            AccessError::Forbidden => ApiError::Forbidden,
+            AccessError::Denied(d) => ApiError::Unauthorized(d.reason()),
+            AccessError::Busy { retry_after_s } => {
+                ApiError::Unavailable("Too many signed requests in flight; retry shortly.", retry_after_s)
+            }
+        }
     }
 }

@@ -403,10 +403,9 @@ impl PoolConfig {
                 self.term_ms
             ));
         }
-        crate::access::ip::CidrSet::parse(&self.access.ip_allow)
-            .map_err(|e| ConfigError(format!("access.ipAllow: {e}")))?;
-        crate::access::ip::CidrSet::parse(&self.access.trusted_proxies)
-            .map_err(|e| ConfigError(format!("access.trustedProxies: {e}")))?;
+        // `ipAllow` and `trustedProxies` are parsed where the policies are
+        // built (`access::PoolAccess::build`), the step `--check-config`,
+        // start-up and reload share.
         if let Some(hmac) = &self.access.hmac {
             if hmac.secret.is_empty() {
                 return fail("access.hmac.secret must not be empty");

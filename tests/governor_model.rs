@@ -17,8 +17,9 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use nthpool::config::{Config, PoolConfig};
-use nthpool::governor::{Admission, Governor, Notice, Outcome, PoolId, RateInfo, RenewError, WaiterKey};
+use nthpool::api::pool_settings;
+use nthpool::config::Config;
+use nthpool::governor::{Admission, Governor, Notice, Outcome, PoolId, PoolSettings, RateInfo, RenewError, WaiterKey};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
@@ -66,10 +67,12 @@ fn pool_name(i: usize) -> String {
     format!("p{i}")
 }
 
-fn pools_config(setups: &[PoolSetup]) -> BTreeMap<String, PoolConfig> {
+fn pools_config(setups: &[PoolSetup]) -> BTreeMap<String, PoolSettings> {
     let body: Vec<String> = setups.iter().enumerate().map(|(i, s)| s.json(&pool_name(i))).collect();
     let text = format!(r#"{{"pools":{{{}}}}}"#, body.join(","));
-    Config::parse(text.as_bytes()).unwrap_or_else(|e| panic!("generated configuration is valid: {e}\n{text}")).pools
+    pool_settings(
+        &Config::parse(text.as_bytes()).unwrap_or_else(|e| panic!("generated configuration is valid: {e}\n{text}")),
+    )
 }
 
 /// Which slot a release names.

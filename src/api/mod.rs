@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod error;
 pub mod route;
+pub mod settings;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -24,6 +25,7 @@ use crate::report::{self, check_object, is_blank};
 use auth::PoolKeys;
 pub use error::ApiError;
 use route::Route;
+pub use settings::pool_settings;
 use std::time::Instant;
 
 /// The longest wait a caller may ask for; beyond it the value is refused as absurd.
@@ -176,7 +178,7 @@ impl App {
         let log = AccessLog::open(config.access_log.as_deref())?;
         let mut fresh =
             credentials(config, |name| self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access))?;
-        self.gov.reconfigure(&config.pools, now);
+        self.gov.reconfigure(&pool_settings(config), now);
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
         self.max_body = config.max_body_bytes;
         self.log.flush();

@@ -24,7 +24,6 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use slab::Slab;
 
-use crate::config::PoolConfig;
 use crate::wheel::{TimerKey, Wheel};
 pub use id::PoolId;
 pub use learn::{Outcome, RateInfo};
@@ -146,7 +145,7 @@ pub struct Governor {
 }
 
 impl Governor {
-    pub fn new(pools: &BTreeMap<String, PoolConfig>) -> Governor {
+    pub fn new(pools: &BTreeMap<String, PoolSettings>) -> Governor {
         let mut g = Governor {
             pools: Vec::new(),
             names: HashMap::default(),
@@ -172,9 +171,8 @@ impl Governor {
     /// and learned state; new pools appear; pools no longer configured are
     /// retired — they grant nothing more, their waiters are answered now and
     /// their leases drain (renew and release keep working).
-    pub fn reconfigure(&mut self, configs: &BTreeMap<String, PoolConfig>, now: Ms) {
-        for (name, config) in configs {
-            let settings = PoolSettings::from(config);
+    pub fn reconfigure(&mut self, configs: &BTreeMap<String, PoolSettings>, now: Ms) {
+        for (name, &settings) in configs {
             match self.names.get(name.as_str()) {
                 Some(&pid) => {
                     self.pools[pid.0 as usize].reconfigure(settings, now);

@@ -7,7 +7,6 @@
 use super::gate::TokenBucket;
 use super::learn::{Learning, Pause};
 use super::queue::Queue;
-use crate::config::PoolConfig;
 use crate::time::Ms;
 use crate::wheel::TimerKey;
 
@@ -22,21 +21,6 @@ pub struct PoolSettings {
     pub renew_interval_ms: u64,
     pub request_timeout_ms: u64,
     pub adaptive: bool,
-}
-
-impl From<&PoolConfig> for PoolSettings {
-    fn from(c: &PoolConfig) -> Self {
-        PoolSettings {
-            concurrency: c.concurrency,
-            queue_size: c.queue.size,
-            queue_timeout_ms: c.queue.timeout_ms,
-            rpm: c.rpm.zip(c.rpm_burst_or_default()),
-            term_ms: c.term_ms,
-            renew_interval_ms: c.renew_interval_ms,
-            request_timeout_ms: c.request_timeout_ms,
-            adaptive: c.adaptive,
-        }
-    }
 }
 
 /// Why an acquire was not granted; the value of `x-nthpool-deny-reason`.
@@ -194,13 +178,14 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
+    use crate::api::pool_settings;
     use crate::config::Config;
     use crate::governor::{Admission, DenyReason, Governor};
 
     #[test]
     fn the_gate_that_opens_last_decides_the_answer() {
         let config = Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":1,"rpm":1,"adaptive":false}}}"#);
-        let mut g = Governor::new(&config.unwrap().pools);
+        let mut g = Governor::new(&pool_settings(&config.unwrap()));
         let p = g.pool_id("p").unwrap();
         assert!(matches!(g.acquire(p, 0, 1, 0), Admission::Granted(_)));
         // Held and out of tokens: the token is 60 s away, past the 1 s guess for a slot.

@@ -1,12 +1,13 @@
 //! Governor behaviour driven by a manual clock: no sockets, no sleeps.
 
 use super::*;
+use crate::api::pool_settings;
 use crate::config::Config;
 
 fn governor(pool_json: &str) -> (Governor, PoolId) {
     let text = format!(r#"{{"pools":{{"p":{{"keys":["k"]{pool_json}}},"other":{{"keys":["k2"]}}}}}}"#);
     let config = Config::parse(text.as_bytes()).unwrap();
-    let g = Governor::new(&config.pools);
+    let g = Governor::new(&pool_settings(&config));
     let pid = g.pool_id("p").unwrap();
     (g, pid)
 }
@@ -361,11 +362,11 @@ fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
     queued(g.acquire(p, 5000, 2, 0));
     queued(g.acquire(p, 5000, 3, 0));
     let raised = Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":2},"other":{"keys":["k2"]}}}"#).unwrap();
-    g.reconfigure(&raised.pools, 10);
+    g.reconfigure(&pool_settings(&raised), 10);
     assert_eq!(granted_owners(&mut g), vec![2]);
     assert_eq!(g.pool(p).held, 2);
     let removed = Config::parse(br#"{"pools":{"other":{"keys":["k2"]}}}"#).unwrap();
-    g.reconfigure(&removed.pools, 20);
+    g.reconfigure(&pool_settings(&removed), 20);
     assert!(matches!(&notices(&mut g)[..], [Notice::TimedOut { owner: 3, .. }]));
     assert!(g.pool(p).retired);
     assert_eq!(denied(g.acquire(p, 0, 4, 30)).reason, DenyReason::Concurrency);

@@ -8,6 +8,8 @@
 //! more slots and queues more waiters; the answer should be a flat row of
 //! numbers. Every measurement is bounded in time, the whole run in seconds.
 
+#![forbid(unsafe_code)]
+
 use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -125,7 +127,7 @@ struct Bench {
 impl Bench {
     fn new() -> Result<Bench, String> {
         let config = Config::parse(CONFIG.as_bytes()).map_err(|e| e.0)?;
-        let gov = Governor::new(&config.pools);
+        let gov = Governor::new(&nthpool::api::pool_settings(&config));
         let pid = |name| gov.pool_id(name).ok_or(format!("pool {name} missing"));
         Ok(Bench {
             bench: pid("bench")?,

@@ -1,13 +1,19 @@
 //! nthpool: a single-threaded concurrency governor for callers of rate-limited APIs.
 //!
-//! Layers, from the inside out:
-//! - `wheel`: the one hierarchical timer wheel;
-//! - `governor`: pools, leases, queues, gates and learning — pure, driven by `now`;
-//! - `report`: outcome reports and the upstream rate-limit header dialects;
-//! - `http`: request parsing and response writing — pure byte work;
-//! - `api`: the lock routes, credentials and the answers they give;
+//! Layers, from the outside in; each imports only what is below it, and
+//! `tests/layers.rs` checks that from the source:
 //! - `server`: the mio reactor that owns sockets and the clock;
-//! - `state`: what is kept on disk between runs (the slot secret).
+//! - `dashboard`: the admin dashboard's routes, read from `api`;
+//! - `api`: the lock routes, credentials and the answers they give;
+//! - `http`: request parsing and response writing — pure byte work;
+//! - `governor`: pools, leases, queues, gates and learning — pure, driven by `now`;
+//! - leaves below what uses them: `config` (the file), `access` (the
+//!   policies beyond the pool key), `report` (outcome reports and the upstream
+//!   rate-limit header dialects), `accesslog`, `state` (what is kept on disk
+//!   between runs: the slot secret), `wheel` (the one hierarchical timer
+//!   wheel) and `time` (the units of time).
+
+#![forbid(unsafe_code)]
 
 pub mod access;
 pub mod accesslog;

@@ -1,6 +1,8 @@
 //! The `nthpool` binary: command line, start-up, and the one line that says
 //! what went wrong when start-up fails.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

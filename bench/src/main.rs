@@ -6,6 +6,8 @@
 //! server for the scale runs ([`hold`]). It contacts only the address it is
 //! given.
 
+#![forbid(unsafe_code)]
+
 mod client;
 mod hold;
 mod options;

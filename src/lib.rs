@@ -3,6 +3,8 @@
 //! Layers, from the outside in; each imports only what is below it, and
 //! `tests/layers.rs` checks that from the source:
 //! - `server`: the mio reactor that owns sockets and the clock;
+//! - `net`: outbound connections to upstreams: TLS client streams and name
+//!   resolution off the loop, driven by the reactor;
 //! - `dashboard`: the admin dashboard's routes, read from `api`;
 //! - `api`: the lock routes, credentials and the answers they give;
 //! - `http`: request parsing and response writing — pure byte work;
@@ -22,6 +24,7 @@ pub mod config;
 pub mod dashboard;
 pub mod governor;
 pub mod http;
+pub mod net;
 pub mod report;
 pub mod server;
 pub mod state;

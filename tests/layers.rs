@@ -24,6 +24,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("accesslog", &["http", "time"]),
     ("api", &["access", "accesslog", "config", "governor", "http", "report", "time", "wheel"]),
     ("dashboard", &["api", "governor", "http", "time"]),
+    ("net", &["time"]),
     ("server", &["accesslog", "api", "config", "dashboard", "governor", "http", "state", "time", "wheel"]),
 ];
 

@@ -1,0 +1,383 @@
+//! A TLS client stream over a non-blocking `mio` socket, driven by rustls's
+//! sans-I/O connection.
+//!
+//! The stream owns the TCP socket and the rustls client state and nothing else:
+//! it never blocks, never reads the clock (the handshake deadline is computed
+//! from the `now` it is given and put on the reactor's wheel by its owner), and
+//! reads from and writes to the socket only when its owner calls it after a
+//! readiness event. Its methods behave like a socket's: `WouldBlock` when
+//! nothing can be done now, `Ok(0)` from `read` when the peer closed the
+//! session cleanly (`close_notify`).
+//!
+//! Verification is always on: the server's certificate chain must lead to one
+//! of the roots of the [`ClientTls`] it was made from (the bundled Mozilla
+//! roots plus the pool's `caFile`) and name the host that was asked for. There
+//! is no option to turn that off. A refused handshake is an `io::Error` of
+//! kind `InvalidData` carrying a [`TlsError`] that names the cause; get it back
+//! with [`TlsError::of`].
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mio::net::TcpStream;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{CertificateError, ClientConfig, ClientConnection, HandshakeKind, RootCertStore};
+
+use crate::time::Ms;
+
+/// The only application protocol offered: the proxy speaks HTTP/1.1 upstream.
+const ALPN_HTTP11: &[u8] = b"http/1.1";
+
+/// Most plaintext and TLS bytes held inside one stream, each way, before
+/// `write` answers `WouldBlock` (rustls's own default, said out loud).
+const BUFFER_LIMIT: usize = 64 * 1024;
+
+/// Sessions remembered for resumption per [`ClientTls`] (one per upstream).
+const SESSION_CACHE_SIZE: usize = 256;
+
+/// Why a TLS session with an upstream could not be set up or went wrong.
+/// Each variant is one cause an operator acts on differently.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsError {
+    /// The certificate chain does not lead to a trusted root.
+    UnknownCa,
+    /// The certificate does not name the host that was asked for.
+    WrongHostName { host: String, presented: Vec<String> },
+    /// The certificate's `notAfter` is in the past.
+    Expired,
+    /// The certificate's `notBefore` is in the future.
+    NotYetValid,
+    /// Any other reason the certificate was refused.
+    BadCertificate(String),
+    /// The upstream sent a fatal alert.
+    AlertReceived(String),
+    /// The upstream broke the TLS protocol (or is not speaking TLS).
+    Protocol(String),
+    /// The handshake had not finished by its deadline.
+    HandshakeTimeout,
+    /// The host is neither a DNS name nor an IP address.
+    InvalidHostName(String),
+}
+
+impl TlsError {
+    /// The TLS cause inside an error returned by [`TlsStream`], if it is one.
+    pub fn of(err: &io::Error) -> Option<&TlsError> {
+        err.get_ref().and_then(|e| e.downcast_ref::<TlsError>())
+    }
+
+    /// Short, stable name of the cause, for logs and metrics labels.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            TlsError::UnknownCa => "unknown_ca",
+            TlsError::WrongHostName { .. } => "wrong_host_name",
+            TlsError::Expired => "certificate_expired",
+            TlsError::NotYetValid => "certificate_not_yet_valid",
+            TlsError::BadCertificate(_) => "bad_certificate",
+            TlsError::AlertReceived(_) => "alert_received",
+            TlsError::Protocol(_) => "protocol_error",
+            TlsError::HandshakeTimeout => "handshake_timeout",
+            TlsError::InvalidHostName(_) => "invalid_host_name",
+        }
+    }
+
+    fn from_rustls(err: rustls::Error, host: &str) -> TlsError {
+        match err {
+            rustls::Error::InvalidCertificate(cert) => match cert {
+                CertificateError::UnknownIssuer => TlsError::UnknownCa,
+                CertificateError::NotValidForName => {
+                    TlsError::WrongHostName { host: host.to_owned(), presented: Vec::new() }
+                }
+                CertificateError::NotValidForNameContext { presented, .. } => {
+                    TlsError::WrongHostName { host: host.to_owned(), presented }
+                }
+                CertificateError::Expired | CertificateError::ExpiredContext { .. } => TlsError::Expired,
+                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => TlsError::NotYetValid,
+                other => TlsError::BadCertificate(format!("{other:?}")),
+            },
+            rustls::Error::AlertReceived(alert) => TlsError::AlertReceived(format!("{alert:?}")),
+            other => TlsError::Protocol(other.to_string()),
+        }
+    }
+
+    fn into_io(self) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, self)
+    }
+}
+
+impl fmt::Display for TlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsError::UnknownCa => {
+                f.write_str("the upstream's certificate is not signed by a trusted certificate authority")
+            }
+            TlsError::WrongHostName { host, presented } if presented.is_empty() => {
+                write!(f, "the upstream's certificate is not valid for the host name {host}")
+            }
+            TlsError::WrongHostName { host, presented } => write!(
+                f,
+                "the upstream's certificate is not valid for the host name {host} (it names {})",
+                presented.join(", ")
+            ),
+            TlsError::Expired => f.write_str("the upstream's certificate has expired"),
+            TlsError::NotYetValid => f.write_str("the upstream's certificate is not valid yet"),
+            TlsError::BadCertificate(why) => {
+                write!(f, "the upstream's certificate was refused: {why}")
+            }
+            TlsError::AlertReceived(alert) => {
+                write!(f, "the upstream ended the TLS handshake with the alert {alert}")
+            }
+            TlsError::Protocol(why) => write!(f, "TLS with the upstream failed: {why}"),
+            TlsError::HandshakeTimeout => f.write_str("the TLS handshake with the upstream did not finish in time"),
+            TlsError::InvalidHostName(host) => {
+                write!(f, "{host:?} is not a host name TLS can verify")
+            }
+        }
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+/// Why a [`ClientTls`] could not be built from the configuration.
+#[derive(Debug)]
+pub enum TlsConfigError {
+    /// `caFile` could not be read or holds no usable PEM certificate.
+    CaFile { path: PathBuf, why: String },
+    /// The crypto provider refused the protocol versions (a build defect).
+    Provider(String),
+}
+
+impl fmt::Display for TlsConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsConfigError::CaFile { path, why } => write!(f, "caFile {}: {why}", path.display()),
+            TlsConfigError::Provider(why) => write!(f, "TLS set-up failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for TlsConfigError {}
+
+/// The TLS settings of one upstream, shared by all its connections: trusted
+/// roots, ALPN and the session cache that lets a new connection resume an
+/// earlier session instead of a full handshake. Cheap to clone.
+#[derive(Clone)]
+pub struct ClientTls {
+    config: Arc<ClientConfig>,
+}
+
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTls").finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// Trusts the bundled Mozilla roots, plus every certificate in `ca_file`
+    /// (PEM) when given.
+    pub fn new(ca_file: Option<&Path>) -> Result<ClientTls, TlsConfigError> {
+        let mut roots = RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(path) = ca_file {
+            add_ca_file(&mut roots, path)?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsConfigError::Provider(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
+        config.resumption = rustls::client::Resumption::in_memory_sessions(SESSION_CACHE_SIZE);
+        Ok(ClientTls { config: Arc::new(config) })
+    }
+
+    /// Starts a client session with `host` over `tcp` (connected or still
+    /// connecting). `handshake_deadline` is the instant, on the caller's
+    /// clock, after which [`TlsStream::check_deadline`] fails the handshake.
+    pub fn connect(&self, tcp: TcpStream, host: &str, handshake_deadline: u64) -> Result<TlsStream, TlsError> {
+        let name = ServerName::try_from(host.to_owned()).map_err(|_| TlsError::InvalidHostName(host.to_owned()))?;
+        let mut conn = ClientConnection::new(self.config.clone(), name).map_err(|e| TlsError::from_rustls(e, host))?;
+        conn.set_buffer_limit(Some(BUFFER_LIMIT));
+        Ok(TlsStream { tcp, conn, host: host.into(), handshake_deadline, failure: None })
+    }
+}
+
+fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsConfigError> {
+    let fail = |why: String| TlsConfigError::CaFile { path: path.to_owned(), why };
+    let pem = std::fs::read(path).map_err(|e| fail(format!("cannot be read: {e}")))?;
+    let mut added = 0;
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| fail(format!("is not valid PEM: {e}")))?;
+        roots.add(cert).map_err(|e| fail(format!("holds a certificate that cannot be a root: {e}")))?;
+        added += 1;
+    }
+    if added == 0 {
+        return Err(fail("holds no PEM certificate".into()));
+    }
+    Ok(())
+}
+
+/// One TLS client session over a non-blocking TCP socket.
+pub struct TlsStream {
+    tcp: TcpStream,
+    conn: ClientConnection,
+    host: Box<str>,
+    handshake_deadline: Ms,
+    /// The first fatal error, returned again by every later call.
+    failure: Option<TlsError>,
+}
+
+impl fmt::Debug for TlsStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsStream")
+            .field("host", &self.host)
+            .field("handshaking", &self.conn.is_handshaking())
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsStream {
+    /// The socket, for registration with the poll.
+    pub fn tcp(&mut self) -> &mut TcpStream {
+        &mut self.tcp
+    }
+
+    /// Reads decrypted bytes. Drives the handshake as a side effect, so the
+    /// owner calls it on every readable event, handshake or not.
+    pub fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.check_failed()?;
+        loop {
+            match self.conn.reader().read(buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            // No plaintext buffered: take more records off the socket.
+            match self.conn.read_tls(&mut self.tcp) {
+                Ok(0) => {
+                    // EOF: the reader answers next round (clean close or
+                    // `UnexpectedEof` for a truncated session).
+                    self.process()?;
+                    return match self.conn.reader().read(buf) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(io::ErrorKind::UnexpectedEof.into()),
+                        other => other,
+                    };
+                }
+                Ok(_) => self.process()?,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Accepts up to `data.len()` plaintext bytes, encrypted and sent as the
+    /// socket allows; `WouldBlock` when the internal buffer is full. Before
+    /// the handshake is done the bytes wait inside the session.
+    pub fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.check_failed()?;
+        self.push()?;
+        let n = self.conn.writer().write(data)?;
+        self.push()?;
+        if n == 0 && !data.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    }
+
+    /// Sends what is queued; `WouldBlock` while bytes are still waiting for
+    /// the socket.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.check_failed()?;
+        self.push()?;
+        if self.conn.wants_write() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(())
+    }
+
+    /// True while TLS bytes wait for the socket to become writable.
+    pub fn wants_write(&self) -> bool {
+        self.conn.wants_write()
+    }
+
+    /// True until the handshake has completed.
+    pub fn is_handshaking(&self) -> bool {
+        self.conn.is_handshaking()
+    }
+
+    /// The instant by which the handshake must finish, while it has not.
+    pub fn handshake_deadline(&self) -> Option<Ms> {
+        self.conn.is_handshaking().then_some(self.handshake_deadline)
+    }
+
+    /// Called when the handshake deadline fires: fails the stream with
+    /// [`TlsError::HandshakeTimeout`] if the handshake is still going at `now`.
+    pub fn check_deadline(&mut self, now: Ms) -> Result<(), TlsError> {
+        if let Some(failure) = &self.failure {
+            return Err(failure.clone());
+        }
+        if self.conn.is_handshaking() && now >= self.handshake_deadline {
+            self.failure = Some(TlsError::HandshakeTimeout);
+            return Err(TlsError::HandshakeTimeout);
+        }
+        Ok(())
+    }
+
+    /// True when this session was resumed from an earlier one instead of a
+    /// full handshake (known once the handshake is done).
+    pub fn resumed(&self) -> bool {
+        self.conn.handshake_kind() == Some(HandshakeKind::Resumed)
+    }
+
+    /// The negotiated application protocol, if the server chose one.
+    pub fn alpn_protocol(&self) -> Option<&[u8]> {
+        self.conn.alpn_protocol()
+    }
+
+    /// Queues a `close_notify` and sends what the socket takes now.
+    pub fn close(&mut self) {
+        self.conn.send_close_notify();
+        let _ = self.push();
+    }
+
+    fn check_failed(&self) -> io::Result<()> {
+        match &self.failure {
+            Some(failure) => Err(failure.clone().into_io()),
+            None => Ok(()),
+        }
+    }
+
+    /// Decrypts what `read_tls` took in and sends any reply the session
+    /// queued (handshake messages, or the alert that refuses a certificate).
+    fn process(&mut self) -> io::Result<()> {
+        let result = self.conn.process_new_packets();
+        // Best effort: a refusing alert reaches the peer if the socket takes it.
+        let pushed = self.push();
+        if let Err(err) = result {
+            let failure = TlsError::from_rustls(err, &self.host);
+            log::debug!("tls to {}: {failure}", self.host);
+            self.failure = Some(failure.clone());
+            return Err(failure.into_io());
+        }
+        pushed
+    }
+
+    /// Writes queued TLS records until the socket would block or none are left.
+    fn push(&mut self) -> io::Result<()> {
+        while self.conn.wants_write() {
+            match self.conn.write_tls(&mut self.tcp) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Not yet connected: the bytes go out on the writable event.
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}

@@ -35,6 +35,10 @@ const ALPN_HTTP11: &[u8] = b"http/1.1";
 /// `write` answers `WouldBlock` (rustls's own default, said out loud).
 const BUFFER_LIMIT: usize = 64 * 1024;
 
+/// How long a handshake may take, from the start of the TCP connect, unless
+/// the caller sets its own deadline.
+pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+
 /// Sessions remembered for resumption per [`ClientTls`] (one per upstream).
 const SESSION_CACHE_SIZE: usize = 256;
 

@@ -201,7 +201,7 @@ impl ClientTls {
     /// Starts a client session with `host` over `tcp` (connected or still
     /// connecting). `handshake_deadline` is the instant, on the caller's
     /// clock, after which [`TlsStream::check_deadline`] fails the handshake.
-    pub fn connect(&self, tcp: TcpStream, host: &str, handshake_deadline: u64) -> Result<TlsStream, TlsError> {
+    pub fn connect(&self, tcp: TcpStream, host: &str, handshake_deadline: Ms) -> Result<TlsStream, TlsError> {
         let name = ServerName::try_from(host.to_owned()).map_err(|_| TlsError::InvalidHostName(host.to_owned()))?;
         let mut conn = ClientConnection::new(self.config.clone(), name).map_err(|e| TlsError::from_rustls(e, host))?;
         conn.set_buffer_limit(Some(BUFFER_LIMIT));

@@ -12,6 +12,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+pub mod upstream;
+use upstream::UpstreamConfig;
+
 /// The configuration the binary runs with when no `--config` is given.
 pub const EMBEDDED_DEFAULT: &str = r#"{
   "listen": "127.0.0.1:7070",
@@ -121,6 +124,9 @@ pub struct PoolConfig {
     pub adaptive: bool,
     #[serde(default)]
     pub access: AccessConfig,
+    /// Proxy mode (SPEC §12): requests for this pool are forwarded here.
+    #[serde(default)]
+    pub upstream: Option<UpstreamConfig>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -350,6 +356,33 @@ impl Config {
             }
             pool.validate().map_err(|e| ConfigError(format!("pools.{name}.{}", e.0)))?;
         }
+        self.validate_proxy_routes()
+    }
+
+    /// No two pools claim one proxy host or listener, and no proxy listener
+    /// takes the lock API's or the admin listener's address.
+    fn validate_proxy_routes(&self) -> Result<(), ConfigError> {
+        let mut hosts: BTreeMap<String, &str> = BTreeMap::new();
+        let mut listens: BTreeMap<SocketAddr, &str> = BTreeMap::new();
+        for (name, upstream) in self.pools.iter().filter_map(|(n, p)| Some((n, p.upstream.as_ref()?))) {
+            for host in &upstream.hosts {
+                if let Some(other) = hosts.insert(host.to_ascii_lowercase(), name) {
+                    return fail(format!("pools.{name}.upstream.hosts: {host} is already routed to pool {other}"));
+                }
+            }
+            if let Some(listen) = &upstream.listen {
+                let addr: SocketAddr = listen.parse().expect("validated");
+                if let Some(other) = listens.insert(addr, name) {
+                    return fail(format!("pools.{name}.upstream.listen: {addr} is already pool {other}'s listener"));
+                }
+                let taken = addr.port() != 0
+                    && (Some(addr) == self.listen.parse().ok()
+                        || Some(addr) == self.admin_listen.as_ref().and_then(|a| a.parse().ok()));
+                if taken {
+                    return fail(format!("pools.{name}.upstream.listen: {addr} is the lock API's or the admin listener"));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -415,6 +448,14 @@ impl PoolConfig {
             }
             if hmac.nonce_capacity == 0 || hmac.nonce_capacity > 10_000_000 {
                 return fail("access.hmac.nonceCapacity must be between 1 and 10000000");
+            }
+        }
+        if let Some(upstream) = &self.upstream {
+            upstream.validate()?;
+            if self.access.hmac.is_some() {
+                // The signature covers the whole body, which a streaming proxy
+                // forwards before it has all of it.
+                return fail("upstream: proxy mode cannot be combined with access.hmac (use keys, ipAllow or jwt)");
             }
         }
         if let Some(jwt) = &self.access.jwt {

@@ -25,6 +25,7 @@ pub mod dashboard;
 pub mod governor;
 pub mod http;
 pub mod net;
+pub mod proxy;
 pub mod report;
 pub mod server;
 pub mod state;

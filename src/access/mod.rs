@@ -137,6 +137,15 @@ impl PoolAccess {
         self.ip_allow.is_none() && self.hmac.is_none() && self.jwt.is_none() && self.cloudflare.is_none()
     }
 
+    /// Which credential fields the policies read (proxy mode strips them).
+    pub fn reads_jwt(&self) -> bool {
+        self.jwt.is_some()
+    }
+
+    pub fn reads_cloudflare(&self) -> bool {
+        self.cloudflare.is_some()
+    }
+
     pub fn needs_body(&self) -> bool {
         self.hmac.is_some()
     }

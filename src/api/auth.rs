@@ -50,7 +50,24 @@ impl PoolKeys {
     }
 
     pub fn check(&self, head: &Head) -> Result<(), ApiError> {
-        let key = self.presented(head).ok_or(MISSING)?;
+        self.check_key(self.presented(head).ok_or(MISSING)?)
+    }
+
+    /// Proxy mode: the key may also come in `x-api-key` (what SDKs send) when
+    /// `allowAuthorizationHeader` is on.
+    pub fn check_proxied(&self, head: &Head) -> Result<(), ApiError> {
+        let key = self.presented(head).or_else(|| {
+            self.allow_authorization_header.then(|| head.header("x-api-key").map(trim)).flatten()
+        });
+        self.check_key(key.ok_or(MISSING)?)
+    }
+
+    /// Whether `Authorization` and `x-api-key` may carry the key.
+    pub fn reads_authorization(&self) -> bool {
+        self.allow_authorization_header
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), ApiError> {
         // Every configured key is compared, so timing does not tell which matched.
         let mut ok = false;
         for k in &self.plain {

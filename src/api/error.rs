@@ -22,6 +22,10 @@ pub enum ApiError {
     NotImplemented(&'static str),
     /// Overloaded or shutting down; retry after the given seconds.
     Unavailable(&'static str, u64),
+    /// Proxy mode: the upstream could not be reached or gave no usable answer.
+    BadGateway,
+    /// Proxy mode: no response head within the upstream's `timeoutMs`.
+    UpstreamTimeout,
 }
 
 impl ApiError {
@@ -37,6 +41,8 @@ impl ApiError {
             ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
             ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
+            ApiError::BadGateway => Status::BadGateway,
+            ApiError::UpstreamTimeout => Status::GatewayTimeout,
         }
     }
 
@@ -51,6 +57,8 @@ impl ApiError {
             ApiError::HeadTooLarge => "request_header_fields_too_large",
             ApiError::NotImplemented(_) => "not_implemented",
             ApiError::Unavailable(..) => "unavailable",
+            ApiError::BadGateway => "bad_gateway",
+            ApiError::UpstreamTimeout => "upstream_timeout",
         }
     }
 
@@ -67,6 +75,8 @@ impl ApiError {
             ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
             ApiError::PayloadTooLarge => "The request body is larger than this server accepts.",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB.",
+            ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
+            ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
         }
     }
 

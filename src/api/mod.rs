@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod proxy;
 pub mod route;
 pub mod settings;
 
@@ -75,6 +76,8 @@ pub enum Handled {
 struct Credentials {
     keys: PoolKeys,
     access: PoolAccess,
+    /// Proxy mode: where this pool's traffic goes (SPEC §12).
+    upstream: Option<crate::config::upstream::Upstream>,
 }
 
 pub struct App {
@@ -97,6 +100,8 @@ pub struct App {
     pub admin_token: Option<Box<str>>,
     /// The public listener's bound address, for the dashboard's Examples.
     pub listen_addr: Option<std::net::SocketAddr>,
+    /// Proxy hosts on the main listener (lower case, no port) and their pools.
+    proxy_hosts: std::collections::HashMap<Box<[u8]>, PoolId>,
     scratch: Vec<u8>,
 }
 
@@ -137,7 +142,13 @@ fn credentials<'c, 'p>(
     let mut fresh = BTreeMap::new();
     for (name, pool) in &config.pools {
         let access = PoolAccess::build(&pool.access, previous(name)).map_err(|e| format!("pools.{name}.{e}"))?;
-        fresh.insert(name.as_str(), Credentials { keys: PoolKeys::new(pool), access });
+        let upstream = pool
+            .upstream
+            .as_ref()
+            .map(crate::config::upstream::Upstream::build)
+            .transpose()
+            .map_err(|e| format!("pools.{name}.{e}"))?;
+        fresh.insert(name.as_str(), Credentials { keys: PoolKeys::new(pool), access, upstream });
     }
     Ok(fresh)
 }
@@ -163,6 +174,7 @@ impl App {
             turn: (0, 0),
             admin_token: None,
             listen_addr: None,
+            proxy_hosts: Default::default(),
             scratch: Vec::with_capacity(512),
         };
         app.reconfigure(config, 0, 0)?;
@@ -201,6 +213,7 @@ impl App {
             };
             self.creds.push(creds);
         }
+        self.index_proxy_hosts();
         Ok(())
     }
 
@@ -369,7 +382,7 @@ impl App {
     }
 
     /// Counts and logs one answered acquire.
-    fn note_acquire(
+    pub(crate) fn note_acquire(
         &mut self,
         attempt: &Attempt,
         epoch_now: u64,
@@ -626,23 +639,29 @@ const UNKNOWN_POOL: ApiError = ApiError::Unauthorized("A valid pool key is requi
 /// The governor headers of every acquire answer. Each constant carries the
 /// previous header's CRLF, so the block is one append per header.
 fn write_signals(w: &mut Writer, s: &crate::governor::Signals, queued_ms: u64) {
-    w.raw(b"x-nthpool-remaining-slots: ")
-        .num(s.remaining_slots as u64)
-        .raw(b"\r\nx-nthpool-effective-limit: ")
-        .num(s.effective_limit as u64)
-        .raw(b"\r\nx-nthpool-queued-ms: ")
-        .num(queued_ms)
-        .raw(b"\r\nx-nthpool-limit: ")
-        .num(s.limit as u64)
-        .raw(b"\r\nx-nthpool-queue-depth: ")
-        .num(s.queue_depth as u64);
-    if let Some(tokens) = s.rpm_remaining {
-        w.raw(b"\r\nx-nthpool-rpm-remaining: ").num(tokens as u64);
-    }
-    w.raw(b"\r\n");
+    w.with_out(|out| governor_headers(out, s, queued_ms));
 }
 
-fn host_without_port(host: &[u8]) -> &[u8] {
+/// The governor header lines, each ending in CRLF; proxied responses carry them too.
+pub fn governor_headers(out: &mut Vec<u8>, s: &crate::governor::Signals, queued_ms: u64) {
+    out.extend_from_slice(b"x-nthpool-remaining-slots: ");
+    push_u64(out, s.remaining_slots as u64);
+    out.extend_from_slice(b"\r\nx-nthpool-effective-limit: ");
+    push_u64(out, s.effective_limit as u64);
+    out.extend_from_slice(b"\r\nx-nthpool-queued-ms: ");
+    push_u64(out, queued_ms);
+    out.extend_from_slice(b"\r\nx-nthpool-limit: ");
+    push_u64(out, s.limit as u64);
+    out.extend_from_slice(b"\r\nx-nthpool-queue-depth: ");
+    push_u64(out, s.queue_depth as u64);
+    if let Some(tokens) = s.rpm_remaining {
+        out.extend_from_slice(b"\r\nx-nthpool-rpm-remaining: ");
+        push_u64(out, tokens as u64);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+pub(crate) fn host_without_port(host: &[u8]) -> &[u8] {
     if host.first() == Some(&b'[') {
         // An IPv6 literal: keep the brackets' content only.
         return match host.iter().position(|&b| b == b']') {
@@ -659,7 +678,7 @@ fn host_without_port(host: &[u8]) -> &[u8] {
 /// The caller's wait budget: body `waitMs`, else `X-Nthpool-Queue-Timeout-Ms`;
 /// `X-Nthpool-No-Queue` forces 0. Anything but a whole number of ms up to a
 /// day is refused.
-fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
+pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
     const BAD_WAIT: ApiError =
         ApiError::BadRequest("`waitMs` and X-Nthpool-Queue-Timeout-Ms must be whole milliseconds from 0 to 86400000.");
     let mut wait = None;

@@ -336,6 +336,17 @@ impl Governor {
         true
     }
 
+    /// Makes a held lease last to its request deadline: the server itself
+    /// holds it (a proxied exchange), so no renewal will come.
+    pub fn hold_to_request_deadline(&mut self, slot: &SlotId) {
+        if let Some(lease) = self.leases.get_mut(slot.index() as usize) {
+            if secret_eq(&lease.id.0, &slot.0) {
+                // The reclaim entry fires at the old deadline, sees this one and re-arms.
+                lease.lease_deadline = lease.request_deadline;
+            }
+        }
+    }
+
     /// Releases a grant whose answer could not be delivered.
     pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
         if let Some(lease) = self.leases.get(slot.index() as usize) {

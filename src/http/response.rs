@@ -20,6 +20,7 @@ pub enum Status {
     TooManyRequests,
     HeaderFieldsTooLarge,
     NotImplemented,
+    BadGateway,
     ServiceUnavailable,
     GatewayTimeout,
 }
@@ -39,6 +40,7 @@ impl Status {
             Status::TooManyRequests => 429,
             Status::HeaderFieldsTooLarge => 431,
             Status::NotImplemented => 501,
+            Status::BadGateway => 502,
             Status::ServiceUnavailable => 503,
             Status::GatewayTimeout => 504,
         }
@@ -58,6 +60,7 @@ impl Status {
             Status::TooManyRequests => b"HTTP/1.1 429 Too Many Requests\r\n",
             Status::HeaderFieldsTooLarge => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
             Status::NotImplemented => b"HTTP/1.1 501 Not Implemented\r\n",
+            Status::BadGateway => b"HTTP/1.1 502 Bad Gateway\r\n",
             Status::ServiceUnavailable => b"HTTP/1.1 503 Service Unavailable\r\n",
             Status::GatewayTimeout => b"HTTP/1.1 504 Gateway Timeout\r\n",
         }
@@ -143,6 +146,12 @@ impl<'a> Writer<'a> {
     /// CRLF with the next header's name) into one call.
     pub fn raw(&mut self, bytes: &[u8]) -> &mut Self {
         self.out.extend_from_slice(bytes);
+        self
+    }
+
+    /// Lets `f` append to the answer directly (header blocks shared with other writers).
+    pub fn with_out(&mut self, f: impl FnOnce(&mut Vec<u8>)) -> &mut Self {
+        f(self.out);
         self
     }
 

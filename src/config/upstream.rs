@@ -1,0 +1,341 @@
+//! A pool's `upstream` section (SPEC §12): its shape, its checks, and the
+//! one build step that turns it into what the proxy runs with.
+//!
+//! `UpstreamConfig` is the JSON as written; `Upstream::build` resolves it —
+//! the address from `url`, `${env:NAME}` and `${file:PATH}` in `setHeaders`
+//! — and is called where every other file a configuration names is read, so
+//! `--check-config`, start-up and reload refuse the same mistakes. Header
+//! values are held as `Secret`s: their `Debug` shows no byte of them, so a
+//! logged configuration never carries a managed credential.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use serde::Deserialize;
+
+use super::{ConfigError, MAX_DURATION_MS};
+
+/// The most idle keep-alive connections one upstream may keep.
+pub const MAX_IDLE_CONNECTIONS: usize = 10_000;
+/// The largest proxied request body that may be configured (1 TiB).
+pub const MAX_REQUEST_BYTES: u64 = 1 << 40;
+/// The longest a managed header value may be, after resolution.
+pub const MAX_HEADER_VALUE: usize = 8 * 1024;
+
+#[derive(Clone, Deserialize, PartialEq, Debug)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpstreamConfig {
+    pub url: String,
+    #[serde(default)]
+    pub listen: Option<String>,
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub set_headers: BTreeMap<String, Secret>,
+    #[serde(default = "defaults::wait_ms")]
+    pub wait_ms: u64,
+    #[serde(default = "defaults::timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "defaults::max_request_bytes")]
+    pub max_request_bytes: u64,
+    #[serde(default = "defaults::idle_connections")]
+    pub idle_connections: usize,
+    #[serde(default)]
+    pub ca_file: Option<String>,
+}
+
+mod defaults {
+    pub fn wait_ms() -> u64 {
+        30_000
+    }
+    pub fn timeout_ms() -> u64 {
+        600_000
+    }
+    pub fn max_request_bytes() -> u64 {
+        32 * 1024 * 1024
+    }
+    pub fn idle_connections() -> usize {
+        32
+    }
+}
+
+/// Text that may be a credential: compared and cloned like a string, never shown.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(text: String) -> Secret {
+        Secret(text)
+    }
+
+    /// The value itself, for the one place that writes it to the upstream.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Headers the proxy owns on the way to the upstream: `setHeaders` cannot name them.
+const RESERVED_HEADERS: [&str; 12] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// What the proxy runs with for one pool: resolved, checked, immutable.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    /// Where to connect (IP literal, or `localhost` as 127.0.0.1).
+    pub addr: SocketAddr,
+    /// The `Host` the upstream is sent: the URL's authority, as written.
+    pub host: Box<[u8]>,
+    pub listen: Option<SocketAddr>,
+    /// Lower-case host names, without port, routed to this pool on the main listener.
+    pub hosts: Vec<Box<[u8]>>,
+    /// `setHeaders` with their references resolved; names as configured.
+    pub set_headers: Vec<(Box<str>, Secret)>,
+    pub wait_ms: u64,
+    pub timeout_ms: u64,
+    pub max_request_bytes: u64,
+    pub idle_connections: usize,
+}
+
+impl UpstreamConfig {
+    /// Checks what the JSON alone decides; `pools.<name>.upstream` is prefixed by the caller.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        parse_url(&self.url)?;
+        if let Some(listen) = &self.listen {
+            if listen.parse::<SocketAddr>().is_err() {
+                return Err(field("listen", format!("{listen:?} is not an address like 127.0.0.1:7080")));
+            }
+        }
+        for host in &self.hosts {
+            if host.is_empty()
+                || host.len() > 253
+                || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            {
+                return Err(field("hosts", format!("{host:?} is not a host name without port, like acme.nthpool.local")));
+            }
+        }
+        for name in self.set_headers.keys() {
+            if name.is_empty() || !name.bytes().all(is_token_byte) {
+                return Err(field("setHeaders", format!("{name:?} is not a header name")));
+            }
+            let lower = name.to_ascii_lowercase();
+            if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("x-nthpool-") {
+                return Err(field("setHeaders", format!("{name} is set by the proxy itself and cannot be configured")));
+            }
+        }
+        let lower: Vec<String> = self.set_headers.keys().map(|k| k.to_ascii_lowercase()).collect();
+        if let Some(dup) = lower.iter().enumerate().find(|(i, n)| lower[..*i].contains(n)) {
+            return Err(field("setHeaders", format!("{} is given twice (names are case-insensitive)", dup.1)));
+        }
+        if self.wait_ms > MAX_DURATION_MS {
+            return Err(field("waitMs", format!("must be at most {MAX_DURATION_MS}")));
+        }
+        if self.timeout_ms == 0 || self.timeout_ms > MAX_DURATION_MS {
+            return Err(field("timeoutMs", format!("must be between 1 and {MAX_DURATION_MS}")));
+        }
+        if self.max_request_bytes > MAX_REQUEST_BYTES {
+            return Err(field("maxRequestBytes", format!("must be at most {MAX_REQUEST_BYTES}")));
+        }
+        if self.idle_connections > MAX_IDLE_CONNECTIONS {
+            return Err(field("idleConnections", format!("must be at most {MAX_IDLE_CONNECTIONS}")));
+        }
+        if self.ca_file.is_some() {
+            return Err(field("caFile", "applies to https:// upstreams only".to_string()));
+        }
+        Ok(())
+    }
+}
+
+impl Upstream {
+    /// Resolves a validated section: reads the environment and the files that
+    /// `setHeaders` names. An error names the field.
+    pub fn build(config: &UpstreamConfig) -> Result<Upstream, String> {
+        let (addr, host) = parse_url(&config.url).map_err(|e| e.0)?;
+        let mut set_headers = Vec::with_capacity(config.set_headers.len());
+        for (name, value) in &config.set_headers {
+            let resolved = resolve(value.expose()).map_err(|e| format!("upstream.setHeaders.{name}: {e}"))?;
+            if resolved.len() > MAX_HEADER_VALUE || resolved.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+                return Err(format!(
+                    "upstream.setHeaders.{name}: the value must be one line of at most {MAX_HEADER_VALUE} bytes"
+                ));
+            }
+            set_headers.push((name.as_str().into(), Secret(resolved)));
+        }
+        Ok(Upstream {
+            addr,
+            host: host.into_bytes().into(),
+            listen: config.listen.as_ref().map(|l| l.parse().expect("validated")),
+            hosts: config.hosts.iter().map(|h| h.to_ascii_lowercase().into_bytes().into()).collect(),
+            set_headers,
+            wait_ms: config.wait_ms,
+            timeout_ms: config.timeout_ms,
+            max_request_bytes: config.max_request_bytes,
+            idle_connections: config.idle_connections,
+        })
+    }
+}
+
+fn field(name: &str, message: String) -> ConfigError {
+    ConfigError(format!("upstream.{name}: {message}"))
+}
+
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// `http://HOST[:PORT][/]` → the address to connect to and the `Host` to send.
+/// HOST is an IP literal or `localhost` (name resolution comes with TLS).
+fn parse_url(url: &str) -> Result<(SocketAddr, String), ConfigError> {
+    let bad = |why: &str| field("url", format!("{url:?}: {why}"));
+    let rest = if let Some(rest) = url.strip_prefix("http://") {
+        rest
+    } else if url.starts_with("https://") {
+        return Err(bad("https:// upstreams are not supported yet; use http://"));
+    } else {
+        return Err(bad("must start with http://"));
+    };
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+        return Err(bad("must be http://host[:port] with no path, query or user"));
+    }
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (ip, after) = v6.split_once(']').ok_or_else(|| bad("an IPv6 address needs its closing ']'"))?;
+            let port = match after {
+                "" => None,
+                p => Some(p.strip_prefix(':').ok_or_else(|| bad("expected :port after the address"))?),
+            };
+            (ip, port)
+        }
+        None => match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        },
+    };
+    let port = match port {
+        None => 80,
+        Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| bad("the port must be 1-65535"))?,
+    };
+    let ip = if host.eq_ignore_ascii_case("localhost") {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        host.parse::<IpAddr>().map_err(|_| bad("the host must be an IP address or localhost for now"))?
+    };
+    Ok((SocketAddr::new(ip, port), authority.to_string()))
+}
+
+/// Replaces every `${env:NAME}` and `${file:PATH}` in `value`. A file's
+/// trailing line break is dropped (editors add one).
+fn resolve(value: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at + 2..];
+        let end = tail.find('}').ok_or("a `${` reference is not closed with `}`")?;
+        let reference = &tail[..end];
+        if let Some(name) = reference.strip_prefix("env:") {
+            let v = std::env::var(name).map_err(|_| format!("the environment variable {name} is not set"))?;
+            out.push_str(&v);
+        } else if let Some(path) = reference.strip_prefix("file:") {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+            out.push_str(text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text));
+        } else {
+            return Err(format!("`${{{reference}}}` is neither ${{env:NAME}} nor ${{file:PATH}}"));
+        }
+        rest = &tail[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(extra: &str) -> UpstreamConfig {
+        serde_json::from_str(&format!(r#"{{"url":"http://127.0.0.1:9"{extra}}}"#)).unwrap()
+    }
+
+    #[test]
+    fn urls() {
+        let (addr, host) = parse_url("http://127.0.0.1:8080").unwrap();
+        assert_eq!((addr.to_string().as_str(), host.as_str()), ("127.0.0.1:8080", "127.0.0.1:8080"));
+        let (addr, host) = parse_url("http://localhost/").unwrap();
+        assert_eq!((addr.to_string().as_str(), host.as_str()), ("127.0.0.1:80", "localhost"));
+        assert_eq!(parse_url("http://[::1]:81").unwrap().0.to_string(), "[::1]:81");
+        for bad in ["ftp://x", "http://", "http://1.2.3.4/v1", "http://a.example.com", "http://1.2.3.4:0", "https://1.2.3.4"] {
+            let e = parse_url(bad).unwrap_err().0;
+            assert!(e.starts_with("upstream.url"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn references_are_resolved_and_named_when_missing() {
+        std::env::set_var("NTHPOOL_UPSTREAM_TEST_TOKEN", "sk-123");
+        let dir = std::env::temp_dir().join(format!("nthpool-upstream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let value = format!("Bearer ${{env:NTHPOOL_UPSTREAM_TEST_TOKEN}}/${{file:{}}}", file.display());
+        assert_eq!(resolve(&value).unwrap(), "Bearer sk-123/from-file");
+        assert!(resolve("${env:NTHPOOL_UPSTREAM_TEST_MISSING}").unwrap_err().contains("NTHPOOL_UPSTREAM_TEST_MISSING"));
+        assert!(resolve("${file:/nonexistent/nthpool}").unwrap_err().contains("/nonexistent/nthpool"));
+        assert!(resolve("${vault:x}").is_err());
+        assert!(resolve("${env:X").is_err());
+        let config = section(r#","setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_UPSTREAM_TEST_MISSING}"}"#);
+        let e = Upstream::build(&config).unwrap_err();
+        assert!(e.starts_with("upstream.setHeaders.Authorization"), "{e}");
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug() {
+        std::env::set_var("NTHPOOL_UPSTREAM_TEST_SECRET", "sk-very-secret");
+        let config = section(r#","setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_UPSTREAM_TEST_SECRET}","X-Literal":"literal-secret"}"#);
+        let built = Upstream::build(&config).unwrap();
+        assert_eq!(built.set_headers[0].1.expose(), "Bearer sk-very-secret");
+        for shown in [format!("{built:?}"), format!("{config:?}")] {
+            assert!(!shown.contains("sk-very-secret") && !shown.contains("literal-secret"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (r#","listen":"nowhere""#, "upstream.listen"),
+            (r#","hosts":["a b"]"#, "upstream.hosts"),
+            (r#","hosts":["a.example:80"]"#, "upstream.hosts"),
+            (r#","setHeaders":{"Host":"x"}"#, "upstream.setHeaders"),
+            (r#","setHeaders":{"X-Nthpool-Key":"x"}"#, "upstream.setHeaders"),
+            (r#","setHeaders":{"bad name":"x"}"#, "upstream.setHeaders"),
+            (r#","setHeaders":{"A":"x","a":"y"}"#, "upstream.setHeaders"),
+            (r#","timeoutMs":0"#, "upstream.timeoutMs"),
+            (r#","idleConnections":100000"#, "upstream.idleConnections"),
+            (r#","caFile":"ca.pem""#, "upstream.caFile"),
+        ];
+        for (extra, name) in cases {
+            let e = section(extra).validate().unwrap_err().0;
+            assert!(e.starts_with(name), "{extra}: {e}");
+        }
+        assert!(section("").validate().is_ok());
+    }
+}

@@ -1,0 +1,382 @@
+//! The heads of a proxied exchange: the request head the upstream is sent
+//! and the response head the client gets. Pure byte work.
+//!
+//! Toward the upstream: the method, path and query as the client sent them;
+//! every header but the client's pool credentials, `X-Nthpool-*`, the
+//! hop-by-hop fields (RFC 9110 §7.6.1, and those `Connection` names) and the
+//! framing fields; then `Host` of the upstream, the configured `setHeaders`
+//! (replacing client fields of the same name) and framing this server chose.
+//! Toward the client: the upstream's status and fields less the hop-by-hop
+//! and framing ones, the framing chosen for the client, the governor headers.
+
+use crate::config::upstream::Upstream;
+use crate::http::request::Head;
+use crate::http::trim;
+use crate::report::ratelimit;
+use crate::governor::RateInfo;
+
+/// Past this many bytes without a complete response head the upstream is answered 502.
+pub const MAX_RESPONSE_HEAD: usize = 32 * 1024;
+const MAX_RESPONSE_HEADERS: usize = 128;
+
+/// Fields that describe one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Which client credentials the pool reads, and so removes before forwarding.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Credentials {
+    /// `Authorization` carries the pool key (`allowAuthorizationHeader`) or a JWT.
+    pub authorization: bool,
+    /// `x-api-key` carries the pool key (`allowAuthorizationHeader`).
+    pub api_key: bool,
+    /// `Cf-Access-Jwt-Assertion` is checked (Cloudflare Access).
+    pub cf_access: bool,
+}
+
+/// How the request body goes to the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestBody {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+fn is_hop_by_hop(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Whether any `Connection` field among `headers` lists `name`.
+fn named_by_connection(headers: &[httparse::Header], name: &str) -> bool {
+    headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection")).any(|h| {
+        h.value.split(|&b| b == b',').any(|token| trim(token).eq_ignore_ascii_case(name.as_bytes()))
+    })
+}
+
+/// Writes the upstream request head for `head` (whose request line starts `raw`).
+pub fn write_request(out: &mut Vec<u8>, raw: &[u8], head: &Head, upstream: &Upstream, creds: Credentials, body: RequestBody) {
+    let method_len = raw.iter().position(|&b| b == b' ').unwrap_or(0);
+    out.extend_from_slice(&raw[..method_len]);
+    out.push(b' ');
+    out.extend_from_slice(head.path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(&upstream.host);
+    out.extend_from_slice(b"\r\n");
+    for h in head.headers {
+        let name = h.name;
+        let dropped = is_hop_by_hop(name)
+            || name.eq_ignore_ascii_case("host")
+            || name.eq_ignore_ascii_case("content-length")
+            || name.eq_ignore_ascii_case("expect")
+            || (name.len() >= 10 && name[..10].eq_ignore_ascii_case("x-nthpool-"))
+            || (creds.authorization && name.eq_ignore_ascii_case("authorization"))
+            || (creds.api_key && name.eq_ignore_ascii_case("x-api-key"))
+            || (creds.cf_access && name.eq_ignore_ascii_case("cf-access-jwt-assertion"))
+            || upstream.set_headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
+            || named_by_connection(head.headers, name);
+        if !dropped {
+            push_field(out, name.as_bytes(), h.value);
+        }
+    }
+    for (name, value) in &upstream.set_headers {
+        push_field(out, name.as_bytes(), value.expose().as_bytes());
+    }
+    match body {
+        RequestBody::None => {}
+        RequestBody::Length(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            crate::http::response::push_u64(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        RequestBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How a response body arrives from the upstream (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseBody {
+    None,
+    Length(u64),
+    Chunked,
+    Close,
+}
+
+/// What the response head said, once it is complete.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseHead {
+    pub status: u16,
+    /// Bytes of the upstream input the head took.
+    pub len: usize,
+    pub body: ResponseBody,
+    /// The upstream keeps the connection after this response.
+    pub keep_alive: bool,
+    /// The rate-limit fields, parsed as a release report's `headers` are.
+    pub rate: RateInfo,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseError {
+    /// Not a response head this proxy can relay; the text says why (logged).
+    Invalid(&'static str),
+}
+
+/// How the client gets the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientBody {
+    /// No body (HEAD, 1xx, 204, 304): framing fields are passed as they are.
+    None,
+    Length(u64),
+    Chunked,
+    /// To the close (HTTP/1.0 clients of an unframed or chunked body).
+    Close,
+}
+
+/// What the client side of the exchange is.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSide {
+    pub http11: bool,
+    pub keep_alive: bool,
+    pub head_request: bool,
+}
+
+/// Parses a response head at the start of `input`. `Ok(None)`: not complete yet.
+/// On a final (or interim) head, the client's head is written to `out`
+/// with `extra` (the governor headers) and the chosen `ClientBody`.
+pub fn take_response(
+    input: &[u8],
+    client: ClientSide,
+    extra: &[u8],
+    now_epoch_ms: u64,
+    out: &mut Vec<u8>,
+) -> Result<Option<(ResponseHead, ClientBody)>, ResponseError> {
+    let mut storage = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut storage);
+    let len = match resp.parse(input) {
+        Ok(httparse::Status::Complete(n)) if n <= MAX_RESPONSE_HEAD => n,
+        Ok(httparse::Status::Complete(_)) => return Err(ResponseError::Invalid("response head too large")),
+        Ok(httparse::Status::Partial) if input.len() > MAX_RESPONSE_HEAD => {
+            return Err(ResponseError::Invalid("response head too large"))
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(ResponseError::Invalid("malformed response head")),
+    };
+    let status = resp.code.unwrap_or(0);
+    let http11 = resp.version == Some(1);
+    let headers: &[httparse::Header] = resp.headers;
+    let (mut chunked, mut other_coding, mut length, mut close, mut keep) = (false, false, None, false, false);
+    for h in headers {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            for coding in h.value.split(|&b| b == b',').map(trim).filter(|c| !c.is_empty()) {
+                // Only a final `chunked` frames the body; anything after it does not.
+                chunked = coding.eq_ignore_ascii_case(b"chunked");
+                other_coding |= !chunked;
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(trim(h.value))
+                .ok()
+                .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or(ResponseError::Invalid("bad Content-Length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(ResponseError::Invalid("two different Content-Lengths"));
+            }
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',').map(trim) {
+                close |= token.eq_ignore_ascii_case(b"close");
+                keep |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        }
+    }
+    if !(100..=599).contains(&status) {
+        return Err(ResponseError::Invalid("status out of range"));
+    }
+    if status == 101 {
+        return Err(ResponseError::Invalid("the upstream switched protocols, which is not relayed"));
+    }
+    let interim = status < 200;
+    let body = if interim || client.head_request || status == 204 || status == 304 {
+        ResponseBody::None
+    } else if chunked && !other_coding {
+        ResponseBody::Chunked
+    } else if chunked || other_coding {
+        // A transfer coding this proxy cannot frame by: relayed to the close.
+        ResponseBody::Close
+    } else {
+        match length {
+            Some(n) => ResponseBody::Length(n),
+            None => ResponseBody::Close,
+        }
+    };
+    if other_coding && body != ResponseBody::None {
+        return Err(ResponseError::Invalid("a transfer coding other than chunked"));
+    }
+    let to_client = match body {
+        ResponseBody::None => ClientBody::None,
+        ResponseBody::Length(n) => ClientBody::Length(n),
+        ResponseBody::Chunked | ResponseBody::Close if client.http11 => ClientBody::Chunked,
+        ResponseBody::Chunked | ResponseBody::Close => ClientBody::Close,
+    };
+    if interim && !client.http11 {
+        // An HTTP/1.0 client is not sent interim answers (RFC 9110 §15.2).
+        let head = ResponseHead { status, len, body, keep_alive: true, rate: RateInfo::default() };
+        return Ok(Some((head, to_client)));
+    }
+    out.extend_from_slice(b"HTTP/1.1 ");
+    crate::http::response::push_u64(out, status as u64);
+    out.push(b' ');
+    out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let framing_passes = to_client == ClientBody::None;
+    for h in headers {
+        let framing = h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("transfer-encoding");
+        let forwarded = if framing {
+            framing_passes
+        } else {
+            !is_hop_by_hop(h.name) && !named_by_connection(headers, h.name)
+        };
+        if forwarded {
+            push_field(out, h.name.as_bytes(), h.value);
+        }
+    }
+    let closes = !client.keep_alive || to_client == ClientBody::Close;
+    if !interim {
+        match to_client {
+            ClientBody::Length(n) => {
+                out.extend_from_slice(b"Content-Length: ");
+                crate::http::response::push_u64(out, n);
+                out.extend_from_slice(b"\r\n");
+            }
+            ClientBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+            ClientBody::None | ClientBody::Close => {}
+        }
+        out.extend_from_slice(extra);
+        if closes {
+            out.extend_from_slice(b"Connection: close\r\n");
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    let rate = if interim {
+        RateInfo::default()
+    } else {
+        let fields = headers.iter().filter_map(|h| Some((h.name, std::str::from_utf8(h.value).ok()?)));
+        ratelimit::parse_headers(fields, now_epoch_ms)
+    };
+    let keep_alive = !close && (http11 || keep);
+    Ok(Some((ResponseHead { status, len, body, keep_alive, rate }, to_client)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::upstream::{Upstream, UpstreamConfig};
+    use crate::http::request::{header_storage, parse_head};
+
+    fn upstream(extra: &str) -> Upstream {
+        let config: UpstreamConfig = serde_json::from_str(&format!(r#"{{"url":"http://127.0.0.1:9000"{extra}}}"#)).unwrap();
+        Upstream::build(&config).unwrap()
+    }
+
+    fn forward(raw: &[u8], creds: Credentials, body: RequestBody) -> String {
+        let mut storage = header_storage();
+        let head = parse_head(raw, &mut storage).unwrap().unwrap();
+        let up = upstream(r#","setHeaders":{"Authorization":"Bearer managed","X-Team":"core"}"#);
+        let mut out = Vec::new();
+        write_request(&mut out, raw, &head, &up, creds, body);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_request_head_loses_credentials_and_hop_by_hop_fields() {
+        let raw = b"PATCH /v1/chat?stream=true&x=%20 HTTP/1.1\r\nHost: acme.local\r\nX-Nthpool-Key: k\r\n\
+            x-api-key: k\r\nAuthorization: Bearer k\r\nConnection: keep-alive, X-Secret-Hop\r\nX-Secret-Hop: 1\r\n\
+            Keep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: websocket\r\nX-Team: client\r\nAccept: */*\r\n\
+            Content-Length: 3\r\nExpect: 100-continue\r\n\r\n";
+        let creds = Credentials { authorization: true, api_key: true, cf_access: false };
+        let sent = forward(raw, creds, RequestBody::Length(3));
+        assert!(sent.starts_with("PATCH /v1/chat?stream=true&x=%20 HTTP/1.1\r\nHost: 127.0.0.1:9000\r\n"), "{sent}");
+        for gone in ["X-Nthpool", "x-api-key", "Bearer k", "X-Secret-Hop", "Keep-Alive", "TE:", "Upgrade", "client", "Expect", "acme"] {
+            assert!(!sent.contains(gone), "{gone} in {sent}");
+        }
+        for kept in ["Accept: */*\r\n", "Authorization: Bearer managed\r\n", "X-Team: core\r\n", "Content-Length: 3\r\n"] {
+            assert!(sent.contains(kept), "{kept} missing from {sent}");
+        }
+        assert!(sent.ends_with("\r\n\r\n"));
+    }
+
+    #[test]
+    fn authorization_passes_when_it_is_not_a_pool_credential() {
+        let raw = b"GET / HTTP/1.1\r\nHost: a\r\nx-api-key: vendor\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let sent = forward(raw, Credentials::default(), RequestBody::Chunked);
+        assert!(sent.contains("x-api-key: vendor\r\n") && sent.contains("Transfer-Encoding: chunked\r\n"), "{sent}");
+    }
+
+    fn respond(raw: &[u8], client: ClientSide) -> (ResponseHead, ClientBody, String) {
+        let mut out = Vec::new();
+        let (head, body) = take_response(raw, client, b"x-nthpool-limit: 4\r\n", 0, &mut out).unwrap().unwrap();
+        (head, body, String::from_utf8(out).unwrap())
+    }
+
+    const CLIENT: ClientSide = ClientSide { http11: true, keep_alive: true, head_request: false };
+
+    #[test]
+    fn response_framing_is_chosen_for_the_client() {
+        let (head, body, text) = respond(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nKeep-Alive: x\r\n\r\nhello", CLIENT);
+        assert_eq!((head.body, body, head.len, head.keep_alive), (ResponseBody::Length(5), ClientBody::Length(5), 53, true));
+        assert_eq!(text, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nx-nthpool-limit: 4\r\n\r\n");
+        let (head, body, text) = respond(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", CLIENT);
+        assert_eq!((head.body, body, head.keep_alive), (ResponseBody::Close, ClientBody::Chunked, false));
+        assert!(text.contains("Transfer-Encoding: chunked\r\n") && !text.contains("close"), "{text}");
+        let old = ClientSide { http11: false, keep_alive: false, head_request: false };
+        let (_, body, text) = respond(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", old);
+        assert_eq!(body, ClientBody::Close);
+        assert!(text.contains("Connection: close\r\n") && !text.contains("chunked"), "{text}");
+        let head_req = ClientSide { head_request: true, ..CLIENT };
+        let (head, body, text) = respond(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", head_req);
+        assert_eq!((head.body, body), (ResponseBody::None, ClientBody::None));
+        assert!(text.contains("Content-Length: 99\r\n"), "{text}");
+    }
+
+    #[test]
+    fn interim_answers_and_rate_headers() {
+        let (head, _, text) = respond(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", CLIENT);
+        assert_eq!(head.status, 103);
+        assert_eq!(text, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n");
+        let raw = b"HTTP/1.1 429 Too Many Requests\r\nx-ratelimit-limit-requests: 60\r\n\
+            x-ratelimit-remaining-requests: 0\r\nx-ratelimit-reset-requests: 6s\r\nContent-Length: 0\r\n\r\n";
+        let (head, _, _) = respond(raw, CLIENT);
+        assert_eq!((head.status, head.rate.limit, head.rate.remaining, head.rate.reset_ms), (429, Some(60), Some(0), Some(6000)));
+    }
+
+    #[test]
+    fn unrelayable_heads_are_errors() {
+        let mut out = Vec::new();
+        for raw in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+            b"SSH-2.0-OpenSSH\r\n\r\n",
+        ] {
+            assert!(take_response(raw, CLIENT, b"", 0, &mut out).is_err(), "{}", String::from_utf8_lossy(raw));
+        }
+        assert!(take_response(b"HTTP/1.1 200 OK\r\nA: b\r\n", CLIENT, b"", 0, &mut out).unwrap().is_none());
+    }
+}

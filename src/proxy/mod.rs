@@ -1,0 +1,559 @@
+//! Proxy mode (SPEC §12): the upstream connections and the exchanges that
+//! use them, moved by the reactor in the same loop as every other socket.
+//!
+//! An `Exchange` is one proxied request: admitted through the governor like
+//! an acquire, then relayed — request head and body to the upstream,
+//! response head and body back — with bounded buffers on both sides: the
+//! upstream is read only while the client's output is under its high-water
+//! mark, and the client's body is taken only while the upstream's output is
+//! under `UP_OUTPUT_HIGH`. Upstream connections live in a slab and are kept
+//! per pool for reuse (`idleConnections`).
+//!
+//! This module owns upstream sockets (through `Transport`) but never the
+//! client's: the reactor hands it the client's buffered input and output.
+//! It never decides admission or writes lock-API answers; `api` does.
+
+pub mod body;
+pub mod head;
+pub mod transport;
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use log::debug;
+use slab::Slab;
+
+use crate::api::Attempt;
+use crate::governor::lease::SlotId;
+use crate::governor::{Ms, Outcome, PoolId};
+use crate::http::chunked::ChunkError;
+use body::{Framing, Relay};
+use head::{ClientBody, ClientSide, ResponseBody, ResponseHead};
+use transport::Transport;
+
+/// Above this much unsent request data, no more of the client's body is taken.
+pub const UP_OUTPUT_HIGH: usize = 64 * 1024;
+/// One read from an upstream; the input buffer holds at most a response head
+/// (`head::MAX_RESPONSE_HEAD`) plus one read.
+const UP_READ: usize = 16 * 1024;
+const UP_INPUT_LIMIT: usize = head::MAX_RESPONSE_HEAD + UP_READ;
+
+/// One connection to an upstream.
+pub struct UpConn {
+    pub transport: Transport,
+    pub addr: SocketAddr,
+    pub pool: PoolId,
+    /// The TCP connect completed.
+    connected: bool,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    out_pos: usize,
+    /// The exchange using it; `None` while idle.
+    pub exchange: Option<usize>,
+    /// Bytes of the current request written to the socket.
+    written: u64,
+    /// Taken from the idle pool (so a failure before writing may be retried).
+    reused: bool,
+    eof: bool,
+}
+
+impl UpConn {
+    fn unsent(&self) -> usize {
+        self.output.len() - self.out_pos
+    }
+}
+
+/// Where an exchange stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting in the pool's queue for a slot.
+    Queued,
+    /// Holding a slot; the request goes up and the response head is awaited.
+    Sending,
+    /// The response head went to the client; its body follows.
+    Relaying,
+}
+
+/// One proxied request and its response.
+pub struct Exchange {
+    /// The client connection: slab token and serial.
+    pub client: (usize, u32),
+    pub pool: PoolId,
+    pub phase: Phase,
+    pub slot: Option<SlotId>,
+    pub attempt: Attempt,
+    pub up: Option<usize>,
+    /// The request head for the upstream, written when a connection is attached.
+    head: Vec<u8>,
+    request: Relay,
+    response: Option<Relay>,
+    pub client_side: ClientSide,
+    pub expect_continue: bool,
+    /// The governor headers for the response head.
+    pub signals: Vec<u8>,
+    pub response_head: Option<ResponseHead>,
+    /// When the head must have come (`timeoutMs`), then the request's cap.
+    pub deadline: Ms,
+    pub request_deadline: Ms,
+    pub sent_at: Option<Instant>,
+    /// Bytes relayed to the upstream and to the client.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// The client connection must close after the response (its body was not all read).
+    close_client: bool,
+}
+
+/// What a pump of an exchange came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Waiting on a socket.
+    Pending,
+    /// The response was relayed whole; `close_client` when the client
+    /// connection cannot carry another request.
+    Complete { close_client: bool },
+    /// The upstream failed before the client got anything: answer `502`.
+    BadGateway(&'static str),
+    /// A reused idle connection failed before any byte of the request was
+    /// written: send the request again on a fresh connection (`reattach`).
+    Retry,
+    /// The upstream failed mid-response: the client's connection must close.
+    Broken(&'static str),
+    /// The client's request body broke its framing (or its limit) before a
+    /// response began: answer it and close.
+    BadBody(ChunkError),
+}
+
+/// The client side of a pump: its unprocessed input and its output.
+pub struct ClientIo<'a> {
+    pub input: &'a [u8],
+    /// Bytes of `input` the exchange took (the caller consumes them).
+    pub consumed: usize,
+    pub output: &'a mut Vec<u8>,
+    /// How much of `output` is already written to the socket.
+    pub out_pos: usize,
+    pub high_water: usize,
+}
+
+impl ClientIo<'_> {
+    fn has_room(&self) -> bool {
+        self.output.len() - self.out_pos <= self.high_water
+    }
+}
+
+#[derive(Default)]
+pub struct ProxyStats {
+    pub upstream_connects: u64,
+    pub upstream_connect_errors: u64,
+    pub upstream_reuses: u64,
+    pub retries: u64,
+}
+
+#[derive(Default)]
+pub struct Proxy {
+    pub ups: Slab<UpConn>,
+    pub exchanges: Slab<Exchange>,
+    /// Idle connections per pool (by `PoolId`), most recently used last.
+    idle: Vec<Vec<usize>>,
+    /// Request-head buffers of finished exchanges, reused.
+    spare: Vec<Vec<u8>>,
+    pub stats: ProxyStats,
+}
+
+/// How the request body is relayed: its framing in, and whether it goes up chunked.
+pub fn request_relay(framing: crate::http::request::BodyFraming, max_bytes: u64) -> (Relay, head::RequestBody) {
+    use crate::http::request::BodyFraming as F;
+    match framing {
+        F::None => (Relay::new(Framing::Length(0), false), head::RequestBody::None),
+        F::Length(n) => (Relay::new(Framing::Length(n), false), head::RequestBody::Length(n)),
+        F::Chunked => {
+            let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+            (Relay::new(Framing::Chunked(crate::http::chunked::ChunkedDecoder::new(limit)), true), head::RequestBody::Chunked)
+        }
+    }
+}
+
+/// Everything an exchange starts with.
+pub struct NewExchange {
+    pub client: (usize, u32),
+    pub pool: PoolId,
+    pub attempt: Attempt,
+    pub request: Relay,
+    pub client_side: ClientSide,
+    pub expect_continue: bool,
+}
+
+impl Proxy {
+    /// A buffer for a new exchange's upstream request head.
+    pub fn head_buffer(&mut self) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.clear();
+        b
+    }
+
+    pub fn open(&mut self, new: NewExchange, head: Vec<u8>) -> usize {
+        self.exchanges.insert(Exchange {
+            client: new.client,
+            pool: new.pool,
+            phase: Phase::Queued,
+            slot: None,
+            attempt: new.attempt,
+            up: None,
+            head,
+            request: new.request,
+            response: None,
+            client_side: new.client_side,
+            expect_continue: new.expect_continue,
+            signals: Vec::new(),
+            response_head: None,
+            deadline: Ms::MAX,
+            request_deadline: Ms::MAX,
+            sent_at: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            close_client: false,
+        })
+    }
+
+    /// The exchange got its slot: attach a connection (an idle one that is
+    /// still open, else a new one) and queue the request head on it.
+    /// `Err` when no connection could even be started.
+    pub fn attach(&mut self, ex: usize, addr: SocketAddr, registry: &mio::Registry, base: usize) -> io::Result<()> {
+        let pool = self.exchanges[ex].pool;
+        let reused = self.take_idle(pool, addr);
+        self.attach_to(ex, reused, addr, registry, base, None)
+    }
+
+    /// After `Step::Retry`: the failed connection is closed and the request
+    /// goes on a new one (which is never retried again).
+    pub fn reattach(&mut self, ex: usize, registry: &mio::Registry, base: usize) -> io::Result<()> {
+        self.stats.retries += 1;
+        let idx = self.exchanges[ex].up.take().expect("a retried exchange had a connection");
+        let addr = self.ups[idx].addr;
+        // Nothing was written, so the old output is the whole request so far.
+        debug_assert_eq!(self.ups[idx].out_pos, 0);
+        let pending = std::mem::take(&mut self.ups[idx].output);
+        self.close_up(idx, registry);
+        self.attach_to(ex, None, addr, registry, base, Some(pending))
+    }
+
+    fn attach_to(
+        &mut self,
+        ex: usize,
+        reused: Option<usize>,
+        addr: SocketAddr,
+        registry: &mio::Registry,
+        base: usize,
+        pending: Option<Vec<u8>>,
+    ) -> io::Result<()> {
+        let pool = self.exchanges[ex].pool;
+        let idx = match reused {
+            Some(idx) => {
+                self.stats.upstream_reuses += 1;
+                idx
+            }
+            None => self.connect(pool, addr, registry, base)?,
+        };
+        let up = &mut self.ups[idx];
+        up.exchange = Some(ex);
+        up.written = 0;
+        up.reused = reused.is_some();
+        let e = &mut self.exchanges[ex];
+        e.up = Some(idx);
+        e.phase = Phase::Sending;
+        e.sent_at = Some(Instant::now());
+        match pending {
+            Some(bytes) => up.output = bytes,
+            None => up.output.extend_from_slice(&e.head),
+        }
+        Ok(())
+    }
+
+    fn connect(&mut self, pool: PoolId, addr: SocketAddr, registry: &mio::Registry, base: usize) -> io::Result<usize> {
+        self.stats.upstream_connects += 1;
+        let mut transport = Transport::connect(addr).inspect_err(|_| self.stats.upstream_connect_errors += 1)?;
+        let entry = self.ups.vacant_entry();
+        let idx = entry.key();
+        registry
+            .register(transport.tcp(), mio::Token(base + idx), mio::Interest::READABLE | mio::Interest::WRITABLE)
+            .inspect_err(|_| self.stats.upstream_connect_errors += 1)?;
+        entry.insert(UpConn {
+            transport,
+            addr,
+            pool,
+            connected: false,
+            input: Vec::with_capacity(UP_READ),
+            output: Vec::new(),
+            out_pos: 0,
+            exchange: None,
+            written: 0,
+            reused: false,
+            eof: false,
+        });
+        Ok(idx)
+    }
+
+    /// The most recently used idle connection of `pool` to `addr` that has
+    /// not been closed by the upstream meanwhile.
+    fn take_idle(&mut self, pool: PoolId, addr: SocketAddr) -> Option<usize> {
+        let list = self.idle.get_mut(pool.0 as usize)?;
+        while let Some(idx) = list.pop() {
+            let up = &mut self.ups[idx];
+            let mut probe = [0u8; 1];
+            let alive = up.addr == addr
+                && matches!(up.transport.read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+            if alive {
+                return Some(idx);
+            }
+            let mut dead = self.ups.remove(idx);
+            let _ = dead.transport.tcp().shutdown(std::net::Shutdown::Both);
+        }
+        None
+    }
+
+    /// An exchange is over: its connection goes back to the idle pool when
+    /// `reusable` (and the pool has room), else it is closed. Returns the
+    /// exchange, for its slot and counters.
+    pub fn finish(&mut self, ex: usize, reusable: bool, idle_limit: usize, registry: &mio::Registry) -> Exchange {
+        let mut e = self.exchanges.remove(ex);
+        if let Some(idx) = e.up.take() {
+            let up = &mut self.ups[idx];
+            up.exchange = None;
+            let clean = reusable && up.connected && !up.eof && up.unsent() == 0 && up.input.is_empty();
+            let list = {
+                let pid = up.pool.0 as usize;
+                if self.idle.len() <= pid {
+                    self.idle.resize_with(pid + 1, Vec::new);
+                }
+                &mut self.idle[pid]
+            };
+            if clean && list.len() < idle_limit {
+                up.output.clear();
+                up.out_pos = 0;
+                list.push(idx);
+            } else {
+                self.close_up(idx, registry);
+            }
+        }
+        self.spare.push(std::mem::take(&mut e.head));
+        e
+    }
+
+    pub fn close_up(&mut self, idx: usize, registry: &mio::Registry) {
+        let mut up = self.ups.remove(idx);
+        let _ = registry.deregister(up.transport.tcp());
+        if let Some(list) = self.idle.get_mut(up.pool.0 as usize) {
+            if let Some(at) = list.iter().position(|&i| i == idx) {
+                list.swap_remove(at);
+            }
+        }
+    }
+
+    /// An idle connection had an event: whatever it is (the upstream closed
+    /// it, or sent bytes nobody asked for), the connection is done.
+    pub fn on_idle_event(&mut self, idx: usize, registry: &mio::Registry) {
+        let up = &mut self.ups[idx];
+        let mut probe = [0u8; 64];
+        match up.transport.read(&mut probe) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            _ => self.close_up(idx, registry),
+        }
+    }
+
+    /// Idle connections kept, over all pools.
+    pub fn idle_total(&self) -> usize {
+        self.idle.iter().map(Vec::len).sum()
+    }
+
+    /// Moves the exchange as far as its sockets and buffers allow.
+    pub fn pump(&mut self, ex: usize, client: &mut ClientIo, now_epoch_ms: u64) -> Step {
+        let e = &mut self.exchanges[ex];
+        let Some(idx) = e.up else {
+            return Step::Pending;
+        };
+        let up = &mut self.ups[idx];
+        if !up.connected {
+            match connect_result(&mut up.transport) {
+                Ok(true) => up.connected = true,
+                Ok(false) => return Step::Pending,
+                Err(_) => {
+                    self.stats.upstream_connect_errors += 1;
+                    return Step::BadGateway("connect failed");
+                }
+            }
+        }
+        loop {
+            // The request: the client's body onto the upstream's output, then out.
+            if !e.request.is_done() && up.unsent() < UP_OUTPUT_HIGH {
+                let input = &client.input[client.consumed..];
+                let room = (UP_OUTPUT_HIGH - up.unsent()).min(input.len());
+                let before = up.output.len();
+                match e.request.pump(&input[..room], &mut up.output) {
+                    Ok(n) => client.consumed += n,
+                    Err(err) if e.phase == Phase::Sending => return Step::BadBody(err),
+                    Err(_) => return Step::Broken("the client's body broke its framing"),
+                }
+                e.bytes_up += (up.output.len() - before) as u64;
+            }
+            let written_before = up.written;
+            if let Err(err) = flush(up) {
+                if up.written == 0 && up.reused {
+                    debug!("reused upstream connection failed before the request: {err}");
+                    return Step::Retry;
+                }
+                return self.upstream_failed(ex, "write failed");
+            }
+            let wrote = up.written > written_before;
+            // The response: what arrived goes to the client.
+            let mut progressed = false;
+            if e.phase == Phase::Sending && !up.input.is_empty() {
+                match head::take_response(&up.input, e.client_side, &e.signals, now_epoch_ms, client.output) {
+                    Ok(None) => {}
+                    Ok(Some((rh, to_client))) => {
+                        up.input.drain(..rh.len);
+                        progressed = true;
+                        if rh.status >= 200 {
+                            let chunked_out = to_client == ClientBody::Chunked;
+                            let framing = match rh.body {
+                                ResponseBody::None => Framing::Length(0),
+                                ResponseBody::Length(n) => Framing::Length(n),
+                                ResponseBody::Chunked => {
+                                    Framing::Chunked(crate::http::chunked::ChunkedDecoder::new(usize::MAX))
+                                }
+                                ResponseBody::Close => Framing::Close,
+                            };
+                            e.response = Some(Relay::new(framing, chunked_out));
+                            e.close_client |= to_client == ClientBody::Close || !e.client_side.keep_alive;
+                            e.response_head = Some(rh);
+                            e.phase = Phase::Relaying;
+                            e.deadline = e.request_deadline;
+                        }
+                    }
+                    Err(head::ResponseError::Invalid(why)) => return self.upstream_failed(ex, why),
+                }
+            }
+            if e.phase == Phase::Relaying && !up.input.is_empty() && client.has_room() {
+                let relay = e.response.as_mut().expect("relaying has a relay");
+                let before = client.output.len();
+                match relay.pump(&up.input, client.output) {
+                    Ok(n) => {
+                        up.input.drain(..n);
+                        progressed |= n > 0;
+                    }
+                    Err(_) => return self.upstream_failed(ex, "bad chunked framing from the upstream"),
+                }
+                e.bytes_down += (client.output.len() - before) as u64;
+            }
+            if e.phase == Phase::Relaying && e.response.as_ref().is_some_and(Relay::is_done) {
+                let rh = e.response_head.expect("relaying has a head");
+                let reusable = rh.keep_alive && e.request.is_done() && !up.eof;
+                if !e.request.is_done() {
+                    // The upstream answered before taking the whole body: the
+                    // rest of it cannot be told from a next request.
+                    e.close_client = true;
+                }
+                let close_client = e.close_client;
+                if !reusable {
+                    up.eof = true;
+                }
+                return Step::Complete { close_client };
+            }
+            if up.eof {
+                if e.phase == Phase::Relaying {
+                    let relay = e.response.as_mut().expect("relaying has a relay");
+                    let before = client.output.len();
+                    if relay.end_of_input(client.output) {
+                        e.bytes_down += (client.output.len() - before) as u64;
+                        continue;
+                    }
+                    return Step::Broken("the upstream closed mid-response");
+                }
+                return self.upstream_failed(ex, "the upstream closed before answering");
+            }
+            // Read more only while the client keeps up.
+            if !client.has_room() || up.input.len() >= UP_INPUT_LIMIT {
+                return Step::Pending;
+            }
+            let start = up.input.len();
+            up.input.resize(start + UP_READ, 0);
+            let read = up.transport.read(&mut up.input[start..]);
+            match read {
+                Ok(0) => {
+                    up.input.truncate(start);
+                    up.eof = true;
+                }
+                Ok(n) => up.input.truncate(start + n),
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {
+                    up.input.truncate(start);
+                    // More of the body may fit now that some was written.
+                    if !(wrote && !e.request.is_done()) && !progressed {
+                        return Step::Pending;
+                    }
+                }
+                Err(_) if up.written == 0 && up.reused => return Step::Retry,
+                Err(_) => {
+                    up.input.truncate(start);
+                    up.eof = true;
+                }
+            }
+        }
+    }
+
+    fn upstream_failed(&mut self, ex: usize, why: &'static str) -> Step {
+        let e = &self.exchanges[ex];
+        if let Some(up) = e.up.map(|i| &mut self.ups[i]) {
+            up.eof = true;
+        }
+        if e.phase == Phase::Relaying {
+            Step::Broken(why)
+        } else {
+            Step::BadGateway(why)
+        }
+    }
+
+    /// The outcome report of a finished exchange, from the upstream's answer.
+    pub fn outcome(e: &Exchange, failure: Option<u16>) -> Option<Outcome> {
+        match (e.response_head, failure) {
+            (_, Some(status)) => Some(Outcome { status: Some(status), ..Outcome::default() }),
+            (Some(rh), None) => Some(Outcome { status: Some(rh.status), throttled: 0, rate: rh.rate }),
+            (None, None) => None,
+        }
+    }
+}
+
+/// Writes the connection's pending output; counts request bytes written.
+fn flush(up: &mut UpConn) -> io::Result<()> {
+    while up.out_pos < up.output.len() {
+        match up.transport.write(&up.output[up.out_pos..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                up.out_pos += n;
+                up.written += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if up.out_pos == up.output.len() {
+        up.output.clear();
+        up.out_pos = 0;
+    }
+    match up.transport.flush() {
+        Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a non-blocking connect has completed (`Ok(false)`: not yet).
+fn connect_result(t: &mut Transport) -> io::Result<bool> {
+    let tcp = t.tcp();
+    if let Some(e) = tcp.take_error()? {
+        return Err(e);
+    }
+    match tcp.peer_addr() {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+        Err(e) => Err(e),
+    }
+}

@@ -379,7 +379,9 @@ impl Config {
                     && (Some(addr) == self.listen.parse().ok()
                         || Some(addr) == self.admin_listen.as_ref().and_then(|a| a.parse().ok()));
                 if taken {
-                    return fail(format!("pools.{name}.upstream.listen: {addr} is the lock API's or the admin listener"));
+                    return fail(format!(
+                        "pools.{name}.upstream.listen: {addr} is the lock API's or the admin listener"
+                    ));
                 }
             }
         }

@@ -25,7 +25,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("api", &["access", "accesslog", "config", "governor", "http", "report", "time", "wheel"]),
     ("dashboard", &["api", "governor", "http", "time"]),
     ("net", &["time"]),
-    ("server", &["accesslog", "api", "config", "dashboard", "governor", "http", "state", "time", "wheel"]),
+    ("proxy", &["api", "config", "governor", "http", "report", "time"]),
+    ("server", &["accesslog", "api", "config", "dashboard", "governor", "http", "proxy", "state", "time", "wheel"]),
 ];
 
 /// Every module of `src/` by path (`governor::pool`), with its source

@@ -56,9 +56,9 @@ impl PoolKeys {
     /// Proxy mode: the key may also come in `x-api-key` (what SDKs send) when
     /// `allowAuthorizationHeader` is on.
     pub fn check_proxied(&self, head: &Head) -> Result<(), ApiError> {
-        let key = self.presented(head).or_else(|| {
-            self.allow_authorization_header.then(|| head.header("x-api-key").map(trim)).flatten()
-        });
+        let key = self
+            .presented(head)
+            .or_else(|| self.allow_authorization_header.then(|| head.header("x-api-key").map(trim)).flatten());
         self.check_key(key.ok_or(MISSING)?)
     }
 

@@ -5,8 +5,8 @@
 
 use super::{wait_budget, ApiError, App, Attempt, Ctx, UNKNOWN_POOL};
 use crate::config::upstream::Upstream;
-use crate::governor::{Admission, Grant, Ms, Outcome, PoolId};
 use crate::governor::lease::SlotId;
+use crate::governor::{Admission, Grant, Ms, Outcome, PoolId};
 use crate::http::request::{BodyFraming, Head};
 use crate::http::response::Status;
 
@@ -69,7 +69,13 @@ impl App {
 
     /// Auth, limits and one acquire for a proxied request. A refusal is
     /// answered into `out` (logged and counted like an acquire's).
-    pub fn admit_proxied(&mut self, ctx: &Ctx, pid: PoolId, head: &Head, out: &mut Vec<u8>) -> Result<Admitted, ApiError> {
+    pub fn admit_proxied(
+        &mut self,
+        ctx: &Ctx,
+        pid: PoolId,
+        head: &Head,
+        out: &mut Vec<u8>,
+    ) -> Result<Admitted, ApiError> {
         let upstream = self.upstream(pid).ok_or(ApiError::RouteNotFound)?;
         let (default_wait, max_bytes) = (upstream.wait_ms, upstream.max_request_bytes);
         if self.gov.pool(pid).retired {

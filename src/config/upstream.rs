@@ -130,7 +130,10 @@ impl UpstreamConfig {
                 || host.len() > 253
                 || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
             {
-                return Err(field("hosts", format!("{host:?} is not a host name without port, like acme.nthpool.local")));
+                return Err(field(
+                    "hosts",
+                    format!("{host:?} is not a host name without port, like acme.nthpool.local"),
+                ));
             }
         }
         for name in self.set_headers.keys() {
@@ -283,7 +286,9 @@ mod tests {
         let (addr, host) = parse_url("http://localhost/").unwrap();
         assert_eq!((addr.to_string().as_str(), host.as_str()), ("127.0.0.1:80", "localhost"));
         assert_eq!(parse_url("http://[::1]:81").unwrap().0.to_string(), "[::1]:81");
-        for bad in ["ftp://x", "http://", "http://1.2.3.4/v1", "http://a.example.com", "http://1.2.3.4:0", "https://1.2.3.4"] {
+        for bad in
+            ["ftp://x", "http://", "http://1.2.3.4/v1", "http://a.example.com", "http://1.2.3.4:0", "https://1.2.3.4"]
+        {
             let e = parse_url(bad).unwrap_err().0;
             assert!(e.starts_with("upstream.url"), "{bad}: {e}");
         }
@@ -310,7 +315,9 @@ mod tests {
     #[test]
     fn secrets_never_show_in_debug() {
         std::env::set_var("NTHPOOL_UPSTREAM_TEST_SECRET", "sk-very-secret");
-        let config = section(r#","setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_UPSTREAM_TEST_SECRET}","X-Literal":"literal-secret"}"#);
+        let config = section(
+            r#","setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_UPSTREAM_TEST_SECRET}","X-Literal":"literal-secret"}"#,
+        );
         let built = Upstream::build(&config).unwrap();
         assert_eq!(built.set_headers[0].1.expose(), "Bearer sk-very-secret");
         for shown in [format!("{built:?}"), format!("{config:?}")] {

@@ -9,11 +9,12 @@
 //! Toward the client: the upstream's status and fields less the hop-by-hop
 //! and framing ones, the framing chosen for the client, the governor headers.
 
+use crate::api::proxy::CredentialFields;
 use crate::config::upstream::Upstream;
+use crate::governor::RateInfo;
 use crate::http::request::Head;
 use crate::http::trim;
 use crate::report::ratelimit;
-use crate::governor::RateInfo;
 
 /// Past this many bytes without a complete response head the upstream is answered 502.
 pub const MAX_RESPONSE_HEAD: usize = 32 * 1024;
@@ -32,17 +33,6 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-/// Which client credentials the pool reads, and so removes before forwarding.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Credentials {
-    /// `Authorization` carries the pool key (`allowAuthorizationHeader`) or a JWT.
-    pub authorization: bool,
-    /// `x-api-key` carries the pool key (`allowAuthorizationHeader`).
-    pub api_key: bool,
-    /// `Cf-Access-Jwt-Assertion` is checked (Cloudflare Access).
-    pub cf_access: bool,
-}
-
 /// How the request body goes to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestBody {
@@ -57,13 +47,21 @@ fn is_hop_by_hop(name: &str) -> bool {
 
 /// Whether any `Connection` field among `headers` lists `name`.
 fn named_by_connection(headers: &[httparse::Header], name: &str) -> bool {
-    headers.iter().filter(|h| h.name.eq_ignore_ascii_case("connection")).any(|h| {
-        h.value.split(|&b| b == b',').any(|token| trim(token).eq_ignore_ascii_case(name.as_bytes()))
-    })
+    headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
+        .any(|h| h.value.split(|&b| b == b',').any(|token| trim(token).eq_ignore_ascii_case(name.as_bytes())))
 }
 
 /// Writes the upstream request head for `head` (whose request line starts `raw`).
-pub fn write_request(out: &mut Vec<u8>, raw: &[u8], head: &Head, upstream: &Upstream, creds: Credentials, body: RequestBody) {
+pub fn write_request(
+    out: &mut Vec<u8>,
+    raw: &[u8],
+    head: &Head,
+    upstream: &Upstream,
+    creds: CredentialFields,
+    body: RequestBody,
+) {
     let method_len = raw.iter().position(|&b| b == b' ').unwrap_or(0);
     out.extend_from_slice(&raw[..method_len]);
     out.push(b' ');
@@ -247,11 +245,8 @@ pub fn take_response(
     let framing_passes = to_client == ClientBody::None;
     for h in headers {
         let framing = h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("transfer-encoding");
-        let forwarded = if framing {
-            framing_passes
-        } else {
-            !is_hop_by_hop(h.name) && !named_by_connection(headers, h.name)
-        };
+        let forwarded =
+            if framing { framing_passes } else { !is_hop_by_hop(h.name) && !named_by_connection(headers, h.name) };
         if forwarded {
             push_field(out, h.name.as_bytes(), h.value);
         }
@@ -290,11 +285,12 @@ mod tests {
     use crate::http::request::{header_storage, parse_head};
 
     fn upstream(extra: &str) -> Upstream {
-        let config: UpstreamConfig = serde_json::from_str(&format!(r#"{{"url":"http://127.0.0.1:9000"{extra}}}"#)).unwrap();
+        let config: UpstreamConfig =
+            serde_json::from_str(&format!(r#"{{"url":"http://127.0.0.1:9000"{extra}}}"#)).unwrap();
         Upstream::build(&config).unwrap()
     }
 
-    fn forward(raw: &[u8], creds: Credentials, body: RequestBody) -> String {
+    fn forward(raw: &[u8], creds: CredentialFields, body: RequestBody) -> String {
         let mut storage = header_storage();
         let head = parse_head(raw, &mut storage).unwrap().unwrap();
         let up = upstream(r#","setHeaders":{"Authorization":"Bearer managed","X-Team":"core"}"#);
@@ -309,13 +305,26 @@ mod tests {
             x-api-key: k\r\nAuthorization: Bearer k\r\nConnection: keep-alive, X-Secret-Hop\r\nX-Secret-Hop: 1\r\n\
             Keep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: websocket\r\nX-Team: client\r\nAccept: */*\r\n\
             Content-Length: 3\r\nExpect: 100-continue\r\n\r\n";
-        let creds = Credentials { authorization: true, api_key: true, cf_access: false };
+        let creds = CredentialFields { authorization: true, api_key: true, cf_access: false };
         let sent = forward(raw, creds, RequestBody::Length(3));
         assert!(sent.starts_with("PATCH /v1/chat?stream=true&x=%20 HTTP/1.1\r\nHost: 127.0.0.1:9000\r\n"), "{sent}");
-        for gone in ["X-Nthpool", "x-api-key", "Bearer k", "X-Secret-Hop", "Keep-Alive", "TE:", "Upgrade", "client", "Expect", "acme"] {
+        for gone in [
+            "X-Nthpool",
+            "x-api-key",
+            "Bearer k",
+            "X-Secret-Hop",
+            "Keep-Alive",
+            "TE:",
+            "Upgrade",
+            "client",
+            "Expect",
+            "acme",
+        ] {
             assert!(!sent.contains(gone), "{gone} in {sent}");
         }
-        for kept in ["Accept: */*\r\n", "Authorization: Bearer managed\r\n", "X-Team: core\r\n", "Content-Length: 3\r\n"] {
+        for kept in
+            ["Accept: */*\r\n", "Authorization: Bearer managed\r\n", "X-Team: core\r\n", "Content-Length: 3\r\n"]
+        {
             assert!(sent.contains(kept), "{kept} missing from {sent}");
         }
         assert!(sent.ends_with("\r\n\r\n"));
@@ -324,7 +333,7 @@ mod tests {
     #[test]
     fn authorization_passes_when_it_is_not_a_pool_credential() {
         let raw = b"GET / HTTP/1.1\r\nHost: a\r\nx-api-key: vendor\r\nTransfer-Encoding: chunked\r\n\r\n";
-        let sent = forward(raw, Credentials::default(), RequestBody::Chunked);
+        let sent = forward(raw, CredentialFields::default(), RequestBody::Chunked);
         assert!(sent.contains("x-api-key: vendor\r\n") && sent.contains("Transfer-Encoding: chunked\r\n"), "{sent}");
     }
 
@@ -339,7 +348,10 @@ mod tests {
     #[test]
     fn response_framing_is_chosen_for_the_client() {
         let (head, body, text) = respond(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nKeep-Alive: x\r\n\r\nhello", CLIENT);
-        assert_eq!((head.body, body, head.len, head.keep_alive), (ResponseBody::Length(5), ClientBody::Length(5), 53, true));
+        assert_eq!(
+            (head.body, body, head.len, head.keep_alive),
+            (ResponseBody::Length(5), ClientBody::Length(5), 53, true)
+        );
         assert_eq!(text, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nx-nthpool-limit: 4\r\n\r\n");
         let (head, body, text) = respond(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", CLIENT);
         assert_eq!((head.body, body, head.keep_alive), (ResponseBody::Close, ClientBody::Chunked, false));
@@ -362,7 +374,10 @@ mod tests {
         let raw = b"HTTP/1.1 429 Too Many Requests\r\nx-ratelimit-limit-requests: 60\r\n\
             x-ratelimit-remaining-requests: 0\r\nx-ratelimit-reset-requests: 6s\r\nContent-Length: 0\r\n\r\n";
         let (head, _, _) = respond(raw, CLIENT);
-        assert_eq!((head.status, head.rate.limit, head.rate.remaining, head.rate.reset_ms), (429, Some(60), Some(0), Some(6000)));
+        assert_eq!(
+            (head.status, head.rate.limit, head.rate.remaining, head.rate.reset_ms),
+            (429, Some(60), Some(0), Some(6000))
+        );
     }
 
     #[test]

@@ -104,6 +104,13 @@ pub struct Exchange {
     close_client: bool,
 }
 
+impl Exchange {
+    /// The client's request body has been taken whole.
+    pub fn request_done(&self) -> bool {
+        self.request.is_done()
+    }
+}
+
 /// What a pump of an exchange came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -168,7 +175,10 @@ pub fn request_relay(framing: crate::http::request::BodyFraming, max_bytes: u64)
         F::Length(n) => (Relay::new(Framing::Length(n), false), head::RequestBody::Length(n)),
         F::Chunked => {
             let limit = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-            (Relay::new(Framing::Chunked(crate::http::chunked::ChunkedDecoder::new(limit)), true), head::RequestBody::Chunked)
+            (
+                Relay::new(Framing::Chunked(crate::http::chunked::ChunkedDecoder::new(limit)), true),
+                head::RequestBody::Chunked,
+            )
         }
     }
 }
@@ -189,6 +199,11 @@ impl Proxy {
         let mut b = self.spare.pop().unwrap_or_default();
         b.clear();
         b
+    }
+
+    /// Gives back a head buffer that no exchange took.
+    pub fn spare_head(&mut self, head: Vec<u8>) {
+        self.spare.push(head);
     }
 
     pub fn open(&mut self, new: NewExchange, head: Vec<u8>) -> usize {
@@ -486,7 +501,8 @@ impl Proxy {
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {
                     up.input.truncate(start);
                     // More of the body may fit now that some was written.
-                    if !(wrote && !e.request.is_done()) && !progressed {
+                    let more_body = wrote && !e.request.is_done();
+                    if !more_body && !progressed {
                         return Step::Pending;
                     }
                 }

@@ -10,7 +10,7 @@ use mio::net::TcpStream;
 
 use crate::api::Queued;
 use crate::governor::lease::SlotId;
-use crate::governor::Ms;
+use crate::governor::{Ms, PoolId};
 use crate::http::chunked::ChunkedDecoder;
 use crate::wheel::TimerKey;
 
@@ -147,6 +147,12 @@ pub struct Conn {
     pub last_active: Ms,
     pub out_since: Ms,
     pub timer: Option<(Ms, TimerKey)>,
+    /// Accepted on a pool's own proxy listener: every request is proxied for it.
+    pub listener_pool: Option<PoolId>,
+    /// The proxied exchange this connection is in (`crate::proxy`), and
+    /// when it must end if nothing changes.
+    pub exchange: Option<usize>,
+    pub exchange_deadline: Ms,
 }
 
 impl Conn {
@@ -176,6 +182,9 @@ impl Conn {
             last_active: now,
             out_since: now,
             timer: None,
+            listener_pool: None,
+            exchange: None,
+            exchange_deadline: NEVER,
         }
     }
 
@@ -192,7 +201,9 @@ impl Conn {
             // The queue deadline answers it; the wheel holds that one.
             return NEVER;
         }
+        // A proxied exchange has its own deadlines (upstream timeout, request cap).
         let mut at = match self.request_started {
+            _ if self.exchange.is_some() => self.exchange_deadline,
             Some(started) => started + t.head_ms,
             None => self.last_active + t.idle_ms,
         };

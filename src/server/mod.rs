@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod clock;
 pub mod conn;
+pub mod proxied;
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -35,6 +36,7 @@ use crate::http::request::{
     MAX_HEAD_BYTES,
 };
 use crate::http::response::{Status, CONTINUE};
+use crate::proxy::Proxy;
 use crate::state;
 use admin::ServerStats;
 use clock::Clock;
@@ -95,6 +97,9 @@ pub struct Server {
     /// again next turn. Two lists, swapped each turn, so neither reallocates.
     ready: Vec<(usize, u32)>,
     ready_carry: Vec<(usize, u32)>,
+    /// Proxy mode: upstream connections and exchanges, and the pools' own listeners.
+    proxy: Proxy,
+    proxy_listeners: Vec<(TcpListener, crate::governor::PoolId)>,
 }
 
 /// Identifies a connection for its whole life: slab index and serial.
@@ -133,6 +138,7 @@ impl Server {
         let clock = Clock::start();
         let mut app = App::new(config)?;
         app.listen_addr = listener.local_addr().ok();
+        let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
         let secret = match &config_path {
             Some(path) => state::secret::load_or_create(&state::secret::path_beside(path, &config.slot_secret_file))?,
             None => state::secret::ephemeral(),
@@ -179,6 +185,8 @@ impl Server {
             dirty_spare: Vec::new(),
             ready: Vec::new(),
             ready_carry: Vec::new(),
+            proxy: Proxy::default(),
+            proxy_listeners,
         })
     }
 
@@ -213,6 +221,10 @@ impl Server {
                     LISTENER => accept_public = true,
                     ADMIN => accept_admin = true,
                     SIGNALS => self.on_signals(),
+                    Token(t) if t >= proxied::UPSTREAM_BASE => self.on_upstream(t - proxied::UPSTREAM_BASE),
+                    Token(t) if t >= proxied::PROXY_LISTENER_BASE => {
+                        self.accept_proxy(t - proxied::PROXY_LISTENER_BASE)
+                    }
                     Token(t) => {
                         let Some(conn) = self.conns.get(t) else {
                             continue;
@@ -323,6 +335,9 @@ impl Server {
         for mut l in [self.listener.take(), self.admin.take()].into_iter().flatten() {
             let _ = self.poll.registry().deregister(&mut l);
         }
+        for (mut l, _) in self.proxy_listeners.drain(..) {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
         let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
         let epoch_now = self.clock.epoch_base_ms() + self.now;
         for token in tokens {
@@ -364,7 +379,9 @@ impl Server {
             let listener = if admin { &self.admin } else { &self.listener };
             let Some(listener) = listener else { return };
             match listener.accept() {
-                Ok((stream, peer)) => self.admit(stream, peer, admin),
+                Ok((stream, peer)) => {
+                    self.admit(stream, peer, admin);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -380,7 +397,7 @@ impl Server {
         }
     }
 
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) {
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) -> Option<usize> {
         let (open, budget) =
             if admin { (self.open_admin, ADMIN_MAX_CONNECTIONS) } else { (self.open_public, self.max_connections) };
         if open >= budget {
@@ -389,14 +406,14 @@ impl Server {
                 self.app.rejections.count(Status::ServiceUnavailable);
             }
             let _ = stream.write(&self.over_capacity);
-            return;
+            return None;
         }
         self.stats.connections_accepted += 1;
         let _ = stream.set_nodelay(true);
         let entry = self.conns.vacant_entry();
         let token = entry.key();
         if self.poll.registry().register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE).is_err() {
-            return;
+            return None;
         }
         let serial = self.next_serial;
         self.next_serial = serial.wrapping_add(1);
@@ -404,6 +421,7 @@ impl Server {
         entry.insert(Conn::new(stream, peer, serial, admin, self.input_limit, self.now));
         *(if admin { &mut self.open_admin } else { &mut self.open_public }) += 1;
         self.arm_timer(token);
+        Some(token)
     }
 
     /// A readiness event: the socket may hold data (or the peer's FIN).
@@ -513,13 +531,18 @@ impl Server {
     /// Answers every complete request in the input, in order, until one
     /// must wait in a queue or the output is too far behind.
     fn process(&mut self, token: usize) {
-        let Server { conns, app, clock, now, turn_started, stats, .. } = self;
+        if self.conns.get(token).is_some_and(|c| c.exchange.is_some()) {
+            self.pump_exchange(token);
+            return;
+        }
+        let Server { conns, app, clock, now, turn_started, stats, proxy, poll, .. } = self;
         let now = *now;
         let Some(conn) = conns.get_mut(token) else {
             return;
         };
         let owner = owner(token, conn.serial);
         let before = conn.unsent();
+        let mut proxied = proxied::After::Nothing;
         loop {
             if conn.waiting.is_some() || conn.close_after_flush || conn.unsent() > conn::OUTPUT_HIGH_WATER {
                 break;
@@ -573,6 +596,17 @@ impl Server {
                 close: !head.keep_alive,
                 started: *turn_started,
             };
+            if let Some(pid) = app.proxy_route(conn.listener_pool, &head).filter(|_| !conn.admin) {
+                let head_len = head.head_len;
+                let client = (token, conn.serial);
+                let begun = proxied::begin(app, proxy, &mut conn.output, client, &ctx, &head, data, pid);
+                conn.input.consume(head_len);
+                conn.head_scanned = 0;
+                conn.request_started = None;
+                let epoch_now = clock.epoch_base_ms() + now;
+                proxied = proxied::settle(app, proxy, poll.registry(), conn, begun, now, epoch_now);
+                break;
+            }
             let input_full = conn.input_full();
             let (body, consumed) = match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
                 Body::Ready(body, consumed) => (body, consumed),
@@ -638,6 +672,14 @@ impl Server {
             conn.out_since = now;
         }
         let serial = conn.serial;
+        match proxied {
+            proxied::After::Nothing => {}
+            proxied::After::Pump => self.pump_exchange(token),
+            proxied::After::Fail => self.end_exchange(token, proxied::End::Answered(ApiError::BadGateway)),
+        }
+        let Some(conn) = self.conns.get(token) else {
+            return;
+        };
         if conn.unsent() > 0 || conn.close_after_flush || conn.read_closed {
             self.mark_dirty(token, serial);
         }
@@ -683,6 +725,11 @@ impl Server {
                         self.read_and_process(token);
                     }
                 }
+                Ok(Flush::Done | Flush::Pending) if conn.exchange.is_some() => {
+                    // Room in the output: the upstream may be read on, and the
+                    // client's body taken.
+                    self.read_and_process(token);
+                }
                 Ok(Flush::Done | Flush::Pending) => {
                     let resume =
                         conn.unsent() == 0 && (conn.readable || !conn.input.is_empty()) && conn.waiting.is_none();
@@ -715,6 +762,10 @@ impl Server {
                         self.app.gov.release_undelivered(&grant.slot, self.now);
                         continue;
                     };
+                    if self.conns[token].exchange.is_some() {
+                        self.grant_exchange(token, &grant);
+                        continue;
+                    }
                     let epoch_now = self.clock.epoch_base_ms() + self.now;
                     let conn = &mut self.conns[token];
                     let close = conn.close_after_flush;
@@ -744,6 +795,9 @@ impl Server {
                         epoch_now,
                         close,
                     );
+                    if self.conns[token].exchange.is_some() {
+                        self.end_exchange(token, proxied::End::Refused);
+                    }
                     self.after_answer(token);
                 }
                 Notice::Timer(ACCEPT_TIMER) => {
@@ -787,7 +841,9 @@ impl Server {
             return;
         };
         conn.timer = None;
-        if conn.deadline(&self.timeouts) <= now {
+        if conn.exchange.is_some() && conn.waiting.is_none() && conn.exchange_deadline <= now {
+            self.exchange_timed_out(token);
+        } else if conn.deadline(&self.timeouts) <= now {
             debug!("closing {}: deadline passed", conn.peer);
             self.close(token);
         } else {
@@ -832,6 +888,9 @@ impl Server {
             }
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
+        if let Some(ex) = conn.exchange {
+            self.abandon_exchange(ex);
+        }
     }
 }
 

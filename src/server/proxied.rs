@@ -1,0 +1,395 @@
+//! The reactor's side of proxy mode: pool listeners, upstream readiness,
+//! and the client connection's part in an exchange (SPEC §12).
+//!
+//! An exchange begins when a request head routed to a proxy pool is read
+//! (`begin`), is admitted or queued through the governor like an acquire,
+//! and is then pumped (`pump_exchange`) whenever either of its sockets is
+//! ready or the client's output drains. It ends in one place
+//! (`end_exchange`), which releases the slot with the outcome report.
+
+use std::io;
+use std::net::SocketAddr;
+
+use log::{debug, warn};
+use mio::net::TcpListener;
+use mio::{Interest, Registry, Token};
+
+use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
+use super::Server;
+use crate::api::{governor_headers, ApiError, App, Ctx, Queued};
+use crate::config::Config;
+use crate::governor::{Admission, Grant, Ms, PoolId};
+use crate::http::chunked::ChunkError;
+use crate::http::request::{BodyFraming, Head, Method};
+use crate::http::response::CONTINUE;
+use crate::proxy::head::{self, ClientSide};
+use crate::proxy::{request_relay, ClientIo, NewExchange, Phase, Proxy, Step};
+
+/// Upstream connections are registered at `UPSTREAM_BASE + slab index`.
+pub const UPSTREAM_BASE: usize = usize::MAX / 2;
+/// A pool's own listener is registered at `PROXY_LISTENER_BASE + its index`.
+pub const PROXY_LISTENER_BASE: usize = usize::MAX / 4;
+
+/// How an exchange ended.
+#[derive(Debug, Clone, Copy)]
+pub enum End {
+    /// The response was relayed whole.
+    Complete { close_client: bool },
+    /// Answered by this server instead of the upstream (502, 504, 400, 413).
+    Answered(ApiError),
+    /// The upstream broke off mid-response, or the request cap was reached
+    /// mid-response: the client's connection is closed.
+    Cut,
+    /// The client went away.
+    ClientGone,
+    /// Never admitted: its queue wait ended in a refusal, already answered.
+    Refused,
+}
+
+/// Binds every pool's own `upstream.listen`.
+pub fn bind_listeners(config: &Config, app: &App, registry: &Registry) -> Result<Vec<(TcpListener, PoolId)>, String> {
+    let mut listeners = Vec::new();
+    for (name, pool) in &config.pools {
+        let Some(addr) = pool.upstream.as_ref().and_then(|u| u.listen.as_deref()) else {
+            continue;
+        };
+        let addr: SocketAddr = addr.parse().expect("validated");
+        let pid = app.gov.pool_id(name).expect("a configured pool");
+        let mut l = TcpListener::bind(addr)
+            .map_err(|e| format!("cannot listen on {addr} (pools.{name}.upstream.listen): {e}"))?;
+        registry
+            .register(&mut l, Token(PROXY_LISTENER_BASE + listeners.len()), Interest::READABLE)
+            .map_err(|e| format!("cannot register the proxy listener of pool {name}: {e}"))?;
+        listeners.push((l, pid));
+    }
+    Ok(listeners)
+}
+
+/// What admitting a proxied request came to.
+pub enum Begun {
+    /// Answered here (refused, or denied by the governor): close after it when set.
+    Answered {
+        close: bool,
+    },
+    Queued(usize, Queued),
+    Granted(usize, Grant),
+}
+
+/// What the reactor does next with a connection whose exchange just began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    Nothing,
+    Pump,
+    /// No upstream connection could be started: answer `502`.
+    Fail,
+}
+
+/// The request head `head` (at the start of `raw`, the connection's input)
+/// is proxy traffic for `pid`: admits it and, unless refused, opens its
+/// exchange. Refusals are written to `output`. The caller consumes the head
+/// (`head.head_len` bytes) and then calls `settle`.
+#[allow(clippy::too_many_arguments)]
+pub fn begin(
+    app: &mut App,
+    proxy: &mut Proxy,
+    output: &mut Vec<u8>,
+    client: (usize, u32),
+    ctx: &Ctx,
+    head: &Head,
+    raw: &[u8],
+    pid: PoolId,
+) -> Begun {
+    let has_body = head.framing != BodyFraming::None;
+    let admitted = match app.admit_proxied(ctx, pid, head, output) {
+        Ok(admitted) => admitted,
+        Err(e) => {
+            // The body is not read: nothing after it could be told apart.
+            let close = ctx.close || has_body || e.closes();
+            app.reject(&Ctx { close, ..*ctx }, head, e, output);
+            return Begun::Answered { close };
+        }
+    };
+    let upstream = app.upstream(pid).expect("admitted to a proxy pool");
+    let (request, body) = request_relay(head.framing, upstream.max_request_bytes);
+    let new = NewExchange {
+        client,
+        pool: pid,
+        attempt: admitted.attempt,
+        request,
+        client_side: ClientSide {
+            http11: head.http11,
+            keep_alive: head.keep_alive,
+            head_request: head.method == Method::Head,
+        },
+        expect_continue: head.expect_continue && has_body,
+    };
+    let open = |proxy: &mut Proxy| {
+        let mut up_head = proxy.head_buffer();
+        head::write_request(&mut up_head, raw, head, upstream, app.credential_fields(pid), body);
+        proxy.open(new, up_head)
+    };
+    match admitted.admission {
+        // Answered by `admit_proxied`.
+        Admission::Denied(_) => Begun::Answered { close: has_body || ctx.close },
+        Admission::Queued(key) => Begun::Queued(open(proxy), Queued { key, attempt: admitted.attempt }),
+        Admission::Granted(grant) => Begun::Granted(open(proxy), grant),
+    }
+}
+
+/// Puts the connection into the state `begun` says, once its head is consumed.
+pub fn settle(
+    app: &mut App,
+    proxy: &mut Proxy,
+    registry: &Registry,
+    conn: &mut Conn,
+    begun: Begun,
+    now: Ms,
+    epoch_now: u64,
+) -> After {
+    match begun {
+        Begun::Answered { close } => {
+            conn.close_after_flush |= close;
+            After::Nothing
+        }
+        Begun::Queued(ex, queued) => {
+            conn.exchange = Some(ex);
+            conn.waiting = Some(queued);
+            After::Nothing
+        }
+        Begun::Granted(ex, grant) => {
+            conn.exchange = Some(ex);
+            match start(app, proxy, registry, conn, ex, &grant, now, epoch_now) {
+                Ok(()) => After::Pump,
+                Err(_) => After::Fail,
+            }
+        }
+    }
+}
+
+/// The exchange holds its slot: the lease is kept by the server, the
+/// upstream connection attached and the request head queued on it.
+#[allow(clippy::too_many_arguments)]
+fn start(
+    app: &mut App,
+    proxy: &mut Proxy,
+    registry: &Registry,
+    conn: &mut Conn,
+    ex: usize,
+    grant: &Grant,
+    now: Ms,
+    epoch_now: u64,
+) -> Result<(), io::Error> {
+    let e = &mut proxy.exchanges[ex];
+    app.hold_proxied(grant, &e.attempt, epoch_now);
+    let upstream = app.upstream(e.pool).expect("a proxy pool");
+    e.slot = Some(grant.slot);
+    e.signals.clear();
+    governor_headers(&mut e.signals, &grant.signals, grant.queued_ms);
+    e.request_deadline = grant.request_deadline;
+    e.deadline = (now + upstream.timeout_ms).min(grant.request_deadline);
+    conn.exchange_deadline = e.deadline;
+    if e.expect_continue && e.client_side.http11 {
+        conn.output.extend_from_slice(CONTINUE);
+    }
+    let addr = upstream.addr;
+    proxy.attach(ex, addr, registry, UPSTREAM_BASE).inspect_err(|err| {
+        debug!("cannot connect to the upstream {addr}: {err}");
+        proxy.stats.upstream_connect_errors += 1;
+    })
+}
+
+impl Server {
+    /// Accepts on a pool's own proxy listener.
+    pub(super) fn accept_proxy(&mut self, i: usize) {
+        loop {
+            let Some((listener, pid)) = self.proxy_listeners.get(i) else {
+                return;
+            };
+            let pid = *pid;
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    if let Some(token) = self.admit(stream, peer, false) {
+                        self.conns[token].listener_pool = Some(pid);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    warn!("accept on a proxy listener failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// An upstream connection is ready: its exchange moves on, or an idle
+    /// one is checked for having been closed.
+    pub(super) fn on_upstream(&mut self, idx: usize) {
+        let Some(up) = self.proxy.ups.get(idx) else {
+            return;
+        };
+        match up.exchange {
+            None => self.proxy.on_idle_event(idx, self.poll.registry()),
+            Some(ex) => {
+                let (token, serial) = self.proxy.exchanges[ex].client;
+                if self.conns.get(token).is_some_and(|c| c.serial == serial) {
+                    self.pump_exchange(token);
+                }
+            }
+        }
+    }
+
+    /// A queued proxied request got its slot.
+    pub(super) fn grant_exchange(&mut self, token: usize, grant: &Grant) {
+        let epoch_now = self.clock.epoch_base_ms() + self.now;
+        let conn = &mut self.conns[token];
+        let ex = conn.exchange.expect("a queued exchange");
+        let started = start(&mut self.app, &mut self.proxy, self.poll.registry(), conn, ex, grant, self.now, epoch_now);
+        if started.is_err() {
+            self.end_exchange(token, End::Answered(ApiError::BadGateway));
+        } else {
+            self.pump_exchange(token);
+        }
+    }
+
+    /// Moves the connection's exchange as far as its sockets allow.
+    pub(super) fn pump_exchange(&mut self, token: usize) {
+        let epoch_now = self.clock.epoch_base_ms() + self.now;
+        let conn = &mut self.conns[token];
+        let Some(ex) = conn.exchange else {
+            return;
+        };
+        if conn.read_closed {
+            // A client that closes mid-exchange is gone: its slot is freed now.
+            self.end_exchange(token, End::ClientGone);
+            return;
+        }
+        if self.proxy.exchanges[ex].phase == Phase::Queued || self.proxy.exchanges[ex].up.is_none() {
+            return;
+        }
+        let before = conn.unsent();
+        let step = loop {
+            let mut io = ClientIo {
+                input: conn.input.data(),
+                consumed: 0,
+                output: &mut conn.output,
+                out_pos: conn.out_pos,
+                high_water: OUTPUT_HIGH_WATER,
+            };
+            let step = self.proxy.pump(ex, &mut io, epoch_now);
+            let consumed = io.consumed;
+            conn.input.consume(consumed);
+            if step != Step::Retry {
+                break step;
+            }
+            if self.proxy.reattach(ex, self.poll.registry(), UPSTREAM_BASE).is_err() {
+                break Step::BadGateway("cannot reconnect");
+            }
+        };
+        conn.exchange_deadline = self.proxy.exchanges[ex].deadline;
+        if before == 0 && conn.unsent() > 0 {
+            conn.out_since = self.now;
+        }
+        match step {
+            Step::Pending | Step::Retry => {}
+            Step::Complete { close_client } => self.end_exchange(token, End::Complete { close_client }),
+            Step::BadGateway(why) => {
+                debug!("upstream failed: {why}");
+                self.end_exchange(token, End::Answered(ApiError::BadGateway));
+            }
+            Step::Broken(why) => {
+                debug!("upstream broke off: {why}");
+                self.end_exchange(token, End::Cut);
+            }
+            Step::BadBody(ChunkError::TooLarge) => self.end_exchange(token, End::Answered(ApiError::PayloadTooLarge)),
+            Step::BadBody(ChunkError::Malformed(why)) => {
+                self.end_exchange(token, End::Answered(ApiError::BadRequest(why)))
+            }
+        }
+        let Some(conn) = self.conns.get_mut(token) else {
+            return;
+        };
+        let serial = conn.serial;
+        // Output to write, or input it can take now that the upstream took some.
+        if conn.unsent() > 0 || conn.may_read() || conn.close_after_flush {
+            self.mark_dirty(token, serial);
+        }
+        self.arm_timer(token);
+    }
+
+    /// The exchange's deadline passed: before the response head that is a
+    /// `504 upstream_timeout`; at the request cap, or mid-response, the
+    /// exchange is cut.
+    pub(super) fn exchange_timed_out(&mut self, token: usize) {
+        let Some(ex) = self.conns[token].exchange else {
+            return;
+        };
+        let e = &self.proxy.exchanges[ex];
+        if e.phase == Phase::Sending && self.now < e.request_deadline {
+            self.end_exchange(token, End::Answered(ApiError::UpstreamTimeout));
+        } else {
+            self.end_exchange(token, End::Cut);
+        }
+        if let Some(conn) = self.conns.get(token) {
+            let serial = conn.serial;
+            self.mark_dirty(token, serial);
+        }
+    }
+
+    /// Ends the connection's exchange: the upstream connection is kept for
+    /// reuse or closed, the slot released with the outcome report, and the
+    /// client answered or closed as `end` says.
+    pub(super) fn end_exchange(&mut self, token: usize, end: End) {
+        let conn = &mut self.conns[token];
+        let Some(ex) = conn.exchange.take() else {
+            return;
+        };
+        conn.exchange_deadline = NEVER;
+        if let Some(q) = conn.waiting.take() {
+            self.app.waiter_gone(&q, super::owner(token, conn.serial), self.clock.epoch_base_ms() + self.now);
+        }
+        let reusable = matches!(end, End::Complete { .. });
+        let idle_limit = self.proxy_idle_limit(ex);
+        let e = self.proxy.finish(ex, reusable, idle_limit, self.poll.registry());
+        let failure = match end {
+            End::Answered(err @ (ApiError::BadGateway | ApiError::UpstreamTimeout)) => Some(err.status().code()),
+            End::Cut if e.response_head.is_none() => Some(ApiError::UpstreamTimeout.status().code()),
+            _ => None,
+        };
+        if let Some(slot) = &e.slot {
+            let outcome = Proxy::outcome(&e, failure);
+            self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now);
+        }
+        let conn = &mut self.conns[token];
+        let body_done = e.request_done();
+        match end {
+            End::Complete { close_client } => conn.close_after_flush |= close_client,
+            End::Answered(err) => {
+                let close = !body_done || !e.client_side.keep_alive || err.closes();
+                self.app.write_error(&mut conn.output, err, close);
+                conn.close_after_flush |= close;
+            }
+            End::Cut | End::ClientGone => conn.close_after_flush = true,
+            // The request body was never read.
+            End::Refused => conn.close_after_flush |= !body_done,
+        }
+        conn.last_active = self.now;
+        conn.request_started = (!conn.input.is_empty()).then_some(self.now);
+        // What the governor decided meanwhile (a waiter granted the freed slot).
+        self.drain_notices();
+    }
+
+    fn proxy_idle_limit(&self, ex: usize) -> usize {
+        self.app.upstream(self.proxy.exchanges[ex].pool).map_or(0, |u| u.idle_connections)
+    }
+
+    /// The client connection is closing while in an exchange.
+    pub(super) fn abandon_exchange(&mut self, ex: usize) {
+        let idle_limit = self.proxy_idle_limit(ex);
+        let e = self.proxy.finish(ex, false, idle_limit, self.poll.registry());
+        if let Some(slot) = &e.slot {
+            let outcome = Proxy::outcome(&e, None);
+            self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now);
+        }
+    }
+}

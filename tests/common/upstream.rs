@@ -1,0 +1,197 @@
+//! A scripted mock upstream for proxy tests: a thread per connection on
+//! `127.0.0.1:0`, reading HTTP/1.1 requests (Content-Length or chunked
+//! bodies), recording each one, and answering as the test's script says.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One request as the upstream received it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Which accepted connection it came on (0, 1, ...).
+    pub conn: usize,
+    /// The request line and header lines, as sent.
+    pub head: String,
+    /// The body, decoded when it was chunked.
+    pub body: Vec<u8>,
+    /// Whether it came chunked.
+    pub chunked: bool,
+}
+
+impl Seen {
+    pub fn request_line(&self) -> &str {
+        self.head.lines().next().unwrap_or("")
+    }
+
+    /// Every value of header `name` (case-insensitive).
+    pub fn headers(&self, name: &str) -> Vec<String> {
+        self.head
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_once(':'))
+            .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim().to_string())
+            .collect()
+    }
+
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers(name).into_iter().next()
+    }
+}
+
+/// What the upstream does with a request.
+pub enum Reply {
+    /// Writes these bytes and keeps the connection for the next request.
+    Raw(Vec<u8>),
+    /// Writes these bytes and closes.
+    RawThenClose(Vec<u8>),
+    /// Writes each piece after its pause (ms), then closes.
+    Paced(Vec<(u64, Vec<u8>)>),
+    /// Says nothing for this long, then closes.
+    Silent(Duration),
+}
+
+/// A `200` with `body` under a `Content-Length` and the given extra header lines.
+pub fn ok(body: &str, extra_headers: &str) -> Reply {
+    Reply::Raw(format!("HTTP/1.1 200 OK\r\n{extra_headers}Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes())
+}
+
+pub struct MockUpstream {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    connections: Arc<AtomicUsize>,
+}
+
+type Script = dyn Fn(&Seen) -> Reply + Send + Sync;
+
+impl MockUpstream {
+    pub fn start(script: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> MockUpstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let script: Arc<Script> = Arc::new(script);
+        let (s, c) = (seen.clone(), connections.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let n = c.fetch_add(1, Ordering::SeqCst);
+                let (s, script) = (s.clone(), script.clone());
+                std::thread::spawn(move || serve(stream, n, &s, &*script));
+            }
+        });
+        MockUpstream { addr, seen, connections }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+fn serve(mut stream: TcpStream, conn: usize, seen: &Mutex<Vec<Seen>>, script: &Script) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut buf = Vec::new();
+    loop {
+        let Some(request) = read_request(&mut stream, &mut buf, conn) else { return };
+        seen.lock().unwrap().push(request.clone());
+        match script(&request) {
+            Reply::Raw(bytes) => {
+                if stream.write_all(&bytes).is_err() {
+                    return;
+                }
+            }
+            Reply::RawThenClose(bytes) => {
+                let _ = stream.write_all(&bytes);
+                return;
+            }
+            Reply::Paced(pieces) => {
+                for (pause, bytes) in pieces {
+                    std::thread::sleep(Duration::from_millis(pause));
+                    if stream.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+                return;
+            }
+            Reply::Silent(d) => {
+                std::thread::sleep(d);
+                return;
+            }
+        }
+    }
+}
+
+fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 16 * 1024];
+    match stream.read(&mut chunk) {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            true
+        }
+    }
+}
+
+fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>, conn: usize) -> Option<Seen> {
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if !fill(stream, buf) {
+            return None;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    buf.drain(..head_end);
+    let mut seen = Seen { conn, head, body: Vec::new(), chunked: false };
+    let length = seen.header("content-length").map(|v| v.parse::<usize>().expect("a numeric Content-Length"));
+    if seen.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        seen.chunked = true;
+        loop {
+            let line_end = loop {
+                if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                    break i;
+                }
+                if !fill(stream, buf) {
+                    return None;
+                }
+            };
+            let size_text = String::from_utf8_lossy(&buf[..line_end]).into_owned();
+            let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16).expect("a chunk size");
+            buf.drain(..line_end + 2);
+            while buf.len() < size + 2 {
+                if !fill(stream, buf) {
+                    return None;
+                }
+            }
+            if size == 0 {
+                // No trailers are sent by the proxy: the final CRLF follows.
+                buf.drain(..2);
+                break;
+            }
+            seen.body.extend_from_slice(&buf[..size]);
+            buf.drain(..size + 2);
+        }
+    } else if let Some(n) = length {
+        while buf.len() < n {
+            if !fill(stream, buf) {
+                return None;
+            }
+        }
+        seen.body = buf.drain(..n).collect();
+    }
+    Some(seen)
+}

@@ -1,0 +1,323 @@
+//! Proxy mode over real sockets (SPEC §12): a scripted mock upstream behind
+//! the real server, and raw HTTP/1.1 from the client side.
+
+mod common;
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+use upstream::{ok, MockUpstream, Reply};
+
+const HOST: &str = "p.proxy.test";
+
+/// A server whose pool `p` (concurrency `concurrency`) proxies to `up` for
+/// `Host: p.proxy.test`, with `extra` members in its `upstream` section.
+fn proxy_server(up: &MockUpstream, concurrency: u32, extra: &str) -> TestServer {
+    let sep = if extra.is_empty() { "" } else { "," };
+    TestServer::start(&config(
+        &format!(
+            r#""concurrency":{concurrency},"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
+            "upstream":{{"url":"{}","hosts":["{HOST}"]{sep}{extra}}}"#,
+            up.url()
+        ),
+        "",
+    ))
+}
+
+/// A proxied request with the pool key, `extra` header lines and a body.
+fn proxied(method: &str, target: &str, extra: &str, body: &str) -> Vec<u8> {
+    let length =
+        if body.is_empty() && method == "GET" { String::new() } else { format!("Content-Length: {}\r\n", body.len()) };
+    format!("{method} {target} HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\n{extra}{length}\r\n{body}")
+        .into_bytes()
+}
+
+/// Reads one response whatever its framing (Content-Length or chunked);
+/// `None` on EOF before a head.
+fn read_any(s: &mut TcpStream) -> Option<Response> {
+    // The head (and a Content-Length body) as the harness reads them.
+    let mut r = read_response(s)?;
+    if r.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        loop {
+            let line = read_line(s);
+            let size = usize::from_str_radix(line.trim(), 16).unwrap();
+            let mut chunk = vec![0u8; size + 2];
+            s.read_exact(&mut chunk).unwrap();
+            if size == 0 {
+                break;
+            }
+            r.body.extend_from_slice(&chunk[..size]);
+        }
+    }
+    Some(r)
+}
+
+fn read_line(s: &mut TcpStream) -> String {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the stream ended inside a chunk-size line");
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+fn exchange(server: &TestServer, raw: &[u8]) -> Response {
+    let mut s = server.connect();
+    s.write_all(raw).unwrap();
+    read_any(&mut s).expect("a response")
+}
+
+/// Polls until a fail-fast lock acquire gets a slot (the pool's slot was
+/// given back), within a generous bound; returns the time it took.
+fn slot_comes_back(server: &TestServer) -> Duration {
+    let start = Instant::now();
+    loop {
+        let r = server.acquire("", "");
+        if r.status == 200 {
+            server.release(&r.slot(), "");
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "the slot never came back: {r:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn forwarding_strips_credentials_and_hop_by_hop_headers_and_keeps_path_and_query() {
+    std::env::set_var("NTHPOOL_PROXY_TEST_UPSTREAM_KEY", "sk-managed-123");
+    let up = MockUpstream::start(|_| {
+        ok("{\"id\":1}", "Content-Type: application/json\r\nConnection: keep-alive\r\nX-Up: 1\r\n")
+    });
+    let server = proxy_server(
+        &up,
+        4,
+        r#""setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_PROXY_TEST_UPSTREAM_KEY}","X-Team":"core"}"#,
+    );
+    let extra = "Connection: keep-alive, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n\
+        X-Nthpool-Queue-Timeout-Ms: 100\r\nX-Team: client\r\nAuthorization: Bearer client-own\r\nAccept: */*\r\n";
+    let r = exchange(&server, &proxied("POST", "/v1/chat/completions?model=gpt&q=a%20b", extra, "{\"x\":1}"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, b"{\"id\":1}");
+    assert_eq!(r.header("x-up"), Some("1"));
+    assert_eq!(r.header("x-nthpool-limit"), Some("4"));
+    assert!(r.header("x-nthpool-effective-limit").is_some() && r.header("x-nthpool-remaining-slots").is_some());
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    let s = &seen[0];
+    assert_eq!(s.request_line(), "POST /v1/chat/completions?model=gpt&q=a%20b HTTP/1.1");
+    assert_eq!(s.header("host"), Some(up.addr.to_string()));
+    assert_eq!(s.headers("authorization"), vec!["Bearer sk-managed-123".to_string()]);
+    assert_eq!(s.headers("x-team"), vec!["core".to_string()]);
+    assert_eq!(s.header("accept").as_deref(), Some("*/*"));
+    assert_eq!(s.body, b"{\"x\":1}");
+    for gone in ["x-nthpool-key", "x-nthpool-queue-timeout-ms", "x-hop", "keep-alive", "te", "connection"] {
+        assert!(s.header(gone).is_none(), "{gone} reached the upstream: {}", s.head);
+    }
+}
+
+#[test]
+fn the_sdk_key_headers_authenticate_and_are_not_forwarded() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = TestServer::start(&config(
+        &format!(r#""allowAuthorizationHeader":true,"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()),
+        "",
+    ));
+    for header in [format!("Authorization: Bearer {KEY}"), format!("x-api-key: {KEY}")] {
+        let raw = format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\n{header}\r\n\r\n");
+        let r = exchange(&server, raw.as_bytes());
+        assert_eq!(r.status, 200, "{header}: {r:?}");
+    }
+    for s in up.seen() {
+        assert!(s.header("authorization").is_none() && s.header("x-api-key").is_none(), "{}", s.head);
+    }
+    // No key, or a wrong one: refused here, never forwarded.
+    let before = up.seen().len();
+    for raw in [
+        format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\n\r\n"),
+        format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\nx-api-key: wrong\r\n\r\n"),
+    ] {
+        let r = exchange(&server, raw.as_bytes());
+        assert_eq!((r.status, r.error_code().as_str()), (401, "unauthorized"), "{r:?}");
+    }
+    assert_eq!(up.seen().len(), before);
+}
+
+#[test]
+fn lock_routes_are_not_served_on_a_proxy_host_and_still_are_on_the_api_host() {
+    let up = MockUpstream::start(|_| ok("from upstream", ""));
+    let server = proxy_server(&up, 4, "");
+    let r = exchange(&server, &proxied("POST", "/pools/p/lock/acquire", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"from upstream"[..]), "{r:?}");
+    assert_eq!(up.seen()[0].request_line(), "POST /pools/p/lock/acquire HTTP/1.1");
+    let lock = server.acquire("", "");
+    assert_eq!(lock.status, 200, "{lock:?}");
+    assert_eq!(up.seen().len(), 1);
+}
+
+#[test]
+fn a_pools_own_listener_proxies_every_request() {
+    let up = MockUpstream::start(|_| ok("via listener", ""));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server =
+        TestServer::start(&config(&format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:{port}"}}"#, up.url()), ""));
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("GET /anything?x=1 HTTP/1.1\r\nHost: whatever\r\nX-Nthpool-Key: {KEY}\r\n\r\n").as_bytes())
+        .unwrap();
+    let r = read_any(&mut s).unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"via listener"[..]), "{r:?}");
+    assert_eq!(up.seen()[0].request_line(), "GET /anything?x=1 HTTP/1.1");
+    drop(server);
+}
+
+#[test]
+fn chunked_bodies_are_relayed_both_ways() {
+    let up = MockUpstream::start(|seen| {
+        assert!(seen.chunked);
+        let mut reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for piece in [&b"got "[..], &seen.body] {
+            reply.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            reply.extend_from_slice(piece);
+            reply.extend_from_slice(b"\r\n");
+        }
+        reply.extend_from_slice(b"0\r\n\r\n");
+        Reply::Raw(reply)
+    });
+    let server = proxy_server(&up, 4, "");
+    let raw = format!(
+        "POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n\
+         5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
+    );
+    let mut s = server.connect();
+    s.write_all(raw.as_bytes()).unwrap();
+    let r = read_any(&mut s).unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"got hello world"[..]), "{r:?}");
+    assert_eq!(up.seen()[0].body, b"hello world");
+    // The connection stays usable for the next request.
+    s.write_all(format!("POST /again HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n").as_bytes()).unwrap();
+    let r = read_any(&mut s).unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"got abc"[..]), "{r:?}");
+}
+
+#[test]
+fn refusals_are_answered_like_the_lock_api() {
+    let up = MockUpstream::start(|_| ok("served", ""));
+    let server = proxy_server(&up, 1, r#""waitMs":0"#);
+    let held = server.acquire("", "");
+    let slot = held.slot();
+    let r = exchange(&server, &proxied("GET", "/v1/models", "", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (429, "too_many_requests"), "{r:?}");
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("concurrency"));
+    assert!(r.header_u64("retry-after") >= 1);
+    assert_eq!(r.header("x-nthpool-remaining-slots"), Some("0"));
+    let r = exchange(&server, &proxied("GET", "/v1/models", "X-Nthpool-Queue-Timeout-Ms: 150\r\n", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (504, "queue_timeout"), "{r:?}");
+    assert!(up.seen().is_empty(), "a refused request reached the upstream");
+    // Queued behind the lock holder, granted when it releases.
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/v1/models", "X-Nthpool-Queue-Timeout-Ms: 5000\r\n", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(server.release(&slot, "").json()["released"].as_bool().unwrap());
+    let r = read_any(&mut s).unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"served"[..]), "{r:?}");
+    assert!(r.header_u64("x-nthpool-queued-ms") > 0, "{r:?}");
+}
+
+#[test]
+fn proxied_429s_with_openai_headers_teach_the_pool() {
+    let up = MockUpstream::start(|_| {
+        Reply::Raw(
+            b"HTTP/1.1 429 Too Many Requests\r\nx-ratelimit-limit-requests: 60\r\nx-ratelimit-remaining-requests: 0\r\n\
+              x-ratelimit-reset-requests: 20s\r\nretry-after: 20\r\nContent-Length: 2\r\n\r\n{}"
+                .to_vec(),
+        )
+    });
+    let server = TestServer::start(&config(
+        &format!(r#""concurrency":4,"upstream":{{"url":"{}","hosts":["{HOST}"],"waitMs":0}}"#, up.url()),
+        "",
+    ));
+    let r = exchange(&server, &proxied("POST", "/v1/chat/completions", "", "{}"));
+    assert_eq!(r.status, 429, "the upstream's answer is relayed: {r:?}");
+    assert!(r.header("x-nthpool-limit").is_some());
+    // The exhausted budget now holds both kinds of traffic back.
+    let lock = server.acquire("", "");
+    assert_eq!(lock.status, 429, "{lock:?}");
+    assert!(matches!(lock.header("x-nthpool-deny-reason"), Some("rate" | "cooldown")), "{lock:?}");
+    let again = exchange(&server, &proxied("POST", "/v1/chat/completions", "", "{}"));
+    assert_eq!((again.status, again.error_code().as_str()), (429, "too_many_requests"), "{again:?}");
+    assert_eq!(up.seen().len(), 1, "the second request was held back, not sent");
+}
+
+#[test]
+fn an_unreachable_upstream_is_a_502_and_frees_the_slot() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let server = TestServer::start(&config(
+        &format!(r#""concurrency":1,"upstream":{{"url":"http://{closed}","hosts":["{HOST}"]}}"#),
+        "",
+    ));
+    let r = exchange(&server, &proxied("GET", "/", "", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "{r:?}");
+    slot_comes_back(&server);
+}
+
+#[test]
+fn no_head_within_timeout_is_a_504_and_frees_the_slot() {
+    let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(5)));
+    let server = proxy_server(&up, 1, r#""timeoutMs":300"#);
+    let start = Instant::now();
+    let r = exchange(&server, &proxied("GET", "/slow", "", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (504, "upstream_timeout"), "{r:?}");
+    assert!(start.elapsed() >= Duration::from_millis(250), "answered before the timeout");
+    slot_comes_back(&server);
+}
+
+#[test]
+fn an_upstream_that_closes_mid_body_cuts_the_client_and_frees_the_slot() {
+    let up = MockUpstream::start(|_| {
+        Reply::RawThenClose(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part".to_vec())
+    });
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/", "", "")).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.ends_with("only part"), "{text}");
+    slot_comes_back(&server);
+}
+
+#[test]
+fn keep_alive_connections_to_the_upstream_are_reused() {
+    let up = MockUpstream::start(|seen| ok(&format!("n{}", seen.conn), ""));
+    let server = proxy_server(&up, 4, "");
+    for _ in 0..5 {
+        let r = exchange(&server, &proxied("GET", "/", "", ""));
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"n0"[..]), "{r:?}");
+    }
+    assert_eq!(up.connections(), 1);
+    assert_eq!(up.seen().len(), 5);
+}
+
+#[test]
+fn a_client_that_leaves_mid_stream_frees_its_slot_at_once() {
+    let events: Vec<(u64, Vec<u8>)> =
+        std::iter::once((0, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n".to_vec()))
+            .chain((0..100).map(|i| (100, format!("data: {i}\n\n").into_bytes())))
+            .collect();
+    let up = MockUpstream::start(move |_| Reply::Paced(events.clone()));
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/v1/stream", "", "")).unwrap();
+    let mut first = [0u8; 64];
+    assert!(s.read(&mut first).unwrap() > 0);
+    let held = server.acquire("", "");
+    assert_eq!(held.status, 429, "the stream holds the only slot: {held:?}");
+    drop(s);
+    // The stream would run for ten more seconds; the slot is back long before.
+    assert!(slot_comes_back(&server) < Duration::from_secs(5));
+}

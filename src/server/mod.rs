@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod clock;
 pub mod conn;
+mod pipeline;
 pub mod proxied;
 
 use std::io::{self, Write};
@@ -27,20 +28,16 @@ use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
 use crate::accesslog;
-use crate::api::{ApiError, App, Ctx, Handled};
+use crate::api::{ApiError, App};
 use crate::config::Config;
 use crate::governor::{Ms, Notice};
-use crate::http::chunked::{ChunkError, ChunkedDecoder};
-use crate::http::request::{
-    head_may_be_complete, header_storage, parse_head, serve_as_http11, BodyFraming, Head, HeadError, Method,
-    MAX_HEAD_BYTES,
-};
-use crate::http::response::{Status, CONTINUE};
+use crate::http::request::MAX_HEAD_BYTES;
+use crate::http::response::Status;
 use crate::proxy::Proxy;
 use crate::state;
 use admin::ServerStats;
 use clock::Clock;
-use conn::{Conn, Flush, Io, PendingBody, Timeouts, NEVER};
+use conn::{Conn, Flush, Io, Timeouts, NEVER};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const ADMIN: Token = Token(usize::MAX - 2);
@@ -528,164 +525,6 @@ impl Server {
         self.ready.push((token, serial));
     }
 
-    /// Answers every complete request in the input, in order, until one
-    /// must wait in a queue or the output is too far behind.
-    fn process(&mut self, token: usize) {
-        if self.conns.get(token).is_some_and(|c| c.exchange.is_some()) {
-            self.pump_exchange(token);
-            return;
-        }
-        let Server { conns, app, clock, now, turn_started, stats, proxy, poll, .. } = self;
-        let now = *now;
-        let Some(conn) = conns.get_mut(token) else {
-            return;
-        };
-        let owner = owner(token, conn.serial);
-        let before = conn.unsent();
-        let mut proxied = proxied::After::Nothing;
-        loop {
-            if conn.waiting.is_some() || conn.close_after_flush || conn.unsent() > conn::OUTPUT_HIGH_WATER {
-                break;
-            }
-            if conn.input.is_empty() {
-                break;
-            }
-            let data = &conn.input.buf[conn.input.start..conn.input.end];
-            // A head usually arrives whole and is parsed at once; after a partial
-            // parse, only new bytes that could end it (or break it) trigger another.
-            if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
-                conn.head_scanned = data.len();
-                break;
-            }
-            let mut storage = header_storage();
-            let head = match parse_head(data, &mut storage) {
-                Ok(Some(head)) => head,
-                Ok(None) => {
-                    conn.head_scanned = data.len();
-                    break;
-                }
-                Err(HeadError::NewerMinorVersion) => {
-                    let (start, end) = (conn.input.start, conn.input.end);
-                    if serve_as_http11(&mut conn.input.buf[start..end]) {
-                        continue;
-                    }
-                    app.write_error(&mut conn.output, ApiError::BadRequest("Only HTTP/1.x is served."), true);
-                    conn.close_after_flush = true;
-                    break;
-                }
-                Err(e) => {
-                    let error = match e {
-                        HeadError::TooLarge => ApiError::HeadTooLarge,
-                        HeadError::Malformed(why) => ApiError::BadRequest(why),
-                        HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
-                        HeadError::NewerMinorVersion => unreachable!("handled above"),
-                    };
-                    let epoch_now = clock.epoch_base_ms() + now;
-                    app.refuse_head(data, conn.peer.ip(), *turn_started, epoch_now, error, &mut conn.output);
-                    conn.close_after_flush = true;
-                    break;
-                }
-            };
-            let ctx = Ctx {
-                now,
-                epoch_base_ms: clock.epoch_base_ms(),
-                owner,
-                peer: conn.peer.ip(),
-                // A half-closed client still gets every answer; the connection
-                // closes once they are written (see `flush_dirty`).
-                close: !head.keep_alive,
-                started: *turn_started,
-            };
-            if let Some(pid) = app.proxy_route(conn.listener_pool, &head).filter(|_| !conn.admin) {
-                let head_len = head.head_len;
-                let client = (token, conn.serial);
-                let begun = proxied::begin(app, proxy, &mut conn.output, client, &ctx, &head, data, pid);
-                conn.input.consume(head_len);
-                conn.head_scanned = 0;
-                conn.request_started = None;
-                let epoch_now = clock.epoch_base_ms() + now;
-                proxied = proxied::settle(app, proxy, poll.registry(), conn, begun, now, epoch_now);
-                break;
-            }
-            let input_full = conn.input_full();
-            let (body, consumed) = match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
-                Body::Ready(body, consumed) => (body, consumed),
-                Body::Incomplete if input_full => {
-                    // Only a chunked body can outgrow the input buffer (its
-                    // framing, extensions and trailers count): refuse it rather
-                    // than stall until the head deadline.
-                    app.reject(&Ctx { close: true, ..ctx }, &head, ApiError::PayloadTooLarge, &mut conn.output);
-                    conn.close_after_flush = true;
-                    break;
-                }
-                Body::Incomplete => {
-                    let pending = conn.pending.as_mut().expect("an incomplete body is pending");
-                    if head.expect_continue && !pending.continue_sent {
-                        pending.continue_sent = true;
-                        // Refuse now what the head already decides, before the body is sent.
-                        match app.precheck(&ctx, &head) {
-                            Ok(()) => conn.output.extend_from_slice(CONTINUE),
-                            Err(e) => {
-                                // The body may still come: the connection cannot be reused.
-                                app.reject(&Ctx { close: true, ..ctx }, &head, e, &mut conn.output);
-                                conn.close_after_flush = true;
-                            }
-                        }
-                    }
-                    break;
-                }
-                Body::Refused(e) => {
-                    app.reject(&Ctx { close: true, ..ctx }, &head, e, &mut conn.output);
-                    conn.close_after_flush = true;
-                    break;
-                }
-            };
-            let answer_start = conn.output.len();
-            let handled = if conn.admin {
-                admin::handle(&head, app, stats, &mut conn.output, ctx.close, ctx.now);
-                Handled::Done
-            } else {
-                app.handle(&ctx, &head, body, &mut conn.output)
-            };
-            if head.method == Method::Head {
-                strip_body(&mut conn.output, answer_start);
-            }
-            conn.input.consume(consumed);
-            conn.pending = None;
-            conn.head_scanned = 0;
-            conn.request_started = (!conn.input.is_empty()).then_some(now);
-            if ctx.close {
-                conn.close_after_flush = true;
-            }
-            match handled {
-                Handled::Done => {}
-                Handled::Close => conn.close_after_flush = true,
-                Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
-                // A half-closed client cannot wait: nothing it sends can follow.
-                Handled::Queued(q) if conn.read_closed => {
-                    withdraw(app, conn, &q, owner, now, clock.epoch_base_ms() + now)
-                }
-                Handled::Queued(q) => conn.waiting = Some(q),
-            }
-        }
-        if before == 0 && conn.unsent() > 0 {
-            conn.out_since = now;
-        }
-        let serial = conn.serial;
-        match proxied {
-            proxied::After::Nothing => {}
-            proxied::After::Pump => self.pump_exchange(token),
-            proxied::After::Fail => self.end_exchange(token, proxied::End::Answered(ApiError::BadGateway)),
-        }
-        let Some(conn) = self.conns.get(token) else {
-            return;
-        };
-        if conn.unsent() > 0 || conn.close_after_flush || conn.read_closed {
-            self.mark_dirty(token, serial);
-        }
-        self.arm_timer(token);
-    }
-
     fn mark_dirty(&mut self, token: usize, serial: u32) {
         if let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial && !c.dirty) {
             conn.dirty = true;
@@ -926,64 +765,4 @@ pub fn serve(
     info!("listening on {addr}");
     on_ready(addr, server.admin_addr());
     server.run().map_err(|e| format!("event loop failed: {e}"))
-}
-
-/// A `HEAD` answer is the answer without its body (RFC 9110 §9.3.2); the
-/// head, `Content-Length` included, stays.
-fn strip_body(output: &mut Vec<u8>, answer_start: usize) {
-    if let Some(end) = output[answer_start..].windows(4).position(|w| w == b"\r\n\r\n") {
-        output.truncate(answer_start + end + 4);
-    }
-}
-
-enum Body<'a> {
-    /// The whole body, and the input bytes the request took (head included).
-    Ready(&'a [u8], usize),
-    Incomplete,
-    Refused(ApiError),
-}
-
-/// Finds the request's body in `data`, decoding chunked bodies into `decoded`
-/// incrementally (their state lives in `pending` between reads).
-fn take_body<'a>(
-    head: &Head,
-    data: &'a [u8],
-    pending: &mut Option<PendingBody>,
-    decoded: &'a mut Vec<u8>,
-    max_body: usize,
-) -> Body<'a> {
-    let head_len = head.head_len;
-    match head.framing {
-        BodyFraming::None => Body::Ready(&[], head_len),
-        BodyFraming::Length(n) => {
-            if n > max_body as u64 {
-                return Body::Refused(ApiError::PayloadTooLarge);
-            }
-            let end = head_len + n as usize;
-            if data.len() < end {
-                pending.get_or_insert(PendingBody { chunked: None, continue_sent: false });
-                return Body::Incomplete;
-            }
-            Body::Ready(&data[head_len..end], end)
-        }
-        BodyFraming::Chunked => {
-            let state = pending.get_or_insert_with(|| {
-                decoded.clear();
-                PendingBody { chunked: Some((ChunkedDecoder::new(max_body), 0)), continue_sent: false }
-            });
-            let (decoder, eaten) = state.chunked.as_mut().expect("chunked body state");
-            match decoder.feed(&data[head_len + *eaten..], decoded) {
-                Ok((n, done)) => {
-                    *eaten += n;
-                    if done {
-                        Body::Ready(&decoded[..], head_len + *eaten)
-                    } else {
-                        Body::Incomplete
-                    }
-                }
-                Err(ChunkError::TooLarge) => Body::Refused(ApiError::PayloadTooLarge),
-                Err(ChunkError::Malformed(why)) => Body::Refused(ApiError::BadRequest(why)),
-            }
-        }
-    }
 }

@@ -22,6 +22,7 @@ use log::warn;
 use crate::config::AccessConfig;
 use crate::http::request::{Head, Method};
 use crate::http::trim;
+use crate::time::EpochMs;
 use cloudflare::Jwks;
 use denied::Denied;
 use ip::CidrSet;
@@ -118,7 +119,8 @@ impl PoolAccess {
     /// reopens replay: a new capacity keeps every entry, and a wider window
     /// makes entries live longer and refuses requests signed so long ago
     /// that their nonces may already have been forgotten.
-    pub fn carry_state_from(&mut self, old: &mut PoolAccess, now_epoch_ms: u64) {
+    pub fn carry_state_from(&mut self, old: &mut PoolAccess, now: EpochMs) {
+        let now_epoch_ms = now.0;
         let (Some(new), Some(old)) = (&mut self.hmac, &mut old.hmac) else {
             return;
         };
@@ -170,7 +172,8 @@ impl PoolAccess {
     /// Checks decidable from the head: IP allowlist, JWT, Cloudflare Access.
     /// `key_in_header` tells whether the pool key came in `X-Nthpool-Key`
     /// (then `Authorization: Bearer` may carry the JWT).
-    pub fn check_head(&self, head: &Head, client: IpAddr, now_epoch_ms: u64) -> Result<(), AccessError> {
+    pub fn check_head(&self, head: &Head, client: IpAddr, now: EpochMs) -> Result<(), AccessError> {
+        let now_epoch_ms = now.0;
         if let Some(allow) = &self.ip_allow {
             if !allow.contains(client) {
                 return Err(AccessError::Forbidden);
@@ -195,7 +198,8 @@ impl PoolAccess {
 
     /// The HMAC signature over the exact body, then the nonce (remembered
     /// only once the MAC verified).
-    pub fn check_signed(&mut self, head: &Head, body: &[u8], now_epoch_ms: u64) -> Result<(), AccessError> {
+    pub fn check_signed(&mut self, head: &Head, body: &[u8], now: EpochMs) -> Result<(), AccessError> {
+        let now_epoch_ms = now.0;
         let Some(policy) = &mut self.hmac else {
             return Ok(());
         };

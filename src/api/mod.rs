@@ -2,10 +2,13 @@
 //!
 //! This layer owns the governor and the per-pool credentials. It sees a
 //! parsed `Head`, the body bytes and a little context from the reactor (the
-//! time, the peer, who owns the connection); it never touches a socket.
-//! A queued acquire is answered later through `answer_notice`.
+//! time, the peer, which connection); it never touches a socket. It is the
+//! reactor's one door into the application (`door.rs`): a queued acquire is
+//! answered later through `answer_notice`, and the reactor's own deadlines
+//! come back as typed `Wake`s.
 
 pub mod auth;
+pub mod door;
 pub mod error;
 pub mod proxy;
 pub mod route;
@@ -19,11 +22,13 @@ use crate::accesslog::{AccessLog, Record};
 use crate::config::Config;
 use crate::governor::history::{self, Attempts, History};
 use crate::governor::lease::SlotId;
-use crate::governor::{Admission, Denial, DenyReason, Governor, Grant, Ms, PoolId, RenewError, WaiterKey};
+use crate::governor::{Admission, Denial, DenyReason, Governor, Grant, PoolId, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
 use crate::http::response::{json_u64, push_u64, Status, Writer};
 use crate::report::{self, check_object, is_blank};
+use crate::time::{EpochMs, Now};
 use auth::PoolKeys;
+pub use door::{Answer, ConnId, Event, Wake};
 pub use error::ApiError;
 use route::Route;
 pub use settings::pool_settings;
@@ -35,10 +40,9 @@ pub const MAX_WAIT_MS: u64 = 86_400_000;
 /// What the reactor knows about the request being handled.
 #[derive(Clone, Copy)]
 pub struct Ctx {
-    pub now: Ms,
-    /// Unix epoch milliseconds at monotonic 0, to turn deadlines into wall time.
-    pub epoch_base_ms: u64,
-    pub owner: u64,
+    pub now: Now,
+    /// The connection the request came on: a queued acquire's answer goes to it.
+    pub conn: ConnId,
     pub peer: IpAddr,
     /// The answer must close the connection (HTTP/1.0, `Connection: close`).
     pub close: bool,
@@ -81,7 +85,7 @@ struct Credentials {
 }
 
 pub struct App {
-    pub gov: Governor,
+    gov: Governor<door::Timer>,
     /// Indexed by `PoolId`, like the governor's pools.
     creds: Vec<Credentials>,
     public_host: Option<Box<[u8]>>,
@@ -94,8 +98,10 @@ pub struct App {
     pub history: Vec<(History, Attempts)>,
     /// The second the histories were last sampled in.
     history_second: Option<u64>,
-    /// The current reactor turn's time: monotonic and Unix epoch ms.
-    turn: (Ms, u64),
+    /// The current reactor turn's time.
+    turn: Now,
+    /// The access log's flush is on the wheel.
+    log_timer_armed: bool,
     /// `adminToken`: every admin route but `/healthz` asks for it.
     pub admin_token: Option<Box<str>>,
     /// The public listener's bound address, for the dashboard's Examples.
@@ -171,13 +177,14 @@ impl App {
             rejections: Rejections::default(),
             history: Vec::new(),
             history_second: None,
-            turn: (0, 0),
+            turn: Now::default(),
+            log_timer_armed: false,
             admin_token: None,
             listen_addr: None,
             proxy_hosts: Default::default(),
             scratch: Vec::with_capacity(512),
         };
-        app.reconfigure(config, 0, 0)?;
+        app.reconfigure(config, Now::default())?;
         Ok(app)
     }
 
@@ -185,12 +192,12 @@ impl App {
     /// error (an access log or JWKS file that cannot be opened) nothing
     /// changes. The access log is always reopened, so SIGHUP after a log
     /// rotation writes to the new file.
-    pub fn reconfigure(&mut self, config: &Config, now: Ms, now_epoch_ms: u64) -> Result<(), String> {
+    pub fn reconfigure(&mut self, config: &Config, now: Now) -> Result<(), String> {
         // Everything that can fail comes first, so a failure leaves all as it was.
         let log = AccessLog::open(config.access_log.as_deref())?;
         let mut fresh =
             credentials(config, |name| self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access))?;
-        self.gov.reconfigure(&pool_settings(config), now);
+        self.gov.reconfigure(&pool_settings(config), now.ms);
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
         self.max_body = config.max_body_bytes;
         self.log.flush();
@@ -204,7 +211,7 @@ impl App {
             let previous = old.next();
             let creds = match (fresh.remove(&*pool.name), previous) {
                 (Some(mut new), Some(mut previous)) => {
-                    new.access.carry_state_from(&mut previous.access, now_epoch_ms);
+                    new.access.carry_state_from(&mut previous.access, now.wall());
                     new
                 }
                 (Some(new), None) => new,
@@ -217,23 +224,14 @@ impl App {
         Ok(())
     }
 
-    /// Samples every pool's counters for the dashboard once per second of
-    /// `now`; called once per reactor turn, a comparison when the second is
-    /// not over.
-    pub fn sample_history(&mut self, now: Ms, epoch_base_ms: u64) {
-        self.turn = (now, epoch_base_ms + now);
-        if self.history_second == Some(now / 1000) {
-            return;
-        }
-        self.history_second = Some(now / 1000);
-        for ((_, pool), (h, _)) in self.gov.pools().zip(&mut self.history) {
-            h.sample(pool, now);
-        }
+    /// The current turn's time.
+    pub fn turn(&self) -> Now {
+        self.turn
     }
 
-    /// The current turn's time, monotonic and Unix epoch ms.
-    pub fn turn(&self) -> (Ms, u64) {
-        self.turn
+    /// The governor, to read (metrics, the dashboard).
+    pub fn governor(&self) -> &Governor<door::Timer> {
+        &self.gov
     }
 
     /// `publicHost`, when configured.
@@ -258,7 +256,7 @@ impl App {
         creds.keys.check(head)?;
         if !creds.access.is_open() {
             let client = creds.access.client_addr(ctx.peer, head);
-            creds.access.check_head(head, client, ctx.epoch_base_ms + ctx.now)?;
+            creds.access.check_head(head, client, ctx.now.wall())?;
         }
         Ok(())
     }
@@ -309,7 +307,7 @@ impl App {
             if let Some(pid) = pid {
                 self.latency[pid.0 as usize].observe(server_us);
                 self.history[pid.0 as usize].1.push(history::Attempt {
-                    epoch_ms: ctx.epoch_base_ms + ctx.now,
+                    epoch_ms: ctx.now.wall().0,
                     status: error.status().code(),
                     error: Some(error.code()),
                     server_us,
@@ -317,7 +315,7 @@ impl App {
                 });
             }
             self.log.record(&Record {
-                epoch_ms: ctx.epoch_base_ms + ctx.now,
+                epoch_ms: ctx.now.wall().0,
                 pool,
                 client,
                 status: error.status().code(),
@@ -336,7 +334,7 @@ impl App {
         self.authorize(ctx, route, pid, head)?;
         let access = &mut self.creds[pid.0 as usize].access;
         if access.needs_body() {
-            access.check_signed(head, body, ctx.epoch_base_ms + ctx.now)?;
+            access.check_signed(head, body, ctx.now.wall())?;
         }
         match route {
             Route::Acquire { .. } => {
@@ -346,24 +344,23 @@ impl App {
                     wait_ms: wait_budget(head, body)?,
                     started: ctx.started,
                 };
-                let epoch_now = ctx.epoch_base_ms + ctx.now;
-                match self.gov.acquire(pid, attempt.wait_ms, ctx.owner, ctx.now) {
+                match self.gov.acquire(pid, attempt.wait_ms, ctx.conn.owner(), ctx.now.ms) {
                     Admission::Granted(grant) => {
-                        self.answer_grant(out, &grant, &attempt, ctx.epoch_base_ms, epoch_now, ctx.close);
+                        self.answer_grant(out, &grant, &attempt, ctx.now, ctx.close);
                         Ok(Handled::Granted(grant.slot))
                     }
                     Admission::Denied(denial) => {
-                        self.answer_denial(out, &denial, Status::TooManyRequests, &attempt, epoch_now, ctx.close);
+                        self.answer_denial(out, &denial, Status::TooManyRequests, &attempt, ctx.now, ctx.close);
                         Ok(Handled::Done)
                     }
                     Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt })),
                 }
             }
-            Route::Renew { slot, .. } => match self.gov.renew(pid, slot.as_bytes(), ctx.now) {
+            Route::Renew { slot, .. } => match self.gov.renew(pid, slot.as_bytes(), ctx.now.ms) {
                 Ok(deadline) => {
                     self.scratch.clear();
                     self.scratch.push(b'{');
-                    json_u64(&mut self.scratch, b"leaseDeadline", ctx.epoch_base_ms + deadline);
+                    json_u64(&mut self.scratch, b"leaseDeadline", ctx.now.wall_at(deadline).0);
                     self.scratch.push(b'}');
                     Writer::start(out, Status::Ok).finish_json(&self.scratch, ctx.close);
                     Ok(Handled::Done)
@@ -372,8 +369,8 @@ impl App {
                 Err(RenewError::Capped) => Err(ApiError::Capped),
             },
             Route::Release { slot, .. } => {
-                let outcome = report::parse_release(body, ctx.epoch_base_ms + ctx.now).map_err(ApiError::BadRequest)?;
-                let released = self.gov.release(pid, slot.as_bytes(), outcome.as_ref(), ctx.now);
+                let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
+                let released = self.gov.release(pid, slot.as_bytes(), outcome.as_ref(), ctx.now.ms);
                 let text: &[u8] = if released { b"{\"released\":true}" } else { b"{\"released\":false}" };
                 Writer::start(out, Status::Ok).finish_json(text, ctx.close);
                 Ok(Handled::Done)
@@ -385,7 +382,7 @@ impl App {
     pub(crate) fn note_acquire(
         &mut self,
         attempt: &Attempt,
-        epoch_now: u64,
+        epoch_now: EpochMs,
         status: Status,
         reason: Option<DenyReason>,
         queued_ms: u64,
@@ -404,7 +401,7 @@ impl App {
     fn log_acquire(
         &mut self,
         attempt: &Attempt,
-        epoch_now: u64,
+        epoch_now: EpochMs,
         status: Status,
         code: Option<&'static str>,
         reason: Option<DenyReason>,
@@ -414,7 +411,7 @@ impl App {
         let server_us = attempt.started.elapsed().as_micros() as u64;
         self.latency[attempt.pool.0 as usize].observe(server_us);
         self.history[attempt.pool.0 as usize].1.push(history::Attempt {
-            epoch_ms: epoch_now,
+            epoch_ms: epoch_now.0,
             status: status.code(),
             error: code,
             reason,
@@ -425,7 +422,7 @@ impl App {
         });
         if self.log.is_on() {
             self.log.record(&Record {
-                epoch_ms: epoch_now,
+                epoch_ms: epoch_now.0,
                 pool: &self.gov.pool(attempt.pool).name,
                 client: attempt.client,
                 status: status.code(),
@@ -440,43 +437,36 @@ impl App {
     }
 
     /// The `200` of an acquire, immediate or after queueing, logged.
-    pub fn answer_grant(
-        &mut self,
-        out: &mut Vec<u8>,
-        grant: &Grant,
-        attempt: &Attempt,
-        epoch_base_ms: u64,
-        epoch_now: u64,
-        close: bool,
-    ) {
-        self.note_acquire(attempt, epoch_now, Status::Ok, None, grant.queued_ms, Some(grant.slot.log_ref()));
-        self.write_grant(out, grant, epoch_base_ms, close);
+    pub fn answer_grant(&mut self, out: &mut Vec<u8>, grant: &Grant, attempt: &Attempt, now: Now, close: bool) {
+        self.note_acquire(attempt, now.wall(), Status::Ok, None, grant.queued_ms, Some(grant.slot.log_ref()));
+        self.write_grant(out, grant, now, close);
     }
 
     /// A queued acquire cut short by shutdown: `503` with `Retry-After`,
     /// logged with the time it waited; `close` when nothing was pipelined behind it.
-    pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, attempt: &Attempt, epoch_now: u64, close: bool) {
+    pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) {
+        self.gov.cancel_waiter(queued.key, conn.owner());
         let error = ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
         self.rejections.count(error.status());
-        self.log_queued_end(attempt, epoch_now, error.status().code(), error.code());
+        self.log_queued_end(&queued.attempt, now.wall(), error.status().code(), error.code());
         error.write(out, &mut self.scratch, close);
     }
 
     /// A queued acquire whose connection ended before it was answered: it
     /// leaves the queue, and its log line says `client_gone` with status 499
     /// (no answer was sent) and the time it waited.
-    pub fn waiter_gone(&mut self, queued: &Queued, owner: u64, epoch_now: u64) {
-        self.gov.cancel_waiter(queued.key, owner);
-        self.log_queued_end(&queued.attempt, epoch_now, CLIENT_GONE_STATUS, "client_gone");
+    pub fn waiter_gone(&mut self, queued: &Queued, conn: ConnId, now: Now) {
+        self.gov.cancel_waiter(queued.key, conn.owner());
+        self.log_queued_end(&queued.attempt, now.wall(), CLIENT_GONE_STATUS, "client_gone");
     }
 
     /// The log line of a queued acquire that ends without a governor answer.
-    fn log_queued_end(&mut self, attempt: &Attempt, epoch_now: u64, status: u16, code: &'static str) {
+    fn log_queued_end(&mut self, attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'static str) {
         // The attempt started in the turn its request arrived, so this is
         // the time spent queued (to the turn's precision).
         let waited = attempt.started.elapsed();
         self.history[attempt.pool.0 as usize].1.push(history::Attempt {
-            epoch_ms: epoch_now,
+            epoch_ms: epoch_now.0,
             status,
             error: Some(code),
             reason: None,
@@ -486,7 +476,7 @@ impl App {
             slot_ref: None,
         });
         self.log.record(&Record {
-            epoch_ms: epoch_now,
+            epoch_ms: epoch_now.0,
             pool: &self.gov.pool(attempt.pool).name,
             client: attempt.client,
             status,
@@ -507,7 +497,7 @@ impl App {
         input: &[u8],
         peer: IpAddr,
         started: Instant,
-        epoch_now: u64,
+        now: Now,
         error: ApiError,
         out: &mut Vec<u8>,
     ) {
@@ -516,7 +506,7 @@ impl App {
             return;
         };
         self.log.record(&Record {
-            epoch_ms: epoch_now,
+            epoch_ms: now.wall().0,
             pool,
             client: peer,
             status: error.status().code(),
@@ -536,33 +526,33 @@ impl App {
         denial: &Denial,
         status: Status,
         attempt: &Attempt,
-        epoch_now: u64,
+        now: Now,
         close: bool,
     ) {
         self.rejections.count(status);
-        self.note_acquire(attempt, epoch_now, status, Some(denial.reason), denial.queued_ms, None);
+        self.note_acquire(attempt, now.wall(), status, Some(denial.reason), denial.queued_ms, None);
         self.write_denial(out, denial, status, close);
     }
 
     /// The `504` of a queued acquire whose client half-closed: its wait ends
     /// now, so what it pipelined behind can be answered in order. Logged.
-    pub fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, epoch_now: u64) {
+    fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, now: Now) {
         let status = Status::GatewayTimeout;
         self.rejections.count(status);
-        self.log_acquire(attempt, epoch_now, status, Some("client_gone"), Some(denial.reason), denial.queued_ms, None);
+        self.log_acquire(attempt, now.wall(), status, Some("client_gone"), Some(denial.reason), denial.queued_ms, None);
         let message = "The client half-closed its connection, so its wait ended without a slot.";
         self.write_denial_as(out, denial, status, "queue_timeout", message, false);
     }
 
-    fn write_grant(&mut self, out: &mut Vec<u8>, grant: &Grant, epoch_base_ms: u64, close: bool) {
+    fn write_grant(&mut self, out: &mut Vec<u8>, grant: &Grant, now: Now, close: bool) {
         let b = &mut self.scratch;
         b.clear();
         b.extend_from_slice(b"{\"slotId\":\"");
         b.extend_from_slice(&grant.slot.encode());
         b.extend_from_slice(b"\",\"leaseDeadline\":");
-        push_u64(b, epoch_base_ms + grant.lease_deadline);
+        push_u64(b, now.wall_at(grant.lease_deadline).0);
         b.extend_from_slice(b",\"requestDeadline\":");
-        push_u64(b, epoch_base_ms + grant.request_deadline);
+        push_u64(b, now.wall_at(grant.request_deadline).0);
         b.extend_from_slice(b",\"termMs\":");
         push_u64(b, grant.term_ms);
         b.extend_from_slice(b",\"renewIntervalMs\":");

@@ -9,6 +9,7 @@ use crate::governor::lease::SlotId;
 use crate::governor::{Admission, Grant, Ms, Outcome, PoolId};
 use crate::http::request::{BodyFraming, Head};
 use crate::http::response::Status;
+use crate::time::Now;
 
 /// Request fields that carry a pool credential, removed before forwarding.
 #[derive(Debug, Clone, Copy, Default)]
@@ -85,7 +86,7 @@ impl App {
         creds.keys.check_proxied(head)?;
         let client = creds.access.client_addr(ctx.peer, head);
         if !creds.access.is_open() {
-            creds.access.check_head(head, client, ctx.epoch_base_ms + ctx.now)?;
+            creds.access.check_head(head, client, ctx.now.wall())?;
         }
         if head.header("upgrade").is_some() {
             return Err(ApiError::NotImplemented("Protocol upgrades are not relayed by the proxy."));
@@ -99,10 +100,9 @@ impl App {
             Some(_) => wait_budget(head, &[])?,
         };
         let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
-        let admission = self.gov.acquire(pid, wait_ms, ctx.owner, ctx.now);
+        let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
         if let Admission::Denied(denial) = &admission {
-            let epoch_now = ctx.epoch_base_ms + ctx.now;
-            self.answer_denial(out, denial, Status::TooManyRequests, &attempt, epoch_now, ctx.close);
+            self.answer_denial(out, denial, Status::TooManyRequests, &attempt, ctx.now, ctx.close);
         }
         Ok(Admitted { attempt, admission })
     }
@@ -110,9 +110,9 @@ impl App {
     /// A proxied request got its slot: the server holds it for the whole
     /// exchange (no renewals), to its request deadline at most. Logged like
     /// a granted acquire.
-    pub fn hold_proxied(&mut self, grant: &Grant, attempt: &Attempt, epoch_now: u64) {
+    pub fn hold_proxied(&mut self, grant: &Grant, attempt: &Attempt, now: Now) {
         self.gov.hold_to_request_deadline(&grant.slot);
-        self.note_acquire(attempt, epoch_now, Status::Ok, None, grant.queued_ms, Some(grant.slot.log_ref()));
+        self.note_acquire(attempt, now.wall(), Status::Ok, None, grant.queued_ms, Some(grant.slot.log_ref()));
     }
 
     /// The exchange is over: the slot goes back with what the upstream said.

@@ -78,7 +78,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         return true;
     }
     if let Some(name) = pool_name(path, "/pools/") {
-        if app.gov.pool_id(name).is_none() {
+        if app.governor().pool_id(name).is_none() {
             error(out, Status::NotFound, "not_found", "No such pool.", close);
         } else {
             asset(out, b"text/html; charset=utf-8", INDEX_HTML);
@@ -97,7 +97,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
     }
     let body = match path {
         "/api/pools" => pools_json(app),
-        _ => match pool_name(path, "/api/pools/").map(|name| app.gov.pool_id(name)) {
+        _ => match pool_name(path, "/api/pools/").map(|name| app.governor().pool_id(name)) {
             Some(Some(pid)) => pool_json(app, pid),
             Some(None) => {
                 error(out, Status::NotFound, "not_found", "No such pool.", close);
@@ -133,7 +133,7 @@ fn cooldown_left(pool: &Pool, now: u64) -> u64 {
 }
 
 fn summary(app: &App, pool: &Pool) -> Value {
-    let now = app.turn().0;
+    let now = app.turn().ms;
     json!({
         "name": &*pool.name,
         "status": status(pool, now),
@@ -148,8 +148,8 @@ fn summary(app: &App, pool: &Pool) -> Value {
 }
 
 fn pools_json(app: &App) -> Value {
-    let (_, epoch_now) = app.turn();
-    let pools: Vec<Value> = app.gov.pools().map(|(_, p)| summary(app, p)).collect();
+    let epoch_now = app.turn().wall().0;
+    let pools: Vec<Value> = app.governor().pools().map(|(_, p)| summary(app, p)).collect();
     json!({ "serverTime": epoch_now, "pools": pools })
 }
 
@@ -163,8 +163,8 @@ fn public_url(app: &App) -> String {
 }
 
 fn pool_json(app: &App, pid: PoolId) -> Value {
-    let pool = app.gov.pool(pid);
-    let (now, epoch_now) = app.turn();
+    let pool = app.governor().pool(pid);
+    let (now, epoch_now) = (app.turn().ms, app.turn().wall().0);
     let (history, attempts) = &app.history[pid.0 as usize];
     let s = &pool.settings;
     let budget = pool

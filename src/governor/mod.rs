@@ -33,10 +33,11 @@ pub use queue::WaiterKey;
 use queue::Waiters;
 
 pub use crate::time::Ms;
+use crate::time::{Epoch, EpochMs};
 
 /// What a wheel entry stands for.
 #[derive(Clone, Copy, Debug)]
-enum Timer {
+enum Timer<T> {
     /// A lease may have reached its deadline (renewals move the deadline, not the entry).
     Lease(u32),
     /// A waiter's queue deadline.
@@ -44,7 +45,7 @@ enum Timer {
     /// A pool's pause or rate wait may have ended: try its queue again.
     Wake(PoolId),
     /// A deadline of the caller's (connection timeouts), handed back as a notice.
-    External(u64),
+    External(T),
 }
 
 /// The governor headers of SPEC §5, as numbers.
@@ -91,13 +92,13 @@ pub enum RenewError {
 
 /// Something that happened inside the governor that a caller must hear about.
 #[derive(Debug)]
-pub enum Notice {
+pub enum Notice<T = u64> {
     /// A queued acquire got its slot. If its owner is gone, release it.
     Granted { owner: u64, grant: Grant },
     /// A queued acquire reached its deadline (or its pool was removed).
     TimedOut { owner: u64, denial: Denial },
-    /// An external timer fired.
-    Timer(u64),
+    /// A timer of the caller's fired, with what it was scheduled with.
+    Timer(T),
 }
 
 /// FNV-1a: pool names are short and the map only ever holds configured
@@ -120,13 +121,15 @@ impl Hasher for Fnv {
     }
 }
 
-pub struct Governor {
+/// The governor, with `T` the payload of the caller's own timers (what the
+/// reactor schedules on the one wheel and gets back as `Notice::Timer`).
+pub struct Governor<T = u64> {
     pools: Vec<Pool>,
     names: HashMap<Box<str>, PoolId, BuildHasherDefault<Fnv>>,
     leases: Slab<Lease>,
     waiters: Waiters,
-    wheel: Wheel<Timer>,
-    notices: VecDeque<Notice>,
+    wheel: Wheel<Timer<T>>,
+    notices: VecDeque<Notice<T>>,
     entropy: Entropy,
     next_generation: u32,
     /// The `now` of the last `advance`: what the metrics read the learned
@@ -134,9 +137,9 @@ pub struct Governor {
     advanced_to: Ms,
     /// Signs slot ids and checks the ids of slots this process never granted.
     key: SlotKey,
-    /// Unix milliseconds at monotonic 0: slot ids carry Unix deadlines so
-    /// another process can read them.
-    epoch_base_ms: u64,
+    /// Unix time at monotonic 0: slot ids carry Unix deadlines so another
+    /// process can read them.
+    epoch: Epoch,
     /// Every id re-adopted by this process: its slab index while held, `None`
     /// once released or reclaimed, so a dead id is never adopted twice. Empty
     /// unless a re-adoption window ran; it holds at most one entry per slot
@@ -144,8 +147,8 @@ pub struct Governor {
     adopted: HashMap<SlotId, Option<usize>>,
 }
 
-impl Governor {
-    pub fn new(pools: &BTreeMap<String, PoolSettings>) -> Governor {
+impl<T: Copy> Governor<T> {
+    pub fn new(pools: &BTreeMap<String, PoolSettings>) -> Governor<T> {
         let mut g = Governor {
             pools: Vec::new(),
             names: HashMap::default(),
@@ -157,7 +160,7 @@ impl Governor {
             next_generation: 0,
             advanced_to: 0,
             key: SlotKey::new(&[0; 32]),
-            epoch_base_ms: 0,
+            epoch: Epoch::default(),
             adopted: HashMap::new(),
         };
         // Until the server hands over its slot secret, ids are signed under a
@@ -199,9 +202,9 @@ impl Governor {
     /// Sets the slot secret and the Unix time of monotonic 0. Call before the
     /// first grant: ids granted earlier stay valid here but no other process
     /// could re-adopt them.
-    pub fn set_identity(&mut self, secret: &[u8; 32], epoch_base_ms: u64) {
+    pub fn set_identity(&mut self, secret: &[u8; 32], epoch: Epoch) {
         self.key = SlotKey::new(secret);
-        self.epoch_base_ms = epoch_base_ms;
+        self.epoch = epoch;
         // A fresh process must not repeat the previous one's (index, generation) pairs.
         self.next_generation = u32::from_le_bytes(self.entropy.take::<4>());
     }
@@ -385,9 +388,9 @@ impl Governor {
         Some(Denial { reason, retry_after_ms: wait, queued_ms: now - enqueued_at, signals: self.signals(pid) })
     }
 
-    /// Schedules an external timer; it comes back as `Notice::Timer(tag)`.
-    pub fn schedule(&mut self, at: Ms, tag: u64) -> TimerKey {
-        self.wheel.insert(at, Timer::External(tag))
+    /// Schedules a timer of the caller's; it comes back as `Notice::Timer(payload)`.
+    pub fn schedule(&mut self, at: Ms, payload: T) -> TimerKey {
+        self.wheel.insert(at, Timer::External(payload))
     }
 
     pub fn cancel_timer(&mut self, key: TimerKey) {
@@ -426,12 +429,12 @@ impl Governor {
                     self.pools[pid.0 as usize].wake = None;
                     self.pump(pid, now);
                 }
-                Timer::External(tag) => self.notices.push_back(Notice::Timer(tag)),
+                Timer::External(payload) => self.notices.push_back(Notice::Timer(payload)),
             }
         }
     }
 
-    pub fn pop_notice(&mut self) -> Option<Notice> {
+    pub fn pop_notice(&mut self) -> Option<Notice<T>> {
         self.notices.pop_front()
     }
 
@@ -454,8 +457,8 @@ impl Governor {
             index: idx as u32,
             generation,
             pool_tag: pool.tag,
-            lease_deadline_unix: self.epoch_base_ms + lease_deadline,
-            request_deadline_unix: self.epoch_base_ms + request_deadline,
+            lease_deadline_unix: self.epoch.wall(lease_deadline).0,
+            request_deadline_unix: self.epoch.wall(request_deadline).0,
             random: self.entropy.take::<8>(),
         });
         let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
@@ -529,7 +532,7 @@ impl Governor {
         if fields.pool_tag != pool.tag {
             return None;
         }
-        let request_deadline = fields.request_deadline_unix.checked_sub(self.epoch_base_ms)?;
+        let request_deadline = self.epoch.monotonic(EpochMs(fields.request_deadline_unix))?;
         if request_deadline <= now {
             return None;
         }

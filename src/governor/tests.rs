@@ -3,6 +3,7 @@
 use super::*;
 use crate::api::pool_settings;
 use crate::config::Config;
+use crate::time::{Epoch, EpochMs};
 
 fn governor(pool_json: &str) -> (Governor, PoolId) {
     let text = format!(r#"{{"pools":{{"p":{{"keys":["k"]{pool_json}}},"other":{{"keys":["k2"]}}}}}}"#);
@@ -397,9 +398,9 @@ fn external_timers_come_back_as_notices() {
 /// after it with nothing known, as after a crash or on a standby.
 fn crashed_pair(pool_json: &str, crash_at_unix: u64) -> (Governor, Governor, PoolId) {
     let (mut old, pid) = governor(pool_json);
-    old.set_identity(&[7; 32], 1_000_000);
+    old.set_identity(&[7; 32], Epoch::at(EpochMs(1_000_000)));
     let (mut new, _) = governor(pool_json);
-    new.set_identity(&[7; 32], crash_at_unix);
+    new.set_identity(&[7; 32], Epoch::at(EpochMs(crash_at_unix)));
     (old, new, pid)
 }
 
@@ -450,7 +451,7 @@ fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
     tampered.0[14] ^= 0x40; // a later lease deadline
     assert_eq!(new.renew(p, &tampered.encode(), 10), Err(RenewError::NotFound));
     let (mut stranger, _) = governor(json);
-    stranger.set_identity(&[8; 32], 1_000_000);
+    stranger.set_identity(&[8; 32], Epoch::at(EpochMs(1_000_000)));
     let forged = granted(stranger.acquire(p, 0, 1, 0));
     assert_eq!(new.renew(p, &id(&forged), 10), Err(RenewError::NotFound));
     assert_eq!(new.renew(other, &id(&a), 10), Err(RenewError::NotFound));

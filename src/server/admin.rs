@@ -43,7 +43,7 @@ pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, cl
         // instance (a health check that took it out of rotation would turn
         // the window into lost slots); the body tells an operator why
         // acquires are refused.
-        "/healthz" if app.gov.recovering(now) => {
+        "/healthz" if app.governor().recovering(now) => {
             dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"recovering\"}", close)
         }
         "/healthz" => dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
@@ -69,7 +69,7 @@ fn family(t: &mut String, name: &str, kind: &str, help: &str) {
 /// The Prometheus text exposition of everything the server counts.
 pub fn render(app: &App, stats: &ServerStats, now: Ms) -> String {
     let mut t = String::with_capacity(8192);
-    let pools: Vec<_> = app.gov.pools().collect();
+    let pools: Vec<_> = app.governor().pools().collect();
     type PoolValue = fn(&crate::governor::Pool) -> u64;
     let per_pool: [(&str, &str, &str, PoolValue); 10] = [
         ("nthpool_slots_held", "gauge", "Slots currently held.", |p| p.held as u64),
@@ -100,7 +100,7 @@ pub fn render(app: &App, stats: &ServerStats, now: Ms) -> String {
         let v = p.learning.budget().map_or(-1, |b| b.remaining as i64);
         let _ = writeln!(t, "nthpool_budget_remaining{{pool=\"{}\"}} {v}", p.name);
     }
-    render_learning(&mut t, &app.gov);
+    render_learning(&mut t, app.governor());
     family(&mut t, "nthpool_rpm_tokens", "gauge", "Tokens in the requests-per-minute bucket.");
     for (_, p) in &pools {
         if let Some(tokens) = p.rpm_remaining() {
@@ -198,7 +198,7 @@ pub fn render(app: &App, stats: &ServerStats, now: Ms) -> String {
 }
 
 /// What limits each pool now, and what it learned of the upstream's limits.
-fn render_learning(t: &mut String, gov: &crate::governor::Governor) {
+fn render_learning<T: Copy>(t: &mut String, gov: &crate::governor::Governor<T>) {
     let now = gov.advanced_to();
     let reasons = [DenyReason::Concurrency, DenyReason::Rate, DenyReason::Cooldown];
     family(t, "nthpool_limited_by", "gauge", "1 for the reason a pool cannot grant now (concurrency, rate, cooldown).");

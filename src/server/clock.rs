@@ -4,18 +4,18 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::governor::Ms;
+use crate::time::{Epoch, EpochMs, Ms, Now};
 
 pub struct Clock {
     start: Instant,
-    epoch_base_ms: u64,
+    epoch: Epoch,
 }
 
 impl Clock {
     pub fn start() -> Clock {
         let start = Instant::now();
-        let epoch_base_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-        Clock { start, epoch_base_ms }
+        let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        Clock { start, epoch: Epoch::at(EpochMs(unix_ms)) }
     }
 
     pub fn now_ms(&self) -> Ms {
@@ -27,8 +27,13 @@ impl Clock {
         at.saturating_duration_since(self.start).as_millis() as u64
     }
 
-    /// Unix epoch milliseconds at monotonic 0.
-    pub fn epoch_base_ms(&self) -> u64 {
-        self.epoch_base_ms
+    /// The reading of an instant already read, with the wall time it maps to.
+    pub fn at(&self, at: Instant) -> Now {
+        Now { ms: self.ms_at(at), epoch: self.epoch }
+    }
+
+    /// The Unix time of monotonic 0.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
     }
 }

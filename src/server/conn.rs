@@ -1,7 +1,20 @@
-//! One client connection: its buffers, its request in progress, its deadline.
+//! One client connection: its buffers, its request in progress, its phase,
+//! its per-turn budget and its deadline.
 //!
 //! Only byte-level state lives here; what a request means is `api`'s
-//! business, and the loop that moves bytes is in `server/mod.rs`.
+//! business, the loop that moves bytes is in `server/mod.rs`, and the
+//! requests are answered in `server/pipeline.rs`.
+//!
+//! A connection is in one [`Phase`] at a time:
+//!
+//! ```text
+//!   Open ──acquire queued──▶ Waiting ──answered──▶ Open
+//!    │                          │ (Connection: close, or the client went away)
+//!    └──last answer written─────┴──────────────▶ Closing ──flushed──▶ Lingering ──EOF or deadline──▶ closed
+//! ```
+//!
+//! Orthogonal to the phase are the socket's readiness facts (`readable`,
+//! `hangup`, `read_closed`), each a bool the reactor keeps.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -10,8 +23,9 @@ use mio::net::TcpStream;
 
 use crate::api::Queued;
 use crate::governor::lease::SlotId;
-use crate::governor::{Ms, PoolId};
+use crate::governor::PoolId;
 use crate::http::chunked::ChunkedDecoder;
+use crate::time::Ms;
 use crate::wheel::TimerKey;
 
 pub const NEVER: Ms = u64::MAX;
@@ -103,6 +117,51 @@ impl Input {
     }
 }
 
+/// Reads per connection per turn before the others get their go.
+pub const READ_BUDGET: u32 = 8;
+/// Requests answered per connection per turn before the others get their
+/// go: a client pipelining thousands of requests is served this many, then
+/// waits for the next turn like everyone else.
+pub const REQUEST_BUDGET: u32 = 16;
+
+/// What a connection may still do in the current reactor turn. However
+/// often a turn comes back to a connection (a read, a flush that made room,
+/// a queued answer), it draws on the same budget.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    turn: u64,
+    pub reads: u32,
+    pub requests: u32,
+}
+
+impl Budget {
+    fn new(turn: u64) -> Budget {
+        Budget { turn, reads: READ_BUDGET, requests: REQUEST_BUDGET }
+    }
+
+    /// Whether this turn's requests are spent.
+    pub fn spent(&self) -> bool {
+        self.requests == 0
+    }
+}
+
+/// Where a connection is in its life (see the module doc).
+#[derive(Debug)]
+pub enum Phase {
+    /// Requests are read and answered in order.
+    Open,
+    /// An acquire waits in its pool's queue; what was pipelined behind it
+    /// waits too. `close`: its answer ends the connection.
+    Waiting { queued: Queued, close: bool },
+    /// The last answer is written (or being written); nothing more is
+    /// answered, and the connection closes once the output is out.
+    Closing,
+    /// Answered and half-closed by us: unread input is drained and dropped
+    /// until the peer closes or `until`, so the kernel does not answer that
+    /// input with a reset that could destroy the answer in flight.
+    Lingering { until: Ms },
+}
+
 /// A request whose head is complete but whose body is still arriving.
 pub struct PendingBody {
     /// For chunked bodies: the decoder, the raw bytes it has eaten, the body so far.
@@ -127,20 +186,17 @@ pub struct Conn {
     pub pending: Option<PendingBody>,
     /// Decoded chunked body (reused between requests).
     pub body: Vec<u8>,
-    pub waiting: Option<Queued>,
+    phase: Phase,
+    budget: Budget,
     /// Grants written to `output` but not yet sent: released if the connection dies first.
     pub undelivered: Vec<(SlotId, usize)>,
+    /// The peer sent its FIN (or reset): nothing more will arrive.
     pub read_closed: bool,
-    pub close_after_flush: bool,
     /// The socket may hold unread input (edge-triggered readiness, remembered
     /// until a read finds it empty).
     pub readable: bool,
     /// Listed in the server's flush list for this turn.
     pub dirty: bool,
-    /// Answered and half-closed by us: unread input is drained and dropped
-    /// until the peer closes or this time, so the kernel does not answer
-    /// that input with a reset that could destroy the answer in flight.
-    pub lingering_until: Option<Ms>,
     /// The peer's FIN was reported: read to EOF even after a short read.
     pub hangup: bool,
     pub request_started: Option<Ms>,
@@ -170,13 +226,12 @@ impl Conn {
             head_scanned: 0,
             pending: None,
             body: Vec::new(),
-            waiting: None,
+            phase: Phase::Open,
+            budget: Budget::new(0),
             undelivered: Vec::new(),
             read_closed: false,
-            close_after_flush: false,
             readable: false,
             dirty: false,
-            lingering_until: None,
             hangup: false,
             request_started: None,
             last_active: now,
@@ -192,14 +247,86 @@ impl Conn {
         self.output.len() - self.out_pos
     }
 
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// Whether requests may be answered now (not waiting, not closing).
+    pub fn is_open(&self) -> bool {
+        matches!(self.phase, Phase::Open)
+    }
+
+    pub fn is_waiting(&self) -> bool {
+        matches!(self.phase, Phase::Waiting { .. })
+    }
+
+    /// Closing or lingering: no more answers.
+    pub fn is_closing(&self) -> bool {
+        matches!(self.phase, Phase::Closing | Phase::Lingering { .. })
+    }
+
+    /// Whether the connection ends once its output is written (or, waiting,
+    /// once its queued answer is).
+    pub fn closes_after_flush(&self) -> bool {
+        self.is_closing() || matches!(self.phase, Phase::Waiting { close: true, .. })
+    }
+
+    pub fn is_lingering(&self) -> bool {
+        matches!(self.phase, Phase::Lingering { .. })
+    }
+
+    /// Open → Waiting: an acquire was queued.
+    pub fn wait(&mut self, queued: Queued, close: bool) {
+        debug_assert!(self.is_open(), "only an open connection queues an acquire: {:?}", self.phase);
+        self.phase = Phase::Waiting { queued, close };
+    }
+
+    /// Waiting → Open (or Closing when its answer ends the connection): the
+    /// queued acquire is answered or withdrawn. Returns it and whether the
+    /// answer must close; `None` when nothing waits.
+    pub fn stop_waiting(&mut self) -> Option<(Queued, bool)> {
+        let Phase::Waiting { queued, close } = self.phase else {
+            return None;
+        };
+        self.phase = if close { Phase::Closing } else { Phase::Open };
+        Some((queued, close))
+    }
+
+    /// Open or Waiting → Closing: the answer just written is the last.
+    /// Closing again is harmless; a waiting acquire must be taken first.
+    pub fn close_after_flush(&mut self) {
+        debug_assert!(!self.is_waiting(), "a waiting acquire is answered before closing: {:?}", self.phase);
+        if !self.is_closing() {
+            self.phase = Phase::Closing;
+        }
+    }
+
+    /// Closing → Lingering until `until`.
+    pub fn linger(&mut self, until: Ms) {
+        debug_assert!(matches!(self.phase, Phase::Closing), "only a closing connection lingers: {:?}", self.phase);
+        self.phase = Phase::Lingering { until };
+    }
+
+    /// This turn's budget: fresh on the connection's first visit of `turn`.
+    pub fn budget(&mut self, turn: u64) -> &mut Budget {
+        if self.budget.turn != turn {
+            self.budget = Budget::new(turn);
+        }
+        &mut self.budget
+    }
+
+    /// No request limit for the rest of this turn (shutdown answers all that was read).
+    pub fn lift_budget(&mut self, turn: u64) {
+        self.budget(turn).requests = u32::MAX;
+    }
+
     /// When this connection must be closed if nothing changes.
     pub fn deadline(&self, t: &Timeouts) -> Ms {
-        if let Some(until) = self.lingering_until {
-            return until;
-        }
-        if self.waiting.is_some() {
+        match self.phase {
+            Phase::Lingering { until } => return until,
             // The queue deadline answers it; the wheel holds that one.
-            return NEVER;
+            Phase::Waiting { .. } => return NEVER,
+            Phase::Open | Phase::Closing => {}
         }
         // A proxied exchange has its own deadlines (upstream timeout, request cap).
         let mut at = match self.request_started {

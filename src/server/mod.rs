@@ -6,8 +6,35 @@
 //! to pipelined requests go out in one write (Redis's `beforeSleep`).
 //!
 //! Readiness is edge-triggered: reads and writes are drained to `WouldBlock`,
-//! except that a connection gets a bounded read budget per turn and is
-//! revisited on the next turn, so one busy client cannot starve the others.
+//! except that a connection has a budget per turn — `READ_BUDGET` reads and
+//! `REQUEST_BUDGET` requests answered, however often the turn comes back to
+//! it — and is revisited on the next turn, so one busy client cannot starve
+//! the others.
+//!
+//! The reactor talks to the application through one door, `api::App`
+//! (`api/door.rs`): requests in, answers out, its own deadlines on the one
+//! wheel as typed `Wake`s, and the governor's decisions drained as
+//! `Event`s. It never reaches the governor.
+//!
+//! # Kinds of connection
+//!
+//! Accepted connections live in one slab, as an [`Entry`]; a [`ConnId`]
+//! (slab index and serial) names one in timers, in the flush and carry
+//! lists and in the governor's queues. Everything the reactor tells a
+//! connection — readiness, a resumed budget, a flush, its deadline,
+//! shutdown — goes through [`Server::dispatch`] as a [`Signal`], and
+//! `dispatch` and `close` are the only `match`es on the kind. A new kind
+//! that wants these services (a budget per turn, the flush list, a deadline
+//! on the wheel as `Wake::Conn`) is a new `Entry` variant, registered under
+//! its slab index, with one arm in `dispatch` handing its signals to its own
+//! handler module and one arm in `close`.
+//!
+//! Proxy mode's outbound connections to upstreams (`crate::proxy`,
+//! `proxied.rs`) are kept by the proxy in a slab of its own, registered at
+//! `proxied::UPSTREAM_BASE + index`, and their pools' listeners at
+//! `proxied::PROXY_LISTENER_BASE + index`: one arm each in `run`'s token
+//! match routes their readiness, and an upstream's only moves the exchange
+//! of the client connection it serves, whose deadline stands for both.
 
 pub mod admin;
 pub mod clock;
@@ -27,14 +54,13 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
-use crate::accesslog;
-use crate::api::{ApiError, App};
+use crate::api::{ApiError, App, ConnId, Event, Wake};
 use crate::config::Config;
-use crate::governor::{Ms, Notice};
+use crate::governor::PoolId;
 use crate::http::request::MAX_HEAD_BYTES;
-use crate::http::response::Status;
 use crate::proxy::Proxy;
 use crate::state;
+use crate::time::{Ms, Now};
 use admin::ServerStats;
 use clock::Clock;
 use conn::{Conn, Flush, Io, Timeouts, NEVER};
@@ -42,19 +68,53 @@ use conn::{Conn, Flush, Io, Timeouts, NEVER};
 const LISTENER: Token = Token(usize::MAX - 1);
 const ADMIN: Token = Token(usize::MAX - 2);
 const SIGNALS: Token = Token(usize::MAX - 3);
-/// Reads per connection per turn before others get their go.
-const READ_BUDGET: usize = 8;
 /// Wait before accepting again when the process is out of file descriptors.
 const ACCEPT_PAUSE_MS: u64 = 100;
-const ACCEPT_TIMER: u64 = u64::MAX;
-const LOG_TIMER: u64 = u64::MAX - 1;
-/// How long a closing connection's unread input is drained (see `Conn::lingering_until`).
+/// How long a closing connection's unread input is drained (see `conn::Phase::Lingering`).
 const LINGER_MS: u64 = 1000;
 /// Graceful shutdown finishes within this, whatever clients do.
 const SHUTDOWN_GRACE_MS: u64 = 800;
 /// Open connections on the admin listener: its own budget, so health checks
 /// and scrapes are answered however many public connections are open.
 pub const ADMIN_MAX_CONNECTIONS: usize = 16;
+
+/// What lives behind a slab index: one variant per kind of connection.
+pub enum Entry {
+    /// A client of the lock API or of the admin routes.
+    Client(Conn),
+}
+
+impl Entry {
+    fn serial(&self) -> u32 {
+        match self {
+            Entry::Client(c) => c.serial,
+        }
+    }
+}
+
+/// What the reactor tells a connection (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// Readiness from the poll: input (or the peer's FIN or an error) may be
+    /// waiting, and/or the socket may take output.
+    Ready { readable: bool, hangup: bool, writable: bool },
+    /// Its budget ran out last turn with work possibly left: go on.
+    Resume,
+    /// It is on this turn's flush list: write its output.
+    Flush,
+    /// Its deadline may have come.
+    Deadline,
+    /// The server is stopping: answer what was read, then close.
+    Shutdown,
+}
+
+/// The client connection `id` names, if it is still the one it named.
+fn client_mut(conns: &mut Slab<Entry>, id: ConnId) -> Option<&mut Conn> {
+    match conns.get_mut(id.index as usize) {
+        Some(Entry::Client(c)) if c.serial == id.serial => Some(c),
+        _ => None,
+    }
+}
 
 pub struct Server {
     poll: Poll,
@@ -66,16 +126,17 @@ pub struct Server {
     config_path: Option<PathBuf>,
     /// The listener addresses as last configured, to warn when a reload changes them.
     configured_listen: (String, Option<String>),
-    conns: Slab<Conn>,
+    conns: Slab<Entry>,
     /// Sent, best effort, to a connection over the `maxConnections` cap.
     over_capacity: Vec<u8>,
     stats: ServerStats,
-    log_timer_armed: bool,
     /// Set when SIGTERM/SIGINT arrived: exit once every connection is done, or at this time.
     shutdown_at: Option<Ms>,
     app: App,
     clock: Clock,
-    now: Ms,
+    now: Now,
+    /// Counts reactor turns: a connection's budget is per turn.
+    turn: u64,
     /// When the current reactor turn began: the start of every request's server time.
     turn_started: Instant,
     next_serial: u32,
@@ -88,24 +149,15 @@ pub struct Server {
     accept_paused: bool,
     /// Connections with output to flush before the loop sleeps (each once:
     /// `Conn::dirty` says it is listed), and the list swapped in while it is.
-    dirty: Vec<(usize, u32)>,
-    dirty_spare: Vec<(usize, u32)>,
-    /// Connections whose read budget ran out with input possibly left; read
-    /// again next turn. Two lists, swapped each turn, so neither reallocates.
-    ready: Vec<(usize, u32)>,
-    ready_carry: Vec<(usize, u32)>,
+    dirty: Vec<ConnId>,
+    dirty_spare: Vec<ConnId>,
+    /// Connections whose budget ran out with work possibly left; resumed
+    /// next turn. Two lists, swapped each turn, so neither reallocates.
+    ready: Vec<ConnId>,
+    ready_carry: Vec<ConnId>,
     /// Proxy mode: upstream connections and exchanges, and the pools' own listeners.
     proxy: Proxy,
-    proxy_listeners: Vec<(TcpListener, crate::governor::PoolId)>,
-}
-
-/// Identifies a connection for its whole life: slab index and serial.
-fn owner(token: usize, serial: u32) -> u64 {
-    (token as u64) | ((serial as u64) << 32)
-}
-
-fn split_owner(owner: u64) -> (usize, u32) {
-    ((owner & 0xffff_ffff) as usize, (owner >> 32) as u32)
+    proxy_listeners: Vec<(TcpListener, PoolId)>,
 }
 
 impl Server {
@@ -140,13 +192,7 @@ impl Server {
             Some(path) => state::secret::load_or_create(&state::secret::path_beside(path, &config.slot_secret_file))?,
             None => state::secret::ephemeral(),
         };
-        app.gov.set_identity(&secret.bytes, clock.epoch_base_ms());
-        if !secret.created {
-            // Nothing says which slots the previous process held: give their
-            // holders one term to come back before granting anew.
-            app.gov.open_recovery_window(0);
-            log::warn!("started without a snapshot: re-adoption window of one termMs per pool");
-        }
+        app.adopt_identity(&secret.bytes, clock.epoch(), secret.created);
         Ok(Server {
             poll,
             listener: Some(listener),
@@ -165,11 +211,11 @@ impl Server {
                 answer
             },
             stats: ServerStats::default(),
-            log_timer_armed: false,
             shutdown_at: None,
             app,
+            now: clock.at(Instant::now()),
             clock,
-            now: 0,
+            turn: 0,
             turn_started: Instant::now(),
             next_serial: 0,
             max_connections: config.max_connections,
@@ -207,10 +253,11 @@ impl Server {
                 return Err(e);
             }
             // One clock read per turn serves both the governor and server times.
+            self.turn += 1;
             self.turn_started = Instant::now();
-            self.now = self.clock.ms_at(self.turn_started);
-            self.app.sample_history(self.now, self.clock.epoch_base_ms());
-            crate::http::response::set_date(self.clock.epoch_base_ms() + self.now);
+            self.now = self.clock.at(self.turn_started);
+            self.app.begin_turn(self.now);
+            crate::http::response::set_date(self.now.wall().0);
             let mut carried = std::mem::take(&mut self.ready_carry);
             let (mut accept_public, mut accept_admin) = (false, false);
             for event in events.iter() {
@@ -223,30 +270,25 @@ impl Server {
                         self.accept_proxy(t - proxied::PROXY_LISTENER_BASE)
                     }
                     Token(t) => {
-                        let Some(conn) = self.conns.get(t) else {
+                        let Some(entry) = self.conns.get(t) else {
                             continue;
                         };
-                        let serial = conn.serial;
-                        if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.on_readable(t, serial, event.is_read_closed() || event.is_error());
-                        }
-                        if event.is_writable() && self.conns.get(t).is_some_and(|c| c.serial == serial) {
-                            self.mark_dirty(t, serial);
-                        }
+                        let id = ConnId { index: t as u32, serial: entry.serial() };
+                        let hangup = event.is_read_closed() || event.is_error();
+                        let readable = event.is_readable() || hangup;
+                        self.dispatch(id, Signal::Ready { readable, hangup, writable: event.is_writable() });
                     }
                 }
             }
-            for &(t, serial) in &carried {
-                if self.conns.get(t).is_some_and(|c| c.serial == serial) {
-                    self.read_and_process(t);
-                }
+            for &id in &carried {
+                self.dispatch(id, Signal::Resume);
             }
             carried.clear();
             self.ready.sort_unstable();
             self.ready.dedup();
             self.ready_carry = std::mem::replace(&mut self.ready, carried);
-            self.app.gov.advance(self.now);
-            self.drain_notices();
+            self.app.advance(self.now.ms);
+            self.drain_events();
             self.flush_dirty();
             // Accepting comes last, so a connection whose close was read this
             // turn no longer counts against the budget of a new one.
@@ -256,10 +298,11 @@ impl Server {
             if accept_admin {
                 self.accept(true);
             }
-            self.after_turn();
+            self.stats.connections_open = self.conns.len() as u64;
+            self.app.end_turn(self.now.ms);
             if let Some(at) = self.shutdown_at {
                 if self.conns.is_empty() || self.clock.now_ms() >= at {
-                    self.app.log.flush();
+                    self.app.flush_log();
                     info!("shut down ({} connections cut at the deadline)", self.conns.len());
                     return Ok(());
                 }
@@ -267,15 +310,22 @@ impl Server {
         }
     }
 
-    /// Work done once the turn's sockets are served: the access log.
-    fn after_turn(&mut self) {
-        self.stats.connections_open = self.conns.len() as u64;
-        let buffered = self.app.log.buffered();
-        if buffered >= accesslog::WRITE_THRESHOLD {
-            self.app.log.flush();
-        } else if buffered > 0 && !self.log_timer_armed {
-            self.log_timer_armed = true;
-            self.app.gov.schedule(self.now + accesslog::FLUSH_INTERVAL_MS, LOG_TIMER);
+    /// Hands a signal to the connection `id` names, by its kind; nothing
+    /// when that connection is gone.
+    fn dispatch(&mut self, id: ConnId, signal: Signal) {
+        match self.conns.get(id.index as usize) {
+            Some(entry) if entry.serial() == id.serial => {}
+            _ => return,
+        }
+        match self.conns[id.index as usize] {
+            Entry::Client(_) => self.client_signal(id, signal),
+        }
+    }
+
+    /// Removes the connection `id` names (which must exist), by its kind.
+    fn close(&mut self, id: ConnId) {
+        match self.conns.remove(id.index as usize) {
+            Entry::Client(conn) => self.close_client(id, conn),
         }
     }
 
@@ -297,7 +347,7 @@ impl Server {
             return;
         };
         let result = Config::load(path).map_err(|e| e.to_string()).and_then(|config| {
-            self.app.reconfigure(&config, self.now, self.clock.epoch_base_ms() + self.now)?;
+            self.app.reconfigure(&config, self.now)?;
             Ok(config)
         });
         match result {
@@ -312,7 +362,7 @@ impl Server {
                 }
                 self.stats.reloads_ok += 1;
                 info!("configuration reloaded from {}", path.display());
-                self.drain_notices();
+                self.drain_events();
             }
             Err(e) => {
                 self.stats.reloads_failed += 1;
@@ -328,30 +378,17 @@ impl Server {
             return;
         }
         info!("shutting down");
-        self.shutdown_at = Some(self.now + SHUTDOWN_GRACE_MS);
+        self.shutdown_at = Some(self.now.ms + SHUTDOWN_GRACE_MS);
         for mut l in [self.listener.take(), self.admin.take()].into_iter().flatten() {
             let _ = self.poll.registry().deregister(&mut l);
         }
         for (mut l, _) in self.proxy_listeners.drain(..) {
             let _ = self.poll.registry().deregister(&mut l);
         }
-        let tokens: Vec<usize> = self.conns.iter().map(|(t, _)| t).collect();
-        let epoch_now = self.clock.epoch_base_ms() + self.now;
-        for token in tokens {
-            // Every request already read is answered: a waiter gets its 503,
-            // then what was pipelined behind it runs.
-            self.process(token);
-            while let Some(q) = self.conns[token].waiting.take() {
-                let conn = &mut self.conns[token];
-                self.app.gov.cancel_waiter(q.key, owner(token, conn.serial));
-                let last = conn.input.is_empty();
-                self.app.answer_shutdown(&mut conn.output, &q.attempt, epoch_now, last);
-                self.process(token);
-            }
-            let conn = &mut self.conns[token];
-            conn.close_after_flush = true;
-            let serial = conn.serial;
-            self.mark_dirty(token, serial);
+        let ids: Vec<ConnId> =
+            self.conns.iter().map(|(t, entry)| ConnId { index: t as u32, serial: entry.serial() }).collect();
+        for id in ids {
+            self.dispatch(id, Signal::Shutdown);
         }
     }
 
@@ -361,7 +398,7 @@ impl Server {
         }
         let now = self.clock.now_ms();
         // A stopping server wakes at its deadline whatever else is (or is not) due.
-        let wake = match (self.app.gov.next_deadline(), self.shutdown_at) {
+        let wake = match (self.app.next_deadline(), self.shutdown_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -387,20 +424,20 @@ impl Server {
                     // accepting for a moment instead of spinning.
                     warn!("accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms");
                     self.accept_paused = true;
-                    self.app.gov.schedule(self.now + ACCEPT_PAUSE_MS, ACCEPT_TIMER);
+                    self.app.schedule(self.now.ms + ACCEPT_PAUSE_MS, Wake::Accept);
                     return;
                 }
             }
         }
     }
 
-    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) -> Option<usize> {
+    fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) -> Option<ConnId> {
         let (open, budget) =
             if admin { (self.open_admin, ADMIN_MAX_CONNECTIONS) } else { (self.open_public, self.max_connections) };
         if open >= budget {
             self.stats.connections_refused += 1;
             if !admin {
-                self.app.rejections.count(Status::ServiceUnavailable);
+                self.app.count_refused_connection();
             }
             let _ = stream.write(&self.over_capacity);
             return None;
@@ -415,52 +452,123 @@ impl Server {
         let serial = self.next_serial;
         self.next_serial = serial.wrapping_add(1);
         // Registering reports readiness that already exists, so no read is tried here.
-        entry.insert(Conn::new(stream, peer, serial, admin, self.input_limit, self.now));
+        entry.insert(Entry::Client(Conn::new(stream, peer, serial, admin, self.input_limit, self.now.ms)));
         *(if admin { &mut self.open_admin } else { &mut self.open_public }) += 1;
-        self.arm_timer(token);
-        Some(token)
+        let id = ConnId { index: token as u32, serial };
+        self.arm_timer(id);
+        Some(id)
+    }
+
+    /// Writes every listed connection's pending output, then closes the ones that are done.
+    fn flush_dirty(&mut self) {
+        let mut dirty = std::mem::replace(&mut self.dirty, std::mem::take(&mut self.dirty_spare));
+        for &id in &dirty {
+            self.dispatch(id, Signal::Flush);
+        }
+        // Flushing above may have queued more output in `self.dirty`: it is
+        // flushed next turn (the poll does not sleep while it is non-empty).
+        dirty.clear();
+        self.dirty_spare = dirty;
+    }
+
+    /// Acts on what the application decided since the last call: queued
+    /// acquires answered, the reactor's own timers.
+    fn drain_events(&mut self) {
+        while let Some(event) = self.app.next_event() {
+            match event {
+                Event::Answer(id, answer) => self.deliver(id, answer),
+                Event::Wake(Wake::Accept) => {
+                    self.accept_paused = false;
+                    self.accept(false);
+                    self.accept(true);
+                }
+                Event::Wake(Wake::Conn(id)) => self.dispatch(id, Signal::Deadline),
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ client connections
+
+    fn client_signal(&mut self, id: ConnId, signal: Signal) {
+        match signal {
+            Signal::Ready { readable, hangup, writable } => {
+                if readable {
+                    self.on_readable(id, hangup);
+                }
+                if writable {
+                    self.mark_dirty(id);
+                }
+            }
+            Signal::Resume => self.read_and_process(id),
+            Signal::Flush => self.flush(id),
+            Signal::Deadline => self.on_conn_timer(id),
+            Signal::Shutdown => self.shut_down_client(id),
+        }
+    }
+
+    /// Every request already read is answered: a waiter gets its 503, then
+    /// what was pipelined behind it runs. Then the connection closes.
+    fn shut_down_client(&mut self, id: ConnId) {
+        let (now, turn) = (self.now, self.turn);
+        if let Some(conn) = client_mut(&mut self.conns, id) {
+            conn.lift_budget(turn);
+        }
+        self.process(id);
+        while let Some(conn) = client_mut(&mut self.conns, id) {
+            let Some((queued, _)) = conn.stop_waiting() else {
+                break;
+            };
+            let last = conn.input.is_empty();
+            self.app.answer_shutdown(&mut conn.output, &queued, id, now, last);
+            self.process(id);
+        }
+        if let Some(conn) = client_mut(&mut self.conns, id) {
+            conn.close_after_flush();
+            self.mark_dirty(id);
+        }
     }
 
     /// A readiness event: the socket may hold data (or the peer's FIN).
-    fn on_readable(&mut self, token: usize, serial: u32, hangup: bool) {
-        let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial) else {
+    fn on_readable(&mut self, id: ConnId, hangup: bool) {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
             return;
         };
         conn.readable = true;
         // With the FIN already seen, a short read is not the end: read to EOF,
         // since no new edge will announce it.
         conn.hangup |= hangup;
-        self.read_and_process(token);
+        self.read_and_process(id);
     }
 
     /// Reads what the socket holds, within the turn's budget and the
     /// connection's buffer limits, then answers what arrived. Reading pauses
     /// (the socket stays marked readable) while the input is full or the
     /// output is over its high-water mark; answering or flushing resumes it.
-    fn read_and_process(&mut self, token: usize) {
-        if self.conns[token].lingering_until.is_some() {
-            self.drain_lingering(token);
+    fn read_and_process(&mut self, id: ConnId) {
+        let (now, turn) = (self.now, self.turn);
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
+        if conn.is_lingering() {
+            self.drain_lingering(id);
             return;
         }
-        let now = self.now;
-        let conn = &mut self.conns[token];
-        let serial = conn.serial;
         let received = conn.received;
-        let mut reads = 0;
         let mut failed = false;
         while conn.may_read() {
-            if reads == READ_BUDGET {
+            let budget = conn.budget(turn);
+            if budget.reads == 0 {
                 // Fairness: the rest waits for the next turn.
-                self.ready.push((token, serial));
+                self.ready.push(id);
                 break;
             }
-            reads += 1;
+            budget.reads -= 1;
             let was_empty = conn.input.is_empty();
             match conn.read_once() {
                 Ok(io @ (Io::Continue | Io::Drained)) => {
-                    conn.last_active = now;
+                    conn.last_active = now.ms;
                     if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
-                        conn.request_started = Some(now);
+                        conn.request_started = Some(now.ms);
                     }
                     // A short read emptied the socket; new data raises a new edge.
                     if io == Io::Drained && !conn.hangup {
@@ -481,7 +589,7 @@ impl Server {
         }
         self.stats.bytes_received += conn.received - received;
         if failed {
-            self.close(token);
+            self.close(id);
             return;
         }
         if conn.read_closed {
@@ -489,22 +597,34 @@ impl Server {
             // anything later in this turn can grant it a slot. It is answered
             // (a half-closed client still reads), and what it pipelined
             // behind the acquire is answered after it.
-            if let Some(q) = conn.waiting.take() {
-                withdraw(&mut self.app, conn, &q, owner(token, serial), now, self.clock.epoch_base_ms() + now);
-                self.mark_dirty(token, serial);
+            if let Some((queued, _)) = conn.stop_waiting() {
+                self.app.withdraw(&mut conn.output, &queued, id, now);
+                self.mark_dirty(id);
             }
         }
-        self.process(token);
+        self.process(id);
         // Answering may have made room for input still in the socket.
-        if reads < READ_BUDGET && self.conns[token].may_read() {
-            self.ready.push((token, serial));
+        if let Some(conn) = client_mut(&mut self.conns, id) {
+            if conn.budget(turn).reads > 0 && conn.may_read() {
+                self.ready.push(id);
+            }
         }
     }
 
     /// Reads and drops what a closing client still sends; closes at its EOF.
-    fn drain_lingering(&mut self, token: usize) {
-        let conn = &mut self.conns[token];
-        for _ in 0..READ_BUDGET {
+    fn drain_lingering(&mut self, id: ConnId) {
+        let turn = self.turn;
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
+        loop {
+            let budget = conn.budget(turn);
+            if budget.reads == 0 {
+                // Still more: continue next turn.
+                self.ready.push(id);
+                return;
+            }
+            budget.reads -= 1;
             let io = conn.read_once();
             conn.input.consume(conn.input.end - conn.input.start);
             match io {
@@ -515,186 +635,125 @@ impl Server {
                     return;
                 }
                 Ok(Io::Closed) | Err(_) => {
-                    self.close(token);
+                    self.close(id);
                     return;
                 }
             }
         }
-        // Still more: continue next turn.
-        let serial = conn.serial;
-        self.ready.push((token, serial));
     }
 
-    fn mark_dirty(&mut self, token: usize, serial: u32) {
-        if let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial && !c.dirty) {
+    fn mark_dirty(&mut self, id: ConnId) {
+        if let Some(conn) = client_mut(&mut self.conns, id).filter(|c| !c.dirty) {
             conn.dirty = true;
-            self.dirty.push((token, serial));
+            self.dirty.push(id);
         }
     }
 
-    /// Writes every connection's pending output, then closes the ones that are done.
-    fn flush_dirty(&mut self) {
-        let mut dirty = std::mem::replace(&mut self.dirty, std::mem::take(&mut self.dirty_spare));
-        for &(token, serial) in &dirty {
-            let now = self.now;
-            let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial) else {
-                continue;
-            };
-            conn.dirty = false;
-            if conn.read_closed {
-                // A half-closed client leaves the queue at once.
-                if let Some(q) = conn.waiting.take() {
-                    self.app.waiter_gone(&q, owner(token, serial), self.clock.epoch_base_ms() + now);
-                }
-                conn.close_after_flush = true;
-            }
-            let sent = conn.sent;
-            let flushed = conn.flush(now);
-            self.stats.bytes_sent += conn.sent - sent;
-            match flushed {
-                Ok(Flush::Done) if conn.close_after_flush && conn.waiting.is_none() => {
-                    if conn.read_closed || conn.lingering_until.is_some() {
-                        self.close(token);
-                    } else {
-                        // Close our side, then drain what the client still sends.
-                        let _ = conn.stream.shutdown(std::net::Shutdown::Write);
-                        conn.lingering_until = Some(now + LINGER_MS);
-                        conn.input.consume(conn.input.end - conn.input.start);
-                        self.arm_timer(token);
-                        self.read_and_process(token);
-                    }
-                }
-                Ok(Flush::Done | Flush::Pending) if conn.exchange.is_some() => {
-                    // Room in the output: the upstream may be read on, and the
-                    // client's body taken.
-                    self.read_and_process(token);
-                }
-                Ok(Flush::Done | Flush::Pending) => {
-                    let resume =
-                        conn.unsent() == 0 && (conn.readable || !conn.input.is_empty()) && conn.waiting.is_none();
-                    self.arm_timer(token);
-                    if resume {
-                        // Output drained below the high-water mark: read on.
-                        self.read_and_process(token);
-                    }
-                }
-                Ok(Flush::Closed) => self.close(token),
-                Err(e) => {
-                    debug!("write failed: {e}");
-                    self.close(token);
-                }
-            }
-        }
-        // Processing above may have queued more output in `self.dirty`: it is
-        // flushed next turn (the poll does not sleep while it is non-empty).
-        dirty.clear();
-        self.dirty_spare = dirty;
-    }
-
-    /// Delivers what the governor decided since the last call.
-    fn drain_notices(&mut self) {
-        while let Some(notice) = self.app.gov.pop_notice() {
-            match notice {
-                Notice::Granted { owner: o, grant } => {
-                    let Some((token, queued)) = self.take_waiting(o) else {
-                        // Its client is gone: the grant cannot be delivered.
-                        self.app.gov.release_undelivered(&grant.slot, self.now);
-                        continue;
-                    };
-                    if self.conns[token].exchange.is_some() {
-                        self.grant_exchange(token, &grant);
-                        continue;
-                    }
-                    let epoch_now = self.clock.epoch_base_ms() + self.now;
-                    let conn = &mut self.conns[token];
-                    let close = conn.close_after_flush;
-                    self.app.answer_grant(
-                        &mut conn.output,
-                        &grant,
-                        &queued.attempt,
-                        self.clock.epoch_base_ms(),
-                        epoch_now,
-                        close,
-                    );
-                    conn.undelivered.push((grant.slot, conn.output.len()));
-                    self.after_answer(token);
-                }
-                Notice::TimedOut { owner: o, denial } => {
-                    let Some((token, queued)) = self.take_waiting(o) else {
-                        continue;
-                    };
-                    let epoch_now = self.clock.epoch_base_ms() + self.now;
-                    let conn = &mut self.conns[token];
-                    let close = conn.close_after_flush;
-                    self.app.answer_denial(
-                        &mut conn.output,
-                        &denial,
-                        Status::GatewayTimeout,
-                        &queued.attempt,
-                        epoch_now,
-                        close,
-                    );
-                    if self.conns[token].exchange.is_some() {
-                        self.end_exchange(token, proxied::End::Refused);
-                    }
-                    self.after_answer(token);
-                }
-                Notice::Timer(ACCEPT_TIMER) => {
-                    self.accept_paused = false;
-                    self.accept(false);
-                    self.accept(true);
-                }
-                Notice::Timer(LOG_TIMER) => {
-                    self.log_timer_armed = false;
-                    self.app.log.flush();
-                }
-                Notice::Timer(tag) => {
-                    let (token, serial) = split_owner(tag);
-                    self.on_conn_timer(token, serial);
-                }
-            }
-        }
-    }
-
-    /// The connection `owner` names, if it still waits, with its wait taken.
-    fn take_waiting(&mut self, owner: u64) -> Option<(usize, crate::api::Queued)> {
-        let (token, serial) = split_owner(owner);
-        let conn = self.conns.get_mut(token).filter(|c| c.serial == serial)?;
-        let queued = conn.waiting.take()?;
-        if conn.unsent() == 0 {
-            conn.out_since = self.now;
-        }
-        Some((token, queued))
-    }
-
-    /// A queued acquire was answered: continue with pipelined requests.
-    fn after_answer(&mut self, token: usize) {
-        let serial = self.conns[token].serial;
-        self.mark_dirty(token, serial);
-        self.read_and_process(token);
-    }
-
-    fn on_conn_timer(&mut self, token: usize, serial: u32) {
+    /// Writes the connection's pending output, then closes it if it is done.
+    fn flush(&mut self, id: ConnId) {
         let now = self.now;
-        let Some(conn) = self.conns.get_mut(token).filter(|c| c.serial == serial) else {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
+        conn.dirty = false;
+        if conn.read_closed {
+            // A half-closed client leaves the queue at once.
+            if let Some((queued, _)) = conn.stop_waiting() {
+                self.app.waiter_gone(&queued, id, now);
+            }
+            conn.close_after_flush();
+        }
+        let sent = conn.sent;
+        let flushed = conn.flush(now.ms);
+        self.stats.bytes_sent += conn.sent - sent;
+        match flushed {
+            Ok(Flush::Done) if conn.is_closing() => {
+                if conn.read_closed || conn.is_lingering() {
+                    self.close(id);
+                } else {
+                    // Close our side, then drain what the client still sends.
+                    let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+                    conn.linger(now.ms + LINGER_MS);
+                    conn.input.consume(conn.input.end - conn.input.start);
+                    self.arm_timer(id);
+                    self.read_and_process(id);
+                }
+            }
+            Ok(Flush::Done | Flush::Pending) if conn.exchange.is_some() => {
+                // Room in the output: the upstream may be read on, and the
+                // client's body taken.
+                self.read_and_process(id);
+            }
+            Ok(Flush::Done | Flush::Pending) => {
+                let resume = conn.unsent() == 0 && (conn.readable || !conn.input.is_empty()) && !conn.is_waiting();
+                self.arm_timer(id);
+                if resume {
+                    // Output drained below the high-water mark: read on.
+                    self.read_and_process(id);
+                }
+            }
+            Ok(Flush::Closed) => self.close(id),
+            Err(e) => {
+                debug!("write failed: {e}");
+                self.close(id);
+            }
+        }
+    }
+
+    /// Writes a queued acquire's answer to the connection that waits for it,
+    /// then goes on with what it pipelined; an answer nobody waits for any
+    /// more is handed back (a granted slot is released).
+    fn deliver(&mut self, id: ConnId, answer: crate::api::Answer) {
+        let now = self.now;
+        let Some(conn) = client_mut(&mut self.conns, id).filter(|c| c.is_waiting()) else {
+            // Its client is gone: the answer cannot be delivered.
+            self.app.answer_undeliverable(answer, now.ms);
+            return;
+        };
+        let (queued, close) = conn.stop_waiting().expect("the connection waits");
+        if conn.unsent() == 0 {
+            conn.out_since = now.ms;
+        }
+        if conn.exchange.is_some() {
+            match answer {
+                crate::api::Answer::Granted(grant) => self.grant_exchange(id, &grant),
+                refused @ crate::api::Answer::TimedOut(_) => {
+                    self.app.answer_notice(&mut conn.output, refused, &queued, now, close);
+                    self.end_exchange(id, proxied::End::Refused);
+                    self.mark_dirty(id);
+                    self.read_and_process(id);
+                }
+            }
+            return;
+        }
+        if let Some(slot) = self.app.answer_notice(&mut conn.output, answer, &queued, now, close) {
+            conn.undelivered.push((slot, conn.output.len()));
+        }
+        self.mark_dirty(id);
+        self.read_and_process(id);
+    }
+
+    fn on_conn_timer(&mut self, id: ConnId) {
+        let now = self.now.ms;
+        let Some(conn) = client_mut(&mut self.conns, id) else {
             return;
         };
         conn.timer = None;
-        if conn.exchange.is_some() && conn.waiting.is_none() && conn.exchange_deadline <= now {
-            self.exchange_timed_out(token);
+        if conn.exchange.is_some() && !conn.is_waiting() && conn.exchange_deadline <= now {
+            self.exchange_timed_out(id);
         } else if conn.deadline(&self.timeouts) <= now {
             debug!("closing {}: deadline passed", conn.peer);
-            self.close(token);
+            self.close(id);
         } else {
-            self.arm_timer(token);
+            self.arm_timer(id);
         }
     }
 
     /// Makes sure the wheel holds an entry no later than the connection's
     /// deadline. Later deadlines are not moved: the entry fires, re-checks
     /// and re-arms (one wheel entry per connection at most).
-    fn arm_timer(&mut self, token: usize) {
-        let Some(conn) = self.conns.get_mut(token) else {
+    fn arm_timer(&mut self, id: ConnId) {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
             return;
         };
         let at = conn.deadline(&self.timeouts);
@@ -704,39 +763,30 @@ impl Server {
         match conn.timer {
             Some((armed, _)) if armed <= at => {}
             Some((_, key)) => {
-                self.app.gov.cancel_timer(key);
-                conn.timer = Some((at, self.app.gov.schedule(at, owner(token, conn.serial))));
+                self.app.cancel_timer(key);
+                conn.timer = Some((at, self.app.schedule(at, Wake::Conn(id))));
             }
-            None => conn.timer = Some((at, self.app.gov.schedule(at, owner(token, conn.serial)))),
+            None => conn.timer = Some((at, self.app.schedule(at, Wake::Conn(id)))),
         }
     }
 
-    fn close(&mut self, token: usize) {
-        let mut conn = self.conns.remove(token);
+    fn close_client(&mut self, id: ConnId, mut conn: Conn) {
         *(if conn.admin { &mut self.open_admin } else { &mut self.open_public }) -= 1;
-        let o = owner(token, conn.serial);
-        if let Some(q) = conn.waiting.take() {
-            self.app.waiter_gone(&q, o, self.clock.epoch_base_ms() + self.now);
+        if let Some((queued, _)) = conn.stop_waiting() {
+            self.app.waiter_gone(&queued, id, self.now);
         }
         if let Some((_, key)) = conn.timer.take() {
-            self.app.gov.cancel_timer(key);
+            self.app.cancel_timer(key);
         }
         for (slot, end) in conn.undelivered.drain(..) {
             if end > conn.out_pos {
-                self.app.gov.release_undelivered(&slot, self.now);
+                self.app.release_undelivered(&slot, self.now.ms);
             }
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
         if let Some(ex) = conn.exchange {
             self.abandon_exchange(ex);
         }
-    }
-}
-
-/// Takes a half-closed client's acquire out of the queue and answers it `504`.
-fn withdraw(app: &mut App, conn: &mut Conn, q: &crate::api::Queued, owner: u64, now: Ms, epoch_now: u64) {
-    if let Some(denial) = app.gov.withdraw_waiter(q.key, owner, now) {
-        app.answer_withdrawn(&mut conn.output, &denial, &q.attempt, epoch_now);
     }
 }
 

@@ -2,8 +2,8 @@
 //! its input are parsed, framed and answered in order.
 
 use super::conn::{self, PendingBody};
-use super::{admin, owner, proxied, withdraw, Server};
-use crate::api::{ApiError, Ctx, Handled};
+use super::{admin, client_mut, proxied, Server};
+use crate::api::{ApiError, ConnId, Ctx, Handled};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
     head_may_be_complete, header_storage, parse_head, serve_as_http11, BodyFraming, Head, HeadError, Method,
@@ -12,25 +12,30 @@ use crate::http::response::CONTINUE;
 
 impl Server {
     /// Answers every complete request in the input, in order, until one
-    /// must wait in a queue or the output is too far behind.
-    pub(super) fn process(&mut self, token: usize) {
-        if self.conns.get(token).is_some_and(|c| c.exchange.is_some()) {
-            self.pump_exchange(token);
+    /// must wait in a queue, the output is too far behind or the turn's
+    /// request budget is spent (then it goes on next turn).
+    pub(super) fn process(&mut self, id: ConnId) {
+        if client_mut(&mut self.conns, id).is_some_and(|c| c.exchange.is_some()) {
+            self.pump_exchange(id);
             return;
         }
-        let Server { conns, app, clock, now, turn_started, stats, proxy, poll, .. } = self;
-        let now = *now;
-        let Some(conn) = conns.get_mut(token) else {
+        let Server { conns, app, now, turn, turn_started, stats, ready, proxy, poll, .. } = self;
+        let (now, turn) = (*now, *turn);
+        let Some(conn) = client_mut(conns, id) else {
             return;
         };
-        let owner = owner(token, conn.serial);
         let before = conn.unsent();
         let mut proxied = proxied::After::Nothing;
         loop {
-            if conn.waiting.is_some() || conn.close_after_flush || conn.unsent() > conn::OUTPUT_HIGH_WATER {
+            if !conn.is_open() || conn.unsent() > conn::OUTPUT_HIGH_WATER {
                 break;
             }
             if conn.input.is_empty() {
+                break;
+            }
+            if conn.budget(turn).spent() {
+                // Fairness: the others are served before the rest of this input.
+                ready.push(id);
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
@@ -53,7 +58,7 @@ impl Server {
                         continue;
                     }
                     app.write_error(&mut conn.output, ApiError::BadRequest("Only HTTP/1.x is served."), true);
-                    conn.close_after_flush = true;
+                    conn.close_after_flush();
                     break;
                 }
                 Err(e) => {
@@ -63,16 +68,14 @@ impl Server {
                         HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
                         HeadError::NewerMinorVersion => unreachable!("handled above"),
                     };
-                    let epoch_now = clock.epoch_base_ms() + now;
-                    app.refuse_head(data, conn.peer.ip(), *turn_started, epoch_now, error, &mut conn.output);
-                    conn.close_after_flush = true;
+                    app.refuse_head(data, conn.peer.ip(), *turn_started, now, error, &mut conn.output);
+                    conn.close_after_flush();
                     break;
                 }
             };
             let ctx = Ctx {
                 now,
-                epoch_base_ms: clock.epoch_base_ms(),
-                owner,
+                conn: id,
                 peer: conn.peer.ip(),
                 // A half-closed client still gets every answer; the connection
                 // closes once they are written (see `flush_dirty`).
@@ -81,13 +84,12 @@ impl Server {
             };
             if let Some(pid) = app.proxy_route(conn.listener_pool, &head).filter(|_| !conn.admin) {
                 let head_len = head.head_len;
-                let client = (token, conn.serial);
-                let begun = proxied::begin(app, proxy, &mut conn.output, client, &ctx, &head, data, pid);
+                let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, &head, data, pid);
+                conn.budget(turn).requests -= 1;
                 conn.input.consume(head_len);
                 conn.head_scanned = 0;
                 conn.request_started = None;
-                let epoch_now = clock.epoch_base_ms() + now;
-                proxied = proxied::settle(app, proxy, poll.registry(), conn, begun, now, epoch_now);
+                proxied = proxied::settle(app, proxy, poll.registry(), conn, begun, now);
                 break;
             }
             let input_full = conn.input_full();
@@ -98,7 +100,7 @@ impl Server {
                     // framing, extensions and trailers count): refuse it rather
                     // than stall until the head deadline.
                     app.reject(&Ctx { close: true, ..ctx }, &head, ApiError::PayloadTooLarge, &mut conn.output);
-                    conn.close_after_flush = true;
+                    conn.close_after_flush();
                     break;
                 }
                 Body::Incomplete => {
@@ -111,7 +113,7 @@ impl Server {
                             Err(e) => {
                                 // The body may still come: the connection cannot be reused.
                                 app.reject(&Ctx { close: true, ..ctx }, &head, e, &mut conn.output);
-                                conn.close_after_flush = true;
+                                conn.close_after_flush();
                             }
                         }
                     }
@@ -119,13 +121,13 @@ impl Server {
                 }
                 Body::Refused(e) => {
                     app.reject(&Ctx { close: true, ..ctx }, &head, e, &mut conn.output);
-                    conn.close_after_flush = true;
+                    conn.close_after_flush();
                     break;
                 }
             };
             let answer_start = conn.output.len();
             let handled = if conn.admin {
-                admin::handle(&head, app, stats, &mut conn.output, ctx.close, ctx.now);
+                admin::handle(&head, app, stats, &mut conn.output, ctx.close, now.ms);
                 Handled::Done
             } else {
                 app.handle(&ctx, &head, body, &mut conn.output)
@@ -133,40 +135,41 @@ impl Server {
             if head.method == Method::Head {
                 strip_body(&mut conn.output, answer_start);
             }
+            conn.budget(turn).requests -= 1;
             conn.input.consume(consumed);
             conn.pending = None;
             conn.head_scanned = 0;
-            conn.request_started = (!conn.input.is_empty()).then_some(now);
-            if ctx.close {
-                conn.close_after_flush = true;
-            }
+            conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
+            let closes = ctx.close || matches!(handled, Handled::Close);
             match handled {
-                Handled::Done => {}
-                Handled::Close => conn.close_after_flush = true,
+                Handled::Done | Handled::Close => {}
                 Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
                 // A half-closed client cannot wait: nothing it sends can follow.
-                Handled::Queued(q) if conn.read_closed => {
-                    withdraw(app, conn, &q, owner, now, clock.epoch_base_ms() + now)
+                Handled::Queued(q) if conn.read_closed => app.withdraw(&mut conn.output, &q, id, now),
+                Handled::Queued(q) => {
+                    conn.wait(q, ctx.close);
+                    continue;
                 }
-                Handled::Queued(q) => conn.waiting = Some(q),
+            }
+            if closes {
+                conn.close_after_flush();
             }
         }
         if before == 0 && conn.unsent() > 0 {
-            conn.out_since = now;
+            conn.out_since = now.ms;
         }
-        let serial = conn.serial;
         match proxied {
             proxied::After::Nothing => {}
-            proxied::After::Pump => self.pump_exchange(token),
-            proxied::After::Fail => self.end_exchange(token, proxied::End::Answered(ApiError::BadGateway)),
+            proxied::After::Pump => self.pump_exchange(id),
+            proxied::After::Fail => self.end_exchange(id, proxied::End::Answered(ApiError::BadGateway)),
         }
-        let Some(conn) = self.conns.get(token) else {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
             return;
         };
-        if conn.unsent() > 0 || conn.close_after_flush || conn.read_closed {
-            self.mark_dirty(token, serial);
+        if conn.unsent() > 0 || conn.closes_after_flush() || conn.read_closed {
+            self.mark_dirty(id);
         }
-        self.arm_timer(token);
+        self.arm_timer(id);
     }
 }
 

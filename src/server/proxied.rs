@@ -15,15 +15,16 @@ use mio::net::TcpListener;
 use mio::{Interest, Registry, Token};
 
 use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
-use super::Server;
-use crate::api::{governor_headers, ApiError, App, Ctx, Queued};
+use super::{client_mut, Server};
+use crate::api::{governor_headers, ApiError, App, ConnId, Ctx, Queued};
 use crate::config::Config;
-use crate::governor::{Admission, Grant, Ms, PoolId};
+use crate::governor::{Admission, Grant, PoolId};
 use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
 use crate::http::response::CONTINUE;
 use crate::proxy::head::{self, ClientSide};
 use crate::proxy::{request_relay, ClientIo, NewExchange, Phase, Proxy, Step};
+use crate::time::Now;
 
 /// Upstream connections are registered at `UPSTREAM_BASE + slab index`.
 pub const UPSTREAM_BASE: usize = usize::MAX / 2;
@@ -54,7 +55,7 @@ pub fn bind_listeners(config: &Config, app: &App, registry: &Registry) -> Result
             continue;
         };
         let addr: SocketAddr = addr.parse().expect("validated");
-        let pid = app.gov.pool_id(name).expect("a configured pool");
+        let pid = app.governor().pool_id(name).expect("a configured pool");
         let mut l = TcpListener::bind(addr)
             .map_err(|e| format!("cannot listen on {addr} (pools.{name}.upstream.listen): {e}"))?;
         registry
@@ -93,7 +94,7 @@ pub fn begin(
     app: &mut App,
     proxy: &mut Proxy,
     output: &mut Vec<u8>,
-    client: (usize, u32),
+    client: ConnId,
     ctx: &Ctx,
     head: &Head,
     raw: &[u8],
@@ -112,7 +113,7 @@ pub fn begin(
     let upstream = app.upstream(pid).expect("admitted to a proxy pool");
     let (request, body) = request_relay(head.framing, upstream.max_request_bytes);
     let new = NewExchange {
-        client,
+        client: (client.index as usize, client.serial),
         pool: pid,
         attempt: admitted.attempt,
         request,
@@ -137,28 +138,22 @@ pub fn begin(
 }
 
 /// Puts the connection into the state `begun` says, once its head is consumed.
-pub fn settle(
-    app: &mut App,
-    proxy: &mut Proxy,
-    registry: &Registry,
-    conn: &mut Conn,
-    begun: Begun,
-    now: Ms,
-    epoch_now: u64,
-) -> After {
+pub fn settle(app: &mut App, proxy: &mut Proxy, registry: &Registry, conn: &mut Conn, begun: Begun, now: Now) -> After {
     match begun {
         Begun::Answered { close } => {
-            conn.close_after_flush |= close;
+            if close {
+                conn.close_after_flush();
+            }
             After::Nothing
         }
         Begun::Queued(ex, queued) => {
             conn.exchange = Some(ex);
-            conn.waiting = Some(queued);
+            conn.wait(queued, false);
             After::Nothing
         }
         Begun::Granted(ex, grant) => {
             conn.exchange = Some(ex);
-            match start(app, proxy, registry, conn, ex, &grant, now, epoch_now) {
+            match start(app, proxy, registry, conn, ex, &grant, now) {
                 Ok(()) => After::Pump,
                 Err(_) => After::Fail,
             }
@@ -168,7 +163,6 @@ pub fn settle(
 
 /// The exchange holds its slot: the lease is kept by the server, the
 /// upstream connection attached and the request head queued on it.
-#[allow(clippy::too_many_arguments)]
 fn start(
     app: &mut App,
     proxy: &mut Proxy,
@@ -176,17 +170,16 @@ fn start(
     conn: &mut Conn,
     ex: usize,
     grant: &Grant,
-    now: Ms,
-    epoch_now: u64,
+    now: Now,
 ) -> Result<(), io::Error> {
     let e = &mut proxy.exchanges[ex];
-    app.hold_proxied(grant, &e.attempt, epoch_now);
+    app.hold_proxied(grant, &e.attempt, now);
     let upstream = app.upstream(e.pool).expect("a proxy pool");
     e.slot = Some(grant.slot);
     e.signals.clear();
     governor_headers(&mut e.signals, &grant.signals, grant.queued_ms);
     e.request_deadline = grant.request_deadline;
-    e.deadline = (now + upstream.timeout_ms).min(grant.request_deadline);
+    e.deadline = (now.ms + upstream.timeout_ms).min(grant.request_deadline);
     conn.exchange_deadline = e.deadline;
     if e.expect_continue && e.client_side.http11 {
         conn.output.extend_from_slice(CONTINUE);
@@ -208,8 +201,8 @@ impl Server {
             let pid = *pid;
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    if let Some(token) = self.admit(stream, peer, false) {
-                        self.conns[token].listener_pool = Some(pid);
+                    if let Some(conn) = self.admit(stream, peer, false).and_then(|id| client_mut(&mut self.conns, id)) {
+                        conn.listener_pool = Some(pid);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -231,37 +224,38 @@ impl Server {
         match up.exchange {
             None => self.proxy.on_idle_event(idx, self.poll.registry()),
             Some(ex) => {
-                let (token, serial) = self.proxy.exchanges[ex].client;
-                if self.conns.get(token).is_some_and(|c| c.serial == serial) {
-                    self.pump_exchange(token);
-                }
+                let (index, serial) = self.proxy.exchanges[ex].client;
+                self.pump_exchange(ConnId { index: index as u32, serial });
             }
         }
     }
 
     /// A queued proxied request got its slot.
-    pub(super) fn grant_exchange(&mut self, token: usize, grant: &Grant) {
-        let epoch_now = self.clock.epoch_base_ms() + self.now;
-        let conn = &mut self.conns[token];
+    pub(super) fn grant_exchange(&mut self, id: ConnId, grant: &Grant) {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
         let ex = conn.exchange.expect("a queued exchange");
-        let started = start(&mut self.app, &mut self.proxy, self.poll.registry(), conn, ex, grant, self.now, epoch_now);
+        let started = start(&mut self.app, &mut self.proxy, self.poll.registry(), conn, ex, grant, self.now);
         if started.is_err() {
-            self.end_exchange(token, End::Answered(ApiError::BadGateway));
+            self.end_exchange(id, End::Answered(ApiError::BadGateway));
         } else {
-            self.pump_exchange(token);
+            self.pump_exchange(id);
         }
     }
 
     /// Moves the connection's exchange as far as its sockets allow.
-    pub(super) fn pump_exchange(&mut self, token: usize) {
-        let epoch_now = self.clock.epoch_base_ms() + self.now;
-        let conn = &mut self.conns[token];
+    pub(super) fn pump_exchange(&mut self, id: ConnId) {
+        let epoch_now = self.now.wall().0;
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
         let Some(ex) = conn.exchange else {
             return;
         };
         if conn.read_closed {
             // A client that closes mid-exchange is gone: its slot is freed now.
-            self.end_exchange(token, End::ClientGone);
+            self.end_exchange(id, End::ClientGone);
             return;
         }
         if self.proxy.exchanges[ex].phase == Phase::Queued || self.proxy.exchanges[ex].up.is_none() {
@@ -288,65 +282,63 @@ impl Server {
         };
         conn.exchange_deadline = self.proxy.exchanges[ex].deadline;
         if before == 0 && conn.unsent() > 0 {
-            conn.out_since = self.now;
+            conn.out_since = self.now.ms;
         }
         match step {
             Step::Pending | Step::Retry => {}
-            Step::Complete { close_client } => self.end_exchange(token, End::Complete { close_client }),
+            Step::Complete { close_client } => self.end_exchange(id, End::Complete { close_client }),
             Step::BadGateway(why) => {
                 debug!("upstream failed: {why}");
-                self.end_exchange(token, End::Answered(ApiError::BadGateway));
+                self.end_exchange(id, End::Answered(ApiError::BadGateway));
             }
             Step::Broken(why) => {
                 debug!("upstream broke off: {why}");
-                self.end_exchange(token, End::Cut);
+                self.end_exchange(id, End::Cut);
             }
-            Step::BadBody(ChunkError::TooLarge) => self.end_exchange(token, End::Answered(ApiError::PayloadTooLarge)),
+            Step::BadBody(ChunkError::TooLarge) => self.end_exchange(id, End::Answered(ApiError::PayloadTooLarge)),
             Step::BadBody(ChunkError::Malformed(why)) => {
-                self.end_exchange(token, End::Answered(ApiError::BadRequest(why)))
+                self.end_exchange(id, End::Answered(ApiError::BadRequest(why)))
             }
         }
-        let Some(conn) = self.conns.get_mut(token) else {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
             return;
         };
-        let serial = conn.serial;
         // Output to write, or input it can take now that the upstream took some.
-        if conn.unsent() > 0 || conn.may_read() || conn.close_after_flush {
-            self.mark_dirty(token, serial);
+        if conn.unsent() > 0 || conn.may_read() || conn.closes_after_flush() {
+            self.mark_dirty(id);
         }
-        self.arm_timer(token);
+        self.arm_timer(id);
     }
 
     /// The exchange's deadline passed: before the response head that is a
     /// `504 upstream_timeout`; at the request cap, or mid-response, the
     /// exchange is cut.
-    pub(super) fn exchange_timed_out(&mut self, token: usize) {
-        let Some(ex) = self.conns[token].exchange else {
+    pub(super) fn exchange_timed_out(&mut self, id: ConnId) {
+        let Some(ex) = client_mut(&mut self.conns, id).and_then(|c| c.exchange) else {
             return;
         };
         let e = &self.proxy.exchanges[ex];
-        if e.phase == Phase::Sending && self.now < e.request_deadline {
-            self.end_exchange(token, End::Answered(ApiError::UpstreamTimeout));
+        if e.phase == Phase::Sending && self.now.ms < e.request_deadline {
+            self.end_exchange(id, End::Answered(ApiError::UpstreamTimeout));
         } else {
-            self.end_exchange(token, End::Cut);
+            self.end_exchange(id, End::Cut);
         }
-        if let Some(conn) = self.conns.get(token) {
-            let serial = conn.serial;
-            self.mark_dirty(token, serial);
-        }
+        self.mark_dirty(id);
     }
 
     /// Ends the connection's exchange: the upstream connection is kept for
     /// reuse or closed, the slot released with the outcome report, and the
     /// client answered or closed as `end` says.
-    pub(super) fn end_exchange(&mut self, token: usize, end: End) {
-        let conn = &mut self.conns[token];
+    pub(super) fn end_exchange(&mut self, id: ConnId, end: End) {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
         let Some(ex) = conn.exchange.take() else {
             return;
         };
         conn.exchange_deadline = NEVER;
-        if let Some(q) = conn.waiting.take() {
-            self.app.waiter_gone(&q, super::owner(token, conn.serial), self.clock.epoch_base_ms() + self.now);
+        if let Some((queued, _)) = conn.stop_waiting() {
+            self.app.waiter_gone(&queued, id, self.now);
         }
         let reusable = matches!(end, End::Complete { .. });
         let idle_limit = self.proxy_idle_limit(ex);
@@ -358,25 +350,30 @@ impl Server {
         };
         if let Some(slot) = &e.slot {
             let outcome = Proxy::outcome(&e, failure);
-            self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now);
+            self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now.ms);
         }
-        let conn = &mut self.conns[token];
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
         let body_done = e.request_done();
-        match end {
-            End::Complete { close_client } => conn.close_after_flush |= close_client,
+        let close = match end {
+            End::Complete { close_client } => close_client,
             End::Answered(err) => {
                 let close = !body_done || !e.client_side.keep_alive || err.closes();
                 self.app.write_error(&mut conn.output, err, close);
-                conn.close_after_flush |= close;
+                close
             }
-            End::Cut | End::ClientGone => conn.close_after_flush = true,
+            End::Cut | End::ClientGone => true,
             // The request body was never read.
-            End::Refused => conn.close_after_flush |= !body_done,
+            End::Refused => !body_done,
+        };
+        if close {
+            conn.close_after_flush();
         }
-        conn.last_active = self.now;
-        conn.request_started = (!conn.input.is_empty()).then_some(self.now);
+        conn.last_active = self.now.ms;
+        conn.request_started = (!conn.input.is_empty()).then_some(self.now.ms);
         // What the governor decided meanwhile (a waiter granted the freed slot).
-        self.drain_notices();
+        self.drain_events();
     }
 
     fn proxy_idle_limit(&self, ex: usize) -> usize {
@@ -389,7 +386,7 @@ impl Server {
         let e = self.proxy.finish(ex, false, idle_limit, self.poll.registry());
         if let Some(slot) = &e.slot {
             let outcome = Proxy::outcome(&e, None);
-            self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now);
+            self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now.ms);
         }
     }
 }

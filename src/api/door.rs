@@ -1,0 +1,211 @@
+//! The one door between the reactor and the application.
+//!
+//! The reactor hands in requests (`App::handle`, `App::reject` and the
+//! other answers in `api/mod.rs`) with the turn's [`Now`]; it schedules its
+//! own deadlines on the one timer wheel with a typed [`Wake`]; and after
+//! advancing the time it drains what happened meanwhile as [`Event`]s — a
+//! queued acquire's answer for a connection (written with
+//! [`App::answer_notice`]) or one of its own timers. It never reaches the
+//! governor, and the application never sees a socket.
+
+use super::{App, Queued};
+use crate::accesslog;
+use crate::governor::lease::SlotId;
+use crate::governor::{Denial, Grant, Notice};
+use crate::http::response::Status;
+use crate::time::{Epoch, Ms, Now};
+use crate::wheel::TimerKey;
+
+/// A reactor connection for its whole life: its slab index and a serial,
+/// so a reused index is another connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId {
+    pub index: u32,
+    pub serial: u32,
+}
+
+impl ConnId {
+    /// The governor's name for the caller that waits in a queue.
+    pub(super) fn owner(self) -> u64 {
+        (self.index as u64) | ((self.serial as u64) << 32)
+    }
+
+    fn from_owner(owner: u64) -> ConnId {
+        ConnId { index: (owner & 0xffff_ffff) as u32, serial: (owner >> 32) as u32 }
+    }
+}
+
+/// A deadline of the reactor's own, handed back as `Event::Wake`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// Accepting paused (out of file descriptors): try again.
+    Accept,
+    /// A connection's deadline may have come; it re-checks and re-arms.
+    Conn(ConnId),
+}
+
+/// What the application's own entries on the wheel stand for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timer {
+    Reactor(Wake),
+    /// The access log's buffer is written out at the latest by now.
+    FlushLog,
+}
+
+/// The governor's answer to a queued acquire, for `App::answer_notice`.
+#[derive(Debug)]
+pub enum Answer {
+    Granted(Grant),
+    TimedOut(Denial),
+}
+
+/// What happened since the reactor last asked.
+#[derive(Debug)]
+pub enum Event {
+    /// A queued acquire of this connection is answered.
+    Answer(ConnId, Answer),
+    Wake(Wake),
+}
+
+impl App {
+    /// Takes the slot secret and the Unix time of monotonic 0. After a start
+    /// that is not the first (`first_start` false: nothing says which slots
+    /// the previous process held) every pool re-adopts for one term first.
+    pub fn adopt_identity(&mut self, secret: &[u8; 32], epoch: Epoch, first_start: bool) {
+        self.gov.set_identity(secret, epoch);
+        if !first_start {
+            // Give the previous holders one term to come back before granting anew.
+            self.gov.open_recovery_window(0);
+            log::warn!("started without a snapshot: re-adoption window of one termMs per pool");
+        }
+    }
+
+    /// Starts a reactor turn at `now`: the dashboard's history is sampled
+    /// once per second of it.
+    pub fn begin_turn(&mut self, now: Now) {
+        self.turn = now;
+        if self.history_second == Some(now.ms / 1000) {
+            return;
+        }
+        self.history_second = Some(now.ms / 1000);
+        for ((_, pool), (h, _)) in self.gov.pools().zip(&mut self.history) {
+            h.sample(pool, now.ms);
+        }
+    }
+
+    /// Fires every deadline due by `now`: reclaims, queue deadlines,
+    /// wake-ups, the reactor's own timers. What they decide comes out of
+    /// `next_event`.
+    pub fn advance(&mut self, now: Ms) {
+        self.gov.advance(now);
+    }
+
+    /// When `advance` next has work to do.
+    pub fn next_deadline(&self) -> Option<Ms> {
+        self.gov.next_deadline()
+    }
+
+    /// Schedules a deadline of the reactor's; it comes back as `Event::Wake`.
+    pub fn schedule(&mut self, at: Ms, wake: Wake) -> TimerKey {
+        self.gov.schedule(at, Timer::Reactor(wake))
+    }
+
+    pub fn cancel_timer(&mut self, key: TimerKey) {
+        self.gov.cancel_timer(key);
+    }
+
+    /// The next thing the reactor must act on; the application's own timers
+    /// (the access log's flush) are handled on the way.
+    pub fn next_event(&mut self) -> Option<Event> {
+        loop {
+            match self.gov.pop_notice()? {
+                Notice::Granted { owner, grant } => {
+                    return Some(Event::Answer(ConnId::from_owner(owner), Answer::Granted(grant)))
+                }
+                Notice::TimedOut { owner, denial } => {
+                    return Some(Event::Answer(ConnId::from_owner(owner), Answer::TimedOut(denial)))
+                }
+                Notice::Timer(Timer::Reactor(wake)) => return Some(Event::Wake(wake)),
+                Notice::Timer(Timer::FlushLog) => {
+                    self.log_timer_armed = false;
+                    self.log.flush();
+                }
+            }
+        }
+    }
+
+    /// Writes the answer of a queued acquire to its connection's output; a
+    /// grant's slot comes back, to be released if the answer is never sent.
+    pub fn answer_notice(
+        &mut self,
+        out: &mut Vec<u8>,
+        answer: Answer,
+        queued: &Queued,
+        now: Now,
+        close: bool,
+    ) -> Option<SlotId> {
+        match answer {
+            Answer::Granted(grant) => {
+                self.answer_grant(out, &grant, &queued.attempt, now, close);
+                Some(grant.slot)
+            }
+            Answer::TimedOut(denial) => {
+                self.answer_denial(out, &denial, Status::GatewayTimeout, &queued.attempt, now, close);
+                None
+            }
+        }
+    }
+
+    /// An answer whose connection is gone: a granted slot goes back at once.
+    pub fn answer_undeliverable(&mut self, answer: Answer, now: Ms) {
+        if let Answer::Granted(grant) = answer {
+            self.release_undelivered(&grant.slot, now);
+        }
+    }
+
+    /// Releases a grant whose answer was written but never sent.
+    pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
+        self.gov.release_undelivered(slot, now);
+    }
+
+    /// Takes a half-closed client's acquire out of the queue and answers it `504`.
+    pub fn withdraw(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now) {
+        if let Some(denial) = self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms) {
+            self.answer_withdrawn(out, &denial, &queued.attempt, now);
+        }
+    }
+
+    /// Work done once a turn's sockets are served: the access log is written
+    /// when its buffer is full, or within `FLUSH_INTERVAL_MS` of its first line.
+    pub fn end_turn(&mut self, now: Ms) {
+        let buffered = self.log.buffered();
+        if buffered >= accesslog::WRITE_THRESHOLD {
+            self.log.flush();
+        } else if buffered > 0 && !self.log_timer_armed {
+            self.log_timer_armed = true;
+            self.gov.schedule(now + accesslog::FLUSH_INTERVAL_MS, Timer::FlushLog);
+        }
+    }
+
+    /// Writes out the access log (at shutdown).
+    pub fn flush_log(&mut self) {
+        self.log.flush();
+    }
+
+    /// Counts a connection refused over `maxConnections` (answered `503`).
+    pub fn count_refused_connection(&mut self) {
+        self.rejections.count(Status::ServiceUnavailable);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_is_the_same_owner_both_ways() {
+        for id in [ConnId { index: 0, serial: 0 }, ConnId { index: 7, serial: u32::MAX }] {
+            assert_eq!(ConnId::from_owner(id.owner()), id);
+        }
+    }
+}

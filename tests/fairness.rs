@@ -1,0 +1,87 @@
+//! Fairness between connections, on the wire: a client pipelining a long
+//! run of requests is served a bounded number of them per reactor turn, so
+//! another client's single acquire is not stuck behind the whole run.
+//!
+//! Both clients' bytes are made to arrive in the same turn by stopping the
+//! server (SIGSTOP) while they are written and letting it go (SIGCONT)
+//! afterwards. Every acquire holds its slot, so the `x-nthpool-remaining-slots`
+//! of the single acquire's answer counts how many of the pipelined acquires
+//! were granted before it: an order read from the answers, not a time.
+
+mod common;
+
+use std::io::{BufReader, Write};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const PIPELINED: usize = 2000;
+const CONCURRENCY: u64 = 10_000;
+/// How many of the pipelined requests may be answered before the single
+/// acquire: the server's per-connection budget is 16 requests a turn, and
+/// the pipelining client may have been served once before the other.
+const AT_MOST_BEFORE: u64 = 32;
+
+fn acquire_request() -> Vec<u8> {
+    post("/pools/p/lock/acquire", KEY, "", "")
+}
+
+/// Waits until the process is stopped (state `T` in `/proc/PID/stat`).
+fn wait_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit(')').next().unwrap_or("").split_whitespace().next().unwrap_or("");
+        if state == "T" || state == "t" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the server did not stop: {stat}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_pipelining_client_does_not_hold_up_another_clients_acquire() {
+    let s = TestServer::start(&config(&format!(r#""concurrency":{CONCURRENCY},"adaptive":false"#), ""));
+    let mut busy = s.connect();
+    let mut single = s.connect();
+    busy.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // Both connections are accepted and idle before the server stops.
+    for c in [&mut busy, &mut single] {
+        c.write_all(&post("/pools/p/lock/nope/renew", KEY, "", "")).unwrap();
+        assert_eq!(read_response(c).expect("an answer").status, 404);
+    }
+
+    s.signal("STOP");
+    wait_stopped(s.pid());
+    let pipeline: Vec<u8> = (0..PIPELINED).flat_map(|_| acquire_request()).collect();
+    let mut writer = busy.try_clone().unwrap();
+    let (done, written) = mpsc::channel();
+    let write = thread::spawn(move || {
+        writer.write_all(&pipeline).unwrap();
+        let _ = done.send(());
+    });
+    // What the kernel buffers for a stopped reader is bounded; whatever part
+    // of the run it took is in the server's socket when it wakes.
+    let _ = written.recv_timeout(Duration::from_secs(3));
+    single.write_all(&acquire_request()).unwrap();
+    s.signal("CONT");
+
+    let answer = read_response(&mut single).expect("the single acquire is answered");
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let before = CONCURRENCY - 1 - answer.header_u64("x-nthpool-remaining-slots");
+    println!("pipelined acquires granted before the single one: {before} of {PIPELINED}");
+
+    let mut reader = BufReader::new(busy);
+    for i in 0..PIPELINED {
+        let r = read_response(&mut reader).unwrap_or_else(|| panic!("pipelined answer {i} is missing"));
+        assert_eq!(r.status, 200, "pipelined answer {i}: {r:?}");
+    }
+    write.join().unwrap();
+    assert!(
+        before <= AT_MOST_BEFORE,
+        "{before} pipelined acquires were answered before another client's single acquire (at most {AT_MOST_BEFORE})"
+    );
+}

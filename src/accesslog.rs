@@ -58,6 +58,15 @@ pub struct Record<'a> {
     pub slot_ref: Option<u32>,
 }
 
+/// What a proxied request's line adds: the method, the path without its
+/// query (which may carry secrets), and the upstream's status and time.
+pub struct Proxied<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub upstream_status: Option<u16>,
+    pub upstream_ms: Option<u64>,
+}
+
 impl AccessLog {
     /// `None` is off, `-` is standard output, anything else a file appended to.
     pub fn open(path: Option<&str>) -> Result<AccessLog, String> {
@@ -103,6 +112,16 @@ impl AccessLog {
     }
 
     pub fn record(&mut self, r: &Record) {
+        self.record_with(r, None);
+    }
+
+    /// A proxied request's line: the acquire's fields, then what was
+    /// forwarded and what the upstream answered.
+    pub fn record_proxied(&mut self, r: &Record, p: &Proxied) {
+        self.record_with(r, Some(p));
+    }
+
+    fn record_with(&mut self, r: &Record, proxied: Option<&Proxied>) {
         if !self.is_on() {
             return;
         }
@@ -158,6 +177,16 @@ impl AccessLog {
             }
             None => b.extend_from_slice(b"null"),
         }
+        if let Some(p) = proxied {
+            b.extend_from_slice(b",\"method\":");
+            write_json_str(b, p.method);
+            b.extend_from_slice(b",\"path\":");
+            write_json_str(b, p.path);
+            b.extend_from_slice(b",\"upstreamStatus\":");
+            write_opt_u64(b, p.upstream_status.map(u64::from));
+            b.extend_from_slice(b",\"upstreamMs\":");
+            write_opt_u64(b, p.upstream_ms);
+        }
         b.extend_from_slice(b"}\n");
     }
 
@@ -195,6 +224,13 @@ fn hex8(v: u32) -> [u8; 8] {
         *d = DIGITS[(v >> (28 - 4 * i)) as usize & 0xf];
     }
     out
+}
+
+fn write_opt_u64(b: &mut Vec<u8>, v: Option<u64>) {
+    match v {
+        Some(v) => push_u64(b, v),
+        None => b.extend_from_slice(b"null"),
+    }
 }
 
 fn write_opt_str(b: &mut Vec<u8>, s: Option<&str>) {

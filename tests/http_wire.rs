@@ -7,6 +7,8 @@
 //! whether the connection stays usable or is closed by the server.
 
 mod common;
+#[path = "common/framing.rs"]
+mod framing;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
@@ -14,6 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
+use framing::FRAMING;
 
 const ACQUIRE: &str = "/pools/p/lock/acquire";
 
@@ -518,89 +521,6 @@ fn bad_wait_budgets_are_400() {
     let slot = s.acquire("X-Nthpool-Queue-Timeout-Ms: 250\r\n", "").slot();
     s.release(&slot, "");
 }
-
-/// The framing attacks of SPEC §4, with the status each must get. The pool
-/// allows bodies of 1 KiB so a chunk size beyond the limit is short to write.
-const FRAMING: &[(&str, &[u8], u16)] = &[
-    (
-        "CL.TE",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-        400,
-    ),
-    (
-        "TE.CL",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
-        400,
-    ),
-    ("TE chunked, gzip", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 400),
-    ("TE gzip", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
-    ("TE identity", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: identity\r\n\r\n", 400),
-    ("TE xchunked", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n", 400),
-    (
-        "TE with space before colon",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
-        400,
-    ),
-    (
-        "TE twice",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-        400,
-    ),
-    (
-        "TE folded onto the line before",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nX-A: b\r\n Transfer-Encoding: chunked\r\n\r\n",
-        400,
-    ),
-    ("TE on HTTP/1.0", b"POST /pools/p/lock/acquire HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
-    (
-        "two different Content-Lengths",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{} ",
-        400,
-    ),
-    ("Content-Length list", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 2, 3\r\n\r\n{} ", 400),
-    ("Content-Length +5", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n{}   ", 400),
-    ("Content-Length -1", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", 400),
-    ("Content-Length hex", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 0x2\r\n\r\n{}", 400),
-    ("bare LF line endings", b"POST /pools/p/lock/acquire HTTP/1.1\nHost: a\nContent-Length: 0\n\n", 400),
-    ("bare LF ending the head", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\n", 400),
-    ("CR inside a header line", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nX-A: b\rc\r\n\r\n", 400),
-    ("bare CR line ending", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\rContent-Length: 0\r\n\r\n", 400),
-    ("NUL in a header value", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nX-A: b\x00c\r\n\r\n", 400),
-    ("missing Host on HTTP/1.1", b"POST /pools/p/lock/acquire HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400),
-    ("duplicate Host", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400),
-    ("two different Hosts", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", 400),
-    ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
-    (
-        "bad chunk size line",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-        400,
-    ),
-    (
-        "chunk size with 0x",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n",
-        400,
-    ),
-    (
-        "chunk size line with bare LF",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\n{}\r\n0\r\n\r\n",
-        400,
-    ),
-    (
-        "chunk data longer than its size",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}X\r\n0\r\n\r\n",
-        400,
-    ),
-    (
-        "chunk size over the body limit",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n401\r\n",
-        400,
-    ),
-    (
-        "huge chunk size",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n",
-        400,
-    ),
-];
 
 #[test]
 fn framing_attacks_get_400_and_a_closed_connection() {

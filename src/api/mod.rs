@@ -379,7 +379,7 @@ impl App {
     }
 
     /// Counts and logs one answered acquire.
-    pub(crate) fn note_acquire(
+    fn note_acquire(
         &mut self,
         attempt: &Attempt,
         epoch_now: EpochMs,
@@ -408,18 +408,7 @@ impl App {
         queued_ms: u64,
         slot_ref: Option<u32>,
     ) {
-        let server_us = attempt.started.elapsed().as_micros() as u64;
-        self.latency[attempt.pool.0 as usize].observe(server_us);
-        self.history[attempt.pool.0 as usize].1.push(history::Attempt {
-            epoch_ms: epoch_now.0,
-            status: status.code(),
-            error: code,
-            reason,
-            wait_ms: attempt.wait_ms,
-            queued_ms,
-            server_us,
-            slot_ref,
-        });
+        let server_us = self.observe_acquire(attempt, epoch_now, status, code, reason, queued_ms, slot_ref);
         if self.log.is_on() {
             self.log.record(&Record {
                 epoch_ms: epoch_now.0,
@@ -434,6 +423,34 @@ impl App {
                 slot_ref,
             });
         }
+    }
+
+    /// Counts an answered acquire in the latency histogram and the
+    /// dashboard's history; returns its server time in µs.
+    #[allow(clippy::too_many_arguments)]
+    fn observe_acquire(
+        &mut self,
+        attempt: &Attempt,
+        epoch_now: EpochMs,
+        status: Status,
+        code: Option<&'static str>,
+        reason: Option<DenyReason>,
+        queued_ms: u64,
+        slot_ref: Option<u32>,
+    ) -> u64 {
+        let server_us = attempt.started.elapsed().as_micros() as u64;
+        self.latency[attempt.pool.0 as usize].observe(server_us);
+        self.history[attempt.pool.0 as usize].1.push(history::Attempt {
+            epoch_ms: epoch_now.0,
+            status: status.code(),
+            error: code,
+            reason,
+            wait_ms: attempt.wait_ms,
+            queued_ms,
+            server_us,
+            slot_ref,
+        });
+        server_us
     }
 
     /// The `200` of an acquire, immediate or after queueing, logged.

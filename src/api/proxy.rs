@@ -4,12 +4,13 @@
 //! (`crate::proxy`); this module never touches a socket.
 
 use super::{wait_budget, ApiError, App, Attempt, Ctx, UNKNOWN_POOL};
+use crate::accesslog::{Proxied, Record};
 use crate::config::upstream::Upstream;
 use crate::governor::lease::SlotId;
-use crate::governor::{Admission, Grant, Ms, Outcome, PoolId};
+use crate::governor::{Admission, DenyReason, Grant, Ms, Outcome, PoolId};
 use crate::http::request::{BodyFraming, Head};
 use crate::http::response::Status;
-use crate::time::Now;
+use crate::time::{EpochMs, Now};
 
 /// Request fields that carry a pool credential, removed before forwarding.
 #[derive(Debug, Clone, Copy, Default)]
@@ -20,6 +21,40 @@ pub struct CredentialFields {
     pub api_key: bool,
     /// `Cf-Access-Jwt-Assertion` is checked.
     pub cf_access: bool,
+}
+
+/// What a proxied request's access-log line says beyond its attempt.
+pub struct ProxiedLine<'a> {
+    /// The status the client got (the upstream's, or this server's answer;
+    /// 499 when the client went away first).
+    pub status: u16,
+    pub error: Option<&'static str>,
+    pub deny_reason: Option<DenyReason>,
+    pub queued_ms: u64,
+    pub slot_ref: Option<u32>,
+    pub method: &'a str,
+    /// Without the query, which may carry secrets.
+    pub path: &'a str,
+    pub upstream_status: Option<u16>,
+    pub upstream_ms: Option<u64>,
+}
+
+impl<'a> ProxiedLine<'a> {
+    /// The line of a request answered here, never forwarded.
+    fn refused(head: &Head<'a>, status: u16, code: &'static str, deny_reason: Option<DenyReason>) -> Self {
+        let (method, path) = method_and_path(head);
+        ProxiedLine {
+            status,
+            error: Some(code),
+            deny_reason,
+            queued_ms: 0,
+            slot_ref: None,
+            method,
+            path,
+            upstream_status: None,
+            upstream_ms: None,
+        }
+    }
 }
 
 /// A proxied request let through auth, with what its admission came to.
@@ -102,21 +137,73 @@ impl App {
         let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
         let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
         if let Admission::Denied(denial) = &admission {
-            self.answer_denial(out, denial, Status::TooManyRequests, &attempt, ctx.now, ctx.close);
+            let (epoch_now, status, code) = (ctx.now.wall(), Status::TooManyRequests, "too_many_requests");
+            self.rejections.count(status);
+            self.observe_acquire(&attempt, epoch_now, status, Some(code), Some(denial.reason), denial.queued_ms, None);
+            self.write_denial(out, denial, status, ctx.close);
+            let line = ProxiedLine::refused(head, status.code(), code, Some(denial.reason));
+            self.log_proxied(&attempt, epoch_now, &line);
         }
         Ok(Admitted { attempt, admission })
     }
 
     /// A proxied request got its slot: the server holds it for the whole
-    /// exchange (no renewals), to its request deadline at most. Logged like
-    /// a granted acquire.
+    /// exchange (no renewals), to its request deadline at most. Counted like
+    /// a granted acquire; its log line is written when the exchange ends.
     pub fn hold_proxied(&mut self, grant: &Grant, attempt: &Attempt, now: Now) {
         self.gov.hold_to_request_deadline(&grant.slot);
-        self.note_acquire(attempt, now.wall(), Status::Ok, None, grant.queued_ms, Some(grant.slot.log_ref()));
+        let slot_ref = Some(grant.slot.log_ref());
+        self.observe_acquire(attempt, now.wall(), Status::Ok, None, None, grant.queued_ms, slot_ref);
+    }
+
+    /// The access-log line of a proxied request: the acquire's fields with
+    /// the status the client got, then method, path, upstream status and time.
+    pub fn log_proxied(&mut self, attempt: &Attempt, epoch_now: EpochMs, line: &ProxiedLine) {
+        if !self.log.is_on() {
+            return;
+        }
+        let record = Record {
+            epoch_ms: epoch_now.0,
+            pool: &self.gov.pool(attempt.pool).name,
+            client: attempt.client,
+            status: line.status,
+            error: line.error,
+            deny_reason: line.deny_reason.map(DenyReason::as_str),
+            wait_ms: attempt.wait_ms,
+            queued_ms: line.queued_ms,
+            server_us: attempt.started.elapsed().as_micros() as u64,
+            slot_ref: line.slot_ref,
+        };
+        let proxied = Proxied {
+            method: line.method,
+            path: line.path,
+            upstream_status: line.upstream_status,
+            upstream_ms: line.upstream_ms,
+        };
+        self.log.record_proxied(&record, &proxied);
+    }
+
+    /// A proxied request refused before admission (key, policies, limits):
+    /// answered into `out`, counted, and logged with its method and path.
+    pub fn refuse_proxied(&mut self, ctx: &Ctx, pid: PoolId, head: &Head, error: ApiError, out: &mut Vec<u8>) {
+        self.write_error(out, error, ctx.close);
+        let attempt = Attempt { pool: pid, client: ctx.peer, wait_ms: 0, started: ctx.started };
+        let line = ProxiedLine::refused(head, error.status().code(), error.code(), None);
+        self.log_proxied(&attempt, ctx.now.wall(), &line);
     }
 
     /// The exchange is over: the slot goes back with what the upstream said.
     pub fn release_proxied(&mut self, pid: PoolId, slot: &SlotId, outcome: Option<&Outcome>, now: Ms) {
         self.gov.release(pid, &slot.encode(), outcome, now);
     }
+}
+
+/// A request's method and its path without the query, for the log.
+fn method_and_path<'h>(head: &Head<'h>) -> (&'h str, &'h str) {
+    (head.method_name, path_without_query(head.path))
+}
+
+/// `/v1/chat?key=x` → `/v1/chat`: queries may carry secrets.
+pub fn path_without_query(target: &str) -> &str {
+    target.split_once('?').map_or(target, |(p, _)| p)
 }

@@ -49,6 +49,8 @@ pub enum BodyFraming {
 #[derive(Debug)]
 pub struct Head<'b> {
     pub method: Method,
+    /// The method as sent (`PATCH`, `DELETE`, ...): proxied and logged as is.
+    pub method_name: &'b str,
     /// The request target as sent, query string included; always starts with `/`.
     pub path: &'b str,
     /// False for HTTP/1.0.
@@ -169,6 +171,7 @@ pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Resu
     if !line_ends_are_crlf(buf, head_len, path, headers) {
         check_line_endings(&buf[..head_len])?;
     }
+    let method_name = method;
     let method = match method {
         "GET" => Method::Get,
         "HEAD" => Method::Head,
@@ -204,6 +207,7 @@ pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Resu
 
     Ok(Some(Head {
         method,
+        method_name,
         path,
         http11,
         keep_alive,

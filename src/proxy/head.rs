@@ -53,17 +53,9 @@ fn named_by_connection(headers: &[httparse::Header], name: &str) -> bool {
         .any(|h| h.value.split(|&b| b == b',').any(|token| trim(token).eq_ignore_ascii_case(name.as_bytes())))
 }
 
-/// Writes the upstream request head for `head` (whose request line starts `raw`).
-pub fn write_request(
-    out: &mut Vec<u8>,
-    raw: &[u8],
-    head: &Head,
-    upstream: &Upstream,
-    creds: CredentialFields,
-    body: RequestBody,
-) {
-    let method_len = raw.iter().position(|&b| b == b' ').unwrap_or(0);
-    out.extend_from_slice(&raw[..method_len]);
+/// Writes the upstream request head for `head`.
+pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds: CredentialFields, body: RequestBody) {
+    out.extend_from_slice(head.method_name.as_bytes());
     out.push(b' ');
     out.extend_from_slice(head.path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
@@ -295,7 +287,7 @@ mod tests {
         let head = parse_head(raw, &mut storage).unwrap().unwrap();
         let up = upstream(r#","setHeaders":{"Authorization":"Bearer managed","X-Team":"core"}"#);
         let mut out = Vec::new();
-        write_request(&mut out, raw, &head, &up, creds, body);
+        write_request(&mut out, &head, &up, creds, body);
         String::from_utf8(out).unwrap()
     }
 

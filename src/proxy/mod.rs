@@ -97,6 +97,8 @@ pub struct Exchange {
     pub deadline: Ms,
     pub request_deadline: Ms,
     pub sent_at: Option<Instant>,
+    /// How long it waited in the queue for its slot.
+    pub queued_ms: u64,
     /// Bytes relayed to the upstream and to the client.
     pub bytes_up: u64,
     pub bytes_down: u64,
@@ -108,6 +110,17 @@ impl Exchange {
     /// The client's request body has been taken whole.
     pub fn request_done(&self) -> bool {
         self.request.is_done()
+    }
+
+    /// The method and the path without its query, from the request line
+    /// the upstream is sent (the log's view of the request).
+    pub fn method_and_path(&self) -> (&str, &str) {
+        let line = self.head.split(|&b| b == b'\r').next().unwrap_or_default();
+        let line = std::str::from_utf8(line).unwrap_or_default();
+        let mut parts = line.split(' ');
+        let method = parts.next().unwrap_or_default();
+        let target = parts.next().unwrap_or_default();
+        (method, crate::api::proxy::path_without_query(target))
     }
 }
 
@@ -148,12 +161,40 @@ impl ClientIo<'_> {
     }
 }
 
-#[derive(Default)]
+/// Upper bounds of the upstream latency buckets, in ms.
+pub const UPSTREAM_MS_BUCKETS: [u64; 12] = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10_000, 60_000, 600_000];
+
+/// Proxy counters, read by the metrics.
+#[derive(Debug, Default, Clone, Copy)]
 pub struct ProxyStats {
     pub upstream_connects: u64,
     pub upstream_connect_errors: u64,
     pub upstream_reuses: u64,
     pub retries: u64,
+    /// Ended exchanges by the upstream's status class (`[1]` = 1xx ... `[5]`
+    /// = 5xx); `[0]`: no upstream status (refused, failed, or the client left first).
+    pub by_class: [u64; 6],
+    /// Request and response bytes relayed, as written to the other side.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// From sending the request to the end of the exchange, in ms buckets (the last is +Inf).
+    pub upstream_ms: [u64; UPSTREAM_MS_BUCKETS.len() + 1],
+    pub upstream_ms_sum: u64,
+    /// Idle keep-alive connections, as of the last count.
+    pub idle: u64,
+}
+
+impl ProxyStats {
+    pub fn count(&mut self, e: &Exchange, upstream_status: Option<u16>, upstream_ms: Option<u64>) {
+        let class = upstream_status.map_or(0, |s| (s / 100).clamp(1, 5) as usize);
+        self.by_class[class] += 1;
+        self.bytes_up += e.bytes_up;
+        self.bytes_down += e.bytes_down;
+        if let Some(ms) = upstream_ms {
+            self.upstream_ms[UPSTREAM_MS_BUCKETS.partition_point(|&b| b < ms)] += 1;
+            self.upstream_ms_sum += ms;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -224,6 +265,7 @@ impl Proxy {
             deadline: Ms::MAX,
             request_deadline: Ms::MAX,
             sent_at: None,
+            queued_ms: 0,
             bytes_up: 0,
             bytes_down: 0,
             close_client: false,
@@ -328,7 +370,7 @@ impl Proxy {
 
     /// An exchange is over: its connection goes back to the idle pool when
     /// `reusable` (and the pool has room), else it is closed. Returns the
-    /// exchange, for its slot and counters.
+    /// exchange, for its slot and counters; `retire` it afterwards.
     pub fn finish(&mut self, ex: usize, reusable: bool, idle_limit: usize, registry: &mio::Registry) -> Exchange {
         let mut e = self.exchanges.remove(ex);
         if let Some(idx) = e.up.take() {
@@ -350,8 +392,12 @@ impl Proxy {
                 self.close_up(idx, registry);
             }
         }
-        self.spare.push(std::mem::take(&mut e.head));
         e
+    }
+
+    /// Keeps a finished exchange's buffers for the next one.
+    pub fn retire(&mut self, e: Exchange) {
+        self.spare.push(e.head);
     }
 
     pub fn close_up(&mut self, idx: usize, registry: &mio::Registry) {

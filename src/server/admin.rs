@@ -22,6 +22,8 @@ pub struct ServerStats {
     pub bytes_sent: u64,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
+    /// Proxy mode's counters, as of the scrape.
+    pub proxy: crate::proxy::ProxyStats,
 }
 
 pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool, now: Ms) {
@@ -157,16 +159,8 @@ pub fn render(app: &App, stats: &ServerStats, now: Ms) -> String {
     }
     family(&mut t, "nthpool_acquire_server_time_us", "histogram", "Server time of acquire answers, in microseconds.");
     for ((_, p), h) in pools.iter().zip(&app.latency) {
-        let mut cumulative = 0;
-        for (i, le) in LATENCY_BUCKETS_US.iter().enumerate() {
-            cumulative += h.counts[i];
-            let _ =
-                writeln!(t, "nthpool_acquire_server_time_us_bucket{{pool=\"{}\",le=\"{le}\"}} {cumulative}", p.name);
-        }
-        cumulative += h.counts[LATENCY_BUCKETS_US.len()];
-        let _ = writeln!(t, "nthpool_acquire_server_time_us_bucket{{pool=\"{}\",le=\"+Inf\"}} {cumulative}", p.name);
-        let _ = writeln!(t, "nthpool_acquire_server_time_us_sum{{pool=\"{}\"}} {}", p.name, h.sum_us);
-        let _ = writeln!(t, "nthpool_acquire_server_time_us_count{{pool=\"{}\"}} {cumulative}", p.name);
+        let labels = format!("pool=\"{}\",", p.name);
+        histogram(&mut t, "nthpool_acquire_server_time_us", &labels, &LATENCY_BUCKETS_US, &h.counts, h.sum_us);
     }
     let server: [(&str, &str, &str, u64); 10] = [
         ("nthpool_connections_open", "gauge", "Open client connections (both listeners).", stats.connections_open),
@@ -190,11 +184,80 @@ pub fn render(app: &App, stats: &ServerStats, now: Ms) -> String {
             app.log.dropped,
         ),
     ];
-    for (name, kind, help, v) in server {
-        family(&mut t, name, kind, help);
+    unlabelled(&mut t, &server);
+    render_proxy(&mut t, &stats.proxy);
+    t
+}
+
+/// Proxy mode: exchanges by upstream status class, upstream time, bytes,
+/// upstream connections.
+fn render_proxy(t: &mut String, p: &crate::proxy::ProxyStats) {
+    use crate::proxy::UPSTREAM_MS_BUCKETS;
+    family(
+        t,
+        "nthpool_proxy_requests_total",
+        "counter",
+        "Proxied exchanges ended, by upstream status class (none: no upstream answer).",
+    );
+    for (i, class) in ["none", "1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+        let _ = writeln!(t, "nthpool_proxy_requests_total{{class=\"{class}\"}} {}", p.by_class[i]);
+    }
+    family(
+        t,
+        "nthpool_proxy_upstream_time_ms",
+        "histogram",
+        "From sending a request upstream to the end of its exchange, in ms.",
+    );
+    histogram(t, "nthpool_proxy_upstream_time_ms", "", &UPSTREAM_MS_BUCKETS, &p.upstream_ms, p.upstream_ms_sum);
+    let plain: [(&str, &str, &str, u64); 7] = [
+        ("nthpool_proxy_bytes_up_total", "counter", "Request bytes relayed to upstreams.", p.bytes_up),
+        ("nthpool_proxy_bytes_down_total", "counter", "Response bytes relayed to clients.", p.bytes_down),
+        ("nthpool_proxy_upstream_connects_total", "counter", "Upstream connections opened.", p.upstream_connects),
+        (
+            "nthpool_proxy_upstream_connection_errors_total",
+            "counter",
+            "Upstream connections that failed to open.",
+            p.upstream_connect_errors,
+        ),
+        (
+            "nthpool_proxy_upstream_reuses_total",
+            "counter",
+            "Requests sent on a kept-alive upstream connection.",
+            p.upstream_reuses,
+        ),
+        (
+            "nthpool_proxy_retries_total",
+            "counter",
+            "Requests sent again after a reused connection failed before any byte.",
+            p.retries,
+        ),
+        ("nthpool_proxy_idle_connections", "gauge", "Idle keep-alive upstream connections kept.", p.idle),
+    ];
+    unlabelled(t, &plain);
+}
+
+/// Families of one sample each, without labels.
+fn unlabelled(t: &mut String, rows: &[(&str, &str, &str, u64)]) {
+    for (name, kind, help, v) in rows {
+        family(t, name, kind, help);
         let _ = writeln!(t, "{name} {v}");
     }
-    t
+}
+
+/// The samples of one histogram: cumulative buckets (`counts` has one more,
+/// the +Inf bucket, than `bounds`), sum and count. `labels` is empty or ends in `,`.
+fn histogram(t: &mut String, name: &str, labels: &str, bounds: &[u64], counts: &[u64], sum: u64) {
+    let mut cumulative = 0;
+    for (le, n) in bounds.iter().zip(counts) {
+        cumulative += n;
+        let _ = writeln!(t, "{name}_bucket{{{labels}le=\"{le}\"}} {cumulative}");
+    }
+    cumulative += counts[bounds.len()];
+    let _ = writeln!(t, "{name}_bucket{{{labels}le=\"+Inf\"}} {cumulative}");
+    let bare = labels.trim_end_matches(',');
+    let braces = |inner: &str| if inner.is_empty() { String::new() } else { format!("{{{inner}}}") };
+    let _ = writeln!(t, "{name}_sum{} {sum}", braces(bare));
+    let _ = writeln!(t, "{name}_count{} {cumulative}", braces(bare));
 }
 
 /// What limits each pool now, and what it learned of the upstream's limits.

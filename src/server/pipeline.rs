@@ -84,7 +84,7 @@ impl Server {
             };
             if let Some(pid) = app.proxy_route(conn.listener_pool, &head).filter(|_| !conn.admin) {
                 let head_len = head.head_len;
-                let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, &head, data, pid);
+                let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, &head, pid);
                 conn.budget(turn).requests -= 1;
                 conn.input.consume(head_len);
                 conn.head_scanned = 0;
@@ -127,6 +127,8 @@ impl Server {
             };
             let answer_start = conn.output.len();
             let handled = if conn.admin {
+                stats.proxy = proxy.stats;
+                stats.proxy.idle = proxy.idle_total() as u64;
                 admin::handle(&head, app, stats, &mut conn.output, ctx.close, now.ms);
                 Handled::Done
             } else {

@@ -16,14 +16,15 @@ use mio::{Interest, Registry, Token};
 
 use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
 use super::{client_mut, Server};
-use crate::api::{governor_headers, ApiError, App, ConnId, Ctx, Queued};
+use crate::api::proxy::ProxiedLine;
+use crate::api::{governor_headers, ApiError, App, ConnId, Ctx, Queued, CLIENT_GONE_STATUS};
 use crate::config::Config;
 use crate::governor::{Admission, Grant, PoolId};
 use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
 use crate::http::response::CONTINUE;
 use crate::proxy::head::{self, ClientSide};
-use crate::proxy::{request_relay, ClientIo, NewExchange, Phase, Proxy, Step};
+use crate::proxy::{request_relay, ClientIo, Exchange, NewExchange, Phase, Proxy, Step};
 use crate::time::Now;
 
 /// Upstream connections are registered at `UPSTREAM_BASE + slab index`.
@@ -85,8 +86,7 @@ pub enum After {
     Fail,
 }
 
-/// The request head `head` (at the start of `raw`, the connection's input)
-/// is proxy traffic for `pid`: admits it and, unless refused, opens its
+/// The request head `head` is proxy traffic for `pid`: admits it and, unless refused, opens its
 /// exchange. Refusals are written to `output`. The caller consumes the head
 /// (`head.head_len` bytes) and then calls `settle`.
 #[allow(clippy::too_many_arguments)]
@@ -97,7 +97,6 @@ pub fn begin(
     client: ConnId,
     ctx: &Ctx,
     head: &Head,
-    raw: &[u8],
     pid: PoolId,
 ) -> Begun {
     let has_body = head.framing != BodyFraming::None;
@@ -106,7 +105,7 @@ pub fn begin(
         Err(e) => {
             // The body is not read: nothing after it could be told apart.
             let close = ctx.close || has_body || e.closes();
-            app.reject(&Ctx { close, ..*ctx }, head, e, output);
+            app.refuse_proxied(&Ctx { close, ..*ctx }, pid, head, e, output);
             return Begun::Answered { close };
         }
     };
@@ -126,7 +125,7 @@ pub fn begin(
     };
     let open = |proxy: &mut Proxy| {
         let mut up_head = proxy.head_buffer();
-        head::write_request(&mut up_head, raw, head, upstream, app.credential_fields(pid), body);
+        head::write_request(&mut up_head, head, upstream, app.credential_fields(pid), body);
         proxy.open(new, up_head)
     };
     match admitted.admission {
@@ -176,6 +175,7 @@ fn start(
     app.hold_proxied(grant, &e.attempt, now);
     let upstream = app.upstream(e.pool).expect("a proxy pool");
     e.slot = Some(grant.slot);
+    e.queued_ms = grant.queued_ms;
     e.signals.clear();
     governor_headers(&mut e.signals, &grant.signals, grant.queued_ms);
     e.request_deadline = grant.request_deadline;
@@ -352,7 +352,9 @@ impl Server {
             let outcome = Proxy::outcome(&e, failure);
             self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now.ms);
         }
+        self.note_exchange(&e, end);
         let Some(conn) = client_mut(&mut self.conns, id) else {
+            self.proxy.retire(e);
             return;
         };
         let body_done = e.request_done();
@@ -370,6 +372,7 @@ impl Server {
         if close {
             conn.close_after_flush();
         }
+        self.proxy.retire(e);
         conn.last_active = self.now.ms;
         conn.request_started = (!conn.input.is_empty()).then_some(self.now.ms);
         // What the governor decided meanwhile (a waiter granted the freed slot).
@@ -388,5 +391,35 @@ impl Server {
             let outcome = Proxy::outcome(&e, None);
             self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now.ms);
         }
+        self.note_exchange(&e, End::ClientGone);
+        self.proxy.retire(e);
+    }
+
+    /// The access-log line and the metrics of an ended exchange.
+    fn note_exchange(&mut self, e: &Exchange, end: End) {
+        let upstream_status = e.response_head.map(|h| h.status);
+        let (status, error) = match end {
+            // Its queue wait ended in a refusal, logged as it was answered.
+            End::Refused => return,
+            End::Complete { .. } => (upstream_status.unwrap_or(0), None),
+            End::Answered(err) => (err.status().code(), Some(err.code())),
+            End::Cut => (upstream_status.unwrap_or(ApiError::BadGateway.status().code()), Some("upstream_cut")),
+            End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
+        };
+        let upstream_ms = e.sent_at.map(|t| t.elapsed().as_millis() as u64);
+        self.proxy.stats.count(e, upstream_status, upstream_ms);
+        let (method, path) = e.method_and_path();
+        let line = ProxiedLine {
+            status,
+            error,
+            deny_reason: None,
+            queued_ms: e.queued_ms,
+            slot_ref: e.slot.map(|s| s.log_ref()),
+            method,
+            path,
+            upstream_status,
+            upstream_ms,
+        };
+        self.app.log_proxied(&e.attempt, self.now.wall(), &line);
     }
 }

@@ -7,7 +7,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crate::common::{config, read_response, Response, TestServer, KEY};
 
 /// One request as the upstream received it.
 #[derive(Debug, Clone)]
@@ -53,6 +55,9 @@ pub enum Reply {
     Paced(Vec<(u64, Vec<u8>)>),
     /// Says nothing for this long, then closes.
     Silent(Duration),
+    /// Writes `head`, then `piece` `times` times as fast as the socket takes
+    /// it (a large body without holding it in memory), and keeps the connection.
+    Repeat { head: Vec<u8>, piece: Vec<u8>, times: usize },
 }
 
 /// A `200` with `body` under a `Content-Length` and the given extra header lines.
@@ -130,6 +135,16 @@ fn serve(mut stream: TcpStream, conn: usize, seen: &Mutex<Vec<Seen>>, script: &S
                 std::thread::sleep(d);
                 return;
             }
+            Reply::Repeat { head, piece, times } => {
+                if stream.write_all(&head).is_err() {
+                    return;
+                }
+                for _ in 0..times {
+                    if stream.write_all(&piece).is_err() {
+                        return;
+                    }
+                }
+            }
         }
     }
 }
@@ -194,4 +209,81 @@ fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>, conn: usize) -> Optio
         seen.body = buf.drain(..n).collect();
     }
     Some(seen)
+}
+
+pub const HOST: &str = "p.proxy.test";
+
+// The client side of proxy tests.
+
+/// A server whose pool `p` (concurrency `concurrency`) proxies to `up` for
+/// `Host: p.proxy.test`, with `extra` members in its `upstream` section.
+pub fn proxy_server(up: &MockUpstream, concurrency: u32, extra: &str) -> TestServer {
+    let sep = if extra.is_empty() { "" } else { "," };
+    TestServer::start(&config(
+        &format!(
+            r#""concurrency":{concurrency},"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
+            "upstream":{{"url":"{}","hosts":["{HOST}"]{sep}{extra}}}"#,
+            up.url()
+        ),
+        "",
+    ))
+}
+
+/// A proxied request with the pool key, `extra` header lines and a body.
+pub fn proxied(method: &str, target: &str, extra: &str, body: &str) -> Vec<u8> {
+    let length =
+        if body.is_empty() && method == "GET" { String::new() } else { format!("Content-Length: {}\r\n", body.len()) };
+    format!("{method} {target} HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\n{extra}{length}\r\n{body}")
+        .into_bytes()
+}
+
+/// Reads one response whatever its framing (Content-Length or chunked);
+/// `None` on EOF before a head.
+pub fn read_any(s: &mut TcpStream) -> Option<Response> {
+    // The head (and a Content-Length body) as the harness reads them.
+    let mut r = read_response(s)?;
+    if r.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        loop {
+            let line = read_line(s);
+            let size = usize::from_str_radix(line.trim(), 16).unwrap();
+            let mut chunk = vec![0u8; size + 2];
+            s.read_exact(&mut chunk).unwrap();
+            if size == 0 {
+                break;
+            }
+            r.body.extend_from_slice(&chunk[..size]);
+        }
+    }
+    Some(r)
+}
+
+fn read_line(s: &mut TcpStream) -> String {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the stream ended inside a chunk-size line");
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+pub fn exchange(server: &TestServer, raw: &[u8]) -> Response {
+    let mut s = server.connect();
+    s.write_all(raw).unwrap();
+    read_any(&mut s).expect("a response")
+}
+
+/// Polls until a fail-fast lock acquire gets a slot (the pool's slot was
+/// given back), within a generous bound; returns the time it took.
+pub fn slot_comes_back(server: &TestServer) -> Duration {
+    let start = Instant::now();
+    loop {
+        let r = server.acquire("", "");
+        if r.status == 200 {
+            server.release(&r.slot(), "");
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "the slot never came back: {r:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -1,0 +1,376 @@
+//! Proxy mode streaming and limits over real sockets (SPEC §12): events
+//! relayed as they come, backpressure to a slow reader, HEAD, interim
+//! answers, `Expect: 100-continue`, refused upgrades, the request cap, the
+//! keep-alive pool, the access log and metrics, smuggling, and the one
+//! concurrency limit shared by lock holders and proxied exchanges.
+
+mod common;
+#[path = "common/framing.rs"]
+mod framing;
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use upstream::*;
+
+/// An SSE response head without framing (close-delimited, as many servers send it).
+const SSE_HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+
+fn paced_events(n: usize, pause_ms: u64) -> Vec<(u64, Vec<u8>)> {
+    std::iter::once((0, SSE_HEAD.to_vec()))
+        .chain((0..n).map(|i| (pause_ms, format!("data: {i}\n\n").into_bytes())))
+        .collect()
+}
+
+#[test]
+fn server_sent_events_reach_the_client_one_by_one() {
+    let events = paced_events(20, 100);
+    let up = MockUpstream::start(move |_| Reply::Paced(events.clone()));
+    let server = proxy_server(&up, 2, "");
+    let mut s = server.connect();
+    let start = Instant::now();
+    s.write_all(&proxied("GET", "/v1/stream", "Accept: text/event-stream\r\n", "")).unwrap();
+    // The head, re-framed chunked for this HTTP/1.1 client, then the first event.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("data: 0\n\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its first event");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let first = start.elapsed();
+    let text = String::from_utf8_lossy(&got).to_string();
+    assert!(text.contains("Transfer-Encoding: chunked\r\n") && text.contains("x-nthpool-limit: 2"), "{text}");
+    // The stream lasts two seconds; the first event came long before its end.
+    assert!(first < Duration::from_millis(1500), "first event after {first:?}");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).ok();
+    got.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&got);
+    assert!(start.elapsed() >= Duration::from_millis(1900), "the upstream paced 20 events over 2 s");
+    for i in 0..20 {
+        assert!(text.contains(&format!("data: {i}\n\n")), "event {i} missing");
+    }
+    assert!(text.ends_with("0\r\n\r\n"), "the close-delimited body ends with the last chunk: {text:?}");
+    slot_comes_back(&server);
+}
+
+/// The bytes of a response head, up to and with its empty line.
+fn read_head(s: &mut TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the connection ended inside a head");
+        head.push(byte[0]);
+    }
+    head
+}
+
+/// Resident memory of a process, in KiB (Linux `/proc`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
+    const MB: usize = 1024 * 1024;
+    const TOTAL: usize = 200 * MB;
+    let up = MockUpstream::start(|_| Reply::Repeat {
+        head: format!("HTTP/1.1 200 OK\r\nContent-Length: {TOTAL}\r\n\r\n").into_bytes(),
+        piece: vec![b'x'; MB],
+        times: TOTAL / MB,
+    });
+    let server = proxy_server(&up, 2, "");
+    let baseline = rss_kib(server.pid());
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/big", "", "")).unwrap();
+    let head = read_head(&mut s);
+    assert!(String::from_utf8_lossy(&head).contains(&format!("Content-Length: {TOTAL}\r\n")));
+    // Slow: 64 KiB every 20 ms for two seconds (about 6 MB), watching the server.
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut received = 0usize;
+    let mut peak = baseline;
+    let slow_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < slow_until {
+        received += s.read(&mut buf).unwrap();
+        peak = peak.max(rss_kib(server.pid()));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Then as fast as it goes, to the end of the body.
+    let mut big = vec![0u8; MB];
+    let mut next_sample = received + 16 * MB;
+    while received < TOTAL {
+        let n = s.read(&mut big[..MB.min(TOTAL - received)]).unwrap();
+        assert!(n > 0, "the body ended after {received} of {TOTAL} bytes");
+        received += n;
+        if received >= next_sample {
+            next_sample += 16 * MB;
+            peak = peak.max(rss_kib(server.pid()));
+        }
+    }
+    let grown_mib = peak.saturating_sub(baseline) / 1024;
+    println!("server RSS: baseline {baseline} KiB, peak {peak} KiB while relaying {TOTAL} bytes");
+    assert!(
+        grown_mib < 32,
+        "server memory grew by {grown_mib} MiB relaying 200 MB (baseline {baseline} KiB, peak {peak} KiB)"
+    );
+    slot_comes_back(&server);
+}
+
+#[test]
+fn head_requests_get_the_head_and_no_body() {
+    let up = MockUpstream::start(|seen| {
+        assert!(seen.request_line().starts_with("HEAD "));
+        Reply::Raw(b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\nETag: \"v1\"\r\n\r\n".to_vec())
+    });
+    let server = proxy_server(&up, 2, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("HEAD", "/file", "", "")).unwrap();
+    let text = String::from_utf8(read_head(&mut s)).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.contains("Content-Length: 1234\r\n"), "{text}");
+    // No body follows: the next answer on the connection starts right away.
+    s.write_all(&proxied("HEAD", "/file", "", "")).unwrap();
+    let mut next = [0u8; 15];
+    s.read_exact(&mut next).unwrap();
+    assert_eq!(&next, b"HTTP/1.1 200 OK");
+}
+
+#[test]
+fn expect_continue_interim_answers_and_upgrades() {
+    let up = MockUpstream::start(|seen| {
+        if seen.request_line().contains("/hints") {
+            return Reply::Raw(
+                b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    .to_vec(),
+            );
+        }
+        ok(&format!("got {}", String::from_utf8_lossy(&seen.body)), "")
+    });
+    let server = proxy_server(&up, 2, "");
+    // Expect: 100-continue: the 100 comes from the proxy once the slot is
+    // held, the body follows, and the upstream never sees the expectation.
+    let mut s = server.connect();
+    s.write_all(format!("POST /v1/upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut interim = [0u8; 25];
+    s.read_exact(&mut interim).unwrap();
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    s.write_all(b"hello").unwrap();
+    let r = read_any(&mut s).unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"got hello"[..]), "{r:?}");
+    assert!(up.seen()[0].header("expect").is_none());
+    // An interim 103 is relayed before the final answer.
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/hints", "", "")).unwrap();
+    let early = read_response(&mut s).unwrap();
+    assert_eq!((early.status, early.header("link")), (103, Some("</style.css>; rel=preload")), "{early:?}");
+    let r = read_any(&mut s).unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]), "{r:?}");
+    // Upgrades are refused, never forwarded.
+    let before = up.seen().len();
+    let r = exchange(&server, &proxied("GET", "/ws", "Connection: Upgrade\r\nUpgrade: websocket\r\n", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (501, "not_implemented"), "{r:?}");
+    assert_eq!(up.seen().len(), before);
+}
+
+#[test]
+fn the_request_cap_cuts_a_long_exchange_and_frees_the_slot() {
+    let events = paced_events(50, 100);
+    let up = MockUpstream::start(move |_| Reply::Paced(events.clone()));
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":1,"termMs":200,"renewIntervalMs":50,"requestTimeoutMs":800,
+            "upstream":{{"url":"{}","hosts":["{HOST}"]}}"#,
+            up.url()
+        ),
+        "",
+    ));
+    let mut s = server.connect();
+    let start = Instant::now();
+    s.write_all(&proxied("GET", "/v1/stream", "", "")).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).ok();
+    let took = start.elapsed();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("data: 0\n\n"), "{text}");
+    assert!(!text.contains("data: 49\n\n"), "the stream ran past the cap");
+    assert!(took >= Duration::from_millis(700) && took < Duration::from_secs(4), "cut after {took:?}");
+    // The lease outlived its term (the server holds it) and ended at the cap.
+    slot_comes_back(&server);
+}
+
+#[test]
+fn idle_connections_are_kept_up_to_the_limit_and_dropped_when_the_upstream_closes_them() {
+    let up = MockUpstream::start(|_| ok("one", ""));
+    let server = proxy_server(&up, 2, r#""idleConnections":0"#);
+    for _ in 0..3 {
+        assert_eq!(exchange(&server, &proxied("GET", "/", "", "")).status, 200);
+    }
+    assert_eq!(up.connections(), 3, "idleConnections 0 keeps none");
+    // An upstream that closes its idle connections: the next request opens a new one.
+    let closing =
+        MockUpstream::start(|_| Reply::RawThenClose(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec()));
+    let server = proxy_server(&closing, 2, "");
+    for _ in 0..3 {
+        let r = exchange(&server, &proxied("GET", "/", "", ""));
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]), "{r:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(closing.connections(), 3);
+}
+
+#[test]
+fn the_access_log_and_metrics_describe_proxied_requests() {
+    let up = MockUpstream::start(|_| ok("hello", "x-ratelimit-remaining-requests: 10\r\n"));
+    let server = TestServer::start(
+        &config(&format!(r#""upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()), "")
+            .replace(r#""accessLog":null"#, r#""accessLog":"access.log""#),
+    );
+    let r = exchange(&server, &proxied("PATCH", "/v1/files/7?api_key=secret-in-query", "", "{}"));
+    assert_eq!(r.status, 200, "{r:?}");
+    let wrong_key = format!("GET /v1/x HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: wrong\r\n\r\n");
+    let denied = exchange(&server, wrong_key.as_bytes());
+    assert_eq!(denied.status, 401);
+    // The log is flushed at least every 200 ms.
+    let path = server.dir.join("access.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.lines().count() >= 2 || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ok_line = lines.iter().find(|l| l["status"] == 200).unwrap_or_else(|| panic!("{log}"));
+    assert_eq!(ok_line["method"], "PATCH");
+    assert_eq!(ok_line["path"], "/v1/files/7");
+    assert_eq!(ok_line["upstreamStatus"], 200);
+    assert!(ok_line["upstreamMs"].is_u64() && ok_line["slot"].is_string(), "{ok_line}");
+    let refused = lines.iter().find(|l| l["status"] == 401).unwrap_or_else(|| panic!("{log}"));
+    assert_eq!((refused["error"].as_str(), refused["path"].as_str()), (Some("unauthorized"), Some("/v1/x")));
+    assert!(!log.contains("secret-in-query") && !log.contains(KEY), "{log}");
+    let mut c = TcpStream::connect(server.admin.unwrap()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let metrics = String::from_utf8(read_response(&mut c).unwrap().body).unwrap();
+    for sample in [
+        "nthpool_proxy_requests_total{class=\"2xx\"} 1",
+        "nthpool_proxy_upstream_time_ms_count 1",
+        "nthpool_proxy_bytes_down_total ",
+        "nthpool_proxy_upstream_connects_total 1",
+        "nthpool_proxy_upstream_connection_errors_total 0",
+        "nthpool_proxy_idle_connections 1",
+    ] {
+        assert!(metrics.contains(sample), "{sample} not in the metrics:\n{metrics}");
+    }
+}
+
+/// `raw` with the pool key added after its request line.
+fn with_key(raw: &[u8]) -> Vec<u8> {
+    let at = raw.iter().position(|&b| b == b'\n').map_or(raw.len(), |i| i + 1);
+    let mut out = raw[..at].to_vec();
+    out.extend_from_slice(format!("X-Nthpool-Key: {KEY}\r\n").as_bytes());
+    out.extend_from_slice(&raw[at..]);
+    out
+}
+
+#[test]
+fn framing_attacks_sent_to_the_proxy_never_reach_the_upstream_as_two_requests() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _server = TestServer::start(&config(
+        &format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:{port}","maxRequestBytes":1024}}"#, up.url()),
+        "",
+    ));
+    let good = format!("GET /good HTTP/1.1\r\nHost: a\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    let after = format!("GET /after HTTP/1.1\r\nHost: a\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    let mut failures = Vec::new();
+    for &(name, raw, _) in framing::FRAMING {
+        let before = up.seen().len();
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut batch = good.clone().into_bytes();
+        batch.extend(with_key(raw));
+        batch.extend_from_slice(after.as_bytes());
+        c.write_all(&batch).unwrap();
+        let first = read_any(&mut c);
+        if first.as_ref().map(|r| r.status) != Some(200) {
+            failures.push(format!("{name}: the good request got {first:?}"));
+            continue;
+        }
+        let refused = read_any(&mut c);
+        if refused.as_ref().map(|r| r.status) != Some(400) {
+            failures.push(format!("{name}: the attack got {refused:?}"));
+        }
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+        // Give the upstream time to have seen anything that leaked.
+        std::thread::sleep(Duration::from_millis(50));
+        let seen: Vec<String> = up.seen()[before..].iter().map(|s| s.request_line().to_string()).collect();
+        let leaked: Vec<&String> = seen.iter().filter(|l| !l.starts_with("GET /good ")).collect();
+        if seen.is_empty() || !leaked.is_empty() {
+            failures.push(format!("{name}: the upstream saw {seen:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "framing cases that failed:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn lock_holders_and_proxied_exchanges_never_exceed_the_concurrency_limit() {
+    const LIMIT: u32 = 3;
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (f, p) = (in_flight.clone(), peak.clone());
+    let up = MockUpstream::start(move |_| {
+        // Counted while the upstream works: after the grant, before the release.
+        let now = f.fetch_add(1, Ordering::SeqCst) + 1;
+        p.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(30));
+        f.fetch_sub(1, Ordering::SeqCst);
+        ok("done", "")
+    });
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":{LIMIT},"adaptive":false,"queue":{{"size":100,"timeoutMs":10000}},
+            "upstream":{{"url":"{}","hosts":["{HOST}"],"waitMs":10000}}"#,
+            up.url()
+        ),
+        "",
+    ));
+    let server = Arc::new(server);
+    let mut workers = Vec::new();
+    for w in 0..8 {
+        let (server, f, p) = (server.clone(), in_flight.clone(), peak.clone());
+        workers.push(std::thread::spawn(move || {
+            for _ in 0..10 {
+                if w % 2 == 0 {
+                    let r = exchange(&server, &proxied("GET", "/work", "", ""));
+                    assert_eq!(r.status, 200, "{r:?}");
+                } else {
+                    let slot = server.acquire("", r#"{"waitMs":10000}"#).slot();
+                    let now = f.fetch_add(1, Ordering::SeqCst) + 1;
+                    p.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(30));
+                    f.fetch_sub(1, Ordering::SeqCst);
+                    assert_eq!(server.release(&slot, "").json()["released"], true);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.join().unwrap();
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= LIMIT as usize, "{peak} calls were in flight at once with a limit of {LIMIT}");
+    assert!(peak >= 2, "the two kinds of traffic overlapped (peak {peak})");
+    assert_eq!(up.seen().len(), 40);
+}

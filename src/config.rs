@@ -69,6 +69,13 @@ pub struct Config {
     /// (SPEC §11); the embedded demo keeps it in memory.
     #[serde(default = "defaults::slot_secret_file")]
     pub slot_secret_file: String,
+    /// Where a graceful stop leaves its snapshot, beside the configuration
+    /// file (SPEC §11); `null`: every start takes the crash path.
+    #[serde(default = "defaults::state_file")]
+    pub state_file: Option<String>,
+    /// Also snapshot this often while running (off the request path); `null`: only at stop.
+    #[serde(default)]
+    pub snapshot_interval_ms: Option<u64>,
     #[serde(deserialize_with = "unique_pools")]
     pub pools: BTreeMap<String, PoolConfig>,
 }
@@ -200,6 +207,9 @@ mod defaults {
     pub fn slot_secret_file() -> String {
         "nthpool.secret".into()
     }
+    pub fn state_file() -> Option<String> {
+        Some("nthpool.state".into())
+    }
     pub fn access_log() -> Option<String> {
         Some("access.log".into())
     }
@@ -319,6 +329,17 @@ impl Config {
         }
         if self.slot_secret_file.is_empty() {
             return fail("slotSecretFile: use a file path (relative to the configuration file)");
+        }
+        if self.state_file.as_ref().is_some_and(|f| f.is_empty() || *f == self.slot_secret_file) {
+            return fail(
+                "stateFile: use a file path (relative to the configuration file, not the slot secret's), or null",
+            );
+        }
+        if self.snapshot_interval_ms.is_some_and(|ms| !(1000..=MAX_DURATION_MS).contains(&ms)) {
+            return fail(format!("snapshotIntervalMs must be between 1000 and {MAX_DURATION_MS}, or null"));
+        }
+        if self.snapshot_interval_ms.is_some() && self.state_file.is_none() {
+            return fail("snapshotIntervalMs needs stateFile to be set");
         }
         if let Some(path) = &self.access_log {
             if path.is_empty() {
@@ -554,6 +575,21 @@ mod tests {
         assert!(err(r#"{"pools":{}}"#).contains("pools"));
         assert!(err(&pool_json(r#","queue":{"timeoutMs":"soon"}"#)).contains("pools.p1.queue.timeoutMs"));
         assert!(err(&pool_json(r#","termMs":-1"#)).contains("pools.p1.termMs"));
+    }
+
+    #[test]
+    fn state_file_and_snapshot_interval() {
+        let c = Config::parse(pool_json("").as_bytes()).unwrap();
+        assert_eq!((c.state_file.as_deref(), c.snapshot_interval_ms), (Some("nthpool.state"), None));
+        let off = Config::parse(br#"{"stateFile":null,"pools":{"p":{"keys":["k"]}}}"#).unwrap();
+        assert_eq!(off.state_file, None);
+        assert!(err(r#"{"stateFile":"","pools":{"p":{"keys":["k"]}}}"#).contains("stateFile"));
+        assert!(err(r#"{"stateFile":"nthpool.secret","pools":{"p":{"keys":["k"]}}}"#).contains("stateFile"));
+        assert!(err(r#"{"snapshotIntervalMs":10,"pools":{"p":{"keys":["k"]}}}"#).contains("snapshotIntervalMs"));
+        let e = err(r#"{"stateFile":null,"snapshotIntervalMs":5000,"pools":{"p":{"keys":["k"]}}}"#);
+        assert!(e.contains("snapshotIntervalMs needs stateFile"), "{e}");
+        let periodic = Config::parse(br#"{"snapshotIntervalMs":5000,"pools":{"p":{"keys":["k"]}}}"#).unwrap();
+        assert_eq!(periodic.snapshot_interval_ms, Some(5000));
     }
 
     #[test]

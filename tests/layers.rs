@@ -22,7 +22,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("report", &["governor", "time"]),
     ("access", &["config", "http", "time", "wheel"]),
     ("accesslog", &["http", "time"]),
-    ("api", &["access", "accesslog", "config", "governor", "http", "report", "time", "wheel"]),
+    ("api", &["access", "accesslog", "config", "governor", "http", "report", "state", "time", "wheel"]),
     ("dashboard", &["api", "governor", "http", "time"]),
     ("net", &["time"]),
     ("proxy", &["api", "config", "governor", "http", "report", "time"]),

@@ -27,13 +27,21 @@ fn metric(s: &TestServer, line_start: &str) -> u64 {
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
-/// Kills `s` with SIGKILL and keeps its directory (config and slot secret).
-fn kill_9(mut s: TestServer) -> (PathBuf, PathBuf) {
-    s.signal("KILL");
-    s.child.wait().unwrap();
+/// Stops `s` with `signal`, waits for it to exit, and keeps its directory
+/// (config, slot secret, snapshot).
+fn stop(mut s: TestServer, signal: &str) -> (PathBuf, PathBuf) {
+    s.signal(signal);
+    let status = s.child.wait().unwrap();
+    if signal != "KILL" {
+        assert!(status.success(), "a graceful stop exits 0: {status}");
+    }
     let kept = (std::mem::take(&mut s.dir), s.config_path.clone());
     // `Drop` removes `dir`; it is empty now, so nothing is removed.
     kept
+}
+
+fn kill_9(s: TestServer) -> (PathBuf, PathBuf) {
+    stop(s, "KILL")
 }
 
 fn restart(kept: &(PathBuf, PathBuf)) -> TestServer {
@@ -140,4 +148,94 @@ fn tampered_forged_and_other_pool_ids_are_refused_and_never_adopted() {
     // The genuine id is still adoptable afterwards.
     assert_eq!(s.renew(&slot).status, 200);
     assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 1);
+}
+
+/// A concurrency refusal reported while two calls were in flight: the pool
+/// learns a limit of 2 (of 3).
+const REFUSED: &str = r#"{"status":429}"#;
+
+#[test]
+fn a_graceful_restart_keeps_held_slots_and_what_was_learned_with_no_window() {
+    let first = TestServer::start(&config(POOL, ""));
+    let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
+    assert_eq!(first.release(&slots[2], REFUSED).json()["released"], true);
+    let learned = first.acquire("", "");
+    assert_eq!((learned.status, learned.header("x-nthpool-effective-limit")), (429, Some("2")), "{learned:?}");
+    let kept = stop(first, "TERM");
+    assert!(kept.0.join("nthpool.state").exists(), "the stop left a snapshot");
+
+    let s = restart(&kept);
+    assert!(!kept.0.join("nthpool.state").exists(), "a snapshot is used once");
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "no window after a graceful stop");
+    assert_eq!(metric(&s, "nthpool_recovering{pool=\"p\"}"), 0);
+    // The two held slots are known at once (not re-adopted) and still count.
+    let full = s.acquire("", "");
+    assert_eq!((full.status, full.header("x-nthpool-deny-reason")), (429, Some("concurrency")), "{full:?}");
+    assert_eq!(full.header("x-nthpool-effective-limit"), Some("2"), "the learned limit is kept");
+    assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2);
+    assert_eq!(s.renew(&slots[0]).status, 200);
+    assert_eq!(s.release(&slots[1], "").json()["released"], true);
+    assert_eq!(s.release(&slots[2], "").json()["released"], false, "a slot released before the stop stays released");
+    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0);
+    assert_eq!(s.acquire("", "").status, 200);
+    // A crash now finds no snapshot: the window opens.
+    let s = restart(&kill_9(s));
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering");
+}
+
+#[test]
+fn a_corrupt_or_mismatched_snapshot_is_refused_and_the_crash_path_taken() {
+    for spoil in ["corrupt", "other config", "other secret"] {
+        let first = TestServer::start(&config(POOL, ""));
+        let slot = first.acquire("", "").slot();
+        let kept = stop(first, "TERM");
+        let state = kept.0.join("nthpool.state");
+        match spoil {
+            "corrupt" => {
+                let mut bytes = std::fs::read(&state).unwrap();
+                let middle = bytes.len() / 2;
+                bytes[middle] ^= 0x20;
+                std::fs::write(&state, bytes).unwrap();
+            }
+            "other config" => std::fs::write(&kept.1, config(&POOL.replace("3", "4"), "")).unwrap(),
+            _ => {
+                // A snapshot another instance (another secret) wrote.
+                let stranger = TestServer::start(&config(POOL, ""));
+                let stranger_kept = stop(stranger, "TERM");
+                std::fs::copy(stranger_kept.0.join("nthpool.state"), &state).unwrap();
+                std::fs::remove_dir_all(&stranger_kept.0).unwrap();
+            }
+        }
+        let s = restart(&kept);
+        assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering", "{spoil}");
+        assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"), "{spoil}");
+        // The holder is re-adopted from its id instead.
+        assert_eq!(s.renew(&slot).status, 200, "{spoil}");
+        assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 1, "{spoil}");
+    }
+}
+
+#[test]
+fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
+    // Long terms: the slots must outlive the wait for the snapshot.
+    let pool = r#""concurrency":3,"termMs":20000,"renewIntervalMs":5000"#;
+    let first = TestServer::start(&config(pool, r#""snapshotIntervalMs":1000"#));
+    let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
+    assert_eq!(first.release(&slots[2], REFUSED).json()["released"], true);
+    let state = first.dir.join("nthpool.state");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !state.exists() {
+        assert!(Instant::now() < deadline, "no periodic snapshot was written");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Let one more period pass so the snapshot has seen the release.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = restart(&kill_9(first));
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    let denied = s.acquire("", "");
+    assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"));
+    assert_eq!(denied.header("x-nthpool-effective-limit"), Some("2"), "the learned limit is restored");
+    assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2, "the slots the snapshot knew are held");
+    assert_eq!(s.renew(&slots[0]).status, 200);
+    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot, not re-adopted");
 }

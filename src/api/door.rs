@@ -9,6 +9,8 @@
 //! governor, and the application never sees a socket.
 
 use super::{App, Queued};
+use crate::config::Config;
+use crate::state::Persistence;
 use crate::accesslog;
 use crate::governor::lease::SlotId;
 use crate::governor::{Denial, Grant, Notice};
@@ -42,6 +44,8 @@ pub enum Wake {
     Accept,
     /// A connection's deadline may have come; it re-checks and re-arms.
     Conn(ConnId),
+    /// Time for the periodic snapshot (`snapshotIntervalMs`).
+    Snapshot,
 }
 
 /// What the application's own entries on the wheel stand for.
@@ -68,16 +72,17 @@ pub enum Event {
 }
 
 impl App {
-    /// Takes the slot secret and the Unix time of monotonic 0. After a start
-    /// that is not the first (`first_start` false: nothing says which slots
-    /// the previous process held) every pool re-adopts for one term first.
-    pub fn adopt_identity(&mut self, secret: &[u8; 32], epoch: Epoch, first_start: bool) {
-        self.gov.set_identity(secret, epoch);
-        if !first_start {
-            // Give the previous holders one term to come back before granting anew.
-            self.gov.open_recovery_window(0);
-            log::warn!("started without a snapshot: re-adoption window of one termMs per pool");
-        }
+    /// Takes the slot secret and the Unix time of monotonic 0, then restores
+    /// the last stop's snapshot or, without a usable one, opens the
+    /// re-adoption window (`state::start` decides which). The reactor keeps
+    /// what it returns to write the next snapshot.
+    pub fn start_state(
+        &mut self,
+        config: &Config,
+        config_path: Option<&std::path::Path>,
+        epoch: Epoch,
+    ) -> Result<Persistence, String> {
+        crate::state::start(config, config_path, &mut self.gov, 0, epoch)
     }
 
     /// Starts a reactor turn at `now`: the dashboard's history is sampled

@@ -44,6 +44,17 @@ impl TokenBucket {
         self.tokens
     }
 
+    /// The tokens left and when the next one arrives (µs): what a snapshot keeps.
+    pub fn level(&self) -> (u32, u64) {
+        (self.tokens, self.next_refill_us)
+    }
+
+    /// Puts back a level from `level` (never above the bucket's size).
+    pub fn restore_level(&mut self, tokens: u32, next_refill_us: u64) {
+        self.tokens = tokens.min(self.burst);
+        self.next_refill_us = next_refill_us;
+    }
+
     pub fn is_full(&self) -> bool {
         self.tokens >= self.burst
     }

@@ -97,7 +97,7 @@ impl Outcome {
 }
 
 /// The upstream request budget of one reset window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Budget {
     /// Grants still allowed before `reset_at`.
     pub remaining: u64,
@@ -135,7 +135,7 @@ pub const PROBE_WAIT_MAX: u32 = 16_384;
 pub const POOL_WIDE_STREAK: u32 = 3;
 
 /// Everything a pool has learned: plain fields, so it can be saved and restored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Learning {
     pub adaptive: bool,
     pub concurrency: u32,
@@ -195,6 +195,19 @@ impl Learning {
 
     pub fn effective(&self) -> u32 {
         self.effective
+    }
+
+    /// The same state with every instant passed through `at` (a snapshot
+    /// moves them from one process's clock to another's). Every field that
+    /// is an instant is listed here.
+    pub fn rebased(&self, at: impl Fn(Ms) -> Ms) -> Learning {
+        Learning {
+            cooldown_until: at(self.cooldown_until),
+            budget: self.budget.map(|b| Budget { reset_at: at(b.reset_at), ..b }),
+            ended_reset_at: at(self.ended_reset_at),
+            token_block_until: at(self.token_block_until),
+            ..self.clone()
+        }
     }
 
     pub fn epoch(&self) -> u32 {

@@ -18,6 +18,7 @@ pub mod learn;
 pub mod lease;
 pub mod pool;
 pub mod queue;
+pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};

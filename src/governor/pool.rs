@@ -58,7 +58,7 @@ impl DenyReason {
 pub const UNKNOWN_WAIT_MS: u64 = 1000;
 
 /// Plain counters, bumped on the hot path and only formatted when scraped.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolStats {
     pub grants: u64,
     pub denied: [u64; 5],

@@ -133,6 +133,8 @@ pub struct Server {
     /// Set when SIGTERM/SIGINT arrived: exit once every connection is done, or at this time.
     shutdown_at: Option<Ms>,
     app: App,
+    /// The slot secret's and the snapshot's files.
+    persistence: state::Persistence,
     clock: Clock,
     now: Now,
     /// Counts reactor turns: a connection's budget is per turn.
@@ -188,11 +190,10 @@ impl Server {
         let mut app = App::new(config)?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
-        let secret = match &config_path {
-            Some(path) => state::secret::load_or_create(&state::secret::path_beside(path, &config.slot_secret_file))?,
-            None => state::secret::ephemeral(),
-        };
-        app.adopt_identity(&secret.bytes, clock.epoch(), secret.created);
+        let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
+        if let Some(every) = persistence.interval_ms() {
+            app.schedule(every, Wake::Snapshot);
+        }
         Ok(Server {
             poll,
             listener: Some(listener),
@@ -213,6 +214,7 @@ impl Server {
             stats: ServerStats::default(),
             shutdown_at: None,
             app,
+            persistence,
             now: clock.at(Instant::now()),
             clock,
             turn: 0,
@@ -303,6 +305,7 @@ impl Server {
             if let Some(at) = self.shutdown_at {
                 if self.conns.is_empty() || self.clock.now_ms() >= at {
                     self.app.flush_log();
+                    self.persistence.write_stop(self.app.governor(), self.clock.now_ms());
                     info!("shut down ({} connections cut at the deadline)", self.conns.len());
                     return Ok(());
                 }
@@ -360,6 +363,7 @@ impl Server {
                     warn!("reload: new `listen` / `adminListen` addresses take effect at the next restart");
                     self.configured_listen = listen;
                 }
+                self.persistence.reconfigured(self.app.governor());
                 self.stats.reloads_ok += 1;
                 info!("configuration reloaded from {}", path.display());
                 self.drain_events();
@@ -483,6 +487,11 @@ impl Server {
                     self.accept(true);
                 }
                 Event::Wake(Wake::Conn(id)) => self.dispatch(id, Signal::Deadline),
+                Event::Wake(Wake::Snapshot) => {
+                    self.persistence.write_periodic(self.app.governor(), self.now.ms);
+                    let every = self.persistence.interval_ms().expect("armed only with an interval");
+                    self.app.schedule(self.now.ms + every, Wake::Snapshot);
+                }
             }
         }
     }

@@ -1,6 +1,169 @@
-//! What the server keeps on disk between runs (SPEC §11).
+//! What the server keeps on disk between runs (SPEC §11): the slot secret,
+//! and the snapshot a graceful stop (or the periodic timer) leaves for the
+//! next process.
 //!
-//! Only the reactor's start-up and stop paths come here; nothing on the
-//! request path reads or writes a file.
+//! Only the reactor's start-up, timer and stop paths come here; nothing on
+//! the request path reads or writes a file. A periodic snapshot costs the
+//! loop one copy of the lease table (`Governor::export`); encoding, writing
+//! and syncing it happen on a thread of their own.
 
 pub mod secret;
+pub mod snapshot;
+
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use log::{info, warn};
+
+use crate::config::Config;
+use crate::governor::snapshot::HeldLease;
+use crate::governor::{Governor, Ms};
+use snapshot::{Identity, Kind};
+
+/// The state files of a running server.
+pub struct Persistence {
+    /// `None`: no snapshot is written (the embedded demo, `stateFile: null`).
+    path: Option<PathBuf>,
+    interval_ms: Option<u64>,
+    identity: Identity,
+    /// The periodic snapshot being written, if one is; it hands its lease
+    /// buffer back for the next one.
+    writer: Option<JoinHandle<Vec<HeldLease>>>,
+}
+
+/// Sets up the governor's identity from the slot secret, then restores the
+/// snapshot when there is a usable one. Without one, a start that found an
+/// existing secret opens the re-adoption window; a first start has nothing
+/// to re-adopt. `now` is monotonic ms, `epoch_base_ms` the Unix ms at 0.
+pub fn start(
+    config: &Config,
+    config_path: Option<&Path>,
+    gov: &mut Governor,
+    now: Ms,
+    epoch_base_ms: u64,
+) -> Result<Persistence, String> {
+    let secret = match config_path {
+        Some(path) => secret::load_or_create(&secret::path_beside(path, &config.slot_secret_file))?,
+        None => secret::ephemeral(),
+    };
+    gov.set_identity(&secret.bytes, epoch_base_ms);
+    let path = config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f));
+    let persistence = Persistence {
+        path,
+        interval_ms: config.snapshot_interval_ms,
+        identity: Identity::new(config, &secret.bytes),
+        writer: None,
+    };
+    let window = match persistence.restore(gov, now) {
+        Ok(Some(Kind::Stop)) => None,
+        // Grants made after a periodic snapshot are unknown.
+        Ok(Some(Kind::Periodic)) => Some("the snapshot is periodic".to_string()),
+        // A first start has nothing to re-adopt.
+        Ok(None) if secret.created => None,
+        Ok(None) => Some("no snapshot of the last stop".to_string()),
+        Err(why) if secret.created => {
+            warn!("{why}: a first start, nothing to re-adopt");
+            None
+        }
+        Err(why) => Some(why),
+    };
+    if let Some(why) = window {
+        gov.open_recovery_window(now);
+        warn!("{why}: re-adoption window of one termMs per pool");
+    }
+    Ok(persistence)
+}
+
+impl Persistence {
+    /// Loads and removes the snapshot (it is used once). `Ok(None)`: there is none.
+    fn restore(&self, gov: &mut Governor, now: Ms) -> Result<Option<Kind>, String> {
+        let Some(path) = &self.path else {
+            return Ok(None);
+        };
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("state file {} unreadable ({e})", path.display())),
+        };
+        let refused = |why: String| format!("state file {} refused ({why})", path.display());
+        let started = Instant::now();
+        let (kind, snap) = snapshot::decode(&bytes, &self.identity).map_err(refused)?;
+        let restored = gov.import(&snap, now).map_err(|e| refused(format!("mismatched: {e}")))?;
+        snapshot::remove(path).map_err(|e| format!("state file {} loaded but not removed ({e})", path.display()))?;
+        info!(
+            "restored the {} snapshot {} in {} ms: {} slots held, {} expired while stopped and reclaimed",
+            if kind == Kind::Stop { "stop" } else { "periodic" },
+            path.display(),
+            started.elapsed().as_millis(),
+            restored.held,
+            restored.reclaimed
+        );
+        Ok(Some(kind))
+    }
+
+    /// How often to snapshot while running, if at all.
+    pub fn interval_ms(&self) -> Option<u64> {
+        self.interval_ms.filter(|_| self.path.is_some())
+    }
+
+    /// A reload changed the pools: the next snapshot is of the new configuration.
+    pub fn reconfigured(&mut self, config: &Config) {
+        self.identity.config = snapshot::config_identity(config);
+    }
+
+    /// The periodic snapshot: the loop copies the state, a thread writes it.
+    /// Skipped while the previous one is still being written.
+    pub fn write_periodic(&mut self, gov: &Governor, now: Ms) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        if self.writer.as_ref().is_some_and(|w| !w.is_finished()) {
+            warn!("periodic snapshot skipped: the previous one is still being written");
+            return;
+        }
+        let spare = self.writer.take().and_then(|w| w.join().ok()).unwrap_or_default();
+        let started = Instant::now();
+        let snap = gov.export_into(now, spare);
+        let copied = started.elapsed();
+        let identity = self.identity.clone();
+        let unix_now = gov.unix_ms(now);
+        self.writer = Some(std::thread::spawn(move || {
+            let started = Instant::now();
+            let bytes = snapshot::encode(&snap, Kind::Periodic, &identity, unix_now);
+            match snapshot::write_atomic(&path, &bytes) {
+                Ok(()) => info!(
+                    "periodic snapshot of {} slots: {} µs on the event loop, {} ms writing {} bytes beside it",
+                    snap.leases.len(),
+                    copied.as_micros(),
+                    started.elapsed().as_millis(),
+                    bytes.len()
+                ),
+                Err(e) => warn!("periodic snapshot to {} failed: {e}", path.display()),
+            }
+            snap.leases
+        }));
+    }
+
+    /// The snapshot of a graceful stop, written before the process exits.
+    pub fn write_stop(&mut self, gov: &Governor, now: Ms) {
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+        let Some(path) = &self.path else {
+            return;
+        };
+        let started = Instant::now();
+        let snap = gov.export(now);
+        let bytes = snapshot::encode(&snap, Kind::Stop, &self.identity, gov.unix_ms(now));
+        match snapshot::write_atomic(path, &bytes) {
+            Ok(()) => info!(
+                "stop snapshot of {} slots written to {} in {} ms",
+                snap.leases.len(),
+                path.display(),
+                started.elapsed().as_millis()
+            ),
+            Err(e) => warn!("stop snapshot to {} failed ({e}): the next start takes the crash path", path.display()),
+        }
+    }
+}

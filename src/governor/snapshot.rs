@@ -1,0 +1,315 @@
+//! What the governor hands over for a snapshot and takes back at start (SPEC §11).
+//!
+//! Plain data only: held leases with their ids and deadlines, and per pool
+//! what was learned, the rate gate's level, the counters and an open
+//! re-adoption window. Every instant is in Unix milliseconds, so the process
+//! that reads it back (with another monotonic clock) can place it. The file
+//! format and its I/O belong to `state::snapshot`; nothing here reads a file
+//! or a clock.
+
+use super::learn::Learning;
+use super::lease::{Lease, SlotId};
+use super::pool::PoolStats;
+use super::{Governor, Ms, Timer};
+
+/// A governor's state at one instant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub pools: Vec<PoolState>,
+    pub leases: Vec<HeldLease>,
+    /// Ids re-adopted and since released or reclaimed: while a window is
+    /// open they must stay dead.
+    pub dead_adopted: Vec<SlotId>,
+}
+
+/// One configured pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolState {
+    pub name: Box<str>,
+    /// Its instants in Unix ms.
+    pub learning: Learning,
+    /// Rate-gate tokens and the Unix µs of the next one.
+    pub gate: Option<(u32, u64)>,
+    pub stats: PoolStats,
+    /// The end of an open re-adoption window, Unix ms.
+    pub recovering_until: Option<u64>,
+}
+
+/// One held slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldLease {
+    /// Its place in the lease table (the id's own index, unless re-adopted).
+    pub index: u32,
+    /// Index into `Snapshot::pools`.
+    pub pool: u32,
+    pub id: SlotId,
+    pub lease_deadline: u64,
+    pub request_deadline: u64,
+    pub granted_at: u64,
+    pub grant_seq: u64,
+    pub epoch: u32,
+    pub adopted: bool,
+}
+
+/// What `import` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Restored {
+    /// Leases held again.
+    pub held: usize,
+    /// Leases whose deadline passed while no process held them: reclaimed now.
+    pub reclaimed: usize,
+}
+
+impl Governor {
+    /// `at` in Unix milliseconds.
+    pub fn unix_ms(&self, at: Ms) -> u64 {
+        self.epoch_base_ms + at
+    }
+
+    fn monotonic_ms(&self, unix: u64) -> Ms {
+        unix.saturating_sub(self.epoch_base_ms)
+    }
+
+    /// Everything a successor needs, at `now`. Pools retired by a reload are
+    /// left out (their leases were draining). Costs one pass over the lease
+    /// table and copies it: call it rarely, and write the result elsewhere.
+    pub fn export(&self, now: Ms) -> Snapshot {
+        self.export_into(now, Vec::new())
+    }
+
+    /// `export`, filling `leases` (cleared first): a buffer kept from the
+    /// previous snapshot spares the loop the page faults of a fresh one.
+    pub fn export_into(&self, now: Ms, mut leases: Vec<HeldLease>) -> Snapshot {
+        let mut slot_of = vec![u32::MAX; self.pools.len()];
+        let mut pools = Vec::new();
+        for (idx, pool) in self.pools.iter().enumerate().filter(|(_, p)| !p.retired) {
+            slot_of[idx] = pools.len() as u32;
+            pools.push(PoolState {
+                name: pool.name.clone(),
+                learning: pool.learning.rebased(|at| self.unix_ms(at)),
+                gate: pool.gate.as_ref().map(|g| {
+                    let (tokens, next_us) = g.level();
+                    (tokens, self.epoch_base_ms * 1000 + next_us)
+                }),
+                stats: pool.stats,
+                recovering_until: pool.recovering_until.filter(|&until| until > now).map(|u| self.unix_ms(u)),
+            });
+        }
+        leases.clear();
+        leases.reserve(self.leases.len());
+        for (index, l) in &self.leases {
+            let pool = slot_of[l.pool.0 as usize];
+            if pool == u32::MAX {
+                continue;
+            }
+            leases.push(HeldLease {
+                index: index as u32,
+                pool,
+                id: l.id,
+                lease_deadline: self.unix_ms(l.lease_deadline),
+                request_deadline: self.unix_ms(l.request_deadline),
+                granted_at: self.unix_ms(l.granted_at),
+                grant_seq: l.grant_seq,
+                epoch: l.epoch,
+                adopted: l.adopted,
+            });
+        }
+        let dead_adopted = self.adopted.iter().filter(|(_, held)| held.is_none()).map(|(id, _)| *id).collect();
+        Snapshot { pools, leases, dead_adopted }
+    }
+
+    /// Takes back a snapshot at `now`, before anything was granted: leases
+    /// whose deadline passed meanwhile are reclaimed at once, the rest are
+    /// held again under their ids. A snapshot that does not fit this
+    /// configuration (a pool unknown, a lease out of place) is refused whole
+    /// and changes nothing.
+    pub fn import(&mut self, snap: &Snapshot, now: Ms) -> Result<Restored, String> {
+        if !self.leases.is_empty() {
+            return Err("slots were granted before the snapshot was loaded".into());
+        }
+        let mut pids = Vec::with_capacity(snap.pools.len());
+        for p in &snap.pools {
+            let pid = self.pool_id(&p.name).ok_or_else(|| format!("pool `{}` is not configured", p.name))?;
+            if pids.contains(&pid) {
+                return Err(format!("pool `{}` appears twice", p.name));
+            }
+            pids.push(pid);
+        }
+        let mut indices: Vec<u32> = snap.leases.iter().map(|l| l.index).collect();
+        indices.sort_unstable();
+        if indices.windows(2).any(|w| w[0] == w[1]) {
+            return Err("two leases claim one place in the lease table".into());
+        }
+        for l in &snap.leases {
+            if l.pool as usize >= pids.len() || l.lease_deadline > l.request_deadline {
+                return Err("a lease names no pool of the snapshot or outlives its request deadline".into());
+            }
+            if !l.adopted && l.id.index() != l.index {
+                return Err("a lease is not at the place its id names".into());
+            }
+        }
+
+        for (p, &pid) in snap.pools.iter().zip(&pids) {
+            let base = self.epoch_base_ms;
+            let pool = &mut self.pools[pid.0 as usize];
+            pool.learning = p.learning.rebased(|unix| unix.saturating_sub(base));
+            if let (Some(gate), Some((tokens, next_us))) = (&mut pool.gate, p.gate) {
+                gate.restore_level(tokens, next_us.saturating_sub(base * 1000));
+            }
+            pool.stats = p.stats;
+            let until = p.recovering_until.map(|u| u.saturating_sub(base)).filter(|&u| u > now);
+            pool.recovering_until = until;
+            if let Some(until) = until {
+                self.arm_wake(pid, until);
+            }
+        }
+        let mut restored = Restored::default();
+        let mut table = Vec::with_capacity(snap.leases.len());
+        for l in &snap.leases {
+            let pid = pids[l.pool as usize];
+            let (lease_deadline, request_deadline) =
+                (self.monotonic_ms(l.lease_deadline), self.monotonic_ms(l.request_deadline));
+            let pool = &mut self.pools[pid.0 as usize];
+            if lease_deadline <= now {
+                restored.reclaimed += 1;
+                if lease_deadline >= request_deadline {
+                    pool.stats.reclaimed_cap += 1;
+                } else {
+                    pool.stats.reclaimed_term += 1;
+                }
+                if l.adopted {
+                    self.adopted.insert(l.id, None);
+                }
+                continue;
+            }
+            pool.held += 1;
+            restored.held += 1;
+            let timer = self.wheel.insert(lease_deadline, Timer::Lease(l.index));
+            if l.adopted {
+                self.adopted.insert(l.id, Some(l.index as usize));
+            }
+            let lease = Lease {
+                pool: pid,
+                id: l.id,
+                lease_deadline,
+                request_deadline,
+                epoch: l.epoch,
+                granted_at: self.monotonic_ms(l.granted_at),
+                grant_seq: l.grant_seq,
+                timer,
+                adopted: l.adopted,
+            };
+            table.push((l.index as usize, lease));
+        }
+        self.leases = table.into_iter().collect();
+        for id in &snap.dead_adopted {
+            self.adopted.insert(*id, None);
+        }
+        Ok(restored)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::governor::{Admission, DenyReason, Governor, Outcome, RateInfo};
+
+    const BASE: u64 = 1_800_000_000_000;
+
+    fn governor(epoch_base_ms: u64) -> Governor {
+        let config = Config::parse(
+            br#"{"pools":{"p":{"keys":["k"],"concurrency":4,"termMs":1000,"renewIntervalMs":300,"rpm":600},
+                          "q":{"keys":["k"],"concurrency":2,"termMs":5000,"renewIntervalMs":1000}}}"#,
+        )
+        .unwrap();
+        let mut g = Governor::new(&config.pools);
+        g.set_identity(&[7; 32], epoch_base_ms);
+        g
+    }
+
+    fn grant(g: &mut Governor, pool: &str, now: u64) -> crate::governor::Grant {
+        match g.acquire(g.pool_id(pool).unwrap(), 0, 0, now) {
+            Admission::Granted(grant) => grant,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_successor_holds_the_same_slots_and_knows_what_was_learned() {
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        let kept = grant(&mut old, "p", 100);
+        let short = grant(&mut old, "p", 100);
+        let released = grant(&mut old, "p", 100);
+        let other = grant(&mut old, "q", 100);
+        // Two refusals with two calls in flight teach a limit of 2, and a cool-down.
+        let refusal = Outcome {
+            status: Some(429),
+            rate: RateInfo { retry_after_ms: Some(20_000), ..RateInfo::default() },
+            ..Outcome::default()
+        };
+        assert!(old.release(p, &released.slot.encode(), Some(&refusal), 200));
+        assert_eq!(old.renew(p, &kept.slot.encode(), 900), Ok(1900));
+        let learned = old.pool(p).learning.clone();
+        let snap = old.export(950);
+
+        // The successor starts 1.5 s of Unix time later: `short` (deadline at
+        // 1100) expired while nobody held it; `kept` was renewed to 1900.
+        let mut new = governor(BASE + 1500);
+        let restored = new.import(&snap, 0).unwrap();
+        assert_eq!((restored.held, restored.reclaimed), (2, 1));
+        let p = new.pool_id("p").unwrap();
+        assert_eq!(new.pool(p).held, 1);
+        assert_eq!(new.pool(p).effective_limit(), learned.effective);
+        assert_eq!(new.pool(p).learning.cooldown_until, learned.cooldown_until.saturating_sub(1500));
+        assert_eq!(new.pool(p).stats.reclaimed_term, 1);
+        assert_eq!(new.renew(p, &kept.slot.encode(), 100), Ok(1100));
+        assert_eq!(new.renew(p, &short.slot.encode(), 100), Err(crate::governor::RenewError::NotFound));
+        let q = new.pool_id("q").unwrap();
+        assert!(new.release(q, &other.slot.encode(), None, 100));
+        // The restored lease is reclaimed at its term as any other.
+        new.advance(1100);
+        assert_eq!(new.pool(p).held, 0);
+        assert_eq!(new.pool(p).stats.reclaimed_term, 2);
+    }
+
+    #[test]
+    fn the_rate_gate_and_an_open_window_carry_over() {
+        let mut old = governor(BASE);
+        old.open_recovery_window(0);
+        let p = old.pool_id("p").unwrap();
+        let snap = old.export(400);
+        let mut new = governor(BASE + 500);
+        new.import(&snap, 0).unwrap();
+        // 100 ms of the 1 s window are left.
+        match new.acquire(p, 0, 0, 0) {
+            Admission::Denied(d) => assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Recovering, 500)),
+            other => panic!("expected the window, got {other:?}"),
+        }
+        new.advance(500);
+        for _ in 0..3 {
+            grant(&mut new, "p", 500);
+        }
+        let tokens = new.pool(p).rpm_remaining();
+        assert_eq!(tokens, Some(7));
+        let snap = new.export(500);
+        let mut third = governor(BASE + 1000);
+        third.import(&snap, 0).unwrap();
+        assert_eq!(third.pool(p).rpm_remaining(), tokens);
+    }
+
+    #[test]
+    fn a_snapshot_of_another_pool_set_changes_nothing() {
+        let mut old = governor(BASE);
+        grant(&mut old, "p", 0);
+        let mut snap = old.export(0);
+        snap.pools[0].name = "gone".into();
+        let mut new = governor(BASE);
+        assert!(new.import(&snap, 0).unwrap_err().contains("gone"));
+        assert_eq!(new.held_total(), 0);
+        let mut snap = old.export(0);
+        snap.leases.push(snap.leases[0]);
+        assert!(new.import(&snap, 0).is_err());
+        assert_eq!(new.held_total(), 0);
+    }
+}

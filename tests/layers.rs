@@ -15,7 +15,7 @@ use common::*;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("time", &[]),
     ("config", &[]),
-    ("state", &[]),
+    ("state", &["config", "governor", "time"]),
     ("wheel", &["time"]),
     ("http", &["time"]),
     ("governor", &["time", "wheel"]),

@@ -10,7 +10,8 @@
 use super::learn::Learning;
 use super::lease::{Lease, SlotId};
 use super::pool::PoolStats;
-use super::{Governor, Ms, Timer};
+use super::{Governor, Timer};
+use crate::time::Ms;
 
 /// A governor's state at one instant.
 #[derive(Debug, Clone, PartialEq)]
@@ -222,7 +223,7 @@ mod tests {
                           "q":{"keys":["k"],"concurrency":2,"termMs":5000,"renewIntervalMs":1000}}}"#,
         )
         .unwrap();
-        let mut g = Governor::new(&config.pools);
+        let mut g = Governor::new(&crate::api::pool_settings(&config));
         g.set_identity(&[7; 32], epoch_base_ms);
         g
     }

@@ -18,7 +18,8 @@ use log::{info, warn};
 
 use crate::config::Config;
 use crate::governor::snapshot::HeldLease;
-use crate::governor::{Governor, Ms};
+use crate::governor::Governor;
+use crate::time::Ms;
 use snapshot::{Identity, Kind};
 
 /// The state files of a running server.
@@ -52,7 +53,7 @@ pub fn start(
     let persistence = Persistence {
         path,
         interval_ms: config.snapshot_interval_ms,
-        identity: Identity::new(config, &secret.bytes),
+        identity: Identity::new(gov, &secret.bytes),
         writer: None,
     };
     let window = match persistence.restore(gov, now) {
@@ -108,8 +109,8 @@ impl Persistence {
     }
 
     /// A reload changed the pools: the next snapshot is of the new configuration.
-    pub fn reconfigured(&mut self, config: &Config) {
-        self.identity.config = snapshot::config_identity(config);
+    pub fn reconfigured(&mut self, gov: &Governor) {
+        self.identity.config = snapshot::config_identity(gov);
     }
 
     /// The periodic snapshot: the loop copies the state, a thread writes it.

@@ -18,11 +18,10 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::config::Config;
 use crate::governor::learn::Learning;
 use crate::governor::lease::SlotId;
 use crate::governor::snapshot::{HeldLease, PoolState, Snapshot};
-use crate::governor::{PoolSettings, PoolStats};
+use crate::governor::{Governor, PoolStats};
 
 pub const FORMAT: &str = "nthpool-state";
 pub const VERSION: u32 = 1;
@@ -47,19 +46,20 @@ pub struct Identity {
 }
 
 impl Identity {
-    pub fn new(config: &Config, secret: &[u8; 32]) -> Identity {
-        Identity { config: config_identity(config), secret: secret_identity(secret) }
+    pub fn new(gov: &Governor, secret: &[u8; 32]) -> Identity {
+        Identity { config: config_identity(gov), secret: secret_identity(secret) }
     }
 }
 
-/// The pools and the settings held leases and learned state depend on.
-/// Keys and access policies are not part of it: rotating a key keeps the snapshot.
-pub fn config_identity(config: &Config) -> String {
+/// The governor's configured pools and the settings held leases and learned
+/// state depend on. Keys and access policies are not part of it: rotating a
+/// key keeps the snapshot.
+pub fn config_identity(gov: &Governor) -> String {
     let mut h = Sha256::new();
-    for (name, pool) in &config.pools {
-        let s = PoolSettings::from(pool);
+    for (_, pool) in gov.pools().filter(|(_, p)| !p.retired) {
+        let s = &pool.settings;
         let (rpm, burst) = s.rpm.unwrap_or((0, 0));
-        h.update(name.as_bytes());
+        h.update(pool.name.as_bytes());
         h.update([0]);
         for n in [
             s.concurrency as u64,
@@ -261,24 +261,24 @@ fn sync_dir(path: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::governor::Governor;
+    use crate::config::Config;
 
-    fn setup(concurrency: u32) -> (Config, Governor) {
+    fn setup(concurrency: u32) -> Governor {
         let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":{concurrency}}}}}}}"#);
         let config = Config::parse(json.as_bytes()).unwrap();
-        let mut g = Governor::new(&config.pools);
+        let mut g = Governor::new(&crate::api::pool_settings(&config));
         g.set_identity(&[3; 32], 1_800_000_000_000);
-        (config, g)
+        g
     }
 
     #[test]
     fn round_trips_and_refuses_what_does_not_match() {
-        let (config, mut g) = setup(4);
+        let mut g = setup(4);
         let p = g.pool_id("p").unwrap();
         g.acquire(p, 0, 0, 0);
         g.acquire(p, 0, 0, 0);
         let snap = g.export(5);
-        let identity = Identity::new(&config, &[3; 32]);
+        let identity = Identity::new(&g, &[3; 32]);
         let bytes = encode(&snap, Kind::Stop, &identity, 1_800_000_000_005);
         assert_eq!(decode(&bytes, &identity).unwrap(), (Kind::Stop, snap.clone()));
 
@@ -287,10 +287,10 @@ mod tests {
         assert!(decode(&flipped, &identity).unwrap_err().starts_with("corrupt"));
         assert!(decode(&bytes[..bytes.len() / 2], &identity).unwrap_err().starts_with("corrupt"));
         assert!(decode(b"", &identity).unwrap_err().starts_with("corrupt"));
-        let other_secret = Identity::new(&config, &[4; 32]);
+        let other_secret = Identity::new(&g, &[4; 32]);
         assert!(decode(&bytes, &other_secret).unwrap_err().starts_with("foreign"));
-        let (other_config, _) = setup(5);
-        let moved = Identity::new(&other_config, &[3; 32]);
+        let other = setup(5);
+        let moved = Identity::new(&other, &[3; 32]);
         assert!(decode(&bytes, &moved).unwrap_err().starts_with("mismatched"));
         let future = encode(&snap, Kind::Stop, &identity, 0);
         let future = String::from_utf8(future).unwrap().replacen("\"version\":1", "\"version\":9", 1);

@@ -9,12 +9,12 @@
 //! governor, and the application never sees a socket.
 
 use super::{App, Queued};
-use crate::config::Config;
-use crate::state::Persistence;
 use crate::accesslog;
+use crate::config::Config;
 use crate::governor::lease::SlotId;
 use crate::governor::{Denial, Grant, Notice};
 use crate::http::response::Status;
+use crate::state::Persistence;
 use crate::time::{Epoch, Ms, Now};
 use crate::wheel::TimerKey;
 

@@ -11,7 +11,7 @@ use super::learn::Learning;
 use super::lease::{Lease, SlotId};
 use super::pool::PoolStats;
 use super::{Governor, Timer};
-use crate::time::Ms;
+use crate::time::{EpochMs, Ms};
 
 /// A governor's state at one instant.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,14 +61,15 @@ pub struct Restored {
     pub reclaimed: usize,
 }
 
-impl Governor {
+impl<T: Copy> Governor<T> {
     /// `at` in Unix milliseconds.
     pub fn unix_ms(&self, at: Ms) -> u64 {
-        self.epoch_base_ms + at
+        self.epoch.wall(at).0
     }
 
+    /// A Unix instant on this process's clock; one before its start is 0 (past).
     fn monotonic_ms(&self, unix: u64) -> Ms {
-        unix.saturating_sub(self.epoch_base_ms)
+        self.epoch.monotonic(EpochMs(unix)).unwrap_or(0)
     }
 
     /// Everything a successor needs, at `now`. Pools retired by a reload are
@@ -90,7 +91,7 @@ impl Governor {
                 learning: pool.learning.rebased(|at| self.unix_ms(at)),
                 gate: pool.gate.as_ref().map(|g| {
                     let (tokens, next_us) = g.level();
-                    (tokens, self.epoch_base_ms * 1000 + next_us)
+                    (tokens, self.unix_ms(0) * 1000 + next_us)
                 }),
                 stats: pool.stats,
                 recovering_until: pool.recovering_until.filter(|&until| until > now).map(|u| self.unix_ms(u)),
@@ -151,7 +152,7 @@ impl Governor {
         }
 
         for (p, &pid) in snap.pools.iter().zip(&pids) {
-            let base = self.epoch_base_ms;
+            let base = self.unix_ms(0);
             let pool = &mut self.pools[pid.0 as usize];
             pool.learning = p.learning.rebased(|unix| unix.saturating_sub(base));
             if let (Some(gate), Some((tokens, next_us))) = (&mut pool.gate, p.gate) {
@@ -224,7 +225,7 @@ mod tests {
         )
         .unwrap();
         let mut g = Governor::new(&crate::api::pool_settings(&config));
-        g.set_identity(&[7; 32], epoch_base_ms);
+        g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch_base_ms)));
         g
     }
 

@@ -19,7 +19,7 @@ use log::{info, warn};
 use crate::config::Config;
 use crate::governor::snapshot::HeldLease;
 use crate::governor::Governor;
-use crate::time::Ms;
+use crate::time::{Epoch, Ms};
 use snapshot::{Identity, Kind};
 
 /// The state files of a running server.
@@ -36,19 +36,19 @@ pub struct Persistence {
 /// Sets up the governor's identity from the slot secret, then restores the
 /// snapshot when there is a usable one. Without one, a start that found an
 /// existing secret opens the re-adoption window; a first start has nothing
-/// to re-adopt. `now` is monotonic ms, `epoch_base_ms` the Unix ms at 0.
-pub fn start(
+/// to re-adopt. `now` is monotonic ms, `epoch` places it in Unix time.
+pub fn start<T: Copy>(
     config: &Config,
     config_path: Option<&Path>,
-    gov: &mut Governor,
+    gov: &mut Governor<T>,
     now: Ms,
-    epoch_base_ms: u64,
+    epoch: Epoch,
 ) -> Result<Persistence, String> {
     let secret = match config_path {
         Some(path) => secret::load_or_create(&secret::path_beside(path, &config.slot_secret_file))?,
         None => secret::ephemeral(),
     };
-    gov.set_identity(&secret.bytes, epoch_base_ms);
+    gov.set_identity(&secret.bytes, epoch);
     let path = config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f));
     let persistence = Persistence {
         path,
@@ -78,7 +78,7 @@ pub fn start(
 
 impl Persistence {
     /// Loads and removes the snapshot (it is used once). `Ok(None)`: there is none.
-    fn restore(&self, gov: &mut Governor, now: Ms) -> Result<Option<Kind>, String> {
+    fn restore<T: Copy>(&self, gov: &mut Governor<T>, now: Ms) -> Result<Option<Kind>, String> {
         let Some(path) = &self.path else {
             return Ok(None);
         };
@@ -109,13 +109,13 @@ impl Persistence {
     }
 
     /// A reload changed the pools: the next snapshot is of the new configuration.
-    pub fn reconfigured(&mut self, gov: &Governor) {
+    pub fn reconfigured<T: Copy>(&mut self, gov: &Governor<T>) {
         self.identity.config = snapshot::config_identity(gov);
     }
 
     /// The periodic snapshot: the loop copies the state, a thread writes it.
     /// Skipped while the previous one is still being written.
-    pub fn write_periodic(&mut self, gov: &Governor, now: Ms) {
+    pub fn write_periodic<T: Copy>(&mut self, gov: &Governor<T>, now: Ms) {
         let Some(path) = self.path.clone() else {
             return;
         };
@@ -147,7 +147,7 @@ impl Persistence {
     }
 
     /// The snapshot of a graceful stop, written before the process exits.
-    pub fn write_stop(&mut self, gov: &Governor, now: Ms) {
+    pub fn write_stop<T: Copy>(&mut self, gov: &Governor<T>, now: Ms) {
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }

@@ -46,7 +46,7 @@ pub struct Identity {
 }
 
 impl Identity {
-    pub fn new(gov: &Governor, secret: &[u8; 32]) -> Identity {
+    pub fn new<T: Copy>(gov: &Governor<T>, secret: &[u8; 32]) -> Identity {
         Identity { config: config_identity(gov), secret: secret_identity(secret) }
     }
 }
@@ -54,7 +54,7 @@ impl Identity {
 /// The governor's configured pools and the settings held leases and learned
 /// state depend on. Keys and access policies are not part of it: rotating a
 /// key keeps the snapshot.
-pub fn config_identity(gov: &Governor) -> String {
+pub fn config_identity<T: Copy>(gov: &Governor<T>) -> String {
     let mut h = Sha256::new();
     for (_, pool) in gov.pools().filter(|(_, p)| !p.retired) {
         let s = &pool.settings;
@@ -267,7 +267,7 @@ mod tests {
         let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":{concurrency}}}}}}}"#);
         let config = Config::parse(json.as_bytes()).unwrap();
         let mut g = Governor::new(&crate::api::pool_settings(&config));
-        g.set_identity(&[3; 32], 1_800_000_000_000);
+        g.set_identity(&[3; 32], crate::time::Epoch::at(crate::time::EpochMs(1_800_000_000_000)));
         g
     }
 

@@ -10,6 +10,7 @@
 pub mod auth;
 pub mod door;
 pub mod error;
+mod grant;
 pub mod proxy;
 pub mod route;
 pub mod settings;
@@ -109,6 +110,7 @@ pub struct App {
     /// Proxy hosts on the main listener (lower case, no port) and their pools.
     proxy_hosts: std::collections::HashMap<Box<[u8]>, PoolId>,
     scratch: Vec<u8>,
+    grant_tail: grant::GrantTail,
 }
 
 /// Lock API answers of 400 and above, by status code: one counter per code,
@@ -183,6 +185,7 @@ impl App {
             listen_addr: None,
             proxy_hosts: Default::default(),
             scratch: Vec::with_capacity(512),
+            grant_tail: grant::GrantTail::default(),
         };
         app.reconfigure(config, Now::default())?;
         Ok(app)
@@ -456,7 +459,7 @@ impl App {
     /// The `200` of an acquire, immediate or after queueing, logged.
     pub fn answer_grant(&mut self, out: &mut Vec<u8>, grant: &Grant, attempt: &Attempt, now: Now, close: bool) {
         self.note_acquire(attempt, now.wall(), Status::Ok, None, grant.queued_ms, Some(grant.slot.log_ref()));
-        self.write_grant(out, grant, now, close);
+        self.grant_tail.write(out, grant, now, close);
     }
 
     /// A queued acquire cut short by shutdown: `503` with `Retry-After`,
@@ -559,25 +562,6 @@ impl App {
         self.log_acquire(attempt, now.wall(), status, Some("client_gone"), Some(denial.reason), denial.queued_ms, None);
         let message = "The client half-closed its connection, so its wait ended without a slot.";
         self.write_denial_as(out, denial, status, "queue_timeout", message, false);
-    }
-
-    fn write_grant(&mut self, out: &mut Vec<u8>, grant: &Grant, now: Now, close: bool) {
-        let b = &mut self.scratch;
-        b.clear();
-        b.extend_from_slice(b"{\"slotId\":\"");
-        b.extend_from_slice(&grant.slot.encode());
-        b.extend_from_slice(b"\",\"leaseDeadline\":");
-        push_u64(b, now.wall_at(grant.lease_deadline).0);
-        b.extend_from_slice(b",\"requestDeadline\":");
-        push_u64(b, now.wall_at(grant.request_deadline).0);
-        b.extend_from_slice(b",\"termMs\":");
-        push_u64(b, grant.term_ms);
-        b.extend_from_slice(b",\"renewIntervalMs\":");
-        push_u64(b, grant.renew_interval_ms);
-        b.push(b'}');
-        let mut w = Writer::start(out, Status::Ok);
-        write_signals(&mut w, &grant.signals, grant.queued_ms);
-        w.finish_json(&self.scratch, close);
     }
 
     /// A `429` (fail fast, queue full) or `504` (queue deadline).

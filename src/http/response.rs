@@ -176,24 +176,31 @@ impl<'a> Writer<'a> {
 
     /// Ends the head and appends a JSON body.
     pub fn finish_json(self, body: &[u8], close: bool) {
+        self.finish_json_parts(&[body], close);
+    }
+
+    /// Ends the head and appends a JSON body given in parts, copied once each.
+    pub fn finish_json_parts(self, parts: &[&[u8]], close: bool) {
         self.out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
-        self.end(body, close);
+        self.end(parts, close);
     }
 
     /// Ends the head and appends a body of another type (set with `header`).
     pub fn finish(self, body: &[u8], close: bool) {
         self.out.extend_from_slice(b"Content-Length: ");
-        self.end(body, close);
+        self.end(&[body], close);
     }
 
-    fn end(self, body: &[u8], close: bool) {
-        push_u64(self.out, body.len() as u64);
+    fn end(self, parts: &[&[u8]], close: bool) {
+        push_u64(self.out, parts.iter().map(|p| p.len() as u64).sum());
         if close {
             self.out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
         } else {
             self.out.extend_from_slice(b"\r\n\r\n");
         }
-        self.out.extend_from_slice(body);
+        for part in parts {
+            self.out.extend_from_slice(part);
+        }
     }
 }
 

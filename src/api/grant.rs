@@ -1,0 +1,104 @@
+//! The `200` answer to an acquire, from as much prepared text as possible.
+//!
+//! A grant's body is `{"slotId":"<56 characters>"` followed by its two
+//! deadlines and its pool's `termMs` and `renewIntervalMs`. Every grant of a
+//! pool in the same reactor turn has the same deadlines, so that tail is
+//! formatted once and copied for the others; the answer is written straight
+//! into the connection's buffer, with no body assembled on the side.
+
+use crate::governor::Grant;
+use crate::http::response::{json_u64, Status, Writer};
+use crate::time::Now;
+
+const BODY_START: &[u8] = b"{\"slotId\":\"";
+
+/// The body after the slot id for one set of grant values.
+#[derive(Default)]
+pub struct GrantTail {
+    /// Unix lease deadline, Unix request deadline, termMs, renewIntervalMs.
+    values: Option<[u64; 4]>,
+    text: Vec<u8>,
+}
+
+impl GrantTail {
+    /// The tail for these values, formatted only when they changed since the last grant.
+    fn text(&mut self, values: [u64; 4]) -> &[u8] {
+        if self.values != Some(values) {
+            let [lease, request, term, renew] = values;
+            let t = &mut self.text;
+            t.clear();
+            t.push(b'"');
+            for (name, value) in [
+                (&b"leaseDeadline"[..], lease),
+                (b"requestDeadline", request),
+                (b"termMs", term),
+                (b"renewIntervalMs", renew),
+            ] {
+                t.push(b',');
+                json_u64(t, name, value);
+            }
+            t.push(b'}');
+            self.values = Some(values);
+        }
+        &self.text
+    }
+
+    /// Writes the whole `200` answer, governor headers included.
+    pub fn write(&mut self, out: &mut Vec<u8>, grant: &Grant, now: Now, close: bool) {
+        let tail = self.text([
+            now.wall_at(grant.lease_deadline).0,
+            now.wall_at(grant.request_deadline).0,
+            grant.term_ms,
+            grant.renew_interval_ms,
+        ]);
+        let mut w = Writer::start(out, Status::Ok);
+        super::write_signals(&mut w, &grant.signals, grant.queued_ms);
+        w.finish_json_parts(&[BODY_START, &grant.slot.encode(), tail], close);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::governor::lease::{SlotId, SLOT_ID_BYTES};
+    use crate::governor::Signals;
+    use crate::time::{Epoch, EpochMs};
+
+    fn grant(lease_deadline: u64) -> Grant {
+        Grant {
+            slot: SlotId([7; SLOT_ID_BYTES]),
+            lease_deadline,
+            request_deadline: 600_000,
+            term_ms: 30_000,
+            renew_interval_ms: 10_000,
+            queued_ms: 0,
+            signals: Signals { remaining_slots: 3, effective_limit: 4, limit: 4, queue_depth: 0, rpm_remaining: None },
+        }
+    }
+
+    fn body(out: &[u8]) -> serde_json::Value {
+        let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = std::str::from_utf8(&out[..at]).unwrap();
+        let len: usize = head.split("Content-Length: ").nth(1).unwrap().split("\r\n").next().unwrap().parse().unwrap();
+        assert_eq!(len, out.len() - at, "Content-Length matches the body");
+        serde_json::from_slice(&out[at..]).unwrap()
+    }
+
+    #[test]
+    fn a_reused_tail_follows_changed_values() {
+        let mut tail = GrantTail::default();
+        let base = 1_800_000_000_000;
+        for lease in [30_000, 30_000, 31_000, 30_000] {
+            let mut out = Vec::new();
+            let g = grant(lease);
+            tail.write(&mut out, &g, Now { ms: 0, epoch: Epoch::at(EpochMs(base)) }, false);
+            let v = body(&out);
+            assert_eq!(v["slotId"].as_str().unwrap().as_bytes(), g.slot.encode());
+            assert_eq!(v["leaseDeadline"], base + lease);
+            assert_eq!(v["requestDeadline"], base + 600_000);
+            assert_eq!(v["termMs"], 30_000);
+            assert_eq!(v["renewIntervalMs"], 10_000);
+            assert!(out.windows(26).any(|w| w == b"x-nthpool-remaining-slots:"));
+        }
+    }
+}

@@ -215,12 +215,14 @@ pub fn error_body(out: &mut Vec<u8>, code: &str, message: &str) {
     out.extend_from_slice(b"\"}");
 }
 
-/// Appends a number in decimal. Most numbers in answers (slots, depths) are
-/// below 100, and those skip the general formatter.
+/// Appends a number in decimal. Most numbers in answers (slots, depths,
+/// statuses, body lengths) are below 1000, and those skip the general formatter.
 pub fn push_u64(out: &mut Vec<u8>, value: u64) {
+    let digit = |v: u64| b'0' + (v % 10) as u8;
     match value {
-        0..=9 => out.push(b'0' + value as u8),
-        10..=99 => out.extend_from_slice(&[b'0' + (value / 10) as u8, b'0' + (value % 10) as u8]),
+        0..=9 => out.push(digit(value)),
+        10..=99 => out.extend_from_slice(&[digit(value / 10), digit(value)]),
+        100..=999 => out.extend_from_slice(&[digit(value / 100), digit(value / 10), digit(value)]),
         _ => out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes()),
     }
 }
@@ -259,7 +261,7 @@ mod tests {
 
     #[test]
     fn numbers_in_decimal() {
-        for v in [0, 7, 9, 10, 42, 99, 100, 12345, u64::MAX] {
+        for v in [0, 7, 9, 10, 42, 99, 100, 170, 999, 1000, 12345, u64::MAX] {
             let mut out = Vec::new();
             push_u64(&mut out, v);
             assert_eq!(out, v.to_string().as_bytes());

@@ -14,7 +14,7 @@ use common::*;
 /// is refused, so a new edge is a decision written down here.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("time", &[]),
-    ("config", &[]),
+    ("config", &["net"]),
     ("state", &["config", "governor", "time"]),
     ("wheel", &["time"]),
     ("http", &["time"]),
@@ -25,8 +25,11 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("api", &["access", "accesslog", "config", "governor", "http", "report", "state", "time", "wheel"]),
     ("dashboard", &["api", "governor", "http", "time"]),
     ("net", &["time"]),
-    ("proxy", &["api", "config", "governor", "http", "report", "time"]),
-    ("server", &["accesslog", "api", "config", "dashboard", "governor", "http", "proxy", "state", "time", "wheel"]),
+    ("proxy", &["api", "config", "governor", "http", "net", "report", "time"]),
+    (
+        "server",
+        &["accesslog", "api", "config", "dashboard", "governor", "http", "net", "proxy", "state", "time", "wheel"],
+    ),
 ];
 
 /// Every module of `src/` by path (`governor::pool`), with its source

@@ -24,6 +24,9 @@ pub enum ApiError {
     Unavailable(&'static str, u64),
     /// Proxy mode: the upstream could not be reached or gave no usable answer.
     BadGateway,
+    /// Proxy mode: the upstream cannot be used for the reason the sentence
+    /// gives (its TLS certificate was refused, its name does not resolve).
+    BadGatewayBecause(&'static str),
     /// Proxy mode: no response head within the upstream's `timeoutMs`.
     UpstreamTimeout,
 }
@@ -41,7 +44,7 @@ impl ApiError {
             ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
             ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
-            ApiError::BadGateway => Status::BadGateway,
+            ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
             ApiError::UpstreamTimeout => Status::GatewayTimeout,
         }
     }
@@ -57,7 +60,7 @@ impl ApiError {
             ApiError::HeadTooLarge => "request_header_fields_too_large",
             ApiError::NotImplemented(_) => "not_implemented",
             ApiError::Unavailable(..) => "unavailable",
-            ApiError::BadGateway => "bad_gateway",
+            ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
             ApiError::UpstreamTimeout => "upstream_timeout",
         }
     }
@@ -67,6 +70,7 @@ impl ApiError {
             ApiError::BadRequest(why)
             | ApiError::Unauthorized(why)
             | ApiError::NotImplemented(why)
+            | ApiError::BadGatewayBecause(why)
             | ApiError::Unavailable(why, _) => why,
             ApiError::Forbidden => "Your address is not allowed to use this pool.",
             ApiError::NotFound => "The slot was already released or reclaimed.",

@@ -10,11 +10,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 
 use serde::Deserialize;
 
 use super::{ConfigError, MAX_DURATION_MS};
+use crate::net::resolve::MAX_HOST_LEN;
+use crate::net::tls::ClientTls;
 
 /// The most idle keep-alive connections one upstream may keep.
 pub const MAX_IDLE_CONNECTIONS: usize = 10_000;
@@ -101,10 +104,13 @@ const RESERVED_HEADERS: [&str; 12] = [
 /// What the proxy runs with for one pool: resolved, checked, immutable.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    /// Where to connect (IP literal, or `localhost` as 127.0.0.1).
-    pub addr: SocketAddr,
+    /// Where to connect: the name the resolver looks up (or an IP literal) and the port.
+    pub target: Target,
     /// The `Host` the upstream is sent: the URL's authority, as written.
     pub host: Box<[u8]>,
+    /// For `https://`: the roots (bundled plus `caFile`) and the session cache
+    /// all connections to this upstream share.
+    pub tls: Option<ClientTls>,
     pub listen: Option<SocketAddr>,
     /// Lower-case host names, without port, routed to this pool on the main listener.
     pub hosts: Vec<Box<[u8]>>,
@@ -119,7 +125,7 @@ pub struct Upstream {
 impl UpstreamConfig {
     /// Checks what the JSON alone decides; `pools.<name>.upstream` is prefixed by the caller.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        parse_url(&self.url)?;
+        let target = parse_url(&self.url)?;
         if let Some(listen) = &self.listen {
             if listen.parse::<SocketAddr>().is_err() {
                 return Err(field("listen", format!("{listen:?} is not an address like 127.0.0.1:7080")));
@@ -161,7 +167,7 @@ impl UpstreamConfig {
         if self.idle_connections > MAX_IDLE_CONNECTIONS {
             return Err(field("idleConnections", format!("must be at most {MAX_IDLE_CONNECTIONS}")));
         }
-        if self.ca_file.is_some() {
+        if self.ca_file.is_some() && !target.tls {
             return Err(field("caFile", "applies to https:// upstreams only".to_string()));
         }
         Ok(())
@@ -170,9 +176,15 @@ impl UpstreamConfig {
 
 impl Upstream {
     /// Resolves a validated section: reads the environment and the files that
-    /// `setHeaders` names. An error names the field.
+    /// `setHeaders` names, and the `caFile`. An error names the field.
     pub fn build(config: &UpstreamConfig) -> Result<Upstream, String> {
-        let (addr, host) = parse_url(&config.url).map_err(|e| e.0)?;
+        let target = parse_url(&config.url).map_err(|e| e.0)?;
+        let tls = match target.tls {
+            true => {
+                Some(ClientTls::new(config.ca_file.as_deref().map(Path::new)).map_err(|e| format!("upstream.{e}"))?)
+            }
+            false => None,
+        };
         let mut set_headers = Vec::with_capacity(config.set_headers.len());
         for (name, value) in &config.set_headers {
             let resolved = resolve(value.expose()).map_err(|e| format!("upstream.setHeaders.{name}: {e}"))?;
@@ -184,8 +196,9 @@ impl Upstream {
             set_headers.push((name.as_str().into(), Secret(resolved)));
         }
         Ok(Upstream {
-            addr,
-            host: host.into_bytes().into(),
+            host: target.authority.as_bytes().into(),
+            target,
+            tls,
             listen: config.listen.as_ref().map(|l| l.parse().expect("validated")),
             hosts: config.hosts.iter().map(|h| h.to_ascii_lowercase().into_bytes().into()).collect(),
             set_headers,
@@ -205,45 +218,67 @@ fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-/// `http://HOST[:PORT][/]` → the address to connect to and the `Host` to send.
-/// HOST is an IP literal or `localhost` (name resolution comes with TLS).
-fn parse_url(url: &str) -> Result<(SocketAddr, String), ConfigError> {
+/// Where an upstream is, from its `url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `https://`: the connection is TLS, verified for `name`.
+    pub tls: bool,
+    /// The host as a name to resolve and verify, or an IP literal (without brackets).
+    pub name: Box<str>,
+    pub port: u16,
+    /// The `Host` the upstream is sent: the URL's authority, as written.
+    pub authority: Box<str>,
+}
+
+/// `http[s]://HOST[:PORT][/]`, HOST a DNS name or an IP literal.
+fn parse_url(url: &str) -> Result<Target, ConfigError> {
     let bad = |why: &str| field("url", format!("{url:?}: {why}"));
-    let rest = if let Some(rest) = url.strip_prefix("http://") {
-        rest
-    } else if url.starts_with("https://") {
-        return Err(bad("https:// upstreams are not supported yet; use http://"));
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        (false, rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        (true, rest)
     } else {
-        return Err(bad("must start with http://"));
+        return Err(bad("must start with http:// or https://"));
     };
     let authority = rest.strip_suffix('/').unwrap_or(rest);
     if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
-        return Err(bad("must be http://host[:port] with no path, query or user"));
+        return Err(bad("must be http[s]://host[:port] with no path, query or user"));
     }
-    let (host, port) = match authority.strip_prefix('[') {
+    let (host, port, literal) = match authority.strip_prefix('[') {
         Some(v6) => {
             let (ip, after) = v6.split_once(']').ok_or_else(|| bad("an IPv6 address needs its closing ']'"))?;
             let port = match after {
                 "" => None,
                 p => Some(p.strip_prefix(':').ok_or_else(|| bad("expected :port after the address"))?),
             };
-            (ip, port)
+            (ip, port, true)
         }
         None => match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
+            Some((h, p)) => (h, Some(p), false),
+            None => (authority, None, false),
         },
     };
     let port = match port {
+        None if tls => 443,
         None => 80,
         Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| bad("the port must be 1-65535"))?,
     };
-    let ip = if host.eq_ignore_ascii_case("localhost") {
-        IpAddr::V4(Ipv4Addr::LOCALHOST)
-    } else {
-        host.parse::<IpAddr>().map_err(|_| bad("the host must be an IP address or localhost for now"))?
-    };
-    Ok((SocketAddr::new(ip, port), authority.to_string()))
+    let is_ip = host.parse::<IpAddr>().is_ok();
+    if literal && !is_ip {
+        return Err(bad("between [ and ] must be an IPv6 address"));
+    }
+    let name_ok = host.len() <= MAX_HOST_LEN
+        && !host.is_empty()
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if !is_ip && !name_ok {
+        return Err(bad("the host must be a DNS name or an IP address"));
+    }
+    Ok(Target { tls, name: host.to_ascii_lowercase().into(), port, authority: authority.into() })
 }
 
 /// Replaces every `${env:NAME}` and `${file:PATH}` in `value`. A file's
@@ -281,17 +316,48 @@ mod tests {
 
     #[test]
     fn urls() {
-        let (addr, host) = parse_url("http://127.0.0.1:8080").unwrap();
-        assert_eq!((addr.to_string().as_str(), host.as_str()), ("127.0.0.1:8080", "127.0.0.1:8080"));
-        let (addr, host) = parse_url("http://localhost/").unwrap();
-        assert_eq!((addr.to_string().as_str(), host.as_str()), ("127.0.0.1:80", "localhost"));
-        assert_eq!(parse_url("http://[::1]:81").unwrap().0.to_string(), "[::1]:81");
-        for bad in
-            ["ftp://x", "http://", "http://1.2.3.4/v1", "http://a.example.com", "http://1.2.3.4:0", "https://1.2.3.4"]
-        {
+        let t = |url: &str| {
+            let t = parse_url(url).unwrap();
+            (t.tls, t.name.to_string(), t.port, t.authority.to_string())
+        };
+        assert_eq!(t("http://127.0.0.1:8080"), (false, "127.0.0.1".into(), 8080, "127.0.0.1:8080".into()));
+        assert_eq!(t("http://localhost/"), (false, "localhost".into(), 80, "localhost".into()));
+        assert_eq!(t("http://[::1]:81"), (false, "::1".into(), 81, "[::1]:81".into()));
+        assert_eq!(t("https://api.openai.com"), (true, "api.openai.com".into(), 443, "api.openai.com".into()));
+        assert_eq!(
+            t("https://API.Example.com:8443/"),
+            (true, "api.example.com".into(), 8443, "API.Example.com:8443".into())
+        );
+        for bad in [
+            "ftp://x",
+            "http://",
+            "https://",
+            "http://1.2.3.4/v1",
+            "http://1.2.3.4:0",
+            "https://a..b",
+            "https://-a.example",
+            "https://a_b.example",
+            "https://[api.example]",
+            "https://user@api.example",
+        ] {
             let e = parse_url(bad).unwrap_err().0;
             assert!(e.starts_with("upstream.url"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn https_builds_its_tls_settings_and_names_a_bad_ca_file() {
+        let plain = Upstream::build(&section("")).unwrap();
+        assert!(plain.tls.is_none());
+        let config: UpstreamConfig = serde_json::from_str(r#"{"url":"https://api.example"}"#).unwrap();
+        assert!(Upstream::build(&config).unwrap().tls.is_some());
+        let config: UpstreamConfig =
+            serde_json::from_str(r#"{"url":"https://api.example","caFile":"/nonexistent/ca.pem"}"#).unwrap();
+        config.validate().unwrap();
+        let e = Upstream::build(&config).unwrap_err();
+        assert!(e.starts_with("upstream.caFile /nonexistent/ca.pem: cannot be read"), "{e}");
+        let e = section(r#","caFile":"ca.pem""#).validate().unwrap_err().0;
+        assert_eq!(e, "upstream.caFile: applies to https:// upstreams only");
     }
 
     #[test]

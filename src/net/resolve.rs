@@ -56,6 +56,18 @@ pub enum ResolveError {
     ResolverGone,
 }
 
+impl ResolveError {
+    /// One sentence for the client that got `502 bad_gateway` because of it.
+    pub fn sentence(&self) -> &'static str {
+        match self {
+            ResolveError::NotFound { .. } | ResolveError::InvalidName(_) => {
+                "The upstream's host name does not resolve."
+            }
+            ResolveError::ResolverGone => "The upstream's host name cannot be resolved: the resolver has stopped.",
+        }
+    }
+}
+
 impl fmt::Display for ResolveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -271,6 +283,11 @@ impl Dial {
             }
         }
         Err(self.exhausted())
+    }
+
+    /// Whether an address is left to try.
+    pub fn has_next(&self) -> bool {
+        self.next < self.addrs.len()
     }
 
     /// Records that the connect to `addr` failed with `err` (seen on its

@@ -87,6 +87,22 @@ impl TlsError {
         }
     }
 
+    /// One sentence for the client that got `502 bad_gateway` because of it;
+    /// fixed text, so no answer carries the upstream's details.
+    pub fn sentence(&self) -> &'static str {
+        match self {
+            TlsError::UnknownCa => "The upstream's TLS certificate is not signed by a trusted certificate authority.",
+            TlsError::WrongHostName { .. } => "The upstream's TLS certificate is not valid for its host name.",
+            TlsError::Expired => "The upstream's TLS certificate has expired.",
+            TlsError::NotYetValid => "The upstream's TLS certificate is not valid yet.",
+            TlsError::BadCertificate(_) => "The upstream's TLS certificate was refused.",
+            TlsError::AlertReceived(_) => "The upstream refused the TLS handshake.",
+            TlsError::Protocol(_) => "TLS with the upstream failed.",
+            TlsError::HandshakeTimeout => "The TLS handshake with the upstream did not finish in time.",
+            TlsError::InvalidHostName(_) => "The upstream's host name cannot be verified by TLS.",
+        }
+    }
+
     fn from_rustls(err: rustls::Error, host: &str) -> TlsError {
         match err {
             rustls::Error::InvalidCertificate(cert) => match cert {

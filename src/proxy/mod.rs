@@ -21,16 +21,19 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use log::debug;
+use log::{debug, warn};
 use slab::Slab;
 
 use crate::api::Attempt;
+use crate::config::upstream::Target;
 use crate::governor::lease::SlotId;
 use crate::governor::{Ms, Outcome, PoolId};
 use crate::http::chunked::ChunkError;
+use crate::net::resolve::{with_port, Dial, Lookup, Resolver};
+use crate::net::tls::{ClientTls, TlsError, DEFAULT_HANDSHAKE_TIMEOUT_MS};
 use body::{Framing, Relay};
 use head::{ClientBody, ClientSide, ResponseBody, ResponseHead};
-use transport::Transport;
+use transport::{Security, Transport};
 
 /// Above this much unsent request data, no more of the client's body is taken.
 pub const UP_OUTPUT_HIGH: usize = 64 * 1024;
@@ -43,6 +46,10 @@ const UP_INPUT_LIMIT: usize = head::MAX_RESPONSE_HEAD + UP_READ;
 pub struct UpConn {
     pub transport: Transport,
     pub addr: SocketAddr,
+    /// The upstream it was opened to (a reload may point the pool elsewhere).
+    target: Target,
+    /// The addresses not yet tried, should this connect fail.
+    dial: Dial,
     pub pool: PoolId,
     /// The TCP connect completed.
     connected: bool,
@@ -56,6 +63,8 @@ pub struct UpConn {
     /// Taken from the idle pool (so a failure before writing may be retried).
     reused: bool,
     eof: bool,
+    /// A TLS peer closed without `close_notify`: a close-delimited body may be cut short.
+    unclean_eof: bool,
 }
 
 impl UpConn {
@@ -134,6 +143,9 @@ pub enum Step {
     Complete { close_client: bool },
     /// The upstream failed before the client got anything: answer `502`.
     BadGateway(&'static str),
+    /// The upstream cannot be used (its TLS certificate was refused, its
+    /// name does not resolve): answer `502` with this sentence.
+    Unusable(&'static str),
     /// A reused idle connection failed before any byte of the request was
     /// written: send the request again on a fresh connection (`reattach`).
     Retry,
@@ -169,6 +181,10 @@ pub const UPSTREAM_MS_BUCKETS: [u64; 12] = [5, 10, 25, 50, 100, 250, 500, 1000, 
 pub struct ProxyStats {
     pub upstream_connects: u64,
     pub upstream_connect_errors: u64,
+    /// TLS sessions refused or broken, by either side.
+    pub tls_failures: u64,
+    /// TLS sessions resumed from an earlier one instead of a full handshake.
+    pub tls_resumed: u64,
     pub upstream_reuses: u64,
     pub retries: u64,
     /// Ended exchanges by the upstream's status class (`[1]` = 1xx ... `[5]`
@@ -205,7 +221,22 @@ pub struct Proxy {
     idle: Vec<Vec<usize>>,
     /// Request-head buffers of finished exchanges, reused.
     spare: Vec<Vec<u8>>,
+    /// Host names of upstreams, looked up off the loop (the reactor starts it).
+    pub resolver: Option<Resolver>,
+    /// Exchanges holding a slot while their upstream's name is looked up.
+    resolving: Vec<usize>,
     pub stats: ProxyStats,
+}
+
+/// What attaching an upstream connection to an exchange came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Attached {
+    /// A connection is attached (connecting, or reused).
+    Yes,
+    /// The upstream's name is being looked up; `resolved` goes on.
+    Resolving,
+    /// No connection can be had: answer `502` with this sentence.
+    No(&'static str),
 }
 
 /// How the request body is relayed: its framing in, and whether it goes up chunked.
@@ -235,6 +266,11 @@ pub struct NewExchange {
 }
 
 impl Proxy {
+    /// Proxy state whose upstream names are looked up by `resolver`.
+    pub fn new(resolver: Resolver) -> Proxy {
+        Proxy { resolver: Some(resolver), ..Proxy::default() }
+    }
+
     /// A buffer for a new exchange's upstream request head.
     pub fn head_buffer(&mut self) -> Vec<u8> {
         let mut b = self.spare.pop().unwrap_or_default();
@@ -273,48 +309,95 @@ impl Proxy {
     }
 
     /// The exchange got its slot: attach a connection (an idle one that is
-    /// still open, else a new one) and queue the request head on it.
-    /// `Err` when no connection could even be started.
-    pub fn attach(&mut self, ex: usize, addr: SocketAddr, registry: &mio::Registry, base: usize) -> io::Result<()> {
+    /// still open, else a new one to an address of `target`) and queue the
+    /// request head on it.
+    pub fn attach(
+        &mut self,
+        ex: usize,
+        target: &Target,
+        tls: Option<&ClientTls>,
+        now: Ms,
+        registry: &mio::Registry,
+        base: usize,
+    ) -> Attached {
         let pool = self.exchanges[ex].pool;
-        let reused = self.take_idle(pool, addr);
-        self.attach_to(ex, reused, addr, registry, base, None)
+        if let Some(idx) = self.take_idle(pool, target) {
+            self.attach_to(ex, idx, true, None);
+            return Attached::Yes;
+        }
+        let addrs = match self.resolver.as_mut().map(|r| r.lookup(&target.name, now)) {
+            Some(Lookup::Ready(addrs)) => with_port(addrs, target.port),
+            Some(Lookup::Pending) => {
+                self.resolving.push(ex);
+                return Attached::Resolving;
+            }
+            Some(Lookup::Failed(err)) => {
+                warn!("upstream {}: {err}", target.authority);
+                return Attached::No(err.sentence());
+            }
+            None => return Attached::No("The upstream's host name cannot be resolved: the resolver has stopped."),
+        };
+        let Some(security) = security(target, tls, now) else {
+            return Attached::No(NO_TLS_SETTINGS);
+        };
+        match self.connect(pool, target, Dial::new(addrs), security, registry, base) {
+            Ok(idx) => {
+                self.attach_to(ex, idx, false, None);
+                Attached::Yes
+            }
+            Err(err) => {
+                debug!("cannot connect to the upstream {}: {err}", target.authority);
+                Attached::No("The upstream could not be reached.")
+            }
+        }
+    }
+
+    /// Takes the answers the resolver thread has sent, and the exchanges
+    /// that waited for a name (the caller attaches each again).
+    pub fn resolved(&mut self, now: Ms) -> Vec<usize> {
+        if let Some(r) = self.resolver.as_mut() {
+            r.take_answers(now, |_| {});
+        }
+        std::mem::take(&mut self.resolving)
     }
 
     /// After `Step::Retry`: the failed connection is closed and the request
-    /// goes on a new one (which is never retried again).
-    pub fn reattach(&mut self, ex: usize, registry: &mio::Registry, base: usize) -> io::Result<()> {
-        self.stats.retries += 1;
-        let idx = self.exchanges[ex].up.take().expect("a retried exchange had a connection");
-        let addr = self.ups[idx].addr;
-        // Nothing was written, so the old output is the whole request so far.
-        debug_assert_eq!(self.ups[idx].out_pos, 0);
-        let pending = std::mem::take(&mut self.ups[idx].output);
-        self.close_up(idx, registry);
-        self.attach_to(ex, None, addr, registry, base, Some(pending))
-    }
-
-    fn attach_to(
+    /// goes on a new one, to the next address when a connect failed, else
+    /// (a reused connection failed) to the same one, never retried again.
+    pub fn reattach(
         &mut self,
         ex: usize,
-        reused: Option<usize>,
-        addr: SocketAddr,
+        tls: Option<&ClientTls>,
+        now: Ms,
         registry: &mio::Registry,
         base: usize,
-        pending: Option<Vec<u8>>,
     ) -> io::Result<()> {
-        let pool = self.exchanges[ex].pool;
-        let idx = match reused {
-            Some(idx) => {
-                self.stats.upstream_reuses += 1;
-                idx
-            }
-            None => self.connect(pool, addr, registry, base)?,
+        self.stats.retries += 1;
+        let idx = self.exchanges[ex].up.take().expect("a retried exchange had a connection");
+        let up = &mut self.ups[idx];
+        // Nothing was written, so the old output is the whole request so far.
+        debug_assert_eq!(up.out_pos, 0);
+        let pending = std::mem::take(&mut up.output);
+        let dial = match up.dial.has_next() {
+            true => std::mem::replace(&mut up.dial, Dial::new(Vec::new())),
+            false => Dial::new(vec![up.addr]),
         };
+        let (pool, target) = (up.pool, up.target.clone());
+        self.close_up(idx, registry);
+        let security = security(&target, tls, now).ok_or_else(|| io::Error::other(NO_TLS_SETTINGS))?;
+        let idx = self.connect(pool, &target, dial, security, registry, base)?;
+        self.attach_to(ex, idx, false, Some(pending));
+        Ok(())
+    }
+
+    fn attach_to(&mut self, ex: usize, idx: usize, reused: bool, pending: Option<Vec<u8>>) {
+        if reused {
+            self.stats.upstream_reuses += 1;
+        }
         let up = &mut self.ups[idx];
         up.exchange = Some(ex);
         up.written = 0;
-        up.reused = reused.is_some();
+        up.reused = reused;
         let e = &mut self.exchanges[ex];
         e.up = Some(idx);
         e.phase = Phase::Sending;
@@ -323,12 +406,20 @@ impl Proxy {
             Some(bytes) => up.output = bytes,
             None => up.output.extend_from_slice(&e.head),
         }
-        Ok(())
     }
 
-    fn connect(&mut self, pool: PoolId, addr: SocketAddr, registry: &mio::Registry, base: usize) -> io::Result<usize> {
+    fn connect(
+        &mut self,
+        pool: PoolId,
+        target: &Target,
+        mut dial: Dial,
+        security: Security,
+        registry: &mio::Registry,
+        base: usize,
+    ) -> io::Result<usize> {
         self.stats.upstream_connects += 1;
-        let mut transport = Transport::connect(addr).inspect_err(|_| self.stats.upstream_connect_errors += 1)?;
+        let (mut transport, addr) =
+            Transport::connect(&mut dial, security).inspect_err(|_| self.stats.upstream_connect_errors += 1)?;
         let entry = self.ups.vacant_entry();
         let idx = entry.key();
         registry
@@ -337,6 +428,8 @@ impl Proxy {
         entry.insert(UpConn {
             transport,
             addr,
+            target: target.clone(),
+            dial,
             pool,
             connected: false,
             input: Vec::with_capacity(UP_READ),
@@ -346,18 +439,39 @@ impl Proxy {
             written: 0,
             reused: false,
             eof: false,
+            unclean_eof: false,
         });
         Ok(idx)
     }
 
+    /// When the exchange's timer must fire: its own deadline, or sooner the
+    /// TLS handshake's.
+    pub fn deadline(&self, ex: usize) -> Ms {
+        let e = &self.exchanges[ex];
+        let handshake = e.up.and_then(|i| self.ups[i].transport.handshake_deadline());
+        handshake.map_or(e.deadline, |h| h.min(e.deadline))
+    }
+
+    /// At the exchange's timer: the sentence for its `502` if its TLS
+    /// handshake ran out of time.
+    pub fn handshake_expired(&mut self, ex: usize, now: Ms) -> Option<&'static str> {
+        let idx = self.exchanges[ex].up?;
+        let up = &mut self.ups[idx];
+        let err = up.transport.check_deadline(now).err()?;
+        self.stats.tls_failures += 1;
+        warn!("TLS with the upstream {} at {}: {err}", up.target.authority, up.addr);
+        up.eof = true;
+        Some(err.sentence())
+    }
+
     /// The most recently used idle connection of `pool` to `addr` that has
     /// not been closed by the upstream meanwhile.
-    fn take_idle(&mut self, pool: PoolId, addr: SocketAddr) -> Option<usize> {
+    fn take_idle(&mut self, pool: PoolId, target: &Target) -> Option<usize> {
         let list = self.idle.get_mut(pool.0 as usize)?;
         while let Some(idx) = list.pop() {
             let up = &mut self.ups[idx];
             let mut probe = [0u8; 1];
-            let alive = up.addr == addr
+            let alive = up.target == *target
                 && matches!(up.transport.read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
             if alive {
                 return Some(idx);
@@ -373,6 +487,9 @@ impl Proxy {
     /// exchange, for its slot and counters; `retire` it afterwards.
     pub fn finish(&mut self, ex: usize, reusable: bool, idle_limit: usize, registry: &mio::Registry) -> Exchange {
         let mut e = self.exchanges.remove(ex);
+        if let Some(at) = self.resolving.iter().position(|&w| w == ex) {
+            self.resolving.swap_remove(at);
+        }
         if let Some(idx) = e.up.take() {
             let up = &mut self.ups[idx];
             up.exchange = None;
@@ -437,8 +554,12 @@ impl Proxy {
             match connect_result(&mut up.transport) {
                 Ok(true) => up.connected = true,
                 Ok(false) => return Step::Pending,
-                Err(_) => {
+                Err(err) => {
                     self.stats.upstream_connect_errors += 1;
+                    up.dial.failed(up.addr, err);
+                    if up.dial.has_next() {
+                        return Step::Retry;
+                    }
                     return Step::BadGateway("connect failed");
                 }
             }
@@ -457,10 +578,14 @@ impl Proxy {
                 e.bytes_up += (up.output.len() - before) as u64;
             }
             let written_before = up.written;
+            let was_handshaking = up.transport.handshake_deadline().is_some();
             if let Err(err) = flush(up) {
                 if up.written == 0 && up.reused {
                     debug!("reused upstream connection failed before the request: {err}");
                     return Step::Retry;
+                }
+                if let Some(tls) = TlsError::of(&err) {
+                    return self.tls_failed(ex, tls.clone());
                 }
                 return self.upstream_failed(ex, "write failed");
             }
@@ -523,6 +648,11 @@ impl Proxy {
                 if e.phase == Phase::Relaying {
                     let relay = e.response.as_mut().expect("relaying has a relay");
                     let before = client.output.len();
+                    if up.unclean_eof && relay.close_delimited() {
+                        return Step::Broken(
+                            "the upstream ended TLS without close_notify inside a close-delimited body",
+                        );
+                    }
                     if relay.end_of_input(client.output) {
                         e.bytes_down += (client.output.len() - before) as u64;
                         continue;
@@ -553,11 +683,35 @@ impl Proxy {
                     }
                 }
                 Err(_) if up.written == 0 && up.reused => return Step::Retry,
-                Err(_) => {
+                Err(err) if TlsError::of(&err).is_some() => {
+                    up.input.truncate(start);
+                    let tls = TlsError::of(&err).expect("checked").clone();
+                    return self.tls_failed(ex, tls);
+                }
+                Err(err) => {
                     up.input.truncate(start);
                     up.eof = true;
+                    up.unclean_eof = err.kind() == io::ErrorKind::UnexpectedEof;
                 }
             }
+            if was_handshaking && up.transport.handshake_deadline().is_none() && up.transport.resumed() {
+                self.stats.tls_resumed += 1;
+            }
+        }
+    }
+
+    /// The TLS session failed: logged with its cause; before the response
+    /// began the client is told the cause in one sentence.
+    fn tls_failed(&mut self, ex: usize, err: TlsError) -> Step {
+        self.stats.tls_failures += 1;
+        let e = &self.exchanges[ex];
+        if let Some(up) = e.up.map(|i| &mut self.ups[i]) {
+            warn!("TLS with the upstream {} at {}: {err}", up.target.authority, up.addr);
+            up.eof = true;
+        }
+        match e.phase {
+            Phase::Relaying => Step::Broken("the TLS session with the upstream failed"),
+            _ => Step::Unusable(err.sentence()),
         }
     }
 
@@ -582,6 +736,20 @@ impl Proxy {
         }
     }
 }
+
+/// How a new connection to `target` is secured: TLS with its name and a
+/// handshake deadline from `now`, or plain. `None` when the TLS settings do
+/// not match the target, so an `https://` upstream is never spoken to in
+/// plain text.
+fn security<'a>(target: &'a Target, tls: Option<&'a ClientTls>, now: Ms) -> Option<Security<'a>> {
+    (target.tls == tls.is_some()).then(|| Security {
+        tls,
+        name: &target.name,
+        handshake_deadline: now.saturating_add(DEFAULT_HANDSHAKE_TIMEOUT_MS),
+    })
+}
+
+const NO_TLS_SETTINGS: &str = "The upstream's TLS settings do not match its URL.";
 
 /// Writes the connection's pending output; counts request bytes written.
 fn flush(up: &mut UpConn) -> io::Result<()> {

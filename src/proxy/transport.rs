@@ -1,38 +1,63 @@
 //! The one type all upstream-connection I/O goes through.
 //!
-//! `Plain` is a non-blocking TCP stream; a TLS variant keeps the same
-//! methods, so the exchange code never learns which one it drives. Reads and
-//! writes behave like a socket's: `WouldBlock` when nothing can be done now,
-//! `Ok(0)` from `read` when the peer closed.
+//! `Plain` is a non-blocking TCP stream, `Tls` a rustls session over one
+//! (`net::tls`); both have the same methods, so the exchange code never
+//! learns which one it drives. Reads and writes behave like a socket's:
+//! `WouldBlock` when nothing can be done now, `Ok(0)` from `read` when the
+//! peer closed.
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
 use mio::net::TcpStream;
 
+use crate::net::resolve::Dial;
+use crate::net::tls::{ClientTls, TlsError, TlsStream};
+use crate::time::Ms;
+
 pub enum Transport {
     Plain(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+/// What a new connection speaks: TLS to the upstream's name, or plain.
+#[derive(Clone, Copy)]
+pub struct Security<'a> {
+    pub tls: Option<&'a ClientTls>,
+    /// The name the certificate must carry (and SNI sends).
+    pub name: &'a str,
+    /// When the handshake must be done.
+    pub handshake_deadline: Ms,
 }
 
 impl Transport {
-    /// Starts a non-blocking connect; completion is reported as writability.
-    /// The one place an upstream connection is opened, so name resolution
-    /// can be put in front of it.
-    pub fn connect(addr: SocketAddr) -> io::Result<Transport> {
-        let stream = TcpStream::connect(addr)?;
+    /// Starts a non-blocking connect to the next address `dial` has left;
+    /// completion is reported as writability. The one place an upstream
+    /// connection is opened.
+    pub fn connect(dial: &mut Dial, security: Security) -> io::Result<(Transport, SocketAddr)> {
+        let (stream, addr) = dial.start_next()?;
         let _ = stream.set_nodelay(true);
-        Ok(Transport::Plain(stream))
+        let transport = match security.tls {
+            None => Transport::Plain(stream),
+            Some(tls) => Transport::Tls(Box::new(
+                tls.connect(stream, security.name, security.handshake_deadline)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            )),
+        };
+        Ok((transport, addr))
     }
 
     pub fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Transport::Plain(s) => s.read(buf),
+            Transport::Tls(s) => s.read(buf),
         }
     }
 
     pub fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Transport::Plain(s) => s.write(buf),
+            Transport::Tls(s) => s.write(buf),
         }
     }
 
@@ -41,6 +66,7 @@ impl Transport {
     pub fn flush(&mut self) -> io::Result<()> {
         match self {
             Transport::Plain(_) => Ok(()),
+            Transport::Tls(s) => s.flush(),
         }
     }
 
@@ -48,6 +74,7 @@ impl Transport {
     pub fn wants_write(&self) -> bool {
         match self {
             Transport::Plain(_) => false,
+            Transport::Tls(s) => s.wants_write(),
         }
     }
 
@@ -55,6 +82,28 @@ impl Transport {
     pub fn tcp(&mut self) -> &mut TcpStream {
         match self {
             Transport::Plain(s) => s,
+            Transport::Tls(s) => s.tcp(),
         }
+    }
+
+    /// When the TLS handshake must be done, while it is not.
+    pub fn handshake_deadline(&self) -> Option<Ms> {
+        match self {
+            Transport::Plain(_) => None,
+            Transport::Tls(s) => s.handshake_deadline(),
+        }
+    }
+
+    /// Fails a TLS handshake still going at `now` past its deadline.
+    pub fn check_deadline(&mut self, now: Ms) -> Result<(), TlsError> {
+        match self {
+            Transport::Plain(_) => Ok(()),
+            Transport::Tls(s) => s.check_deadline(now),
+        }
+    }
+
+    /// Whether this TLS session was resumed rather than fully negotiated.
+    pub fn resumed(&self) -> bool {
+        matches!(self, Transport::Tls(s) if s.resumed())
     }
 }

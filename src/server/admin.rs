@@ -209,7 +209,7 @@ fn render_proxy(t: &mut String, p: &crate::proxy::ProxyStats) {
         "From sending a request upstream to the end of its exchange, in ms.",
     );
     histogram(t, "nthpool_proxy_upstream_time_ms", "", &UPSTREAM_MS_BUCKETS, &p.upstream_ms, p.upstream_ms_sum);
-    let plain: [(&str, &str, &str, u64); 7] = [
+    let plain: [(&str, &str, &str, u64); 9] = [
         ("nthpool_proxy_bytes_up_total", "counter", "Request bytes relayed to upstreams.", p.bytes_up),
         ("nthpool_proxy_bytes_down_total", "counter", "Response bytes relayed to clients.", p.bytes_down),
         ("nthpool_proxy_upstream_connects_total", "counter", "Upstream connections opened.", p.upstream_connects),
@@ -232,6 +232,18 @@ fn render_proxy(t: &mut String, p: &crate::proxy::ProxyStats) {
             p.retries,
         ),
         ("nthpool_proxy_idle_connections", "gauge", "Idle keep-alive upstream connections kept.", p.idle),
+        (
+            "nthpool_proxy_tls_failures_total",
+            "counter",
+            "TLS sessions with upstreams refused or broken (the log names each cause).",
+            p.tls_failures,
+        ),
+        (
+            "nthpool_proxy_tls_resumed_total",
+            "counter",
+            "TLS sessions with upstreams resumed instead of a full handshake.",
+            p.tls_resumed,
+        ),
     ];
     unlabelled(t, &plain);
 }

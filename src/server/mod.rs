@@ -68,6 +68,8 @@ use conn::{Conn, Flush, Io, Timeouts, NEVER};
 const LISTENER: Token = Token(usize::MAX - 1);
 const ADMIN: Token = Token(usize::MAX - 2);
 const SIGNALS: Token = Token(usize::MAX - 3);
+/// The resolver thread wakes the loop with this token when it has answers.
+const RESOLVER: Token = Token(usize::MAX - 4);
 /// Wait before accepting again when the process is out of file descriptors.
 const ACCEPT_PAUSE_MS: u64 = 100;
 /// How long a closing connection's unread input is drained (see `conn::Phase::Lingering`).
@@ -162,6 +164,15 @@ pub struct Server {
     proxy_listeners: Vec<(TcpListener, PoolId)>,
 }
 
+/// The resolver thread, the only thread besides the loop: it runs the
+/// system's blocking lookups for upstream host names (`net::resolve`).
+fn spawn_resolver(poll: &Poll) -> Result<crate::net::resolve::Resolver, String> {
+    let waker =
+        mio::Waker::new(poll.registry(), RESOLVER).map_err(|e| format!("cannot create the resolver's waker: {e}"))?;
+    crate::net::resolve::Resolver::spawn(std::sync::Arc::new(waker), Default::default())
+        .map_err(|e| format!("cannot start the resolver thread: {e}"))
+}
+
 impl Server {
     /// Binds the listeners; errors name the cause for a one-line start-up failure.
     pub fn bind(config: &Config, listen: SocketAddr, config_path: Option<PathBuf>) -> Result<Server, String> {
@@ -190,6 +201,7 @@ impl Server {
         let mut app = App::new(config)?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
+        let resolver = spawn_resolver(&poll)?;
         let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
         if let Some(every) = persistence.interval_ms() {
             app.schedule(every, Wake::Snapshot);
@@ -230,7 +242,7 @@ impl Server {
             dirty_spare: Vec::new(),
             ready: Vec::new(),
             ready_carry: Vec::new(),
-            proxy: Proxy::default(),
+            proxy: Proxy::new(resolver),
             proxy_listeners,
         })
     }
@@ -267,6 +279,7 @@ impl Server {
                     LISTENER => accept_public = true,
                     ADMIN => accept_admin = true,
                     SIGNALS => self.on_signals(),
+                    RESOLVER => self.on_resolved(),
                     Token(t) if t >= proxied::UPSTREAM_BASE => self.on_upstream(t - proxied::UPSTREAM_BASE),
                     Token(t) if t >= proxied::PROXY_LISTENER_BASE => {
                         self.accept_proxy(t - proxied::PROXY_LISTENER_BASE)

@@ -163,7 +163,7 @@ impl Server {
         match proxied {
             proxied::After::Nothing => {}
             proxied::After::Pump => self.pump_exchange(id),
-            proxied::After::Fail => self.end_exchange(id, proxied::End::Answered(ApiError::BadGateway)),
+            proxied::After::Fail(err) => self.end_exchange(id, proxied::End::Answered(err)),
         }
         let Some(conn) = client_mut(&mut self.conns, id) else {
             return;

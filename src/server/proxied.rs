@@ -18,13 +18,14 @@ use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
 use super::{client_mut, Server};
 use crate::api::proxy::ProxiedLine;
 use crate::api::{governor_headers, ApiError, App, ConnId, Ctx, Queued, CLIENT_GONE_STATUS};
+use crate::config::upstream::Upstream;
 use crate::config::Config;
-use crate::governor::{Admission, Grant, PoolId};
+use crate::governor::{Admission, Grant, Ms, PoolId};
 use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
 use crate::http::response::CONTINUE;
 use crate::proxy::head::{self, ClientSide};
-use crate::proxy::{request_relay, ClientIo, Exchange, NewExchange, Phase, Proxy, Step};
+use crate::proxy::{request_relay, Attached, ClientIo, Exchange, NewExchange, Phase, Proxy, Step};
 use crate::time::Now;
 
 /// Upstream connections are registered at `UPSTREAM_BASE + slab index`.
@@ -82,8 +83,8 @@ pub enum Begun {
 pub enum After {
     Nothing,
     Pump,
-    /// No upstream connection could be started: answer `502`.
-    Fail,
+    /// No upstream connection could be started: answer with this `502`.
+    Fail(ApiError),
 }
 
 /// The request head `head` is proxy traffic for `pid`: admits it and, unless refused, opens its
@@ -154,14 +155,15 @@ pub fn settle(app: &mut App, proxy: &mut Proxy, registry: &Registry, conn: &mut 
             conn.exchange = Some(ex);
             match start(app, proxy, registry, conn, ex, &grant, now) {
                 Ok(()) => After::Pump,
-                Err(_) => After::Fail,
+                Err(err) => After::Fail(err),
             }
         }
     }
 }
 
 /// The exchange holds its slot: the lease is kept by the server, the
-/// upstream connection attached and the request head queued on it.
+/// upstream connection attached (or its name looked up first) and the
+/// request head queued on it.
 fn start(
     app: &mut App,
     proxy: &mut Proxy,
@@ -170,7 +172,7 @@ fn start(
     ex: usize,
     grant: &Grant,
     now: Now,
-) -> Result<(), io::Error> {
+) -> Result<(), ApiError> {
     let e = &mut proxy.exchanges[ex];
     app.hold_proxied(grant, &e.attempt, now);
     let upstream = app.upstream(e.pool).expect("a proxy pool");
@@ -184,11 +186,19 @@ fn start(
     if e.expect_continue && e.client_side.http11 {
         conn.output.extend_from_slice(CONTINUE);
     }
-    let addr = upstream.addr;
-    proxy.attach(ex, addr, registry, UPSTREAM_BASE).inspect_err(|err| {
-        debug!("cannot connect to the upstream {addr}: {err}");
-        proxy.stats.upstream_connect_errors += 1;
-    })
+    attach(proxy, ex, upstream, now.ms, registry)
+}
+
+/// Attaches an upstream connection to the exchange, or leaves it waiting
+/// for its upstream's name.
+fn attach(proxy: &mut Proxy, ex: usize, upstream: &Upstream, now: Ms, registry: &Registry) -> Result<(), ApiError> {
+    match proxy.attach(ex, &upstream.target, upstream.tls.as_ref(), now, registry, UPSTREAM_BASE) {
+        Attached::Yes | Attached::Resolving => Ok(()),
+        Attached::No(why) => {
+            proxy.stats.upstream_connect_errors += 1;
+            Err(ApiError::BadGatewayBecause(why))
+        }
+    }
 }
 
 impl Server {
@@ -237,10 +247,32 @@ impl Server {
         };
         let ex = conn.exchange.expect("a queued exchange");
         let started = start(&mut self.app, &mut self.proxy, self.poll.registry(), conn, ex, grant, self.now);
-        if started.is_err() {
-            self.end_exchange(id, End::Answered(ApiError::BadGateway));
-        } else {
-            self.pump_exchange(id);
+        match started {
+            Err(err) => self.end_exchange(id, End::Answered(err)),
+            Ok(()) => self.pump_exchange(id),
+        }
+    }
+
+    /// The resolver thread answered: the exchanges that waited for a name
+    /// get their connection (or their `502`).
+    pub(super) fn on_resolved(&mut self) {
+        for ex in self.proxy.resolved(self.now.ms) {
+            let Some(e) = self.proxy.exchanges.get(ex) else {
+                continue;
+            };
+            let ((index, serial), pool) = (e.client, e.pool);
+            let id = ConnId { index: index as u32, serial };
+            if client_mut(&mut self.conns, id).is_none_or(|c| c.exchange != Some(ex)) {
+                continue;
+            }
+            let upstream = self.app.upstream(pool).expect("a proxy pool");
+            match attach(&mut self.proxy, ex, upstream, self.now.ms, self.poll.registry()) {
+                Ok(()) => self.pump_exchange(id),
+                Err(err) => {
+                    self.end_exchange(id, End::Answered(err));
+                    self.mark_dirty(id);
+                }
+            }
         }
     }
 
@@ -276,11 +308,12 @@ impl Server {
             if step != Step::Retry {
                 break step;
             }
-            if self.proxy.reattach(ex, self.poll.registry(), UPSTREAM_BASE).is_err() {
+            let tls = self.app.upstream(self.proxy.exchanges[ex].pool).and_then(|u| u.tls.as_ref());
+            if self.proxy.reattach(ex, tls, self.now.ms, self.poll.registry(), UPSTREAM_BASE).is_err() {
                 break Step::BadGateway("cannot reconnect");
             }
         };
-        conn.exchange_deadline = self.proxy.exchanges[ex].deadline;
+        conn.exchange_deadline = self.proxy.deadline(ex);
         if before == 0 && conn.unsent() > 0 {
             conn.out_since = self.now.ms;
         }
@@ -291,6 +324,7 @@ impl Server {
                 debug!("upstream failed: {why}");
                 self.end_exchange(id, End::Answered(ApiError::BadGateway));
             }
+            Step::Unusable(why) => self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why))),
             Step::Broken(why) => {
                 debug!("upstream broke off: {why}");
                 self.end_exchange(id, End::Cut);
@@ -317,8 +351,11 @@ impl Server {
         let Some(ex) = client_mut(&mut self.conns, id).and_then(|c| c.exchange) else {
             return;
         };
-        let e = &self.proxy.exchanges[ex];
-        if e.phase == Phase::Sending && self.now.ms < e.request_deadline {
+        if let Some(why) = self.proxy.handshake_expired(ex, self.now.ms) {
+            self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
+        } else if self.proxy.exchanges[ex].phase == Phase::Sending
+            && self.now.ms < self.proxy.exchanges[ex].request_deadline
+        {
             self.end_exchange(id, End::Answered(ApiError::UpstreamTimeout));
         } else {
             self.end_exchange(id, End::Cut);
@@ -344,7 +381,9 @@ impl Server {
         let idle_limit = self.proxy_idle_limit(ex);
         let e = self.proxy.finish(ex, reusable, idle_limit, self.poll.registry());
         let failure = match end {
-            End::Answered(err @ (ApiError::BadGateway | ApiError::UpstreamTimeout)) => Some(err.status().code()),
+            End::Answered(
+                err @ (ApiError::BadGateway | ApiError::BadGatewayBecause(_) | ApiError::UpstreamTimeout),
+            ) => Some(err.status().code()),
             End::Cut if e.response_head.is_none() => Some(ApiError::UpstreamTimeout.status().code()),
             _ => None,
         };

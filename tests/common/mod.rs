@@ -52,7 +52,27 @@ impl TestServer {
         Self::start_with(dir, config_path, &[])
     }
 
+    /// Like `start`, with the server's standard error (its log, at
+    /// `RUST_LOG=log_level`) written to `stderr.log` in its directory; see `log`.
+    pub fn start_logged(config_json: &str, log_level: &str) -> TestServer {
+        let dir = scratch_dir();
+        let config_path = dir.join("config.json");
+        std::fs::write(&config_path, config_json).unwrap();
+        let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        Self::spawn(dir, config_path, &[], Stdio::from(log), log_level)
+    }
+
+    /// What the server logged so far (servers started with `start_logged`).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+    }
+
     pub fn start_with(dir: PathBuf, config_path: PathBuf, extra_args: &[&str]) -> TestServer {
+        let level = std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".into());
+        Self::spawn(dir, config_path, extra_args, Stdio::inherit(), &level)
+    }
+
+    fn spawn(dir: PathBuf, config_path: PathBuf, extra_args: &[&str], stderr: Stdio, log_level: &str) -> TestServer {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nthpool"))
             .arg("--config")
             .arg(&config_path)
@@ -60,10 +80,10 @@ impl TestServer {
             .arg("127.0.0.1:0")
             .args(extra_args)
             .current_dir(&dir)
-            .env("RUST_LOG", std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env("RUST_LOG", log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn nthpool");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());

@@ -107,3 +107,28 @@ fn the_anthropic_sdk_works_unchanged_through_the_proxy_and_the_upstream_sees_the
         assert_eq!(request.path, "/v1/messages");
     }
 }
+
+/// The README's SDK example is a configuration that `--check-config` takes,
+/// once the provider key it names is in the environment.
+#[test]
+fn the_readme_sdk_example_passes_check_config() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = &readme[readme.find("### Use it with the OpenAI / Anthropic SDK").expect("the section")..];
+    let block = section.split("```json\n").nth(1).and_then(|b| b.split("```").next()).expect("a json block");
+    let dir = common::scratch_dir();
+    let path = dir.join("sdk-example.json");
+    std::fs::write(&path, block).unwrap();
+    let check = |key: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"));
+        cmd.arg("--check-config").arg(&path).env_remove("OPENAI_API_KEY");
+        if let Some(key) = key {
+            cmd.env("OPENAI_API_KEY", key);
+        }
+        cmd.output().unwrap()
+    };
+    let ok = check(Some("sk-example"));
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let missing = check(None);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("OPENAI_API_KEY"));
+}

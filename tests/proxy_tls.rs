@@ -358,3 +358,26 @@ fn the_managed_key_appears_in_no_output() {
         assert!(!out.contains(MANAGED_KEY), "output {i} carries the managed key:\n{out}");
     }
 }
+
+#[test]
+fn a_handshake_that_never_finishes_is_a_502_at_its_deadline() {
+    // A peer that takes the connection and never says a word.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let holder = std::thread::spawn(move || {
+        let held = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_secs(20));
+        drop(held);
+    });
+    let dir = scratch_dir();
+    let s = server(&pool(&format!("https://127.0.0.1:{port}"), &dir, r#","timeoutMs":60000"#));
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    c.write_all(&chat_request(false)).unwrap();
+    let r = read_response(&mut c).expect("an answer before the read timeout");
+    assert_eq!(r.status, 502);
+    assert_eq!(r.json()["message"], "The TLS handshake with the upstream did not finish in time.");
+    wait_for_log(&s, "did not finish in time");
+    assert_eq!(s.acquire("", "").status, 200, "the slot came back");
+    drop(holder);
+}

@@ -114,6 +114,8 @@ fn new_connections_resume_the_tls_session() {
     let conns = up.seen(3);
     assert!(!conns[0].resumed, "{conns:?}");
     assert!(conns[1].resumed && conns[2].resumed, "later connections made full handshakes: {conns:?}");
+    let metrics = admin_get(s.admin.expect("admin listener"), "/metrics");
+    assert!(metrics.contains("\nnthpool_proxy_tls_resumed_total 2\n"), "{metrics}");
 }
 
 #[test]
@@ -156,6 +158,8 @@ fn each_refused_certificate_is_a_502_naming_its_cause_and_a_log_line() {
         assert_eq!(s.acquire("", "").status, 200, "{what}");
         let log = wait_for_log(&s, logged);
         assert!(log.contains("TLS with the upstream localhost:"), "{what}: {log}");
+        let metrics = admin_get(s.admin.expect("admin listener"), "/metrics");
+        assert!(metrics.contains("\nnthpool_proxy_tls_failures_total 1\n"), "{what}: {metrics}");
     }
 }
 

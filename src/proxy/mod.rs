@@ -65,6 +65,8 @@ pub struct UpConn {
     eof: bool,
     /// A TLS peer closed without `close_notify`: a close-delimited body may be cut short.
     unclean_eof: bool,
+    /// The end of its TLS handshake has been counted.
+    handshake_noted: bool,
 }
 
 impl UpConn {
@@ -440,6 +442,7 @@ impl Proxy {
             reused: false,
             eof: false,
             unclean_eof: false,
+            handshake_noted: false,
         });
         Ok(idx)
     }
@@ -578,7 +581,11 @@ impl Proxy {
                 e.bytes_up += (up.output.len() - before) as u64;
             }
             let written_before = up.written;
-            let was_handshaking = up.transport.handshake_deadline().is_some();
+            if !up.handshake_noted && up.transport.handshake_deadline().is_none() {
+                // The TLS handshake is over (or there was none): counted once.
+                up.handshake_noted = true;
+                self.stats.tls_resumed += u64::from(up.transport.resumed());
+            }
             if let Err(err) = flush(up) {
                 if up.written == 0 && up.reused {
                     debug!("reused upstream connection failed before the request: {err}");
@@ -693,9 +700,6 @@ impl Proxy {
                     up.eof = true;
                     up.unclean_eof = err.kind() == io::ErrorKind::UnexpectedEof;
                 }
-            }
-            if was_handshaking && up.transport.handshake_deadline().is_none() && up.transport.resumed() {
-                self.stats.tls_resumed += 1;
             }
         }
     }

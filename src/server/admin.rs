@@ -228,7 +228,7 @@ fn render_proxy(t: &mut String, p: &crate::proxy::ProxyStats) {
         (
             "nthpool_proxy_retries_total",
             "counter",
-            "Requests sent again after a reused connection failed before any byte.",
+            "Requests sent again on a fresh connection: a reused one failed before any byte, or a connect failed with addresses left.",
             p.retries,
         ),
         ("nthpool_proxy_idle_connections", "gauge", "Idle keep-alive upstream connections kept.", p.idle),

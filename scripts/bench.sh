@@ -285,7 +285,7 @@ cat >"$WORK/nthpool.json" <<JSON
   "pools": {
     "bench": { "keys": ["$KEY"], "concurrency": 1000000, "adaptive": false },
     "contended": { "keys": ["$KEY"], "concurrency": 8, "queue": { "size": 100000 } },
-    "full": { "keys": ["$KEY"], "concurrency": 1000000, "termMs": 3600000, "renewIntervalMs": 1000000,
+    "full": { "keys": ["$KEY"], "concurrency": 1000000, "adaptive": false, "termMs": 3600000, "renewIntervalMs": 1000000,
               "requestTimeoutMs": 3600000 },
     "waiters": { "keys": ["$KEY"], "concurrency": 1, "queue": { "size": 200000, "timeoutMs": 3600000 },
                  "termMs": 3600000, "renewIntervalMs": 1000000, "requestTimeoutMs": 3600000 }

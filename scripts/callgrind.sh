@@ -73,7 +73,7 @@ cat >"$WORK/nthpool.json" <<JSON
   "maxConnections": 100000,
   "pools": {
     "bench": { "keys": ["$KEY"], "concurrency": 1000000, "adaptive": false },
-    "full": { "keys": ["$KEY"], "concurrency": 1000000, "termMs": 3600000, "renewIntervalMs": 1000000,
+    "full": { "keys": ["$KEY"], "concurrency": 1000000, "adaptive": false, "termMs": 3600000, "renewIntervalMs": 1000000,
               "requestTimeoutMs": 3600000 }
   }
 }

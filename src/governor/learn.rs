@@ -105,6 +105,28 @@ pub struct Budget {
     pub reset_at: Ms,
 }
 
+/// The grants of a refilled window, spread over it: a window the refill
+/// guessed may be sliding, where a reset frees only the calls that leave it,
+/// not the whole budget. Spread evenly, the calls fit either kind, and a
+/// fixed window still gets its whole budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// The window's start.
+    pub from: Ms,
+    pub per_window: u64,
+    pub window_ms: u64,
+    /// Grants made since `from`.
+    pub granted: u64,
+}
+
+impl Pace {
+    /// When the next grant may go: one at once, then one every
+    /// `window_ms / per_window`.
+    fn next_at(&self) -> Ms {
+        self.from + (self.granted * self.window_ms).div_ceil(self.per_window.max(1))
+    }
+}
+
 /// Instants the governor must wake at because of a report.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Wakeups {
@@ -133,6 +155,77 @@ pub const PROBE_WAIT_MAX: u32 = 16_384;
 /// Concurrency refusals in a row (no success between) that make a retry hint
 /// pool-wide.
 pub const POOL_WIDE_STREAK: u32 = 3;
+/// Calls granted this close together may reach the upstream in either
+/// order (they leave through different connections and threads), so a
+/// report's `remaining` may already count them.
+pub const REORDER_MS: Ms = 50;
+/// Grant instants remembered to place reports among the grants.
+const MARKS: usize = 64;
+/// A fresh adaptive pool grants at most this many at once before evidence
+/// (TCP's initial window, RFC 6928).
+pub const INITIAL_WINDOW: u32 = 10;
+/// During the start, the limit doubles every this many ms until the first
+/// concurrency refusal or `concurrency` (slow start, paced by the clock: a
+/// pool whose callers never report must still reach its limit).
+pub const RAMP_DOUBLING_MS: Ms = 100;
+/// How often a queue held back by the start's limit is looked at again.
+pub const RAMP_TICK_MS: Ms = 10;
+/// How far the stamping vote may lean either way.
+pub const STAMP_VOTES: i32 = 8;
+
+/// The grants made before each of the last `MARKS` distinct grant instants:
+/// how many grants came after a given instant, in O(1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantMarks {
+    /// `(instant, grants made before it)`, oldest at `next`.
+    marks: [(Ms, u64); MARKS],
+    next: usize,
+    len: usize,
+}
+
+impl Default for GrantMarks {
+    fn default() -> Self {
+        GrantMarks { marks: [(0, 0); MARKS], next: 0, len: 0 }
+    }
+}
+
+impl GrantMarks {
+    /// Notes a grant at `now`; `before` grants were made earlier.
+    fn on_grant(&mut self, now: Ms, before: u64) {
+        let last = (self.next + MARKS - 1) % MARKS;
+        if self.len > 0 && self.marks[last].0 >= now {
+            return;
+        }
+        self.marks[self.next] = (now, before);
+        self.next = (self.next + 1) % MARKS;
+        self.len = (self.len + 1).min(MARKS);
+    }
+
+    /// The grants made before the first grant instant after `t`: `Some(total)`
+    /// when none was after it, `None` when `t` is older than every mark.
+    fn before_first_after(&self, t: Ms, total: u64) -> Option<u64> {
+        let mut found = total;
+        for i in 1..=self.len {
+            let (at, before) = self.marks[(self.next + MARKS - i) % MARKS];
+            if at <= t {
+                return Some(found);
+            }
+            found = before;
+        }
+        None
+    }
+}
+
+/// Where a pool is in its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// No grant yet: the limit is the initial window.
+    Pending,
+    /// Ramping up since the first grant at this instant.
+    Since(Ms),
+    /// Ended by the first concurrency refusal, or at `concurrency`.
+    Done,
+}
 
 /// Everything a pool has learned: plain fields, so it can be saved and restored.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -141,6 +234,7 @@ pub struct Learning {
     pub concurrency: u32,
     /// The concurrency limit in force, in `[1, concurrency]`.
     pub effective: u32,
+    pub start: Start,
     /// The lowest in-flight count the upstream refused since the last
     /// successful probe (`0`: none known). Growth stops just under it.
     pub refused_at: u32,
@@ -154,14 +248,24 @@ pub struct Learning {
     pub refusal_streak: u32,
     /// Grants made so far (orders reports against grants).
     pub grants: u64,
+    pub marks: GrantMarks,
+    /// Whether reports look stamped when the upstream answered (their
+    /// `now + reset` agree) rather than when it admitted the call: a vote
+    /// in `-STAMP_VOTES..=STAMP_VOTES`, positive for the response.
+    pub stamp_votes: i32,
     pub cooldown_until: Ms,
     pub budget: Option<Budget>,
+    /// Set by a refill, cleared by a report of a later window.
+    pub pace: Option<Pace>,
     /// The requests the upstream allows per window, when it said.
     pub budget_limit: Option<u64>,
     /// The longest reset the upstream announced: the window length.
     pub window_ms: u64,
     /// The reset instant of the window that ended last: reports of it are stale.
     pub ended_reset_at: Ms,
+    /// The budget's reset is the refill's guess (one window after the last),
+    /// not yet said by a report of its window: the first one replaces it.
+    pub reset_guessed: bool,
     pub token_block_until: Ms,
 }
 
@@ -174,21 +278,27 @@ pub enum Pause {
 
 impl Learning {
     pub fn new(concurrency: u32, adaptive: bool) -> Learning {
+        let ramps = adaptive && concurrency > INITIAL_WINDOW;
         Learning {
             adaptive,
             concurrency,
-            effective: concurrency,
+            effective: if ramps { INITIAL_WINDOW } else { concurrency },
+            start: if ramps { Start::Pending } else { Start::Done },
             refused_at: 0,
             probe_wait: PROBE_WAIT_MIN,
             epoch: 0,
             successes: 0,
             refusal_streak: 0,
             grants: 0,
+            marks: GrantMarks::default(),
+            stamp_votes: 0,
             cooldown_until: 0,
             budget: None,
+            pace: None,
             budget_limit: None,
             window_ms: 0,
             ended_reset_at: 0,
+            reset_guessed: false,
             token_block_until: 0,
         }
     }
@@ -230,8 +340,31 @@ impl Learning {
             self.effective = self.effective.min(concurrency);
         }
         if !adaptive {
-            *self = Learning { grants: self.grants, ..Learning::new(concurrency, false) };
+            *self = Learning { grants: self.grants, marks: self.marks.clone(), ..Learning::new(concurrency, false) };
         }
+    }
+
+    /// Raises the start's limit to where the ramp is at `now` (the first
+    /// call starts it); while it runs, says when to look again.
+    pub fn ramp(&mut self, now: Ms) -> Option<Ms> {
+        let since = match self.start {
+            Start::Done => return None,
+            Start::Pending => {
+                self.start = Start::Since(now);
+                now
+            }
+            Start::Since(t) => t,
+        };
+        let elapsed = now.saturating_sub(since);
+        let doublings = (elapsed / RAMP_DOUBLING_MS).min(31) as u32;
+        let base = (INITIAL_WINDOW as u64) << doublings;
+        let cap = base + base * (elapsed % RAMP_DOUBLING_MS) / RAMP_DOUBLING_MS;
+        self.effective = self.effective.max(cap.min(self.concurrency as u64) as u32);
+        if self.effective >= self.concurrency {
+            self.start = Start::Done;
+            return None;
+        }
+        Some(now + RAMP_TICK_MS)
     }
 
     /// The learned pause in force at `now`, if any (cool-down first).
@@ -245,15 +378,22 @@ impl Learning {
                 wait = wait.max(b.reset_at - now);
             }
         }
+        if let Some(p) = self.pace {
+            wait = wait.max(p.next_at().saturating_sub(now));
+        }
         (wait > 0).then_some(Pause::Budget(wait))
     }
 
     /// Counts a grant against the learned budget (moving on from a window that ended).
     pub fn on_grant(&mut self, now: Ms) {
+        self.marks.on_grant(now, self.grants);
         self.grants += 1;
         let _ = self.on_budget_reset(now);
         if let Some(b) = &mut self.budget {
             b.remaining = b.remaining.saturating_sub(1);
+        }
+        if let Some(p) = &mut self.pace {
+            p.granted += 1;
         }
     }
 
@@ -268,9 +408,14 @@ impl Learning {
                 if reset_at <= now {
                     reset_at = now + w;
                 }
+                self.reset_guessed = true;
+                self.pace = Some(Pace { from: reset_at - w, per_window: limit, window_ms: w, granted: 0 });
                 Some(Budget { remaining: limit, reset_at })
             }
-            _ => None,
+            _ => {
+                self.pace = None;
+                None
+            }
         };
         self.budget.map(|b| b.reset_at)
     }
@@ -314,6 +459,7 @@ impl Learning {
     /// A concurrency refusal: the upstream allows about the calls still in
     /// flight. Says whether the refusals have become pool-wide.
     fn on_refusal(&mut self, lease: Reported) -> bool {
+        self.start = Start::Done;
         self.refusal_streak = self.refusal_streak.saturating_add(1);
         let level = lease.in_flight + 1;
         let target = lease.in_flight.max(self.effective / 2).max(1);
@@ -356,6 +502,27 @@ impl Learning {
         }
     }
 
+    /// Headers stamped at the response put one window's end at the same
+    /// `now + reset` in every report; stamped at admission, each report's
+    /// lands a service time later than the window's end.
+    fn vote_stamp(&mut self, latest: Ms) {
+        let Some(b) = self.budget else { return };
+        let vote = if latest.abs_diff(b.reset_at) <= REORDER_MS { 1 } else { -1 };
+        self.stamp_votes = (self.stamp_votes + vote).clamp(-STAMP_VOTES, STAMP_VOTES);
+    }
+
+    /// Grants the report's `remaining` did not count yet: the ones made
+    /// after its stamp. Stamped at admission, those are the grants made
+    /// after the lease's own (less the ones close enough to have reached the
+    /// upstream first), and of those only the ones still in flight are sure
+    /// to be upstream calls (a refused call leaves at once and may not have
+    /// counted). Stamped at the response, only calls still on their way.
+    fn unseen_grants(&self, lease: Reported, now: Ms) -> u64 {
+        let stamped = if self.stamp_votes > 0 { now } else { lease.granted_at };
+        let before = self.marks.before_first_after(stamped + REORDER_MS, self.grants).unwrap_or(lease.grant_seq);
+        self.grants.saturating_sub(before.max(lease.grant_seq)).min(lease.in_flight as u64)
+    }
+
     /// Learns the request budget from `remaining` and its reset; returns the
     /// instant to wake at when it set one.
     fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms) -> Option<Ms> {
@@ -382,18 +549,22 @@ impl Learning {
         if earliest < self.ended_reset_at.saturating_add(self.window_ms / 2) && self.ended_reset_at > 0 {
             return None;
         }
-        // Grants made after this lease's grant are not in its `remaining`;
-        // of those, only the ones still in flight are sure to be upstream
-        // calls (a refused call leaves at once and may not have counted).
-        let since = self.grants.saturating_sub(lease.grant_seq).min(lease.in_flight as u64);
-        let left = remaining.saturating_sub(since);
         let _ = self.on_budget_reset(now);
+        let same_window = self.budget.is_some_and(|b| earliest <= b.reset_at);
+        if same_window {
+            self.vote_stamp(latest);
+        }
+        let left = remaining.saturating_sub(self.unseen_grants(lease, now));
         match &mut self.budget {
-            Some(b) if earliest <= b.reset_at => {
-                // The same window: `remaining` only goes down.
+            Some(b) if same_window => {
+                // The same window: `remaining` only goes down; its end is the
+                // earliest one a report put it at (the refill's guess, made
+                // with a window length learned from resets that were all
+                // shorter than it, may be early).
                 b.remaining = b.remaining.min(left);
-                let moved = latest < b.reset_at;
-                b.reset_at = b.reset_at.min(latest);
+                let guessed = std::mem::take(&mut self.reset_guessed);
+                let moved = latest < b.reset_at || guessed && latest != b.reset_at;
+                b.reset_at = if guessed { latest } else { b.reset_at.min(latest) };
                 moved.then_some(b.reset_at)
             }
             _ => {
@@ -401,6 +572,8 @@ impl Learning {
                     self.ended_reset_at = b.reset_at;
                 }
                 self.budget = Some(Budget { remaining: left, reset_at: latest });
+                self.reset_guessed = false;
+                self.pace = None;
                 Some(latest)
             }
         }
@@ -423,6 +596,15 @@ mod tests {
         Outcome { rate: RateInfo { remaining: Some(remaining), reset_ms: Some(reset_ms), ..o.rate }, ..o }
     }
 
+    /// An adaptive pool past its start (`ramp` ran it up to `concurrency`).
+    fn ramped(concurrency: u32) -> Learning {
+        let mut l = Learning::new(concurrency, true);
+        let _ = l.ramp(0);
+        assert_eq!(l.ramp(60_000), None);
+        assert_eq!(l.effective(), concurrency);
+        l
+    }
+
     /// A lease granted now, in the current epoch.
     fn grant(l: &mut Learning, now: Ms) -> (u32, Ms, u64) {
         l.on_grant(now);
@@ -437,7 +619,7 @@ mod tests {
     /// every grant of a pool whose other calls were succeeding.
     #[test]
     fn one_concurrency_refusal_does_not_pause_the_pool() {
-        let mut l = Learning::new(64, true);
+        let mut l = ramped(64);
         let leases: Vec<_> = (0..5).map(|_| grant(&mut l, 0)).collect();
         let hinted =
             Outcome { rate: RateInfo { retry_after_ms: Some(1000), ..RateInfo::default() }, ..concurrency_429() };
@@ -489,9 +671,11 @@ mod tests {
     fn grants_after_the_reported_one_are_counted() {
         let mut l = Learning::new(10, true);
         let first = grant(&mut l, 0);
-        grant(&mut l, 10);
-        grant(&mut l, 20);
-        l.on_report(&with_budget(ok(), 5, 700), about(first, 2), 100);
+        // Granted with it: either may have reached the upstream first.
+        grant(&mut l, REORDER_MS);
+        grant(&mut l, REORDER_MS + 10);
+        grant(&mut l, REORDER_MS + 20);
+        l.on_report(&with_budget(ok(), 5, 700), about(first, 3), 100);
         assert_eq!(l.budget().unwrap().remaining, 3);
         grant(&mut l, 100);
         grant(&mut l, 100);
@@ -526,7 +710,7 @@ mod tests {
     /// Cause 3: a rate 429 (`remaining: 0`) also cut the concurrency limit.
     #[test]
     fn a_rate_refusal_teaches_the_budget_and_keeps_the_limit() {
-        let mut l = Learning::new(20, true);
+        let mut l = ramped(20);
         let lease = grant(&mut l, 0);
         let refused = Outcome {
             rate: RateInfo {
@@ -547,7 +731,7 @@ mod tests {
     /// Cause 4: a burst where 44 of 64 calls were refused cut only to 57.
     #[test]
     fn a_burst_of_refusals_cuts_to_the_calls_that_succeed() {
-        let mut l = Learning::new(64, true);
+        let mut l = ramped(64);
         let leases: Vec<_> = (0..64).map(|_| grant(&mut l, 0)).collect();
         let mut held = 64;
         for lease in &leases[20..] {
@@ -563,7 +747,7 @@ mod tests {
     /// demand: probing alone stays well under 1 % of calls.
     #[test]
     fn probing_above_the_refused_level_is_rare() {
-        let mut l = Learning::new(64, true);
+        let mut l = ramped(64);
         let upstream = 20;
         let (mut calls, mut refused) = (0u64, 0u64);
         let mut now = 0;
@@ -605,6 +789,32 @@ mod tests {
             l.on_report(&ok(), about(lease, e - 1), 2);
         }
         assert_eq!(l.effective(), 10, "never above concurrency");
+    }
+
+    /// The first burst: a fresh pool grants the initial window, then doubles
+    /// it every `RAMP_DOUBLING_MS` until the first concurrency refusal.
+    #[test]
+    fn a_fresh_pool_starts_small_and_ramps_until_refused() {
+        let mut l = Learning::new(64, true);
+        assert_eq!(l.effective(), INITIAL_WINDOW);
+        assert_eq!(l.ramp(1000), Some(1000 + RAMP_TICK_MS));
+        assert_eq!(l.effective(), INITIAL_WINDOW);
+        l.ramp(1000 + RAMP_DOUBLING_MS / 2);
+        assert_eq!(l.effective(), INITIAL_WINDOW * 3 / 2);
+        l.ramp(1000 + RAMP_DOUBLING_MS);
+        assert_eq!(l.effective(), 2 * INITIAL_WINDOW);
+        // The upstream refuses the 21st call: the start ends there.
+        let lease = grant(&mut l, 1000 + RAMP_DOUBLING_MS);
+        l.on_report(&concurrency_429(), about(lease, 20), 1000 + RAMP_DOUBLING_MS);
+        assert_eq!(l.effective(), 20);
+        assert_eq!(l.start, Start::Done);
+        assert_eq!(l.ramp(1000 + 10 * RAMP_DOUBLING_MS), None);
+        assert_eq!(l.effective(), 20);
+        // Without refusals it reaches the configured limit, and a small pool
+        // or a static one starts at its limit.
+        assert_eq!(ramped(64).effective(), 64);
+        assert_eq!(Learning::new(INITIAL_WINDOW, true).effective(), INITIAL_WINDOW);
+        assert_eq!(Learning::new(64, false).effective(), 64);
     }
 
     #[test]
@@ -651,7 +861,7 @@ mod tests {
 
     #[test]
     fn reconfigure_keeps_a_cut_but_follows_an_unreduced_limit() {
-        let mut l = Learning::new(10, true);
+        let mut l = ramped(10);
         l.reconfigure(20, true);
         assert_eq!(l.effective(), 20);
         let lease = grant(&mut l, 0);

@@ -15,6 +15,8 @@ pub mod gate;
 pub mod history;
 pub mod id;
 pub mod learn;
+#[cfg(test)]
+mod learn_sim;
 pub mod lease;
 pub mod pool;
 pub mod queue;
@@ -269,6 +271,7 @@ impl<T: Copy> Governor<T> {
         if let Some(gate) = &mut pool.gate {
             gate.refill(now);
         }
+        let ramp = pool.learning.ramp(now);
         let blocked = pool.blocked(now);
         if pool.queue.is_empty() && blocked.is_none() {
             return Admission::Granted(self.grant(pid, now, 0));
@@ -288,6 +291,9 @@ impl<T: Copy> Governor<T> {
         let key = self.waiters.push_back(&mut pool.queue, pid, owner, now, timer);
         if reason != DenyReason::Concurrency {
             self.arm_wake(pid, now + wait);
+        } else if let Some(at) = ramp {
+            // The start's limit grows by the clock, not by releases.
+            self.arm_wake(pid, at);
         }
         Admission::Queued(key)
     }
@@ -609,6 +615,7 @@ impl<T: Copy> Governor<T> {
             if let Some(gate) = &mut pool.gate {
                 gate.refill(now);
             }
+            let ramp = pool.learning.ramp(now);
             match pool.blocked(now) {
                 None => {
                     let w = self.waiters.remove(&mut pool.queue, head);
@@ -616,7 +623,12 @@ impl<T: Copy> Governor<T> {
                     let grant = self.grant(pid, now, now - w.enqueued_at);
                     self.notices.push_back(Notice::Granted { owner: w.owner, grant });
                 }
-                Some((DenyReason::Concurrency, _)) => return,
+                Some((DenyReason::Concurrency, _)) => {
+                    if let Some(at) = ramp {
+                        self.arm_wake(pid, at);
+                    }
+                    return;
+                }
                 Some((_, wait)) => {
                     self.arm_wake(pid, now + wait);
                     return;

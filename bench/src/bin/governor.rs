@@ -37,7 +37,7 @@ operations per second. Each number is measured for about 0.3 s.
 /// The pools of `scripts/bench.sh`'s scale run, minus the ones it does not use.
 const CONFIG: &str = r#"{"pools":{
   "bench":{"keys":["k"],"concurrency":1000000,"adaptive":false},
-  "full":{"keys":["k"],"concurrency":1000000,"termMs":3600000,"renewIntervalMs":1000000,"requestTimeoutMs":3600000},
+  "full":{"keys":["k"],"concurrency":1000000,"adaptive":false,"termMs":3600000,"renewIntervalMs":1000000,"requestTimeoutMs":3600000},
   "waiters":{"keys":["k"],"concurrency":1,"queue":{"size":200000,"timeoutMs":3600000},
              "termMs":3600000,"renewIntervalMs":1000000,"requestTimeoutMs":3600000}}}"#;
 

@@ -1,0 +1,249 @@
+//! A fleet in miniature for the learning rules: a pool with endless demand
+//! against a model upstream (a concurrency limit, a fixed-window request
+//! budget, headers stamped at admission or at the response), on a manual
+//! clock. It measures the goals of SPEC §7 on `Learning` alone, in
+//! milliseconds of test time instead of a minute of wall clock.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::learn::{Learning, Outcome, RateInfo, Reported};
+use super::Ms;
+
+/// The model upstream.
+#[derive(Clone, Copy)]
+pub struct Upstream {
+    /// A call reaches the upstream up to this many ms after its grant.
+    pub jitter_ms: Ms,
+    pub concurrency: u32,
+    /// Requests per window; `None`: no budget.
+    pub budget: Option<u32>,
+    pub window_ms: Ms,
+    /// A sliding window (a call counts for `window_ms` after it was admitted)
+    /// instead of fixed ones.
+    pub sliding: bool,
+    pub stamp_at_admission: bool,
+    /// Both limits are halved from this instant on.
+    pub halve_at: Option<Ms>,
+}
+
+pub const STANDARD: Upstream = Upstream {
+    jitter_ms: 0,
+    concurrency: 20,
+    budget: Some(60),
+    window_ms: 6000,
+    sliding: false,
+    stamp_at_admission: true,
+    halve_at: None,
+};
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Run {
+    pub ok: u64,
+    pub refused: u64,
+    /// Successful calls the upstream could have served.
+    pub max: u64,
+    /// Refused calls from `halve_at` + 10 s on.
+    pub refused_late: u64,
+    pub calls_late: u64,
+}
+
+impl Run {
+    pub fn goodput(&self) -> f64 {
+        self.ok as f64 / self.max as f64
+    }
+    pub fn share_429(&self) -> f64 {
+        self.refused as f64 / (self.ok + self.refused) as f64
+    }
+}
+
+struct Call {
+    epoch: u32,
+    granted_at: Ms,
+    grant_seq: u64,
+    /// The headers, as stamped at admission (or `None` until the response).
+    admitted: Option<(u32, Ms)>,
+    ok: bool,
+    arrived: bool,
+}
+
+/// Lognormal service times, median 500 ms, p99 2 s, from a fixed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn service_ms(&mut self) -> Ms {
+        let sigma = (2000.0f64 / 500.0).ln() / 2.326;
+        let z = (-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos();
+        (500.0 * (sigma * z).exp()).clamp(1.0, 20_000.0) as Ms
+    }
+}
+
+/// Runs `duration` ms of a pool of `concurrency` with endless demand.
+/// Refusals answer after 2 ms; the pool is looked at every millisecond.
+pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let rtt = 2;
+    let mut r = Run::default();
+    let mut calls: Vec<Call> = Vec::new();
+    let mut done: BinaryHeap<Reverse<(Ms, usize)>> = BinaryHeap::new();
+    let mut arrivals: BinaryHeap<Reverse<(Ms, usize)>> = BinaryHeap::new();
+    let (mut window, mut used, mut in_flight, mut held) = (0, 0u32, 0u32, 0u32);
+    let mut log = std::collections::VecDeque::new();
+    for now in 0..duration {
+        let halved = up.halve_at.is_some_and(|t| now >= t);
+        let conc = if halved { up.concurrency / 2 } else { up.concurrency };
+        let budget = up.budget.map(|b| if halved { b / 2 } else { b });
+        if up.sliding {
+            while log.front().is_some_and(|&a| a + up.window_ms <= now) {
+                log.pop_front();
+            }
+            used = log.len() as u32;
+        } else if now / up.window_ms != window {
+            window = now / up.window_ms;
+            used = 0;
+        }
+        let reset = if up.sliding {
+            log.front().map_or(up.window_ms, |&a| a + up.window_ms - now)
+        } else {
+            (window + 1) * up.window_ms - now
+        };
+        let stamp = |used: u32| budget.map(|b| (b.saturating_sub(used), reset));
+        while let Some(&Reverse((at, i))) = done.peek() {
+            if at > now {
+                break;
+            }
+            done.pop();
+            let c = &calls[i];
+            if c.ok {
+                in_flight -= 1;
+            }
+            held -= 1;
+            let headers = if up.stamp_at_admission || !c.ok { c.admitted } else { stamp(used) };
+            let rate = RateInfo {
+                limit: budget.map(u64::from),
+                remaining: headers.map(|h| h.0 as u64),
+                reset_ms: headers.map(|h| h.1),
+                retry_after_ms: (!c.ok).then_some(1000),
+                ..RateInfo::default()
+            };
+            let status = if c.ok { 200 } else { 429 };
+            let o = Outcome { status: Some(status), throttled: (!c.ok) as u64, rate };
+            let lease = Reported { epoch: c.epoch, granted_at: c.granted_at, grant_seq: c.grant_seq, in_flight: held };
+            l.on_report(&o, lease, now);
+        }
+        let _ = l.on_budget_reset(now);
+        let _ = l.ramp(now);
+        while held < l.effective() && l.pause(now).is_none() {
+            l.on_grant(now);
+            held += 1;
+            calls.push(Call {
+                epoch: l.epoch(),
+                granted_at: now,
+                grant_seq: l.grants,
+                admitted: None,
+                ok: false,
+                arrived: false,
+            });
+            let at = now + if up.jitter_ms > 0 { (rng.uniform() * up.jitter_ms as f64) as Ms } else { 0 };
+            arrivals.push(Reverse((at, calls.len() - 1)));
+        }
+        while let Some(&Reverse((at, i))) = arrivals.peek() {
+            if at > now {
+                break;
+            }
+            arrivals.pop();
+            let rate_full = budget.is_some_and(|b| used >= b);
+            let ok = !rate_full && in_flight < conc;
+            if ok {
+                used += 1;
+                in_flight += 1;
+                log.push_back(now);
+            }
+            let admitted = stamp(used);
+            let finish = now + if ok { rng.service_ms() } else { rtt };
+            let c = &mut calls[i];
+            (c.admitted, c.ok, c.arrived) = (admitted, ok, true);
+            done.push(Reverse((finish, i)));
+            if finish < duration {
+                if ok {
+                    r.ok += 1;
+                } else {
+                    r.refused += 1;
+                }
+                if up.halve_at.is_some_and(|t| now >= t + 10_000) {
+                    r.calls_late += 1;
+                    r.refused_late += (!ok) as u64;
+                }
+            }
+        }
+    }
+    r.max = max_calls(up, duration);
+    r
+}
+
+/// The upstream's maximum, as the fleet simulator counts it (mean service 597 ms).
+fn max_calls(up: Upstream, duration: Ms) -> u64 {
+    let per_ms = |t: Ms| {
+        let halved = up.halve_at.is_some_and(|h| t >= h);
+        (if halved { up.concurrency / 2 } else { up.concurrency }) as f64 / 597.0
+    };
+    match up.budget {
+        None => (0..duration).map(per_ms).sum::<f64>() as u64,
+        Some(b) => (0..duration.div_ceil(up.window_ms))
+            .map(|k| {
+                let start = k * up.window_ms;
+                let halved = up.halve_at.is_some_and(|h| start >= h);
+                let budget = if halved { b / 2 } else { b } as f64;
+                let end = ((k + 1) * up.window_ms).min(duration);
+                budget.min((start..end).map(per_ms).sum::<f64>())
+            })
+            .sum::<f64>() as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs three seeds of a wrong pool (`concurrency` 64, adaptive) for 60 s.
+    fn wrong_pool(up: Upstream) -> Vec<Run> {
+        (1..4).map(|seed| run(&mut Learning::new(64, true), up, 60_000, seed)).collect()
+    }
+
+    fn assert_goal(name: &str, runs: &[Run], goodput: f64, share_429: f64) {
+        for r in runs {
+            assert!(r.goodput() >= goodput, "{name}: goodput {:.3} < {goodput} ({r:?})", r.goodput());
+            assert!(r.share_429() <= share_429, "{name}: 429 share {:.4} > {share_429} ({r:?})", r.share_429());
+        }
+    }
+
+    /// SPEC §7: 20 in flight and 600/min, headers stamped at admission or at
+    /// the response, calls reaching the upstream in a shuffled order.
+    #[test]
+    fn a_wrong_pool_finds_a_budget_and_a_concurrency_limit() {
+        assert_goal("admission", &wrong_pool(STANDARD), 0.95, 0.02);
+        assert_goal("response", &wrong_pool(Upstream { stamp_at_admission: false, ..STANDARD }), 0.95, 0.02);
+        assert_goal("jitter", &wrong_pool(Upstream { jitter_ms: 20, ..STANDARD }), 0.95, 0.02);
+        assert_goal("sliding", &wrong_pool(Upstream { sliding: true, ..STANDARD }), 0.95, 0.02);
+    }
+
+    #[test]
+    fn a_wrong_pool_finds_a_concurrency_only_limit() {
+        assert_goal("concurrency only", &wrong_pool(Upstream { budget: None, ..STANDARD }), 0.90, 0.02);
+    }
+
+    /// Both limits halve at 30 s: from 10 s later on, under 1 % refused.
+    #[test]
+    fn a_wrong_pool_follows_a_halving() {
+        for r in wrong_pool(Upstream { halve_at: Some(30_000), ..STANDARD }) {
+            assert!(r.calls_late > 50 && r.refused_late * 100 < r.calls_late, "{r:?}");
+            assert!(r.goodput() >= 0.95, "{r:?}");
+        }
+    }
+}

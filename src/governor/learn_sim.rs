@@ -8,7 +8,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::learn::{Learning, Outcome, RateInfo, Reported};
-use super::Ms;
+use crate::time::Ms;
 
 /// The model upstream.
 #[derive(Clone, Copy)]

@@ -162,8 +162,10 @@ pub const REORDER_MS: Ms = 50;
 /// Grant instants remembered to place reports among the grants.
 const MARKS: usize = 64;
 /// A fresh adaptive pool grants at most this many at once before evidence
-/// (TCP's initial window, RFC 6928).
-pub const INITIAL_WINDOW: u32 = 10;
+/// (an initial window, as TCP's of RFC 6928): the default `concurrency`, so
+/// a pool left at the default starts as it always did, and one configured
+/// higher ramps up from here.
+pub const INITIAL_WINDOW: u32 = 16;
 /// During the start, the limit doubles every this many ms until the first
 /// concurrency refusal or `concurrency` (slow start, paced by the clock: a
 /// pool whose callers never report must still reach its limit).

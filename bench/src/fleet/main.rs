@@ -1,6 +1,6 @@
 //! `nthpool-fleet`: a fleet of workers against an embedded mock upstream that
 //! limits calls in flight and requests per window, through a real nthpool
-//! server (lock API) or directly, printing one row per run: goodput and its
+//! server (lock API or proxy mode) or directly, printing one row per run: goodput and its
 //! share of the upstream's maximum, upstream 429s, job latency and how long
 //! the 429 share takes to settle under 1 % after each limit change.
 //!
@@ -94,11 +94,14 @@ fn parent(o: &Options) -> Result<(), String> {
             addr: addr.parse().map_err(|_| format!("--server: {addr:?} is not an address like 127.0.0.1:7070"))?,
             key: o.key.clone().unwrap_or_default(),
             pool: o.pool_name.clone().unwrap_or_default(),
+            proxy: o.mode == Mode::Proxy,
         }),
         (_, None) => {
             let binary = o.nthpool.clone().map_or_else(server::default_binary, Into::into);
-            let s = server::Server::start(&binary, &o.effective_pool(), o.wait_ms)?;
-            let lock = Lock { addr: s.addr, key: server::KEY.into(), pool: server::POOL.into() };
+            let proxied = (o.mode == Mode::Proxy).then_some(upstream.addr);
+            let s = server::Server::start(&binary, &o.effective_pool(), o.wait_ms, proxied)?;
+            let lock =
+                Lock { addr: s.addr, key: server::KEY.into(), pool: server::POOL.into(), proxy: o.mode == Mode::Proxy };
             _server = Some(s);
             Some(lock)
         }
@@ -148,7 +151,8 @@ fn children(
             c.args(["--child-upstream", &upstream.to_string(), "--child-origin-ms", &origin.to_string()]);
             match lock {
                 Some(l) => {
-                    c.args(["--mode", "lock", "--server", &l.addr.to_string(), "--key", &l.key, "--pool", &l.pool])
+                    let mode = if l.proxy { "proxy" } else { "lock" };
+                    c.args(["--mode", mode, "--server", &l.addr.to_string(), "--key", &l.key, "--pool", &l.pool])
                 }
                 None => c.args(["--mode", "direct"]),
             };
@@ -183,6 +187,7 @@ fn child(o: &Options) -> Result<(), String> {
             addr: server.parse().map_err(|_| "--server is not an address".to_string())?,
             key: o.key.clone().unwrap_or_default(),
             pool: o.pool_name.clone().unwrap_or_default(),
+            proxy: o.mode == Mode::Proxy,
         }),
     };
     let behind = Duration::from_millis(epoch_ms().saturating_sub(c.origin_epoch_ms));

@@ -14,7 +14,9 @@ RUN:
                               static (lock through a pool configured right for the upstream:
                               concurrency and rpm of the upstream, adaptive off),
                               direct (no nthpool: call, on 429 sleep Retry-After, retry),
-                              proxy (not available: the server has no proxy mode yet)
+                              proxy (the call goes to the pool's proxy: Host fleet.proxy
+                              on the server, which acquires, calls the upstream and releases
+                              with its answer; a refused call is retried after Retry-After)
     -w, --workers N           workers (default 100)
     --processes K             split the workers over K child processes (default 1)
     -d, --duration SECS       measured run (default 60; at most 3600)
@@ -61,7 +63,7 @@ pub enum Mode {
     Lock,
     Static,
     Direct,
-    /// Through the server's proxy mode, once the server has one.
+    /// Through the server's proxy mode (the pool's `upstream`).
     Proxy,
 }
 
@@ -396,9 +398,6 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
     }
     if let (Some(upstream), Some(origin_epoch_ms)) = (child_upstream, child_origin) {
         o.child = Some(Child { upstream, origin_epoch_ms });
-    }
-    if o.mode == Mode::Proxy {
-        return Err("--mode proxy: the server has no proxy mode yet".into());
     }
     if o.workers == 0 || o.processes == 0 || o.processes > o.workers || o.processes > 64 {
         return Err("--workers must be at least 1 and --processes between 1 and min(64, workers)".into());

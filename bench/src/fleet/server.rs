@@ -13,6 +13,8 @@ use super::options::Pool;
 
 pub const POOL: &str = "fleet";
 pub const KEY: &str = "nb_fleet_simulator_key";
+/// The `Host` proxy-mode workers send: the pool's `upstream.hosts`.
+pub const PROXY_HOST: &str = "fleet.proxy";
 
 pub struct Server {
     pub addr: SocketAddr,
@@ -26,13 +28,14 @@ pub fn default_binary() -> PathBuf {
     me.with_file_name("nthpool")
 }
 
-pub fn config(pool: &Pool, wait_ms: u64) -> String {
+/// The configuration; with `upstream`, the pool proxies to it under `PROXY_HOST`.
+pub fn config(pool: &Pool, wait_ms: u64, upstream: Option<SocketAddr>) -> String {
     let access_log = match &pool.access_log {
         Some(p) => serde_json::Value::from(p.as_str()),
         None => serde_json::Value::Null,
     };
     let rpm = pool.rpm.map_or(serde_json::Value::Null, serde_json::Value::from);
-    serde_json::json!({
+    let mut config = serde_json::json!({
         "listen": "127.0.0.1:0",
         "adminListen": null,
         "accessLog": access_log,
@@ -43,16 +46,24 @@ pub fn config(pool: &Pool, wait_ms: u64) -> String {
             "rpm": rpm,
             "adaptive": pool.adaptive,
         }}
-    })
-    .to_string()
+    });
+    if let Some(addr) = upstream {
+        config["pools"][POOL]["upstream"] = serde_json::json!({
+            "url": format!("http://{addr}"),
+            "hosts": [PROXY_HOST],
+            "waitMs": wait_ms.max(1),
+            "idleConnections": 128,
+        });
+    }
+    config.to_string()
 }
 
 impl Server {
-    pub fn start(binary: &PathBuf, pool: &Pool, wait_ms: u64) -> Result<Server, String> {
+    pub fn start(binary: &PathBuf, pool: &Pool, wait_ms: u64, upstream: Option<SocketAddr>) -> Result<Server, String> {
         let dir = std::env::temp_dir().join(format!("nthpool-fleet-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let file = dir.join("config.json");
-        std::fs::write(&file, config(pool, wait_ms)).map_err(|e| format!("{}: {e}", file.display()))?;
+        std::fs::write(&file, config(pool, wait_ms, upstream)).map_err(|e| format!("{}: {e}", file.display()))?;
         let mut child = Command::new(binary)
             .arg("--config")
             .arg(&file)

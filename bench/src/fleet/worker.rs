@@ -3,9 +3,11 @@
 //!
 //! `lock`: acquire (queueing up to the wait budget) → call the upstream →
 //! release with the full report (status, throttled, retryAfterMs and the raw
-//! headers). `direct`: call, and on a 429 sleep the `Retry-After`. A proxy
-//! mode would be one more [`Worker::attempt`] arm: send the call to the
-//! server's proxy listener instead of the upstream, with no acquire/release.
+//! headers). `direct`: call, and on a 429 sleep the `Retry-After`. `proxy`:
+//! send the call to the server under the pool's proxy `Host`; the server
+//! acquires, calls the upstream and releases with its answer. An answer with
+//! `x-nthpool-deny-reason` (or nthpool's `504 queue_timeout`) is the pool's
+//! refusal, anything else the upstream's answer relayed.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -14,12 +16,14 @@ use std::time::{Duration, Instant};
 use super::http::{Answer, Conn};
 use super::stats::Timeline;
 
-/// The nthpool server a lock-mode fleet goes through.
+/// The nthpool server a lock-mode (or proxy-mode) fleet goes through.
 #[derive(Clone)]
 pub struct Lock {
     pub addr: SocketAddr,
     pub key: String,
     pub pool: String,
+    /// Calls go through the pool's proxy instead of acquire/release.
+    pub proxy: bool,
 }
 
 pub struct Fleet<'a> {
@@ -58,12 +62,17 @@ pub struct Worker<'a> {
 impl<'a> Worker<'a> {
     pub fn new(fleet: &'a Fleet<'a>) -> Worker<'a> {
         let timeout = Duration::from_millis(fleet.wait_ms) + Duration::from_secs(30);
-        Worker {
-            fleet,
-            upstream: Conn::new(fleet.upstream, Duration::from_secs(60)),
-            server: fleet.lock.as_ref().map(|l| Conn::new(l.addr, timeout)),
-            upstream_head: format!("GET /v1/call HTTP/1.1\r\nHost: {}\r\n", fleet.upstream),
-        }
+        let upstream_head = match &fleet.lock {
+            Some(l) if l.proxy => {
+                format!("GET /v1/call HTTP/1.1\r\nHost: {}\r\nX-Nthpool-Key: {}\r\n", super::server::PROXY_HOST, l.key)
+            }
+            _ => format!("GET /v1/call HTTP/1.1\r\nHost: {}\r\n", fleet.upstream),
+        };
+        let upstream = match &fleet.lock {
+            Some(l) if l.proxy => Conn::new(l.addr, timeout + Duration::from_secs(60)),
+            _ => Conn::new(fleet.upstream, Duration::from_secs(60)),
+        };
+        Worker { fleet, upstream, server: fleet.lock.as_ref().map(|l| Conn::new(l.addr, timeout)), upstream_head }
     }
 
     fn over(&self) -> bool {
@@ -106,6 +115,9 @@ impl<'a> Worker<'a> {
                 None => Attempt::Retry(Duration::from_millis(100)),
             };
         };
+        if lock.proxy {
+            return self.through_proxy();
+        }
         let slot = match self.acquire(&lock) {
             Ok(slot) => slot,
             Err(a) => return a,
@@ -147,6 +159,39 @@ impl<'a> Worker<'a> {
                 None
             }
         }
+    }
+
+    /// One call through the pool's proxy: the pool's refusal, or the
+    /// upstream's answer relayed.
+    fn through_proxy(&mut self) -> Attempt {
+        let answer = self.upstream.call(&self.upstream_head, b"");
+        let b = self.fleet.timeline.at(self.secs());
+        let a = match answer {
+            Ok(a) => a,
+            Err(_) => {
+                b.acquire_errors.fetch_add(1, Relaxed);
+                return Attempt::Retry(Duration::from_millis(100));
+            }
+        };
+        if let Some(limit) = a.header("x-nthpool-effective-limit").and_then(|v| v.trim().parse().ok()) {
+            b.effective_limit.store(limit, Relaxed);
+        }
+        let queue_timeout = a.status == 504 && a.body.windows(13).any(|w| w == b"queue_timeout");
+        if a.header("x-nthpool-deny-reason").is_some() || queue_timeout {
+            b.acquire_denied.fetch_add(1, Relaxed);
+            let wait = if queue_timeout { Duration::ZERO } else { retry_after(&a).unwrap_or(Duration::from_secs(1)) };
+            return Attempt::Retry(wait);
+        }
+        if !(200..600).contains(&a.status) || a.status == 502 || a.status == 504 {
+            b.acquire_errors.fetch_add(1, Relaxed);
+            return Attempt::Retry(Duration::from_millis(100));
+        }
+        self.fleet.calls.fetch_add(1, Relaxed);
+        b.seen_calls.fetch_add(1, Relaxed);
+        if a.status == 429 {
+            b.seen_429.fetch_add(1, Relaxed);
+        }
+        self.outcome(&a)
     }
 
     /// A slot id, or what to do instead.

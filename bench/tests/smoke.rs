@@ -20,7 +20,7 @@ fn start_server() -> SocketAddr {
     let config = format!(
         r#"{{"listen":"127.0.0.1:0","adminListen":null,"accessLog":null,"pools":{{
         "bench":{{"keys":["{KEY}"],"concurrency":1000000,"adaptive":false}},
-        "full":{{"keys":["{KEY}"],"concurrency":1000000,"termMs":3600000,"renewIntervalMs":1000000,"requestTimeoutMs":3600000}},
+        "full":{{"keys":["{KEY}"],"concurrency":1000000,"adaptive":false,"termMs":3600000,"renewIntervalMs":1000000,"requestTimeoutMs":3600000}},
         "waiters":{{"keys":["{KEY}"],"concurrency":1,"queue":{{"size":1000,"timeoutMs":3600000}}}}}}}}"#
     );
     let config = nthpool::config::Config::parse(config.as_bytes()).expect("valid configuration");

@@ -109,7 +109,7 @@ pub struct Budget {
 /// guessed may be sliding, where a reset frees only the calls that leave it,
 /// not the whole budget. Spread evenly, the calls fit either kind, and a
 /// fixed window still gets its whole budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Pace {
     /// The window's start.
     pub from: Ms,
@@ -218,14 +218,15 @@ impl GrantMarks {
     }
 }
 
-/// Where a pool is in its start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a pool is in its start (a state saved before there was one is past it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Start {
     /// No grant yet: the limit is the initial window.
     Pending,
     /// Ramping up since the first grant at this instant.
     Since(Ms),
     /// Ended by the first concurrency refusal, or at `concurrency`.
+    #[default]
     Done,
 }
 
@@ -236,6 +237,7 @@ pub struct Learning {
     pub concurrency: u32,
     /// The concurrency limit in force, in `[1, concurrency]`.
     pub effective: u32,
+    #[serde(default)]
     pub start: Start,
     /// The lowest in-flight count the upstream refused since the last
     /// successful probe (`0`: none known). Growth stops just under it.
@@ -250,14 +252,19 @@ pub struct Learning {
     pub refusal_streak: u32,
     /// Grants made so far (orders reports against grants).
     pub grants: u64,
+    /// Instants of this process's grants: not saved (a restored pool places
+    /// reports by each lease's own grant count until it has new marks).
+    #[serde(skip)]
     pub marks: GrantMarks,
     /// Whether reports look stamped when the upstream answered (their
     /// `now + reset` agree) rather than when it admitted the call: a vote
     /// in `-STAMP_VOTES..=STAMP_VOTES`, positive for the response.
+    #[serde(default)]
     pub stamp_votes: i32,
     pub cooldown_until: Ms,
     pub budget: Option<Budget>,
     /// Set by a refill, cleared by a report of a later window.
+    #[serde(default)]
     pub pace: Option<Pace>,
     /// The requests the upstream allows per window, when it said.
     pub budget_limit: Option<u64>,
@@ -267,6 +274,7 @@ pub struct Learning {
     pub ended_reset_at: Ms,
     /// The budget's reset is the refill's guess (one window after the last),
     /// not yet said by a report of its window: the first one replaces it.
+    #[serde(default)]
     pub reset_guessed: bool,
     pub token_block_until: Ms,
 }
@@ -318,6 +326,12 @@ impl Learning {
             budget: self.budget.map(|b| Budget { reset_at: at(b.reset_at), ..b }),
             ended_reset_at: at(self.ended_reset_at),
             token_block_until: at(self.token_block_until),
+            start: match self.start {
+                Start::Since(t) => Start::Since(at(t)),
+                other => other,
+            },
+            pace: self.pace.map(|p| Pace { from: at(p.from), ..p }),
+            marks: GrantMarks::default(),
             ..self.clone()
         }
     }

@@ -385,3 +385,29 @@ fn a_handshake_that_never_finishes_is_a_502_at_its_deadline() {
     assert_eq!(s.acquire("", "").status, 200, "the slot came back");
     drop(holder);
 }
+
+/// A literal credential in `setHeaders` does not show in a `Debug` print of
+/// the whole configuration, nor does a resolved one in the built upstream.
+#[test]
+fn debug_prints_of_the_configuration_carry_no_credential() {
+    let dir = scratch_dir();
+    let key_file = dir.join("key.txt");
+    std::fs::write(&key_file, format!("{MANAGED_KEY}\n")).unwrap();
+    let text = config(
+        &format!(
+            r#""upstream":{{"url":"https://api.example","hosts":["{HOST}"],
+            "setHeaders":{{"Authorization":"Bearer ${{file:{}}}","X-Org":"org-literal-{MANAGED_KEY}"}}}}"#,
+            key_file.display()
+        ),
+        "",
+    );
+    let config = nthpool::config::Config::parse(text.as_bytes()).unwrap();
+    let shown = format!("{config:?} {config:#?}");
+    assert!(shown.contains("api.example"), "the print is of this configuration: {shown}");
+    assert!(!shown.contains(MANAGED_KEY), "{shown}");
+    let section = config.pools["p"].upstream.as_ref().expect("an upstream");
+    let built = nthpool::config::upstream::Upstream::build(section).unwrap();
+    assert!(built.set_headers.iter().any(|(_, v)| v.expose() == format!("Bearer {MANAGED_KEY}")));
+    let shown = format!("{built:?} {built:#?}");
+    assert!(!shown.contains(MANAGED_KEY), "{shown}");
+}

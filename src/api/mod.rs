@@ -339,6 +339,10 @@ impl App {
         if access.needs_body() {
             access.check_signed(head, body, ctx.now.wall())?;
         }
+        if head.api.moved {
+            // The proxy moved this pool here from an instance out of rotation.
+            self.gov.moved_here(pid, ctx.now.ms);
+        }
         match route {
             Route::Acquire { .. } => {
                 let attempt = Attempt {

@@ -20,6 +20,7 @@ mod learn_sim;
 pub mod lease;
 pub mod pool;
 pub mod queue;
+mod shard;
 pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

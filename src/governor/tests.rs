@@ -5,7 +5,7 @@ use crate::api::pool_settings;
 use crate::config::Config;
 use crate::time::{Epoch, EpochMs};
 
-fn governor(pool_json: &str) -> (Governor, PoolId) {
+pub(super) fn governor(pool_json: &str) -> (Governor, PoolId) {
     let text = format!(r#"{{"pools":{{"p":{{"keys":["k"]{pool_json}}},"other":{{"keys":["k2"]}}}}}}"#);
     let config = Config::parse(text.as_bytes()).unwrap();
     let g = Governor::new(&pool_settings(&config));
@@ -13,21 +13,21 @@ fn governor(pool_json: &str) -> (Governor, PoolId) {
     (g, pid)
 }
 
-fn granted(a: Admission) -> Grant {
+pub(super) fn granted(a: Admission) -> Grant {
     match a {
         Admission::Granted(g) => g,
         other => panic!("expected a grant, got {other:?}"),
     }
 }
 
-fn denied(a: Admission) -> Denial {
+pub(super) fn denied(a: Admission) -> Denial {
     match a {
         Admission::Denied(d) => d,
         other => panic!("expected a denial, got {other:?}"),
     }
 }
 
-fn queued(a: Admission) -> WaiterKey {
+pub(super) fn queued(a: Admission) -> WaiterKey {
     match a {
         Admission::Queued(k) => k,
         other => panic!("expected to queue, got {other:?}"),
@@ -48,7 +48,7 @@ fn granted_owners(g: &mut Governor) -> Vec<u64> {
         .collect()
 }
 
-fn id(grant: &Grant) -> [u8; lease::SLOT_ID_CHARS] {
+pub(super) fn id(grant: &Grant) -> [u8; lease::SLOT_ID_CHARS] {
     grant.slot.encode()
 }
 
@@ -396,7 +396,7 @@ fn external_timers_come_back_as_notices() {
 
 /// A pair of governors sharing a slot secret: `old` grants, `new` starts
 /// after it with nothing known, as after a crash or on a standby.
-fn crashed_pair(pool_json: &str, crash_at_unix: u64) -> (Governor, Governor, PoolId) {
+pub(super) fn crashed_pair(pool_json: &str, crash_at_unix: u64) -> (Governor, Governor, PoolId) {
     let (mut old, pid) = governor(pool_json);
     old.set_identity(&[7; 32], Epoch::at(EpochMs(1_000_000)));
     let (mut new, _) = governor(pool_json);

@@ -73,13 +73,16 @@ pub struct Head<'b> {
     pub headers: &'b [Header<'b>],
 }
 
-/// `X-Nthpool-Key`, `Authorization`, `X-Nthpool-Queue-Timeout-Ms`, `X-Nthpool-No-Queue`.
+/// `X-Nthpool-Key`, `Authorization`, `X-Nthpool-Queue-Timeout-Ms`, `X-Nthpool-No-Queue`,
+/// `X-Nthpool-Moved`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ApiFields<'b> {
     pub key: Option<&'b [u8]>,
     pub authorization: Option<&'b [u8]>,
     pub queue_timeout_ms: Option<&'b [u8]>,
     pub no_queue: bool,
+    /// Set by HAProxy on a pool's first request after its instance left rotation.
+    pub moved: bool,
 }
 
 impl<'b> Head<'b> {
@@ -406,6 +409,7 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
                 f.api.queue_timeout_ms.get_or_insert(h.value);
             }
             18 if name_is(name, b"x-nthpool-no-queue") => f.api.no_queue = true,
+            15 if name_is(name, b"x-nthpool-moved") => f.api.moved = true,
             6 if name_is(name, b"expect") => {
                 f.expect_continue |= trim(h.value).eq_ignore_ascii_case(b"100-continue");
             }

@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# Runs nthpool as several instances behind one HAProxy, pools sharded by a
+# consistent hash (SPEC §14), on this machine's loopback.
+#
+#   scripts/cluster.sh [--instances N] [--config FILE] [--dir DIR] [--port PORT]
+#   scripts/cluster.sh --restart NAME [--dir DIR]     start instance NAME (n1…) again
+#   scripts/cluster.sh --stop [--dir DIR]             stop everything it started
+#   scripts/cluster.sh --print-haproxy [options]      print the HAProxy configuration
+#
+# Starts N instances (default 3) named n1…nN that share one slot secret
+# (DIR/nthpool.secret, 32 random bytes, created when missing), then HAProxy
+# (Debian's package, installed with apt-get when missing) on PORT:
+#   - the lock API is routed by the pool segment of the path, proxy traffic by
+#     its Host (mapped to the pool that names it in `upstream.hosts`, so both
+#     kinds of a pool's traffic reach the same instance);
+#   - `balance hash` + `hash-type consistent`, and a stick table that keeps a
+#     pool on its instance while it is busy, so a pool moves only when its
+#     instance leaves rotation (health check on the instance's /healthz) or
+#     after it was idle for the stick expiry;
+#   - the first request of a pool whose instance is down carries
+#     `X-Nthpool-Moved`, which opens the pool's re-adoption window on the
+#     instance it reaches (README: "Running more than one instance").
+# Ports: HAProxy PORT (default 7070) and its stats page PORT+1; instance nI
+# listens on PORT+10+I, its admin listener (/healthz, /metrics, dashboard) on
+# PORT+20+I. Logs and pid files are under DIR (default /tmp/nthpool-cluster).
+#
+# FILE is an nthpool configuration without `listen`, `adminListen` and
+# `slotSecretFile` (the script sets them per instance); without --config a demo
+# with pools team-a … team-f (key cluster-demo-key) is used.
+#
+# Options: --bin PATH (the nthpool binary; default target/release/nthpool,
+# built when missing), --check-ms MS (health-check interval, 1000), --stick-ms
+# MS (stick-table expiry, 120000: at least a pool's termMs plus its
+# queue.timeoutMs). The committed deploy/haproxy.cfg is `--print-haproxy` with
+# the defaults.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+N=3
+CONFIG=
+DIR=/tmp/nthpool-cluster
+PORT=7070
+BIN=
+CHECK_MS=1000
+STICK_MS=120000
+ACTION=start
+RESTART=
+
+SCRIPT=cluster.sh
+WORK_PREFIX=nthpool-cluster
+# shellcheck source=scripts/common.sh
+source "$ROOT/scripts/common.sh"
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --instances) N=$2; shift ;;
+        --config) CONFIG=$(realpath "$2"); shift ;;
+        --dir) DIR=$(realpath -m "$2"); shift ;;
+        --port) PORT=$2; shift ;;
+        --bin) BIN=$(realpath "$2"); shift ;;
+        --check-ms) CHECK_MS=$2; shift ;;
+        --stick-ms) STICK_MS=$2; shift ;;
+        --restart) ACTION=restart; RESTART=$2; shift ;;
+        --stop) ACTION=stop ;;
+        --print-haproxy) ACTION=print ;;
+        -h | --help)
+            sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+            exit 0
+            ;;
+        *) die "unknown argument $1 (try --help)" ;;
+    esac
+    shift
+done
+cd "$ROOT"
+case "$N" in '' | *[!0-9]* | 0) die "--instances takes a number from 1" ;; esac
+[ "$N" -le 9 ] || die "--instances: at most 9 (ports PORT+11 … PORT+19)"
+
+# The HAProxy configuration for N instances, with the map of proxy hosts at
+# $DIR/hosts.map. Comments explain each choice; deploy/haproxy.cfg is this
+# output with the defaults.
+haproxy_config() {
+    local check_s i moved=""
+    cat <<EOF
+# nthpool behind HAProxy: pools sharded over $N instances (scripts/cluster.sh).
+# Every pool lives on exactly one instance at a time (SPEC §14).
+global
+    # Two descriptors a connection: within a 20000-descriptor limit.
+    maxconn 8000
+    # The stick table survives \`haproxy -sf\` reloads through this local peer.
+    localpeer local
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    # Longer than the longest wait (queue.timeoutMs) and proxied call (upstream.timeoutMs).
+    timeout server 660s
+    timeout http-keep-alive 60s
+    timeout http-request 10s
+    # A failed connection is retried on the same instance, never redispatched to
+    # another: a pool must not move while its instance still counts as up.
+    retries 2
+
+peers cluster
+    peer local 127.0.0.1:$((PORT + 2))
+
+frontend api
+    bind 127.0.0.1:$PORT
+    option forwardfor
+    # The pool: the Host of proxy traffic (hosts.map: host -> pool, from each
+    # pool's upstream.hosts), else the pool segment of /pools/{pool}/lock/...
+    http-request set-var(txn.pool) req.hdr(host),field(1,:),lower,map($DIR/hosts.map)
+    http-request set-var(txn.pool) path,field(3,/) if !{ var(txn.pool) -m found } { path_beg /pools/ }
+    # Where the pool was served last; if that instance is down now, this request
+    # moves the pool and tells the instance it reaches (clients cannot set it).
+    http-request del-header X-Nthpool-Moved
+    http-request set-var(txn.owner) var(txn.pool),table_server_id(nthpool)
+EOF
+    for i in $(seq 1 "$N"); do
+        moved+="    http-request set-header X-Nthpool-Moved n$i if { var(txn.owner) -m int $i } !{ srv_is_up(nthpool/n$i) }"$'\n'
+    done
+    printf '%s' "$moved"
+    cat <<EOF
+    default_backend nthpool
+
+backend nthpool
+    balance hash var(txn.pool)
+    hash-type consistent
+    # A busy pool stays where it is, even when its hash home comes back: it
+    # moves only when its instance is down or after it was idle this long.
+    stick-table type string len 253 size 1m expire ${STICK_MS}ms peers cluster
+    stick on var(txn.pool)
+    http-response set-header X-Nthpool-Instance %[srv_name]
+    option httpchk GET /healthz
+    http-check expect status 200
+EOF
+    check_s="inter ${CHECK_MS}ms fall 2 rise 2"
+    for i in $(seq 1 "$N"); do
+        echo "    server n$i 127.0.0.1:$((PORT + 10 + i)) id $i check port $((PORT + 20 + i)) $check_s on-marked-down shutdown-sessions"
+    done
+    cat <<EOF
+
+listen stats
+    bind 127.0.0.1:$((PORT + 1))
+    stats enable
+    stats uri /
+    stats refresh 2s
+EOF
+}
+
+if [ "$ACTION" = print ]; then
+    haproxy_config
+    exit 0
+fi
+
+stop_pid() {
+    local file=$1 pid
+    [ -f "$file" ] || return 0
+    pid=$(cat "$file")
+    if kill "$pid" 2>/dev/null; then
+        for _ in $(seq 1 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$file"
+}
+
+if [ "$ACTION" = stop ]; then
+    stop_pid "$DIR/haproxy.pid"
+    for f in "$DIR"/n*/pid; do
+        stop_pid "$f"
+    done
+    echo "cluster.sh: stopped (logs kept in $DIR)"
+    exit 0
+fi
+
+start_instance() {
+    local i=${1#n} pid
+    local dir=$DIR/n$i
+    [ -f "$dir/config.json" ] || die "no instance $1 in $DIR"
+    if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+        die "instance n$i is running (pid $(cat "$dir/pid"))"
+    fi
+    (cd "$dir" && exec "$BIN" --config config.json --listen "127.0.0.1:$((PORT + 10 + i))" \
+        >>"$dir/stdout.log" 2>>"$dir/stderr.log" </dev/null) &
+    pid=$!
+    echo "$pid" >"$dir/pid"
+    wait_port "$((PORT + 20 + i))" "$pid" 100 || die "instance n$i did not start: $(tail -n 3 "$dir/stderr.log")"
+}
+
+if [ -z "$BIN" ]; then
+    BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/nthpool
+    [ -x "$BIN" ] || cargo build --release --quiet -p nthpool || die "build failed"
+fi
+[ -x "$BIN" ] || die "no nthpool binary at $BIN"
+
+if [ "$ACTION" = restart ]; then
+    [ -f "$DIR/n${RESTART#n}/config.json" ] || die "no instance $RESTART in $DIR"
+    PORT=$(cat "$DIR/port")
+    start_instance "$RESTART"
+    echo "cluster.sh: n${RESTART#n} started again"
+    exit 0
+fi
+
+if ! command -v haproxy >/dev/null; then
+    echo "cluster.sh: installing haproxy (apt-get)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null 2>&1; } ||
+        die "haproxy is not installed and apt-get could not install it"
+fi
+HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
+command -v jq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null 2>&1 ||
+    die "jq is not installed and apt-get could not install it"
+
+[ -f "$DIR/haproxy.pid" ] && kill -0 "$(cat "$DIR/haproxy.pid")" 2>/dev/null &&
+    die "a cluster is running in $DIR; scripts/cluster.sh --stop --dir $DIR first"
+for p in "$PORT" $((PORT + 1)) $((PORT + 2)) $(seq $((PORT + 11)) $((PORT + 10 + N))) $(seq $((PORT + 21)) $((PORT + 20 + N))); do
+    check_free "$p"
+done
+mkdir -p "$DIR"
+echo "$PORT" >"$DIR/port"
+# A start that fails half-way stops what it started.
+started=0
+trap 'cleanup; [ "$started" = 1 ] || "$ROOT/scripts/cluster.sh" --stop --dir "$DIR" >/dev/null' EXIT
+
+if [ -z "$CONFIG" ]; then
+    CONFIG=$DIR/pools.json
+    jq -n '{accessLog: null, pools: ([range(0; 6)] | map({key: ("team-" + ([97 + .] | implode)),
+        value: {keys: ["cluster-demo-key"], concurrency: 8, termMs: 10000, renewIntervalMs: 3000,
+                access: {trustedProxies: ["127.0.0.1/32"]}}}) | from_entries)}' >"$CONFIG"
+fi
+for field in listen adminListen slotSecretFile; do
+    [ "$(jq "has(\"$field\")" "$CONFIG")" = false ] || die "$CONFIG sets $field; the script sets it per instance"
+done
+jq -r '.pools | to_entries[] | .key as $pool | (.value.upstream.hosts // [])[] | "\(ascii_downcase) \($pool)"' \
+    "$CONFIG" >"$DIR/hosts.map"
+
+if [ ! -f "$DIR/nthpool.secret" ]; then
+    (umask 077 && head -c 32 /dev/urandom >"$DIR/nthpool.secret")
+fi
+for i in $(seq 1 "$N"); do
+    mkdir -p "$DIR/n$i"
+    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" '. + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}' \
+        "$CONFIG" >"$DIR/n$i/config.json"
+    start_instance "n$i"
+done
+
+haproxy_config >"$DIR/haproxy.cfg"
+"$HAPROXY" -c -q -f "$DIR/haproxy.cfg" || die "HAProxy refused $DIR/haproxy.cfg"
+(exec "$HAPROXY" -f "$DIR/haproxy.cfg" -db >>"$DIR/haproxy.log" 2>&1 </dev/null) &
+echo $! >"$DIR/haproxy.pid"
+wait_port "$PORT" "$(cat "$DIR/haproxy.pid")" 100 || die "HAProxy did not start: $(tail -n 3 "$DIR/haproxy.log")"
+
+started=1
+echo "nthpool cluster: $N instances behind HAProxy on http://127.0.0.1:$PORT (stats http://127.0.0.1:$((PORT + 1))/)"
+for i in $(seq 1 "$N"); do
+    echo "  n$i: http://127.0.0.1:$((PORT + 10 + i)), admin http://127.0.0.1:$((PORT + 20 + i))/ (pid $(cat "$DIR/n$i/pid"))"
+done
+echo "stop with: scripts/cluster.sh --stop --dir $DIR"

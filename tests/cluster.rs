@@ -1,0 +1,463 @@
+//! Pools sharded across instances behind HAProxy (SPEC §14), end to end:
+//! `scripts/cluster.sh` starts the real binary three times and HAProxy with
+//! its generated configuration, on loopback ports of its own; the tests talk
+//! to HAProxy only, and read which instance answered from the
+//! `X-Nthpool-Instance` header HAProxy adds.
+//!
+//! Every test skips, saying so, only when HAProxy is not installed and
+//! apt-get cannot install it (`.ci/run` installs it).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{post, read_response, scratch_dir, Response};
+
+const KEY: &str = "cluster-test-key";
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh");
+
+/// Whether HAProxy is there, installing Debian's package when it is not.
+fn haproxy_available() -> bool {
+    let found = || Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
+    if found() {
+        return true;
+    }
+    let _ = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "haproxy"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output();
+    if found() {
+        return true;
+    }
+    eprintln!("SKIPPED: HAProxy is not installed and `apt-get install haproxy` failed; the cluster tests need it");
+    false
+}
+
+/// A base port whose cluster ports (base .. base+2, base+11 .., base+21 ..) are free now.
+fn free_base_port(instances: u16) -> u16 {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let seed = std::process::id() as usize * 7919;
+    for _ in 0..200 {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let base = 20_000 + ((seed + n * 97) % 400) as u16 * 100;
+        let ports = (0..3).chain((11..11 + instances).chain(21..21 + instances)).map(|off| base + off);
+        let held: Vec<_> = ports.map_while(|p| TcpListener::bind(("127.0.0.1", p)).ok()).collect();
+        if held.len() == 3 + 2 * instances as usize {
+            return base;
+        }
+    }
+    panic!("no free block of loopback ports");
+}
+
+/// Instances `n1 … nN` behind HAProxy, started and stopped by the script.
+struct Cluster {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Cluster {
+    /// `pools` is the configuration's `pools` object; `check_ms` and
+    /// `stick_ms` are HAProxy's health-check interval and stick expiry.
+    fn start(instances: u16, pools: &str, check_ms: u64, stick_ms: u64) -> Option<Cluster> {
+        if !haproxy_available() {
+            return None;
+        }
+        let dir = scratch_dir();
+        let config = dir.join("pools.json");
+        std::fs::write(&config, format!(r#"{{"accessLog":null,"pools":{pools}}}"#)).unwrap();
+        let port = free_base_port(instances);
+        let cluster = Cluster { dir: dir.join("cluster"), port };
+        let out = cluster.script(&[
+            "--instances",
+            &instances.to_string(),
+            "--config",
+            config.to_str().unwrap(),
+            "--port",
+            &port.to_string(),
+            "--bin",
+            env!("CARGO_BIN_EXE_nthpool"),
+            "--check-ms",
+            &check_ms.to_string(),
+            "--stick-ms",
+            &stick_ms.to_string(),
+        ]);
+        assert!(out.status.success(), "cluster.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+        Some(cluster)
+    }
+
+    fn script(&self, args: &[&str]) -> std::process::Output {
+        Command::new("bash").arg(SCRIPT).args(args).arg("--dir").arg(&self.dir).output().expect("run cluster.sh")
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    }
+
+    fn request(&self, raw: &[u8]) -> Response {
+        let mut s = self.connect();
+        s.write_all(raw).unwrap();
+        read_response(&mut s).expect("an answer through HAProxy")
+    }
+
+    fn pid(&self, instance: &str) -> u32 {
+        std::fs::read_to_string(self.dir.join(instance).join("pid")).unwrap().trim().parse().unwrap()
+    }
+
+    fn kill_9(&self, instance: &str) {
+        let ok = Command::new("kill").arg("-KILL").arg(self.pid(instance).to_string()).status().unwrap().success();
+        assert!(ok, "kill -9 {instance}");
+    }
+
+    fn restart(&self, instance: &str) {
+        let out = self.script(&["--restart", instance]);
+        assert!(out.status.success(), "restart {instance}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// One counter of instance `n` (1-based) from its admin listener.
+    fn metric(&self, n: u16, line_start: &str) -> u64 {
+        let mut c = TcpStream::connect(("127.0.0.1", self.port + 20 + n)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+        let text = String::from_utf8(read_response(&mut c).unwrap().body).unwrap();
+        let line = text.lines().find(|l| l.starts_with(line_start)).unwrap_or_else(|| panic!("no {line_start}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.script(&["--stop"]);
+        let _ = std::fs::remove_dir_all(self.dir.parent().unwrap());
+    }
+}
+
+fn instance(r: &Response) -> String {
+    r.header("x-nthpool-instance").unwrap_or_else(|| panic!("no X-Nthpool-Instance in {r:?}")).to_string()
+}
+
+fn pools_json(names: &[String], settings: &str) -> String {
+    let pools: Vec<String> = names.iter().map(|n| format!(r#""{n}":{{"keys":["{KEY}"],{settings}}}"#)).collect();
+    format!("{{{}}}", pools.join(","))
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
+}
+
+const SHORT: &str = r#""concurrency":2,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000,
+    "queue":{"size":100,"timeoutMs":3000}"#;
+
+#[test]
+fn every_request_of_a_pool_lands_on_one_instance() {
+    let pools = names("route", 8);
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, SHORT), 300, 10_000) else { return };
+    let mut served_by = BTreeMap::new();
+    for pool in &pools {
+        // The fresh instances are in their start window: wait through it.
+        let acquire = post(&format!("/pools/{pool}/lock/acquire"), KEY, "", r#"{"waitMs":3000}"#);
+        let granted = cluster.request(&acquire);
+        let slot = granted.slot();
+        let renewed = cluster.request(&post(&format!("/pools/{pool}/lock/{slot}/renew"), KEY, "", ""));
+        assert_eq!(renewed.status, 200, "{renewed:?}");
+        let released = cluster.request(&post(&format!("/pools/{pool}/lock/{slot}/release"), KEY, "", ""));
+        assert_eq!(released.json()["released"], true);
+        let again = cluster.request(&acquire);
+        let seen: Vec<String> = [&granted, &renewed, &released, &again].iter().map(|r| instance(r)).collect();
+        assert!(seen.iter().all(|i| *i == seen[0]), "{pool} was served by {seen:?}");
+        served_by.insert(pool.clone(), seen[0].clone());
+    }
+    // Each instance's own counters agree: a pool's grants are all on its instance.
+    for (pool, owner) in &served_by {
+        for n in 1..=3u16 {
+            let grants = cluster.metric(n, &format!("nthpool_grants_total{{pool=\"{pool}\"}}"));
+            let expected = if *owner == format!("n{n}") { 2 } else { 0 };
+            assert_eq!(grants, expected, "{pool} (served by {owner}) on n{n}");
+        }
+    }
+    let used: std::collections::BTreeSet<_> = served_by.values().collect();
+    assert!(used.len() >= 2, "8 pools all on one instance: {served_by:?}");
+}
+
+#[test]
+fn three_hundred_pools_spread_within_a_quarter_of_even() {
+    let pools = names("spread", 300);
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, r#""concurrency":1"#), 1000, 10_000) else { return };
+    let mut per_instance: BTreeMap<String, usize> = BTreeMap::new();
+    let mut conn = cluster.connect();
+    for pool in &pools {
+        conn.write_all(&post(&format!("/pools/{pool}/lock/acquire"), KEY, "", "")).unwrap();
+        let answer = read_response(&mut conn).expect("an answer");
+        *per_instance.entry(instance(&answer)).or_default() += 1;
+    }
+    assert_eq!(per_instance.len(), 3, "{per_instance:?}");
+    for (name, count) in &per_instance {
+        assert!((75..=125).contains(count), "{name} serves {count} of 300 pools: {per_instance:?}");
+    }
+}
+
+/// What the load saw of one pool, as its clients believe it.
+#[derive(Default)]
+struct PoolSeen {
+    holders: AtomicI64,
+    max_holders: AtomicI64,
+    grants: AtomicU64,
+    /// `(when, instance)` of every grant.
+    granted_by: Mutex<Vec<(Instant, String)>>,
+}
+
+/// Workers that acquire, hold with renewals, and release, through HAProxy.
+struct Load {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Vec<PoolSeen>>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+const TERM_MS: u64 = 3000;
+const RENEW_MS: u64 = 1000;
+const LIMIT: i64 = 2;
+const LOAD_POOL: &str = r#""concurrency":2,"termMs":3000,"renewIntervalMs":1000,"requestTimeoutMs":60000,
+    "queue":{"size":100,"timeoutMs":1000}"#;
+
+/// One keep-alive connection that reconnects after any failure.
+struct Client {
+    port: u16,
+    conn: Option<TcpStream>,
+}
+
+impl Client {
+    fn call(&mut self, raw: &[u8]) -> Option<Response> {
+        if self.conn.is_none() {
+            let s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.set_nodelay(true).unwrap();
+            self.conn = Some(s);
+        }
+        let s = self.conn.as_mut().unwrap();
+        let answer = s.write_all(raw).ok().and_then(|_| read_response_lenient(s));
+        if answer.as_ref().is_none_or(|r| r.header("connection") == Some("close")) {
+            self.conn = None;
+        }
+        answer
+    }
+}
+
+/// `read_response`, but a reset or a timeout is `None` rather than a panic:
+/// connections through a killed instance fail.
+fn read_response_lenient(s: &mut TcpStream) -> Option<Response> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_response(s))).ok().flatten()
+}
+
+impl Load {
+    fn start(port: u16, pools: &[String], per_pool: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen: Arc<Vec<PoolSeen>> = Arc::new(pools.iter().map(|_| PoolSeen::default()).collect());
+        let mut workers = Vec::new();
+        for (p, pool) in pools.iter().enumerate() {
+            for w in 0..per_pool {
+                let (stop, seen, pool) = (stop.clone(), seen.clone(), pool.clone());
+                workers.push(std::thread::spawn(move || worker(port, &pool, &seen[p], &stop, w as u64)));
+            }
+        }
+        Load { stop, seen, workers }
+    }
+
+    fn finish(self) -> Arc<Vec<PoolSeen>> {
+        self.stop.store(true, Ordering::SeqCst);
+        for w in self.workers {
+            w.join().expect("a load worker panicked");
+        }
+        self.seen
+    }
+}
+
+/// A well-behaved holder: it counts itself as holding from the grant until it
+/// releases, gets `404` on a renew, or its lease (by its own clock, from the
+/// send instant of its last successful renew) runs out without a renew
+/// getting through.
+fn worker(port: u16, pool: &str, seen: &PoolSeen, stop: &AtomicBool, n: u64) {
+    let mut client = Client { port, conn: None };
+    let acquire = post(&format!("/pools/{pool}/lock/acquire"), KEY, "", r#"{"waitMs":1000}"#);
+    let mut round = n;
+    while !stop.load(Ordering::SeqCst) {
+        round += 1;
+        let sent = Instant::now();
+        let Some(granted) = client.call(&acquire).filter(|r| r.status == 200) else {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let now_holding = seen.holders.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.max_holders.fetch_max(now_holding, Ordering::SeqCst);
+        seen.grants.fetch_add(1, Ordering::SeqCst);
+        seen.granted_by.lock().unwrap().push((Instant::now(), instance(&granted)));
+        let slot = granted.slot();
+        let mut lease_end = sent + Duration::from_millis(TERM_MS);
+        let hold_until = Instant::now() + Duration::from_millis(200 + (round * 347) % 1800);
+        let mut next_renew = sent + Duration::from_millis(RENEW_MS);
+        let mut lost = false;
+        while Instant::now() < hold_until && !lost {
+            std::thread::sleep(next_renew.min(hold_until).saturating_duration_since(Instant::now()));
+            if Instant::now() < next_renew {
+                continue;
+            }
+            let renew = post(&format!("/pools/{pool}/lock/{slot}/renew"), KEY, "", "");
+            loop {
+                let sent = Instant::now();
+                if sent + Duration::from_millis(100) >= lease_end {
+                    lost = true; // the lease ran out with no renew through: stop
+                    break;
+                }
+                match client.call(&renew).map(|r| r.status) {
+                    Some(200) => {
+                        lease_end = sent + Duration::from_millis(TERM_MS);
+                        next_renew = sent + Duration::from_millis(RENEW_MS);
+                        break;
+                    }
+                    Some(404) | Some(409) => {
+                        lost = true;
+                        break;
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
+        }
+        seen.holders.fetch_sub(1, Ordering::SeqCst);
+        if !lost {
+            let _ = client.call(&post(&format!("/pools/{pool}/lock/{slot}/release"), KEY, "", ""));
+        }
+    }
+}
+
+/// The instance that granted most of `pools`' recent grants since `since`.
+fn grants_by_instance(seen: &[PoolSeen], since: Instant) -> Vec<BTreeMap<String, usize>> {
+    seen.iter()
+        .map(|s| {
+            let mut m = BTreeMap::new();
+            for (at, inst) in s.granted_by.lock().unwrap().iter().filter(|(at, _)| *at >= since) {
+                let _ = at;
+                *m.entry(inst.clone()).or_default() += 1;
+            }
+            m
+        })
+        .collect()
+}
+
+fn assert_never_over_limit(seen: &[PoolSeen], pools: &[String], phase: &str) {
+    for (s, pool) in seen.iter().zip(pools) {
+        let max = s.max_holders.load(Ordering::SeqCst);
+        assert!(max <= LIMIT, "{phase}: {pool} had {max} holders at once (limit {LIMIT})");
+    }
+}
+
+#[test]
+fn killing_an_instance_under_load_moves_its_pools_which_readopt_and_never_over_admit_and_it_takes_them_back() {
+    let pools = names("load", 6);
+    let stick_ms = TERM_MS + 1000 + 1500;
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, LOAD_POOL), 250, stick_ms) else { return };
+    // Through the fresh instances' start windows first.
+    std::thread::sleep(Duration::from_millis(TERM_MS + 200));
+    let home: Vec<String> = pools
+        .iter()
+        .map(|p| instance(&cluster.request(&post(&format!("/pools/{p}/lock/acquire"), KEY, "", ""))))
+        .collect();
+    // The victim: the instance that serves the most of these pools.
+    let victim = (1..=3).map(|n| format!("n{n}")).max_by_key(|n| home.iter().filter(|h| *h == n).count()).unwrap();
+    let moved: Vec<usize> = (0..pools.len()).filter(|&i| home[i] == victim).collect();
+    // Let the probe grants above end, so the load starts from empty pools.
+    std::thread::sleep(Duration::from_millis(TERM_MS + 200));
+
+    let load = Load::start(cluster.port, &pools, 4);
+    std::thread::sleep(Duration::from_millis(2500));
+    let killed_at = Instant::now();
+    cluster.kill_9(&victim);
+    // Health checks notice, the pools move, their windows pass, grants resume.
+    std::thread::sleep(Duration::from_millis(TERM_MS + 4000));
+    let after_kill = grants_by_instance(&load.seen, killed_at + Duration::from_millis(TERM_MS + 1500));
+    for &i in &moved {
+        let by = &after_kill[i];
+        assert!(!by.is_empty(), "{} got no grant after its instance died", pools[i]);
+        assert!(!by.contains_key(&victim), "{} granted by the dead {victim}: {by:?}", pools[i]);
+    }
+    let readopted: u64 = (1..=3u16)
+        .filter(|n| format!("n{n}") != victim)
+        .flat_map(|n| moved.iter().map(move |&i| (n, i)))
+        .map(|(n, i)| cluster.metric(n, &format!("nthpool_readopted_total{{pool=\"{}\"}}", pools[i])))
+        .sum();
+    assert!(readopted > 0, "the live slots of {victim}'s pools were not re-adopted");
+
+    // The victim comes back: busy pools stay where they moved (they would
+    // return within a term, the dangerous case), and grants go on.
+    cluster.restart(&victim);
+    let restarted_at = Instant::now();
+    std::thread::sleep(Duration::from_millis(3000));
+    let seen = load.finish();
+    let busy_after_restart = grants_by_instance(&seen, restarted_at);
+    for &i in &moved {
+        assert!(!busy_after_restart[i].contains_key(&victim), "{} moved back while busy", pools[i]);
+    }
+    assert_never_over_limit(&seen, &pools, "kill and restart under load");
+    for (s, pool) in seen.iter().zip(&pools) {
+        assert_eq!(
+            s.max_holders.load(Ordering::SeqCst),
+            LIMIT,
+            "{pool} never reached its limit: the load was too light"
+        );
+    }
+
+    // Idle for longer than the stick expiry, pools go home; under load again
+    // the instance that came back serves its pools, still within the limit.
+    std::thread::sleep(Duration::from_millis(stick_ms + 1000));
+    let resumed_at = Instant::now();
+    let load = Load::start(cluster.port, &pools, 4);
+    std::thread::sleep(Duration::from_millis(4000));
+    let seen = load.finish();
+    let back = grants_by_instance(&seen, resumed_at);
+    for &i in &moved {
+        assert!(back[i].contains_key(&victim), "{} did not go back to {victim}: {:?}", pools[i], back[i]);
+        assert_eq!(back[i].len(), 1, "{} served by two instances: {:?}", pools[i], back[i]);
+    }
+    assert_never_over_limit(&seen, &pools, "after the pools went home");
+}
+
+#[test]
+fn the_committed_haproxy_configuration_is_the_scripts_default() {
+    let out = Command::new("bash").arg(SCRIPT).arg("--print-haproxy").output().unwrap();
+    assert!(out.status.success());
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/haproxy.cfg")).unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        committed,
+        "run scripts/cluster.sh --print-haproxy > deploy/haproxy.cfg"
+    );
+}
+
+#[test]
+fn the_nginx_alternative_is_a_valid_nginx_configuration() {
+    if Command::new("nginx").arg("-v").output().is_err() {
+        eprintln!("SKIPPED: nginx is not installed; deploy/nginx.conf was not checked");
+        return;
+    }
+    let dir = scratch_dir();
+    let out = Command::new("nginx")
+        .arg("-t")
+        .arg("-q")
+        .arg("-p")
+        .arg(&dir)
+        .arg("-e")
+        .arg(dir.join("error.log"))
+        .arg("-c")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/nginx.conf"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "nginx -t: {}", String::from_utf8_lossy(&out.stderr));
+}

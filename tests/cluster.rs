@@ -8,6 +8,8 @@
 //! apt-get cannot install it (`.ci/run` installs it).
 
 mod common;
+#[path = "common/upstream.rs"]
+mod upstream;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -19,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{post, read_response, scratch_dir, Response};
+use upstream::{ok, MockUpstream};
 
 const KEY: &str = "cluster-test-key";
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh");
@@ -159,8 +162,18 @@ const SHORT: &str = r#""concurrency":2,"termMs":1500,"renewIntervalMs":500,"requ
 
 #[test]
 fn every_request_of_a_pool_lands_on_one_instance() {
+    let upstream = MockUpstream::start(|_| ok("{}", ""));
     let pools = names("route", 8);
-    let Some(cluster) = Cluster::start(3, &pools_json(&pools, SHORT), 300, 10_000) else { return };
+    let with_upstream: Vec<String> = pools
+        .iter()
+        .map(|n| {
+            format!(
+                r#""{n}":{{"keys":["{KEY}"],{SHORT},"upstream":{{"url":"{}","hosts":["{n}.proxy.test"]}}}}"#,
+                upstream.url()
+            )
+        })
+        .collect();
+    let Some(cluster) = Cluster::start(3, &format!("{{{}}}", with_upstream.join(",")), 300, 10_000) else { return };
     let mut served_by = BTreeMap::new();
     for pool in &pools {
         // The fresh instances are in their start window: wait through it.
@@ -172,15 +185,34 @@ fn every_request_of_a_pool_lands_on_one_instance() {
         let released = cluster.request(&post(&format!("/pools/{pool}/lock/{slot}/release"), KEY, "", ""));
         assert_eq!(released.json()["released"], true);
         let again = cluster.request(&acquire);
-        let seen: Vec<String> = [&granted, &renewed, &released, &again].iter().map(|r| instance(r)).collect();
+        // Proxy traffic of the pool, routed by its Host.
+        let proxied: Vec<Response> = ["/v1/models", "/pools/elsewhere/lock/acquire"]
+            .iter()
+            .map(|path| {
+                cluster.request(
+                    format!(
+                        "GET {path} HTTP/1.1\r\nHost: {pool}.proxy.test\r\nX-Nthpool-Key: {KEY}\r\n\
+                         X-Nthpool-Queue-Timeout-Ms: 3000\r\n\r\n"
+                    )
+                    .as_bytes(),
+                )
+            })
+            .collect();
+        for p in &proxied {
+            assert_eq!(p.status, 200, "proxied for {pool}: {p:?}");
+        }
+        let seen: Vec<String> =
+            [&granted, &renewed, &released, &again].into_iter().chain(&proxied).map(instance).collect();
         assert!(seen.iter().all(|i| *i == seen[0]), "{pool} was served by {seen:?}");
         served_by.insert(pool.clone(), seen[0].clone());
     }
-    // Each instance's own counters agree: a pool's grants are all on its instance.
+    assert_eq!(upstream.seen().len(), 2 * pools.len(), "every proxied request reached the upstream");
+    // Each instance's own counters agree: a pool's grants (two lock acquires,
+    // two proxied requests) are all on its instance.
     for (pool, owner) in &served_by {
         for n in 1..=3u16 {
             let grants = cluster.metric(n, &format!("nthpool_grants_total{{pool=\"{pool}\"}}"));
-            let expected = if *owner == format!("n{n}") { 2 } else { 0 };
+            let expected = if *owner == format!("n{n}") { 4 } else { 0 };
             assert_eq!(grants, expected, "{pool} (served by {owner}) on n{n}");
         }
     }

@@ -135,6 +135,10 @@ impl App {
             Some(_) => wait_budget(head, &[])?,
         };
         let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
+        if head.api.moved {
+            // The proxy moved this pool here from an instance out of rotation.
+            self.gov.moved_here(pid, ctx.now.ms);
+        }
         let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
         if let Admission::Denied(denial) = &admission {
             let (epoch_now, status, code) = (ctx.now.wall(), Status::TooManyRequests, "too_many_requests");

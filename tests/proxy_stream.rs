@@ -374,3 +374,37 @@ fn lock_holders_and_proxied_exchanges_never_exceed_the_concurrency_limit() {
     assert!(peak >= 2, "the two kinds of traffic overlapped (peak {peak})");
     assert_eq!(up.seen().len(), 40);
 }
+
+#[test]
+fn a_reload_keeps_exchanges_in_flight_and_applies_new_headers_to_new_ones() {
+    let events = paced_events(10, 100);
+    let up = MockUpstream::start(move |seen| {
+        if seen.request_line().contains("/stream") {
+            Reply::Paced(events.clone())
+        } else {
+            ok("fine", "")
+        }
+    });
+    let pool = |team: &str| {
+        config(
+            &format!(r#""upstream":{{"url":"{}","hosts":["{HOST}"],"setHeaders":{{"X-Team":"{team}"}}}}"#, up.url()),
+            "",
+        )
+    };
+    let server = TestServer::start(&pool("before"));
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/stream", "", "")).unwrap();
+    let mut first = [0u8; 64];
+    assert!(s.read(&mut first).unwrap() > 0);
+    std::fs::write(&server.config_path, pool("after")).unwrap();
+    server.signal("HUP");
+    std::thread::sleep(Duration::from_millis(200));
+    let r = exchange(&server, &proxied("GET", "/other", "", ""));
+    assert_eq!(r.status, 200, "{r:?}");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).ok();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("data: 9\n\n") && text.ends_with("0\r\n\r\n"), "the stream ran to its end: {text:?}");
+    let teams: Vec<Option<String>> = up.seen().iter().map(|s| s.header("x-team")).collect();
+    assert_eq!(teams, [Some("before".to_string()), Some("after".to_string())]);
+}

@@ -42,6 +42,46 @@ pub const UP_OUTPUT_HIGH: usize = 64 * 1024;
 const UP_READ: usize = 16 * 1024;
 const UP_INPUT_LIMIT: usize = head::MAX_RESPONSE_HEAD + UP_READ;
 
+/// An upstream connection's input: a buffer zeroed once when the connection
+/// opens, of which `buf[..filled]` is unprocessed.
+struct InBuf {
+    buf: Box<[u8]>,
+    filled: usize,
+}
+
+impl InBuf {
+    fn new() -> InBuf {
+        InBuf { buf: vec![0; UP_INPUT_LIMIT].into_boxed_slice(), filled: 0 }
+    }
+
+    fn data(&self) -> &[u8] {
+        &self.buf[..self.filled]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.filled == 0
+    }
+
+    fn is_full(&self) -> bool {
+        self.filled + UP_READ > self.buf.len()
+    }
+
+    fn consume(&mut self, n: usize) {
+        debug_assert!(n <= self.filled);
+        self.buf.copy_within(n..self.filled, 0);
+        self.filled -= n;
+    }
+
+    /// Room for one read.
+    fn room(&mut self) -> &mut [u8] {
+        &mut self.buf[self.filled..]
+    }
+
+    fn commit(&mut self, n: usize) {
+        self.filled += n;
+    }
+}
+
 /// One connection to an upstream.
 pub struct UpConn {
     pub transport: Transport,
@@ -53,7 +93,7 @@ pub struct UpConn {
     pub pool: PoolId,
     /// The TCP connect completed.
     connected: bool,
-    input: Vec<u8>,
+    input: InBuf,
     output: Vec<u8>,
     out_pos: usize,
     /// The exchange using it; `None` while idle.
@@ -286,6 +326,7 @@ impl Proxy {
     }
 
     pub fn open(&mut self, new: NewExchange, head: Vec<u8>) -> usize {
+        let signals = self.head_buffer();
         self.exchanges.insert(Exchange {
             client: new.client,
             pool: new.pool,
@@ -298,7 +339,7 @@ impl Proxy {
             response: None,
             client_side: new.client_side,
             expect_continue: new.expect_continue,
-            signals: Vec::new(),
+            signals,
             response_head: None,
             deadline: Ms::MAX,
             request_deadline: Ms::MAX,
@@ -434,7 +475,7 @@ impl Proxy {
             dial,
             pool,
             connected: false,
-            input: Vec::with_capacity(UP_READ),
+            input: InBuf::new(),
             output: Vec::new(),
             out_pos: 0,
             exchange: None,
@@ -518,6 +559,7 @@ impl Proxy {
     /// Keeps a finished exchange's buffers for the next one.
     pub fn retire(&mut self, e: Exchange) {
         self.spare.push(e.head);
+        self.spare.push(e.signals);
     }
 
     pub fn close_up(&mut self, idx: usize, registry: &mio::Registry) {
@@ -600,10 +642,10 @@ impl Proxy {
             // The response: what arrived goes to the client.
             let mut progressed = false;
             if e.phase == Phase::Sending && !up.input.is_empty() {
-                match head::take_response(&up.input, e.client_side, &e.signals, now_epoch_ms, client.output) {
+                match head::take_response(up.input.data(), e.client_side, &e.signals, now_epoch_ms, client.output) {
                     Ok(None) => {}
                     Ok(Some((rh, to_client))) => {
-                        up.input.drain(..rh.len);
+                        up.input.consume(rh.len);
                         progressed = true;
                         if rh.status >= 200 {
                             let chunked_out = to_client == ClientBody::Chunked;
@@ -628,9 +670,9 @@ impl Proxy {
             if e.phase == Phase::Relaying && !up.input.is_empty() && client.has_room() {
                 let relay = e.response.as_mut().expect("relaying has a relay");
                 let before = client.output.len();
-                match relay.pump(&up.input, client.output) {
+                match relay.pump(up.input.data(), client.output) {
                     Ok(n) => {
-                        up.input.drain(..n);
+                        up.input.consume(n);
                         progressed |= n > 0;
                     }
                     Err(_) => return self.upstream_failed(ex, "bad chunked framing from the upstream"),
@@ -669,20 +711,14 @@ impl Proxy {
                 return self.upstream_failed(ex, "the upstream closed before answering");
             }
             // Read more only while the client keeps up.
-            if !client.has_room() || up.input.len() >= UP_INPUT_LIMIT {
+            if !client.has_room() || up.input.is_full() {
                 return Step::Pending;
             }
-            let start = up.input.len();
-            up.input.resize(start + UP_READ, 0);
-            let read = up.transport.read(&mut up.input[start..]);
+            let read = up.transport.read(up.input.room());
             match read {
-                Ok(0) => {
-                    up.input.truncate(start);
-                    up.eof = true;
-                }
-                Ok(n) => up.input.truncate(start + n),
+                Ok(0) => up.eof = true,
+                Ok(n) => up.input.commit(n),
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {
-                    up.input.truncate(start);
                     // More of the body may fit now that some was written.
                     let more_body = wrote && !e.request.is_done();
                     if !more_body && !progressed {
@@ -691,12 +727,10 @@ impl Proxy {
                 }
                 Err(_) if up.written == 0 && up.reused => return Step::Retry,
                 Err(err) if TlsError::of(&err).is_some() => {
-                    up.input.truncate(start);
                     let tls = TlsError::of(&err).expect("checked").clone();
                     return self.tls_failed(ex, tls);
                 }
                 Err(err) => {
-                    up.input.truncate(start);
                     up.eof = true;
                     up.unclean_eof = err.kind() == io::ErrorKind::UnexpectedEof;
                 }

@@ -8,10 +8,13 @@
 # worker, access log off), HAProxy (one thread, `http-reuse always`). The
 # client is wrk, one thread, N keep-alive connections, the same headers to
 # every proxy. Pinning: the proxy on CPU 0; wrk and the upstream on CPU 1
-# (the machine has two). Each round measures the upstream alone first, so the
-# added latency of a proxy is its p50 minus the direct p50 of the same round.
+# (the machine has two). Each round measures the upstream alone first, then
+# each proxy: throughput with N connections, and latency with one connection
+# (closed-loop latency at N connections is N / throughput, so it says little
+# about what a proxy adds); the added latency of a proxy is its one-connection
+# p50 minus the direct one-connection p50 of the same round.
 #
-# Usage: scripts/proxy-bench.sh            (3 rounds of 10 s, 50 connections)
+# Usage: scripts/proxy-bench.sh            (3 rounds, runs of 10 s, 50 connections)
 # Environment: BENCH_ROUNDS, BENCH_DURATION (s), BENCH_CONNECTIONS, BENCH_PORT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -142,9 +145,9 @@ wait_port "$HAPROXY_PORT" "$!" 50 || die "HAProxy did not start"
 PIDS+=($!)
 wait_port "$PORT" "$!" 50 || die "nthpool did not start"
 
-# One wrk run: prints "<requests/s> <p50 µs> <p99 µs> <non-2xx>".
+# One wrk run on PORT with CONNECTIONS: prints "<requests/s> <p50 µs> <p99 µs> <non-2xx>".
 run_wrk() {
-    "${ON_CLIENT[@]}" wrk -t1 -c "$CONNS" -d "${DURATION}s" --latency \
+    "${ON_CLIENT[@]}" wrk -t1 -c "$2" -d "${DURATION}s" --latency \
         -H "Host: $HOST" -H "X-Nthpool-Key: $KEY" "http://127.0.0.1:$1/v1/chat/completions" >"$WORK/wrk.out" 2>&1 || true
     python3 - "$WORK/wrk.out" <<'PY'
 import re, sys
@@ -166,28 +169,30 @@ say "  the upstream (nginx return 200) shares CPU 1 with wrk; every proxy runs o
 for round in $(seq 1 "$ROUNDS"); do
     for target in direct:$UP_PORT nthpool:$PORT nginx:$NGINX_PORT haproxy:$HAPROXY_PORT; do
         name=${target%%:*}
-        result=$(run_wrk "${target##*:}")
-        say "  round $round $(printf '%-8s' "$name") req/s p50µs p99µs non2xx: $result"
-        echo "$round $name $result" >>"$WORK/results"
+        result=$(run_wrk "${target##*:}" "$CONNS")
+        one=$(run_wrk "${target##*:}" 1)
+        say "  round $round $(printf '%-8s' "$name") c$CONNS req/s p50µs p99µs non2xx: $result | c1: $one"
+        echo "$round $name $result $one" >>"$WORK/results"
     done
 done
 python3 - "$WORK/results" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 by = {}
-for rnd, name, rps, p50, p99, bad in rows:
-    by.setdefault(name, []).append((int(rnd), float(rps), float(p50), float(p99), int(bad)))
-direct = {r[0]: r[2] for r in by["direct"]}
-print("\nmedians over rounds (added p50 = proxy p50 minus the same round's direct p50):")
-print(f"  {'':8} {'req/s':>9} {'p50 µs':>8} {'added p50 µs':>13} {'p99 µs':>8} {'non-2xx':>8}")
+for rnd, name, rps, p50, p99, bad, rps1, p50_1, p99_1, bad1 in rows:
+    by.setdefault(name, []).append((int(rnd), float(rps), float(p50), float(p99), int(bad) + int(bad1), float(p50_1)))
+direct = {r[0]: r[5] for r in by["direct"]}
+print("\nmedians over rounds (added p50 = one-connection p50 minus the same round's direct one-connection p50):")
+print(f"  {'':8} {'req/s':>9} {'p50 µs':>8} {'p99 µs':>8} {'c1 p50 µs':>10} {'added p50 µs':>13} {'non-2xx':>8}")
 for name in ["direct", "nthpool", "nginx", "haproxy"]:
     rs = by[name]
     rps = statistics.median(r[1] for r in rs)
     p50 = statistics.median(r[2] for r in rs)
-    added = statistics.median(r[2] - direct[r[0]] for r in rs)
     p99 = statistics.median(r[3] for r in rs)
+    c1 = statistics.median(r[5] for r in rs)
+    added = statistics.median(r[5] - direct[r[0]] for r in rs)
     bad = sum(r[4] for r in rs)
-    print(f"  {name:8} {rps:9.0f} {p50:8.0f} {added if name != 'direct' else 0:13.0f} {p99:8.0f} {bad:8}")
+    print(f"  {name:8} {rps:9.0f} {p50:8.0f} {p99:8.0f} {c1:10.0f} {added if name != 'direct' else 0:13.0f} {bad:8}")
 x = statistics.median(r[1] for r in by["nthpool"])
 for other in ["nginx", "haproxy"]:
     o = statistics.median(r[1] for r in by[other])

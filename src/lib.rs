@@ -21,6 +21,7 @@ pub mod access;
 pub mod accesslog;
 pub mod api;
 pub mod config;
+pub mod ct;
 pub mod dashboard;
 pub mod governor;
 pub mod http;

@@ -14,16 +14,17 @@ use common::*;
 /// is refused, so a new edge is a decision written down here.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("time", &[]),
+    ("ct", &[]),
     ("config", &["net"]),
     ("state", &["config", "governor", "time"]),
     ("wheel", &["time"]),
     ("http", &["time"]),
-    ("governor", &["time", "wheel"]),
+    ("governor", &["ct", "time", "wheel"]),
     ("report", &["governor", "time"]),
     ("access", &["config", "http", "time", "wheel"]),
     ("accesslog", &["http", "time"]),
-    ("api", &["access", "accesslog", "config", "governor", "http", "report", "state", "time", "wheel"]),
-    ("dashboard", &["api", "governor", "http", "time"]),
+    ("api", &["access", "ct", "accesslog", "config", "governor", "http", "report", "state", "time", "wheel"]),
+    ("dashboard", &["api", "ct", "governor", "http", "time"]),
     ("net", &["time"]),
     ("proxy", &["api", "config", "governor", "http", "net", "report", "time"]),
     (

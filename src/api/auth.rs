@@ -5,6 +5,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use crate::config::{parse_sha256_hex, PoolConfig};
+use crate::ct::secret_eq;
 use crate::http::request::Head;
 use crate::http::trim;
 
@@ -12,11 +13,6 @@ pub struct PoolKeys {
     plain: Vec<Box<[u8]>>,
     hashed: Vec<[u8; 32]>,
     allow_authorization_header: bool,
-}
-
-/// Equality that takes the same time wherever the inputs differ.
-pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 const MISSING: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
@@ -71,12 +67,12 @@ impl PoolKeys {
         // Every configured key is compared, so timing does not tell which matched.
         let mut ok = false;
         for k in &self.plain {
-            ok |= ct_eq(k, key);
+            ok |= secret_eq(k, key);
         }
         if !self.hashed.is_empty() {
             let digest: [u8; 32] = Sha256::digest(key).into();
             for h in &self.hashed {
-                ok |= ct_eq(h, &digest);
+                ok |= secret_eq(h, &digest);
             }
         }
         if ok {

@@ -12,8 +12,8 @@
 use serde_json::{json, Value};
 
 use crate::api::App;
+use crate::ct::secret_eq;
 use crate::governor::history::Sample;
-use crate::governor::lease::secret_eq;
 use crate::governor::{DenyReason, Pool, PoolId};
 use crate::http::request::Head;
 use crate::http::response::{error_body, Status, Writer};

@@ -29,6 +29,7 @@ use sha2::Sha256;
 use siphasher::sip128::SipHasher24;
 
 use super::id::PoolId;
+pub use crate::ct::secret_eq;
 use crate::time::Ms;
 use crate::wheel::TimerKey;
 
@@ -226,18 +227,6 @@ impl Lease {
     pub fn is_capped(&self) -> bool {
         self.lease_deadline >= self.request_deadline
     }
-}
-
-/// Constant-time equality (ids and tags are secrets): every byte is looked
-/// at whatever differs, eight at a time, then the tail one by one.
-pub fn secret_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let (wa, wb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail = wa.remainder().iter().zip(wb.remainder()).fold(0u64, |acc, (x, y)| acc | u64::from(x ^ y));
-    let word = |c: &[u8]| u64::from_ne_bytes(c.try_into().expect("8 bytes"));
-    wa.zip(wb).fold(tail, |acc, (x, y)| acc | (word(x) ^ word(y))) == 0
 }
 
 /// OS randomness, fetched a page at a time so a grant does not cost a syscall.

@@ -363,7 +363,7 @@ impl App {
                     Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt })),
                 }
             }
-            Route::Renew { slot, .. } => match self.gov.renew(pid, slot.as_bytes(), ctx.now.ms) {
+            Route::Renew { slot, .. } => match self.gov.renew(pid, SlotId::decode(slot.as_bytes()), ctx.now.ms) {
                 Ok(deadline) => {
                     self.scratch.clear();
                     self.scratch.push(b'{');
@@ -377,7 +377,7 @@ impl App {
             },
             Route::Release { slot, .. } => {
                 let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
-                let released = self.gov.release(pid, slot.as_bytes(), outcome.as_ref(), ctx.now.ms);
+                let released = self.gov.release(pid, SlotId::decode(slot.as_bytes()), outcome.as_ref(), ctx.now.ms);
                 let text: &[u8] = if released { b"{\"released\":true}" } else { b"{\"released\":false}" };
                 Writer::start(out, Status::Ok).finish_json(text, ctx.close);
                 Ok(Handled::Done)

@@ -299,8 +299,10 @@ impl<T: Copy> Governor<T> {
         Admission::Queued(key)
     }
 
-    /// Extends a lease by one term, never past its request deadline.
-    pub fn renew(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Result<Ms, RenewError> {
+    /// Extends a lease by one term, never past its request deadline. `slot`
+    /// is what the caller's text decoded to (`None`: no slot id at all, which
+    /// is not found like any other unknown slot).
+    pub fn renew(&mut self, pid: PoolId, slot: Option<SlotId>, now: Ms) -> Result<Ms, RenewError> {
         let Some(idx) = self.find(pid, slot, now) else {
             self.pools[pid.0 as usize].stats.renew_not_found += 1;
             return Err(RenewError::NotFound);
@@ -317,8 +319,8 @@ impl<T: Copy> Governor<T> {
     }
 
     /// Releases a lease of `pid`; `true` only the first time. The outcome
-    /// report is applied only when the release was real.
-    pub fn release(&mut self, pid: PoolId, slot: &[u8], outcome: Option<&Outcome>, now: Ms) -> bool {
+    /// report is applied only when the release was real. `slot` as for `renew`.
+    pub fn release(&mut self, pid: PoolId, slot: Option<SlotId>, outcome: Option<&Outcome>, now: Ms) -> bool {
         let Some(idx) = self.find(pid, slot, now) else {
             self.pools[pid.0 as usize].stats.release_gone += 1;
             return false;
@@ -363,7 +365,7 @@ impl<T: Copy> Governor<T> {
         if let Some(lease) = self.leases.get(slot.index() as usize) {
             if secret_eq(&lease.id.0, &slot.0) {
                 let pid = lease.pool;
-                self.release(pid, &slot.encode(), None, now);
+                self.release(pid, Some(*slot), None, now);
             }
         }
     }
@@ -503,8 +505,8 @@ impl<T: Copy> Governor<T> {
     /// The live lease `slot` names in `pid`. A lease past its deadline whose
     /// wheel entry has not run yet is reclaimed here, so "renew after expiry
     /// fails" holds to the millisecond.
-    fn find(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Option<usize> {
-        let id = SlotId::decode(slot)?;
+    fn find(&mut self, pid: PoolId, slot: Option<SlotId>, now: Ms) -> Option<usize> {
+        let id = slot?;
         let direct = id.index() as usize;
         let idx = match self.leases.get(direct) {
             Some(lease) if secret_eq(&lease.id.0, &id.0) => direct,

@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use nthpool::config::Config;
+use nthpool::governor::lease::SlotId;
 use nthpool::governor::{Admission, Governor, Ms, Outcome, PoolId};
 use nthpool::wheel::Wheel;
 use serde_json::{json, Value};
@@ -189,7 +190,7 @@ impl Bench {
             other => return Err(format!("cycle on pool bench: {other:?}")),
         };
         let slot = grant.slot.encode();
-        if !self.gov.release(self.bench, black_box(&slot), Some(outcome), self.now) {
+        if !self.gov.release(self.bench, SlotId::decode(black_box(&slot)), Some(outcome), self.now) {
             return Err("release of a fresh grant failed".into());
         }
         self.tick();

@@ -246,11 +246,18 @@ impl App {
     /// so `Expect: 100-continue` can be refused before the body is sent.
     pub fn precheck(&self, ctx: &Ctx, head: &Head) -> Result<(), ApiError> {
         let (route, pid) = self.resolve(head)?;
-        self.authorize(ctx, route, pid, head)
+        let client = self.client_addr(pid, ctx, head);
+        self.authorize(ctx, route, pid, client, head)
+    }
+
+    /// The caller's address as the pool's `trustedProxies` tell it: worked
+    /// out once per request.
+    fn client_addr(&self, pid: PoolId, ctx: &Ctx, head: &Head) -> IpAddr {
+        self.creds[pid.0 as usize].access.client_addr(ctx.peer, head)
     }
 
     /// The key, then every policy that the head alone decides.
-    fn authorize(&self, ctx: &Ctx, route: Route, pid: PoolId, head: &Head) -> Result<(), ApiError> {
+    fn authorize(&self, ctx: &Ctx, route: Route, pid: PoolId, client: IpAddr, head: &Head) -> Result<(), ApiError> {
         // A pool dropped by a reload is unknown to new callers; its leases still drain.
         if matches!(route, Route::Acquire { .. }) && self.gov.pool(pid).retired {
             return Err(UNKNOWN_POOL);
@@ -258,7 +265,6 @@ impl App {
         let creds = &self.creds[pid.0 as usize];
         creds.keys.check(head)?;
         if !creds.access.is_open() {
-            let client = creds.access.client_addr(ctx.peer, head);
             creds.access.check_head(head, client, ctx.now.wall())?;
         }
         Ok(())
@@ -285,10 +291,11 @@ impl App {
     }
 
     pub fn handle(&mut self, ctx: &Ctx, head: &Head, body: &[u8], out: &mut Vec<u8>) -> Handled {
-        match self.dispatch(ctx, head, body, out) {
+        let mut client = None;
+        match self.dispatch(ctx, head, body, out, &mut client) {
             Ok(handled) => handled,
             Err(e) => {
-                self.reject(ctx, head, e, out);
+                self.reject_from(ctx, head, e, client, out);
                 if e.closes() {
                     Handled::Close
                 } else {
@@ -301,11 +308,16 @@ impl App {
     /// Answers a request with an error; acquire attempts are logged too
     /// (malformed and unauthorized ones included).
     pub fn reject(&mut self, ctx: &Ctx, head: &Head, error: ApiError, out: &mut Vec<u8>) {
+        self.reject_from(ctx, head, error, None, out);
+    }
+
+    /// `reject`, with the client address when it was already worked out.
+    fn reject_from(&mut self, ctx: &Ctx, head: &Head, error: ApiError, client: Option<IpAddr>, out: &mut Vec<u8>) {
         self.rejections.count(error.status());
         error.write(out, &mut self.scratch, ctx.close);
         if let Some(Route::Acquire { pool }) = route::route(head.path) {
             let pid = self.gov.pool_id(pool);
-            let client = pid.map_or(ctx.peer, |pid| self.creds[pid.0 as usize].access.client_addr(ctx.peer, head));
+            let client = client.unwrap_or_else(|| pid.map_or(ctx.peer, |pid| self.client_addr(pid, ctx, head)));
             let server_us = ctx.started.elapsed().as_micros() as u64;
             if let Some(pid) = pid {
                 self.latency[pid.0 as usize].observe(server_us);
@@ -332,9 +344,18 @@ impl App {
         }
     }
 
-    fn dispatch(&mut self, ctx: &Ctx, head: &Head, body: &[u8], out: &mut Vec<u8>) -> Result<Handled, ApiError> {
+    /// Answers a lock route; `client` is set as soon as the caller's address is known.
+    fn dispatch(
+        &mut self,
+        ctx: &Ctx,
+        head: &Head,
+        body: &[u8],
+        out: &mut Vec<u8>,
+        client: &mut Option<IpAddr>,
+    ) -> Result<Handled, ApiError> {
         let (route, pid) = self.resolve(head)?;
-        self.authorize(ctx, route, pid, head)?;
+        let addr = *client.insert(self.client_addr(pid, ctx, head));
+        self.authorize(ctx, route, pid, addr, head)?;
         let access = &mut self.creds[pid.0 as usize].access;
         if access.needs_body() {
             access.check_signed(head, body, ctx.now.wall())?;
@@ -345,12 +366,8 @@ impl App {
         }
         match route {
             Route::Acquire { .. } => {
-                let attempt = Attempt {
-                    pool: pid,
-                    client: self.creds[pid.0 as usize].access.client_addr(ctx.peer, head),
-                    wait_ms: wait_budget(head, body)?,
-                    started: ctx.started,
-                };
+                let attempt =
+                    Attempt { pool: pid, client: addr, wait_ms: wait_budget(head, body)?, started: ctx.started };
                 match self.gov.acquire(pid, attempt.wait_ms, ctx.conn.owner(), ctx.now.ms) {
                     Admission::Granted(grant) => {
                         self.answer_grant(out, &grant, &attempt, ctx.now, ctx.close);

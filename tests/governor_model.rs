@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use nthpool::api::pool_settings;
 use nthpool::config::Config;
 use nthpool::governor::lease::SlotId;
-use nthpool::governor::{Admission, Governor, Notice, Outcome, PoolId, PoolSettings, RateInfo, RenewError, WaiterKey};
+use nthpool::governor::{
+    Admission, Entropy, Governor, Notice, Outcome, PoolId, PoolSettings, RateInfo, RenewError, WaiterKey,
+};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
@@ -740,7 +742,7 @@ impl Model {
 }
 
 fn run(setups: Vec<PoolSetup>, ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut g = Governor::new(&pools_config(&setups));
+    let mut g = Governor::new(&pools_config(&setups), Entropy::seeded(1));
     let mut model = Model::new(setups, &g);
     for (step, op) in ops.iter().enumerate() {
         model.step = step;
@@ -811,7 +813,7 @@ fn a_catching_up_wheel_times_out_a_waiter_before_a_later_reclaim() {
         rpm: None,
         adaptive: false,
     };
-    let mut g = Governor::new(&pools_config(&[setup]));
+    let mut g = Governor::new(&pools_config(&[setup]), Entropy::seeded(2));
     let p = g.pool_id("p0").unwrap();
     assert!(matches!(g.acquire(p, 0, 1, 0), Admission::Granted(_)));
     assert!(matches!(g.acquire(p, 4, 2, 316), Admission::Queued(_)));

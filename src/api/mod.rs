@@ -23,7 +23,7 @@ use crate::accesslog::{AccessLog, Record};
 use crate::config::Config;
 use crate::governor::history::{self, Attempts, History};
 use crate::governor::lease::SlotId;
-use crate::governor::{Admission, Denial, DenyReason, Governor, Grant, PoolId, RenewError, WaiterKey};
+use crate::governor::{Admission, Denial, DenyReason, Entropy, Governor, Grant, PoolId, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
 use crate::http::response::{json_u64, push_u64, Status, Writer};
 use crate::report::{self, check_object, is_blank};
@@ -168,9 +168,10 @@ pub fn check(config: &Config) -> Result<(), String> {
 }
 
 impl App {
-    pub fn new(config: &Config) -> Result<App, String> {
+    /// The application for `config`; `entropy` is the governor's random source.
+    pub fn new(config: &Config, entropy: Entropy) -> Result<App, String> {
         let mut app = App {
-            gov: Governor::new(&BTreeMap::new()),
+            gov: Governor::new(&BTreeMap::new(), entropy),
             creds: Vec::new(),
             public_host: None,
             max_body: config.max_body_bytes,

@@ -229,33 +229,6 @@ impl Lease {
     }
 }
 
-/// OS randomness, fetched a page at a time so a grant does not cost a syscall.
-pub struct Entropy {
-    buf: [u8; 4096],
-    pos: usize,
-}
-
-impl Default for Entropy {
-    fn default() -> Self {
-        Entropy { buf: [0; 4096], pos: 4096 }
-    }
-}
-
-impl Entropy {
-    pub fn take<const N: usize>(&mut self) -> [u8; N] {
-        if self.pos + N > self.buf.len() {
-            getrandom::getrandom(&mut self.buf).expect("the OS random source is available");
-            self.pos = 0;
-        }
-        let mut out = [0u8; N];
-        out.copy_from_slice(&self.buf[self.pos..self.pos + N]);
-        // Never hand the same bytes out twice.
-        self.buf[self.pos..self.pos + N].fill(0);
-        self.pos += N;
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,30 +297,6 @@ mod tests {
         assert!(SlotId::decode(b"short").is_none());
         assert!(SlotId::decode(&[b'!'; SLOT_ID_CHARS]).is_none());
         assert!(SlotId::decode(&[b'A'; SLOT_ID_CHARS + 1]).is_none());
-    }
-
-    #[test]
-    fn secret_eq_sees_every_byte() {
-        let a: Vec<u8> = (0..SLOT_ID_BYTES as u8).collect();
-        assert!(secret_eq(&a, &a));
-        for i in 0..a.len() {
-            let mut b = a.clone();
-            b[i] ^= 0x80;
-            assert!(!secret_eq(&a, &b), "byte {i}");
-        }
-        assert!(!secret_eq(&a, &a[1..]));
-        assert!(secret_eq(b"", b""));
-    }
-
-    #[test]
-    fn entropy_never_repeats_within_a_page() {
-        let mut e = Entropy::default();
-        let a = e.take::<8>();
-        let b = e.take::<8>();
-        assert_ne!(a, b);
-        for _ in 0..600 {
-            e.take::<8>();
-        }
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! connections: leases and waiters are slab-indexed, queues are intrusive
 //! lists, and every deadline is one entry in the shared timer wheel.
 
+pub mod entropy;
 pub mod gate;
 pub mod history;
 pub mod id;
@@ -29,9 +30,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 use slab::Slab;
 
 use crate::wheel::{TimerKey, Wheel};
+pub use entropy::Entropy;
 pub use id::PoolId;
 pub use learn::{Outcome, RateInfo};
-use lease::{secret_eq, Entropy, Lease, SlotFields, SlotId, SlotKey};
+use lease::{secret_eq, Lease, SlotFields, SlotId, SlotKey};
 pub use pool::{DenyReason, Pool, PoolSettings, PoolStats};
 pub use queue::WaiterKey;
 use queue::Waiters;
@@ -152,7 +154,8 @@ pub struct Governor<T = u64> {
 }
 
 impl<T: Copy> Governor<T> {
-    pub fn new(pools: &BTreeMap<String, PoolSettings>) -> Governor<T> {
+    /// A governor for `pools`, drawing slot ids' random bytes from `entropy`.
+    pub fn new(pools: &BTreeMap<String, PoolSettings>, entropy: Entropy) -> Governor<T> {
         let mut g = Governor {
             pools: Vec::new(),
             names: HashMap::default(),
@@ -160,7 +163,7 @@ impl<T: Copy> Governor<T> {
             waiters: Waiters::default(),
             wheel: Wheel::new(),
             notices: VecDeque::new(),
-            entropy: Entropy::default(),
+            entropy,
             next_generation: 0,
             advanced_to: 0,
             key: SlotKey::new(&[0; 32]),

@@ -180,12 +180,12 @@ impl Pool {
 mod tests {
     use crate::api::pool_settings;
     use crate::config::Config;
-    use crate::governor::{Admission, DenyReason, Governor};
+    use crate::governor::{Admission, DenyReason, Entropy, Governor};
 
     #[test]
     fn the_gate_that_opens_last_decides_the_answer() {
         let config = Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":1,"rpm":1,"adaptive":false}}}"#);
-        let mut g: Governor = Governor::new(&pool_settings(&config.unwrap()));
+        let mut g: Governor = Governor::new(&pool_settings(&config.unwrap()), Entropy::seeded(1));
         let p = g.pool_id("p").unwrap();
         assert!(matches!(g.acquire(p, 0, 1, 0), Admission::Granted(_)));
         // Held and out of tokens: the token is 60 s away, past the 1 s guess for a slot.

@@ -224,7 +224,9 @@ mod tests {
                           "q":{"keys":["k"],"concurrency":2,"termMs":5000,"renewIntervalMs":1000}}}"#,
         )
         .unwrap();
-        let mut g = Governor::new(&crate::api::pool_settings(&config));
+        // Each process its own random bytes: the epoch tells them apart.
+        let entropy = crate::governor::Entropy::seeded(epoch_base_ms);
+        let mut g = Governor::new(&crate::api::pool_settings(&config), entropy);
         g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch_base_ms)));
         g
     }
@@ -250,8 +252,8 @@ mod tests {
             rate: RateInfo { retry_after_ms: Some(20_000), ..RateInfo::default() },
             ..Outcome::default()
         };
-        assert!(old.release(p, &released.slot.encode(), Some(&refusal), 200));
-        assert_eq!(old.renew(p, &kept.slot.encode(), 900), Ok(1900));
+        assert!(old.release(p, Some(released.slot), Some(&refusal), 200));
+        assert_eq!(old.renew(p, Some(kept.slot), 900), Ok(1900));
         let learned = old.pool(p).learning.clone();
         let snap = old.export(950);
 
@@ -265,10 +267,10 @@ mod tests {
         assert_eq!(new.pool(p).effective_limit(), learned.effective);
         assert_eq!(new.pool(p).learning.cooldown_until, learned.cooldown_until.saturating_sub(1500));
         assert_eq!(new.pool(p).stats.reclaimed_term, 1);
-        assert_eq!(new.renew(p, &kept.slot.encode(), 100), Ok(1100));
-        assert_eq!(new.renew(p, &short.slot.encode(), 100), Err(crate::governor::RenewError::NotFound));
+        assert_eq!(new.renew(p, Some(kept.slot), 100), Ok(1100));
+        assert_eq!(new.renew(p, Some(short.slot), 100), Err(crate::governor::RenewError::NotFound));
         let q = new.pool_id("q").unwrap();
-        assert!(new.release(q, &other.slot.encode(), None, 100));
+        assert!(new.release(q, Some(other.slot), None, 100));
         // The restored lease is reclaimed at its term as any other.
         new.advance(1100);
         assert_eq!(new.pool(p).held, 0);

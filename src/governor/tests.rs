@@ -6,9 +6,15 @@ use crate::config::Config;
 use crate::time::{Epoch, EpochMs};
 
 pub(super) fn governor(pool_json: &str) -> (Governor, PoolId) {
+    governor_seeded(pool_json, 1)
+}
+
+/// As `governor`, its random bytes from `seed`: processes that must not
+/// share them (a crashed one and its successor) get different seeds.
+pub(super) fn governor_seeded(pool_json: &str, seed: u64) -> (Governor, PoolId) {
     let text = format!(r#"{{"pools":{{"p":{{"keys":["k"]{pool_json}}},"other":{{"keys":["k2"]}}}}}}"#);
     let config = Config::parse(text.as_bytes()).unwrap();
-    let g = Governor::new(&pool_settings(&config));
+    let g = Governor::new(&pool_settings(&config), Entropy::seeded(seed));
     let pid = g.pool_id("p").unwrap();
     (g, pid)
 }
@@ -399,7 +405,7 @@ fn external_timers_come_back_as_notices() {
 pub(super) fn crashed_pair(pool_json: &str, crash_at_unix: u64) -> (Governor, Governor, PoolId) {
     let (mut old, pid) = governor(pool_json);
     old.set_identity(&[7; 32], Epoch::at(EpochMs(1_000_000)));
-    let (mut new, _) = governor(pool_json);
+    let (mut new, _) = governor_seeded(pool_json, 2);
     new.set_identity(&[7; 32], Epoch::at(EpochMs(crash_at_unix)));
     (old, new, pid)
 }
@@ -450,7 +456,7 @@ fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
     let mut tampered = a.slot;
     tampered.0[14] ^= 0x40; // a later lease deadline
     assert_eq!(new.renew(p, SlotId::decode(&tampered.encode()), 10), Err(RenewError::NotFound));
-    let (mut stranger, _) = governor(json);
+    let (mut stranger, _) = governor_seeded(json, 3);
     stranger.set_identity(&[8; 32], Epoch::at(EpochMs(1_000_000)));
     let forged = granted(stranger.acquire(p, 0, 1, 0));
     assert_eq!(new.renew(p, id(&forged), 10), Err(RenewError::NotFound));

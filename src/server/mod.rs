@@ -56,7 +56,7 @@ use slab::Slab;
 
 use crate::api::{ApiError, App, ConnId, Event, Wake};
 use crate::config::Config;
-use crate::governor::PoolId;
+use crate::governor::{Entropy, PoolId};
 use crate::http::request::MAX_HEAD_BYTES;
 use crate::proxy::Proxy;
 use crate::state;
@@ -198,7 +198,7 @@ impl Server {
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(|e| format!("cannot register signals: {e}"))?;
         let clock = Clock::start();
-        let mut app = App::new(config)?;
+        let mut app = App::new(config, Entropy::from_fn(state::os_random))?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
         let resolver = spawn_resolver(&poll)?;

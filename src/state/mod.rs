@@ -168,3 +168,9 @@ impl Persistence {
         }
     }
 }
+
+/// The OS random source: the slot secret's bytes, and the governor's
+/// (`governor::Entropy::from_fn(state::os_random)`).
+pub fn os_random(buf: &mut [u8]) {
+    getrandom::getrandom(buf).expect("the OS random source is available");
+}

@@ -28,7 +28,7 @@ pub fn path_beside(config_path: &Path, file: &str) -> PathBuf {
 /// A secret kept in memory only (the embedded demo): every start is a first start.
 pub fn ephemeral() -> SlotSecret {
     let mut bytes = [0u8; SECRET_BYTES];
-    getrandom::getrandom(&mut bytes).expect("the OS random source is available");
+    super::os_random(&mut bytes);
     SlotSecret { bytes, created: true }
 }
 

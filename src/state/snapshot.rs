@@ -266,7 +266,8 @@ mod tests {
     fn setup(concurrency: u32) -> Governor {
         let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":{concurrency}}}}}}}"#);
         let config = Config::parse(json.as_bytes()).unwrap();
-        let mut g = Governor::new(&crate::api::pool_settings(&config));
+        let entropy = crate::governor::Entropy::seeded(u64::from(concurrency));
+        let mut g = Governor::new(&crate::api::pool_settings(&config), entropy);
         g.set_identity(&[3; 32], crate::time::Epoch::at(crate::time::EpochMs(1_800_000_000_000)));
         g
     }

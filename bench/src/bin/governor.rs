@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nthpool::config::Config;
 use nthpool::governor::lease::SlotId;
-use nthpool::governor::{Admission, Governor, Ms, Outcome, PoolId};
+use nthpool::governor::{Admission, Entropy, Governor, Ms, Outcome, PoolId};
 use nthpool::wheel::Wheel;
 use serde_json::{json, Value};
 
@@ -128,7 +128,7 @@ struct Bench {
 impl Bench {
     fn new() -> Result<Bench, String> {
         let config = Config::parse(CONFIG.as_bytes()).map_err(|e| e.0)?;
-        let gov = Governor::new(&nthpool::api::pool_settings(&config));
+        let gov = Governor::new(&nthpool::api::pool_settings(&config), Entropy::from_fn(nthpool::state::os_random));
         let pid = |name| gov.pool_id(name).ok_or(format!("pool {name} missing"));
         Ok(Bench {
             bench: pid("bench")?,

@@ -214,7 +214,8 @@ impl AccessLog {
     }
 }
 
-use crate::http::response::{civil_from_days, push_u64};
+use crate::calendar::civil_from_days;
+use crate::http::response::push_u64;
 
 /// Eight lower-case hex digits.
 fn hex8(v: u32) -> [u8; 8] {

@@ -20,6 +20,7 @@
 pub mod access;
 pub mod accesslog;
 pub mod api;
+pub mod calendar;
 pub mod config;
 pub mod ct;
 pub mod dashboard;

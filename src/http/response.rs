@@ -93,7 +93,7 @@ fn date_line(secs: u64) -> [u8; DATE_LEN] {
     const MONTHS: [&[u8; 3]; 12] =
         [b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov", b"Dec"];
     let days = secs / 86_400;
-    let (year, month, day) = civil_from_days(days as i64);
+    let (year, month, day) = crate::calendar::civil_from_days(days as i64);
     let rem = secs % 86_400;
     let two = |v: u64| [b'0' + (v / 10 % 10) as u8, b'0' + (v % 10) as u8];
     let mut line = *b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n";
@@ -107,20 +107,6 @@ fn date_line(secs: u64) -> [u8; DATE_LEN] {
     line[26..28].copy_from_slice(&two(rem % 3600 / 60));
     line[29..31].copy_from_slice(&two(rem % 60));
     line
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// The interim answer to `Expect: 100-continue`.

@@ -14,6 +14,8 @@
 
 use std::cmp::Reverse;
 
+use crate::calendar::{self, civil_seconds};
+
 pub use crate::governor::RateInfo;
 
 /// Reads rate-limit information out of raw upstream response headers.
@@ -702,7 +704,7 @@ fn parse_http_date(s: &str, now_ms: u64) -> Option<i128> {
 /// belongs to the previous century.
 fn full_year(two_digits: u64, now_ms: u64) -> Option<i64> {
     let now_days = i64::try_from(now_ms / 86_400_000).ok()?;
-    let now_year = year_of_days(now_days);
+    let now_year = calendar::civil_from_days(now_days).0;
     let year = now_year - now_year.rem_euclid(100) + i64::try_from(two_digits).ok()?;
     Some(if year > now_year + 50 { year - 100 } else { year })
 }
@@ -712,63 +714,6 @@ fn fixed_digits(b: &[u8], from: usize, n: usize) -> Option<u32> {
     b.get(from..from.checked_add(n)?)?
         .iter()
         .try_fold(0u32, |acc, &d| d.is_ascii_digit().then(|| acc * 10 + u32::from(d - b'0')))
-}
-
-/// Seconds since the Unix epoch of a validated UTC civil time. A leap second
-/// (`:60`) is read as the first second of the next minute.
-fn civil_seconds(year: i64, month: u32, day: u32, hour: u32, minute: u32, second: u32) -> Option<i64> {
-    if !(1..=12).contains(&month)
-        || day == 0
-        || day > days_in_month(year, month)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    let days = days_from_civil(year, month, day);
-    days.checked_mul(86_400)?.checked_add(i64::from(hour * 3_600 + minute * 60 + second))
-}
-
-fn days_in_month(year: i64, month: u32) -> u32 {
-    match month {
-        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
-/// `days_from_civil`). Callers keep `year` within a few hundred million.
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(month);
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The year containing a day counted from 1970-01-01 (inverse of
-/// [`days_from_civil`]).
-fn year_of_days(days: i64) -> i64 {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let year = yoe + era * 400;
-    // Months are counted from March, so January and February (mp >= 10) belong
-    // to the next civil year.
-    if mp >= 10 {
-        year + 1
-    } else {
-        year
-    }
 }
 
 #[cfg(test)]

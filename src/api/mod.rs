@@ -319,29 +319,48 @@ impl App {
         if let Some(Route::Acquire { pool }) = route::route(head.path) {
             let pid = self.gov.pool_id(pool);
             let client = client.unwrap_or_else(|| pid.map_or(ctx.peer, |pid| self.client_addr(pid, ctx, head)));
-            let server_us = ctx.started.elapsed().as_micros() as u64;
-            if let Some(pid) = pid {
-                self.latency[pid.0 as usize].observe(server_us);
-                self.history[pid.0 as usize].1.push(history::Attempt {
-                    epoch_ms: ctx.now.wall().0,
-                    status: error.status().code(),
-                    error: Some(error.code()),
-                    server_us,
-                    ..history::Attempt::default()
-                });
-            }
-            self.log.record(&Record {
+            let line = history::Attempt {
                 epoch_ms: ctx.now.wall().0,
-                pool,
-                client,
                 status: error.status().code(),
                 error: Some(error.code()),
-                deny_reason: None,
-                wait_ms: 0,
-                queued_ms: 0,
-                server_us,
-                slot_ref: None,
-            });
+                server_us: ctx.started.elapsed().as_micros() as u64,
+                ..history::Attempt::default()
+            };
+            self.record_attempt(pid, Some(pool), client, line, true);
+        }
+    }
+
+    /// Records one acquire attempt: in its pool's history for the dashboard
+    /// and, when `timed`, its latency histogram (both when the pool is
+    /// known), and as an access-log line under `name` (the name the request
+    /// gave), else under the pool's name.
+    fn record_attempt(
+        &mut self,
+        pid: Option<PoolId>,
+        name: Option<&str>,
+        client: IpAddr,
+        line: history::Attempt,
+        timed: bool,
+    ) {
+        self.observe(pid, &line, timed);
+        if !self.log.is_on() {
+            return;
+        }
+        let pool = match (name, pid) {
+            (Some(name), _) => name,
+            (None, Some(pid)) => &self.gov.pool(pid).name,
+            (None, None) => return,
+        };
+        self.log.record(&record_of(pool, client, &line));
+    }
+
+    /// An attempt in its pool's history and, when `timed`, latency histogram.
+    fn observe(&mut self, pid: Option<PoolId>, line: &history::Attempt, timed: bool) {
+        if let Some(pid) = pid {
+            if timed {
+                self.latency[pid.0 as usize].observe(line.server_us);
+            }
+            self.history[pid.0 as usize].1.push(*line);
         }
     }
 
@@ -433,27 +452,23 @@ impl App {
         queued_ms: u64,
         slot_ref: Option<u32>,
     ) {
-        let server_us = self.observe_acquire(attempt, epoch_now, status, code, reason, queued_ms, slot_ref);
-        if self.log.is_on() {
-            self.log.record(&Record {
-                epoch_ms: epoch_now.0,
-                pool: &self.gov.pool(attempt.pool).name,
-                client: attempt.client,
-                status: status.code(),
-                error: code,
-                deny_reason: reason.map(DenyReason::as_str),
-                wait_ms: attempt.wait_ms,
-                queued_ms,
-                server_us,
-                slot_ref,
-            });
-        }
+        let line = history::Attempt {
+            epoch_ms: epoch_now.0,
+            status: status.code(),
+            error: code,
+            reason,
+            wait_ms: attempt.wait_ms,
+            queued_ms,
+            server_us: attempt.started.elapsed().as_micros() as u64,
+            slot_ref,
+        };
+        self.record_attempt(Some(attempt.pool), None, attempt.client, line, true);
     }
 
     /// Counts an answered acquire in the latency histogram and the
     /// dashboard's history; returns its server time in µs.
     #[allow(clippy::too_many_arguments)]
-    fn observe_acquire(
+    pub(crate) fn observe_acquire(
         &mut self,
         attempt: &Attempt,
         epoch_now: EpochMs,
@@ -463,19 +478,18 @@ impl App {
         queued_ms: u64,
         slot_ref: Option<u32>,
     ) -> u64 {
-        let server_us = attempt.started.elapsed().as_micros() as u64;
-        self.latency[attempt.pool.0 as usize].observe(server_us);
-        self.history[attempt.pool.0 as usize].1.push(history::Attempt {
+        let line = history::Attempt {
             epoch_ms: epoch_now.0,
             status: status.code(),
             error: code,
             reason,
             wait_ms: attempt.wait_ms,
             queued_ms,
-            server_us,
+            server_us: attempt.started.elapsed().as_micros() as u64,
             slot_ref,
-        });
-        server_us
+        };
+        self.observe(Some(attempt.pool), &line, true);
+        line.server_us
     }
 
     /// The `200` of an acquire, immediate or after queueing, logged.
@@ -507,7 +521,7 @@ impl App {
         // The attempt started in the turn its request arrived, so this is
         // the time spent queued (to the turn's precision).
         let waited = attempt.started.elapsed();
-        self.history[attempt.pool.0 as usize].1.push(history::Attempt {
+        let line = history::Attempt {
             epoch_ms: epoch_now.0,
             status,
             error: Some(code),
@@ -516,19 +530,8 @@ impl App {
             queued_ms: waited.as_millis() as u64,
             server_us: waited.as_micros() as u64,
             slot_ref: None,
-        });
-        self.log.record(&Record {
-            epoch_ms: epoch_now.0,
-            pool: &self.gov.pool(attempt.pool).name,
-            client: attempt.client,
-            status,
-            error: Some(code),
-            deny_reason: None,
-            wait_ms: attempt.wait_ms,
-            queued_ms: waited.as_millis() as u64,
-            server_us: waited.as_micros() as u64,
-            slot_ref: None,
-        });
+        };
+        self.record_attempt(Some(attempt.pool), None, attempt.client, line, false);
     }
 
     /// Answers a head refused before it could be used (framing, version,
@@ -547,18 +550,15 @@ impl App {
         let Some(Route::Acquire { pool }) = request_target(input).and_then(route::route) else {
             return;
         };
-        self.log.record(&Record {
+        let line = history::Attempt {
             epoch_ms: now.wall().0,
-            pool,
-            client: peer,
             status: error.status().code(),
             error: Some(error.code()),
-            deny_reason: None,
-            wait_ms: 0,
-            queued_ms: 0,
             server_us: started.elapsed().as_micros() as u64,
-            slot_ref: None,
-        });
+            ..history::Attempt::default()
+        };
+        // No pool is looked up: the line is the access log's only.
+        self.record_attempt(None, Some(pool), peer, line, false);
     }
 
     /// A `429` or `504` for an acquire, logged.
@@ -628,6 +628,22 @@ impl App {
     pub fn write_error(&mut self, out: &mut Vec<u8>, error: ApiError, close: bool) {
         self.rejections.count(error.status());
         error.write(out, &mut self.scratch, close);
+    }
+}
+
+/// The access-log record of an attempt: the one place a line's fields are filled.
+pub(crate) fn record_of<'a>(pool: &'a str, client: IpAddr, line: &history::Attempt) -> Record<'a> {
+    Record {
+        epoch_ms: line.epoch_ms,
+        pool,
+        client,
+        status: line.status,
+        error: line.error,
+        deny_reason: line.reason.map(DenyReason::as_str),
+        wait_ms: line.wait_ms,
+        queued_ms: line.queued_ms,
+        server_us: line.server_us,
+        slot_ref: line.slot_ref,
     }
 }
 

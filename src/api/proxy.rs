@@ -4,8 +4,9 @@
 //! (`crate::proxy`); this module never touches a socket.
 
 use super::{wait_budget, ApiError, App, Attempt, Ctx, UNKNOWN_POOL};
-use crate::accesslog::{Proxied, Record};
+use crate::accesslog::Proxied;
 use crate::config::upstream::Upstream;
+use crate::governor::history;
 use crate::governor::lease::SlotId;
 use crate::governor::{Admission, DenyReason, Grant, Ms, Outcome, PoolId};
 use crate::http::request::{BodyFraming, Head};
@@ -166,18 +167,17 @@ impl App {
         if !self.log.is_on() {
             return;
         }
-        let record = Record {
+        let attempt_line = history::Attempt {
             epoch_ms: epoch_now.0,
-            pool: &self.gov.pool(attempt.pool).name,
-            client: attempt.client,
             status: line.status,
             error: line.error,
-            deny_reason: line.deny_reason.map(DenyReason::as_str),
+            reason: line.deny_reason,
             wait_ms: attempt.wait_ms,
             queued_ms: line.queued_ms,
             server_us: attempt.started.elapsed().as_micros() as u64,
             slot_ref: line.slot_ref,
         };
+        let record = super::record_of(&self.gov.pool(attempt.pool).name, attempt.client, &attempt_line);
         let proxied = Proxied {
             method: line.method,
             path: line.path,

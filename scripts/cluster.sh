@@ -6,6 +6,7 @@
 #   scripts/cluster.sh --restart NAME [--dir DIR]     start instance NAME (n1…) again
 #   scripts/cluster.sh --stop [--dir DIR]             stop everything it started
 #   scripts/cluster.sh --print-haproxy [options]      print the HAProxy configuration
+#   scripts/cluster.sh --bench [--duration S]         throughput of 1, 2, 3 instances
 #
 # Starts N instances (default 3) named n1…nN that share one slot secret
 # (DIR/nthpool.secret, 32 random bytes, created when missing), then HAProxy
@@ -28,6 +29,13 @@
 # `slotSecretFile` (the script sets them per instance); without --config a demo
 # with pools team-a … team-f (key cluster-demo-key) is used.
 #
+# --bench runs acquire -> release cycles (nthpool-bench, 12 pools, one load
+# process of 4 connections each, closed loop, S seconds, default 10) against
+# one instance directly, then through HAProxy to 1, 2 and 3 instances (port
+# PORT+100, its own directory), and prints requests/s with the CPU time that
+# nthpool (all instances) and HAProxy spent per request, from /proc. Nothing
+# is pinned: on a machine with fewer cores than processes they share them.
+#
 # Options: --bin PATH (the nthpool binary; default target/release/nthpool,
 # built when missing), --check-ms MS (health-check interval, 1000), --stick-ms
 # MS (stick-table expiry, 120000: at least a pool's termMs plus its
@@ -44,6 +52,7 @@ BIN=
 CHECK_MS=1000
 STICK_MS=120000
 ACTION=start
+DURATION=10
 RESTART=
 
 SCRIPT=cluster.sh
@@ -63,6 +72,8 @@ while [ $# -gt 0 ]; do
         --restart) ACTION=restart; RESTART=$2; shift ;;
         --stop) ACTION=stop ;;
         --print-haproxy) ACTION=print ;;
+        --bench) ACTION=bench ;;
+        --duration) DURATION=$2; shift ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
             exit 0
@@ -196,6 +207,95 @@ if [ -z "$BIN" ]; then
 fi
 [ -x "$BIN" ] || die "no nthpool binary at $BIN"
 
+# cpu_ticks PID…: user + system CPU time of the processes, in clock ticks.
+cpu_ticks() {
+    local total=0 pid
+    for pid in "$@"; do
+        total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat")))
+    done
+    echo "$total"
+}
+
+# bench_row LABEL ADDR NTHPOOL_PIDS HAPROXY_PID: one closed-loop run, one row.
+bench_row() {
+    local label=$1 addr=$2 nthpool_pids=$3 haproxy_pid=$4 out=$DIR/load i
+    local n0 h0 n1 h1 requests tick
+    mkdir -p "$out"
+    rm -f "$out"/*.json
+    # shellcheck disable=SC2086 # a list of pids
+    n0=$(cpu_ticks $nthpool_pids)
+    h0=$([ -n "$haproxy_pid" ] && cpu_ticks "$haproxy_pid" || echo 0)
+    for i in $(seq -w 0 11); do
+        "$LOAD_TOOL" --addr "$addr" --pool "bench-$i" --key bench-key -c 4 -d "$DURATION" --json >"$out/$i.json" &
+    done
+    wait
+    # shellcheck disable=SC2086
+    n1=$(cpu_ticks $nthpool_pids)
+    h1=$([ -n "$haproxy_pid" ] && cpu_ticks "$haproxy_pid" || echo 0)
+    requests=$(jq -s 'map(.requests) | add' "$out"/*.json)
+    tick=$(getconf CLK_TCK)
+    awk -v label="$label" -v req="$requests" -v n=$((n1 - n0)) -v h=$((h1 - h0)) -v tick="$tick" \
+        -v rps="$(jq -s 'map(.requestsPerSec) | add' "$out"/*.json)" \
+        -v bad="$(jq -s '[.[].endpoints[].statuses | to_entries[] | select(.key | startswith("2") | not) | .value] | add // 0' "$out"/*.json)" \
+        -v proxied="$haproxy_pid" 'BEGIN {
+            hs = proxied == "" ? "-" : sprintf("%.1f", h / tick * 1e6 / req)
+            printf "%-26s %11.0f %20.1f %20s %9d\n", label, rps, n / tick * 1e6 / req, hs, bad
+        }'
+}
+
+if [ "$ACTION" = bench ]; then
+    LOAD_TOOL=${CARGO_TARGET_DIR:-$ROOT/target}/release/nthpool-bench
+    cargo build --release --quiet -p nthpool-bench || die "build failed"
+    BENCH_ROOT=$DIR
+    mkdir -p "$BENCH_ROOT"
+    jq -n '{accessLog: null, pools: ([range(0; 12)] | map({key: ("bench-" + (if . < 10 then "0" else "" end) + tostring),
+        value: {keys: ["bench-key"], concurrency: 1000, termMs: 1000, renewIntervalMs: 300}}) | from_entries)}' \
+        >"$BENCH_ROOT/pools.json"
+    echo "acquire -> release, closed loop, 12 pools x 4 connections, ${DURATION}s each, $(nproc) CPUs, nothing pinned"
+    printf '%-26s %11s %20s %20s %9s\n' setup requests/s "nthpool CPU us/req" "HAProxy CPU us/req" non-2xx
+    for k in 0 1 2 3; do
+        DIR=$BENCH_ROOT/k$k
+        "$ROOT/scripts/cluster.sh" --instances "$([ "$k" = 0 ] && echo 1 || echo "$k")" --config "$BENCH_ROOT/pools.json" \
+            --dir "$DIR" --port $((PORT + 100)) --bin "$BIN" >/dev/null
+        # Every fresh instance answers `recovering` for one term first.
+        sleep 1.5
+        pids=$(cat "$DIR"/n*/pid | tr '\n' ' ')
+        if [ "$k" = 0 ]; then
+            bench_row "1 instance, no HAProxy" "127.0.0.1:$((PORT + 111))" "$pids" ""
+        else
+            bench_row "$k instance(s) via HAProxy" "127.0.0.1:$((PORT + 100))" "$pids" "$(cat "$DIR/haproxy.pid")"
+        fi
+        "$ROOT/scripts/cluster.sh" --stop --dir "$DIR" >/dev/null
+    done
+    command -v valgrind >/dev/null || { echo "(valgrind absent: HAProxy's instructions per request not counted)"; exit 0; }
+    # HAProxy's own instructions per request, as scripts/callgrind.sh counts
+    # nthpool's: HAProxy under callgrind in front of one instance, one pool,
+    # 1 connection; (Ir2 - Ir1) / (requests2 - requests1) over two runs.
+    DIR=$BENCH_ROOT/callgrind
+    CLUSTER_HAPROXY_WRAP="valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$DIR/haproxy.cg" \
+        "$ROOT/scripts/cluster.sh" --instances 1 --config "$BENCH_ROOT/pools.json" --dir "$DIR" \
+        --port $((PORT + 100)) --bin "$BIN" >/dev/null
+    sleep 1.5
+    hpid=$(cat "$DIR/haproxy.pid")
+    callgrind_control -i on "$hpid" >/dev/null 2>&1
+    callgrind_control -z "$hpid" >/dev/null 2>&1
+    irs=() reqs=()
+    for n in 20000 60000; do
+        "$LOAD_TOOL" --addr "127.0.0.1:$((PORT + 100))" --pool bench-00 --key bench-key -c 1 -n "$n" -d 600 --json \
+            >"$DIR/run-$n.json"
+        sleep 1
+        callgrind_control -d "run-$n" "$hpid" >/dev/null 2>&1
+        sleep 0.5
+        dump=$(find "$DIR" -maxdepth 1 -name 'haproxy.cg.*' -printf '%T@ %p\n' | sort -n | tail -n 1 | cut -d' ' -f2-)
+        irs+=("$(awk '/^summary:/ { print $2 }' "$dump")")
+        reqs+=("$(jq .requests "$DIR/run-$n.json")")
+    done
+    "$ROOT/scripts/cluster.sh" --stop --dir "$DIR" >/dev/null
+    echo "HAProxy, user-space instructions per request (callgrind, 1 connection):" \
+        "$(((irs[1] - irs[0]) / (reqs[1] - reqs[0])))"
+    exit 0
+fi
+
 if [ "$ACTION" = restart ]; then
     [ -f "$DIR/n${RESTART#n}/config.json" ] || die "no instance $RESTART in $DIR"
     PORT=$(cat "$DIR/port")
@@ -249,9 +349,10 @@ done
 
 haproxy_config >"$DIR/haproxy.cfg"
 "$HAPROXY" -c -q -f "$DIR/haproxy.cfg" || die "HAProxy refused $DIR/haproxy.cfg"
-(exec "$HAPROXY" -f "$DIR/haproxy.cfg" -db >>"$DIR/haproxy.log" 2>&1 </dev/null) &
+# shellcheck disable=SC2086 # CLUSTER_HAPROXY_WRAP is a command prefix (the bench's valgrind)
+(exec ${CLUSTER_HAPROXY_WRAP:-} "$HAPROXY" -f "$DIR/haproxy.cfg" -db >>"$DIR/haproxy.log" 2>&1 </dev/null) &
 echo $! >"$DIR/haproxy.pid"
-wait_port "$PORT" "$(cat "$DIR/haproxy.pid")" 100 || die "HAProxy did not start: $(tail -n 3 "$DIR/haproxy.log")"
+wait_port "$PORT" "$(cat "$DIR/haproxy.pid")" 300 || die "HAProxy did not start: $(tail -n 3 "$DIR/haproxy.log")"
 
 started=1
 echo "nthpool cluster: $N instances behind HAProxy on http://127.0.0.1:$PORT (stats http://127.0.0.1:$((PORT + 1))/)"

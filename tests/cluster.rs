@@ -218,6 +218,19 @@ fn every_request_of_a_pool_lands_on_one_instance() {
     }
     let used: std::collections::BTreeSet<_> = served_by.values().collect();
     assert!(used.len() >= 2, "8 pools all on one instance: {served_by:?}");
+
+    // A client cannot say a pool moved: HAProxy drops its X-Nthpool-Moved, so
+    // the pool grants as usual; the header sent straight to the instance
+    // opens the pool's window there.
+    let (pool, owner) = served_by.iter().next().unwrap();
+    let forged = post(&format!("/pools/{pool}/lock/acquire"), KEY, "X-Nthpool-Moved: n1\r\n", "");
+    assert_eq!(cluster.request(&forged).status, 200, "a client's X-Nthpool-Moved passed HAProxy");
+    let n: u16 = owner[1..].parse().unwrap();
+    let mut direct = TcpStream::connect(("127.0.0.1", cluster.port + 10 + n)).unwrap();
+    direct.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    direct.write_all(&forged).unwrap();
+    let denied = read_response(&mut direct).unwrap();
+    assert_eq!((denied.status, denied.header("x-nthpool-deny-reason")), (429, Some("recovering")), "{denied:?}");
 }
 
 #[test]

@@ -116,9 +116,14 @@ impl Cluster {
         std::fs::read_to_string(self.dir.join(instance).join("pid")).unwrap().trim().parse().unwrap()
     }
 
+    fn signal(&self, instance: &str, sig: &str) {
+        let ok =
+            Command::new("kill").arg(format!("-{sig}")).arg(self.pid(instance).to_string()).status().unwrap().success();
+        assert!(ok, "kill -{sig} {instance}");
+    }
+
     fn kill_9(&self, instance: &str) {
-        let ok = Command::new("kill").arg("-KILL").arg(self.pid(instance).to_string()).status().unwrap().success();
-        assert!(ok, "kill -9 {instance}");
+        self.signal(instance, "KILL");
     }
 
     fn restart(&self, instance: &str) {
@@ -403,22 +408,27 @@ fn assert_never_over_limit(seen: &[PoolSeen], pools: &[String], phase: &str) {
     }
 }
 
-#[test]
-fn killing_an_instance_under_load_moves_its_pools_which_readopt_and_never_over_admit_and_it_takes_them_back() {
-    let pools = names("load", 6);
-    let stick_ms = TERM_MS + 1000 + 1500;
-    let Some(cluster) = Cluster::start(3, &pools_json(&pools, LOAD_POOL), 250, stick_ms) else { return };
-    // Through the fresh instances' start windows first.
+/// Each pool's instance, and the instance serving the most of them: after
+/// the fresh instances' start windows, with the probe grants ended again so
+/// a load starts from empty pools.
+fn pick_victim(cluster: &Cluster, pools: &[String]) -> (Vec<String>, String) {
     std::thread::sleep(Duration::from_millis(TERM_MS + 200));
     let home: Vec<String> = pools
         .iter()
         .map(|p| instance(&cluster.request(&post(&format!("/pools/{p}/lock/acquire"), KEY, "", ""))))
         .collect();
-    // The victim: the instance that serves the most of these pools.
     let victim = (1..=3).map(|n| format!("n{n}")).max_by_key(|n| home.iter().filter(|h| *h == n).count()).unwrap();
-    let moved: Vec<usize> = (0..pools.len()).filter(|&i| home[i] == victim).collect();
-    // Let the probe grants above end, so the load starts from empty pools.
     std::thread::sleep(Duration::from_millis(TERM_MS + 200));
+    (home, victim)
+}
+
+#[test]
+fn killing_an_instance_under_load_moves_its_pools_which_readopt_and_never_over_admit_and_it_takes_them_back() {
+    let pools = names("load", 6);
+    let stick_ms = TERM_MS + 1000 + 1500;
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, LOAD_POOL), 250, stick_ms) else { return };
+    let (home, victim) = pick_victim(&cluster, &pools);
+    let moved: Vec<usize> = (0..pools.len()).filter(|&i| home[i] == victim).collect();
 
     let load = Load::start(cluster.port, &pools, 4);
     std::thread::sleep(Duration::from_millis(2500));
@@ -471,6 +481,30 @@ fn killing_an_instance_under_load_moves_its_pools_which_readopt_and_never_over_a
         assert_eq!(back[i].len(), 1, "{} served by two instances: {:?}", pools[i], back[i]);
     }
     assert_never_over_limit(&seen, &pools, "after the pools went home");
+}
+
+#[test]
+fn an_instance_out_of_rotation_but_alive_grants_nothing_stale_when_it_comes_back() {
+    let pools = names("flap", 6);
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, LOAD_POOL), 250, TERM_MS + 2500) else { return };
+    let (home, victim) = pick_victim(&cluster, &pools);
+
+    let load = Load::start(cluster.port, &pools, 4);
+    std::thread::sleep(Duration::from_millis(2500));
+    // Stopped, not dead: health checks fail, its pools move and their holders
+    // renew elsewhere, while it still holds their leases and queued acquires.
+    cluster.signal(&victim, "STOP");
+    std::thread::sleep(Duration::from_millis(TERM_MS + 1500));
+    let resumed_at = Instant::now();
+    cluster.signal(&victim, "CONT");
+    std::thread::sleep(Duration::from_millis(TERM_MS + 1500));
+    let seen = load.finish();
+    assert_never_over_limit(&seen, &pools, "an instance stopped and resumed under load");
+    let after = grants_by_instance(&seen, resumed_at);
+    for (i, pool) in pools.iter().enumerate().filter(|(i, _)| home[*i] == victim) {
+        assert!(!after[i].contains_key(&victim), "{pool} granted by {victim} after it resumed: {:?}", after[i]);
+        assert!(!after[i].is_empty(), "{pool} got no grant after {victim} resumed");
+    }
 }
 
 #[test]

@@ -89,3 +89,25 @@ fn a_rate_refusal_does_not_cut_the_concurrency_limit() {
     assert_eq!(gauge(&m, r#"nthpool_effective_limit{pool="p"}"#), "64");
     assert_eq!(gauge(&m, r#"nthpool_budget_limit{pool="p"}"#), "60");
 }
+
+/// The first burst: a fresh pool configured at 64 grants 16 before any
+/// evidence, says so in its metrics, and ramps up by the clock for waiters.
+#[test]
+fn a_fresh_pool_grants_its_initial_window_then_ramps() {
+    let s = TestServer::start(&config(POOL, ""));
+    let slots: Vec<String> = (0..16).map(|_| s.acquire("", "").slot()).collect();
+    let r = s.acquire("", "");
+    // Fail fast at the initial window, unless the ramp already moved on.
+    let limit = r.header_u64("x-nthpool-effective-limit");
+    assert!((16..64).contains(&limit), "{r:?}");
+    if r.status == 429 {
+        assert_eq!(r.header("x-nthpool-deny-reason"), Some("concurrency"));
+        assert_eq!(gauge(&metrics(&s), r#"nthpool_learning_starting{pool="p"}"#), "1");
+    }
+    // Waiters are granted as the limit grows, with no release.
+    let more: Vec<String> = (0..20).map(|_| s.acquire("", r#"{"waitMs":5000}"#).slot()).collect();
+    assert_eq!(slots.len() + more.len(), 36);
+    let m = metrics(&s);
+    let effective: u32 = gauge(&m, r#"nthpool_effective_limit{pool="p"}"#).parse().unwrap();
+    assert!(effective >= 36, "effective {effective}");
+}

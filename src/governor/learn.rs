@@ -122,7 +122,7 @@ pub struct Pace {
 impl Pace {
     /// When the next grant may go: one at once, then one every
     /// `window_ms / per_window`.
-    fn next_at(&self) -> Ms {
+    pub fn next_at(&self) -> Ms {
         self.from + (self.granted * self.window_ms).div_ceil(self.per_window.max(1))
     }
 }

@@ -49,6 +49,19 @@ pub struct Run {
 }
 
 impl Run {
+    /// A call answered inside the run; `late`: 10 s or more after a halving.
+    fn count(&mut self, ok: bool, late: bool) {
+        if ok {
+            self.ok += 1;
+        } else {
+            self.refused += 1;
+        }
+        if late {
+            self.calls_late += 1;
+            self.refused_late += u64::from(!ok);
+        }
+    }
+
     pub fn goodput(&self) -> f64 {
         self.ok as f64 / self.max as f64
     }
@@ -171,15 +184,7 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
             (c.admitted, c.ok, c.arrived) = (admitted, ok, true);
             done.push(Reverse((finish, i)));
             if finish < duration {
-                if ok {
-                    r.ok += 1;
-                } else {
-                    r.refused += 1;
-                }
-                if up.halve_at.is_some_and(|t| now >= t + 10_000) {
-                    r.calls_late += 1;
-                    r.refused_late += (!ok) as u64;
-                }
+                r.count(ok, up.halve_at.is_some_and(|t| now >= t + 10_000));
             }
         }
     }
@@ -244,6 +249,235 @@ mod tests {
         for r in wrong_pool(Upstream { halve_at: Some(30_000), ..STANDARD }) {
             assert!(r.calls_late > 50 && r.refused_late * 100 < r.calls_late, "{r:?}");
             assert!(r.goodput() >= 0.95, "{r:?}");
+        }
+    }
+}
+
+/// The anchors of issue 12 as alternative concurrency rules, driven by the
+/// same model upstream (concurrency only) so they can be compared with
+/// `Learning` on one footing. Each follows its published source: Netflix
+/// concurrency-limits' `AIMDLimit`, `VegasLimit` and `Gradient2Limit`.
+#[cfg(test)]
+pub mod anchors {
+    use super::*;
+
+    /// A concurrency limit fed one sample per finished call.
+    pub trait Rule {
+        fn limit(&self) -> u32;
+        /// `rtt` of the call, calls in flight when it was granted, whether refused.
+        fn sample(&mut self, rtt: Ms, in_flight: u32, dropped: bool, lease: Reported, now: Ms);
+        /// Called once a millisecond before any grant.
+        fn tick(&mut self, _now: Ms) {}
+        fn on_grant(&mut self, _now: Ms) {}
+        fn epoch(&self) -> u32 {
+            0
+        }
+        fn grants(&self) -> u64 {
+            0
+        }
+    }
+
+    /// `Learning`, through its reports.
+    pub struct Ours(pub Learning);
+
+    impl Rule for Ours {
+        fn limit(&self) -> u32 {
+            self.0.effective()
+        }
+        fn sample(&mut self, _rtt: Ms, _in_flight: u32, dropped: bool, lease: Reported, now: Ms) {
+            let o = if dropped {
+                Outcome {
+                    status: Some(429),
+                    throttled: 1,
+                    rate: RateInfo { retry_after_ms: Some(1000), ..RateInfo::default() },
+                }
+            } else {
+                Outcome { status: Some(200), ..Outcome::default() }
+            };
+            self.0.on_report(&o, lease, now);
+        }
+        fn tick(&mut self, now: Ms) {
+            let _ = self.0.ramp(now);
+        }
+        fn on_grant(&mut self, now: Ms) {
+            self.0.on_grant(now);
+        }
+        fn epoch(&self) -> u32 {
+            self.0.epoch()
+        }
+        fn grants(&self) -> u64 {
+            self.0.grants
+        }
+    }
+
+    /// A published rule: the next limit from the current one and a sample
+    /// (`None`: unchanged).
+    pub trait Published {
+        fn next(&mut self, limit: f64, rtt: Ms, in_flight: u32, dropped: bool) -> Option<f64>;
+    }
+
+    /// A published rule's fractional limit, in `[1, max]`, starting at `max`.
+    pub struct Fractional<P> {
+        pub limit: f64,
+        pub max: f64,
+        pub rule: P,
+    }
+
+    impl<P> Fractional<P> {
+        pub fn new(max: u32, rule: P) -> Fractional<P> {
+            Fractional { limit: max as f64, max: max as f64, rule }
+        }
+    }
+
+    impl<P: Published> Rule for Fractional<P> {
+        fn limit(&self) -> u32 {
+            self.limit as u32
+        }
+        fn sample(&mut self, rtt: Ms, in_flight: u32, dropped: bool, _: Reported, _: Ms) {
+            if let Some(next) = self.rule.next(self.limit, rtt, in_flight, dropped) {
+                self.limit = next.clamp(1.0, self.max);
+            }
+        }
+    }
+
+    /// `AIMDLimit`: ×0.9 on a drop, +1 per success while at least half used.
+    pub struct Aimd;
+
+    impl Published for Aimd {
+        fn next(&mut self, limit: f64, _rtt: Ms, in_flight: u32, dropped: bool) -> Option<f64> {
+            if dropped {
+                Some(limit * 0.9)
+            } else {
+                (in_flight as f64 * 2.0 >= limit).then_some(limit + 1.0)
+            }
+        }
+    }
+
+    fn log10(limit: f64) -> f64 {
+        (limit.log10().floor()).max(1.0)
+    }
+
+    /// `VegasLimit` with its defaults (alpha 3·log10, beta 6·log10, threshold
+    /// log10, drop: −log10; the probe of the no-load RTT every 30·limit
+    /// samples is left out: it only resets the minimum).
+    #[derive(Default)]
+    pub struct Vegas {
+        pub rtt_noload: Ms,
+    }
+
+    impl Published for Vegas {
+        fn next(&mut self, l: f64, rtt: Ms, in_flight: u32, dropped: bool) -> Option<f64> {
+            let rtt = rtt.max(1);
+            if self.rtt_noload == 0 || rtt < self.rtt_noload {
+                self.rtt_noload = rtt;
+                return None;
+            }
+            let queue = (l * (1.0 - self.rtt_noload as f64 / rtt as f64)).ceil();
+            if dropped {
+                Some(l - log10(l))
+            } else if (in_flight as f64) * 2.0 < l {
+                None
+            } else if queue <= log10(l) {
+                Some(l + 6.0 * log10(l))
+            } else if queue < 3.0 * log10(l) {
+                Some(l + log10(l))
+            } else if queue > 6.0 * log10(l) {
+                Some(l - log10(l))
+            } else {
+                None
+            }
+        }
+    }
+
+    /// `Gradient2Limit` with its defaults (tolerance 1.5, queue size 4,
+    /// smoothing 0.2, long window 600 samples); a drop is a sample like any.
+    #[derive(Default)]
+    pub struct Gradient2 {
+        pub long_rtt: f64,
+        pub samples: u32,
+    }
+
+    impl Published for Gradient2 {
+        fn next(&mut self, limit: f64, rtt: Ms, in_flight: u32, _dropped: bool) -> Option<f64> {
+            let short = rtt.max(1) as f64;
+            self.samples += 1;
+            // ExpAvgMeasurement: a plain average over the first 10, then EMA.
+            if self.samples <= 10 {
+                self.long_rtt += (short - self.long_rtt) / self.samples as f64;
+            } else {
+                self.long_rtt = self.long_rtt * (1.0 - 2.0 / 601.0) + short * 2.0 / 601.0;
+            }
+            if self.long_rtt / short > 2.0 {
+                self.long_rtt *= 0.95;
+            }
+            if (in_flight as f64) < limit / 2.0 {
+                return None;
+            }
+            let gradient = (1.5 * self.long_rtt / short).clamp(0.5, 1.0);
+            Some(limit * 0.8 + (limit * gradient + 4.0) * 0.2)
+        }
+    }
+
+    /// A call in flight: finish, granted at, in flight at its grant, admitted,
+    /// epoch, grant sequence.
+    type Pending = (Ms, Ms, u32, bool, u32, u64);
+
+    /// Endless demand against an upstream that only limits calls in flight
+    /// (`halve_at`: from then on half as many); refusals answer after 2 ms.
+    pub fn run(rule: &mut dyn Rule, up: Upstream, duration: Ms, seed: u64) -> Run {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut r = Run::default();
+        let mut done: BinaryHeap<Reverse<Pending>> = BinaryHeap::new();
+        let (mut in_flight, mut held) = (0u32, 0u32);
+        for now in 0..duration {
+            let halved = up.halve_at.is_some_and(|t| now >= t);
+            let conc = if halved { up.concurrency / 2 } else { up.concurrency };
+            while let Some(&Reverse((at, granted_at, at_grant, ok, epoch, grant_seq))) = done.peek() {
+                if at > now {
+                    break;
+                }
+                done.pop();
+                in_flight -= u32::from(ok);
+                held -= 1;
+                let lease = Reported { epoch, granted_at, grant_seq, in_flight: held };
+                rule.sample(at - granted_at, at_grant, !ok, lease, now);
+            }
+            rule.tick(now);
+            while held < rule.limit() {
+                held += 1;
+                let ok = in_flight < conc;
+                in_flight += u32::from(ok);
+                let finish = now + if ok { rng.service_ms() } else { 2 };
+                rule.on_grant(now);
+                done.push(Reverse((finish, now, held, ok, rule.epoch(), rule.grants())));
+                if finish < duration {
+                    r.count(ok, up.halve_at.is_some_and(|t| now >= t + 10_000));
+                }
+            }
+        }
+        r.max = max_calls(Upstream { budget: None, ..up }, duration);
+        r
+    }
+
+    /// The anchors as rules against the concurrency-only upstream and its
+    /// halving (LEARNING.md, "The anchors, measured"): ours meets SPEC 7's
+    /// goals; AIMD keeps probing into refusals; Vegas takes a refusal's fast
+    /// answer for the no-load RTT and sinks; Gradient2 ignores refusals and,
+    /// with load-independent latency, never cuts.
+    #[test]
+    fn the_anchors_as_rules_against_ours() {
+        let c = Upstream { budget: None, ..STANDARD };
+        let h = Upstream { budget: None, halve_at: Some(30_000), ..STANDARD };
+        for up in [c, h] {
+            let ours = run(&mut Ours(Learning::new(64, true)), up, 60_000, 1);
+            assert!(ours.goodput() >= 0.95 && ours.share_429() <= 0.02, "ours {ours:?}");
+            assert!(ours.refused_late * 100 <= ours.calls_late, "ours {ours:?}");
+            let aimd = run(&mut Fractional::new(64, Aimd), up, 60_000, 1);
+            assert!(aimd.share_429() > 0.2, "aimd {aimd:?}");
+            let vegas = run(&mut Fractional::new(64, Vegas::default()), up, 60_000, 1);
+            assert!(vegas.goodput() < 0.5, "vegas {vegas:?}");
+            let g2 = run(&mut Fractional::new(64, Gradient2::default()), up, 60_000, 1);
+            assert!(g2.share_429() > 0.9, "gradient2 {g2:?}");
         }
     }
 }

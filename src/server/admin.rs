@@ -285,7 +285,7 @@ fn render_learning<T: Copy>(t: &mut String, gov: &crate::governor::Governor<T>) 
         }
     }
     type Learned = fn(&crate::governor::learn::Learning, u64) -> i64;
-    let learned: [(&str, &str, Learned); 4] = [
+    let learned: [(&str, &str, Learned); 6] = [
         ("nthpool_learned_refused_at", "Lowest in-flight count the upstream refused (0: none known).", |l, _| {
             l.refused_at as i64
         }),
@@ -298,6 +298,14 @@ fn render_learning<T: Copy>(t: &mut String, gov: &crate::governor::Governor<T>) 
         ("nthpool_cooldown_ms", "Time left in the pool-wide cool-down.", |l, now| {
             l.cooldown_until.saturating_sub(now) as i64
         }),
+        ("nthpool_learning_starting", "1 while the start's limit ramps up (no concurrency refusal yet).", |l, _| {
+            i64::from(l.start != crate::governor::learn::Start::Done)
+        }),
+        (
+            "nthpool_budget_paced_next_ms",
+            "Time until a paced refill allows the next grant (-1: not paced).",
+            |l, now| l.pace.map_or(-1, |p| p.next_at().saturating_sub(now) as i64),
+        ),
     ];
     for (name, help, value) in learned {
         family(t, name, "gauge", help);

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs the fleet simulator's standard scenarios against the release server
-# and prints one markdown table. Each scenario runs 100 workers; the main four
-# run FLEET_SECS (default 60) seconds, the dialect runs and the direct
-# baseline DIALECT_SECS (default 40), which keeps the whole under 10 minutes.
+# and prints one markdown table. Each scenario runs 100 workers with its own
+# server and upstream; FLEET_JOBS (default 3) scenarios run at once (the
+# simulator mostly sleeps), which keeps the whole under 10 minutes. The main
+# scenarios run FLEET_SECS (default 60) seconds, the dialects, the stamping
+# and window variants and the direct baseline DIALECT_SECS (default 40).
 #
-#   scripts/fleet.sh            # build, run everything, print the table
-#   FLEET_OUT=dir scripts/fleet.sh   # also keep each run's JSON (timeline) there
+#   scripts/fleet.sh                 # build, run everything, print the table
+#   FLEET_OUT=dir scripts/fleet.sh   # where each run's JSON (timeline) goes
+#   FLEET_JOBS=1 scripts/fleet.sh    # one scenario at a time (about 13 min)
 #
 # Upstream (unless a row says otherwise): 20 calls in flight, 600 requests a
 # minute in fixed 6-s windows (60 per window), OpenAI headers stamped at
@@ -16,28 +19,53 @@ SCRIPT=fleet.sh
 cd "$(dirname "$0")/.."
 FLEET_SECS=${FLEET_SECS:-60}
 DIALECT_SECS=${DIALECT_SECS:-40}
+FLEET_JOBS=${FLEET_JOBS:-3}
 OUT=${FLEET_OUT:-target/fleet}
 mkdir -p "$OUT"
 
 cargo build --release --quiet -p nthpool --bin nthpool -p nthpool-bench --bin nthpool-fleet
 FLEET=target/release/nthpool-fleet
 
-WRONG=(--pool-concurrency 64 --adaptive on)
+WRONG="--pool-concurrency 64 --adaptive on"
+HALVING="--change 30s:concurrency=10,rpm=300"
+# name | arguments (word-split on purpose)
+SCENARIOS=(
+    "a-static-right|--mode static -d $FLEET_SECS"
+    "b-wrong|$WRONG -d $FLEET_SECS"
+    "c-wrong-concurrency-only|$WRONG --upstream-rpm 0 -d $FLEET_SECS"
+    "d-wrong-halving|$WRONG $HALVING -d $FLEET_SECS"
+    "b-proxy-wrong|--mode proxy $WRONG -d $FLEET_SECS"
+    "c-proxy-wrong-concurrency-only|--mode proxy $WRONG --upstream-rpm 0 -d $FLEET_SECS"
+    "d-proxy-wrong-halving|--mode proxy $WRONG $HALVING -d $FLEET_SECS"
+    "b-direct|--mode direct -d $DIALECT_SECS"
+    "b-wrong-stamp-response|$WRONG --stamp response -d $DIALECT_SECS"
+    "b-wrong-sliding|$WRONG --window-kind sliding -d $DIALECT_SECS"
+)
+for dialect in anthropic ietf ietf-structured xratelimit retry-after none; do
+    SCENARIOS+=("e-wrong-$dialect|$WRONG --dialect $dialect -d $DIALECT_SECS")
+done
 
 run() {
-    local name=$1
-    shift
-    "$FLEET" --name "$name" --no-header --json-file "$OUT/$name.json" "$@"
+    local name=${1%%|*} args=${1#*|}
+    # shellcheck disable=SC2086
+    "$FLEET" --name "$name" --no-header --json-file "$OUT/$name.json" $args >"$OUT/$name.row" 2>"$OUT/$name.err" ||
+        echo "| $name | failed: $(tail -1 "$OUT/$name.err") |||||" >"$OUT/$name.row"
 }
+
+running=0
+for s in "${SCENARIOS[@]}"; do
+    run "$s" &
+    running=$((running + 1))
+    if [ "$running" -ge "$FLEET_JOBS" ]; then
+        wait -n
+        running=$((running - 1))
+    fi
+done
+wait
 
 printf '%s\n' "| scenario | goodput/s | of max | upstream 429s | job p50 / p99 | 429 < 1 % after |"
 printf '%s\n' "|---|---|---|---|---|---|"
-run a-static-right --mode static -d "$FLEET_SECS"
-run b-wrong "${WRONG[@]}" -d "$FLEET_SECS"
-run c-wrong-concurrency-only "${WRONG[@]}" --upstream-rpm 0 -d "$FLEET_SECS"
-run d-wrong-halving "${WRONG[@]}" --change 30s:concurrency=10,rpm=300 -d "$FLEET_SECS"
-run b-direct --mode direct -d "$DIALECT_SECS"
-for dialect in anthropic ietf xratelimit retry-after none; do
-    run "e-wrong-$dialect" "${WRONG[@]}" --dialect "$dialect" -d "$DIALECT_SECS"
+for s in "${SCENARIOS[@]}"; do
+    cat "$OUT/${s%%|*}.row"
 done
 printf '\n%s\n' "Timelines: $OUT/*.json"

@@ -129,6 +129,9 @@ pub struct PoolConfig {
     pub request_timeout_ms: u64,
     #[serde(default = "defaults::adaptive")]
     pub adaptive: bool,
+    /// Live `Idempotency-Key`s the pool keeps at most; a new key beyond them gets a 503.
+    #[serde(default = "defaults::idempotency_keys")]
+    pub idempotency_keys: u32,
     #[serde(default)]
     pub access: AccessConfig,
     /// Proxy mode (SPEC §12): requests for this pool are forwarded here.
@@ -248,6 +251,9 @@ mod defaults {
     }
     pub fn adaptive() -> bool {
         true
+    }
+    pub fn idempotency_keys() -> u32 {
+        1024
     }
     pub fn hmac_tolerance_ms() -> u64 {
         300_000
@@ -444,6 +450,9 @@ impl PoolConfig {
             }
             _ => {}
         }
+        if self.idempotency_keys == 0 || self.idempotency_keys > MAX_QUEUE_SIZE {
+            return fail(format!("idempotencyKeys must be between 1 and {MAX_QUEUE_SIZE}"));
+        }
         if self.term_ms < 10 || self.term_ms > MAX_DURATION_MS {
             return fail(format!("termMs must be between 10 and {MAX_DURATION_MS}"));
         }
@@ -559,6 +568,7 @@ mod tests {
         assert!(p.adaptive);
         assert!(!p.allow_authorization_header);
         assert_eq!(p.rpm, None);
+        assert_eq!(p.idempotency_keys, 1024);
     }
 
     #[test]
@@ -575,6 +585,7 @@ mod tests {
         assert!(err(r#"{"pools":{}}"#).contains("pools"));
         assert!(err(&pool_json(r#","queue":{"timeoutMs":"soon"}"#)).contains("pools.p1.queue.timeoutMs"));
         assert!(err(&pool_json(r#","termMs":-1"#)).contains("pools.p1.termMs"));
+        assert!(err(&pool_json(r#","idempotencyKeys":0"#)).contains("pools.p1.idempotencyKeys"));
     }
 
     #[test]

@@ -401,6 +401,12 @@ impl Model {
                     self.queues[pool].retain(|&x| x != w);
                     self.waiters[w].state = WaiterState::TimedOut;
                 }
+                Notice::Superseded { owner } => {
+                    return Err(TestCaseError::fail(format!(
+                        "step {}: owner {owner} superseded without an Idempotency-Key",
+                        self.step
+                    )))
+                }
                 Notice::Timer(tag) => {
                     return Err(TestCaseError::fail(format!(
                         "step {}: external timer {tag} nobody scheduled",

@@ -61,6 +61,8 @@ pub enum Timer {
 pub enum Answer {
     Granted(Grant),
     TimedOut(Denial),
+    /// A retry under the same `Idempotency-Key` took its place (`409`).
+    Superseded,
 }
 
 /// What happened since the reactor last asked.
@@ -130,6 +132,9 @@ impl App {
                 Notice::TimedOut { owner, denial } => {
                     return Some(Event::Answer(ConnId::from_owner(owner), Answer::TimedOut(denial)))
                 }
+                Notice::Superseded { owner } => {
+                    return Some(Event::Answer(ConnId::from_owner(owner), Answer::Superseded))
+                }
                 Notice::Timer(Timer::Reactor(wake)) => return Some(Event::Wake(wake)),
                 Notice::Timer(Timer::FlushLog) => {
                     self.log_timer_armed = false;
@@ -156,6 +161,10 @@ impl App {
             }
             Answer::TimedOut(denial) => {
                 self.answer_denial(out, &denial, Status::GatewayTimeout, &queued.attempt, now, close);
+                None
+            }
+            Answer::Superseded => {
+                self.answer_superseded(out, &queued.attempt, now, close);
                 None
             }
         }

@@ -20,6 +20,8 @@ pub enum ApiError {
     HeadTooLarge,
     /// A transfer coding (or other framing feature) the server does not implement.
     NotImplemented(&'static str),
+    /// A retry with the same `Idempotency-Key` took this queued acquire's place.
+    Superseded,
     /// Overloaded or shutting down; retry after the given seconds.
     Unavailable(&'static str, u64),
     /// Proxy mode: the upstream could not be reached or gave no usable answer.
@@ -39,7 +41,7 @@ impl ApiError {
             ApiError::Forbidden => Status::Forbidden,
             ApiError::NotFound | ApiError::RouteNotFound => Status::NotFound,
             ApiError::MethodNotAllowed => Status::MethodNotAllowed,
-            ApiError::Capped => Status::Conflict,
+            ApiError::Capped | ApiError::Superseded => Status::Conflict,
             ApiError::PayloadTooLarge => Status::PayloadTooLarge,
             ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
             ApiError::NotImplemented(_) => Status::NotImplemented,
@@ -56,6 +58,7 @@ impl ApiError {
             ApiError::NotFound | ApiError::RouteNotFound => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Capped => "capped",
+            ApiError::Superseded => "superseded",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::HeadTooLarge => "request_header_fields_too_large",
             ApiError::NotImplemented(_) => "not_implemented",
@@ -77,6 +80,7 @@ impl ApiError {
             ApiError::RouteNotFound => "No such route.",
             ApiError::MethodNotAllowed => "Lock routes accept POST only.",
             ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
+            ApiError::Superseded => "A retry with the same Idempotency-Key took this acquire's place in the queue.",
             ApiError::PayloadTooLarge => "The request body is larger than this server accepts.",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",

@@ -22,6 +22,7 @@ use crate::access::PoolAccess;
 use crate::accesslog::{AccessLog, Record};
 use crate::config::Config;
 use crate::governor::history::{self, Attempts, History};
+use crate::governor::idempotency::IdemKey;
 use crate::governor::lease::SlotId;
 use crate::governor::{Admission, Denial, DenyReason, Entropy, Governor, Grant, PoolId, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
@@ -388,7 +389,16 @@ impl App {
             Route::Acquire { .. } => {
                 let attempt =
                     Attempt { pool: pid, client: addr, wait_ms: wait_budget(head, body)?, started: ctx.started };
-                match self.gov.acquire(pid, attempt.wait_ms, ctx.conn.owner(), ctx.now.ms) {
+                let (owner, now) = (ctx.conn.owner(), ctx.now.ms);
+                let admission = match head.api.idempotency_key {
+                    None => self.gov.acquire(pid, attempt.wait_ms, owner, now),
+                    Some(raw) => {
+                        let credential = fnv1a64(self.creds[pid.0 as usize].keys.presented(head).unwrap_or_default());
+                        let key = IdemKey::new(credential, crate::http::trim(raw)).ok_or(BAD_IDEMPOTENCY_KEY)?;
+                        self.gov.acquire_keyed(pid, &key, attempt.wait_ms, owner, now).map_err(|_| KEYS_FULL)?
+                    }
+                };
+                match admission {
                     Admission::Granted(grant) => {
                         self.answer_grant(out, &grant, &attempt, ctx.now, ctx.close);
                         Ok(Handled::Granted(grant.slot))
@@ -503,8 +513,19 @@ impl App {
     pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) {
         self.gov.cancel_waiter(queued.key, conn.owner());
         let error = ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
+        self.answer_queued_error(out, &queued.attempt, now, error, close);
+    }
+
+    /// A queued acquire whose place a retry with its `Idempotency-Key` took:
+    /// `409 superseded`, logged with the time it waited.
+    fn answer_superseded(&mut self, out: &mut Vec<u8>, attempt: &Attempt, now: Now, close: bool) {
+        self.answer_queued_error(out, attempt, now, ApiError::Superseded, close);
+    }
+
+    /// A queued acquire ended by `error` rather than by the governor.
+    fn answer_queued_error(&mut self, out: &mut Vec<u8>, attempt: &Attempt, now: Now, error: ApiError, close: bool) {
         self.rejections.count(error.status());
-        self.log_queued_end(&queued.attempt, now.wall(), error.status().code(), error.code());
+        self.log_queued_end(attempt, now.wall(), error.status().code(), error.code());
         error.write(out, &mut self.scratch, close);
     }
 
@@ -664,6 +685,18 @@ fn request_target(input: &[u8]) -> Option<&str> {
 }
 
 const UNKNOWN_POOL: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
+const BAD_IDEMPOTENCY_KEY: ApiError =
+    ApiError::BadRequest("Idempotency-Key must be 1 to 128 printable ASCII characters.");
+const KEYS_FULL: ApiError = ApiError::Unavailable(
+    "The pool holds as many live Idempotency-Keys as it keeps; retry once slots are released.",
+    1,
+);
+
+/// Scopes an `Idempotency-Key` to the pool key that presented it (FNV-1a:
+/// the key was already checked, this only tells the pool's keys apart).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
 
 /// The governor headers of every acquire answer. Each constant carries the
 /// previous header's CRLF, so the block is one append per header.

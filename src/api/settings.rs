@@ -18,6 +18,7 @@ impl From<&PoolConfig> for PoolSettings {
             renew_interval_ms: c.renew_interval_ms,
             request_timeout_ms: c.request_timeout_ms,
             adaptive: c.adaptive,
+            idempotency_keys: c.idempotency_keys,
         }
     }
 }

@@ -153,6 +153,7 @@ mod tests {
                 renew_interval_ms: 500,
                 request_timeout_ms: 10_000,
                 adaptive: true,
+                idempotency_keys: 16,
             },
         )
     }

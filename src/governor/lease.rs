@@ -216,6 +216,8 @@ pub struct Lease {
     pub timer: TimerKey,
     /// Taken back from an id another process granted (SPEC §11).
     pub adopted: bool,
+    /// Its `Idempotency-Key`'s entry in the pool's store, or `NO_KEY`.
+    pub idem: u32,
 }
 
 impl Lease {
@@ -311,6 +313,7 @@ mod tests {
             grant_seq: 0,
             timer: crate::wheel::Wheel::<()>::new().insert(0, ()),
             adopted: false,
+            idem: super::super::idempotency::NO_KEY,
         };
         assert_eq!(lease.renewed_deadline(90, 30), 120);
         assert_eq!(lease.renewed_deadline(130, 30), 150);

@@ -15,6 +15,7 @@ pub mod entropy;
 pub mod gate;
 pub mod history;
 pub mod id;
+pub mod idempotency;
 pub mod learn;
 #[cfg(test)]
 mod learn_sim;
@@ -32,6 +33,7 @@ use slab::Slab;
 use crate::wheel::{TimerKey, Wheel};
 pub use entropy::Entropy;
 pub use id::PoolId;
+use idempotency::{Holder, IdemKey, NO_KEY};
 pub use learn::{Outcome, RateInfo};
 use lease::{secret_eq, Lease, SlotFields, SlotId, SlotKey};
 pub use pool::{DenyReason, Pool, PoolSettings, PoolStats};
@@ -90,6 +92,10 @@ pub enum Admission {
     Denied(Denial),
 }
 
+/// The pool's `Idempotency-Key` store is full of live keys (SPEC §11: refused, never evicted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyStoreFull;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenewError {
     NotFound,
@@ -103,6 +109,9 @@ pub enum Notice<T = u64> {
     Granted { owner: u64, grant: Grant },
     /// A queued acquire reached its deadline (or its pool was removed).
     TimedOut { owner: u64, denial: Denial },
+    /// A retry under the same `Idempotency-Key` took this queued acquire's
+    /// place: its owner is answered `409 superseded`.
+    Superseded { owner: u64 },
     /// A timer of the caller's fired, with what it was scheduled with.
     Timer(T),
 }
@@ -302,6 +311,75 @@ impl<T: Copy> Governor<T> {
         Admission::Queued(key)
     }
 
+    /// `acquire` under an `Idempotency-Key` (SPEC §11). While the key's
+    /// grant is held, the same grant is answered again (same slot, current
+    /// deadlines); while its acquire is queued, this one takes its place
+    /// (same position and deadline) and the earlier owner hears
+    /// `Notice::Superseded`. A new key in a full store is refused.
+    pub fn acquire_keyed(
+        &mut self,
+        pid: PoolId,
+        key: &IdemKey,
+        wait_ms: u64,
+        owner: u64,
+        now: Ms,
+    ) -> Result<Admission, KeyStoreFull> {
+        match self.pools[pid.0 as usize].idem.find(key) {
+            Some((_, Holder::Lease(idx))) => {
+                let lease = &self.leases[idx as usize];
+                if lease.lease_deadline > now {
+                    self.pools[pid.0 as usize].stats.idempotent_replays += 1;
+                    return Ok(Admission::Granted(self.grant_of(idx as usize)));
+                }
+                // Past its deadline, its wheel entry not run yet: reclaimed
+                // now, and the key with it; the retry is a new acquire.
+                let timer = lease.timer;
+                self.wheel.cancel(timer);
+                self.reclaim(idx as usize, now);
+            }
+            Some((_, Holder::Waiter(waiter))) => {
+                let w = self.waiters.get_mut(waiter).expect("a key names a live waiter");
+                let previous = std::mem::replace(&mut w.owner, owner);
+                self.pools[pid.0 as usize].stats.superseded += 1;
+                self.notices.push_back(Notice::Superseded { owner: previous });
+                return Ok(Admission::Queued(waiter));
+            }
+            None => {}
+        }
+        if self.pools[pid.0 as usize].idem.is_full() {
+            return Err(KeyStoreFull);
+        }
+        let admission = self.acquire(pid, wait_ms, owner, now);
+        let store = &mut self.pools[pid.0 as usize].idem;
+        match &admission {
+            Admission::Granted(grant) => {
+                let idx = grant.slot.index();
+                self.leases[idx as usize].idem = store.insert(*key, Holder::Lease(idx));
+            }
+            Admission::Queued(waiter) => {
+                let entry = store.insert(*key, Holder::Waiter(*waiter));
+                self.waiters.get_mut(*waiter).expect("just queued").idem = entry;
+            }
+            Admission::Denied(_) => {}
+        }
+        Ok(admission)
+    }
+
+    /// The grant a held lease stands for, as it is now.
+    fn grant_of(&self, idx: usize) -> Grant {
+        let lease = &self.leases[idx];
+        let s = self.pools[lease.pool.0 as usize].settings;
+        Grant {
+            slot: lease.id,
+            lease_deadline: lease.lease_deadline,
+            request_deadline: lease.request_deadline,
+            term_ms: s.term_ms,
+            renew_interval_ms: s.renew_interval_ms,
+            queued_ms: 0,
+            signals: self.signals(lease.pool),
+        }
+    }
+
     /// Extends a lease by one term, never past its request deadline. `slot`
     /// is what the caller's text decoded to (`None`: no slot id at all, which
     /// is not found like any other unknown slot).
@@ -386,6 +464,9 @@ impl<T: Copy> Governor<T> {
         let pool = &mut self.pools[pid.0 as usize];
         let w = self.waiters.remove(&mut pool.queue, key);
         self.wheel.cancel(w.timer);
+        if w.idem != NO_KEY {
+            pool.idem.remove(w.idem);
+        }
         pool.stats.waiters_gone += 1;
     }
 
@@ -487,6 +568,7 @@ impl<T: Copy> Governor<T> {
             grant_seq,
             timer,
             adopted: false,
+            idem: NO_KEY,
         });
         debug_assert_eq!(inserted, idx);
         Grant {
@@ -569,14 +651,19 @@ impl<T: Copy> Governor<T> {
             grant_seq,
             timer,
             adopted: true,
+            idem: NO_KEY,
         });
         self.adopted.insert(id, Some(idx));
         Some(idx)
     }
 
-    /// Removes a lease from the table (an adopted one stays dead in the map).
+    /// Removes a lease from the table (an adopted one stays dead in the map;
+    /// its `Idempotency-Key` expires with it).
     fn remove_lease(&mut self, idx: usize) -> Lease {
         let lease = self.leases.remove(idx);
+        if lease.idem != NO_KEY {
+            self.pools[lease.pool.0 as usize].idem.remove(lease.idem);
+        }
         if lease.adopted {
             self.adopted.insert(lease.id, None);
         }
@@ -604,6 +691,9 @@ impl<T: Copy> Governor<T> {
         if cancel_timer {
             self.wheel.cancel(w.timer);
         }
+        if w.idem != NO_KEY {
+            pool.idem.remove(w.idem);
+        }
         pool.stats.queue_timeouts += 1;
         let (reason, wait) = pool.blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
         let denial =
@@ -627,6 +717,11 @@ impl<T: Copy> Governor<T> {
                     let w = self.waiters.remove(&mut pool.queue, head);
                     self.wheel.cancel(w.timer);
                     let grant = self.grant(pid, now, now - w.enqueued_at);
+                    if w.idem != NO_KEY {
+                        let idx = grant.slot.index();
+                        self.pools[pid.0 as usize].idem.hold(w.idem, idx);
+                        self.leases[idx as usize].idem = w.idem;
+                    }
                     self.notices.push_back(Notice::Granted { owner: w.owner, grant });
                 }
                 Some((DenyReason::Concurrency, _)) => {

@@ -5,6 +5,7 @@
 //! is written; it also says why and for how long, for `Retry-After`.
 
 use super::gate::TokenBucket;
+use super::idempotency::Store;
 use super::learn::{Learning, Pause};
 use super::queue::Queue;
 use crate::time::Ms;
@@ -21,6 +22,8 @@ pub struct PoolSettings {
     pub renew_interval_ms: u64,
     pub request_timeout_ms: u64,
     pub adaptive: bool,
+    /// The bound of the `Idempotency-Key` store.
+    pub idempotency_keys: u32,
 }
 
 /// Why an acquire was not granted; the value of `x-nthpool-deny-reason`.
@@ -75,6 +78,10 @@ pub struct PoolStats {
     pub cooldowns: u64,
     /// Unknown but valid slots taken back in a re-adoption window.
     pub readopted: u64,
+    /// Acquires answered with the grant their `Idempotency-Key` already held.
+    pub idempotent_replays: u64,
+    /// Queued acquires whose place a retry with the same key took.
+    pub superseded: u64,
 }
 
 pub struct Pool {
@@ -94,6 +101,8 @@ pub struct Pool {
     pub stats: PoolStats,
     /// The end of the re-adoption window, while one is or was open.
     pub recovering_until: Option<Ms>,
+    /// Live `Idempotency-Key`s and what they name.
+    pub idem: Store,
 }
 
 impl Pool {
@@ -110,6 +119,7 @@ impl Pool {
             wake: None,
             stats: PoolStats::default(),
             recovering_until: None,
+            idem: Store::new(settings.idempotency_keys),
         }
     }
 
@@ -124,6 +134,7 @@ impl Pool {
             }
             (Some((rpm, burst)), None) => Some(TokenBucket::new(rpm, burst)),
         };
+        self.idem.set_capacity(settings.idempotency_keys);
         self.settings = settings;
         self.retired = false;
     }

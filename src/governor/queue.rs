@@ -7,6 +7,7 @@
 use slab::Slab;
 
 use super::id::PoolId;
+use super::idempotency::NO_KEY;
 use crate::time::Ms;
 use crate::wheel::TimerKey;
 
@@ -21,6 +22,8 @@ pub struct Waiter {
     pub owner: u64,
     pub enqueued_at: Ms,
     pub timer: TimerKey,
+    /// Its `Idempotency-Key`'s entry in the pool's store, or `NO_KEY`.
+    pub idem: u32,
     prev: u32,
     next: u32,
 }
@@ -77,6 +80,10 @@ impl Waiters {
         self.slab.get(key.0 as usize)
     }
 
+    pub fn get_mut(&mut self, key: WaiterKey) -> Option<&mut Waiter> {
+        self.slab.get_mut(key.0 as usize)
+    }
+
     /// Appends a waiter at the tail of `queue`.
     pub fn push_back(
         &mut self,
@@ -86,7 +93,9 @@ impl Waiters {
         enqueued_at: Ms,
         timer: TimerKey,
     ) -> WaiterKey {
-        let idx = self.slab.insert(Waiter { pool, owner, enqueued_at, timer, prev: queue.tail, next: NIL }) as u32;
+        let idx =
+            self.slab.insert(Waiter { pool, owner, enqueued_at, timer, idem: NO_KEY, prev: queue.tail, next: NIL })
+                as u32;
         if queue.tail == NIL {
             queue.head = idx;
         } else {

@@ -7,6 +7,7 @@
 //! format and its I/O belong to `state::snapshot`; nothing here reads a file
 //! or a clock.
 
+use super::idempotency::NO_KEY;
 use super::learn::Learning;
 use super::lease::{Lease, SlotId};
 use super::pool::PoolStats;
@@ -200,6 +201,7 @@ impl<T: Copy> Governor<T> {
                 grant_seq: l.grant_seq,
                 timer,
                 adopted: l.adopted,
+                idem: NO_KEY,
             };
             table.push((l.index as usize, lease));
         }

@@ -83,6 +83,8 @@ pub struct ApiFields<'b> {
     pub no_queue: bool,
     /// Set by HAProxy on a pool's first request after its instance left rotation.
     pub moved: bool,
+    /// `Idempotency-Key` (SPEC §11).
+    pub idempotency_key: Option<&'b [u8]>,
 }
 
 impl<'b> Head<'b> {
@@ -410,6 +412,9 @@ fn scan_fields<'b>(headers: &'b [Header<'b>]) -> Result<Fields<'b>, HeadError> {
             }
             18 if name_is(name, b"x-nthpool-no-queue") => f.api.no_queue = true,
             15 if name_is(name, b"x-nthpool-moved") => f.api.moved = true,
+            15 if name_is(name, b"idempotency-key") => {
+                f.api.idempotency_key.get_or_insert(h.value);
+            }
             6 if name_is(name, b"expect") => {
                 f.expect_continue |= trim(h.value).eq_ignore_ascii_case(b"100-continue");
             }

@@ -117,6 +117,18 @@ pub fn render(app: &App, stats: &ServerStats, now: Ms) -> String {
     for (_, p) in &pools {
         let _ = writeln!(t, "nthpool_readopted_total{{pool=\"{}\"}} {}", p.name, p.stats.readopted);
     }
+    family(&mut t, "nthpool_idempotency_keys", "gauge", "Live Idempotency-Keys in the pool's store.");
+    for (_, p) in &pools {
+        let _ = writeln!(t, "nthpool_idempotency_keys{{pool=\"{}\"}} {}", p.name, p.idem.len());
+    }
+    family(&mut t, "nthpool_idempotent_replays_total", "counter", "Acquires answered with the grant their key held.");
+    for (_, p) in &pools {
+        let _ = writeln!(t, "nthpool_idempotent_replays_total{{pool=\"{}\"}} {}", p.name, p.stats.idempotent_replays);
+    }
+    family(&mut t, "nthpool_superseded_total", "counter", "Queued acquires whose place a retry with their key took.");
+    for (_, p) in &pools {
+        let _ = writeln!(t, "nthpool_superseded_total{{pool=\"{}\"}} {}", p.name, p.stats.superseded);
+    }
     family(&mut t, "nthpool_denials_total", "counter", "Acquires answered 429, by reason.");
     for (_, p) in &pools {
         for reason in DenyReason::ALL {

@@ -739,7 +739,7 @@ impl Server {
         if conn.exchange.is_some() {
             match answer {
                 crate::api::Answer::Granted(grant) => self.grant_exchange(id, &grant),
-                refused @ crate::api::Answer::TimedOut(_) => {
+                refused => {
                     self.app.answer_notice(&mut conn.output, refused, &queued, now, close);
                     self.end_exchange(id, proxied::End::Refused);
                     self.mark_dirty(id);

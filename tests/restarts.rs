@@ -5,10 +5,13 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{config, post, read_response, Response, TestServer, KEY};
 
@@ -238,4 +241,207 @@ fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2, "the slots the snapshot knew are held");
     assert_eq!(s.renew(&slots[0]).status, 200);
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot, not re-adopted");
+}
+
+/// Where the clients of a load test find the server: it moves on a restart.
+#[derive(Clone)]
+struct Target(Arc<Mutex<SocketAddr>>);
+
+impl Target {
+    /// One request on a fresh connection, retried while the server is down
+    /// (refused, reset, closed before answering), for up to 20 s.
+    fn send(&self, raw: &[u8]) -> Response {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let addr = *self.0.lock().unwrap();
+            let answer = TcpStream::connect(addr).ok().and_then(|mut c| {
+                c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+                c.write_all(raw).ok()?;
+                try_read_response(&mut c)
+            });
+            if let Some(r) = answer {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "the server did not come back");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// `read_response`, but a connection cut mid-answer is `None` rather than a panic.
+fn try_read_response(c: &mut TcpStream) -> Option<Response> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_response(c))).ok().flatten()
+}
+
+/// What the clients of a load test saw, counted as they went.
+#[derive(Default)]
+struct Seen {
+    /// Slots the clients hold now: counted from the grant's arrival until the
+    /// release is sent, so it never exceeds what the server holds.
+    holding: AtomicUsize,
+    most_holding: AtomicUsize,
+    cycles: AtomicUsize,
+    recovering: AtomicUsize,
+    effective_limits: Mutex<BTreeSet<String>>,
+    renew_failures: AtomicUsize,
+    release_failures: AtomicUsize,
+}
+
+impl Seen {
+    fn hold(&self) {
+        let now = self.holding.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_holding.fetch_max(now, Ordering::SeqCst);
+    }
+
+    fn unhold(&self) {
+        self.holding.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A client that acquires (`body` says how long it waits), renews `renews` times at `every`, and
+/// releases (no report, so learning is left alone), until `halt`.
+fn cycle_client(target: Target, seen: Arc<Seen>, halt: Arc<AtomicBool>, body: &str, renews: usize, every: Duration) {
+    while !halt.load(Ordering::SeqCst) {
+        let r = target.send(&post("/pools/p/lock/acquire", KEY, "", body));
+        if let Some(limit) = r.header("x-nthpool-effective-limit") {
+            seen.effective_limits.lock().unwrap().insert(limit.to_string());
+        }
+        if r.header("x-nthpool-deny-reason") == Some("recovering") {
+            seen.recovering.fetch_add(1, Ordering::SeqCst);
+        }
+        if r.status != 200 {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        seen.hold();
+        let slot = r.slot();
+        let mut lost = false;
+        for _ in 0..renews {
+            std::thread::sleep(every);
+            if target.send(&post(&format!("/pools/p/lock/{slot}/renew"), KEY, "", "")).status != 200 {
+                seen.renew_failures.fetch_add(1, Ordering::SeqCst);
+                lost = true;
+                break;
+            }
+        }
+        seen.unhold();
+        if !lost && target.send(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", "")).json()["released"] != true
+        {
+            seen.release_failures.fetch_add(1, Ordering::SeqCst);
+        }
+        seen.cycles.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// `waiting` clients that queue for up to 10 s, and `failing_fast` ones that do not queue.
+fn start_clients(
+    (waiting, failing_fast): (usize, usize),
+    target: &Target,
+    seen: &Arc<Seen>,
+    halt: &Arc<AtomicBool>,
+    renews: usize,
+    every: Duration,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..waiting + failing_fast)
+        .map(|i| {
+            let (target, seen, halt) = (target.clone(), seen.clone(), halt.clone());
+            let body = if i < waiting { r#"{"waitMs":10000}"# } else { "" };
+            std::thread::spawn(move || cycle_client(target, seen, halt, body, renews, every))
+        })
+        .collect()
+}
+
+fn wait_for_cycles(seen: &Seen, at_least: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.cycles.load(Ordering::SeqCst) < at_least {
+        assert!(Instant::now() < deadline, "the clients made no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_graceful_restart_under_load_has_no_refusal_window_and_keeps_the_learned_limit() {
+    let pool = r#""concurrency":4,"termMs":3000,"renewIntervalMs":200,"requestTimeoutMs":60000"#;
+    let first = TestServer::start(&config(pool, ""));
+    // Teach a limit of 2 (of 4): a concurrency refusal reported with one other call in flight.
+    let a = first.acquire("", "").slot();
+    let b = first.acquire("", "").slot();
+    assert_eq!(first.release(&b, REFUSED).json()["released"], true);
+    assert_eq!(first.release(&a, "").json()["released"], true);
+    let probe = first.acquire("", "");
+    assert_eq!(probe.header("x-nthpool-effective-limit"), Some("2"), "{probe:?}");
+    assert_eq!(first.release(&probe.slot(), "").json()["released"], true);
+    let limit = 2;
+    // Four clients on a limit of two: the limit is what holds them back. Two
+    // of them fail fast, so a re-adoption window would show as `recovering`.
+    let target = Target(Arc::new(Mutex::new(first.addr)));
+    let (seen, halt) = (Arc::new(Seen::default()), Arc::new(AtomicBool::new(false)));
+    let clients = start_clients((2, 2), &target, &seen, &halt, 3, Duration::from_millis(150));
+    wait_for_cycles(&seen, 8);
+
+    let before = seen.cycles.load(Ordering::SeqCst);
+    let kept = stop(first, "TERM");
+    let s = restart(&kept);
+    *target.0.lock().unwrap() = s.addr;
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok");
+    wait_for_cycles(&seen, before + 12);
+    halt.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert_eq!(seen.recovering.load(Ordering::SeqCst), 0, "no acquire met a re-adoption window");
+    assert_eq!(seen.renew_failures.load(Ordering::SeqCst), 0, "every held slot renewed across the restart");
+    assert_eq!(seen.release_failures.load(Ordering::SeqCst), 0, "and released");
+    assert_eq!(
+        *seen.effective_limits.lock().unwrap(),
+        BTreeSet::from([limit.to_string()]),
+        "the learned limit held throughout"
+    );
+    assert!(seen.most_holding.load(Ordering::SeqCst) <= limit, "never more holders than the limit");
+    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot, not re-adopted");
+}
+
+#[test]
+fn kill_9_under_load_never_over_admits_readopts_live_holders_and_reclaims_vanished_ones() {
+    let pool = r#""concurrency":3,"termMs":1500,"renewIntervalMs":300,"requestTimeoutMs":60000,"adaptive":false"#;
+    let first = TestServer::start(&config(pool, ""));
+    let target = Target(Arc::new(Mutex::new(first.addr)));
+    let (seen, halt) = (Arc::new(Seen::default()), Arc::new(AtomicBool::new(false)));
+    // Four clients on three slots, each holding a slot for about 1.2 s and
+    // renewing every 300 ms.
+    let clients = start_clients((4, 0), &target, &seen, &halt, 4, Duration::from_millis(300));
+    wait_for_cycles(&seen, 3);
+    // One more holder that vanishes with the server. It may still be calling
+    // the upstream until its lease deadline, so it counts as holding until then.
+    let granted = first.acquire("", r#"{"waitMs":10000}"#);
+    let vanished = granted.slot();
+    seen.hold();
+    let until = UNIX_EPOCH + Duration::from_millis(granted.json()["leaseDeadline"].as_u64().unwrap());
+    let vanisher = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(until.duration_since(SystemTime::now()).unwrap_or_default());
+            seen.unhold();
+        })
+    };
+
+    let s = restart(&kill_9(first));
+    *target.0.lock().unwrap() = s.addr;
+    let after_crash = seen.cycles.load(Ordering::SeqCst);
+    wait_for_cycles(&seen, after_crash + 6);
+    halt.store(true, Ordering::SeqCst);
+    for c in clients.into_iter().chain([vanisher]) {
+        c.join().unwrap();
+    }
+    let most = seen.most_holding.load(Ordering::SeqCst);
+    assert!(most <= 3, "{most} holders at once on a limit of 3");
+    assert_eq!(most, 3, "the clients did fill the limit");
+    assert_eq!(seen.renew_failures.load(Ordering::SeqCst), 0, "live holders were re-adopted, never lost");
+    assert!(metric(&s, "nthpool_readopted_total{pool=\"p\"}") >= 1);
+    // The vanished holder never came back: it is not counted, and after the
+    // window its place is free (all three slots can be taken now).
+    assert_eq!(s.renew(&vanished).status, 404);
+    let all: Vec<String> = (0..3).map(|_| s.acquire("", r#"{"waitMs":10000}"#).slot()).collect();
+    assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("concurrency"), "and no more than three");
+    drop(all);
 }

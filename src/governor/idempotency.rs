@@ -16,12 +16,10 @@ use std::hash::{Hash, Hasher};
 use slab::Slab;
 
 use super::queue::WaiterKey;
+pub use super::queue::NO_KEY;
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_BYTES: usize = 128;
-
-/// "No key": the value of `Lease::idem` and `Waiter::idem` without one.
-pub const NO_KEY: u32 = u32::MAX;
 
 /// A key as the store holds it, inline: the caller's credential (a hash of
 /// the pool key it presented, so one caller cannot pick up another's grant)

@@ -7,11 +7,13 @@
 use slab::Slab;
 
 use super::id::PoolId;
-use super::idempotency::NO_KEY;
 use crate::time::Ms;
 use crate::wheel::TimerKey;
 
 const NIL: u32 = u32::MAX;
+
+/// "No `Idempotency-Key`": the value of `Waiter::idem` and `Lease::idem` without one.
+pub const NO_KEY: u32 = u32::MAX;
 
 /// Identifies a queued acquire; only valid with its owner (see `Governor::cancel_waiter`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,7 +18,9 @@
 # both on CPU 0, and runs nthpool, nginx, Redis, nthpool again with the same load
 # tool and connection count, then prints nthpool/nginx and nthpool/Redis ratios;
 # then nthpool and nginx again with wrk (one thread, a Lua acquire -> release
-# script that takes the slotId from each grant), so no ratio rests on one client.
+# script that takes the slotId from each grant; nginx with that same script and
+# with plain GETs), so no ratio rests on one client. Each wrk run reports the
+# server's and wrk's CPU µs per request beside requests/s.
 # nthpool runs with its access log on.
 #
 # Every run is bounded by BENCH_DURATION seconds (default 10); the whole script
@@ -500,30 +502,56 @@ function response(status, headers, body)
   if slot then slots[#slots + 1] = slot end
 end
 LUA
-    wrk_rps() {
-        "${ON_CLIENT[@]}" wrk -t1 -c "$CONNS" -d "${DURATION}s" "$@" >"$WORK/wrk.out" 2>&1 || true
+    # One wrk run: prints "requests/s, server CPU µs per request, wrk CPU µs
+    # per request". wrk is one thread on one CPU; when its own CPU per request
+    # exceeds the server's, the run measures the client, and the server CPU
+    # per request is the figure that compares the servers.
+    wrk_run() {
+        local pids=$1 c0 status=0
+        shift
+        # shellcheck disable=SC2086 # a list of pids
+        c0=$(cpu_ticks $pids)
+        local TIMEFORMAT='%3U %3S'
+        { time "${ON_CLIENT[@]}" wrk -t1 -c "$CONNS" -d "${DURATION}s" "$@" >"$WORK/wrk.out" 2>&1; } \
+            2>"$WORK/wrk.time" || status=$?
+        [ "$status" = 0 ] || say "  wrk $* failed: $(tail -n 2 "$WORK/wrk.out" | tr '\n' ' ')" >&2
         if grep -q '^  Non-2xx' "$WORK/wrk.out"; then
             say "  wrk $*: $(grep '^  Non-2xx' "$WORK/wrk.out" | sed 's/^ *//')" >&2
         fi
-        awk '/^Requests\/sec:/ { print $2 }' "$WORK/wrk.out"
+        # shellcheck disable=SC2086
+        python3 -c '
+import re, sys
+out, ticks, hz, tool = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3]), open(sys.argv[4]).read().split()
+n = int(re.search(r"^\s*(\d+) requests in", out, re.M).group(1))
+rps = float(re.search(r"^Requests/sec:\s*([\d.]+)", out, re.M).group(1))
+print(f"{rps:.0f},{ticks / hz * 1e6 / n:.2f},{(float(tool[0]) + float(tool[1])) * 1e6 / n:.2f}")
+' "$WORK/wrk.out" "$(($(cpu_ticks $pids) - c0))" "$CLK_TCK" "$WORK/wrk.time"
     }
-    WX=() WNG=()
+    WX=() WNL=() WNG=()
     for round in $(seq 1 "$ROUNDS"); do
-        WX+=("$(wrk_rps -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
-        WNG+=("$(wrk_rps "http://$NGINX_ADDR/grant.json")")
+        WX+=("$(wrk_run "$SERVER" -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
+        WNL+=("$(wrk_run "$NGINX_PID" -s "$WORK/cycle.lua" "http://$NGINX_ADDR")")
+        WNG+=("$(wrk_run "$NGINX_PID" "http://$NGINX_ADDR/grant.json")")
     done
-    WX+=("$(wrk_rps -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
+    WX+=("$(wrk_run "$SERVER" -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
     say ""
     say "comparison with wrk ($(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)), one thread, $CONNS connections, interleaved"
-    say "  nthpool acquire -> release requests/s: ${WX[*]}"
-    say "  nginx return 200 requests/s:          ${WNG[*]}"
-    python3 -c '
+    python3 - "${WX[*]}" "${WNL[*]}" "${WNG[*]}" <<'PY'
 import statistics, sys
-xs, ng = sys.argv[1].split(), sys.argv[2].split()
-x, n = statistics.median(map(float, xs)), statistics.median(map(float, ng))
-print(f"  wrk requests/s ratio nthpool/nginx: {x / n:.3f} (medians {x:.0f} / {n:.0f}); run by run: "
-      + " ".join(f"{float(v) / n:.3f}" for v in xs))
-' "${WX[*]}" "${WNG[*]}"
+runs = [[tuple(map(float, r.split(","))) for r in arg.split()] for arg in sys.argv[1:4]]
+names = ["nthpool, Lua acquire -> release", "nginx, the same Lua script", "nginx, GET /grant.json, no Lua"]
+print(f"  {'server and client':<34} {'req/s':>9} {'server CPU µs/req':>18} {'wrk CPU µs/req':>15}   (medians; runs)")
+med = []
+for name, rs in zip(names, runs):
+    m = [statistics.median(r[i] for r in rs) for i in range(3)]
+    med.append(m)
+    print(f"  {name:<34} {m[0]:>9.0f} {m[1]:>18.2f} {m[2]:>15.2f}   "
+          + "; ".join(f"{r[0]:.0f}/{r[1]:.2f}/{r[2]:.2f}" for r in rs))
+x, nl, ng = med
+print(f"  wrk requests/s nthpool/nginx: {x[0] / nl[0]:.3f} (same script), {x[0] / ng[0]:.3f} (plain GET)")
+print(f"  server CPU per request nthpool/nginx: {x[1] / nl[1]:.3f} (same script), {x[1] / ng[1]:.3f} (plain GET)")
+print(f"  wrk CPU per request nthpool/nginx: {x[2] / nl[2]:.3f} (same script), {x[2] / ng[2]:.3f} (plain GET)")
+PY
 fi
 
 # --- the governor alone --------------------------------------------------------

@@ -57,7 +57,9 @@ wait_port() {
 # nginx_http_block PORT: the `http { … }` block both scripts give nginx — one
 # worker answering /grant.json with `return 200` and the body of a real grant
 # ($WORK/www/grant.json, which must exist), access log off, on long-lived
-# keep-alive connections: the cheapest answer nginx has, the bar to beat.
+# keep-alive connections: the cheapest answer nginx has, the bar to beat. The
+# same body answers POST /pools/bench/lock/acquire and `{"released":true}` any
+# release, so wrk's Lua acquire -> release script runs unchanged against it.
 nginx_http_block() {
     local body
     body=$(cat "$WORK/www/grant.json")
@@ -77,6 +79,10 @@ http {
     server {
         listen 127.0.0.1:$1;
         location = /grant.json { return 200 '$body'; }
+        # The lock routes wrk's acquire -> release script calls, so nginx can
+        # be driven by the very same client work as nthpool.
+        location = /pools/bench/lock/acquire { return 200 '$body'; }
+        location ~ ^/pools/bench/lock/[^/]+/release\$ { return 200 '{"released":true}'; }
     }
 }
 NGINX

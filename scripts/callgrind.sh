@@ -24,7 +24,8 @@
 # Kernel work (epoll, socket reads and writes) is not counted: callgrind sees
 # user space only. Takes about two minutes.
 # Environment: CG_N1 (20000), CG_N2 (120000), CG_FILL (1000000), CG_PORT (27170),
-# CG_NGINX_PORT (27180), CARGO_TARGET_DIR.
+# CG_NGINX_PORT (27180), CG_QUICK (1: the empty-pool runs only, no fill, no
+# nginx), CARGO_TARGET_DIR.
 set -euo pipefail
 
 case "${1:-}" in
@@ -159,27 +160,30 @@ c.request("POST", "/pools/bench/lock/acquire", headers={"X-Nthpool-Key": key, "C
 open(out, "wb").write(c.getresponse().read())
 PY
 # The hot functions of the second run, for whoever wants to look further.
-TOP=$(callgrind_annotate "$(newest_dump "$WORK/empty.out")" 2>/dev/null |
+TOP=$(callgrind_annotate --auto=no --threshold=100 "$(newest_dump "$WORK/empty.out")" 2>/dev/null |
     awk '/file:function/ { getline; listing = 1; next } listing && NF { print; if (++n == 12) exit }' |
     sed 's|[^ ]*/registry/src/[^/]*/||; s| \[.*\]$||' || true)
 stop "$SERVER"
 
-say "nthpool with $FILL slots held: filling (not counted), then $N1 and $N2 requests..."
-start_nthpool full
-"${ON_CLIENT[@]}" "$BIN/nthpool-bench" --addr "127.0.0.1:$PORT" --key "$KEY" --pool full --fill "$FILL" -c 64 \
-    -d 240 >"$WORK/fill.txt" 2>&1 || die "fill failed: $(cat "$WORK/fill.txt")"
-FILLED=$(sed -n 's/^ *\([0-9]*\) granted in \([0-9.]*\) s.*/\1 slots in \2 s/p' "$WORK/fill.txt")
-record "nthpool acquire/release, $FILL held, c=50" "$(measure full "$SERVER" "$WORK/full.out" \
-    --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c 50)"
-stop "$SERVER"
+if [ "${CG_QUICK:-0}" != 1 ]; then
+    say "nthpool with $FILL slots held: filling (not counted), then $N1 and $N2 requests..."
+    start_nthpool full
+    "${ON_CLIENT[@]}" "$BIN/nthpool-bench" --addr "127.0.0.1:$PORT" --key "$KEY" --pool full --fill "$FILL" -c 64 \
+        -d 240 >"$WORK/fill.txt" 2>&1 || die "fill failed: $(cat "$WORK/fill.txt")"
+    FILLED=$(sed -n 's/^ *\([0-9]*\) granted in \([0-9.]*\) s.*/\1 slots in \2 s/p' "$WORK/fill.txt")
+    record "nthpool acquire/release, $FILL held, c=50" "$(measure full "$SERVER" "$WORK/full.out" \
+        --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c 50)"
+    stop "$SERVER"
+fi
 
 NGINX_NOTE="nginx is not installed: no comparison (apt-get install nginx, or scripts/bench.sh --compare)"
-if ! command -v nginx >/dev/null && [ "$(id -u)" = 0 ]; then
+[ "${CG_QUICK:-0}" = 1 ] && NGINX_NOTE="CG_QUICK=1: no fill, no nginx"
+if [ "${CG_QUICK:-0}" != 1 ] && ! command -v nginx >/dev/null && [ "$(id -u)" = 0 ]; then
     say "installing nginx (apt-get)..."
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null 2>&1 ||
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null 2>&1 || true
 fi
-if command -v nginx >/dev/null; then
+if [ "${CG_QUICK:-0}" != 1 ] && command -v nginx >/dev/null; then
     say "nginx: $N1 then $N2 GET /grant.json (return 200) under callgrind, ${SHAPES[*]} connections..."
     mkdir -p "$WORK/www" "$WORK/nginx-tmp"
     [ -s "$WORK/grant.json" ] || die "could not fetch a grant body from nthpool"

@@ -499,7 +499,11 @@ impl Learning {
     }
 
     fn on_success(&mut self, lease: Reported) {
-        self.refusal_streak = 0;
+        // Only a call granted since the last cut shows that the cut helped;
+        // the calls admitted before it finishing say nothing about it.
+        if lease.epoch == self.epoch {
+            self.refusal_streak = 0;
+        }
         let held_before = lease.in_flight + 1;
         if held_before < self.effective || self.effective >= self.concurrency {
             return;

@@ -23,6 +23,9 @@ pub struct Upstream {
     /// instead of fixed ones.
     pub sliding: bool,
     pub stamp_at_admission: bool,
+    /// Rate headers in every answer; without, a refusal says only `Retry-After`
+    /// (to the window's end for a spent window, 1 s for too many at once).
+    pub headers: bool,
     /// Both limits are halved from this instant on.
     pub halve_at: Option<Ms>,
 }
@@ -34,6 +37,7 @@ pub const STANDARD: Upstream = Upstream {
     window_ms: 6000,
     sliding: false,
     stamp_at_admission: true,
+    headers: true,
     halve_at: None,
 };
 
@@ -138,12 +142,18 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
             }
             held -= 1;
             let headers = if up.stamp_at_admission || !c.ok { c.admitted } else { stamp(used) };
-            let rate = RateInfo {
-                limit: budget.map(u64::from),
-                remaining: headers.map(|h| h.0 as u64),
-                reset_ms: headers.map(|h| h.1),
-                retry_after_ms: (!c.ok).then_some(1000),
-                ..RateInfo::default()
+            let spent = headers.is_some_and(|h| h.0 == 0);
+            let hint = if spent { headers.map_or(1000, |h| h.1) } else { 1000 };
+            let rate = if up.headers {
+                RateInfo {
+                    limit: budget.map(u64::from),
+                    remaining: headers.map(|h| h.0 as u64),
+                    reset_ms: headers.map(|h| h.1),
+                    retry_after_ms: (!c.ok).then_some(hint),
+                    ..RateInfo::default()
+                }
+            } else {
+                RateInfo { retry_after_ms: (!c.ok).then_some(hint), ..RateInfo::default() }
             };
             let status = if c.ok { 200 } else { 429 };
             let o = Outcome { status: Some(status), throttled: (!c.ok) as u64, rate };
@@ -236,6 +246,16 @@ mod tests {
         assert_goal("response", &wrong_pool(Upstream { stamp_at_admission: false, ..STANDARD }), 0.95, 0.02);
         assert_goal("jitter", &wrong_pool(Upstream { jitter_ms: 20, ..STANDARD }), 0.95, 0.02);
         assert_goal("sliding", &wrong_pool(Upstream { sliding: true, ..STANDARD }), 0.95, 0.02);
+    }
+
+    /// Without rate headers a spent window's 429 looks like a concurrency
+    /// refusal; the refusals that go on after the cut make it pool-wide, and
+    /// the hint (to the window's end) pauses the pool before the limit sinks.
+    /// Short of the goals that SPEC §7 sets with headers (measured: 84-91 %
+    /// of the maximum, 2.8-3.3 % refused).
+    #[test]
+    fn a_wrong_pool_without_rate_headers_keeps_most_of_the_budget() {
+        assert_goal("retry-after only", &wrong_pool(Upstream { headers: false, ..STANDARD }), 0.80, 0.04);
     }
 
     #[test]

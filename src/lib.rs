@@ -9,11 +9,17 @@
 //! - `api`: the lock routes, credentials and the answers they give;
 //! - `http`: request parsing and response writing — pure byte work;
 //! - `governor`: pools, leases, queues, gates and learning — pure, driven by `now`;
-//! - leaves below what uses them: `config` (the file), `access` (the
-//!   policies beyond the pool key), `report` (outcome reports and the upstream
+//! - below what uses them: `config` (the file), `access` (the policies
+//!   beyond the pool key), `report` (outcome reports and the upstream
 //!   rate-limit header dialects), `accesslog`, `state` (what is kept on disk
-//!   between runs: the slot secret), `wheel` (the one hierarchical timer
-//!   wheel) and `time` (the units of time).
+//!   between runs: the slot secret, the snapshot; the OS random source) and
+//!   `proxy` (proxy mode's exchanges);
+//! - leaves: `wheel` (the one hierarchical timer wheel), `time` (the units of
+//!   time and the one monotonic → wall conversion), `calendar` (date
+//!   arithmetic) and `ct` (constant-time comparison).
+//!
+//! The README's code map lists every module and the table in
+//! `tests/layers.rs` every import between them.
 
 #![forbid(unsafe_code)]
 

@@ -1,9 +1,11 @@
-//! The requests-per-minute gate: a token bucket refilled by the timer wheel.
+//! The requests-per-minute gate: a token bucket, refilled lazily.
 //!
 //! The bucket holds `burst` tokens and gains one every `60000 / rpm` ms
 //! (kept in microseconds so odd rates do not drift). It never scans or
-//! sleeps: the governor arms one wheel entry at `next_refill_ms()` while the
-//! bucket is not full, and calls `refill` when it fires.
+//! sleeps and has no timer of its own: the governor calls `refill(now)`
+//! whenever it is about to ask for a token (an acquire, a pump of the
+//! queue), and when waiters are held back by the rate it arms the pool's
+//! one wake-up entry on the wheel at `now + wait_ms(now)`, the next token.
 
 use crate::time::Ms;
 

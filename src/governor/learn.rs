@@ -127,7 +127,11 @@ impl Pace {
     }
 }
 
-/// Instants the governor must wake at because of a report.
+/// What a report set that has an end: a cool-down, a budget window's reset,
+/// a token block. The governor reads `cooldown_until` only, to count
+/// cool-downs; the instants themselves come back through `Learning::pause`,
+/// and a queue held back by them is woken by the pool's one wake-up entry,
+/// armed when the queue is pumped.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Wakeups {
     pub cooldown_until: Option<Ms>,

@@ -1,11 +1,14 @@
 //! The governor: pools, leases, wait queues, rate gates and what reports teach.
 //!
 //! It is pure: it never reads a clock (every entry point takes `now`, in
-//! monotonic milliseconds), never touches a socket and never logs on the hot
-//! path. The reactor calls it and turns its answers into bytes. Things that
-//! happen later — a queued acquire granted by a release, a queue deadline, a
-//! lease reclaimed — come out as `Notice`s that the reactor drains after every
-//! call, so the reactor never has to ask about a particular waiter.
+//! monotonic milliseconds), never touches a socket or a file, takes its
+//! random bytes from the `Entropy` it is given, and never logs on the hot
+//! path. `api` owns it and turns its answers into bytes; the reactor reaches
+//! it only through `api`. Things that happen later — a queued acquire granted
+//! by a release, a queue deadline, a lease reclaimed, a timer of the caller's
+//! (`Notice::Timer(T)`, typed by the caller) — come out as `Notice`s that
+//! `api` drains after every call, so nobody has to ask about a particular
+//! waiter.
 //!
 //! Every operation is O(1) in the number of pools, leases, waiters and
 //! connections: leases and waiters are slab-indexed, queues are intrusive

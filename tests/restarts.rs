@@ -187,6 +187,27 @@ fn a_graceful_restart_keeps_held_slots_and_what_was_learned_with_no_window() {
 }
 
 #[test]
+fn an_idempotency_key_names_its_held_slot_across_a_graceful_restart() {
+    let first = TestServer::start(&config(POOL, ""));
+    let granted = first.acquire("Idempotency-Key: order-42\r\n", "");
+    let released = first.acquire("Idempotency-Key: order-43\r\n", "").slot();
+    assert_eq!(first.release(&released, "").json()["released"], true);
+    let s = restart(&stop(first, "TERM"));
+
+    let retry = s.acquire("Idempotency-Key: order-42\r\n", "");
+    assert_eq!(retry.slot(), granted.slot(), "the retry after the restart gets the same slot: {retry:?}");
+    assert_eq!(retry.json()["requestDeadline"], granted.json()["requestDeadline"]);
+    assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 1, "no second slot");
+    assert_eq!(metric(&s, "nthpool_idempotent_replays_total{pool=\"p\"}"), 1);
+    // A key whose lease ended before the stop takes a new slot.
+    assert_ne!(s.acquire("Idempotency-Key: order-43\r\n", "").slot(), released);
+    assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2);
+    // The restored key expires with its lease.
+    assert_eq!(s.release(&granted.slot(), "").json()["released"], true);
+    assert_ne!(s.acquire("Idempotency-Key: order-42\r\n", "").slot(), granted.slot());
+}
+
+#[test]
 fn a_corrupt_or_mismatched_snapshot_is_refused_and_the_crash_path_taken() {
     for spoil in ["corrupt", "other config", "other secret"] {
         let first = TestServer::start(&config(POOL, ""));

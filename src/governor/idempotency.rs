@@ -55,6 +55,15 @@ impl IdemKey {
         bytes[..key.len()].copy_from_slice(key);
         Some(IdemKey { credential, len: key.len() as u8, bytes })
     }
+
+    /// The hash of the pool key that presented it.
+    pub fn credential(&self) -> u64 {
+        self.credential
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
 }
 
 /// What a live key names.
@@ -114,6 +123,11 @@ impl Store {
         let entry = self.entries.insert((key, holder)) as u32;
         self.index.insert(key, entry);
         entry
+    }
+
+    /// The key of a live entry.
+    pub fn key(&self, entry: u32) -> &IdemKey {
+        &self.entries[entry as usize].0
     }
 
     /// The waiter of `entry` was granted lease `lease`.

@@ -7,7 +7,7 @@
 //! format and its I/O belong to `state::snapshot`; nothing here reads a file
 //! or a clock.
 
-use super::idempotency::NO_KEY;
+use super::idempotency::{Holder, IdemKey, NO_KEY};
 use super::learn::Learning;
 use super::lease::{Lease, SlotId};
 use super::pool::PoolStats;
@@ -51,6 +51,9 @@ pub struct HeldLease {
     pub grant_seq: u64,
     pub epoch: u32,
     pub adopted: bool,
+    /// The `Idempotency-Key` it was granted under, scoped to its caller's
+    /// pool key as the store holds it: a retry after the restart gets it again.
+    pub key: Option<IdemKey>,
 }
 
 /// What `import` did.
@@ -60,6 +63,8 @@ pub struct Restored {
     pub held: usize,
     /// Leases whose deadline passed while no process held them: reclaimed now.
     pub reclaimed: usize,
+    /// `Idempotency-Key`s of held leases taken back into their pools' stores.
+    pub keys: usize,
 }
 
 impl<T: Copy> Governor<T> {
@@ -115,6 +120,7 @@ impl<T: Copy> Governor<T> {
                 grant_seq: l.grant_seq,
                 epoch: l.epoch,
                 adopted: l.adopted,
+                key: (l.idem != NO_KEY).then(|| *self.pools[l.pool.0 as usize].idem.key(l.idem)),
             });
         }
         let dead_adopted = self.adopted.iter().filter(|(_, held)| held.is_none()).map(|(id, _)| *id).collect();
@@ -174,6 +180,7 @@ impl<T: Copy> Governor<T> {
                 (self.monotonic_ms(l.lease_deadline), self.monotonic_ms(l.request_deadline));
             let pool = &mut self.pools[pid.0 as usize];
             if lease_deadline <= now {
+                // Its key expires with it, as on a reclaim.
                 restored.reclaimed += 1;
                 if lease_deadline >= request_deadline {
                     pool.stats.reclaimed_cap += 1;
@@ -187,6 +194,15 @@ impl<T: Copy> Governor<T> {
             }
             pool.held += 1;
             restored.held += 1;
+            // A key the store already has, or one beyond a bound lowered since
+            // the stop, is left out: the lease is held, its retries take new slots.
+            let idem = match l.key {
+                Some(key) if pool.idem.find(&key).is_none() && !pool.idem.is_full() => {
+                    restored.keys += 1;
+                    pool.idem.insert(key, Holder::Lease(l.index))
+                }
+                _ => NO_KEY,
+            };
             let timer = self.wheel.insert(lease_deadline, Timer::Lease(l.index));
             if l.adopted {
                 self.adopted.insert(l.id, Some(l.index as usize));
@@ -201,7 +217,7 @@ impl<T: Copy> Governor<T> {
                 grant_seq: l.grant_seq,
                 timer,
                 adopted: l.adopted,
-                idem: NO_KEY,
+                idem,
             };
             table.push((l.index as usize, lease));
         }
@@ -302,6 +318,31 @@ mod tests {
         let mut third = governor(BASE + 1000);
         third.import(&snap, 0).unwrap();
         assert_eq!(third.pool(p).rpm_remaining(), tokens);
+    }
+
+    #[test]
+    fn a_held_leases_idempotency_key_names_it_again_after_the_import() {
+        use crate::governor::idempotency::IdemKey;
+        let key = |text: &str| IdemKey::new(9, text.as_bytes()).unwrap();
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        let Ok(Admission::Granted(kept)) = old.acquire_keyed(p, &key("kept"), 0, 1, 0) else { panic!("granted") };
+        let Ok(Admission::Granted(done)) = old.acquire_keyed(p, &key("done"), 0, 2, 0) else { panic!("granted") };
+        assert!(old.release(p, Some(done.slot), None, 10));
+        let snap = old.export(10);
+        assert_eq!(snap.leases.iter().filter(|l| l.key.is_some()).count(), 1, "a released lease's key is gone");
+
+        let mut new = governor(BASE + 100);
+        assert_eq!(new.import(&snap, 0).unwrap().keys, 1);
+        let Ok(Admission::Granted(again)) = new.acquire_keyed(p, &key("kept"), 0, 3, 0) else { panic!("granted") };
+        assert_eq!((again.slot, new.pool(p).held), (kept.slot, 1), "the same slot, no second one");
+        let other_caller = IdemKey::new(10, b"kept").unwrap();
+        let Ok(Admission::Granted(theirs)) = new.acquire_keyed(p, &other_caller, 0, 4, 0) else { panic!("granted") };
+        assert_ne!(theirs.slot, kept.slot, "still scoped to the pool key that presented it");
+        // The key expires with its restored lease.
+        assert!(new.release(p, Some(kept.slot), None, 10));
+        let Ok(Admission::Granted(fresh)) = new.acquire_keyed(p, &key("kept"), 0, 5, 10) else { panic!("granted") };
+        assert_ne!(fresh.slot, kept.slot);
     }
 
     #[test]

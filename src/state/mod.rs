@@ -93,11 +93,12 @@ impl Persistence {
         let restored = gov.import(&snap, now).map_err(|e| refused(format!("mismatched: {e}")))?;
         snapshot::remove(path).map_err(|e| format!("state file {} loaded but not removed ({e})", path.display()))?;
         info!(
-            "restored the {} snapshot {} in {} ms: {} slots held, {} expired while stopped and reclaimed",
+            "restored the {} snapshot {} in {} ms: {} slots held ({} under an idempotency key), {} expired while stopped and reclaimed",
             if kind == Kind::Stop { "stop" } else { "periodic" },
             path.display(),
             started.elapsed().as_millis(),
             restored.held,
+            restored.keys,
             restored.reclaimed
         );
         Ok(Some(kind))

@@ -18,6 +18,7 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::governor::idempotency::IdemKey;
 use crate::governor::learn::Learning;
 use crate::governor::lease::SlotId;
 use crate::governor::snapshot::{HeldLease, PoolState, Snapshot};
@@ -101,6 +102,11 @@ struct StateFile {
     /// `[index, pool, slotId, leaseDeadline, requestDeadline, grantedAt, grantSeq, epoch, adopted]`.
     leases: Vec<FileLease>,
     dead_adopted: Vec<String>,
+    /// `[index, credential, key]`: the `Idempotency-Key` of the held lease at
+    /// `index` and the hash of the pool key that presented it. Absent from
+    /// files without keys, and from those older builds wrote.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    idempotency_keys: Vec<FileKey>,
 }
 
 /// The fields checked before the rest is read, so another version is named as such.
@@ -123,6 +129,9 @@ struct FilePool {
 
 #[derive(Serialize, Deserialize)]
 struct FileLease(u32, u32, String, u64, u64, u64, u64, u32, bool);
+
+#[derive(Serialize, Deserialize)]
+struct FileKey(u32, u64, String);
 
 /// The file's bytes for `snap`.
 pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity, written_at_unix_ms: u64) -> Vec<u8> {
@@ -163,6 +172,15 @@ pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity, written_at_unix_
             })
             .collect(),
         dead_adopted: snap.dead_adopted.iter().map(text).collect(),
+        idempotency_keys: snap
+            .leases
+            .iter()
+            .filter_map(|l| {
+                let key = l.key?;
+                let bytes = String::from_utf8(key.as_bytes().to_vec()).expect("a key is printable ASCII");
+                Some(FileKey(l.index, key.credential(), bytes))
+            })
+            .collect(),
     };
     let mut out = serde_json::to_vec(&file).expect("a snapshot serializes");
     let digest = hex(&Sha256::digest(&out));
@@ -211,7 +229,17 @@ pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), Str
             grant_seq: *grant_seq,
             epoch: *epoch,
             adopted: *adopted,
+            key: None,
         });
+    }
+    let at: std::collections::HashMap<u32, usize> = match file.idempotency_keys.is_empty() {
+        true => Default::default(),
+        false => leases.iter().enumerate().map(|(at, l)| (l.index, at)).collect(),
+    };
+    for FileKey(index, credential, key) in &file.idempotency_keys {
+        let &at = at.get(index).ok_or("corrupt: an idempotency key names no held lease")?;
+        let lease = &mut leases[at];
+        lease.key = Some(IdemKey::new(*credential, key.as_bytes()).ok_or("corrupt: a malformed idempotency key")?);
     }
     let snap = Snapshot {
         pools: file
@@ -298,6 +326,27 @@ mod tests {
         let body = &future[..future.rfind("\nsha256 ").unwrap()];
         let resealed = format!("{body}\nsha256 {}\n", hex(&Sha256::digest(body.as_bytes())));
         assert!(decode(resealed.as_bytes(), &identity).unwrap_err().contains("version 9"));
+    }
+
+    #[test]
+    fn idempotency_keys_round_trip_and_a_file_without_them_still_loads() {
+        let mut g = setup(4);
+        let p = g.pool_id("p").unwrap();
+        let key = IdemKey::new(77, b"order 42").unwrap();
+        assert!(g.acquire_keyed(p, &key, 0, 0, 0).is_ok());
+        g.acquire(p, 0, 0, 0);
+        let snap = g.export(5);
+        let identity = Identity::new(&g, &[3; 32]);
+        let bytes = encode(&snap, Kind::Stop, &identity, 0);
+        assert!(String::from_utf8_lossy(&bytes).contains(r#""idempotencyKeys":[[0,77,"order 42"]]"#));
+        assert_eq!(decode(&bytes, &identity).unwrap().1, snap);
+
+        // A file as a build without keys wrote it: the leases load, keyless.
+        let mut keyless = snap.clone();
+        keyless.leases.iter_mut().for_each(|l| l.key = None);
+        let old = encode(&keyless, Kind::Stop, &identity, 0);
+        assert!(!String::from_utf8_lossy(&old).contains("idempotencyKeys"));
+        assert_eq!(decode(&old, &identity).unwrap().1, keyless);
     }
 
     #[test]

@@ -167,7 +167,7 @@ fn slowloris_heads_are_cut_at_the_head_deadline_while_others_are_served() {
         .collect();
     let cycles_at_attack = cycles.load(Ordering::SeqCst);
 
-    let give_up = lorises.last().unwrap().started + Duration::from_millis(HEAD_MS + 5000);
+    let give_up = lorises.last().unwrap().started + Duration::from_millis(HEAD_MS + 8000);
     let mut buf = [0u8; 512];
     while lorises.iter().any(|l| l.closed.is_none()) && Instant::now() < give_up {
         for l in lorises.iter_mut().filter(|l| l.closed.is_none()) {
@@ -203,7 +203,7 @@ fn slowloris_heads_are_cut_at_the_head_deadline_while_others_are_served() {
             "slowloris {i} was closed after {lived:?}, before its head deadline"
         );
         assert!(
-            lived <= Duration::from_millis(HEAD_MS + 2000),
+            lived <= Duration::from_millis(HEAD_MS + 4000),
             "slowloris {i} was closed only after {lived:?} (head deadline {HEAD_MS} ms)"
         );
     }

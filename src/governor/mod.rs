@@ -57,6 +57,9 @@ enum Timer<T> {
     Wake(PoolId),
     /// A deadline of the caller's (connection timeouts), handed back as a notice.
     External(T),
+    /// A released re-adopted id (its `tombstones` index) reached its request
+    /// deadline: it can no longer be adopted, so its entry in `adopted` goes.
+    Tombstone(u32),
 }
 
 /// The governor headers of SPEC §5, as numbers.
@@ -159,10 +162,13 @@ pub struct Governor<T = u64> {
     /// process can read them.
     epoch: Epoch,
     /// Every id re-adopted by this process: its slab index while held, `None`
-    /// once released or reclaimed, so a dead id is never adopted twice. Empty
-    /// unless a re-adoption window ran; it holds at most one entry per slot
-    /// held when the previous process stopped.
+    /// once released or reclaimed, so a dead id is never adopted twice. A dead
+    /// entry lasts until the id's request deadline, after which `readopt`
+    /// refuses the id anyway: so the map holds at most the slots re-adopted
+    /// within one request cap, however many windows run.
     adopted: HashMap<SlotId, Option<usize>>,
+    /// The dead entries of `adopted`, each with a wheel entry at its request deadline.
+    tombstones: Slab<SlotId>,
 }
 
 impl<T: Copy> Governor<T> {
@@ -181,6 +187,7 @@ impl<T: Copy> Governor<T> {
             key: SlotKey::new(&[0; 32]),
             epoch: Epoch::default(),
             adopted: HashMap::new(),
+            tombstones: Slab::new(),
         };
         // Until the server hands over its slot secret, ids are signed under a
         // random one: nothing outside this process can vouch for them.
@@ -527,6 +534,10 @@ impl<T: Copy> Governor<T> {
                     self.pump(pid, now);
                 }
                 Timer::External(payload) => self.notices.push_back(Notice::Timer(payload)),
+                Timer::Tombstone(idx) => {
+                    let id = self.tombstones.remove(idx as usize);
+                    self.adopted.remove(&id);
+                }
             }
         }
     }
@@ -660,7 +671,8 @@ impl<T: Copy> Governor<T> {
         Some(idx)
     }
 
-    /// Removes a lease from the table (an adopted one stays dead in the map;
+    /// Removes a lease from the table (an adopted one stays dead in the map
+    /// until its request deadline;
     /// its `Idempotency-Key` expires with it).
     fn remove_lease(&mut self, idx: usize) -> Lease {
         let lease = self.leases.remove(idx);
@@ -669,6 +681,8 @@ impl<T: Copy> Governor<T> {
         }
         if lease.adopted {
             self.adopted.insert(lease.id, None);
+            let tombstone = self.tombstones.insert(lease.id) as u32;
+            self.wheel.insert(lease.request_deadline, Timer::Tombstone(tombstone));
         }
         lease
     }

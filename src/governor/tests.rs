@@ -482,3 +482,24 @@ fn outside_a_window_unknown_slots_are_not_found_and_readopted_ones_are_reclaimed
     assert_eq!(new.pool(p).stats.reclaimed_term, 1);
     assert_eq!(new.renew(p, id(&b), 1031), Err(RenewError::NotFound));
 }
+
+#[test]
+fn a_released_readopted_id_is_remembered_until_its_request_deadline_and_no_longer() {
+    // `b` was granted at Unix 1 000 000 with a 60-s cap: its request
+    // deadline is 59 500 ms into the new process.
+    let (mut new, p, _a, b) = two_held_then_crash();
+    new.open_recovery_window(0);
+    assert!(new.release(p, id(&b), None, 300));
+    assert_eq!(new.adopted.get(&b.slot), Some(&None));
+    // A later window (a pool moved here again) does not adopt it twice.
+    new.advance(59_000);
+    new.open_recovery_window(59_000);
+    assert!(!new.release(p, id(&b), None, 59_001));
+    assert_eq!(new.pool(p).held, 0);
+    // At its request deadline nothing could adopt it any more: the entry goes.
+    new.advance(59_500);
+    assert!(new.adopted.is_empty() && new.tombstones.is_empty());
+    new.open_recovery_window(59_600);
+    assert!(!new.release(p, id(&b), None, 59_601));
+    assert_eq!(new.pool(p).stats.readopted, 1);
+}

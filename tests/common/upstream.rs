@@ -58,6 +58,9 @@ pub enum Reply {
     /// Writes `head`, then `piece` `times` times as fast as the socket takes
     /// it (a large body without holding it in memory), and keeps the connection.
     Repeat { head: Vec<u8>, piece: Vec<u8>, times: usize },
+    /// Writes these bytes (none for a request never answered), then resets
+    /// the connection: `SO_LINGER` 0 and close, so the peer gets an RST.
+    RawThenReset(Vec<u8>),
 }
 
 /// A `200` with `body` under a `Content-Length` and the given extra header lines.
@@ -131,6 +134,11 @@ fn serve(mut stream: TcpStream, conn: usize, seen: &Mutex<Vec<Seen>>, script: &S
                 }
                 return;
             }
+            Reply::RawThenReset(bytes) => {
+                let _ = stream.write_all(&bytes);
+                reset(stream);
+                return;
+            }
             Reply::Silent(d) => {
                 std::thread::sleep(d);
                 return;
@@ -147,6 +155,26 @@ fn serve(mut stream: TcpStream, conn: usize, seen: &Mutex<Vec<Seen>>, script: &S
             }
         }
     }
+}
+
+/// Closes `stream` with an RST instead of a FIN (std has no stable `set_linger`).
+fn reset(stream: TcpStream) {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct Linger {
+        onoff: i32,
+        linger: i32,
+    }
+    extern "C" {
+        fn setsockopt(fd: i32, level: i32, name: i32, value: *const Linger, len: u32) -> i32;
+    }
+    // SOL_SOCKET and SO_LINGER as Linux numbers them.
+    const SOL_SOCKET: i32 = 1;
+    const SO_LINGER: i32 = 13;
+    let linger = Linger { onoff: 1, linger: 0 };
+    // SAFETY: a live socket and a pointer to a `struct linger` of the size given.
+    let rc = unsafe { setsockopt(stream.as_raw_fd(), SOL_SOCKET, SO_LINGER, &linger, 8) };
+    assert_eq!(rc, 0, "SO_LINGER 0 on the mock upstream's socket");
 }
 
 fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {

@@ -159,22 +159,8 @@ fn serve(mut stream: TcpStream, conn: usize, seen: &Mutex<Vec<Seen>>, script: &S
 
 /// Closes `stream` with an RST instead of a FIN (std has no stable `set_linger`).
 fn reset(stream: TcpStream) {
-    use std::os::fd::AsRawFd;
-    #[repr(C)]
-    struct Linger {
-        onoff: i32,
-        linger: i32,
-    }
-    extern "C" {
-        fn setsockopt(fd: i32, level: i32, name: i32, value: *const Linger, len: u32) -> i32;
-    }
-    // SOL_SOCKET and SO_LINGER as Linux numbers them.
-    const SOL_SOCKET: i32 = 1;
-    const SO_LINGER: i32 = 13;
-    let linger = Linger { onoff: 1, linger: 0 };
-    // SAFETY: a live socket and a pointer to a `struct linger` of the size given.
-    let rc = unsafe { setsockopt(stream.as_raw_fd(), SOL_SOCKET, SO_LINGER, &linger, 8) };
-    assert_eq!(rc, 0, "SO_LINGER 0 on the mock upstream's socket");
+    let socket = socket2::Socket::from(stream);
+    socket.set_linger(Some(std::time::Duration::ZERO)).expect("SO_LINGER 0 on the mock upstream's socket");
 }
 
 fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {

@@ -462,16 +462,7 @@ impl App {
         queued_ms: u64,
         slot_ref: Option<u32>,
     ) {
-        let line = history::Attempt {
-            epoch_ms: epoch_now.0,
-            status: status.code(),
-            error: code,
-            reason,
-            wait_ms: attempt.wait_ms,
-            queued_ms,
-            server_us: attempt.started.elapsed().as_micros() as u64,
-            slot_ref,
-        };
+        let line = acquire_line(attempt, epoch_now, status, code, reason, queued_ms, slot_ref);
         self.record_attempt(Some(attempt.pool), None, attempt.client, line, true);
     }
 
@@ -488,16 +479,7 @@ impl App {
         queued_ms: u64,
         slot_ref: Option<u32>,
     ) -> u64 {
-        let line = history::Attempt {
-            epoch_ms: epoch_now.0,
-            status: status.code(),
-            error: code,
-            reason,
-            wait_ms: attempt.wait_ms,
-            queued_ms,
-            server_us: attempt.started.elapsed().as_micros() as u64,
-            slot_ref,
-        };
+        let line = acquire_line(attempt, epoch_now, status, code, reason, queued_ms, slot_ref);
         self.observe(Some(attempt.pool), &line, true);
         line.server_us
     }
@@ -691,6 +673,29 @@ const KEYS_FULL: ApiError = ApiError::Unavailable(
     "The pool holds as many live Idempotency-Keys as it keeps; retry once slots are released.",
     1,
 );
+
+/// The history and access-log entry of one answered acquire.
+#[allow(clippy::too_many_arguments)]
+fn acquire_line(
+    attempt: &Attempt,
+    epoch_now: EpochMs,
+    status: Status,
+    error: Option<&'static str>,
+    reason: Option<DenyReason>,
+    queued_ms: u64,
+    slot_ref: Option<u32>,
+) -> history::Attempt {
+    history::Attempt {
+        epoch_ms: epoch_now.0,
+        status: status.code(),
+        error,
+        reason,
+        wait_ms: attempt.wait_ms,
+        queued_ms,
+        server_us: attempt.started.elapsed().as_micros() as u64,
+        slot_ref,
+    }
+}
 
 /// Scopes an `Idempotency-Key` to the pool key that presented it (FNV-1a:
 /// the key was already checked, this only tells the pool's keys apart).

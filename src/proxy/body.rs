@@ -28,7 +28,7 @@ pub struct Relay {
     done: bool,
 }
 
-/// `XXXXXXXX\r\n`: a chunk-size line of fixed width, written before the data
+/// Eight hex digits and CRLF: a chunk-size line of fixed width, written before the data
 /// and filled in after, so decoded bytes go straight to the output.
 const SIZE_LINE: usize = 10;
 

@@ -421,7 +421,7 @@ impl Proxy {
         // Nothing was written, so the old output is the whole request so far.
         debug_assert_eq!(up.out_pos, 0);
         let pending = std::mem::take(&mut up.output);
-        let dial = match up.dial.has_next() {
+        let dial = match up.dial.has_next() && !up.reused {
             true => std::mem::replace(&mut up.dial, Dial::new(Vec::new())),
             false => Dial::new(vec![up.addr]),
         };
@@ -825,3 +825,6 @@ fn connect_result(t: &mut Transport) -> io::Result<bool> {
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,210 @@
+//! The exchange state machine over real loopback sockets, driven step by
+//! step without a server, for what the wire cannot stage on demand: the
+//! upstream resetting a kept-alive connection after it was taken from the
+//! idle pool (and found open) but before the request was written to it.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll, Token};
+
+use super::*;
+use crate::http::request::BodyFraming;
+
+const BASE: usize = 1000;
+const POOL: PoolId = PoolId(0);
+const REQUEST_HEAD: &[u8] = b"POST /charge HTTP/1.1\r\nHost: up\r\nContent-Length: 5\r\n\r\n";
+const OK: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+const WAIT: Duration = Duration::from_secs(10);
+
+/// An upstream listener, the proxy's state and the poll its sockets are registered with.
+struct Rig {
+    poll: Poll,
+    events: Events,
+    listener: TcpListener,
+    target: Target,
+    proxy: Proxy,
+}
+
+/// One client's side of an exchange: what it sent that the exchange has not taken, what it got.
+#[derive(Default)]
+struct Client {
+    input: Vec<u8>,
+    output: Vec<u8>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target =
+            Target { tls: false, name: "127.0.0.1".into(), port, authority: format!("127.0.0.1:{port}").into() };
+        Rig { poll: Poll::new().unwrap(), events: Events::with_capacity(16), listener, target, proxy: Proxy::default() }
+    }
+
+    /// Opens an exchange for `POST /charge` with a 5-byte body and attaches
+    /// it: to an idle connection when there is one, else to a new one.
+    fn open(&mut self) -> usize {
+        let (request, _) = request_relay(BodyFraming::Length(5), 1 << 20);
+        let attempt =
+            Attempt { pool: POOL, client: IpAddr::V4(Ipv4Addr::LOCALHOST), wait_ms: 0, started: Instant::now() };
+        let new = NewExchange {
+            client: (0, 0),
+            pool: POOL,
+            attempt,
+            request,
+            client_side: ClientSide { http11: true, keep_alive: true, head_request: false },
+            expect_continue: false,
+        };
+        let ex = self.proxy.open(new, REQUEST_HEAD.to_vec());
+        if self.proxy.idle_total() > 0 {
+            let attached = self.proxy.attach(ex, &self.target, None, 0, self.poll.registry(), BASE);
+            assert_eq!(attached, Attached::Yes);
+        } else {
+            // What `attach` does once the name is resolved.
+            let dial = Dial::new(vec![self.listener.local_addr().unwrap()]);
+            let security = security(&self.target, None, 0).unwrap();
+            let idx = self.proxy.connect(POOL, &self.target, dial, security, self.poll.registry(), BASE).unwrap();
+            self.proxy.attach_to(ex, idx, false, None);
+        }
+        ex
+    }
+
+    fn pump(&mut self, ex: usize, client: &mut Client) -> Step {
+        let mut io =
+            ClientIo { input: &client.input, consumed: 0, output: &mut client.output, out_pos: 0, high_water: 1 << 20 };
+        let step = self.proxy.pump(ex, &mut io, 0);
+        let consumed = io.consumed;
+        client.input.drain(..consumed);
+        step
+    }
+
+    /// Pumps the exchange until it is no longer pending, giving `peer` its
+    /// turn (reading what arrived, answering) between pumps.
+    fn drive(&mut self, ex: usize, client: &mut Client, mut peer: impl FnMut() -> bool) -> Step {
+        let until = Instant::now() + WAIT;
+        loop {
+            let step = self.pump(ex, client);
+            if step != Step::Pending {
+                return step;
+            }
+            assert!(Instant::now() < until, "the exchange is still pending");
+            if !peer() {
+                self.poll.poll(&mut self.events, Some(Duration::from_millis(20))).unwrap();
+            }
+        }
+    }
+
+    /// Waits until the connection the exchange uses has seen its peer's reset.
+    fn await_reset(&mut self, ex: usize) {
+        let token = Token(BASE + self.proxy.exchanges[ex].up.unwrap());
+        let until = Instant::now() + WAIT;
+        loop {
+            assert!(Instant::now() < until, "no reset arrived");
+            self.poll.poll(&mut self.events, Some(Duration::from_millis(50))).unwrap();
+            if self.events.iter().any(|e| e.token() == token && (e.is_error() || e.is_read_closed())) {
+                return;
+            }
+        }
+    }
+
+    fn accept(&self) -> TcpStream {
+        let (s, _) = self.listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        s
+    }
+}
+
+/// Reads what is there (up to a short timeout) onto `got`; whether anything came.
+fn read_some(s: &mut TcpStream, got: &mut Vec<u8>) -> bool {
+    let mut buf = [0u8; 4096];
+    match s.read(&mut buf) {
+        Ok(n) => {
+            got.extend_from_slice(&buf[..n]);
+            n > 0
+        }
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
+        Err(e) => panic!("upstream read: {e}"),
+    }
+}
+
+/// Closes `s` with a reset rather than a FIN.
+fn reset(s: TcpStream) {
+    socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(s);
+}
+
+fn request() -> Vec<u8> {
+    [REQUEST_HEAD, b"hello"].concat()
+}
+
+/// Relays the exchange to completion, the upstream `s` answering `OK` once
+/// the whole request arrived; returns what the upstream got.
+fn serve(rig: &mut Rig, ex: usize, client: &mut Client, s: &mut TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    let step = rig.drive(ex, client, || {
+        let more = read_some(s, &mut got);
+        if more && got.len() == request().len() {
+            s.write_all(OK).unwrap();
+        }
+        more
+    });
+    assert_eq!(step, Step::Complete { close_client: false });
+    got
+}
+
+/// Relays one exchange on a fresh connection and keeps that connection idle;
+/// then opens a second exchange, which takes it from the idle pool, and has
+/// the upstream reset it before the exchange is pumped. Returns the second
+/// exchange with its client, whose body is still unread.
+fn reused_then_reset(rig: &mut Rig) -> (usize, Client) {
+    let first = rig.open();
+    let mut s1 = rig.accept();
+    let mut client = Client { input: b"hello".to_vec(), ..Client::default() };
+    assert_eq!(serve(rig, first, &mut client, &mut s1), request());
+    assert!(client.output.ends_with(b"ok"), "{:?}", String::from_utf8_lossy(&client.output));
+    rig.proxy.finish(first, true, 4, rig.poll.registry());
+    assert_eq!(rig.proxy.idle_total(), 1);
+
+    let second = rig.open();
+    assert_eq!(rig.proxy.stats.upstream_reuses, 1, "the idle connection was found open and taken");
+    reset(s1);
+    rig.await_reset(second);
+    (second, Client { input: b"hello".to_vec(), ..Client::default() })
+}
+
+#[test]
+fn a_reused_connection_failing_before_the_request_is_written_is_retried_once_on_a_fresh_one() {
+    let mut rig = Rig::new();
+    let (ex, mut client) = reused_then_reset(&mut rig);
+    assert_eq!(rig.pump(ex, &mut client), Step::Retry);
+    assert!(client.input.is_empty(), "the body was taken into the request");
+    rig.proxy.reattach(ex, None, 0, rig.poll.registry(), BASE).unwrap();
+    assert_eq!(rig.proxy.stats.retries, 1);
+    let fresh = rig.proxy.exchanges[ex].up.unwrap();
+    assert!(!rig.proxy.ups[fresh].reused, "the fresh connection gets no retry of its own");
+
+    let mut s2 = rig.accept();
+    let got = serve(&mut rig, ex, &mut client, &mut s2);
+    assert_eq!(got, request(), "the fresh connection carried the whole request, head and body, once");
+    assert!(client.output.ends_with(b"ok"));
+    assert_eq!((rig.proxy.stats.retries, rig.proxy.stats.upstream_connects), (1, 2));
+}
+
+#[test]
+fn a_retried_request_whose_fresh_connection_fails_too_is_a_bad_gateway_not_a_second_retry() {
+    let mut rig = Rig::new();
+    let (ex, mut client) = reused_then_reset(&mut rig);
+    assert_eq!(rig.pump(ex, &mut client), Step::Retry);
+    rig.proxy.reattach(ex, None, 0, rig.poll.registry(), BASE).unwrap();
+    // The upstream takes the fresh connection and resets it before a byte arrives.
+    reset(rig.accept());
+    rig.await_reset(ex);
+    let step = rig.drive(ex, &mut client, || false);
+    assert!(matches!(step, Step::BadGateway(_)), "{step:?}");
+    assert_eq!(rig.proxy.stats.retries, 1);
+    rig.listener.set_nonblocking(true).unwrap();
+    let third = rig.listener.accept();
+    assert!(matches!(&third, Err(e) if e.kind() == ErrorKind::WouldBlock), "no third connection: {third:?}");
+}

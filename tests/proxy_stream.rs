@@ -228,6 +228,22 @@ fn idle_connections_are_kept_up_to_the_limit_and_dropped_when_the_upstream_close
 }
 
 #[test]
+fn an_idle_upstream_connection_is_closed_at_its_idle_timeout_and_the_next_request_opens_a_fresh_one() {
+    let up = MockUpstream::start(|_| ok("one", ""));
+    let server = proxy_server(&up, 2, r#""idleTimeoutMs":300"#);
+    let sent = Instant::now();
+    assert_eq!(exchange(&server, &proxied("GET", "/a", "", "")).status, 200);
+    // The upstream keeps it open (for 30 s): nthpool is the side that closes it.
+    assert!(up.wait_ended(0, Duration::from_secs(10)), "the idle connection was not closed");
+    assert!(sent.elapsed() >= Duration::from_millis(300), "closed before its idle timeout");
+    let r = exchange(&server, &proxied("GET", "/b", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"one"[..]), "{r:?}");
+    assert_eq!(up.connections(), 2, "the next request went on a fresh connection");
+    let conns: Vec<(usize, String)> = up.seen().iter().map(|s| (s.conn, s.request_line().to_string())).collect();
+    assert_eq!(conns, [(0, "GET /a HTTP/1.1".to_string()), (1, "GET /b HTTP/1.1".to_string())]);
+}
+
+#[test]
 fn the_access_log_and_metrics_describe_proxied_requests() {
     let up = MockUpstream::start(|_| ok("hello", "x-ratelimit-remaining-requests: 10\r\n"));
     let server = TestServer::start(

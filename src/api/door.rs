@@ -46,6 +46,8 @@ pub enum Wake {
     Conn(ConnId),
     /// Time for the periodic snapshot (`snapshotIntervalMs`).
     Snapshot,
+    /// Idle upstream connections may be past their `idleTimeoutMs`.
+    UpstreamIdle,
 }
 
 /// What the application's own entries on the wheel stand for.

@@ -21,6 +21,8 @@ use crate::net::tls::ClientTls;
 
 /// The most idle keep-alive connections one upstream may keep.
 pub const MAX_IDLE_CONNECTIONS: usize = 10_000;
+/// The longest an idle upstream connection may be kept (one hour).
+pub const MAX_IDLE_TIMEOUT_MS: u64 = 3_600_000;
 /// The largest proxied request body that may be configured (1 TiB).
 pub const MAX_REQUEST_BYTES: u64 = 1 << 40;
 /// The longest a managed header value may be, after resolution.
@@ -44,6 +46,8 @@ pub struct UpstreamConfig {
     pub max_request_bytes: u64,
     #[serde(default = "defaults::idle_connections")]
     pub idle_connections: usize,
+    #[serde(default = "defaults::idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
     #[serde(default)]
     pub ca_file: Option<String>,
 }
@@ -60,6 +64,12 @@ mod defaults {
     }
     pub fn idle_connections() -> usize {
         32
+    }
+    /// Below the 5 s keep-alive timeout of common upstream servers (Node.js,
+    /// uvicorn, Apache), so nthpool closes an idle connection before the
+    /// upstream does and a request never races the upstream's close.
+    pub fn idle_timeout_ms() -> u64 {
+        4_000
     }
 }
 
@@ -120,6 +130,8 @@ pub struct Upstream {
     pub timeout_ms: u64,
     pub max_request_bytes: u64,
     pub idle_connections: usize,
+    /// An idle kept-alive connection is closed after this long unused.
+    pub idle_timeout_ms: u64,
 }
 
 impl UpstreamConfig {
@@ -167,6 +179,9 @@ impl UpstreamConfig {
         if self.idle_connections > MAX_IDLE_CONNECTIONS {
             return Err(field("idleConnections", format!("must be at most {MAX_IDLE_CONNECTIONS}")));
         }
+        if self.idle_timeout_ms == 0 || self.idle_timeout_ms > MAX_IDLE_TIMEOUT_MS {
+            return Err(field("idleTimeoutMs", format!("must be between 1 and {MAX_IDLE_TIMEOUT_MS}")));
+        }
         if self.ca_file.is_some() && !target.tls {
             return Err(field("caFile", "applies to https:// upstreams only".to_string()));
         }
@@ -206,6 +221,7 @@ impl Upstream {
             timeout_ms: config.timeout_ms,
             max_request_bytes: config.max_request_bytes,
             idle_connections: config.idle_connections,
+            idle_timeout_ms: config.idle_timeout_ms,
         })
     }
 }
@@ -403,6 +419,8 @@ mod tests {
             (r#","setHeaders":{"A":"x","a":"y"}"#, "upstream.setHeaders"),
             (r#","timeoutMs":0"#, "upstream.timeoutMs"),
             (r#","idleConnections":100000"#, "upstream.idleConnections"),
+            (r#","idleTimeoutMs":0"#, "upstream.idleTimeoutMs"),
+            (r#","idleTimeoutMs":3600001"#, "upstream.idleTimeoutMs"),
             (r#","caFile":"ca.pem""#, "upstream.caFile"),
         ];
         for (extra, name) in cases {

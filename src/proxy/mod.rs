@@ -102,6 +102,8 @@ pub struct UpConn {
     written: u64,
     /// Taken from the idle pool (so a failure before writing may be retried).
     reused: bool,
+    /// While idle: when it is closed unless taken again (`idleTimeoutMs`).
+    idle_until: Ms,
     eof: bool,
     /// A TLS peer closed without `close_notify`: a close-delimited body may be cut short.
     unclean_eof: bool,
@@ -259,8 +261,12 @@ impl ProxyStats {
 pub struct Proxy {
     pub ups: Slab<UpConn>,
     pub exchanges: Slab<Exchange>,
-    /// Idle connections per pool (by `PoolId`), most recently used last.
+    /// Idle connections per pool (by `PoolId`), oldest first: taken from
+    /// the back (the most recently used), closed from the front when their
+    /// idle timeout passes.
     idle: Vec<Vec<usize>>,
+    /// When the sweep of expired idle connections is next due on the wheel.
+    sweep_at: Option<Ms>,
     /// Request-head buffers of finished exchanges, reused.
     spare: Vec<Vec<u8>>,
     /// Host names of upstreams, looked up off the loop (the reactor starts it).
@@ -295,6 +301,15 @@ pub fn request_relay(framing: crate::http::request::BodyFraming, max_bytes: u64)
             )
         }
     }
+}
+
+/// How the connection of a finished exchange may be kept for reuse.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    /// The most idle connections its pool keeps (`idleConnections`).
+    pub limit: usize,
+    /// How long it is kept unused (`idleTimeoutMs`).
+    pub idle_ms: Ms,
 }
 
 /// Everything an exchange starts with.
@@ -481,6 +496,7 @@ impl Proxy {
             exchange: None,
             written: 0,
             reused: false,
+            idle_until: Ms::MAX,
             eof: false,
             unclean_eof: false,
             handshake_noted: false,
@@ -528,9 +544,18 @@ impl Proxy {
 
     /// An exchange is over: its connection goes back to the idle pool when
     /// `reusable` (and the pool has room), else it is closed. Returns the
-    /// exchange, for its slot and counters; `retire` it afterwards.
-    pub fn finish(&mut self, ex: usize, reusable: bool, idle_limit: usize, registry: &mio::Registry) -> Exchange {
+    /// exchange, for its slot and counters (`retire` it afterwards), and
+    /// when a sweep must be put on the wheel for the connection kept idle.
+    pub fn finish(
+        &mut self,
+        ex: usize,
+        reusable: bool,
+        keep: Keep,
+        now: Ms,
+        registry: &mio::Registry,
+    ) -> (Exchange, Option<Ms>) {
         let mut e = self.exchanges.remove(ex);
+        let mut sweep = None;
         if let Some(at) = self.resolving.iter().position(|&w| w == ex) {
             self.resolving.swap_remove(at);
         }
@@ -545,15 +570,49 @@ impl Proxy {
                 }
                 &mut self.idle[pid]
             };
-            if clean && list.len() < idle_limit {
+            if clean && list.len() < keep.limit {
                 up.output.clear();
                 up.out_pos = 0;
+                up.idle_until = now.saturating_add(keep.idle_ms);
                 list.push(idx);
+                sweep = self.sweep_by(now.saturating_add(keep.idle_ms));
             } else {
                 self.close_up(idx, registry);
             }
         }
-        e
+        (e, sweep)
+    }
+
+    /// A connection goes idle until `at`: the time to put a sweep on the
+    /// wheel for, unless one comes by then.
+    fn sweep_by(&mut self, at: Ms) -> Option<Ms> {
+        if self.sweep_at.is_some_and(|due| due <= at) {
+            return None;
+        }
+        self.sweep_at = Some(at);
+        Some(at)
+    }
+
+    /// A sweep came due: closes the idle connections whose idle timeout has
+    /// passed (the upstream sees them closed). Returns when the next sweep
+    /// must be put on the wheel, if one is needed and none is there by then.
+    pub fn close_expired(&mut self, now: Ms, registry: &mio::Registry) -> Option<Ms> {
+        if self.sweep_at.is_some_and(|due| due <= now) {
+            self.sweep_at = None;
+        }
+        let mut next = Ms::MAX;
+        for pid in 0..self.idle.len() {
+            while let Some(&idx) = self.idle[pid].first() {
+                let until = self.ups[idx].idle_until;
+                if until > now {
+                    next = next.min(until);
+                    break;
+                }
+                debug!("closing an upstream connection idle past its idle timeout");
+                self.close_up(idx, registry);
+            }
+        }
+        (next < Ms::MAX).then(|| self.sweep_by(next)).flatten()
     }
 
     /// Keeps a finished exchange's buffers for the next one.
@@ -567,7 +626,8 @@ impl Proxy {
         let _ = registry.deregister(up.transport.tcp());
         if let Some(list) = self.idle.get_mut(up.pool.0 as usize) {
             if let Some(at) = list.iter().position(|&i| i == idx) {
-                list.swap_remove(at);
+                // In order: the list stays oldest first.
+                list.remove(at);
             }
         }
     }

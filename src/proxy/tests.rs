@@ -164,7 +164,7 @@ fn reused_then_reset(rig: &mut Rig) -> (usize, Client) {
     let mut client = Client { input: b"hello".to_vec(), ..Client::default() };
     assert_eq!(serve(rig, first, &mut client, &mut s1), request());
     assert!(client.output.ends_with(b"ok"), "{:?}", String::from_utf8_lossy(&client.output));
-    rig.proxy.finish(first, true, 4, rig.poll.registry());
+    rig.proxy.finish(first, true, Keep { limit: 4, idle_ms: 60_000 }, 0, rig.poll.registry());
     assert_eq!(rig.proxy.idle_total(), 1);
 
     let second = rig.open();
@@ -207,4 +207,42 @@ fn a_retried_request_whose_fresh_connection_fails_too_is_a_bad_gateway_not_a_sec
     rig.listener.set_nonblocking(true).unwrap();
     let third = rig.listener.accept();
     assert!(matches!(&third, Err(e) if e.kind() == ErrorKind::WouldBlock), "no third connection: {third:?}");
+}
+
+#[test]
+fn idle_connections_are_closed_oldest_first_once_their_idle_timeout_passed() {
+    let mut rig = Rig::new();
+    let (a, b) = (rig.open(), rig.open());
+    let mut upstream = [rig.accept(), rig.accept()];
+    let mut got = [Vec::new(), Vec::new()];
+    let mut clients = [(); 2].map(|_| Client { input: b"hello".to_vec(), ..Client::default() });
+    for (ex, client) in [a, b].into_iter().zip(&mut clients) {
+        let step = rig.drive(ex, client, || {
+            let mut more = false;
+            for (s, got) in upstream.iter_mut().zip(&mut got) {
+                let fresh = read_some(s, got);
+                if fresh && got.len() == request().len() {
+                    s.write_all(OK).unwrap();
+                }
+                more |= fresh;
+            }
+            more
+        });
+        assert_eq!(step, Step::Complete { close_client: false });
+    }
+    let keep = Keep { limit: 4, idle_ms: 100 };
+    // Idle from 0 and from 30, each for 100 ms: one sweep, due at 100.
+    assert_eq!(rig.proxy.finish(a, true, keep, 0, rig.poll.registry()).1, Some(100));
+    assert_eq!(rig.proxy.finish(b, true, keep, 30, rig.poll.registry()).1, None, "the sweep at 100 comes first");
+    assert_eq!(rig.proxy.close_expired(99, rig.poll.registry()), None, "a sweep is still due at 100");
+    assert_eq!(rig.proxy.idle_total(), 2);
+    assert_eq!(rig.proxy.close_expired(100, rig.poll.registry()), Some(130), "the next sweep is for the other");
+    assert_eq!(rig.proxy.idle_total(), 1);
+    assert_eq!(rig.proxy.close_expired(130, rig.poll.registry()), None, "nothing left to sweep");
+    assert_eq!(rig.proxy.idle_total(), 0);
+    // Both upstream sockets see the close.
+    for s in &mut upstream {
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        assert_eq!(s.read(&mut [0u8; 16]).unwrap(), 0);
+    }
 }

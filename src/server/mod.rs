@@ -500,6 +500,7 @@ impl Server {
                     self.accept(true);
                 }
                 Event::Wake(Wake::Conn(id)) => self.dispatch(id, Signal::Deadline),
+                Event::Wake(Wake::UpstreamIdle) => self.sweep_idle_upstreams(),
                 Event::Wake(Wake::Snapshot) => {
                     self.persistence.write_periodic(self.app.governor(), self.now.ms);
                     let every = self.persistence.interval_ms().expect("armed only with an interval");

@@ -17,7 +17,7 @@ use mio::{Interest, Registry, Token};
 use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
 use super::{client_mut, Server};
 use crate::api::proxy::ProxiedLine;
-use crate::api::{governor_headers, ApiError, App, ConnId, Ctx, Queued, CLIENT_GONE_STATUS};
+use crate::api::{governor_headers, ApiError, App, ConnId, Ctx, Queued, Wake, CLIENT_GONE_STATUS};
 use crate::config::upstream::Upstream;
 use crate::config::Config;
 use crate::governor::{Admission, Grant, Ms, PoolId};
@@ -25,7 +25,7 @@ use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
 use crate::http::response::CONTINUE;
 use crate::proxy::head::{self, ClientSide};
-use crate::proxy::{request_relay, Attached, ClientIo, Exchange, NewExchange, Phase, Proxy, Step};
+use crate::proxy::{request_relay, Attached, ClientIo, Exchange, Keep, NewExchange, Phase, Proxy, Step};
 use crate::time::Now;
 
 /// Upstream connections are registered at `UPSTREAM_BASE + slab index`.
@@ -378,8 +378,7 @@ impl Server {
             self.app.waiter_gone(&queued, id, self.now);
         }
         let reusable = matches!(end, End::Complete { .. });
-        let idle_limit = self.proxy_idle_limit(ex);
-        let e = self.proxy.finish(ex, reusable, idle_limit, self.poll.registry());
+        let e = self.finish_exchange(ex, reusable);
         let failure = match end {
             End::Answered(
                 err @ (ApiError::BadGateway | ApiError::BadGatewayBecause(_) | ApiError::UpstreamTimeout),
@@ -418,14 +417,30 @@ impl Server {
         self.drain_events();
     }
 
-    fn proxy_idle_limit(&self, ex: usize) -> usize {
-        self.app.upstream(self.proxy.exchanges[ex].pool).map_or(0, |u| u.idle_connections)
+    /// Takes the exchange out of the proxy, its connection kept idle (with
+    /// a sweep on the wheel for when it expires) or closed.
+    fn finish_exchange(&mut self, ex: usize, reusable: bool) -> Exchange {
+        let keep = match self.app.upstream(self.proxy.exchanges[ex].pool) {
+            Some(u) => Keep { limit: u.idle_connections, idle_ms: u.idle_timeout_ms },
+            None => Keep { limit: 0, idle_ms: 0 },
+        };
+        let (e, sweep) = self.proxy.finish(ex, reusable, keep, self.now.ms, self.poll.registry());
+        if let Some(at) = sweep {
+            self.app.schedule(at, Wake::UpstreamIdle);
+        }
+        e
+    }
+
+    /// The idle-connection sweep came due: the expired ones are closed.
+    pub(super) fn sweep_idle_upstreams(&mut self) {
+        if let Some(at) = self.proxy.close_expired(self.now.ms, self.poll.registry()) {
+            self.app.schedule(at, Wake::UpstreamIdle);
+        }
     }
 
     /// The client connection is closing while in an exchange.
     pub(super) fn abandon_exchange(&mut self, ex: usize) {
-        let idle_limit = self.proxy_idle_limit(ex);
-        let e = self.proxy.finish(ex, false, idle_limit, self.poll.registry());
+        let e = self.finish_exchange(ex, false);
         if let Some(slot) = &e.slot {
             let outcome = Proxy::outcome(&e, None);
             self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now.ms);

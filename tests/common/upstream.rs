@@ -72,6 +72,8 @@ pub struct MockUpstream {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     connections: Arc<AtomicUsize>,
+    /// Connections the other side ended while the upstream waited for a request.
+    ended: Arc<Mutex<Vec<usize>>>,
 }
 
 type Script = dyn Fn(&Seen) -> Reply + Send + Sync;
@@ -82,17 +84,35 @@ impl MockUpstream {
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicUsize::new(0));
+        let ended = Arc::new(Mutex::new(Vec::new()));
         let script: Arc<Script> = Arc::new(script);
-        let (s, c) = (seen.clone(), connections.clone());
+        let (s, c, e) = (seen.clone(), connections.clone(), ended.clone());
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
                 let n = c.fetch_add(1, Ordering::SeqCst);
-                let (s, script) = (s.clone(), script.clone());
-                std::thread::spawn(move || serve(stream, n, &s, &*script));
+                let (s, e, script) = (s.clone(), e.clone(), script.clone());
+                std::thread::spawn(move || {
+                    if serve(stream, n, &s, &*script) == Served::Ended {
+                        e.lock().unwrap().push(n);
+                    }
+                });
             }
         });
-        MockUpstream { addr, seen, connections }
+        MockUpstream { addr, seen, connections, ended }
+    }
+
+    /// Waits up to `limit` for connection `conn` to be ended by the other
+    /// side between requests; whether it was.
+    pub fn wait_ended(&self, conn: usize, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if self.ended.lock().unwrap().contains(&conn) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
     }
 
     pub fn url(&self) -> String {
@@ -109,47 +129,56 @@ impl MockUpstream {
     }
 }
 
-fn serve(mut stream: TcpStream, conn: usize, seen: &Mutex<Vec<Seen>>, script: &Script) {
+/// How a connection's service ended.
+#[derive(PartialEq, Eq)]
+enum Served {
+    /// The other side ended it (or it failed, or went 30 s quiet) while a request was awaited.
+    Ended,
+    /// The script closed or reset it, or a write failed.
+    Closed,
+}
+
+fn serve(mut stream: TcpStream, conn: usize, seen: &Mutex<Vec<Seen>>, script: &Script) -> Served {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
     let mut buf = Vec::new();
     loop {
-        let Some(request) = read_request(&mut stream, &mut buf, conn) else { return };
+        let Some(request) = read_request(&mut stream, &mut buf, conn) else { return Served::Ended };
         seen.lock().unwrap().push(request.clone());
         match script(&request) {
             Reply::Raw(bytes) => {
                 if stream.write_all(&bytes).is_err() {
-                    return;
+                    return Served::Closed;
                 }
             }
             Reply::RawThenClose(bytes) => {
                 let _ = stream.write_all(&bytes);
-                return;
+                return Served::Closed;
             }
             Reply::Paced(pieces) => {
                 for (pause, bytes) in pieces {
                     std::thread::sleep(Duration::from_millis(pause));
                     if stream.write_all(&bytes).is_err() {
-                        return;
+                        return Served::Closed;
                     }
                 }
-                return;
+                return Served::Closed;
             }
             Reply::RawThenReset(bytes) => {
                 let _ = stream.write_all(&bytes);
                 reset(stream);
-                return;
+                return Served::Closed;
             }
             Reply::Silent(d) => {
                 std::thread::sleep(d);
-                return;
+                return Served::Closed;
             }
             Reply::Repeat { head, piece, times } => {
                 if stream.write_all(&head).is_err() {
-                    return;
+                    return Served::Closed;
                 }
                 for _ in 0..times {
                     if stream.write_all(&piece).is_err() {
-                        return;
+                        return Served::Closed;
                     }
                 }
             }

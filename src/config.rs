@@ -12,7 +12,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+pub mod resolver;
 pub mod upstream;
+use resolver::ResolverConfig;
 use upstream::UpstreamConfig;
 
 /// The configuration the binary runs with when no `--config` is given.
@@ -76,6 +78,9 @@ pub struct Config {
     /// Also snapshot this often while running (off the request path); `null`: only at stop.
     #[serde(default)]
     pub snapshot_interval_ms: Option<u64>,
+    /// How upstream host names are looked up and cached (proxy mode).
+    #[serde(default)]
+    pub resolver: ResolverConfig,
     #[serde(deserialize_with = "unique_pools")]
     pub pools: BTreeMap<String, PoolConfig>,
 }
@@ -372,6 +377,7 @@ impl Config {
                 return fail("publicHost must be a host name without port, like api.example.com");
             }
         }
+        self.resolver.validate()?;
         if self.pools.is_empty() {
             return fail("pools: configure at least one pool");
         }

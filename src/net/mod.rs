@@ -2,5 +2,7 @@
 //! host-name resolution off the event loop. Both are driven by the reactor;
 //! neither reads the clock (they take `now`) nor knows about HTTP.
 
+pub mod dns;
+pub mod nameserver;
 pub mod resolve;
 pub mod tls;

@@ -1,15 +1,17 @@
 //! Host-name resolution that never blocks the event loop.
 //!
-//! The system resolver (`getaddrinfo`) only blocks, so lookups run on one
-//! resolver thread: the only thread besides the event loop. The loop owns a
+//! The system resolver (`getaddrinfo`), or the name servers the
+//! configuration names (`net::nameserver`), are asked by blocking calls, so
+//! lookups run on one resolver thread: the only thread besides the event loop. The loop owns a
 //! [`Resolver`]; asking it for a name answers at once from its cache, or sends
 //! the name to the thread and answers [`Lookup::Pending`]. When the thread has
 //! an answer it queues it and wakes the loop through a `mio::Waker`; the loop
 //! then calls [`Resolver::take_answers`], which files the answers in the cache
 //! and tells which names are now ready, so connections waiting on them go on.
 //!
-//! The cache keeps an answer for `ttl_ms` (`getaddrinfo` reports no TTL, so
-//! the time is ours). Past that the old addresses are still served, and a
+//! The cache keeps an answer for its TTL: the DNS answer's, held between
+//! `min_ttl_ms` and `max_ttl_ms`, or `ttl_ms` when the lookup reports none
+//! (`getaddrinfo` does not). Past that the old addresses are still served, and a
 //! refresh is sent to the thread in the background, until `max_stale_ms`:
 //! beyond it a caller waits for a fresh answer. A failed refresh keeps the
 //! old addresses until then. A name that does not resolve is remembered as
@@ -29,10 +31,14 @@ use std::sync::Arc;
 
 use mio::net::TcpStream;
 
+pub use super::nameserver::{Found, Nameservers};
 use crate::time::Ms;
 
-/// How long an answer is used before it is refreshed in the background.
+/// How long an answer without a TTL is used before it is refreshed in the background.
 pub const DEFAULT_TTL_MS: Ms = 30_000;
+/// The shortest and the longest a DNS answer's TTL is taken to be.
+pub const DEFAULT_MIN_TTL_MS: Ms = 1_000;
+pub const DEFAULT_MAX_TTL_MS: Ms = 300_000;
 /// How long past its TTL an answer may still be used while a refresh runs.
 pub const DEFAULT_MAX_STALE_MS: Ms = 300_000;
 /// How long a name that did not resolve is answered as such without asking again.
@@ -42,8 +48,9 @@ pub const DEFAULT_NEGATIVE_TTL_MS: Ms = 1_000;
 pub const MAX_HOST_LEN: usize = 253;
 
 /// The blocking lookup the thread runs: a host name to its addresses, in the
-/// order the system prefers. Replaceable so tests can be slow or fail at will.
-pub type LookupFn = dyn Fn(&str) -> io::Result<Vec<IpAddr>> + Send + Sync;
+/// order the system prefers, with their TTL when known. Replaceable so tests
+/// can be slow or fail at will.
+pub type LookupFn = dyn Fn(&str) -> io::Result<Found> + Send + Sync;
 
 /// Why a name has no addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +105,10 @@ pub enum Lookup<'a> {
 /// Timing of the cache, all in milliseconds of the caller's clock.
 #[derive(Debug, Clone, Copy)]
 pub struct CachePolicy {
+    /// For answers that carry no TTL.
     pub ttl_ms: Ms,
+    pub min_ttl_ms: Ms,
+    pub max_ttl_ms: Ms,
     pub max_stale_ms: Ms,
     pub negative_ttl_ms: Ms,
 }
@@ -107,16 +117,28 @@ impl Default for CachePolicy {
     fn default() -> Self {
         CachePolicy {
             ttl_ms: DEFAULT_TTL_MS,
+            min_ttl_ms: DEFAULT_MIN_TTL_MS,
+            max_ttl_ms: DEFAULT_MAX_TTL_MS,
             max_stale_ms: DEFAULT_MAX_STALE_MS,
             negative_ttl_ms: DEFAULT_NEGATIVE_TTL_MS,
         }
     }
 }
 
+impl CachePolicy {
+    /// How long an answer with `ttl_s` (DNS seconds) is fresh.
+    fn ttl(&self, ttl_s: Option<u32>) -> Ms {
+        match ttl_s {
+            Some(s) => (Ms::from(s) * 1_000).clamp(self.min_ttl_ms, self.max_ttl_ms),
+            None => self.ttl_ms,
+        }
+    }
+}
+
 struct Entry {
-    /// The last good answer (port 0) and when it was filed.
+    /// The last good answer (port 0) and until when it is fresh.
     addrs: Vec<SocketAddr>,
-    resolved_at: Option<Ms>,
+    fresh_until: Option<Ms>,
     /// The last failure and when it came, if the last answer was one.
     failure: Option<(ResolveError, Ms)>,
     in_flight: bool,
@@ -124,7 +146,7 @@ struct Entry {
 
 struct Answer {
     host: String,
-    result: io::Result<Vec<IpAddr>>,
+    result: io::Result<Found>,
 }
 
 /// The loop's side of the resolver: the cache and the two channels.
@@ -137,10 +159,17 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    /// Starts the resolver thread with the system's resolver. `waker` is
-    /// woken each time an answer is queued.
-    pub fn spawn(waker: Arc<mio::Waker>, policy: CachePolicy) -> io::Result<Resolver> {
-        Self::spawn_with(waker, policy, Arc::new(system_lookup))
+    /// Starts the resolver thread, asking `nameservers` when given, else the
+    /// system's resolver. `waker` is woken each time an answer is queued.
+    pub fn spawn(
+        waker: Arc<mio::Waker>,
+        policy: CachePolicy,
+        nameservers: Option<Nameservers>,
+    ) -> io::Result<Resolver> {
+        match nameservers {
+            Some(ns) => Self::spawn_with(waker, policy, Arc::new(move |host: &str| ns.lookup(host))),
+            None => Self::spawn_with(waker, policy, Arc::new(system_lookup)),
+        }
     }
 
     /// Starts the resolver thread with `lookup` in place of the system's.
@@ -170,7 +199,7 @@ impl Resolver {
             // the configuration, so their number is bounded.
             let entry = self.cache.entry(host.to_owned()).or_insert_with(|| Entry {
                 addrs: Vec::new(),
-                resolved_at: None,
+                fresh_until: None,
                 failure: Some((ResolveError::InvalidName(host.to_owned()), u64::MAX)),
                 in_flight: false,
             });
@@ -181,17 +210,15 @@ impl Resolver {
             let literal = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok();
             let entry = Entry {
                 addrs: literal.map(|ip| vec![SocketAddr::new(ip, 0)]).unwrap_or_default(),
-                resolved_at: literal.map(|_| u64::MAX),
+                fresh_until: literal.map(|_| u64::MAX),
                 failure: None,
                 in_flight: false,
             };
             self.cache.insert(host.to_owned(), entry);
         }
         let entry = self.cache.get_mut(host).expect("inserted above");
-        let fresh_until = entry.resolved_at.map(|at| at.saturating_add(policy.ttl_ms));
-        let usable_until =
-            entry.resolved_at.map(|at| at.saturating_add(policy.ttl_ms.saturating_add(policy.max_stale_ms)));
-        let needs_refresh = fresh_until.is_none_or(|t| now >= t);
+        let usable_until = entry.fresh_until.map(|t| t.saturating_add(policy.max_stale_ms));
+        let needs_refresh = entry.fresh_until.is_none_or(|t| now >= t);
         let failure_current =
             entry.failure.as_ref().is_some_and(|(_, at)| now < at.saturating_add(policy.negative_ttl_ms));
         if needs_refresh && !entry.in_flight && !failure_current {
@@ -219,10 +246,10 @@ impl Resolver {
             };
             entry.in_flight = false;
             match result {
-                Ok(ips) if !ips.is_empty() => {
+                Ok(found) if !found.ips.is_empty() => {
                     entry.addrs.clear();
-                    entry.addrs.extend(ips.into_iter().map(|ip| SocketAddr::new(ip, 0)));
-                    entry.resolved_at = Some(now);
+                    entry.addrs.extend(found.ips.into_iter().map(|ip| SocketAddr::new(ip, 0)));
+                    entry.fresh_until = Some(now.saturating_add(self.policy.ttl(found.ttl_s)));
                     entry.failure = None;
                 }
                 Ok(_) => {
@@ -240,8 +267,9 @@ impl Resolver {
 }
 
 /// The system resolver, as the thread runs it.
-fn system_lookup(host: &str) -> io::Result<Vec<IpAddr>> {
-    Ok((host, 0u16).to_socket_addrs()?.map(|a| a.ip()).collect())
+fn system_lookup(host: &str) -> io::Result<Found> {
+    let ips = (host, 0u16).to_socket_addrs()?.map(|a| a.ip()).collect();
+    Ok(Found { ips, ttl_s: None })
 }
 
 /// `addrs` with their port set to `port`.
@@ -339,15 +367,19 @@ mod tests {
         let lookup = move |host: &str| {
             seen.lock().unwrap().push(host.to_owned());
             match answers.iter().find(|(h, _)| *h == host) {
-                Some((_, ips)) => Ok(ips.iter().map(|ip| IpAddr::from(*ip)).collect()),
+                Some((_, ips)) => Ok(found(ips.iter().map(|ip| IpAddr::from(*ip)).collect())),
                 None => Err(io::Error::new(io::ErrorKind::NotFound, "unknown host")),
             }
         };
         (Arc::new(lookup), calls)
     }
 
+    fn found(ips: Vec<IpAddr>) -> Found {
+        Found { ips, ttl_s: None }
+    }
+
     fn policy() -> CachePolicy {
-        CachePolicy { ttl_ms: 1_000, max_stale_ms: 10_000, negative_ttl_ms: 500 }
+        CachePolicy { ttl_ms: 1_000, min_ttl_ms: 2_000, max_ttl_ms: 60_000, max_stale_ms: 10_000, negative_ttl_ms: 500 }
     }
 
     struct Loop {
@@ -446,6 +478,29 @@ mod tests {
     }
 
     #[test]
+    fn a_dns_ttl_is_honoured_within_its_bounds() {
+        let ttl = Arc::new(Mutex::new(5u32));
+        let answer = ttl.clone();
+        let lookup =
+            move |_: &str| Ok(Found { ips: vec![IpAddr::from([10, 0, 0, 1])], ttl_s: Some(*answer.lock().unwrap()) });
+        let mut l = Loop::new(Arc::new(lookup));
+        // 5 s: fresh until 5 000, then refreshed.
+        assert_eq!(l.resolver.lookup("api.test", 0), Lookup::Pending);
+        l.wait_answers(0);
+        assert!(matches!(l.resolver.lookup("api.test", 4_999), Lookup::Ready(_)));
+        assert_eq!(l.resolver.cache["api.test"].fresh_until, Some(5_000));
+        // 0 s is held at the 2 s minimum, a day at the 60 s maximum.
+        *ttl.lock().unwrap() = 0;
+        assert!(matches!(l.resolver.lookup("api.test", 5_000), Lookup::Ready(_)));
+        l.wait_answers(5_000);
+        assert_eq!(l.resolver.cache["api.test"].fresh_until, Some(7_000));
+        *ttl.lock().unwrap() = 86_400;
+        assert!(matches!(l.resolver.lookup("api.test", 7_000), Lookup::Ready(_)));
+        l.wait_answers(7_000);
+        assert_eq!(l.resolver.cache["api.test"].fresh_until, Some(67_000));
+    }
+
+    #[test]
     fn a_failed_refresh_keeps_the_old_addresses_until_max_stale() {
         let fail = Arc::new(Mutex::new(false));
         let failing = fail.clone();
@@ -453,7 +508,7 @@ mod tests {
             if *failing.lock().unwrap() {
                 Err(io::Error::other("server failure"))
             } else {
-                Ok(vec![IpAddr::from([10, 0, 0, 1])])
+                Ok(found(vec![IpAddr::from([10, 0, 0, 1])]))
             }
         };
         let mut l = Loop::new(Arc::new(lookup));
@@ -479,7 +534,7 @@ mod tests {
             if host == "slow.test" {
                 gate.lock().unwrap().recv().unwrap();
             }
-            Ok(vec![IpAddr::from(Ipv4Addr::new(10, 0, 0, 9))])
+            Ok(found(vec![IpAddr::from(Ipv4Addr::new(10, 0, 0, 9))]))
         };
         let mut l = Loop::new(Arc::new(lookup));
         assert_eq!(l.resolver.lookup("slow.test", 0), Lookup::Pending);
@@ -507,7 +562,7 @@ mod tests {
     fn localhost_resolves_through_the_system_resolver() {
         let poll = Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), WAKE).unwrap());
-        let resolver = Resolver::spawn(waker, policy()).unwrap();
+        let resolver = Resolver::spawn(waker, policy(), None).unwrap();
         let mut l = Loop { poll, events: Events::with_capacity(8), resolver };
         assert_eq!(l.resolver.lookup("localhost", 0), Lookup::Pending);
         l.wait_answers(0);

@@ -165,11 +165,14 @@ pub struct Server {
 }
 
 /// The resolver thread, the only thread besides the loop: it runs the
-/// system's blocking lookups for upstream host names (`net::resolve`).
-fn spawn_resolver(poll: &Poll) -> Result<crate::net::resolve::Resolver, String> {
+/// blocking lookups for upstream host names (`net::resolve`).
+fn spawn_resolver(
+    poll: &Poll,
+    config: &crate::config::resolver::ResolverConfig,
+) -> Result<crate::net::resolve::Resolver, String> {
     let waker =
         mio::Waker::new(poll.registry(), RESOLVER).map_err(|e| format!("cannot create the resolver's waker: {e}"))?;
-    crate::net::resolve::Resolver::spawn(std::sync::Arc::new(waker), Default::default())
+    crate::net::resolve::Resolver::spawn(std::sync::Arc::new(waker), config.policy(), config.nameservers())
         .map_err(|e| format!("cannot start the resolver thread: {e}"))
 }
 
@@ -201,7 +204,7 @@ impl Server {
         let mut app = App::new(config, Entropy::from_fn(state::os_random))?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
-        let resolver = spawn_resolver(&poll)?;
+        let resolver = spawn_resolver(&poll, &config.resolver)?;
         let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
         if let Some(every) = persistence.interval_ms() {
             app.schedule(every, Wake::Snapshot);

@@ -8,7 +8,7 @@ mod sdk_support;
 mod tls_support;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -292,15 +292,6 @@ fn sighup_rereads_the_managed_key_and_a_failed_read_keeps_the_old_one() {
     let n = mock.seen().len() + 1;
     completion_text(&s.request(&chat_request(false)));
     assert_eq!(key_seen(n), "Bearer sk-rotated-0002");
-}
-
-fn admin_get(addr: SocketAddr, path: &str) -> String {
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-    let mut text = String::new();
-    c.read_to_string(&mut text).unwrap();
-    text
 }
 
 #[test]

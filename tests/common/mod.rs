@@ -270,3 +270,13 @@ pub fn run(dir: &Path, args: &[&str]) -> Run {
     child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
     Run { status, stdout, stderr }
 }
+
+/// The whole answer, head and body, to a GET on `addr` (the admin listener).
+pub fn admin_get(addr: SocketAddr, path: &str) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    text
+}

@@ -80,7 +80,12 @@ type Script = dyn Fn(&Seen) -> Reply + Send + Sync;
 
 impl MockUpstream {
     pub fn start(script: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> MockUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on("127.0.0.1:0".parse().unwrap(), script)
+    }
+
+    /// Like `start`, listening on `addr` (another loopback address, a given port).
+    pub fn start_on(addr: SocketAddr, script: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> MockUpstream {
+        let listener = TcpListener::bind(addr).unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicUsize::new(0));

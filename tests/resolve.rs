@@ -1,0 +1,151 @@
+//! Name resolution over the wire: nthpool's resolver thread asks a mock DNS
+//! server on loopback (`resolver.nameservers`), and proxied requests to
+//! upstreams named in it show what the event loop makes of the answers: a
+//! name that does not exist, a slow lookup, several addresses, a changed
+//! answer once its TTL is over.
+
+mod common;
+#[path = "common/dns.rs"]
+mod dns;
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::*;
+use dns::{MockDns, Zone};
+use upstream::{exchange, ok, proxied, MockUpstream, HOST};
+
+/// A server whose pool `p` proxies `Host: p.proxy.test` to `url`, with its
+/// names looked up by `dns`; `upstream_extra` and `resolver_extra` are added
+/// to those sections. Logged at `info`.
+fn server(dns: &MockDns, url: &str, upstream_extra: &str, resolver_extra: &str) -> TestServer {
+    let pool = format!(
+        r#""concurrency":4,"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
+        "upstream":{{"url":"{url}","hosts":["{HOST}"]{upstream_extra}}}"#
+    );
+    TestServer::start_logged(&config(&pool, &dns.resolver_config(resolver_extra)), "info")
+}
+
+fn zone(a: &[Ipv4Addr], ttl_s: u32) -> Zone {
+    Zone { a: a.to_vec(), ttl_s, ..Zone::default() }
+}
+
+fn get(s: &TestServer) -> Response {
+    exchange(s, &proxied("GET", "/v1/models", "", ""))
+}
+
+/// Waits (up to 10 s) until `dns` has been asked for `name` `n` times.
+fn wait_for_queries(dns: &MockDns, name: &str, n: usize) {
+    let start = Instant::now();
+    while dns.a_queries(name).len() < n {
+        assert!(start.elapsed() < Duration::from_secs(10), "{name} was asked for fewer than {n} times in 10 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_name_that_does_not_exist_is_a_502_saying_so() {
+    let dns = MockDns::start();
+    let s = server(&dns, "http://nowhere.resolve.test:9", "", "");
+    let r = get(&s);
+    assert_eq!(r.status, 502, "{r:?}");
+    assert_eq!(r.error_code(), "bad_gateway");
+    let message = r.json()["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("does not resolve"), "{message}");
+    assert_eq!(dns.a_queries("nowhere.resolve.test").len(), 1, "the name was asked for once");
+    // The log names the host and the server's answer.
+    let log = s.log();
+    assert!(log.contains("nowhere.resolve.test does not resolve") && log.contains("NXDOMAIN"), "{log}");
+    // The slot came back: the pool is not left short by the failure.
+    let slot = s.acquire("", "").slot();
+    assert_eq!(s.release(&slot, "").status, 200);
+}
+
+#[test]
+fn the_loop_keeps_answering_while_a_lookup_is_slow() {
+    let dns = MockDns::start();
+    let up = MockUpstream::start(|_| ok("slow but there", ""));
+    dns.set("slow.resolve.test", Zone { delay: Duration::from_secs(2), ..zone(&[Ipv4Addr::LOCALHOST], 60) });
+    let s = server(&dns, &format!("http://slow.resolve.test:{}", up.addr.port()), "", r#","timeoutMs":8000"#);
+    let admin = s.admin.expect("admin listener");
+    let started = Instant::now();
+    let client = {
+        let mut c = s.connect();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(&proxied("GET", "/v1/models", "", "")).unwrap();
+        std::thread::spawn(move || (upstream::read_any(&mut c), started.elapsed()))
+    };
+    // The lookup is under way from here on: the name server holds its answer for 2 s.
+    wait_for_queries(&dns, "slow.resolve.test", 1);
+    let asked = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut rounds = 0;
+    while asked.elapsed() < Duration::from_millis(1_500) {
+        let t = Instant::now();
+        assert!(admin_get(admin, "/healthz").starts_with("HTTP/1.1 200 "));
+        let slot = s.acquire("", "").slot();
+        assert_eq!(s.release(&slot, "").status, 200);
+        slowest = slowest.max(t.elapsed());
+        rounds += 1;
+    }
+    // A loop blocked by the lookup would have held the first round for
+    // nearly 2 s; on a loaded machine a round still takes milliseconds.
+    assert!(slowest < Duration::from_millis(1_000), "a round took {slowest:?} while the lookup was slow");
+    assert!(rounds >= 3, "only {rounds} rounds in 1.5 s");
+    let (r, took) = client.join().unwrap();
+    let r = r.expect("the proxied request is answered");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, b"slow but there");
+    assert!(took >= Duration::from_millis(1_900), "the proxied request waited for the lookup: {took:?}");
+}
+
+#[test]
+fn a_connect_goes_on_to_the_next_address_of_the_name() {
+    let dns = MockDns::start();
+    let up = MockUpstream::start(|_| ok("second address", ""));
+    // 127.0.0.2 on the upstream's port: nothing listens there.
+    dns.set("two.resolve.test", zone(&[Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::LOCALHOST], 60));
+    let s = server(&dns, &format!("http://two.resolve.test:{}", up.addr.port()), "", "");
+    let r = get(&s);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.body, b"second address");
+    assert_eq!(up.seen().len(), 1);
+    // The first address was tried and refused the connection.
+    let metrics = admin_get(s.admin.expect("admin listener"), "/metrics");
+    assert!(metrics.contains("\nnthpool_proxy_upstream_connection_errors_total 1\n"), "{metrics}");
+    assert_eq!(up.seen()[0].header("host").as_deref(), Some(format!("two.resolve.test:{}", up.addr.port()).as_str()));
+}
+
+#[test]
+fn a_changed_answer_is_picked_up_after_its_ttl() {
+    let dns = MockDns::start();
+    let first = MockUpstream::start(|_| ok("first", ""));
+    let port = first.addr.port();
+    let second = MockUpstream::start_on(SocketAddr::from(([127, 0, 0, 3], port)), |_| ok("second", ""));
+    dns.set("moving.resolve.test", zone(&[Ipv4Addr::LOCALHOST], 2));
+    // No idle connections: each request connects to what the name is now.
+    let s = server(&dns, &format!("http://moving.resolve.test:{port}"), r#","idleConnections":0"#, "");
+    assert_eq!(get(&s).body, b"first");
+    dns.set("moving.resolve.test", zone(&[Ipv4Addr::new(127, 0, 0, 3)], 2));
+    // Within the 2-s TTL the cached answer is used: no new lookup.
+    assert_eq!(get(&s).body, b"first");
+    assert_eq!(dns.a_queries("moving.resolve.test").len(), 1);
+    // After it, requests go on with the old address while a refresh runs
+    // in the background, then reach the new one.
+    std::thread::sleep(Duration::from_millis(2_200));
+    let start = Instant::now();
+    loop {
+        let r = get(&s);
+        assert_eq!(r.status, 200, "every request is served across the refresh: {r:?}");
+        if r.body == b"second" {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "the new address was never used");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(dns.a_queries("moving.resolve.test").len() >= 2);
+    assert!(!second.seen().is_empty());
+}

@@ -1,6 +1,6 @@
 //! The README's configuration examples are real: every JSON block of its
 //! Configuration section, the full field reference included, passes
-//! `--check-config` as pasted.
+//! `--check-config` as pasted, and the reference names every field.
 
 mod common;
 
@@ -67,5 +67,36 @@ fn the_walk_through_runs_as_pasted() {
         ["429 Too Many Requests", "x-nthpool-effective-limit: 4", "x-nthpool-deny-reason: cooldown", "Retry-After: "]
     {
         assert!(stdout.contains(shown), "{shown:?} not in {stdout}");
+    }
+}
+
+/// The field reference names every field the configuration accepts: each
+/// object's field list is taken from the parser itself (the error for an
+/// unknown field lists the known ones), so a field added to the code and not
+/// to the reference fails here.
+#[test]
+fn the_field_reference_names_every_field() {
+    let reference = json_blocks("\n### Field reference\n", "\n## HTTP rules and limits\n").remove(0);
+    let pool = |members: &str| format!(r#"{{"pools":{{"p":{{"keys":["k"],{members}}}}}}}"#);
+    let access = |members: &str| pool(&format!(r#""access":{{{members}}}"#));
+    let sections = [
+        ("the top level".to_owned(), r#"{"zzz":1,"pools":{"p":{"keys":["k"]}}}"#.to_owned()),
+        ("resolver".to_owned(), r#"{"resolver":{"zzz":1},"pools":{"p":{"keys":["k"]}}}"#.to_owned()),
+        ("a pool".to_owned(), pool(r#""zzz":1"#)),
+        ("queue".to_owned(), pool(r#""queue":{"zzz":1}"#)),
+        ("upstream".to_owned(), pool(r#""upstream":{"zzz":1}"#)),
+        ("access".to_owned(), access(r#""zzz":1"#)),
+        ("hmac".to_owned(), access(r#""hmac":{"zzz":1}"#)),
+        ("jwt".to_owned(), access(r#""jwt":{"zzz":1}"#)),
+        ("cloudflareAccess".to_owned(), access(r#""cloudflareAccess":{"zzz":1}"#)),
+    ];
+    for (section, json) in sections {
+        let err = nthpool::config::Config::parse(json.as_bytes()).expect_err(&json).0;
+        let (_, expected) = err.split_once("expected").unwrap_or_else(|| panic!("{section}: {err}"));
+        let fields: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        assert!(fields.len() >= 2, "{section}: no field list in {err}");
+        for field in fields {
+            assert!(reference.contains(&format!("\"{field}\":")), "the field reference lacks {section}'s `{field}`");
+        }
     }
 }

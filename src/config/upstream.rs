@@ -23,6 +23,8 @@ use crate::net::tls::ClientTls;
 pub const MAX_IDLE_CONNECTIONS: usize = 10_000;
 /// The longest an idle upstream connection may be kept (one hour).
 pub const MAX_IDLE_TIMEOUT_MS: u64 = 3_600_000;
+/// The longest a TLS handshake may be given (ten minutes).
+pub const MAX_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 600_000;
 /// The largest proxied request body that may be configured (1 TiB).
 pub const MAX_REQUEST_BYTES: u64 = 1 << 40;
 /// The longest a managed header value may be, after resolution.
@@ -50,6 +52,9 @@ pub struct UpstreamConfig {
     pub idle_timeout_ms: u64,
     #[serde(default)]
     pub ca_file: Option<String>,
+    /// An `https://` upstream's TLS handshake must be done this long after the connect.
+    #[serde(default = "defaults::tls_handshake_timeout_ms")]
+    pub tls_handshake_timeout_ms: u64,
 }
 
 mod defaults {
@@ -70,6 +75,9 @@ mod defaults {
     /// upstream does and a request never races the upstream's close.
     pub fn idle_timeout_ms() -> u64 {
         4_000
+    }
+    pub fn tls_handshake_timeout_ms() -> u64 {
+        crate::net::tls::DEFAULT_HANDSHAKE_TIMEOUT_MS
     }
 }
 
@@ -182,6 +190,12 @@ impl UpstreamConfig {
         if self.idle_timeout_ms == 0 || self.idle_timeout_ms > MAX_IDLE_TIMEOUT_MS {
             return Err(field("idleTimeoutMs", format!("must be between 1 and {MAX_IDLE_TIMEOUT_MS}")));
         }
+        if !(1..=MAX_TLS_HANDSHAKE_TIMEOUT_MS).contains(&self.tls_handshake_timeout_ms) {
+            return Err(field(
+                "tlsHandshakeTimeoutMs",
+                format!("must be between 1 and {MAX_TLS_HANDSHAKE_TIMEOUT_MS}"),
+            ));
+        }
         if self.ca_file.is_some() && !target.tls {
             return Err(field("caFile", "applies to https:// upstreams only".to_string()));
         }
@@ -196,7 +210,9 @@ impl Upstream {
         let target = parse_url(&config.url).map_err(|e| e.0)?;
         let tls = match target.tls {
             true => {
-                Some(ClientTls::new(config.ca_file.as_deref().map(Path::new)).map_err(|e| format!("upstream.{e}"))?)
+                let tls =
+                    ClientTls::new(config.ca_file.as_deref().map(Path::new)).map_err(|e| format!("upstream.{e}"))?;
+                Some(tls.with_handshake_timeout(config.tls_handshake_timeout_ms))
             }
             false => None,
         };
@@ -366,7 +382,11 @@ mod tests {
         let plain = Upstream::build(&section("")).unwrap();
         assert!(plain.tls.is_none());
         let config: UpstreamConfig = serde_json::from_str(r#"{"url":"https://api.example"}"#).unwrap();
-        assert!(Upstream::build(&config).unwrap().tls.is_some());
+        let tls = Upstream::build(&config).unwrap().tls.expect("TLS settings");
+        assert_eq!(tls.handshake_timeout_ms(), 10_000);
+        let config: UpstreamConfig =
+            serde_json::from_str(r#"{"url":"https://api.example","tlsHandshakeTimeoutMs":2500}"#).unwrap();
+        assert_eq!(Upstream::build(&config).unwrap().tls.expect("TLS settings").handshake_timeout_ms(), 2_500);
         let config: UpstreamConfig =
             serde_json::from_str(r#"{"url":"https://api.example","caFile":"/nonexistent/ca.pem"}"#).unwrap();
         config.validate().unwrap();
@@ -422,6 +442,8 @@ mod tests {
             (r#","idleTimeoutMs":0"#, "upstream.idleTimeoutMs"),
             (r#","idleTimeoutMs":3600001"#, "upstream.idleTimeoutMs"),
             (r#","caFile":"ca.pem""#, "upstream.caFile"),
+            (r#","tlsHandshakeTimeoutMs":0"#, "upstream.tlsHandshakeTimeoutMs"),
+            (r#","tlsHandshakeTimeoutMs":600001"#, "upstream.tlsHandshakeTimeoutMs"),
         ];
         for (extra, name) in cases {
             let e = section(extra).validate().unwrap_err().0;

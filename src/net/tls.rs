@@ -36,7 +36,7 @@ const ALPN_HTTP11: &[u8] = b"http/1.1";
 const BUFFER_LIMIT: usize = 64 * 1024;
 
 /// How long a handshake may take, from the start of the TCP connect, unless
-/// the caller sets its own deadline.
+/// the upstream's `tlsHandshakeTimeoutMs` says otherwise.
 pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 
 /// Sessions remembered for resumption per [`ClientTls`] (one per upstream).
@@ -186,6 +186,7 @@ impl std::error::Error for TlsConfigError {}
 #[derive(Clone)]
 pub struct ClientTls {
     config: Arc<ClientConfig>,
+    handshake_timeout_ms: Ms,
 }
 
 impl fmt::Debug for ClientTls {
@@ -211,7 +212,18 @@ impl ClientTls {
             .with_no_client_auth();
         config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
         config.resumption = rustls::client::Resumption::in_memory_sessions(SESSION_CACHE_SIZE);
-        Ok(ClientTls { config: Arc::new(config) })
+        Ok(ClientTls { config: Arc::new(config), handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS })
+    }
+
+    /// The same settings with handshakes allowed `ms` from the connect.
+    pub fn with_handshake_timeout(mut self, ms: Ms) -> ClientTls {
+        self.handshake_timeout_ms = ms;
+        self
+    }
+
+    /// How long a handshake of this upstream may take, from the connect.
+    pub fn handshake_timeout_ms(&self) -> Ms {
+        self.handshake_timeout_ms
     }
 
     /// Starts a client session with `host` over `tcp` (connected or still
@@ -257,6 +269,19 @@ impl fmt::Debug for TlsStream {
             .field("handshaking", &self.conn.is_handshaking())
             .field("failure", &self.failure)
             .finish_non_exhaustive()
+    }
+}
+
+/// Whoever closes the connection (idle eviction, an exchange that ends it,
+/// shutdown), the upstream is told with a `close_notify` that the session
+/// ended on purpose, as far as the socket takes the alert at once: the send
+/// buffer of a socket with nothing queued always does. Not after a failure
+/// (the session is gone) nor during a handshake (there is no session yet).
+impl Drop for TlsStream {
+    fn drop(&mut self) {
+        if self.failure.is_none() && !self.conn.is_handshaking() {
+            self.close();
+        }
     }
 }
 
@@ -358,7 +383,8 @@ impl TlsStream {
         self.conn.alpn_protocol()
     }
 
-    /// Queues a `close_notify` and sends what the socket takes now.
+    /// Queues a `close_notify` and sends what the socket takes now, never
+    /// waiting for it. Dropping a stream whose session is up does this.
     pub fn close(&mut self) {
         self.conn.send_close_notify();
         let _ = self.push();

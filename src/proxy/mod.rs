@@ -843,7 +843,8 @@ fn security<'a>(target: &'a Target, tls: Option<&'a ClientTls>, now: Ms) -> Opti
     (target.tls == tls.is_some()).then(|| Security {
         tls,
         name: &target.name,
-        handshake_deadline: now.saturating_add(DEFAULT_HANDSHAKE_TIMEOUT_MS),
+        handshake_deadline: now
+            .saturating_add(tls.map_or(DEFAULT_HANDSHAKE_TIMEOUT_MS, ClientTls::handshake_timeout_ms)),
     })
 }
 

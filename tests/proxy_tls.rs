@@ -365,12 +365,16 @@ fn a_handshake_that_never_finishes_is_a_502_at_its_deadline() {
         drop(held);
     });
     let dir = scratch_dir();
-    let s = server(&pool(&format!("https://127.0.0.1:{port}"), &dir, r#","timeoutMs":60000"#));
+    let extra = r#","timeoutMs":60000,"tlsHandshakeTimeoutMs":500"#;
+    let s = server(&pool(&format!("https://127.0.0.1:{port}"), &dir, extra));
     let mut c = s.connect();
     c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let sent = std::time::Instant::now();
     c.write_all(&chat_request(false)).unwrap();
     let r = read_response(&mut c).expect("an answer before the read timeout");
     assert_eq!(r.status, 502);
+    // At the configured 0.5 s, not the default 10 s (with slack for a loaded machine).
+    assert!(sent.elapsed() < Duration::from_secs(5), "the 502 took {:?}", sent.elapsed());
     assert_eq!(r.json()["message"], "The TLS handshake with the upstream did not finish in time.");
     wait_for_log(&s, "did not finish in time");
     assert_eq!(s.acquire("", "").status, 200, "the slot came back");
@@ -401,4 +405,68 @@ fn debug_prints_of_the_configuration_carry_no_credential() {
     assert!(built.set_headers.iter().any(|(_, v)| v.expose() == format!("Bearer {MANAGED_KEY}")));
     let shown = format!("{built:?} {built:#?}");
     assert!(!shown.contains(MANAGED_KEY), "{shown}");
+}
+
+/// A TLS upstream answering every `GET` with a `200`; when the session ends
+/// it sends whether it ended with `close_notify` (rustls: a clean EOF) or
+/// how it ended otherwise.
+fn upstream_reporting_its_close(leaf: &Leaf) -> (TlsServer, mpsc::Receiver<Result<(), String>>) {
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    let server = TlsServer::start(
+        leaf,
+        Arc::new(move |stream: &mut TlsServerStream| {
+            let mut input = Vec::new();
+            let mut buf = [0u8; 4096];
+            let end = loop {
+                match stream.read(&mut buf) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => input.extend_from_slice(&buf[..n]),
+                    Err(e) => break Err(format!("{:?}: {e}", e.kind())),
+                }
+                while let Some(at) = input.windows(4).position(|w| w == b"\r\n\r\n") {
+                    input.drain(..at + 4);
+                    if stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").is_err() {
+                        return;
+                    }
+                }
+            };
+            let _ = tx.lock().unwrap().send(end);
+        }),
+    );
+    (server, rx)
+}
+
+fn get_through(s: &TestServer) -> Response {
+    s.request(format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\n\r\n").as_bytes())
+}
+
+#[test]
+fn an_idle_connection_closed_by_nthpool_ends_with_close_notify() {
+    let ca = Ca::new("test ca");
+    let (up, closes) = upstream_reporting_its_close(&ca.leaf(&["localhost"]));
+    let dir = scratch_dir();
+    let extra = format!(r#"{},"idleTimeoutMs":300"#, with_ca(&ca, &dir));
+    let s = server(&pool(&format!("https://localhost:{}", up.addr.port()), &dir, &extra));
+    let r = get_through(&s);
+    assert_eq!((r.status, &r.body[..]), (200, &b"ok"[..]), "{r:?}");
+    // Kept idle, then closed by nthpool at its idle timeout.
+    let end = closes.recv_timeout(Duration::from_secs(10)).expect("the idle connection was closed");
+    assert_eq!(end, Ok(()), "the session ended without close_notify");
+    assert_eq!(up.seen(1).len(), 1);
+}
+
+#[test]
+fn shutdown_ends_idle_tls_connections_with_close_notify() {
+    let ca = Ca::new("test ca");
+    let (up, closes) = upstream_reporting_its_close(&ca.leaf(&["localhost"]));
+    let dir = scratch_dir();
+    let extra = format!(r#"{},"idleTimeoutMs":60000"#, with_ca(&ca, &dir));
+    let mut s = server(&pool(&format!("https://localhost:{}", up.addr.port()), &dir, &extra));
+    assert_eq!(get_through(&s).status, 200);
+    assert!(closes.recv_timeout(Duration::from_millis(300)).is_err(), "the connection is kept idle");
+    s.signal("TERM");
+    let end = closes.recv_timeout(Duration::from_secs(15)).expect("shutdown closed the idle connection");
+    assert_eq!(end, Ok(()), "the session ended without close_notify");
+    assert!(s.child.wait().unwrap().success());
 }

@@ -149,3 +149,30 @@ fn a_changed_answer_is_picked_up_after_its_ttl() {
     assert!(dns.a_queries("moving.resolve.test").len() >= 2);
     assert!(!second.seen().is_empty());
 }
+
+#[test]
+fn a_reload_switches_to_the_new_name_servers() {
+    let old = MockDns::start();
+    let new = MockDns::start();
+    let up = MockUpstream::start(|_| ok("through the new server", ""));
+    new.set("switch.resolve.test", zone(&[Ipv4Addr::LOCALHOST], 60));
+    let url = format!("http://switch.resolve.test:{}", up.addr.port());
+    // The old server knows no such name; a short negative TTL.
+    let s = server(&old, &url, "", r#","negativeTtlMs":100"#);
+    assert_eq!(get(&s).status, 502);
+    let text = std::fs::read_to_string(&s.config_path).unwrap();
+    let switched = text.replace(&old.addr.to_string(), &new.addr.to_string());
+    assert_ne!(text, switched);
+    std::fs::write(&s.config_path, switched).unwrap();
+    s.signal("HUP");
+    let start = Instant::now();
+    while !s.log().contains("configuration reloaded") {
+        assert!(start.elapsed() < Duration::from_secs(10), "no reload in 10 s: {}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let r = get(&s);
+    assert_eq!((r.status, &r.body[..]), (200, &b"through the new server"[..]), "{r:?}");
+    assert_eq!(old.a_queries("switch.resolve.test").len(), 1);
+    assert_eq!(new.a_queries("switch.resolve.test").len(), 1);
+}

@@ -149,9 +149,16 @@ struct Answer {
     result: io::Result<Found>,
 }
 
+/// What the loop sends the thread.
+enum Job {
+    Lookup(String),
+    /// Ask this from now on (a reload changed `resolver.nameservers`).
+    Use(Arc<LookupFn>),
+}
+
 /// The loop's side of the resolver: the cache and the two channels.
 pub struct Resolver {
-    jobs: Sender<String>,
+    jobs: Sender<Job>,
     answers: Receiver<Answer>,
     cache: HashMap<String, Entry>,
     policy: CachePolicy,
@@ -166,18 +173,32 @@ impl Resolver {
         policy: CachePolicy,
         nameservers: Option<Nameservers>,
     ) -> io::Result<Resolver> {
-        match nameservers {
-            Some(ns) => Self::spawn_with(waker, policy, Arc::new(move |host: &str| ns.lookup(host))),
-            None => Self::spawn_with(waker, policy, Arc::new(system_lookup)),
-        }
+        Self::spawn_with(waker, policy, lookup_with(nameservers))
+    }
+
+    /// A reload: `policy` for answers filed from now on, `nameservers` (or
+    /// the system's resolver) for the lookups after the one under way.
+    /// Answers in the cache are kept until their TTL.
+    pub fn reconfigure(&mut self, policy: CachePolicy, nameservers: Option<Nameservers>) {
+        self.policy = policy;
+        // A thread that is gone is reported by the next lookup.
+        let _ = self.jobs.send(Job::Use(lookup_with(nameservers)));
     }
 
     /// Starts the resolver thread with `lookup` in place of the system's.
     pub fn spawn_with(waker: Arc<mio::Waker>, policy: CachePolicy, lookup: Arc<LookupFn>) -> io::Result<Resolver> {
-        let (jobs, job_rx) = mpsc::channel::<String>();
+        let (jobs, job_rx) = mpsc::channel::<Job>();
         let (answer_tx, answers) = mpsc::channel::<Answer>();
         std::thread::Builder::new().name("nthpool-resolve".into()).spawn(move || {
-            for host in job_rx {
+            let mut lookup = lookup;
+            for job in job_rx {
+                let host = match job {
+                    Job::Lookup(host) => host,
+                    Job::Use(other) => {
+                        lookup = other;
+                        continue;
+                    }
+                };
                 let result = lookup(&host);
                 if answer_tx.send(Answer { host, result }).is_err() {
                     return;
@@ -222,7 +243,7 @@ impl Resolver {
         let failure_current =
             entry.failure.as_ref().is_some_and(|(_, at)| now < at.saturating_add(policy.negative_ttl_ms));
         if needs_refresh && !entry.in_flight && !failure_current {
-            if self.jobs.send(host.to_owned()).is_err() {
+            if self.jobs.send(Job::Lookup(host.to_owned())).is_err() {
                 return Lookup::Failed(&self.gone);
             }
             entry.in_flight = true;
@@ -263,6 +284,14 @@ impl Resolver {
             }
             ready(&host);
         }
+    }
+}
+
+/// The lookup the thread runs: `nameservers` asked, or the system's resolver.
+fn lookup_with(nameservers: Option<Nameservers>) -> Arc<LookupFn> {
+    match nameservers {
+        Some(ns) => Arc::new(move |host: &str| ns.lookup(host)),
+        None => Arc::new(system_lookup),
     }
 }
 

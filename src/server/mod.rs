@@ -374,6 +374,9 @@ impl Server {
                 self.max_connections = config.max_connections;
                 self.timeouts = Timeouts::from(&config);
                 self.input_limit = input_limit(&config);
+                if let Some(resolver) = self.proxy.resolver.as_mut() {
+                    resolver.reconfigure(config.resolver.policy(), config.resolver.nameservers());
+                }
                 let listen = (config.listen.clone(), config.admin_listen.clone());
                 if listen != self.configured_listen {
                     warn!("reload: new `listen` / `adminListen` addresses take effect at the next restart");

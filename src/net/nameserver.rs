@@ -299,9 +299,15 @@ mod tests {
 
     #[test]
     fn a_truncated_answer_is_asked_again_over_tcp() {
-        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+        // A UDP port the system picks may be taken for TCP: try until one is free for both.
+        let (udp, tcp) = (0..100)
+            .find_map(|_| {
+                let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+                let tcp = TcpListener::bind(udp.local_addr().unwrap()).ok()?;
+                Some((udp, tcp))
+            })
+            .expect("a loopback port free for both UDP and TCP");
         let addr = udp.local_addr().unwrap();
-        let tcp = TcpListener::bind(addr).unwrap();
         std::thread::spawn(move || {
             let mut buf = [0u8; 512];
             for _ in 0..2 {

@@ -19,6 +19,10 @@ use crate::time::{EpochMs, Ms};
 pub struct Snapshot {
     pub pools: Vec<PoolState>,
     pub leases: Vec<HeldLease>,
+    /// The `Idempotency-Key` of each held lease granted under one. Apart
+    /// from the leases, which stay small (most have no key), so the copy of
+    /// a million of them on the event loop stays cheap.
+    pub keys: Vec<HeldKey>,
     /// Ids re-adopted and since released or reclaimed: while a window is
     /// open they must stay dead.
     pub dead_adopted: Vec<SlotId>,
@@ -51,9 +55,16 @@ pub struct HeldLease {
     pub grant_seq: u64,
     pub epoch: u32,
     pub adopted: bool,
-    /// The `Idempotency-Key` it was granted under, scoped to its caller's
-    /// pool key as the store holds it: a retry after the restart gets it again.
-    pub key: Option<IdemKey>,
+}
+
+/// The `Idempotency-Key` a held lease was granted under, scoped to its
+/// caller's pool key as the store holds it: a retry after the restart gets
+/// the same slot again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldKey {
+    /// The lease's place in the lease table (`HeldLease::index`).
+    pub index: u32,
+    pub key: IdemKey,
 }
 
 /// What `import` did.
@@ -105,6 +116,7 @@ impl<T: Copy> Governor<T> {
         }
         leases.clear();
         leases.reserve(self.leases.len());
+        let mut keys = Vec::new();
         for (index, l) in &self.leases {
             let pool = slot_of[l.pool.0 as usize];
             if pool == u32::MAX {
@@ -120,11 +132,13 @@ impl<T: Copy> Governor<T> {
                 grant_seq: l.grant_seq,
                 epoch: l.epoch,
                 adopted: l.adopted,
-                key: (l.idem != NO_KEY).then(|| *self.pools[l.pool.0 as usize].idem.key(l.idem)),
             });
+            if l.idem != NO_KEY {
+                keys.push(HeldKey { index: index as u32, key: *self.pools[l.pool.0 as usize].idem.key(l.idem) });
+            }
         }
         let dead_adopted = self.adopted.iter().filter(|(_, held)| held.is_none()).map(|(id, _)| *id).collect();
-        Snapshot { pools, leases, dead_adopted }
+        Snapshot { pools, leases, keys, dead_adopted }
     }
 
     /// Takes back a snapshot at `now`, before anything was granted: leases
@@ -157,6 +171,9 @@ impl<T: Copy> Governor<T> {
                 return Err("a lease is not at the place its id names".into());
             }
         }
+        if snap.keys.iter().any(|k| indices.binary_search(&k.index).is_err()) {
+            return Err("an idempotency key names no held lease".into());
+        }
 
         for (p, &pid) in snap.pools.iter().zip(&pids) {
             let base = self.unix_ms(0);
@@ -180,7 +197,6 @@ impl<T: Copy> Governor<T> {
                 (self.monotonic_ms(l.lease_deadline), self.monotonic_ms(l.request_deadline));
             let pool = &mut self.pools[pid.0 as usize];
             if lease_deadline <= now {
-                // Its key expires with it, as on a reclaim.
                 restored.reclaimed += 1;
                 if lease_deadline >= request_deadline {
                     pool.stats.reclaimed_cap += 1;
@@ -194,15 +210,6 @@ impl<T: Copy> Governor<T> {
             }
             pool.held += 1;
             restored.held += 1;
-            // A key the store already has, or one beyond a bound lowered since
-            // the stop, is left out: the lease is held, its retries take new slots.
-            let idem = match l.key {
-                Some(key) if pool.idem.find(&key).is_none() && !pool.idem.is_full() => {
-                    restored.keys += 1;
-                    pool.idem.insert(key, Holder::Lease(l.index))
-                }
-                _ => NO_KEY,
-            };
             let timer = self.wheel.insert(lease_deadline, Timer::Lease(l.index));
             if l.adopted {
                 self.adopted.insert(l.id, Some(l.index as usize));
@@ -217,11 +224,22 @@ impl<T: Copy> Governor<T> {
                 grant_seq: l.grant_seq,
                 timer,
                 adopted: l.adopted,
-                idem,
+                idem: NO_KEY,
             };
             table.push((l.index as usize, lease));
         }
         self.leases = table.into_iter().collect();
+        // A reclaimed lease's key expires with it. A key the store already
+        // has, or one beyond a bound lowered since the stop, is left out: the
+        // lease is held, its retries take new slots.
+        for k in &snap.keys {
+            let Some(lease) = self.leases.get_mut(k.index as usize) else { continue };
+            let store = &mut self.pools[lease.pool.0 as usize].idem;
+            if store.find(&k.key).is_none() && !store.is_full() {
+                restored.keys += 1;
+                lease.idem = store.insert(k.key, Holder::Lease(k.index));
+            }
+        }
         for id in &snap.dead_adopted {
             self.adopted.insert(*id, None);
         }
@@ -330,7 +348,7 @@ mod tests {
         let Ok(Admission::Granted(done)) = old.acquire_keyed(p, &key("done"), 0, 2, 0) else { panic!("granted") };
         assert!(old.release(p, Some(done.slot), None, 10));
         let snap = old.export(10);
-        assert_eq!(snap.leases.iter().filter(|l| l.key.is_some()).count(), 1, "a released lease's key is gone");
+        assert_eq!(snap.keys.len(), 1, "a released lease's key is gone");
 
         let mut new = governor(BASE + 100);
         assert_eq!(new.import(&snap, 0).unwrap().keys, 1);

@@ -1,13 +1,23 @@
 //! The snapshot file (SPEC §11): its format, and writing it so that a crash
 //! at any instant leaves either the old file or the new one, whole.
 //!
-//! The file is one JSON object followed by a line `sha256 <hex>` over the
-//! bytes before it, so a torn or edited file is told from a good one. The
-//! object names its format and version, whether a graceful stop or the
-//! periodic timer wrote it, the identity of the configuration's pools and
-//! of the slot secret it was written under; a file whose identities differ
-//! from the running ones is not used. It holds slot ids, so it is created
-//! with mode 0600, like the secret.
+//! A binary file, little-endian throughout, so a stop with a million held
+//! slots writes it in one pass over one buffer:
+//!
+//! | bytes | what |
+//! |---|---|
+//! | 14 | `nthpool-state\n`, the format's name |
+//! | 4 | its version (`VERSION`) |
+//! | 4 + n | the header's length, then the header: a JSON object naming the kind (stop or periodic), when it was written, the identities of the configuration's pools and of the slot secret, each pool's learned state and counters, and how many records follow |
+//! | 87 each | one record per held lease ([`LEASE_RECORD`]) |
+//! | 42 each | the ids of re-adopted slots since released (raw bytes) |
+//! | 13 + n each | `index u32, credential u64, length u8, key`: the `Idempotency-Key` of the held lease at `index` |
+//! | 32 | SHA-256 of every byte before it |
+//!
+//! A torn or edited file fails the checksum; a file of another version
+//! (the JSON of version 1 included) is named as such; a file whose
+//! identities differ from the running ones is not used. It holds slot ids,
+//! so it is created with mode 0600, like the secret.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -20,13 +30,20 @@ use sha2::{Digest, Sha256};
 
 use crate::governor::idempotency::IdemKey;
 use crate::governor::learn::Learning;
-use crate::governor::lease::SlotId;
-use crate::governor::snapshot::{HeldLease, PoolState, Snapshot};
+use crate::governor::lease::{SlotId, SLOT_ID_BYTES};
+use crate::governor::snapshot::{HeldKey, HeldLease, PoolState, Snapshot};
 use crate::governor::{Governor, PoolStats};
 
 pub const FORMAT: &str = "nthpool-state";
-pub const VERSION: u32 = 1;
-const TRAILER: &[u8] = b"\nsha256 ";
+/// 1: JSON with a `sha256 <hex>` line; 2: this binary layout.
+pub const VERSION: u32 = 2;
+const MAGIC: &[u8; 14] = b"nthpool-state\n";
+/// How version 1 files begin: the JSON object's first two fields.
+const JSON_PREFIX: &[u8] = br#"{"format":"nthpool-state","version":"#;
+const DIGEST: usize = 32;
+/// `index u32, pool u32, epoch u32, adopted u8, slot id, lease deadline,
+/// request deadline, granted at (Unix ms, u64 each), grant sequence u64`.
+pub const LEASE_RECORD: usize = 4 + 4 + 4 + 1 + SLOT_ID_BYTES + 8 * 4;
 
 /// Who wrote a snapshot: a graceful stop (the successor needs no window) or
 /// the periodic timer (grants made after it are unknown: the window opens).
@@ -89,32 +106,18 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The JSON header: everything but the records, which it counts.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct StateFile {
-    format: String,
-    version: u32,
+struct Header {
     kind: Kind,
     written_at_unix_ms: u64,
     config_identity: String,
     secret_identity: String,
     pools: Vec<FilePool>,
-    /// `[index, pool, slotId, leaseDeadline, requestDeadline, grantedAt, grantSeq, epoch, adopted]`.
-    leases: Vec<FileLease>,
-    dead_adopted: Vec<String>,
-    /// `[index, credential, key]`: the `Idempotency-Key` of the held lease at
-    /// `index` and the hash of the pool key that presented it. Absent from
-    /// files without keys, and from those older builds wrote.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    idempotency_keys: Vec<FileKey>,
-}
-
-/// The fields checked before the rest is read, so another version is named as such.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Header {
-    format: String,
-    version: u32,
+    leases: u64,
+    dead_adopted: u64,
+    idempotency_keys: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -127,18 +130,9 @@ struct FilePool {
     recovering_until: Option<u64>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct FileLease(u32, u32, String, u64, u64, u64, u64, u32, bool);
-
-#[derive(Serialize, Deserialize)]
-struct FileKey(u32, u64, String);
-
-/// The file's bytes for `snap`.
+/// The file's bytes for `snap`: one buffer, sized up front, one checksum.
 pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity, written_at_unix_ms: u64) -> Vec<u8> {
-    let text = |id: &SlotId| String::from_utf8(id.encode().to_vec()).expect("base64url is ASCII");
-    let file = StateFile {
-        format: FORMAT.into(),
-        version: VERSION,
+    let header = Header {
         kind,
         written_at_unix_ms,
         config_identity: identity.config.clone(),
@@ -154,109 +148,171 @@ pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity, written_at_unix_
                 recovering_until: p.recovering_until,
             })
             .collect(),
-        leases: snap
-            .leases
-            .iter()
-            .map(|l| {
-                FileLease(
-                    l.index,
-                    l.pool,
-                    text(&l.id),
-                    l.lease_deadline,
-                    l.request_deadline,
-                    l.granted_at,
-                    l.grant_seq,
-                    l.epoch,
-                    l.adopted,
-                )
-            })
-            .collect(),
-        dead_adopted: snap.dead_adopted.iter().map(text).collect(),
-        idempotency_keys: snap
-            .leases
-            .iter()
-            .filter_map(|l| {
-                let key = l.key?;
-                let bytes = String::from_utf8(key.as_bytes().to_vec()).expect("a key is printable ASCII");
-                Some(FileKey(l.index, key.credential(), bytes))
-            })
-            .collect(),
+        leases: snap.leases.len() as u64,
+        dead_adopted: snap.dead_adopted.len() as u64,
+        idempotency_keys: snap.keys.len() as u64,
     };
-    let mut out = serde_json::to_vec(&file).expect("a snapshot serializes");
-    let digest = hex(&Sha256::digest(&out));
-    out.extend_from_slice(TRAILER);
-    out.extend_from_slice(digest.as_bytes());
-    out.push(b'\n');
+    let header = serde_json::to_vec(&header).expect("a snapshot header serializes");
+    let keys: usize = snap.keys.iter().map(|k| 13 + k.key.as_bytes().len()).sum();
+    let size = MAGIC.len()
+        + 8
+        + header.len()
+        + snap.leases.len() * LEASE_RECORD
+        + snap.dead_adopted.len() * SLOT_ID_BYTES
+        + keys
+        + DIGEST;
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    for l in &snap.leases {
+        let mut record = [0u8; LEASE_RECORD];
+        record[..4].copy_from_slice(&l.index.to_le_bytes());
+        record[4..8].copy_from_slice(&l.pool.to_le_bytes());
+        record[8..12].copy_from_slice(&l.epoch.to_le_bytes());
+        record[12] = l.adopted as u8;
+        record[13..13 + SLOT_ID_BYTES].copy_from_slice(&l.id.0);
+        let times = [l.lease_deadline, l.request_deadline, l.granted_at, l.grant_seq];
+        for (at, n) in record[13 + SLOT_ID_BYTES..].chunks_exact_mut(8).zip(times) {
+            at.copy_from_slice(&n.to_le_bytes());
+        }
+        out.extend_from_slice(&record);
+    }
+    for id in &snap.dead_adopted {
+        out.extend_from_slice(&id.0);
+    }
+    for k in &snap.keys {
+        let bytes = k.key.as_bytes();
+        out.extend_from_slice(&k.index.to_le_bytes());
+        out.extend_from_slice(&k.key.credential().to_le_bytes());
+        out.push(bytes.len() as u8);
+        out.extend_from_slice(bytes);
+    }
+    let digest = Sha256::digest(&out);
+    out.extend_from_slice(&digest);
+    debug_assert_eq!(out.len(), size);
     out
+}
+
+/// Reads the file's records in order; every shortfall is a corrupt file.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("corrupt: shorter than its header says".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        self.array().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        self.array().map(u64::from_le_bytes)
+    }
+
+    /// Room for `count` records of at least `each` bytes: a count no file
+    /// of this length can hold is refused before anything is allocated.
+    fn room(&self, count: u64, each: usize) -> Result<usize, String> {
+        match usize::try_from(count) {
+            Ok(n) if n.checked_mul(each).is_some_and(|b| b <= self.0.len()) => Ok(n),
+            _ => Err("corrupt: its header counts more records than it holds".into()),
+        }
+    }
+}
+
+/// The version a file says it is, or why it is no snapshot at all.
+fn version(bytes: &[u8]) -> Result<u32, String> {
+    if let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) {
+        return Reader(rest).u32();
+    }
+    let not_ours = "corrupt: not an nthpool state file (a torn or foreign file)";
+    let rest = bytes.strip_prefix(JSON_PREFIX).ok_or(not_ours)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&rest[..digits]).ok().and_then(|d| d.parse().ok()).ok_or_else(|| not_ours.to_string())
 }
 
 /// Reads a file's bytes back; the error says in a few words why it is not used.
 pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), String> {
-    let at = bytes
-        .windows(TRAILER.len())
-        .rposition(|w| w == TRAILER)
-        .ok_or("corrupt: no checksum line (a torn or foreign file)")?;
-    let (body, trailer) = (&bytes[..at], &bytes[at + TRAILER.len()..]);
-    if trailer.strip_suffix(b"\n") != Some(hex(&Sha256::digest(body)).as_bytes()) {
+    let version = version(bytes)?;
+    if version != VERSION {
+        return Err(format!("format {FORMAT:?} version {version}, this build reads {FORMAT:?} version {VERSION}"));
+    }
+    let Some(body_len) = bytes.len().checked_sub(DIGEST).filter(|&n| n >= MAGIC.len() + 8) else {
+        return Err("corrupt: shorter than its header (a torn file)".into());
+    };
+    let (body, digest) = bytes.split_at(body_len);
+    if Sha256::digest(body).as_slice() != digest {
         return Err("corrupt: the checksum does not match its contents".into());
     }
-    let header: Header = serde_json::from_slice(body).map_err(|e| format!("corrupt: {e}"))?;
-    if header.format != FORMAT || header.version != VERSION {
-        return Err(format!(
-            "format {:?} version {}, this build reads {FORMAT:?} version {VERSION}",
-            header.format, header.version
-        ));
-    }
-    let file: StateFile = serde_json::from_slice(body).map_err(|e| format!("corrupt: {e}"))?;
-    if file.secret_identity != identity.secret {
+    let mut r = Reader(&body[MAGIC.len() + 4..]);
+    let header_len = r.u32()? as usize;
+    let header: Header = serde_json::from_slice(r.take(header_len)?).map_err(|e| format!("corrupt: {e}"))?;
+    if header.secret_identity != identity.secret {
         return Err("foreign: written under another slot secret".into());
     }
-    if file.config_identity != identity.config {
+    if header.config_identity != identity.config {
         return Err("mismatched: the pools or their settings changed since it was written".into());
     }
-    let id = |text: &str| SlotId::decode(text.as_bytes()).ok_or_else(|| "corrupt: a malformed slot id".to_string());
-    let mut leases = Vec::with_capacity(file.leases.len());
-    for FileLease(index, pool, slot, lease_deadline, request_deadline, granted_at, grant_seq, epoch, adopted) in
-        &file.leases
-    {
+    let count = r.room(header.leases, LEASE_RECORD)?;
+    let mut leases = Vec::with_capacity(count);
+    for record in r.take(count * LEASE_RECORD)?.chunks_exact(LEASE_RECORD) {
+        let mut r = Reader(record);
+        let (index, pool, epoch) = (r.u32()?, r.u32()?, r.u32()?);
+        let adopted = match r.array::<1>()? {
+            [0] => false,
+            [1] => true,
+            _ => return Err("corrupt: a lease record out of place".into()),
+        };
+        let id = SlotId(r.array()?);
+        let (lease_deadline, request_deadline, granted_at, grant_seq) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
         leases.push(HeldLease {
-            index: *index,
-            pool: *pool,
-            id: id(slot)?,
-            lease_deadline: *lease_deadline,
-            request_deadline: *request_deadline,
-            granted_at: *granted_at,
-            grant_seq: *grant_seq,
-            epoch: *epoch,
-            adopted: *adopted,
-            key: None,
+            index,
+            pool,
+            id,
+            lease_deadline,
+            request_deadline,
+            granted_at,
+            grant_seq,
+            epoch,
+            adopted,
         });
     }
-    let at: std::collections::HashMap<u32, usize> = match file.idempotency_keys.is_empty() {
-        true => Default::default(),
-        false => leases.iter().enumerate().map(|(at, l)| (l.index, at)).collect(),
-    };
-    for FileKey(index, credential, key) in &file.idempotency_keys {
-        let &at = at.get(index).ok_or("corrupt: an idempotency key names no held lease")?;
-        let lease = &mut leases[at];
-        lease.key = Some(IdemKey::new(*credential, key.as_bytes()).ok_or("corrupt: a malformed idempotency key")?);
+    let mut dead_adopted = Vec::with_capacity(r.room(header.dead_adopted, SLOT_ID_BYTES)?);
+    for _ in 0..header.dead_adopted {
+        dead_adopted.push(SlotId(r.array()?));
     }
-    let snap = Snapshot {
-        pools: file
-            .pools
-            .into_iter()
-            .map(|p| PoolState {
-                name: p.name.into(),
-                learning: p.learning,
-                gate: p.gate,
-                stats: p.stats,
-                recovering_until: p.recovering_until,
-            })
-            .collect(),
-        leases,
-        dead_adopted: file.dead_adopted.iter().map(|t| id(t)).collect::<Result<_, _>>()?,
-    };
-    Ok((file.kind, snap))
+    let mut keys = Vec::with_capacity(r.room(header.idempotency_keys, 14)?);
+    for _ in 0..header.idempotency_keys {
+        let (index, credential) = (r.u32()?, r.u64()?);
+        let len = r.array::<1>()?[0] as usize;
+        let key = IdemKey::new(credential, r.take(len)?).ok_or("corrupt: a malformed idempotency key")?;
+        keys.push(HeldKey { index, key });
+    }
+    if !r.0.is_empty() {
+        return Err("corrupt: bytes past its last record".into());
+    }
+    let pools = header
+        .pools
+        .into_iter()
+        .map(|p| PoolState {
+            name: p.name.into(),
+            learning: p.learning,
+            gate: p.gate,
+            stats: p.stats,
+            recovering_until: p.recovering_until,
+        })
+        .collect();
+    Ok((header.kind, Snapshot { pools, leases, keys, dead_adopted }))
 }
 
 /// Replaces `path` with `bytes` atomically: a temporary file beside it,
@@ -300,6 +356,15 @@ mod tests {
         g
     }
 
+    /// `bytes` with `edit` applied and the checksum made right again.
+    fn resealed(bytes: &[u8], edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut body = bytes[..bytes.len() - DIGEST].to_vec();
+        edit(&mut body);
+        let digest = Sha256::digest(&body);
+        body.extend_from_slice(&digest);
+        body
+    }
+
     #[test]
     fn round_trips_and_refuses_what_does_not_match() {
         let mut g = setup(4);
@@ -311,42 +376,80 @@ mod tests {
         let bytes = encode(&snap, Kind::Stop, &identity, 1_800_000_000_005);
         assert_eq!(decode(&bytes, &identity).unwrap(), (Kind::Stop, snap.clone()));
 
-        let mut flipped = bytes.clone();
-        flipped[40] ^= 1;
-        assert!(decode(&flipped, &identity).unwrap_err().starts_with("corrupt"));
+        for at in [MAGIC.len() + 8, bytes.len() - DIGEST - 1, bytes.len() - 1] {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 1;
+            assert!(decode(&flipped, &identity).unwrap_err().contains("checksum"), "byte {at}");
+        }
         assert!(decode(&bytes[..bytes.len() / 2], &identity).unwrap_err().starts_with("corrupt"));
-        assert!(decode(b"", &identity).unwrap_err().starts_with("corrupt"));
+        assert!(decode(&bytes[..MAGIC.len() + 4], &identity).unwrap_err().starts_with("corrupt"));
+        assert!(decode(b"", &identity).unwrap_err().contains("not an nthpool state file"));
+        assert!(decode(b"{\"hello\":1}", &identity).unwrap_err().contains("not an nthpool state file"));
+        // A count the file cannot hold, with a good checksum, allocates nothing.
+        let inflated = resealed(&bytes, |b| {
+            let (from, to) = (&b"\"leases\":2,"[..], &b"\"leases\":9000000000,"[..]);
+            let at = b.windows(from.len()).position(|w| w == from).unwrap();
+            b.splice(at..at + from.len(), to.iter().copied());
+            let header_len = u32::from_le_bytes(b[MAGIC.len() + 4..MAGIC.len() + 8].try_into().unwrap());
+            let header_len = header_len + (to.len() - from.len()) as u32;
+            b[MAGIC.len() + 4..MAGIC.len() + 8].copy_from_slice(&header_len.to_le_bytes());
+        });
+        assert!(decode(&inflated, &identity).unwrap_err().contains("counts more records"));
+        let trailing = resealed(&bytes, |b| b.push(0));
+        assert!(decode(&trailing, &identity).unwrap_err().contains("past its last record"));
+
         let other_secret = Identity::new(&g, &[4; 32]);
         assert!(decode(&bytes, &other_secret).unwrap_err().starts_with("foreign"));
         let other = setup(5);
         let moved = Identity::new(&other, &[3; 32]);
         assert!(decode(&bytes, &moved).unwrap_err().starts_with("mismatched"));
-        let future = encode(&snap, Kind::Stop, &identity, 0);
-        let future = String::from_utf8(future).unwrap().replacen("\"version\":1", "\"version\":9", 1);
-        let body = &future[..future.rfind("\nsha256 ").unwrap()];
-        let resealed = format!("{body}\nsha256 {}\n", hex(&Sha256::digest(body.as_bytes())));
-        assert!(decode(resealed.as_bytes(), &identity).unwrap_err().contains("version 9"));
+
+        let future = resealed(&bytes, |b| b[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&9u32.to_le_bytes()));
+        assert_eq!(
+            decode(&future, &identity).unwrap_err(),
+            r#"format "nthpool-state" version 9, this build reads "nthpool-state" version 2"#
+        );
+        // What version 1 wrote: JSON, then a line with its SHA-256.
+        let v1 = b"{\"format\":\"nthpool-state\",\"version\":1,\"kind\":\"stop\",\"leases\":[]}\nsha256 00\n";
+        assert!(decode(v1, &identity).unwrap_err().starts_with(r#"format "nthpool-state" version 1, this build"#));
     }
 
     #[test]
-    fn idempotency_keys_round_trip_and_a_file_without_them_still_loads() {
+    fn a_lease_record_is_its_fields_at_fixed_places() {
+        let mut g = setup(4);
+        let p = g.pool_id("p").unwrap();
+        g.acquire(p, 0, 0, 0);
+        let snap = g.export(5);
+        let identity = Identity::new(&g, &[3; 32]);
+        let bytes = encode(&snap, Kind::Periodic, &identity, 0);
+        let l = &snap.leases[0];
+        let record = &bytes[bytes.len() - DIGEST - LEASE_RECORD..bytes.len() - DIGEST];
+        assert_eq!(record[..4], l.index.to_le_bytes());
+        assert_eq!(record[12], 0, "not adopted");
+        assert_eq!(record[13..13 + SLOT_ID_BYTES], l.id.0);
+        assert_eq!(record[LEASE_RECORD - 8..], l.grant_seq.to_le_bytes());
+        assert_eq!(decode(&bytes, &identity).unwrap().0, Kind::Periodic);
+    }
+
+    #[test]
+    fn idempotency_keys_round_trip() {
         let mut g = setup(4);
         let p = g.pool_id("p").unwrap();
         let key = IdemKey::new(77, b"order 42").unwrap();
         assert!(g.acquire_keyed(p, &key, 0, 0, 0).is_ok());
         g.acquire(p, 0, 0, 0);
         let snap = g.export(5);
+        assert_eq!(snap.keys, [HeldKey { index: 0, key }]);
         let identity = Identity::new(&g, &[3; 32]);
         let bytes = encode(&snap, Kind::Stop, &identity, 0);
-        assert!(String::from_utf8_lossy(&bytes).contains(r#""idempotencyKeys":[[0,77,"order 42"]]"#));
+        let record = [&0u32.to_le_bytes()[..], &77u64.to_le_bytes(), &[8], b"order 42"].concat();
+        assert_eq!(bytes[bytes.len() - DIGEST - record.len()..bytes.len() - DIGEST], record);
         assert_eq!(decode(&bytes, &identity).unwrap().1, snap);
-
-        // A file as a build without keys wrote it: the leases load, keyless.
-        let mut keyless = snap.clone();
-        keyless.leases.iter_mut().for_each(|l| l.key = None);
-        let old = encode(&keyless, Kind::Stop, &identity, 0);
-        assert!(!String::from_utf8_lossy(&old).contains("idempotencyKeys"));
-        assert_eq!(decode(&old, &identity).unwrap().1, keyless);
+        let bad = resealed(&bytes, |b| {
+            let at = b.len() - 1;
+            b[at] = b'\n';
+        });
+        assert!(decode(&bad, &identity).unwrap_err().contains("malformed idempotency key"));
     }
 
     #[test]

@@ -264,6 +264,53 @@ fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot, not re-adopted");
 }
 
+/// Waits up to 20 s for `done`.
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "not within 20 s: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Writes `config_json` over the server's configuration, sends SIGHUP and
+/// waits until the reload is applied.
+fn reload(s: &TestServer, config_json: &str) {
+    let before = metric(s, "nthpool_config_reloads_total");
+    std::fs::write(&s.config_path, config_json).unwrap();
+    s.signal("HUP");
+    eventually("the reload applied", || metric(s, "nthpool_config_reloads_total") > before);
+}
+
+#[test]
+fn a_reload_moves_the_snapshot_and_retimes_the_periodic_writer() {
+    let pool = r#""concurrency":3,"termMs":20000,"renewIntervalMs":5000"#;
+    let s = TestServer::start(&config(pool, r#""stateFile":"a.state""#));
+    let slot = s.acquire("", "").slot();
+    let (a, b) = (s.dir.join("a.state"), s.dir.join("b.state"));
+
+    // An interval and a new path, without a restart: the writer starts.
+    reload(&s, &config(pool, r#""stateFile":"b.state","snapshotIntervalMs":1000"#));
+    eventually("a periodic snapshot at the new path", || b.exists());
+    assert!(!a.exists(), "nothing at the old path");
+
+    // The interval removed: the writer stops. Two of its periods pass with no file.
+    reload(&s, &config(pool, r#""stateFile":"b.state""#));
+    // A write already under way when the reload came may still land.
+    std::thread::sleep(Duration::from_millis(1000));
+    std::fs::remove_file(&b).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(!b.exists(), "no periodic snapshot after the interval was removed");
+
+    // The stop snapshot goes to the new path, and the restart restores it.
+    let kept = stop(s, "TERM");
+    assert!(b.exists() && !a.exists(), "the stop snapshot is at the reloaded path");
+    let s = restart(&kept);
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "restored: no window");
+    assert_eq!(s.renew(&slot).status, 200);
+    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
+}
+
 /// Where the clients of a load test find the server: it moves on a restart.
 #[derive(Clone)]
 struct Target(Arc<Mutex<SocketAddr>>);

@@ -61,6 +61,7 @@ use crate::http::request::MAX_HEAD_BYTES;
 use crate::proxy::Proxy;
 use crate::state;
 use crate::time::{Ms, Now};
+use crate::wheel::TimerKey;
 use admin::ServerStats;
 use clock::Clock;
 use conn::{Conn, Flush, Io, Timeouts, NEVER};
@@ -137,6 +138,8 @@ pub struct Server {
     app: App,
     /// The slot secret's and the snapshot's files.
     persistence: state::Persistence,
+    /// The periodic snapshot's timer, while one is armed.
+    snapshot_timer: Option<TimerKey>,
     clock: Clock,
     now: Now,
     /// Counts reactor turns: a connection's budget is per turn.
@@ -206,9 +209,7 @@ impl Server {
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
         let resolver = spawn_resolver(&poll, &config.resolver)?;
         let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
-        if let Some(every) = persistence.interval_ms() {
-            app.schedule(every, Wake::Snapshot);
-        }
+        let snapshot_timer = persistence.interval_ms().map(|every| app.schedule(every, Wake::Snapshot));
         Ok(Server {
             poll,
             listener: Some(listener),
@@ -230,6 +231,7 @@ impl Server {
             shutdown_at: None,
             app,
             persistence,
+            snapshot_timer,
             now: clock.at(Instant::now()),
             clock,
             turn: 0,
@@ -382,7 +384,16 @@ impl Server {
                     warn!("reload: new `listen` / `adminListen` addresses take effect at the next restart");
                     self.configured_listen = listen;
                 }
-                self.persistence.reconfigured(self.app.governor());
+                if self.persistence.reconfigured(self.app.governor(), &config, path) {
+                    // A new interval counts from the reload.
+                    if let Some(timer) = self.snapshot_timer.take() {
+                        self.app.cancel_timer(timer);
+                    }
+                    self.snapshot_timer = self
+                        .persistence
+                        .interval_ms()
+                        .map(|every| self.app.schedule(self.now.ms + every, Wake::Snapshot));
+                }
                 self.stats.reloads_ok += 1;
                 info!("configuration reloaded from {}", path.display());
                 self.drain_events();
@@ -510,7 +521,7 @@ impl Server {
                 Event::Wake(Wake::Snapshot) => {
                     self.persistence.write_periodic(self.app.governor(), self.now.ms);
                     let every = self.persistence.interval_ms().expect("armed only with an interval");
-                    self.app.schedule(self.now.ms + every, Wake::Snapshot);
+                    self.snapshot_timer = Some(self.app.schedule(self.now.ms + every, Wake::Snapshot));
                 }
             }
         }

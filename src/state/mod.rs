@@ -27,6 +27,8 @@ pub struct Persistence {
     /// `None`: no snapshot is written (the embedded demo, `stateFile: null`).
     path: Option<PathBuf>,
     interval_ms: Option<u64>,
+    /// The secret's file as the configuration named it at start.
+    secret_path: Option<PathBuf>,
     identity: Identity,
     /// The periodic snapshot being written, if one is; it hands its lease
     /// buffer back for the next one.
@@ -44,15 +46,16 @@ pub fn start<T: Copy>(
     now: Ms,
     epoch: Epoch,
 ) -> Result<Persistence, String> {
-    let secret = match config_path {
-        Some(path) => secret::load_or_create(&secret::path_beside(path, &config.slot_secret_file))?,
+    let secret_path = config_path.map(|path| secret::path_beside(path, &config.slot_secret_file));
+    let secret = match &secret_path {
+        Some(path) => secret::load_or_create(path)?,
         None => secret::ephemeral(),
     };
     gov.set_identity(&secret.bytes, epoch);
-    let path = config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f));
     let persistence = Persistence {
-        path,
+        path: state_path(config, config_path),
         interval_ms: config.snapshot_interval_ms,
+        secret_path,
         identity: Identity::new(gov, &secret.bytes),
         writer: None,
     };
@@ -109,9 +112,28 @@ impl Persistence {
         self.interval_ms.filter(|_| self.path.is_some())
     }
 
-    /// A reload changed the pools: the next snapshot is of the new configuration.
-    pub fn reconfigured<T: Copy>(&mut self, gov: &Governor<T>) {
+    /// A reload applied `config`: the next snapshot is of its pools, goes to
+    /// its `stateFile` and, when periodic, at its `snapshotIntervalMs`. A
+    /// snapshot being written finishes at the old path. Returns whether the
+    /// periodic timer must be armed again (`interval_ms` changed). The slot
+    /// secret stays the one read at start: the ids held now are signed with it.
+    pub fn reconfigured<T: Copy>(&mut self, gov: &Governor<T>, config: &Config, config_path: &Path) -> bool {
         self.identity.config = snapshot::config_identity(gov);
+        let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
+        if self.secret_path.as_ref().is_some_and(|p| *p != secret_path) {
+            warn!("reload: a new `slotSecretFile` takes effect at the next restart (held slots are signed with the current one)");
+        }
+        let path = state_path(config, Some(config_path));
+        if path != self.path {
+            match &path {
+                Some(p) => info!("reload: snapshots go to {} from the next one", p.display()),
+                None => info!("reload: `stateFile` is null, no snapshot is written from now on"),
+            }
+            self.path = path;
+        }
+        let before = self.interval_ms();
+        self.interval_ms = config.snapshot_interval_ms;
+        before != self.interval_ms()
     }
 
     /// The periodic snapshot: the loop copies the state, a thread writes it.
@@ -174,6 +196,12 @@ impl Persistence {
             Err(e) => warn!("stop snapshot to {} failed ({e}): the next start takes the crash path", path.display()),
         }
     }
+}
+
+/// Where `config` keeps its snapshot: beside the configuration file; none
+/// for the embedded configuration or `stateFile: null`.
+fn state_path(config: &Config, config_path: Option<&Path>) -> Option<PathBuf> {
+    config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f))
 }
 
 /// The OS random source: the slot secret's bytes, and the governor's

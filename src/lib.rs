@@ -16,7 +16,8 @@
 //!   `proxy` (proxy mode's exchanges);
 //! - leaves: `wheel` (the one hierarchical timer wheel), `time` (the units of
 //!   time and the one monotonic → wall conversion), `calendar` (date
-//!   arithmetic) and `ct` (constant-time comparison).
+//!   arithmetic), `ct` (constant-time comparison) and `metrics` (the
+//!   histograms and the Prometheus text, rendered from plain data).
 //!
 //! The README's code map lists every module and the table in
 //! `tests/layers.rs` every import between them.
@@ -32,6 +33,7 @@ pub mod ct;
 pub mod dashboard;
 pub mod governor;
 pub mod http;
+pub mod metrics;
 pub mod net;
 pub mod proxy;
 pub mod report;

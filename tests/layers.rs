@@ -16,6 +16,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("time", &[]),
     ("ct", &[]),
     ("calendar", &[]),
+    ("metrics", &[]),
     ("config", &["net"]),
     ("state", &["config", "governor", "time"]),
     ("wheel", &["time"]),
@@ -24,13 +25,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("report", &["calendar", "governor", "time"]),
     ("access", &["config", "http", "time", "wheel"]),
     ("accesslog", &["calendar", "http", "time"]),
-    ("api", &["access", "ct", "accesslog", "config", "governor", "http", "report", "state", "time", "wheel"]),
+    (
+        "api",
+        &["access", "ct", "accesslog", "config", "governor", "http", "metrics", "report", "state", "time", "wheel"],
+    ),
     ("dashboard", &["api", "ct", "governor", "http", "time"]),
     ("net", &["time"]),
-    ("proxy", &["api", "config", "governor", "http", "net", "report", "time"]),
+    ("proxy", &["api", "config", "governor", "http", "metrics", "net", "report", "time"]),
     (
         "server",
-        &["accesslog", "api", "config", "dashboard", "governor", "http", "net", "proxy", "state", "time", "wheel"],
+        &["accesslog", "api", "config", "dashboard", "http", "metrics", "net", "proxy", "state", "time", "wheel"],
     ),
 ];
 

@@ -12,7 +12,7 @@ use super::{App, Queued};
 use crate::accesslog;
 use crate::config::Config;
 use crate::governor::lease::SlotId;
-use crate::governor::{Denial, Grant, Notice};
+use crate::governor::{Denial, Grant, Notice, PoolId};
 use crate::http::response::Status;
 use crate::state::Persistence;
 use crate::time::{Epoch, Ms, Now};
@@ -87,6 +87,32 @@ impl App {
         epoch: Epoch,
     ) -> Result<Persistence, String> {
         crate::state::start(config, config_path, &mut self.gov, 0, epoch)
+    }
+
+    /// The snapshot of a graceful stop, written before the process exits.
+    pub fn write_stop_snapshot(&self, state: &mut Persistence, now: Ms) {
+        state.write_stop(&self.gov, now);
+    }
+
+    /// The periodic snapshot: copied here, written on a thread of its own.
+    pub fn write_periodic_snapshot(&self, state: &mut Persistence, now: Ms) {
+        state.write_periodic(&self.gov, now);
+    }
+
+    /// A reload applied `config`: the next snapshot follows it. True when
+    /// the periodic snapshot's timer must be armed again.
+    pub fn reconfigure_state(&self, state: &mut Persistence, config: &Config, config_path: &std::path::Path) -> bool {
+        state.reconfigured(&self.gov, config, config_path)
+    }
+
+    /// The pool named `name`, if configured.
+    pub fn pool_id(&self, name: &str) -> Option<PoolId> {
+        self.gov.pool_id(name)
+    }
+
+    /// Whether any pool's re-adoption window is open at `now`.
+    pub fn recovering(&self, now: Ms) -> bool {
+        self.gov.recovering(now)
     }
 
     /// Starts a reactor turn at `now`: the dashboard's history is sampled

@@ -13,6 +13,7 @@ pub mod error;
 mod grant;
 pub mod proxy;
 pub mod route;
+mod scrape;
 pub mod settings;
 
 use std::collections::BTreeMap;
@@ -23,10 +24,13 @@ use crate::accesslog::{AccessLog, Record};
 use crate::config::Config;
 use crate::governor::history::{self, Attempts, History};
 use crate::governor::idempotency::IdemKey;
-use crate::governor::lease::SlotId;
-use crate::governor::{Admission, Denial, DenyReason, Entropy, Governor, Grant, PoolId, RenewError, WaiterKey};
+pub use crate::governor::lease::SlotId;
+/// The governor's types the reactor handles, through this one door.
+pub use crate::governor::{Admission, Entropy, Grant, PoolId};
+use crate::governor::{Denial, DenyReason, Governor, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
 use crate::http::response::{json_u64, push_u64, Status, Writer};
+use crate::metrics::Histogram;
 use crate::report::{self, check_object, is_blank};
 use crate::time::{EpochMs, Now};
 use auth::PoolKeys;
@@ -94,7 +98,7 @@ pub struct App {
     pub max_body: usize,
     pub log: AccessLog,
     /// Acquire server time per pool, indexed by `PoolId`.
-    pub latency: Vec<LatencyHistogram>,
+    latency: Vec<Histogram>,
     pub rejections: Rejections,
     /// What the dashboard shows, indexed by `PoolId`.
     pub history: Vec<(History, Attempts)>,
@@ -207,7 +211,7 @@ impl App {
         self.max_body = config.max_body_bytes;
         self.log.flush();
         self.log.replace_sink(log);
-        self.latency.resize_with(self.gov.pools().count(), LatencyHistogram::default);
+        self.latency.resize_with(self.gov.pools().count(), Histogram::acquire_us);
         self.history.resize_with(self.gov.pools().count(), Default::default);
         self.admin_token = config.admin_token.as_deref().map(Into::into);
         // Retired pools keep their old credentials so their leases can still be released.
@@ -782,41 +786,9 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
     Ok(wait)
 }
 
-/// Acquire server time in µs, in Prometheus-style cumulative buckets.
-#[derive(Debug, Clone, Default)]
-pub struct LatencyHistogram {
-    /// Count per bucket (not cumulative); the last is +Inf.
-    pub counts: [u64; LATENCY_BUCKETS_US.len() + 1],
-    pub sum_us: u64,
-}
-
-/// Upper bounds of the latency buckets, in µs.
-pub const LATENCY_BUCKETS_US: [u64; 12] =
-    [10, 25, 50, 100, 250, 500, 1000, 2500, 10_000, 100_000, 1_000_000, 10_000_000];
-
-impl LatencyHistogram {
-    pub fn observe(&mut self, us: u64) {
-        let i = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
-        self.counts[i] += 1;
-        self.sum_us += us;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn latency_buckets() {
-        let mut h = LatencyHistogram::default();
-        h.observe(0);
-        h.observe(10);
-        h.observe(11);
-        h.observe(u64::MAX / 2);
-        assert_eq!(h.counts[0], 2);
-        assert_eq!(h.counts[1], 1);
-        assert_eq!(h.counts[LATENCY_BUCKETS_US.len()], 1);
-    }
 
     #[test]
     fn host_port_is_ignored() {

@@ -217,45 +217,8 @@ impl ClientIo<'_> {
     }
 }
 
-/// Upper bounds of the upstream latency buckets, in ms.
-pub const UPSTREAM_MS_BUCKETS: [u64; 12] = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10_000, 60_000, 600_000];
-
 /// Proxy counters, read by the metrics.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ProxyStats {
-    pub upstream_connects: u64,
-    pub upstream_connect_errors: u64,
-    /// TLS sessions refused or broken, by either side.
-    pub tls_failures: u64,
-    /// TLS sessions resumed from an earlier one instead of a full handshake.
-    pub tls_resumed: u64,
-    pub upstream_reuses: u64,
-    pub retries: u64,
-    /// Ended exchanges by the upstream's status class (`[1]` = 1xx ... `[5]`
-    /// = 5xx); `[0]`: no upstream status (refused, failed, or the client left first).
-    pub by_class: [u64; 6],
-    /// Request and response bytes relayed, as written to the other side.
-    pub bytes_up: u64,
-    pub bytes_down: u64,
-    /// From sending the request to the end of the exchange, in ms buckets (the last is +Inf).
-    pub upstream_ms: [u64; UPSTREAM_MS_BUCKETS.len() + 1],
-    pub upstream_ms_sum: u64,
-    /// Idle keep-alive connections, as of the last count.
-    pub idle: u64,
-}
-
-impl ProxyStats {
-    pub fn count(&mut self, e: &Exchange, upstream_status: Option<u16>, upstream_ms: Option<u64>) {
-        let class = upstream_status.map_or(0, |s| (s / 100).clamp(1, 5) as usize);
-        self.by_class[class] += 1;
-        self.bytes_up += e.bytes_up;
-        self.bytes_down += e.bytes_down;
-        if let Some(ms) = upstream_ms {
-            self.upstream_ms[UPSTREAM_MS_BUCKETS.partition_point(|&b| b < ms)] += 1;
-            self.upstream_ms_sum += ms;
-        }
-    }
-}
+pub use crate::metrics::ProxyStats;
 
 #[derive(Default)]
 pub struct Proxy {

@@ -21,9 +21,7 @@ use std::net::SocketAddr;
 
 use mio::net::TcpStream;
 
-use crate::api::Queued;
-use crate::governor::lease::SlotId;
-use crate::governor::PoolId;
+use crate::api::{PoolId, Queued, SlotId};
 use crate::http::chunked::ChunkedDecoder;
 use crate::time::Ms;
 use crate::wheel::TimerKey;

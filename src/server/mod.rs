@@ -54,9 +54,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
-use crate::api::{ApiError, App, ConnId, Event, Wake};
+use crate::api::{ApiError, App, ConnId, Entropy, Event, PoolId, Wake};
 use crate::config::Config;
-use crate::governor::{Entropy, PoolId};
 use crate::http::request::MAX_HEAD_BYTES;
 use crate::proxy::Proxy;
 use crate::state;
@@ -323,7 +322,7 @@ impl Server {
             if let Some(at) = self.shutdown_at {
                 if self.conns.is_empty() || self.clock.now_ms() >= at {
                     self.app.flush_log();
-                    self.persistence.write_stop(self.app.governor(), self.clock.now_ms());
+                    self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
                     info!("shut down ({} connections cut at the deadline)", self.conns.len());
                     return Ok(());
                 }
@@ -384,7 +383,7 @@ impl Server {
                     warn!("reload: new `listen` / `adminListen` addresses take effect at the next restart");
                     self.configured_listen = listen;
                 }
-                if self.persistence.reconfigured(self.app.governor(), &config, path) {
+                if self.app.reconfigure_state(&mut self.persistence, &config, path) {
                     // A new interval counts from the reload.
                     if let Some(timer) = self.snapshot_timer.take() {
                         self.app.cancel_timer(timer);
@@ -519,7 +518,7 @@ impl Server {
                 Event::Wake(Wake::Conn(id)) => self.dispatch(id, Signal::Deadline),
                 Event::Wake(Wake::UpstreamIdle) => self.sweep_idle_upstreams(),
                 Event::Wake(Wake::Snapshot) => {
-                    self.persistence.write_periodic(self.app.governor(), self.now.ms);
+                    self.app.write_periodic_snapshot(&mut self.persistence, self.now.ms);
                     let every = self.persistence.interval_ms().expect("armed only with an interval");
                     self.snapshot_timer = Some(self.app.schedule(self.now.ms + every, Wake::Snapshot));
                 }

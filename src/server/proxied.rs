@@ -17,16 +17,17 @@ use mio::{Interest, Registry, Token};
 use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
 use super::{client_mut, Server};
 use crate::api::proxy::ProxiedLine;
-use crate::api::{governor_headers, ApiError, App, ConnId, Ctx, Queued, Wake, CLIENT_GONE_STATUS};
+use crate::api::{
+    governor_headers, Admission, ApiError, App, ConnId, Ctx, Grant, PoolId, Queued, Wake, CLIENT_GONE_STATUS,
+};
 use crate::config::upstream::Upstream;
 use crate::config::Config;
-use crate::governor::{Admission, Grant, Ms, PoolId};
 use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
 use crate::http::response::CONTINUE;
 use crate::proxy::head::{self, ClientSide};
 use crate::proxy::{request_relay, Attached, ClientIo, Exchange, Keep, NewExchange, Phase, Proxy, Step};
-use crate::time::Now;
+use crate::time::{Ms, Now};
 
 /// Upstream connections are registered at `UPSTREAM_BASE + slab index`.
 pub const UPSTREAM_BASE: usize = usize::MAX / 2;
@@ -57,7 +58,7 @@ pub fn bind_listeners(config: &Config, app: &App, registry: &Registry) -> Result
             continue;
         };
         let addr: SocketAddr = addr.parse().expect("validated");
-        let pid = app.governor().pool_id(name).expect("a configured pool");
+        let pid = app.pool_id(name).expect("a configured pool");
         let mut l = TcpListener::bind(addr)
             .map_err(|e| format!("cannot listen on {addr} (pools.{name}.upstream.listen): {e}"))?;
         registry
@@ -461,7 +462,7 @@ impl Server {
             End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
         };
         let upstream_ms = e.sent_at.map(|t| t.elapsed().as_millis() as u64);
-        self.proxy.stats.count(e, upstream_status, upstream_ms);
+        self.proxy.stats.count(upstream_status, upstream_ms, e.bytes_up, e.bytes_down);
         let (method, path) = e.method_and_path();
         let line = ProxiedLine {
             status,

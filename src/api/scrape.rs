@@ -1,0 +1,73 @@
+//! What `/metrics` shows, read from the governor into plain data
+//! (`metrics::MetricsSnapshot`); the reactor adds its own counters and
+//! `metrics::render` writes the text.
+
+use super::{App, Rejections};
+use crate::governor::learn::Start;
+use crate::governor::{DenyReason, Pool};
+use crate::metrics::{AccessLogCounters, Histogram, MetricsSnapshot, PoolMetrics, ServerStats};
+use crate::time::Ms;
+
+impl App {
+    /// Every pool's values and the application's counters at `now`, with
+    /// the reactor's `server` counters.
+    pub fn metrics(&self, now: Ms, server: ServerStats) -> MetricsSnapshot {
+        let gov = &self.gov;
+        let pools = gov
+            .pools()
+            .enumerate()
+            .map(|(i, (_, p))| pool_metrics(p, now, gov.advanced_to(), self.latency.get(i).copied()))
+            .collect();
+        MetricsSnapshot {
+            pools,
+            rejections: Rejections::CODES.iter().map(|&code| (code, self.rejections.get(code))).collect(),
+            access_log: AccessLogCounters {
+                lines: self.log.lines,
+                write_errors: self.log.write_errors,
+                dropped: self.log.dropped,
+            },
+            server,
+        }
+    }
+}
+
+/// One pool at `now`; what it learned as of `learned_at`, the instant the
+/// governor last advanced to.
+fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>) -> PoolMetrics {
+    let (s, l) = (&p.stats, &p.learning);
+    let blocked = p.blocked(learned_at).map(|(reason, _)| reason);
+    let limited_by = [DenyReason::Concurrency, DenyReason::Rate, DenyReason::Cooldown]
+        .map(|reason| (reason.as_str(), blocked == Some(reason)));
+    PoolMetrics {
+        name: p.name.to_string(),
+        held: p.held as u64,
+        waiters: p.queue.len() as u64,
+        limit: p.settings.concurrency as u64,
+        effective_limit: p.effective_limit() as u64,
+        grants: s.grants,
+        queue_timeouts: s.queue_timeouts,
+        waiters_gone: s.waiters_gone,
+        reports_throttled: s.reports_throttled,
+        cooldowns: s.cooldowns,
+        retired: p.retired,
+        budget_remaining: l.budget().map_or(-1, |b| b.remaining as i64),
+        limited_by,
+        learned_refused_at: l.refused_at as i64,
+        budget_limit: l.budget_limit.map_or(-1, |v| v as i64),
+        budget_reset_ms: l.budget.map_or(-1, |b| b.reset_at.saturating_sub(learned_at) as i64),
+        cooldown_ms: l.cooldown_until.saturating_sub(learned_at) as i64,
+        learning_starting: l.start != Start::Done,
+        budget_paced_next_ms: l.pace.map_or(-1, |pace| pace.next_at().saturating_sub(learned_at) as i64),
+        rpm_tokens: p.rpm_remaining(),
+        recovering: p.recovering(now),
+        readopted: s.readopted,
+        idempotency_keys: p.idem.len() as u64,
+        idempotent_replays: s.idempotent_replays,
+        superseded: s.superseded,
+        denials: DenyReason::ALL.iter().map(|&reason| (reason.as_str(), s.denied[reason as usize])).collect(),
+        reclaims: [("term", s.reclaimed_term), ("cap", s.reclaimed_cap)],
+        renewals: [("renewed", s.renewed), ("not_found", s.renew_not_found), ("capped", s.renew_capped)],
+        releases: [("released", s.released), ("already_gone", s.release_gone)],
+        acquire_us,
+    }
+}

@@ -1,0 +1,470 @@
+//! The Prometheus text of `GET /metrics`, rendered from a [`MetricsSnapshot`]:
+//! plain data, per pool and server-wide, that `api` fills from the governor
+//! and the reactor from its own counters. Nothing here knows a pool, a
+//! lease or a socket, so what is exposed and how it is counted are apart.
+//!
+//! Also the histograms those numbers come from ([`Histogram`]): recorded on
+//! the request path in O(1), without allocating or formatting; the text is
+//! built only when scraped.
+
+use std::fmt::Write as _;
+
+/// Upper bounds of the acquire server-time buckets, in µs.
+pub const ACQUIRE_US: [u64; 12] = [10, 25, 50, 100, 250, 500, 1000, 2500, 10_000, 100_000, 1_000_000, 10_000_000];
+/// Upper bounds of the proxied upstream-time buckets, in ms.
+pub const UPSTREAM_MS: [u64; 12] = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10_000, 60_000, 600_000];
+/// The most bounds a histogram has (one more bucket: +Inf).
+const MAX_BOUNDS: usize = 16;
+
+/// Counts of values by bucket (not cumulative; the last is +Inf) and their sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Histogram {
+    bounds: &'static [u64],
+    counts: [u64; MAX_BOUNDS + 1],
+    sum: u64,
+}
+
+impl Histogram {
+    /// An empty histogram over `bounds` (ascending, at most 16).
+    pub const fn new(bounds: &'static [u64]) -> Histogram {
+        assert!(bounds.len() <= MAX_BOUNDS);
+        Histogram { bounds, counts: [0; MAX_BOUNDS + 1], sum: 0 }
+    }
+
+    /// The acquire server-time histogram, in µs.
+    pub const fn acquire_us() -> Histogram {
+        Histogram::new(&ACQUIRE_US)
+    }
+
+    pub fn observe(&mut self, value: u64) {
+        self.counts[self.bounds.partition_point(|&b| b < value)] += 1;
+        self.sum = self.sum.saturating_add(value);
+    }
+
+    /// Count per bucket, the +Inf one last.
+    pub fn counts(&self) -> &[u64] {
+        &self.counts[..=self.bounds.len()]
+    }
+
+    pub fn sum(&self) -> u64 {
+        self.sum
+    }
+}
+
+/// Everything `/metrics` shows, as of one scrape.
+#[derive(Debug, Clone)]
+pub struct MetricsSnapshot {
+    /// Every pool, retired ones included, in the governor's order.
+    pub pools: Vec<PoolMetrics>,
+    /// Lock API answers of 400 and above, by status code.
+    pub rejections: Vec<(u16, u64)>,
+    pub access_log: AccessLogCounters,
+    pub server: ServerStats,
+}
+
+/// One pool's values.
+#[derive(Debug, Clone)]
+pub struct PoolMetrics {
+    pub name: String,
+    pub held: u64,
+    pub waiters: u64,
+    pub limit: u64,
+    pub effective_limit: u64,
+    pub grants: u64,
+    pub queue_timeouts: u64,
+    pub waiters_gone: u64,
+    pub reports_throttled: u64,
+    pub cooldowns: u64,
+    pub retired: bool,
+    /// Grants left in the learned budget; -1: none learned.
+    pub budget_remaining: i64,
+    /// Each reason a pool can be blocked by, and whether it is the one now.
+    pub limited_by: [(&'static str, bool); 3],
+    pub learned_refused_at: i64,
+    /// -1: unknown.
+    pub budget_limit: i64,
+    /// -1: no budget window.
+    pub budget_reset_ms: i64,
+    pub cooldown_ms: i64,
+    pub learning_starting: bool,
+    /// -1: not paced.
+    pub budget_paced_next_ms: i64,
+    /// `None`: the pool has no rate gate.
+    pub rpm_tokens: Option<u32>,
+    pub recovering: bool,
+    pub readopted: u64,
+    pub idempotency_keys: u64,
+    pub idempotent_replays: u64,
+    pub superseded: u64,
+    /// 429 answers by reason.
+    pub denials: Vec<(&'static str, u64)>,
+    /// Leases reclaimed by cause: `term`, `cap`.
+    pub reclaims: [(&'static str, u64); 2],
+    /// Renew requests by outcome: `renewed`, `not_found`, `capped`.
+    pub renewals: [(&'static str, u64); 3],
+    /// Release requests by outcome: `released`, `already_gone`.
+    pub releases: [(&'static str, u64); 2],
+    /// `None` for a pool added since the histograms were sized.
+    pub acquire_us: Option<Histogram>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AccessLogCounters {
+    pub lines: u64,
+    pub write_errors: u64,
+    pub dropped: u64,
+}
+
+/// Server-wide counters, bumped by the reactor.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ServerStats {
+    pub connections_open: u64,
+    pub connections_accepted: u64,
+    pub connections_refused: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    /// Proxy mode's counters, as of the scrape.
+    pub proxy: ProxyStats,
+}
+
+/// Proxy counters, bumped by the reactor's proxy exchanges.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyStats {
+    pub upstream_connects: u64,
+    pub upstream_connect_errors: u64,
+    /// TLS sessions refused or broken, by either side.
+    pub tls_failures: u64,
+    /// TLS sessions resumed from an earlier one instead of a full handshake.
+    pub tls_resumed: u64,
+    pub upstream_reuses: u64,
+    pub retries: u64,
+    /// Ended exchanges by the upstream's status class (`[1]` = 1xx ... `[5]`
+    /// = 5xx); `[0]`: no upstream status (refused, failed, or the client left first).
+    pub by_class: [u64; 6],
+    /// Request and response bytes relayed, as written to the other side.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// From sending the request to the end of the exchange, in ms.
+    pub upstream_ms: Histogram,
+    /// Idle keep-alive connections, as of the last count.
+    pub idle: u64,
+}
+
+impl Default for ProxyStats {
+    fn default() -> Self {
+        ProxyStats {
+            upstream_connects: 0,
+            upstream_connect_errors: 0,
+            tls_failures: 0,
+            tls_resumed: 0,
+            upstream_reuses: 0,
+            retries: 0,
+            by_class: [0; 6],
+            bytes_up: 0,
+            bytes_down: 0,
+            upstream_ms: Histogram::new(&UPSTREAM_MS),
+            idle: 0,
+        }
+    }
+}
+
+impl ProxyStats {
+    /// An ended exchange: its upstream status, time and bytes each way.
+    pub fn count(&mut self, upstream_status: Option<u16>, upstream_ms: Option<u64>, bytes_up: u64, bytes_down: u64) {
+        let class = upstream_status.map_or(0, |s| (s / 100).clamp(1, 5) as usize);
+        self.by_class[class] += 1;
+        self.bytes_up += bytes_up;
+        self.bytes_down += bytes_down;
+        if let Some(ms) = upstream_ms {
+            self.upstream_ms.observe(ms);
+        }
+    }
+}
+
+/// One metric family: its `# HELP` and `# TYPE` lines.
+fn family(t: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(t, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// One family with a sample per pool.
+fn per_pool<V: std::fmt::Display>(
+    t: &mut String,
+    pools: &[PoolMetrics],
+    (name, kind, help): (&str, &str, &str),
+    value: impl Fn(&PoolMetrics) -> V,
+) {
+    family(t, name, kind, help);
+    for p in pools {
+        let _ = writeln!(t, "{name}{{pool=\"{}\"}} {}", p.name, value(p));
+    }
+}
+
+/// One family with a sample per pool and value of a second label.
+fn by_label(
+    t: &mut String,
+    pools: &[PoolMetrics],
+    (name, kind, help): (&str, &str, &str),
+    label: &str,
+    values: impl Fn(&PoolMetrics) -> &[(&'static str, u64)],
+) {
+    family(t, name, kind, help);
+    for p in pools {
+        for (value, n) in values(p) {
+            let _ = writeln!(t, "{name}{{pool=\"{}\",{label}=\"{value}\"}} {n}", p.name);
+        }
+    }
+}
+
+/// The Prometheus text exposition of `m`.
+pub fn render(m: &MetricsSnapshot) -> String {
+    let mut t = String::with_capacity(8192);
+    let pools = &m.pools;
+    type PoolValue = fn(&PoolMetrics) -> u64;
+    let plain: [(&str, &str, &str, PoolValue); 10] = [
+        ("nthpool_slots_held", "gauge", "Slots currently held.", |p| p.held),
+        ("nthpool_waiters", "gauge", "Acquires waiting in the queue.", |p| p.waiters),
+        ("nthpool_limit", "gauge", "Configured concurrency limit.", |p| p.limit),
+        ("nthpool_effective_limit", "gauge", "Concurrency limit in force after adaptive cuts.", |p| p.effective_limit),
+        ("nthpool_grants_total", "counter", "Slots granted.", |p| p.grants),
+        ("nthpool_queue_timeouts_total", "counter", "Queued acquires answered 504 at their deadline.", |p| {
+            p.queue_timeouts
+        }),
+        ("nthpool_waiters_gone_total", "counter", "Queued acquires whose client went away.", |p| p.waiters_gone),
+        ("nthpool_reports_throttled_total", "counter", "Outcome reports that saw upstream throttling.", |p| {
+            p.reports_throttled
+        }),
+        ("nthpool_cooldowns_total", "counter", "Cool-downs opened or extended by a retry hint.", |p| p.cooldowns),
+        ("nthpool_retired", "gauge", "1 when the pool was removed by a reload and is draining.", |p| p.retired as u64),
+    ];
+    for (name, kind, help, value) in plain {
+        per_pool(&mut t, pools, (name, kind, help), value);
+    }
+    let gauge = |name, help| (name, "gauge", help);
+    per_pool(
+        &mut t,
+        pools,
+        gauge("nthpool_budget_remaining", "Grants left in the learned upstream budget (-1: none)."),
+        |p| p.budget_remaining,
+    );
+    render_learning(&mut t, pools);
+    family(&mut t, "nthpool_rpm_tokens", "gauge", "Tokens in the requests-per-minute bucket.");
+    for p in pools {
+        if let Some(tokens) = p.rpm_tokens {
+            let _ = writeln!(t, "nthpool_rpm_tokens{{pool=\"{}\"}} {tokens}", p.name);
+        }
+    }
+    per_pool(&mut t, pools, gauge("nthpool_recovering", "1 while the pool's re-adoption window is open."), |p| {
+        p.recovering as u8
+    });
+    let counter = |name, help| (name, "counter", help);
+    per_pool(
+        &mut t,
+        pools,
+        counter("nthpool_readopted_total", "Slots held before a restart and re-adopted in the window."),
+        |p| p.readopted,
+    );
+    per_pool(&mut t, pools, gauge("nthpool_idempotency_keys", "Live Idempotency-Keys in the pool's store."), |p| {
+        p.idempotency_keys
+    });
+    per_pool(
+        &mut t,
+        pools,
+        counter("nthpool_idempotent_replays_total", "Acquires answered with the grant their key held."),
+        |p| p.idempotent_replays,
+    );
+    per_pool(
+        &mut t,
+        pools,
+        counter("nthpool_superseded_total", "Queued acquires whose place a retry with their key took."),
+        |p| p.superseded,
+    );
+    by_label(&mut t, pools, counter("nthpool_denials_total", "Acquires answered 429, by reason."), "reason", |p| {
+        &p.denials
+    });
+    family(&mut t, "nthpool_rejections_total", "counter", "Lock API answers of 400 and above, by status code.");
+    for (code, n) in &m.rejections {
+        let _ = writeln!(t, "nthpool_rejections_total{{code=\"{code}\"}} {n}");
+    }
+    let reclaims =
+        counter("nthpool_reclaims_total", "Leases reclaimed, by cause (term: not renewed; cap: request deadline).");
+    by_label(&mut t, pools, reclaims, "cause", |p| &p.reclaims);
+    by_label(&mut t, pools, counter("nthpool_renewals_total", "Renew requests, by outcome."), "outcome", |p| {
+        &p.renewals
+    });
+    by_label(&mut t, pools, counter("nthpool_releases_total", "Release requests, by outcome."), "outcome", |p| {
+        &p.releases
+    });
+    family(&mut t, "nthpool_acquire_server_time_us", "histogram", "Server time of acquire answers, in microseconds.");
+    for p in pools {
+        if let Some(h) = &p.acquire_us {
+            histogram(&mut t, "nthpool_acquire_server_time_us", &format!("pool=\"{}\",", p.name), h);
+        }
+    }
+    let (s, log) = (&m.server, &m.access_log);
+    let server: [(&str, &str, &str, u64); 10] = [
+        ("nthpool_connections_open", "gauge", "Open client connections (both listeners).", s.connections_open),
+        ("nthpool_connections_accepted_total", "counter", "Connections accepted.", s.connections_accepted),
+        (
+            "nthpool_connections_refused_total",
+            "counter",
+            "Connections refused at the maxConnections cap.",
+            s.connections_refused,
+        ),
+        ("nthpool_bytes_received_total", "counter", "Bytes read from clients.", s.bytes_received),
+        ("nthpool_bytes_sent_total", "counter", "Bytes written to clients.", s.bytes_sent),
+        ("nthpool_config_reloads_total", "counter", "Configuration reloads applied.", s.reloads_ok),
+        ("nthpool_config_reload_failures_total", "counter", "Configuration reloads refused.", s.reloads_failed),
+        ("nthpool_access_log_lines_total", "counter", "Access log lines written or buffered.", log.lines),
+        ("nthpool_access_log_write_errors_total", "counter", "Failed access log writes.", log.write_errors),
+        ("nthpool_access_log_dropped_total", "counter", "Access log lines dropped while writes failed.", log.dropped),
+    ];
+    unlabelled(&mut t, &server);
+    render_proxy(&mut t, &s.proxy);
+    t
+}
+
+/// What limits each pool now, and what it learned of the upstream's limits.
+fn render_learning(t: &mut String, pools: &[PoolMetrics]) {
+    family(t, "nthpool_limited_by", "gauge", "1 for the reason a pool cannot grant now (concurrency, rate, cooldown).");
+    for p in pools {
+        for (reason, now) in p.limited_by {
+            let _ = writeln!(t, "nthpool_limited_by{{pool=\"{}\",reason=\"{reason}\"}} {}", p.name, u8::from(now));
+        }
+    }
+    type Learned = fn(&PoolMetrics) -> i64;
+    let learned: [(&str, &str, Learned); 6] = [
+        ("nthpool_learned_refused_at", "Lowest in-flight count the upstream refused (0: none known).", |p| {
+            p.learned_refused_at
+        }),
+        ("nthpool_budget_limit", "Requests per window the upstream announced (-1: unknown).", |p| p.budget_limit),
+        ("nthpool_budget_reset_ms", "Time until the learned budget window resets (-1: none).", |p| p.budget_reset_ms),
+        ("nthpool_cooldown_ms", "Time left in the pool-wide cool-down.", |p| p.cooldown_ms),
+        ("nthpool_learning_starting", "1 while the start's limit ramps up (no concurrency refusal yet).", |p| {
+            i64::from(p.learning_starting)
+        }),
+        ("nthpool_budget_paced_next_ms", "Time until a paced refill allows the next grant (-1: not paced).", |p| {
+            p.budget_paced_next_ms
+        }),
+    ];
+    for (name, help, value) in learned {
+        per_pool(t, pools, (name, "gauge", help), value);
+    }
+}
+
+/// Proxy mode: exchanges by upstream status class, upstream time, bytes,
+/// upstream connections.
+fn render_proxy(t: &mut String, p: &ProxyStats) {
+    family(
+        t,
+        "nthpool_proxy_requests_total",
+        "counter",
+        "Proxied exchanges ended, by upstream status class (none: no upstream answer).",
+    );
+    for (i, class) in ["none", "1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+        let _ = writeln!(t, "nthpool_proxy_requests_total{{class=\"{class}\"}} {}", p.by_class[i]);
+    }
+    family(
+        t,
+        "nthpool_proxy_upstream_time_ms",
+        "histogram",
+        "From sending a request upstream to the end of its exchange, in ms.",
+    );
+    histogram(t, "nthpool_proxy_upstream_time_ms", "", &p.upstream_ms);
+    let plain: [(&str, &str, &str, u64); 9] = [
+        ("nthpool_proxy_bytes_up_total", "counter", "Request bytes relayed to upstreams.", p.bytes_up),
+        ("nthpool_proxy_bytes_down_total", "counter", "Response bytes relayed to clients.", p.bytes_down),
+        ("nthpool_proxy_upstream_connects_total", "counter", "Upstream connections opened.", p.upstream_connects),
+        (
+            "nthpool_proxy_upstream_connection_errors_total",
+            "counter",
+            "Upstream connections that failed to open.",
+            p.upstream_connect_errors,
+        ),
+        (
+            "nthpool_proxy_upstream_reuses_total",
+            "counter",
+            "Requests sent on a kept-alive upstream connection.",
+            p.upstream_reuses,
+        ),
+        (
+            "nthpool_proxy_retries_total",
+            "counter",
+            "Requests sent again on a fresh connection: a reused one failed before any byte, or a connect failed with addresses left.",
+            p.retries,
+        ),
+        ("nthpool_proxy_idle_connections", "gauge", "Idle keep-alive upstream connections kept.", p.idle),
+        (
+            "nthpool_proxy_tls_failures_total",
+            "counter",
+            "TLS sessions with upstreams refused or broken (the log names each cause).",
+            p.tls_failures,
+        ),
+        (
+            "nthpool_proxy_tls_resumed_total",
+            "counter",
+            "TLS sessions with upstreams resumed instead of a full handshake.",
+            p.tls_resumed,
+        ),
+    ];
+    unlabelled(t, &plain);
+}
+
+/// Families of one sample each, without labels.
+fn unlabelled(t: &mut String, rows: &[(&str, &str, &str, u64)]) {
+    for (name, kind, help, v) in rows {
+        family(t, name, kind, help);
+        let _ = writeln!(t, "{name} {v}");
+    }
+}
+
+/// The samples of one histogram: cumulative buckets, sum and count.
+/// `labels` is empty or ends in `,`.
+fn histogram(t: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let mut cumulative = 0;
+    for (le, n) in h.bounds.iter().zip(h.counts()) {
+        cumulative += n;
+        let _ = writeln!(t, "{name}_bucket{{{labels}le=\"{le}\"}} {cumulative}");
+    }
+    cumulative += h.counts[h.bounds.len()];
+    let _ = writeln!(t, "{name}_bucket{{{labels}le=\"+Inf\"}} {cumulative}");
+    let bare = labels.trim_end_matches(',');
+    let braces = |inner: &str| if inner.is_empty() { String::new() } else { format!("{{{inner}}}") };
+    let _ = writeln!(t, "{name}_sum{} {}", braces(bare), h.sum);
+    let _ = writeln!(t, "{name}_count{} {cumulative}", braces(bare));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_land_in_the_first_bucket_that_holds_them() {
+        let mut h = Histogram::acquire_us();
+        for v in [0, 10, 11, u64::MAX / 2] {
+            h.observe(v);
+        }
+        assert_eq!(h.counts().len(), ACQUIRE_US.len() + 1);
+        assert_eq!((h.counts()[0], h.counts()[1], h.counts()[ACQUIRE_US.len()]), (2, 1, 1));
+        assert_eq!(h.sum(), 21 + u64::MAX / 2);
+    }
+
+    #[test]
+    fn a_histogram_renders_cumulative_buckets_sum_and_count() {
+        let mut h = Histogram::new(&[1, 5]);
+        for v in [1, 3, 9] {
+            h.observe(v);
+        }
+        let mut t = String::new();
+        histogram(&mut t, "x", "pool=\"p\",", &h);
+        assert_eq!(
+            t,
+            "x_bucket{pool=\"p\",le=\"1\"} 1\nx_bucket{pool=\"p\",le=\"5\"} 2\nx_bucket{pool=\"p\",le=\"+Inf\"} 3\n\
+             x_sum{pool=\"p\"} 13\nx_count{pool=\"p\"} 3\n"
+        );
+        let mut t = String::new();
+        histogram(&mut t, "y", "", &Histogram::new(&[]));
+        assert_eq!(t, "y_bucket{le=\"+Inf\"} 0\ny_sum 0\ny_count 0\n");
+    }
+}

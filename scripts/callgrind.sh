@@ -25,7 +25,8 @@
 # user space only. Takes about two minutes.
 # Environment: CG_N1 (20000), CG_N2 (120000), CG_FILL (1000000), CG_PORT (27170),
 # CG_NGINX_PORT (27180), CG_QUICK (1: the empty-pool runs only, no fill, no
-# nginx), CARGO_TARGET_DIR.
+# nginx), CG_KEEP (a directory: the callgrind out files are copied there, for
+# callgrind_annotate), CARGO_TARGET_DIR.
 set -euo pipefail
 
 case "${1:-}" in
@@ -164,6 +165,8 @@ TOP=$(callgrind_annotate --auto=no --threshold=100 "$(newest_dump "$WORK/empty.o
     awk '/file:function/ { getline; listing = 1; next } listing && NF { print; if (++n == 12) exit }' |
     sed 's|[^ ]*/registry/src/[^/]*/||; s| \[.*\]$||' || true)
 stop "$SERVER"
+keep() { [ -z "${CG_KEEP:-}" ] || { mkdir -p "$CG_KEEP" && cp "$WORK"/"$1".out.* "$CG_KEEP"/; }; }
+keep empty
 
 if [ "${CG_QUICK:-0}" != 1 ]; then
     say "nthpool with $FILL slots held: filling (not counted), then $N1 and $N2 requests..."
@@ -174,6 +177,7 @@ if [ "${CG_QUICK:-0}" != 1 ]; then
     record "nthpool acquire/release, $FILL held, c=50" "$(measure full "$SERVER" "$WORK/full.out" \
         --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c 50)"
     stop "$SERVER"
+    keep full
 fi
 
 NGINX_NOTE="nginx is not installed: no comparison (apt-get install nginx, or scripts/bench.sh --compare)"
@@ -206,6 +210,7 @@ NGINX
             --addr "127.0.0.1:$NGINX_PORT" --get /grant.json -c "$c")"
     done
     stop "$NGINX_PID"
+    keep nginx
     NGINX_NOTE="nginx: $(nginx -v 2>&1 | sed 's/.*: //'), one process, return 200 with a body of $(wc -c <"$WORK/www/grant.json") bytes"
 fi
 

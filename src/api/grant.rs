@@ -3,21 +3,31 @@
 //! A grant's body is `{"slotId":"<56 characters>"` followed by its two
 //! deadlines and its pool's `termMs` and `renewIntervalMs`. Every grant of a
 //! pool in the same reactor turn has the same deadlines, so that tail is
-//! formatted once and copied for the others; the answer is written straight
-//! into the connection's buffer, with no body assembled on the side.
+//! formatted once and copied for the others. Of the head, only the
+//! remaining-slots number changes from one grant to the next while nobody
+//! queues: the governor lines after it, `Content-Type`, `Content-Length` and
+//! the connection line are kept as one text, rebuilt when one of their
+//! values changes. The answer is written straight into the connection's
+//! buffer, with no body assembled on the side.
 
-use crate::governor::Grant;
-use crate::http::response::{json_u64, Status, Writer};
+use crate::governor::lease::SLOT_ID_CHARS;
+use crate::governor::{Grant, Signals};
+use crate::http::response::{json_head_end, json_u64, Status, Writer};
 use crate::time::Now;
 
 const BODY_START: &[u8] = b"{\"slotId\":\"";
 
-/// The body after the slot id for one set of grant values.
+/// The prepared text of grant answers.
 #[derive(Default)]
 pub struct GrantTail {
     /// Unix lease deadline, Unix request deadline, termMs, renewIntervalMs.
     values: Option<[u64; 4]>,
     text: Vec<u8>,
+    /// What `head` was built from: the signals (remaining slots zeroed), the
+    /// queued time, the body length and whether the connection closes.
+    head_values: Option<(Signals, u64, usize, bool)>,
+    /// The head after the remaining-slots number, empty line included.
+    head: Vec<u8>,
 }
 
 impl GrantTail {
@@ -45,15 +55,25 @@ impl GrantTail {
 
     /// Writes the whole `200` answer, governor headers included.
     pub fn write(&mut self, out: &mut Vec<u8>, grant: &Grant, now: Now, close: bool) {
-        let tail = self.text([
+        self.text([
             now.wall_at(grant.lease_deadline).0,
             now.wall_at(grant.request_deadline).0,
             grant.term_ms,
             grant.renew_interval_ms,
         ]);
+        let body_len = BODY_START.len() + SLOT_ID_CHARS + self.text.len();
+        let key = (Signals { remaining_slots: 0, ..grant.signals }, grant.queued_ms, body_len, close);
+        if self.head_values != Some(key) {
+            self.head.clear();
+            super::governor_headers_after_remaining(&mut self.head, &grant.signals, grant.queued_ms);
+            json_head_end(&mut self.head, body_len as u64, close);
+            self.head_values = Some(key);
+        }
         let mut w = Writer::start(out, Status::Ok);
-        super::write_signals(&mut w, &grant.signals, grant.queued_ms);
-        w.finish_json_parts(&[BODY_START, &grant.slot.encode(), tail], close);
+        w.raw(super::REMAINING_SLOTS);
+        w.num(grant.signals.remaining_slots as u64);
+        w.raw(&self.head);
+        w.body(&[BODY_START, &grant.slot.encode(), &self.text]);
     }
 }
 
@@ -88,17 +108,32 @@ mod tests {
     fn a_reused_tail_follows_changed_values() {
         let mut tail = GrantTail::default();
         let base = 1_800_000_000_000;
-        for lease in [30_000, 30_000, 31_000, 30_000] {
+        // Deadline, remaining slots, queue depth, close: each change must show.
+        for (lease, remaining, depth, close) in [
+            (30_000, 3, 0, false),
+            (30_000, 2, 0, false),
+            (31_000, 2, 0, false),
+            (31_000, 2, 5, false),
+            (31_000, 1_000_000, 5, true),
+            (30_000, 3, 0, false),
+        ] {
             let mut out = Vec::new();
-            let g = grant(lease);
-            tail.write(&mut out, &g, Now { ms: 0, epoch: Epoch::at(EpochMs(base)) }, false);
+            let mut g = grant(lease);
+            g.signals.remaining_slots = remaining;
+            g.signals.queue_depth = depth;
+            tail.write(&mut out, &g, Now { ms: 0, epoch: Epoch::at(EpochMs(base)) }, close);
             let v = body(&out);
             assert_eq!(v["slotId"].as_str().unwrap().as_bytes(), g.slot.encode());
             assert_eq!(v["leaseDeadline"], base + lease);
             assert_eq!(v["requestDeadline"], base + 600_000);
             assert_eq!(v["termMs"], 30_000);
             assert_eq!(v["renewIntervalMs"], 10_000);
-            assert!(out.windows(26).any(|w| w == b"x-nthpool-remaining-slots:"));
+            let head = std::str::from_utf8(&out[..out.windows(4).position(|w| w == b"\r\n\r\n").unwrap()]).unwrap();
+            assert!(head.starts_with("HTTP/1.1 200 OK\r\nDate: "), "{head}");
+            assert!(head.contains(&format!("\r\nx-nthpool-remaining-slots: {remaining}\r\n")), "{head}");
+            assert!(head.contains(&format!("\r\nx-nthpool-queue-depth: {depth}\r\n")), "{head}");
+            assert!(head.contains("\r\nx-nthpool-effective-limit: 4\r\nx-nthpool-queued-ms: 0\r\n"), "{head}");
+            assert_eq!(head.ends_with("\r\nConnection: close"), close, "{head}");
         }
     }
 }

@@ -715,8 +715,17 @@ fn write_signals(w: &mut Writer, s: &crate::governor::Signals, queued_ms: u64) {
 
 /// The governor header lines, each ending in CRLF; proxied responses carry them too.
 pub fn governor_headers(out: &mut Vec<u8>, s: &crate::governor::Signals, queued_ms: u64) {
-    out.extend_from_slice(b"x-nthpool-remaining-slots: ");
+    out.extend_from_slice(REMAINING_SLOTS);
     push_u64(out, s.remaining_slots as u64);
+    governor_headers_after_remaining(out, s, queued_ms);
+}
+
+/// The name that starts the governor header block.
+pub(crate) const REMAINING_SLOTS: &[u8] = b"x-nthpool-remaining-slots: ";
+
+/// The governor header block after the remaining-slots number: the lines
+/// that change rarely, which a grant answer caches (see `grant.rs`).
+pub(crate) fn governor_headers_after_remaining(out: &mut Vec<u8>, s: &crate::governor::Signals, queued_ms: u64) {
     out.extend_from_slice(b"\r\nx-nthpool-effective-limit: ");
     push_u64(out, s.effective_limit as u64);
     out.extend_from_slice(b"\r\nx-nthpool-queued-ms: ");

@@ -167,26 +167,39 @@ impl<'a> Writer<'a> {
 
     /// Ends the head and appends a JSON body given in parts, copied once each.
     pub fn finish_json_parts(self, parts: &[&[u8]], close: bool) {
-        self.out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
-        self.end(parts, close);
+        json_head_end(self.out, parts.iter().map(|p| p.len() as u64).sum(), close);
+        self.body(parts);
     }
 
     /// Ends the head and appends a body of another type (set with `header`).
     pub fn finish(self, body: &[u8], close: bool) {
         self.out.extend_from_slice(b"Content-Length: ");
-        self.end(&[body], close);
+        head_end(self.out, body.len() as u64, close);
+        self.body(&[body]);
     }
 
-    fn end(self, parts: &[&[u8]], close: bool) {
-        push_u64(self.out, parts.iter().map(|p| p.len() as u64).sum());
-        if close {
-            self.out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
-        } else {
-            self.out.extend_from_slice(b"\r\n\r\n");
-        }
+    /// Appends what follows a head already ended (see `json_head_end`).
+    pub fn body(self, parts: &[&[u8]]) {
         for part in parts {
             self.out.extend_from_slice(part);
         }
+    }
+}
+
+/// The last lines of a head before a JSON body of `len` bytes: its type, its
+/// length, `Connection: close` when `close`, and the empty line.
+pub fn json_head_end(out: &mut Vec<u8>, len: u64, close: bool) {
+    out.extend_from_slice(b"Content-Type: application/json\r\nContent-Length: ");
+    head_end(out, len, close);
+}
+
+/// A `Content-Length` value of `len`, then the rest of the head.
+fn head_end(out: &mut Vec<u8>, len: u64, close: bool) {
+    push_u64(out, len);
+    if close {
+        out.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+    } else {
+        out.extend_from_slice(b"\r\n\r\n");
     }
 }
 

@@ -295,7 +295,8 @@ impl Server {
                         let id = ConnId { index: t as u32, serial: entry.serial() };
                         let hangup = event.is_read_closed() || event.is_error();
                         let readable = event.is_readable() || hangup;
-                        self.dispatch(id, Signal::Ready { readable, hangup, writable: event.is_writable() });
+                        // The entry was just found under this id: no second check.
+                        self.signal_entry(id, Signal::Ready { readable, hangup, writable: event.is_writable() });
                     }
                 }
             }
@@ -333,10 +334,13 @@ impl Server {
     /// Hands a signal to the connection `id` names, by its kind; nothing
     /// when that connection is gone.
     fn dispatch(&mut self, id: ConnId, signal: Signal) {
-        match self.conns.get(id.index as usize) {
-            Some(entry) if entry.serial() == id.serial => {}
-            _ => return,
+        if self.conns.get(id.index as usize).is_some_and(|entry| entry.serial() == id.serial) {
+            self.signal_entry(id, signal);
         }
+    }
+
+    /// `dispatch` for an `id` known to name a live entry.
+    fn signal_entry(&mut self, id: ConnId, signal: Signal) {
         match self.conns[id.index as usize] {
             Entry::Client(_) => self.client_signal(id, signal),
         }
@@ -425,11 +429,14 @@ impl Server {
         }
     }
 
+    /// How long the poll may wait: until the next deadline, counted from the
+    /// turn's clock reading (as event loops commonly do), so a deadline fires
+    /// at most one turn's work late and a turn costs one clock read.
     fn poll_timeout(&mut self) -> Option<Duration> {
         if !self.ready_carry.is_empty() || !self.dirty.is_empty() {
             return Some(Duration::ZERO);
         }
-        let now = self.clock.now_ms();
+        let now = self.now.ms;
         // A stopping server wakes at its deadline whatever else is (or is not) due.
         let wake = match (self.app.next_deadline(), self.shutdown_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -569,14 +576,7 @@ impl Server {
 
     /// A readiness event: the socket may hold data (or the peer's FIN).
     fn on_readable(&mut self, id: ConnId, hangup: bool) {
-        let Some(conn) = client_mut(&mut self.conns, id) else {
-            return;
-        };
-        conn.readable = true;
-        // With the FIN already seen, a short read is not the end: read to EOF,
-        // since no new edge will announce it.
-        conn.hangup |= hangup;
-        self.read_and_process(id);
+        self.read_and_process_after(id, Some(hangup));
     }
 
     /// Reads what the socket holds, within the turn's budget and the
@@ -584,10 +584,21 @@ impl Server {
     /// (the socket stays marked readable) while the input is full or the
     /// output is over its high-water mark; answering or flushing resumes it.
     fn read_and_process(&mut self, id: ConnId) {
+        self.read_and_process_after(id, None);
+    }
+
+    /// `read_and_process`, after a readiness event (`Some(hangup)`) or not.
+    fn read_and_process_after(&mut self, id: ConnId, event: Option<bool>) {
         let (now, turn) = (self.now, self.turn);
         let Some(conn) = client_mut(&mut self.conns, id) else {
             return;
         };
+        if let Some(hangup) = event {
+            conn.readable = true;
+            // With the FIN already seen, a short read is not the end: read to
+            // EOF, since no new edge will announce it.
+            conn.hangup |= hangup;
+        }
         if conn.is_lingering() {
             self.drain_lingering(id);
             return;
@@ -682,9 +693,8 @@ impl Server {
     }
 
     fn mark_dirty(&mut self, id: ConnId) {
-        if let Some(conn) = client_mut(&mut self.conns, id).filter(|c| !c.dirty) {
-            conn.dirty = true;
-            self.dirty.push(id);
+        if let Some(conn) = client_mut(&mut self.conns, id) {
+            mark_conn_dirty(&mut self.dirty, conn, id);
         }
     }
 
@@ -704,6 +714,7 @@ impl Server {
         }
         let sent = conn.sent;
         let flushed = conn.flush(now.ms);
+        let (app, timeouts) = (&mut self.app, &self.timeouts);
         self.stats.bytes_sent += conn.sent - sent;
         match flushed {
             Ok(Flush::Done) if conn.is_closing() => {
@@ -725,7 +736,7 @@ impl Server {
             }
             Ok(Flush::Done | Flush::Pending) => {
                 let resume = conn.unsent() == 0 && (conn.readable || !conn.input.is_empty()) && !conn.is_waiting();
-                self.arm_timer(id);
+                arm_conn_timer(app, timeouts, conn, id);
                 if resume {
                     // Output drained below the high-water mark: read on.
                     self.read_and_process(id);
@@ -792,20 +803,8 @@ impl Server {
     /// deadline. Later deadlines are not moved: the entry fires, re-checks
     /// and re-arms (one wheel entry per connection at most).
     fn arm_timer(&mut self, id: ConnId) {
-        let Some(conn) = client_mut(&mut self.conns, id) else {
-            return;
-        };
-        let at = conn.deadline(&self.timeouts);
-        if at == NEVER {
-            return;
-        }
-        match conn.timer {
-            Some((armed, _)) if armed <= at => {}
-            Some((_, key)) => {
-                self.app.cancel_timer(key);
-                conn.timer = Some((at, self.app.schedule(at, Wake::Conn(id))));
-            }
-            None => conn.timer = Some((at, self.app.schedule(at, Wake::Conn(id)))),
+        if let Some(conn) = client_mut(&mut self.conns, id) {
+            arm_conn_timer(&mut self.app, &self.timeouts, conn, id);
         }
     }
 
@@ -826,6 +825,30 @@ impl Server {
         if let Some(ex) = conn.exchange {
             self.abandon_exchange(ex);
         }
+    }
+}
+
+/// `Server::arm_timer` for a connection already in hand.
+fn arm_conn_timer(app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
+    let at = conn.deadline(timeouts);
+    if at == NEVER {
+        return;
+    }
+    match conn.timer {
+        Some((armed, _)) if armed <= at => {}
+        Some((_, key)) => {
+            app.cancel_timer(key);
+            conn.timer = Some((at, app.schedule(at, Wake::Conn(id))));
+        }
+        None => conn.timer = Some((at, app.schedule(at, Wake::Conn(id)))),
+    }
+}
+
+/// `Server::mark_dirty` for a connection already in hand.
+fn mark_conn_dirty(dirty: &mut Vec<ConnId>, conn: &mut Conn, id: ConnId) {
+    if !conn.dirty {
+        conn.dirty = true;
+        dirty.push(id);
     }
 }
 

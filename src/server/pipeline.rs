@@ -1,9 +1,9 @@
 //! The request pipeline of a client connection: the complete requests in
 //! its input are parsed, framed and answered in order.
 
-use super::conn::{self, PendingBody};
-use super::{admin, client_mut, proxied, Server};
-use crate::api::{ApiError, ConnId, Ctx, Handled};
+use super::conn::{self, Conn, PendingBody, Timeouts};
+use super::{admin, arm_conn_timer, client_mut, mark_conn_dirty, proxied, Server};
+use crate::api::{ApiError, App, ConnId, Ctx, Handled};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
     head_may_be_complete, header_storage, parse_head, serve_as_http11, BodyFraming, Head, HeadError, Method,
@@ -15,15 +15,15 @@ impl Server {
     /// must wait in a queue, the output is too far behind or the turn's
     /// request budget is spent (then it goes on next turn).
     pub(super) fn process(&mut self, id: ConnId) {
-        if client_mut(&mut self.conns, id).is_some_and(|c| c.exchange.is_some()) {
-            self.pump_exchange(id);
-            return;
-        }
-        let Server { conns, app, now, turn, turn_started, stats, ready, proxy, poll, .. } = self;
+        let Server { conns, app, now, turn, turn_started, stats, ready, proxy, poll, dirty, timeouts, .. } = self;
         let (now, turn) = (*now, *turn);
         let Some(conn) = client_mut(conns, id) else {
             return;
         };
+        if conn.exchange.is_some() {
+            self.pump_exchange(id);
+            return;
+        }
         let before = conn.unsent();
         let mut proxied = proxied::After::Nothing;
         loop {
@@ -161,18 +161,24 @@ impl Server {
             conn.out_since = now.ms;
         }
         match proxied {
-            proxied::After::Nothing => {}
+            // The common case: the connection is still in hand.
+            proxied::After::Nothing => return settle(dirty, app, timeouts, conn, id),
             proxied::After::Pump => self.pump_exchange(id),
             proxied::After::Fail(err) => self.end_exchange(id, proxied::End::Answered(err)),
         }
-        let Some(conn) = client_mut(&mut self.conns, id) else {
-            return;
-        };
-        if conn.unsent() > 0 || conn.closes_after_flush() || conn.read_closed {
-            self.mark_dirty(id);
+        if let Some(conn) = client_mut(&mut self.conns, id) {
+            settle(&mut self.dirty, &mut self.app, &self.timeouts, conn, id);
         }
-        self.arm_timer(id);
     }
+}
+
+/// After answering: the connection goes on the flush list when it has
+/// something to write or to close, and its timer follows its deadline.
+fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
+    if conn.unsent() > 0 || conn.closes_after_flush() || conn.read_closed {
+        mark_conn_dirty(dirty, conn, id);
+    }
+    arm_conn_timer(app, timeouts, conn, id);
 }
 
 /// A `HEAD` answer is the answer without its body (RFC 9110 §9.3.2); the

@@ -316,10 +316,13 @@ pub fn valid_host(value: &[u8]) -> bool {
     };
     let port_ok = match rest {
         [] => true,
-        [b':', port @ ..] => {
-            port.len() <= 5
-                && port.iter().all(u8::is_ascii_digit)
-                && port.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0')) <= 65_535
+        [b':', port @ ..] if port.len() <= 5 => {
+            // Digits and value in one pass.
+            let mut n = 0u32;
+            port.iter().all(|&d| {
+                n = n * 10 + u32::from(d.wrapping_sub(b'0'));
+                d.is_ascii_digit()
+            }) && n <= 65_535
         }
         _ => false,
     };
@@ -357,21 +360,26 @@ fn line_ends_are_crlf(buf: &[u8], head_len: usize, path: &str, headers: &[Header
 
 /// `name == lower`, ignoring ASCII case, for a `lower` made of lowercase
 /// letters, digits and `-` (every field name this server looks for). Eight
-/// bytes per step: OR-ing 0x20 folds letters and leaves `-` and digits alone.
+/// bytes per step, the last word overlapping the one before it: OR-ing 0x20
+/// folds letters and leaves `-` and digits alone.
 fn name_is(name: &[u8], lower: &[u8]) -> bool {
-    if name.len() != lower.len() {
+    const FOLD: u64 = 0x2020_2020_2020_2020;
+    let n = name.len();
+    if n != lower.len() {
         return false;
     }
-    let mut a = name.chunks_exact(8);
-    let mut b = lower.chunks_exact(8);
-    for (x, y) in a.by_ref().zip(b.by_ref()) {
-        let x = u64::from_le_bytes(x.try_into().expect("8 bytes"));
-        let y = u64::from_le_bytes(y.try_into().expect("8 bytes"));
-        if x | 0x2020_2020_2020_2020 != y {
+    if n < 8 {
+        return name.iter().zip(lower).all(|(x, y)| x | 0x20 == *y);
+    }
+    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let mut at = 0;
+    while at + 8 < n {
+        if word(name, at) | FOLD != word(lower, at) {
             return false;
         }
+        at += 8;
     }
-    a.remainder().iter().zip(b.remainder()).all(|(x, y)| x | 0x20 == *y)
+    word(name, n - 8) | FOLD == word(lower, n - 8)
 }
 
 /// What the header fields say about framing and the connection, gathered in one
@@ -534,6 +542,20 @@ fn httparse_reason(e: httparse::Error) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn field_names_match_without_case_and_only_whole() {
+        for lower in [&b"host"[..], b"expect", b"x-nthpool-key", b"content-length", b"x-nthpool-queue-timeout-ms"] {
+            assert!(name_is(lower, lower));
+            assert!(name_is(&lower.to_ascii_uppercase(), lower));
+            assert!(!name_is(&lower[1..], lower), "shorter");
+            for at in 0..lower.len() {
+                let mut other = lower.to_vec();
+                other[at] = if other[at] == b'x' { b'y' } else { b'x' };
+                assert!(!name_is(&other, lower), "{} differs at {at}", String::from_utf8_lossy(&other));
+            }
+        }
+    }
 
     /// Parses `raw` and hands the result to `check`, since `Head` borrows locals.
     fn with_head<R>(raw: &[u8], check: impl FnOnce(Result<Option<Head<'_>>, HeadError>) -> R) -> R {

@@ -42,6 +42,10 @@ pub struct RateInfo {
     pub remaining: Option<u64>,
     /// Time until the request window resets.
     pub reset_ms: Option<u64>,
+    /// The reset was given to the whole second (a date or epoch seconds on
+    /// a second's boundary, or whole seconds from now): rounded up, the
+    /// window may end up to a second before it.
+    pub reset_coarse: bool,
     /// Tokens allowed in the token window.
     pub token_limit: Option<u64>,
     /// Tokens still allowed before the token window resets.
@@ -560,11 +564,14 @@ impl Learning {
             return None;
         }
         let reset = reset.min(MAX_BUDGET_WINDOW_MS);
-        self.window_ms = self.window_ms.max(reset);
         // The headers were stamped between the grant and now, so the window
         // resets between `earliest` and `latest`. A whole number of seconds
-        // may have been rounded up by up to a second.
-        let slack = if reset % 1000 == 0 { 1000 } else { 0 };
+        // may have been rounded up by up to a second: a window ending near a
+        // second's boundary reads as that second in one report and the next
+        // in another, and a window's length is its whole seconds.
+        let coarse = rate.reset_coarse || reset % 1000 == 0;
+        let slack = if coarse { 1000 } else { 0 };
+        self.window_ms = self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset });
         let earliest = (lease.granted_at + reset).saturating_sub(slack);
         let latest = now + reset;
         // A window that already ended. Half a window of margin: the instant a
@@ -575,7 +582,9 @@ impl Learning {
         }
         let _ = self.on_budget_reset(now);
         let same_window = self.budget.is_some_and(|b| earliest <= b.reset_at);
-        if same_window {
+        // Whole seconds cannot tell a service time from a rounding; a date
+        // reads the same whenever it was stamped.
+        if same_window && !coarse {
             self.vote_stamp(latest);
         }
         let left = remaining.saturating_sub(self.unseen_grants(lease, now));
@@ -688,6 +697,35 @@ mod tests {
         // A late report of the window that ended is ignored.
         l.on_report(&with_budget(ok(), 0, 1000), about(b, 0), 5500);
         assert_eq!(l.budget().unwrap().remaining, 40);
+    }
+
+    /// A reset given as a date in whole seconds: a window ending on a
+    /// second's boundary reads as that second in one report and the next in
+    /// another. The later date is the same window, not a new one that would
+    /// re-open the budget.
+    #[test]
+    fn reset_dates_a_second_apart_are_one_window() {
+        let mut l = Learning::new(20, true);
+        let coarse = |remaining, reset_ms| Outcome {
+            rate: RateInfo {
+                limit: Some(60),
+                remaining: Some(remaining),
+                reset_ms: Some(reset_ms),
+                reset_coarse: true,
+                ..RateInfo::default()
+            },
+            ..ok()
+        };
+        let first = grant(&mut l, 0);
+        // The window ends at 6 000: its date reads 6 000 here...
+        l.on_report(&coarse(4, 5700), about(first, 0), 300);
+        assert_eq!(l.budget(), Some(Budget { remaining: 4, reset_at: 6000 }));
+        // ...and 7 000 in a report of a call admitted a little later.
+        let second = grant(&mut l, 1200);
+        l.on_report(&coarse(12, 5444), about(second, 0), 1556);
+        assert_eq!(l.budget(), Some(Budget { remaining: 3, reset_at: 6000 }), "not re-opened");
+        // The window's length is its whole seconds (5 700 reads as 5 s).
+        assert_eq!(l.window_ms, 5000);
     }
 
     /// Grants made after the reported lease's grant are not in its `remaining`.

@@ -65,6 +65,7 @@ const OK: Outcome = Outcome {
         limit: None,
         remaining: None,
         reset_ms: None,
+        reset_coarse: false,
         token_limit: None,
         token_remaining: None,
         token_reset_ms: None,

@@ -93,6 +93,8 @@ pub fn parse_headers<'a, I: IntoIterator<Item = (&'a str, &'a str)>>(headers: I,
         limit: request.limit,
         remaining: request.remaining,
         reset_ms: request.reset,
+        // An instant on a second's boundary, or whole seconds from now.
+        reset_coarse: request.reset.is_some_and(|r| r % 1000 == 0 || now.saturating_add(r) % 1000 == 0),
         token_limit: token.limit,
         token_remaining: token.remaining,
         token_reset_ms: token.reset,
@@ -458,6 +460,21 @@ mod tests {
         assert_eq!(reset("2023-09-29T16:27:37"), None);
         assert_eq!(reset("2023-13-29T16:27:37Z"), None);
         assert_eq!(reset("2023-09-29T16:27:37.Z"), None);
+    }
+
+    /// A reset to the whole second may be up to a second late; the governor
+    /// is told so, whatever `now`'s milliseconds.
+    #[test]
+    fn resets_to_the_whole_second_are_coarse() {
+        let coarse = |name: &str, v: &str, now: u64| parse_headers([(name, v)], now).reset_coarse;
+        let date = "anthropic-ratelimit-requests-reset";
+        assert!(coarse(date, "2023-09-29T16:27:37Z", NOW + 123));
+        assert!(coarse(date, "2023-09-29T16:27:37.000Z", NOW + 999));
+        assert!(!coarse(date, "2023-09-29T16:27:37.250Z", NOW + 123));
+        assert!(coarse("ratelimit-reset", "5", NOW + 7));
+        assert!(coarse("x-ratelimit-reset", "1696004850", NOW + 7));
+        assert!(!coarse("x-ratelimit-reset-requests", "5.25s", NOW + 7));
+        assert!(!coarse("x-ratelimit-remaining", "5", NOW));
     }
 
     #[test]

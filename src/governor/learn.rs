@@ -22,6 +22,7 @@
 //! - Budget windows are told apart by their reset instant: within one window
 //!   `remaining` only goes down; a report of a later window replaces it; a
 //!   report of a window that already ended is ignored.
+use super::pattern::Pattern;
 use crate::time::Ms;
 
 /// The longest pause a single retry hint can impose.
@@ -285,6 +286,10 @@ pub struct Learning {
     #[serde(default)]
     pub reset_guessed: bool,
     pub token_block_until: Ms,
+    /// The budget learned from refusals when the upstream sends no rate
+    /// headers (`pattern`).
+    #[serde(skip)]
+    pub pattern: Pattern,
 }
 
 /// Why a pool cannot grant right now, and for how long that is known to last.
@@ -318,11 +323,17 @@ impl Learning {
             ended_reset_at: 0,
             reset_guessed: false,
             token_block_until: 0,
+            pattern: Pattern::default(),
         }
     }
 
+    /// The limit in force: 1 while a pool-wide run is probed.
     pub fn effective(&self) -> u32 {
-        self.effective
+        if self.pattern.probing {
+            1
+        } else {
+            self.effective
+        }
     }
 
     /// The same state with every instant passed through `at` (a snapshot
@@ -340,6 +351,7 @@ impl Learning {
             },
             pace: self.pace.map(|p| Pace { from: at(p.from), ..p }),
             marks: GrantMarks::default(),
+            pattern: Pattern::default(),
             ..self.clone()
         }
     }
@@ -411,6 +423,7 @@ impl Learning {
     /// Counts a grant against the learned budget (moving on from a window that ended).
     pub fn on_grant(&mut self, now: Ms) {
         self.marks.on_grant(now, self.grants);
+        self.pattern.on_first_grant(now);
         self.grants += 1;
         let _ = self.on_budget_reset(now);
         if let Some(b) = &mut self.budget {
@@ -458,8 +471,10 @@ impl Learning {
             Evidence::Rate => pool_wide = true,
             Evidence::Other => {}
         }
-        if let Some(hint) = o.rate.retry_after_ms.filter(|&h| h > 0 && pool_wide) {
-            let until = now + hint.min(MAX_COOLDOWN_MS);
+        let hint = o.rate.retry_after_ms.filter(|&h| h > 0);
+        let probe = if pool_wide && evidence == Evidence::Concurrency { self.on_pool_wide_run(hint) } else { None };
+        if let Some(pause) = hint.filter(|_| pool_wide).or(probe) {
+            let until = now + pause.min(MAX_COOLDOWN_MS);
             if until > self.cooldown_until {
                 self.cooldown_until = until;
                 wake.cooldown_until = Some(until);
@@ -484,6 +499,11 @@ impl Learning {
     /// flight. Says whether the refusals have become pool-wide.
     fn on_refusal(&mut self, lease: Reported) -> bool {
         self.start = Start::Done;
+        if self.refusal_streak == 0 {
+            self.pattern.run_restore = (self.effective, self.refused_at, self.probe_wait);
+            self.pattern.run_low = u32::MAX;
+        }
+        self.pattern.run_low = self.pattern.run_low.min(lease.in_flight + 1);
         self.refusal_streak = self.refusal_streak.saturating_add(1);
         let level = lease.in_flight + 1;
         let target = lease.in_flight.max(self.effective / 2).max(1);
@@ -506,12 +526,53 @@ impl Learning {
         false
     }
 
+    /// Refusals went on after a cut: the upstream refuses everything.
+    /// Without a retry hint, returns the pause before one call probes it
+    /// (when no upstream header told a budget).
+    fn on_pool_wide_run(&mut self, hint: Option<u64>) -> Option<Ms> {
+        if self.budget_limit.is_some() && !self.pattern.in_force {
+            return None;
+        }
+        self.pattern.on_spent(hint.is_some())
+    }
+
+    /// The first success after a pool-wide run: the window opened. Once the
+    /// pattern knows a window's budget and length, the pool keeps them as a
+    /// budget it was told, paced from this opening.
+    fn on_window_open(&mut self, lease: Reported) {
+        // Refused at under half the level the run began at: a spent window,
+        // not too many at once (an upstream that halves its concurrency
+        // refuses above the half), so the run's cuts are undone.
+        let (effective, refused_at, probe_wait) = self.pattern.run_restore;
+        if self.pattern.run_low.saturating_mul(2) < effective {
+            self.effective = self.effective.max(effective).min(self.concurrency);
+            self.refused_at = refused_at;
+            self.probe_wait = probe_wait;
+        }
+        self.pattern.on_open(lease.granted_at);
+        if self.budget_limit.is_some() && !self.pattern.in_force {
+            return;
+        }
+        let Some((per_window, window_ms)) = self.pattern.budget() else { return };
+        let from = self.pattern.last_open;
+        let granted = self.grants - lease.grant_seq.saturating_sub(1).min(self.grants);
+        self.pattern.in_force = true;
+        self.budget_limit = Some(per_window);
+        self.window_ms = window_ms;
+        self.budget = Some(Budget { remaining: per_window.saturating_sub(granted), reset_at: from + window_ms });
+        self.pace = Some(Pace { from, per_window, window_ms, granted });
+    }
+
     fn on_success(&mut self, lease: Reported) {
         // Only a call granted since the last cut shows that the cut helped;
         // the calls admitted before it finishing say nothing about it.
         if lease.epoch == self.epoch {
+            if self.refusal_streak >= POOL_WIDE_STREAK || self.pattern.probing {
+                self.on_window_open(lease);
+            }
             self.refusal_streak = 0;
         }
+        self.pattern.on_success(lease.granted_at);
         let held_before = lease.in_flight + 1;
         if held_before < self.effective || self.effective >= self.concurrency {
             return;
@@ -554,6 +615,10 @@ impl Learning {
     /// Learns the request budget from `remaining` and its reset; returns the
     /// instant to wake at when it set one.
     fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms) -> Option<Ms> {
+        if rate.limit.is_some() || rate.remaining.is_some() {
+            // The upstream says its budget: what refusals taught gives way.
+            self.pattern.in_force = false;
+        }
         if let Some(limit) = rate.limit.filter(|&l| l > 0) {
             self.budget_limit = Some(limit);
         }

@@ -23,6 +23,7 @@ pub mod learn;
 #[cfg(test)]
 mod learn_sim;
 pub mod lease;
+mod pattern;
 pub mod pool;
 pub mod queue;
 mod shard;

@@ -116,7 +116,7 @@ pub struct AccessLogCounters {
 }
 
 /// Server-wide counters, bumped by the reactor.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct ServerStats {
     pub connections_open: u64,
     pub connections_accepted: u64,
@@ -129,17 +129,28 @@ pub struct ServerStats {
     pub proxy: ProxyStats,
 }
 
-/// Proxy counters, bumped by the reactor's proxy exchanges.
-#[derive(Debug, Clone, Copy)]
+/// Proxy counters, bumped by the reactor's proxy exchanges: server-wide,
+/// and what the pools' exchanges did, each pool apart.
+#[derive(Debug, Clone, Default)]
 pub struct ProxyStats {
     pub upstream_connects: u64,
-    pub upstream_connect_errors: u64,
     /// TLS sessions refused or broken, by either side.
     pub tls_failures: u64,
     /// TLS sessions resumed from an earlier one instead of a full handshake.
     pub tls_resumed: u64,
     pub upstream_reuses: u64,
     pub retries: u64,
+    /// Every pool's exchanges together.
+    pub total: Traffic,
+    /// Each pool's, indexed by pool id; a pool without exchanges yet may
+    /// be missing (it has nothing to count).
+    pub pools: Vec<Traffic>,
+}
+
+/// What proxied exchanges did: by upstream status class, upstream time,
+/// bytes each way, failed upstream connections, idle connections.
+#[derive(Debug, Clone, Copy)]
+pub struct Traffic {
     /// Ended exchanges by the upstream's status class (`[1]` = 1xx ... `[5]`
     /// = 5xx); `[0]`: no upstream status (refused, failed, or the client left first).
     pub by_class: [u64; 6],
@@ -148,31 +159,27 @@ pub struct ProxyStats {
     pub bytes_down: u64,
     /// From sending the request to the end of the exchange, in ms.
     pub upstream_ms: Histogram,
-    /// Idle keep-alive connections, as of the last count.
+    /// Upstream connections that failed to open.
+    pub connect_errors: u64,
+    /// Idle keep-alive connections, as of the scrape.
     pub idle: u64,
 }
 
-impl Default for ProxyStats {
+impl Default for Traffic {
     fn default() -> Self {
-        ProxyStats {
-            upstream_connects: 0,
-            upstream_connect_errors: 0,
-            tls_failures: 0,
-            tls_resumed: 0,
-            upstream_reuses: 0,
-            retries: 0,
+        Traffic {
             by_class: [0; 6],
             bytes_up: 0,
             bytes_down: 0,
             upstream_ms: Histogram::new(&UPSTREAM_MS),
+            connect_errors: 0,
             idle: 0,
         }
     }
 }
 
-impl ProxyStats {
-    /// An ended exchange: its upstream status, time and bytes each way.
-    pub fn count(&mut self, upstream_status: Option<u16>, upstream_ms: Option<u64>, bytes_up: u64, bytes_down: u64) {
+impl Traffic {
+    fn count(&mut self, upstream_status: Option<u16>, upstream_ms: Option<u64>, bytes_up: u64, bytes_down: u64) {
         let class = upstream_status.map_or(0, |s| (s / 100).clamp(1, 5) as usize);
         self.by_class[class] += 1;
         self.bytes_up += bytes_up;
@@ -180,6 +187,35 @@ impl ProxyStats {
         if let Some(ms) = upstream_ms {
             self.upstream_ms.observe(ms);
         }
+    }
+}
+
+impl ProxyStats {
+    /// Pool `pool`'s counters (pool ids are small and dense).
+    pub fn pool(&mut self, pool: usize) -> &mut Traffic {
+        if self.pools.len() <= pool {
+            self.pools.resize(pool + 1, Traffic::default());
+        }
+        &mut self.pools[pool]
+    }
+
+    /// An ended exchange of `pool`: its upstream status, time and bytes each way.
+    pub fn count(
+        &mut self,
+        pool: usize,
+        upstream_status: Option<u16>,
+        upstream_ms: Option<u64>,
+        bytes_up: u64,
+        bytes_down: u64,
+    ) {
+        self.total.count(upstream_status, upstream_ms, bytes_up, bytes_down);
+        self.pool(pool).count(upstream_status, upstream_ms, bytes_up, bytes_down);
+    }
+
+    /// An upstream connection of `pool` that failed to open.
+    pub fn connect_error(&mut self, pool: usize) {
+        self.total.connect_errors += 1;
+        self.pool(pool).connect_errors += 1;
     }
 }
 
@@ -322,6 +358,7 @@ pub fn render(m: &MetricsSnapshot) -> String {
     ];
     unlabelled(&mut t, &server);
     render_proxy(&mut t, &s.proxy);
+    render_proxy_pools(&mut t, pools, &s.proxy.pools);
     t
 }
 
@@ -362,8 +399,8 @@ fn render_proxy(t: &mut String, p: &ProxyStats) {
         "counter",
         "Proxied exchanges ended, by upstream status class (none: no upstream answer).",
     );
-    for (i, class) in ["none", "1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
-        let _ = writeln!(t, "nthpool_proxy_requests_total{{class=\"{class}\"}} {}", p.by_class[i]);
+    for (class, n) in CLASSES.iter().zip(p.total.by_class) {
+        let _ = writeln!(t, "nthpool_proxy_requests_total{{class=\"{class}\"}} {n}");
     }
     family(
         t,
@@ -371,16 +408,16 @@ fn render_proxy(t: &mut String, p: &ProxyStats) {
         "histogram",
         "From sending a request upstream to the end of its exchange, in ms.",
     );
-    histogram(t, "nthpool_proxy_upstream_time_ms", "", &p.upstream_ms);
+    histogram(t, "nthpool_proxy_upstream_time_ms", "", &p.total.upstream_ms);
     let plain: [(&str, &str, &str, u64); 9] = [
-        ("nthpool_proxy_bytes_up_total", "counter", "Request bytes relayed to upstreams.", p.bytes_up),
-        ("nthpool_proxy_bytes_down_total", "counter", "Response bytes relayed to clients.", p.bytes_down),
+        ("nthpool_proxy_bytes_up_total", "counter", "Request bytes relayed to upstreams.", p.total.bytes_up),
+        ("nthpool_proxy_bytes_down_total", "counter", "Response bytes relayed to clients.", p.total.bytes_down),
         ("nthpool_proxy_upstream_connects_total", "counter", "Upstream connections opened.", p.upstream_connects),
         (
             "nthpool_proxy_upstream_connection_errors_total",
             "counter",
             "Upstream connections that failed to open.",
-            p.upstream_connect_errors,
+            p.total.connect_errors,
         ),
         (
             "nthpool_proxy_upstream_reuses_total",
@@ -394,7 +431,7 @@ fn render_proxy(t: &mut String, p: &ProxyStats) {
             "Requests sent again on a fresh connection: a reused one failed before any byte, or a connect failed with addresses left.",
             p.retries,
         ),
-        ("nthpool_proxy_idle_connections", "gauge", "Idle keep-alive upstream connections kept.", p.idle),
+        ("nthpool_proxy_idle_connections", "gauge", "Idle keep-alive upstream connections kept.", p.total.idle),
         (
             "nthpool_proxy_tls_failures_total",
             "counter",
@@ -409,6 +446,53 @@ fn render_proxy(t: &mut String, p: &ProxyStats) {
         ),
     ];
     unlabelled(t, &plain);
+}
+
+/// The upstream status classes of `Traffic::by_class`.
+const CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// Proxy mode per pool: the server-wide proxy families' traffic, each pool
+/// apart (`pools` by pool id; every pool has its series, zero until used).
+fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]) {
+    let none = Traffic::default();
+    let of = |i: usize| traffic.get(i).unwrap_or(&none);
+    family(
+        t,
+        "nthpool_proxy_pool_requests_total",
+        "counter",
+        "Proxied exchanges ended, by pool and upstream status class.",
+    );
+    for (i, p) in pools.iter().enumerate() {
+        for (class, n) in CLASSES.iter().zip(of(i).by_class) {
+            let _ = writeln!(t, "nthpool_proxy_pool_requests_total{{pool=\"{}\",class=\"{class}\"}} {n}", p.name);
+        }
+    }
+    family(t, "nthpool_proxy_pool_upstream_time_ms", "histogram", "A pool's upstream time per exchange, in ms.");
+    for (i, p) in pools.iter().enumerate() {
+        histogram(t, "nthpool_proxy_pool_upstream_time_ms", &format!("pool=\"{}\",", p.name), &of(i).upstream_ms);
+    }
+    type Value = fn(&Traffic) -> u64;
+    let plain: [(&str, &str, &str, Value); 4] = [
+        ("nthpool_proxy_pool_bytes_up_total", "counter", "Request bytes a pool relayed to its upstream.", |x| {
+            x.bytes_up
+        }),
+        ("nthpool_proxy_pool_bytes_down_total", "counter", "Response bytes a pool relayed to clients.", |x| {
+            x.bytes_down
+        }),
+        (
+            "nthpool_proxy_pool_upstream_connection_errors_total",
+            "counter",
+            "A pool's upstream connections that failed to open.",
+            |x| x.connect_errors,
+        ),
+        ("nthpool_proxy_pool_idle_connections", "gauge", "A pool's idle keep-alive upstream connections.", |x| x.idle),
+    ];
+    for (name, kind, help, value) in plain {
+        family(t, name, kind, help);
+        for (i, p) in pools.iter().enumerate() {
+            let _ = writeln!(t, "{name}{{pool=\"{}\"}} {}", p.name, value(of(i)));
+        }
+    }
 }
 
 /// Families of one sample each, without labels.

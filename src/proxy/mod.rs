@@ -440,12 +440,12 @@ impl Proxy {
     ) -> io::Result<usize> {
         self.stats.upstream_connects += 1;
         let (mut transport, addr) =
-            Transport::connect(&mut dial, security).inspect_err(|_| self.stats.upstream_connect_errors += 1)?;
+            Transport::connect(&mut dial, security).inspect_err(|_| self.stats.connect_error(pool.0 as usize))?;
         let entry = self.ups.vacant_entry();
         let idx = entry.key();
         registry
             .register(transport.tcp(), mio::Token(base + idx), mio::Interest::READABLE | mio::Interest::WRITABLE)
-            .inspect_err(|_| self.stats.upstream_connect_errors += 1)?;
+            .inspect_err(|_| self.stats.connect_error(pool.0 as usize))?;
         entry.insert(UpConn {
             transport,
             addr,
@@ -611,6 +611,15 @@ impl Proxy {
         self.idle.iter().map(Vec::len).sum()
     }
 
+    /// The counters as of now, idle connections counted, into `into`.
+    pub fn stats_into(&self, into: &mut ProxyStats) {
+        *into = self.stats.clone();
+        into.total.idle = self.idle_total() as u64;
+        for (pool, list) in self.idle.iter().enumerate() {
+            into.pool(pool).idle = list.len() as u64;
+        }
+    }
+
     /// Moves the exchange as far as its sockets and buffers allow.
     pub fn pump(&mut self, ex: usize, client: &mut ClientIo, now_epoch_ms: u64) -> Step {
         let e = &mut self.exchanges[ex];
@@ -623,7 +632,7 @@ impl Proxy {
                 Ok(true) => up.connected = true,
                 Ok(false) => return Step::Pending,
                 Err(err) => {
-                    self.stats.upstream_connect_errors += 1;
+                    self.stats.connect_error(up.pool.0 as usize);
                     up.dial.failed(up.addr, err);
                     if up.dial.has_next() {
                         return Step::Retry;

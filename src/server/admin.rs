@@ -37,7 +37,7 @@ pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, cl
         }
         "/healthz" => dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
         "/metrics" => {
-            let text = crate::metrics::render(&app.metrics(now, *stats));
+            let text = crate::metrics::render(&app.metrics(now, stats.clone()));
             let mut w = dashboard::start(out, Status::Ok);
             w.header(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8");
             w.finish(text.as_bytes(), close);

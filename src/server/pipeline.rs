@@ -127,8 +127,7 @@ impl Server {
             };
             let answer_start = conn.output.len();
             let handled = if conn.admin {
-                stats.proxy = proxy.stats;
-                stats.proxy.idle = proxy.idle_total() as u64;
+                proxy.stats_into(&mut stats.proxy);
                 admin::handle(&head, app, stats, &mut conn.output, ctx.close, now.ms);
                 Handled::Done
             } else {

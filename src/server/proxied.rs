@@ -196,7 +196,7 @@ fn attach(proxy: &mut Proxy, ex: usize, upstream: &Upstream, now: Ms, registry: 
     match proxy.attach(ex, &upstream.target, upstream.tls.as_ref(), now, registry, UPSTREAM_BASE) {
         Attached::Yes | Attached::Resolving => Ok(()),
         Attached::No(why) => {
-            proxy.stats.upstream_connect_errors += 1;
+            proxy.stats.connect_error(proxy.exchanges[ex].pool.0 as usize);
             Err(ApiError::BadGatewayBecause(why))
         }
     }
@@ -462,7 +462,7 @@ impl Server {
             End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
         };
         let upstream_ms = e.sent_at.map(|t| t.elapsed().as_millis() as u64);
-        self.proxy.stats.count(upstream_status, upstream_ms, e.bytes_up, e.bytes_down);
+        self.proxy.stats.count(e.pool.0 as usize, upstream_status, upstream_ms, e.bytes_up, e.bytes_down);
         let (method, path) = e.method_and_path();
         let line = ProxiedLine {
             status,

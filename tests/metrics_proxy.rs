@@ -1,0 +1,91 @@
+//! Proxy metrics per pool, over real sockets: each pool's exchanges by
+//! upstream status class, upstream time, bytes each way, failed upstream
+//! connections and idle connections, beside the server-wide totals.
+
+mod common;
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::*;
+use upstream::*;
+
+fn metrics(server: &TestServer) -> String {
+    let mut c = TcpStream::connect(server.admin.unwrap()).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    String::from_utf8(read_response(&mut c).unwrap().body).unwrap()
+}
+
+/// The value of the sample named exactly `series`.
+fn sample(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
+}
+
+fn to_pool(server: &TestServer, host: &str) -> Response {
+    let raw = format!("GET /v1/x HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    exchange(server, raw.as_bytes())
+}
+
+#[test]
+fn each_pool_counts_its_own_proxied_exchanges_beside_the_totals() {
+    let fine = MockUpstream::start(|_| ok("fine", ""));
+    let failing = MockUpstream::start(|_| {
+        Reply::Raw(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops".to_vec())
+    });
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let pool = |url: String, host: &str| {
+        format!(r#"{{"keys":["{KEY}"],"adaptive":false,"upstream":{{"url":"{url}","hosts":["{host}"]}}}}"#)
+    };
+    let server = TestServer::start(&format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"a":{},"b":{},"c":{},"lock":{{"keys":["{KEY}"]}}}}}}"#,
+        pool(fine.url(), "a.proxy.test"),
+        pool(failing.url(), "b.proxy.test"),
+        pool(format!("http://{closed}"), "c.proxy.test"),
+    ));
+    for _ in 0..2 {
+        assert_eq!(to_pool(&server, "a.proxy.test").status, 200);
+    }
+    assert_eq!(to_pool(&server, "b.proxy.test").status, 500);
+    assert_eq!(to_pool(&server, "c.proxy.test").status, 502);
+
+    let m = metrics(&server);
+    let pool_class = |p: &str, class: &str| {
+        sample(&m, &format!("nthpool_proxy_pool_requests_total{{pool=\"{p}\",class=\"{class}\"}}"))
+    };
+    assert_eq!((pool_class("a", "2xx"), pool_class("a", "5xx")), (2, 0));
+    assert_eq!((pool_class("b", "2xx"), pool_class("b", "5xx")), (0, 1));
+    assert_eq!((pool_class("c", "2xx"), pool_class("c", "5xx")), (0, 0));
+    assert_eq!(pool_class("lock", "2xx"), 0, "a lock-only pool has its series, at zero");
+    for class in ["none", "1xx", "2xx", "3xx", "4xx", "5xx"] {
+        let total = sample(&m, &format!("nthpool_proxy_requests_total{{class=\"{class}\"}}"));
+        let pools: u64 = ["a", "b", "c", "lock"].iter().map(|p| pool_class(p, class)).sum();
+        assert_eq!(pools, total, "the pools add up to the total of class {class}");
+    }
+
+    let per = |name: &str, p: &str| sample(&m, &format!("{name}{{pool=\"{p}\"}}"));
+    assert_eq!(per("nthpool_proxy_pool_upstream_time_ms_count", "a"), 2);
+    assert_eq!(per("nthpool_proxy_pool_upstream_time_ms_count", "b"), 1);
+    assert_eq!(per("nthpool_proxy_pool_upstream_connection_errors_total", "c"), 1);
+    assert_eq!(per("nthpool_proxy_pool_upstream_connection_errors_total", "a"), 0);
+    assert_eq!(sample(&m, "nthpool_proxy_upstream_connection_errors_total"), 1);
+    let down = |p| per("nthpool_proxy_pool_bytes_down_total", p);
+    assert!(down("a") > 0 && down("b") > 0, "a: {} b: {}", down("a"), down("b"));
+    assert_eq!(down("c"), 0, "no upstream answer relayed");
+    for name in ["nthpool_proxy_pool_bytes_up_total", "nthpool_proxy_pool_bytes_down_total"] {
+        let total = sample(&m, &name.replace("_pool", ""));
+        assert_eq!(["a", "b", "c"].iter().map(|p| per(name, p)).sum::<u64>(), total, "{name}");
+    }
+    // Keep-alive answers leave one idle connection to each answering upstream.
+    assert_eq!(
+        (per("nthpool_proxy_pool_idle_connections", "a"), per("nthpool_proxy_pool_idle_connections", "b")),
+        (1, 1)
+    );
+    assert_eq!(per("nthpool_proxy_pool_idle_connections", "c"), 0);
+    assert_eq!(sample(&m, "nthpool_proxy_idle_connections"), 2);
+}

@@ -1,7 +1,7 @@
 //! The lock routes: `/pools/{pool}/lock/acquire`,
 //! `/pools/{pool}/lock/{slotId}/renew`, `/pools/{pool}/lock/{slotId}/release`.
 
-use crate::http::find_byte;
+use crate::http::find_byte_of;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route<'a> {
@@ -11,30 +11,41 @@ pub enum Route<'a> {
 }
 
 /// Matches a request target (query string ignored); `None` for any other path.
-/// Runs on every request, so segments are found eight bytes at a time.
+/// Runs on every request, so each segment's end (`/`, or `?` where the path
+/// ends) is found eight bytes at a time, and the query is never scanned.
 pub fn route(target: &str) -> Option<Route<'_>> {
-    let b = target.as_bytes();
-    let path = &b[..find_byte(b, b'?').unwrap_or(b.len())];
-    let rest = path.strip_prefix(b"/pools/")?;
-    let pool_len = find_byte(rest, b'/')?;
+    let rest = target.as_bytes().strip_prefix(b"/pools/")?;
+    let pool_len = segment_len(rest)?;
     let rest = rest[pool_len + 1..].strip_prefix(b"lock/")?;
     if pool_len == 0 {
         return None;
     }
     // Every cut is next to an ASCII byte, so the pieces stay valid UTF-8.
     let pool = &target[7..7 + pool_len];
-    if rest == b"acquire" {
+    if ends_path(rest, b"acquire") {
         return Some(Route::Acquire { pool });
     }
-    let slot_len = find_byte(rest, b'/')?;
+    let slot_len = segment_len(rest)?;
     let slot_start = 7 + pool_len + 1 + 5;
     let slot = &target[slot_start..slot_start + slot_len];
-    match &rest[slot_len + 1..] {
+    let last = &rest[slot_len + 1..];
+    match () {
         _ if slot.is_empty() => None,
-        b"renew" => Some(Route::Renew { pool, slot }),
-        b"release" => Some(Route::Release { pool, slot }),
+        _ if ends_path(last, b"renew") => Some(Route::Renew { pool, slot }),
+        _ if ends_path(last, b"release") => Some(Route::Release { pool, slot }),
         _ => None,
     }
+}
+
+/// The length of the segment at the start of `rest` when a `/` ends it;
+/// `None` when the path ends first (a `?` or the end of the target).
+fn segment_len(rest: &[u8]) -> Option<usize> {
+    find_byte_of(rest, b'/', b'?').filter(|&at| rest[at] == b'/')
+}
+
+/// Whether `rest` is `segment` and nothing more of the path (a query may follow).
+fn ends_path(rest: &[u8], segment: &[u8]) -> bool {
+    rest.strip_prefix(segment).is_some_and(|after| matches!(after.first(), None | Some(b'?')))
 }
 
 #[cfg(test)]
@@ -47,6 +58,8 @@ mod tests {
         assert_eq!(route("/pools/demo/lock/acquire?x=1"), Some(Route::Acquire { pool: "demo" }));
         assert_eq!(route("/pools/demo/lock/abc/release?a/b"), Some(Route::Release { pool: "demo", slot: "abc" }));
         assert_eq!(route("/pools/demo/lock/abc/renew"), Some(Route::Renew { pool: "demo", slot: "abc" }));
+        assert_eq!(route("/pools/demo/lock/abc/renew?"), Some(Route::Renew { pool: "demo", slot: "abc" }));
+        assert_eq!(route("/pools/demo/lock/acquire?/x/y"), Some(Route::Acquire { pool: "demo" }));
         assert_eq!(route("/pools/demo/lock/abc/release"), Some(Route::Release { pool: "demo", slot: "abc" }));
         for other in [
             "/",
@@ -62,6 +75,15 @@ mod tests {
             "/pools/demo/lock/abc/renew/",
             "/pools/demo/lock/abc/renew/x",
             "/pool/demo/lock/acquire",
+            "/pools/de?mo/lock/acquire",
+            "/pools/demo?/lock/acquire",
+            "/pools/demo/lock?/acquire",
+            "/pools/demo/lock/acquire/?x",
+            "/pools/demo/lock/ab?c/release",
+            "/pools/demo/lock/abc/release/?x",
+            "/pools/demo/lock/abc/releasex",
+            "/pools/?x",
+            "/pools",
         ] {
             assert_eq!(route(other), None, "{other}");
         }

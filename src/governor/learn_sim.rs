@@ -328,7 +328,10 @@ mod tests {
 /// The anchors of issue 12 as alternative concurrency rules, driven by the
 /// same model upstream (concurrency only) so they can be compared with
 /// `Learning` on one footing. Each follows its published source: Netflix
-/// concurrency-limits' `AIMDLimit`, `VegasLimit` and `Gradient2Limit`.
+/// concurrency-limits' `AIMDLimit`, `VegasLimit` and `Gradient2Limit`,
+/// Envoy's adaptive concurrency filter (gradient controller), TCP CUBIC
+/// (RFC 9438) and BBR (v1, the IETF draft), the last two on the
+/// concurrency limit in place of a congestion window.
 #[cfg(test)]
 pub mod anchors {
     use super::*;
@@ -490,6 +493,225 @@ pub mod anchors {
         }
     }
 
+    /// The median of `samples` (sorted in place).
+    fn median(samples: &mut [Ms]) -> Ms {
+        samples.sort_unstable();
+        samples[samples.len() / 2]
+    }
+
+    /// Envoy's adaptive concurrency filter, gradient controller, with its
+    /// defaults: every 100 ms the median latency of the window's samples
+    /// gives `gradient = clamp((minRTT · 1.25) / sample, 0.5, 2)` and
+    /// `limit = gradient · limit + sqrt(limit)`; the minRTT is measured every
+    /// 60 s (and after 5 windows at the minimum) as the median of 50 calls
+    /// with only 3 in flight. Every answer is a sample, a refusal too (the
+    /// filter sees latency, not status).
+    pub struct Envoy {
+        pub limit: f64,
+        pub max: f64,
+        pub min_rtt: Option<Ms>,
+        /// Samples of the minRTT measurement while it runs.
+        pub measuring: Option<Vec<Ms>>,
+        pub next_measure_at: Ms,
+        pub window: Vec<Ms>,
+        pub next_update_at: Ms,
+        pub at_min: u32,
+    }
+
+    impl Envoy {
+        const MIN_CONCURRENCY: f64 = 3.0;
+        pub fn new(max: u32) -> Envoy {
+            Envoy {
+                limit: max as f64,
+                max: max as f64,
+                min_rtt: None,
+                measuring: Some(Vec::new()),
+                next_measure_at: 0,
+                window: Vec::new(),
+                next_update_at: 100,
+                at_min: 0,
+            }
+        }
+    }
+
+    impl Rule for Envoy {
+        fn limit(&self) -> u32 {
+            if self.measuring.is_some() {
+                Self::MIN_CONCURRENCY as u32
+            } else {
+                self.limit as u32
+            }
+        }
+        fn sample(&mut self, rtt: Ms, _in_flight: u32, _dropped: bool, _: Reported, now: Ms) {
+            match &mut self.measuring {
+                Some(m) => {
+                    m.push(rtt);
+                    if m.len() >= 50 {
+                        self.min_rtt = Some(median(m));
+                        self.measuring = None;
+                        self.next_measure_at = now + 60_000;
+                        self.next_update_at = now + 100;
+                    }
+                }
+                None => self.window.push(rtt),
+            }
+        }
+        fn tick(&mut self, now: Ms) {
+            if self.measuring.is_some() {
+                return;
+            }
+            if now >= self.next_measure_at || self.at_min >= 5 {
+                self.measuring = Some(Vec::new());
+                self.at_min = 0;
+                self.window.clear();
+                return;
+            }
+            if now < self.next_update_at {
+                return;
+            }
+            self.next_update_at = now + 100;
+            let (Some(min_rtt), false) = (self.min_rtt, self.window.is_empty()) else { return };
+            let sample = median(&mut self.window).max(1) as f64;
+            self.window.clear();
+            let gradient = (min_rtt as f64 * 1.25 / sample).clamp(0.5, 2.0);
+            self.limit = (gradient * self.limit + self.limit.sqrt()).clamp(Self::MIN_CONCURRENCY, self.max);
+            self.at_min = if self.limit <= Self::MIN_CONCURRENCY { self.at_min + 1 } else { 0 };
+        }
+    }
+
+    /// TCP CUBIC (RFC 9438) on the concurrency limit: on a refusal, at most
+    /// once per mean call time, `W_max = limit`, `limit = 0.7 · limit` and
+    /// `K = cbrt(W_max · 0.3 / C)`; otherwise, while at least half the limit
+    /// is in flight, `limit = C · (t − K)³ + W_max` with `t` the seconds since
+    /// that cut and `C = 0.4` (the concave return to the plateau at `W_max`,
+    /// then the convex probe beyond it).
+    pub struct Cubic {
+        pub limit: f64,
+        pub max: f64,
+        pub w_max: f64,
+        pub k: f64,
+        pub cut_at: Option<Ms>,
+    }
+
+    impl Cubic {
+        const C: f64 = 0.4;
+        const BETA: f64 = 0.7;
+        /// About one call's time: the model's mean service time.
+        const RTT_MS: Ms = 600;
+        pub fn new(max: u32) -> Cubic {
+            Cubic { limit: max as f64, max: max as f64, w_max: max as f64, k: 0.0, cut_at: None }
+        }
+    }
+
+    impl Rule for Cubic {
+        fn limit(&self) -> u32 {
+            (self.limit as u32).max(1)
+        }
+        fn sample(&mut self, _rtt: Ms, in_flight: u32, dropped: bool, _: Reported, now: Ms) {
+            if dropped {
+                if self.cut_at.is_none_or(|t| now >= t + Self::RTT_MS) {
+                    self.w_max = self.limit;
+                    self.limit = (self.limit * Self::BETA).max(1.0);
+                    self.k = (self.w_max * (1.0 - Self::BETA) / Self::C).cbrt();
+                    self.cut_at = Some(now);
+                }
+                return;
+            }
+            if (in_flight as f64) * 2.0 < self.limit {
+                return;
+            }
+            if let Some(cut) = self.cut_at {
+                let t = (now - cut) as f64 / 1000.0;
+                let w = Self::C * (t - self.k).powi(3) + self.w_max;
+                self.limit = w.clamp(1.0, self.max).max(self.limit.min(self.w_max));
+            }
+        }
+    }
+
+    /// BBR (v1, the IETF draft) on the concurrency limit: the bottleneck rate
+    /// is the largest count of successes per RTprop over the last 10 of
+    /// them, RTprop the smallest call time of a success over 10 s; the limit
+    /// is `2 · rate · RTprop` times the ProbeBW gain of the phase (1.25,
+    /// 0.75, then six of 1, one RTprop each); when 10 s pass without a new
+    /// RTprop, ProbeRTT holds the limit at 4 for 200 ms. Refusals are losses,
+    /// which BBR v1 does not react to.
+    pub struct Bbr {
+        pub max: f64,
+        pub rt_prop: Option<(Ms, Ms)>,
+        /// Successes per RTprop round, the last 10 rounds.
+        pub rounds: std::collections::VecDeque<u64>,
+        pub round_start: Ms,
+        pub delivered: u64,
+        pub phase: usize,
+        pub probe_rtt_until: Ms,
+    }
+
+    impl Bbr {
+        const GAINS: [f64; 8] = [1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        pub fn new(max: u32) -> Bbr {
+            Bbr {
+                max: max as f64,
+                rt_prop: None,
+                rounds: std::collections::VecDeque::new(),
+                round_start: 0,
+                delivered: 0,
+                phase: 0,
+                probe_rtt_until: 0,
+            }
+        }
+        fn bdp(&self) -> Option<f64> {
+            self.rt_prop?;
+            let rate = *self.rounds.iter().max()? as f64;
+            // Successes per RTprop are the bandwidth-delay product; cwnd gain 2.
+            Some(rate * 2.0)
+        }
+    }
+
+    impl Rule for Bbr {
+        fn limit(&self) -> u32 {
+            if self.probe_rtt_until > 0 {
+                return 4;
+            }
+            match self.bdp() {
+                Some(bdp) => (bdp * Self::GAINS[self.phase]).clamp(4.0, self.max) as u32,
+                // Startup: the configured limit until a round was measured.
+                None => self.max as u32,
+            }
+        }
+        fn sample(&mut self, rtt: Ms, _in_flight: u32, dropped: bool, _: Reported, now: Ms) {
+            if dropped {
+                return;
+            }
+            self.delivered += 1;
+            if self.rt_prop.is_none_or(|(min, at)| rtt <= min || now >= at + 10_000) {
+                self.rt_prop = Some((rtt.max(1), now));
+            }
+        }
+        fn tick(&mut self, now: Ms) {
+            let Some((rt, at)) = self.rt_prop else { return };
+            if self.probe_rtt_until > 0 {
+                if now >= self.probe_rtt_until {
+                    self.probe_rtt_until = 0;
+                    self.rt_prop = Some((rt, now));
+                }
+                return;
+            }
+            if now >= at + 10_000 {
+                self.probe_rtt_until = now + 200.max(rt);
+                return;
+            }
+            if now >= self.round_start + rt.max(1) {
+                self.rounds.push_back(self.delivered);
+                if self.rounds.len() > 10 {
+                    self.rounds.pop_front();
+                }
+                self.delivered = 0;
+                self.round_start = now;
+                self.phase = (self.phase + 1) % Self::GAINS.len();
+            }
+        }
+    }
+
     /// A call in flight: finish, granted at, in flight at its grant, admitted,
     /// epoch, grant sequence.
     type Pending = (Ms, Ms, u32, bool, u32, u64);
@@ -550,6 +772,43 @@ pub mod anchors {
             assert!(vegas.goodput() < 0.5, "vegas {vegas:?}");
             let g2 = run(&mut Fractional::new(64, Gradient2::default()), up, 60_000, 1);
             assert!(g2.share_429() > 0.9, "gradient2 {g2:?}");
+        }
+    }
+
+    /// Envoy, CUBIC and BBR on the same footing (LEARNING.md, "The anchors,
+    /// measured"); `--nocapture` prints the table's numbers. Envoy's
+    /// gradient sees refusals as fast answers and never cuts; CUBIC refuses
+    /// at every return past its plateau; BBR sizes the limit to successes
+    /// per shortest call time, far under what the upstream allows.
+    #[test]
+    fn envoy_cubic_and_bbr_as_rules_against_ours() {
+        let c = Upstream { budget: None, ..STANDARD };
+        let h = Upstream { budget: None, halve_at: Some(30_000), ..STANDARD };
+        for (name, up) in [("concurrency only", c), ("halved at 30 s", h)] {
+            for seed in [1, 2] {
+                let rules: [(&str, Box<dyn Rule>); 4] = [
+                    ("ours", Box::new(Ours(Learning::new(64, true)))),
+                    ("envoy", Box::new(Envoy::new(64))),
+                    ("cubic", Box::new(Cubic::new(64))),
+                    ("bbr", Box::new(Bbr::new(64))),
+                ];
+                for (rule, mut r) in rules {
+                    let run = run(r.as_mut(), up, 60_000, seed);
+                    eprintln!(
+                        "{name} seed {seed} {rule}: {:.1} % of max, {:.2} % refused, {} of {} refused from 10 s after the halving",
+                        run.goodput() * 100.0,
+                        run.share_429() * 100.0,
+                        run.refused_late,
+                        run.calls_late
+                    );
+                    match rule {
+                        "ours" => assert!(run.goodput() >= 0.95 && run.share_429() <= 0.02, "{rule} {run:?}"),
+                        "envoy" => assert!(run.share_429() > 0.5, "{rule} {run:?}"),
+                        "cubic" => assert!(run.share_429() > 0.02, "{rule} {run:?}"),
+                        _ => assert!(run.goodput() < 0.9, "{rule} {run:?}"),
+                    }
+                }
+            }
         }
     }
 }

@@ -255,17 +255,8 @@ fn the_access_log_and_metrics_describe_proxied_requests() {
     let wrong_key = format!("GET /v1/x HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: wrong\r\n\r\n");
     let denied = exchange(&server, wrong_key.as_bytes());
     assert_eq!(denied.status, 401);
-    // The log is flushed at least every 200 ms.
-    let path = server.dir.join("access.log");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let log = loop {
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        if text.lines().count() >= 2 || Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines = access_log(&server, 2);
+    let log = std::fs::read_to_string(server.dir.join("access.log")).unwrap();
     let ok_line = lines.iter().find(|l| l["status"] == 200).unwrap_or_else(|| panic!("{log}"));
     assert_eq!(ok_line["method"], "PATCH");
     assert_eq!(ok_line["path"], "/v1/files/7");
@@ -288,6 +279,109 @@ fn the_access_log_and_metrics_describe_proxied_requests() {
     ] {
         assert!(metrics.contains(sample), "{sample} not in the metrics:\n{metrics}");
     }
+}
+
+/// The access log's lines once it holds at least `n` (it is flushed at
+/// least every 200 ms), within a generous bound.
+fn access_log(server: &TestServer, n: usize) -> Vec<serde_json::Value> {
+    let path = server.dir.join("access.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.lines().count() >= n || Instant::now() > deadline {
+            return text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn every_proxied_outcome_is_logged_once_with_method_and_path() {
+    let up = MockUpstream::start(|seen| match seen.request_line().split(' ').nth(1).unwrap() {
+        "/v1/reset" => Reply::RawThenReset(Vec::new()),
+        "/v1/left-while-relayed" => Reply::Silent(Duration::from_secs(3)),
+        _ => ok("fine", ""),
+    });
+    let server = TestServer::start(
+        &config(
+            &format!(
+                r#""concurrency":1,"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
+                "upstream":{{"url":"{}","hosts":["{HOST}"]}}"#,
+                up.url()
+            ),
+            "",
+        )
+        .replace(r#""accessLog":null"#, r#""accessLog":"access.log""#),
+    );
+    // A lock-API holder has the pool's one slot: proxied requests queue.
+    let held = server.acquire("", "");
+    assert_eq!(held.status, 200, "{held:?}");
+    let timeout_header = "X-Nthpool-Queue-Timeout-Ms: 300\r\n";
+    let r = exchange(&server, &proxied("POST", "/v1/queued?token=secret-in-query", timeout_header, "{}"));
+    assert_eq!((r.status, r.error_code()), (504, "queue_timeout".to_string()), "{r:?}");
+    let mut gone = server.connect();
+    gone.write_all(&proxied("GET", "/v1/left-in-queue", "X-Nthpool-Queue-Timeout-Ms: 10000\r\n", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(gone);
+    server.release(&held.slot(), "");
+    slot_comes_back(&server);
+    // Granted, then the client leaves while the upstream is silent.
+    let mut gone = server.connect();
+    gone.write_all(&proxied("GET", "/v1/left-while-relayed", "", "")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while up.seen().is_empty() {
+        assert!(Instant::now() < deadline, "the request never reached the upstream");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(gone);
+    slot_comes_back(&server);
+    assert_eq!(exchange(&server, &proxied("GET", "/v1/reset", "", "")).status, 502);
+    assert_eq!(exchange(&server, &proxied("GET", "/v1/ok?page=2", "", "")).status, 200);
+    let wrong_key = format!("DELETE /v1/refused HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: wrong\r\n\r\n");
+    assert_eq!(exchange(&server, wrong_key.as_bytes()).status, 401);
+
+    let lines = access_log(&server, 8);
+    let proxied_line = |path: &str| {
+        let found: Vec<_> = lines.iter().filter(|l| l["path"] == path).collect();
+        assert_eq!(found.len(), 1, "one line for {path}: {lines:#?}");
+        found[0].clone()
+    };
+    let fields = |l: &serde_json::Value| {
+        (
+            l["method"].as_str().unwrap().to_string(),
+            l["status"].as_u64().unwrap(),
+            l["error"].as_str().map(String::from),
+        )
+    };
+    let expect = [
+        ("/v1/queued", "POST", 504, Some("queue_timeout")),
+        ("/v1/left-in-queue", "GET", 499, Some("client_gone")),
+        ("/v1/left-while-relayed", "GET", 499, Some("client_gone")),
+        ("/v1/reset", "GET", 502, Some("bad_gateway")),
+        ("/v1/ok", "GET", 200, None),
+        ("/v1/refused", "DELETE", 401, Some("unauthorized")),
+    ];
+    for (path, method, status, error) in expect {
+        let line = proxied_line(path);
+        assert_eq!(fields(&line), (method.to_string(), status, error.map(String::from)), "{path}: {line}");
+    }
+    // Waited its whole budget in the queue, never forwarded.
+    let timed_out = proxied_line("/v1/queued");
+    assert!(timed_out["queuedMs"].as_u64().unwrap() >= 250, "{timed_out}");
+    assert!(timed_out.get("upstreamStatus").is_none_or(|v| v.is_null()), "{timed_out}");
+    let left = proxied_line("/v1/left-in-queue");
+    assert!(left["queuedMs"].as_u64().unwrap() >= 250, "it waited until it left: {left}");
+    // The upstream's status and time where there was an answer.
+    let ok_line = proxied_line("/v1/ok");
+    assert_eq!(ok_line["upstreamStatus"], 200, "{ok_line}");
+    assert!(ok_line["upstreamMs"].is_u64(), "{ok_line}");
+    assert!(proxied_line("/v1/reset")["upstreamMs"].is_u64(), "the request was sent");
+    // The only lines without a method are the lock API's granted acquires.
+    for line in lines.iter().filter(|l| l.get("method").is_none()) {
+        assert!(line["status"] == 200 && line["slot"].is_string(), "{line}");
+    }
+    let text = std::fs::read_to_string(server.dir.join("access.log")).unwrap();
+    assert!(!text.contains("secret-in-query"), "{text}");
 }
 
 /// `raw` with the pool key added after its request line.

@@ -210,9 +210,16 @@ impl App {
         self.gov.release_undelivered(slot, now);
     }
 
-    /// Takes a half-closed client's acquire out of the queue and answers it `504`.
+    /// Takes a half-closed client's acquire out of the queue and answers it
+    /// `504`. A proxied request is not answered: its exchange ends as the
+    /// client's leaving and logs it.
     pub fn withdraw(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now) {
-        if let Some(denial) = self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms) {
+        let Some(denial) = self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms) else {
+            return;
+        };
+        if queued.proxied {
+            self.observe_queued_end(&queued.attempt, now.wall(), super::CLIENT_GONE_STATUS, "client_gone");
+        } else {
             self.answer_withdrawn(out, &denial, &queued.attempt, now);
         }
     }

@@ -71,6 +71,8 @@ pub struct Attempt {
 pub struct Queued {
     pub key: WaiterKey,
     pub attempt: Attempt,
+    /// A proxied request's wait: its log line is its exchange's, with method and path.
+    pub proxied: bool,
 }
 
 pub enum Handled {
@@ -411,7 +413,7 @@ impl App {
                         self.answer_denial(out, &denial, Status::TooManyRequests, &attempt, ctx.now, ctx.close);
                         Ok(Handled::Done)
                     }
-                    Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt })),
+                    Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt, proxied: false })),
                 }
             }
             Route::Renew { slot, .. } => match self.gov.renew(pid, SlotId::decode(slot.as_bytes()), ctx.now.ms) {
@@ -498,8 +500,7 @@ impl App {
     /// logged with the time it waited; `close` when nothing was pipelined behind it.
     pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) {
         self.gov.cancel_waiter(queued.key, conn.owner());
-        let error = ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
-        self.answer_queued_error(out, &queued.attempt, now, error, close);
+        self.answer_queued_error(out, &queued.attempt, now, SHUTTING_DOWN, close);
     }
 
     /// A queued acquire whose place a retry with its `Idempotency-Key` took:
@@ -520,25 +521,32 @@ impl App {
     /// (no answer was sent) and the time it waited.
     pub fn waiter_gone(&mut self, queued: &Queued, conn: ConnId, now: Now) {
         self.gov.cancel_waiter(queued.key, conn.owner());
+        if queued.proxied {
+            // Logged when its exchange ends.
+            self.observe_queued_end(&queued.attempt, now.wall(), CLIENT_GONE_STATUS, "client_gone");
+            return;
+        }
         self.log_queued_end(&queued.attempt, now.wall(), CLIENT_GONE_STATUS, "client_gone");
     }
 
     /// The log line of a queued acquire that ends without a governor answer.
     fn log_queued_end(&mut self, attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'static str) {
-        // The attempt started in the turn its request arrived, so this is
-        // the time spent queued (to the turn's precision).
-        let waited = attempt.started.elapsed();
-        let line = history::Attempt {
-            epoch_ms: epoch_now.0,
-            status,
-            error: Some(code),
-            reason: None,
-            wait_ms: attempt.wait_ms,
-            queued_ms: waited.as_millis() as u64,
-            server_us: waited.as_micros() as u64,
-            slot_ref: None,
-        };
+        let line = queued_end_line(attempt, epoch_now, status, code);
         self.record_attempt(Some(attempt.pool), None, attempt.client, line, false);
+    }
+
+    /// Such an end in its pool's history only (a proxied request's line is
+    /// written by its exchange); returns the time it spent queued.
+    pub(crate) fn observe_queued_end(
+        &mut self,
+        attempt: &Attempt,
+        epoch_now: EpochMs,
+        status: u16,
+        code: &'static str,
+    ) -> u64 {
+        let line = queued_end_line(attempt, epoch_now, status, code);
+        self.observe(Some(attempt.pool), &line, false);
+        line.queued_ms
     }
 
     /// Answers a head refused before it could be used (framing, version,
@@ -698,6 +706,27 @@ fn acquire_line(
         queued_ms,
         server_us: attempt.started.elapsed().as_micros() as u64,
         slot_ref,
+    }
+}
+
+/// The answer to a queued acquire cut short by shutdown.
+pub(crate) const SHUTTING_DOWN: ApiError =
+    ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
+
+/// The history line of a queued acquire that ends without a governor answer.
+fn queued_end_line(attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'static str) -> history::Attempt {
+    // The attempt started in the turn its request arrived, so this is
+    // the time spent queued (to the turn's precision).
+    let waited = attempt.started.elapsed();
+    history::Attempt {
+        epoch_ms: epoch_now.0,
+        status,
+        error: Some(code),
+        reason: None,
+        wait_ms: attempt.wait_ms,
+        queued_ms: waited.as_millis() as u64,
+        server_us: waited.as_micros() as u64,
+        slot_ref: None,
     }
 }
 

@@ -3,12 +3,12 @@
 //! governor as every acquire. The relaying itself is the reactor's
 //! (`crate::proxy`); this module never touches a socket.
 
-use super::{wait_budget, ApiError, App, Attempt, Ctx, UNKNOWN_POOL};
+use super::{wait_budget, ApiError, App, Attempt, ConnId, Ctx, Queued, SHUTTING_DOWN, UNKNOWN_POOL};
 use crate::accesslog::Proxied;
 use crate::config::upstream::Upstream;
 use crate::governor::history;
 use crate::governor::lease::SlotId;
-use crate::governor::{Admission, DenyReason, Grant, Ms, Outcome, PoolId};
+use crate::governor::{Admission, Denial, DenyReason, Grant, Ms, Outcome, PoolId};
 use crate::http::request::{BodyFraming, Head};
 use crate::http::response::Status;
 use crate::time::{EpochMs, Now};
@@ -42,13 +42,12 @@ pub struct ProxiedLine<'a> {
 
 impl<'a> ProxiedLine<'a> {
     /// The line of a request answered here, never forwarded.
-    fn refused(head: &Head<'a>, status: u16, code: &'static str, deny_reason: Option<DenyReason>) -> Self {
-        let (method, path) = method_and_path(head);
+    fn refused((method, path): (&'a str, &'a str), status: u16, code: &'static str, queued_ms: u64) -> Self {
         ProxiedLine {
             status,
             error: Some(code),
-            deny_reason,
-            queued_ms: 0,
+            deny_reason: None,
+            queued_ms,
             slot_ref: None,
             method,
             path,
@@ -56,6 +55,17 @@ impl<'a> ProxiedLine<'a> {
             upstream_ms: None,
         }
     }
+}
+
+/// How a queued proxied request's wait ended without a slot.
+#[derive(Debug)]
+pub enum WaitEnd {
+    /// Its wait budget ran out: `504 queue_timeout`.
+    TimedOut(Denial),
+    /// A retry with its `Idempotency-Key` took its place: `409 superseded`.
+    Superseded,
+    /// The server is shutting down: `503`.
+    ShuttingDown,
 }
 
 /// A proxied request let through auth, with what its admission came to.
@@ -142,14 +152,69 @@ impl App {
         }
         let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
         if let Admission::Denied(denial) = &admission {
-            let (epoch_now, status, code) = (ctx.now.wall(), Status::TooManyRequests, "too_many_requests");
-            self.rejections.count(status);
-            self.observe_acquire(&attempt, epoch_now, status, Some(code), Some(denial.reason), denial.queued_ms, None);
-            self.write_denial(out, denial, status, ctx.close);
-            let line = ProxiedLine::refused(head, status.code(), code, Some(denial.reason));
-            self.log_proxied(&attempt, epoch_now, &line);
+            let line = method_and_path(head);
+            self.deny_proxied(out, &attempt, denial, Status::TooManyRequests, ctx.now, ctx.close, line);
         }
         Ok(Admitted { attempt, admission })
+    }
+
+    /// A `429` (at once) or `504` (after queueing) for a proxied request:
+    /// answered into `out`, counted like an acquire's, logged with its
+    /// method and path.
+    #[allow(clippy::too_many_arguments)]
+    fn deny_proxied(
+        &mut self,
+        out: &mut Vec<u8>,
+        attempt: &Attempt,
+        denial: &Denial,
+        status: Status,
+        now: Now,
+        close: bool,
+        method_and_path: (&str, &str),
+    ) {
+        let code = if status == Status::GatewayTimeout { "queue_timeout" } else { "too_many_requests" };
+        let epoch_now = now.wall();
+        self.rejections.count(status);
+        self.observe_acquire(attempt, epoch_now, status, Some(code), Some(denial.reason), denial.queued_ms, None);
+        self.write_denial(out, denial, status, close);
+        let line = ProxiedLine {
+            deny_reason: Some(denial.reason),
+            ..ProxiedLine::refused(method_and_path, status.code(), code, denial.queued_ms)
+        };
+        self.log_proxied(attempt, epoch_now, &line);
+    }
+
+    /// A queued proxied request's wait ended without a slot (`end`): answered
+    /// into `out`, counted like a queued acquire's end, and logged with its
+    /// method and path. Its exchange ends as `Refused`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn end_proxied_wait(
+        &mut self,
+        out: &mut Vec<u8>,
+        end: WaitEnd,
+        queued: &Queued,
+        conn: ConnId,
+        now: Now,
+        close: bool,
+        method_and_path: (&str, &str),
+    ) {
+        let error = match end {
+            WaitEnd::TimedOut(denial) => {
+                let status = Status::GatewayTimeout;
+                return self.deny_proxied(out, &queued.attempt, &denial, status, now, close, method_and_path);
+            }
+            WaitEnd::Superseded => ApiError::Superseded,
+            WaitEnd::ShuttingDown => {
+                self.gov.cancel_waiter(queued.key, conn.owner());
+                SHUTTING_DOWN
+            }
+        };
+        let (status, code) = (error.status(), error.code());
+        self.rejections.count(status);
+        let queued_ms = self.observe_queued_end(&queued.attempt, now.wall(), status.code(), code);
+        error.write(out, &mut self.scratch, close);
+        let line = ProxiedLine::refused(method_and_path, status.code(), code, queued_ms);
+        self.log_proxied(&queued.attempt, now.wall(), &line);
     }
 
     /// A proxied request got its slot: the server holds it for the whole
@@ -192,7 +257,7 @@ impl App {
     pub fn refuse_proxied(&mut self, ctx: &Ctx, pid: PoolId, head: &Head, error: ApiError, out: &mut Vec<u8>) {
         self.write_error(out, error, ctx.close);
         let attempt = Attempt { pool: pid, client: ctx.peer, wait_ms: 0, started: ctx.started };
-        let line = ProxiedLine::refused(head, error.status().code(), error.code(), None);
+        let line = ProxiedLine::refused(method_and_path(head), error.status().code(), error.code(), 0);
         self.log_proxied(&attempt, ctx.now.wall(), &line);
     }
 

@@ -54,6 +54,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
+use crate::api::proxy::WaitEnd;
 use crate::api::{ApiError, App, ConnId, Entropy, Event, PoolId, Wake};
 use crate::config::Config;
 use crate::http::request::MAX_HEAD_BYTES;
@@ -565,7 +566,11 @@ impl Server {
                 break;
             };
             let last = conn.input.is_empty();
-            self.app.answer_shutdown(&mut conn.output, &queued, id, now, last);
+            if conn.exchange.is_some() {
+                self.end_queued_exchange(id, &queued, WaitEnd::ShuttingDown, last);
+            } else {
+                self.app.answer_shutdown(&mut conn.output, &queued, id, now, last);
+            }
             self.process(id);
         }
         if let Some(conn) = client_mut(&mut self.conns, id) {
@@ -765,15 +770,13 @@ impl Server {
             conn.out_since = now.ms;
         }
         if conn.exchange.is_some() {
-            match answer {
-                crate::api::Answer::Granted(grant) => self.grant_exchange(id, &grant),
-                refused => {
-                    self.app.answer_notice(&mut conn.output, refused, &queued, now, close);
-                    self.end_exchange(id, proxied::End::Refused);
-                    self.mark_dirty(id);
-                    self.read_and_process(id);
-                }
-            }
+            let end = match answer {
+                crate::api::Answer::Granted(grant) => return self.grant_exchange(id, &grant),
+                crate::api::Answer::TimedOut(denial) => WaitEnd::TimedOut(denial),
+                crate::api::Answer::Superseded => WaitEnd::Superseded,
+            };
+            self.end_queued_exchange(id, &queued, end, close);
+            self.read_and_process(id);
             return;
         }
         if let Some(slot) = self.app.answer_notice(&mut conn.output, answer, &queued, now, close) {

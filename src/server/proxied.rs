@@ -16,7 +16,7 @@ use mio::{Interest, Registry, Token};
 
 use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
 use super::{client_mut, Server};
-use crate::api::proxy::ProxiedLine;
+use crate::api::proxy::{ProxiedLine, WaitEnd};
 use crate::api::{
     governor_headers, Admission, ApiError, App, ConnId, Ctx, Grant, PoolId, Queued, Wake, CLIENT_GONE_STATUS,
 };
@@ -46,7 +46,7 @@ pub enum End {
     Cut,
     /// The client went away.
     ClientGone,
-    /// Never admitted: its queue wait ended in a refusal, already answered.
+    /// Never admitted: its queue wait ended in a refusal, already answered and logged.
     Refused,
 }
 
@@ -133,7 +133,7 @@ pub fn begin(
     match admitted.admission {
         // Answered by `admit_proxied`.
         Admission::Denied(_) => Begun::Answered { close: has_body || ctx.close },
-        Admission::Queued(key) => Begun::Queued(open(proxy), Queued { key, attempt: admitted.attempt }),
+        Admission::Queued(key) => Begun::Queued(open(proxy), Queued { key, attempt: admitted.attempt, proxied: true }),
         Admission::Granted(grant) => Begun::Granted(open(proxy), grant),
     }
 }
@@ -345,6 +345,21 @@ impl Server {
         self.arm_timer(id);
     }
 
+    /// The connection's proxied request left the queue without a slot
+    /// (`end`): answered and logged with its method and path; its exchange ends.
+    pub(super) fn end_queued_exchange(&mut self, id: ConnId, queued: &Queued, end: WaitEnd, close: bool) {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
+        let Some(ex) = conn.exchange else {
+            return;
+        };
+        let line = self.proxy.exchanges[ex].method_and_path();
+        self.app.end_proxied_wait(&mut conn.output, end, queued, id, self.now, close, line);
+        self.end_exchange(id, End::Refused);
+        self.mark_dirty(id);
+    }
+
     /// The exchange's deadline passed: before the response head that is a
     /// `504 upstream_timeout`; at the request cap, or mid-response, the
     /// exchange is cut.
@@ -463,12 +478,17 @@ impl Server {
         };
         let upstream_ms = e.sent_at.map(|t| t.elapsed().as_millis() as u64);
         self.proxy.stats.count(e.pool.0 as usize, upstream_status, upstream_ms, e.bytes_up, e.bytes_down);
+        // Never granted: it was queued all along.
+        let queued_ms = match e.slot {
+            Some(_) => e.queued_ms,
+            None => e.attempt.started.elapsed().as_millis() as u64,
+        };
         let (method, path) = e.method_and_path();
         let line = ProxiedLine {
             status,
             error,
             deny_reason: None,
-            queued_ms: e.queued_ms,
+            queued_ms,
             slot_ref: e.slot.map(|s| s.log_ref()),
             method,
             path,

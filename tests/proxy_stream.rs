@@ -302,7 +302,7 @@ fn every_proxied_outcome_is_logged_once_with_method_and_path() {
         "/v1/left-while-relayed" => Reply::Silent(Duration::from_secs(3)),
         _ => ok("fine", ""),
     });
-    let server = TestServer::start(
+    let mut server = TestServer::start(
         &config(
             &format!(
                 r#""concurrency":1,"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
@@ -339,8 +339,20 @@ fn every_proxied_outcome_is_logged_once_with_method_and_path() {
     assert_eq!(exchange(&server, &proxied("GET", "/v1/ok?page=2", "", "")).status, 200);
     let wrong_key = format!("DELETE /v1/refused HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: wrong\r\n\r\n");
     assert_eq!(exchange(&server, wrong_key.as_bytes()).status, 401);
+    // Queued when the server is told to stop: answered 503.
+    assert_eq!(server.acquire("", "").status, 200);
+    let mut queued = server.connect();
+    queued.write_all(&proxied("PUT", "/v1/at-shutdown", "X-Nthpool-Queue-Timeout-Ms: 10000\r\n", "{}")).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    server.signal("TERM");
+    assert_eq!(read_any(&mut queued).map(|r| r.status), Some(503));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
-    let lines = access_log(&server, 8);
+    let lines = access_log(&server, 9);
     let proxied_line = |path: &str| {
         let found: Vec<_> = lines.iter().filter(|l| l["path"] == path).collect();
         assert_eq!(found.len(), 1, "one line for {path}: {lines:#?}");
@@ -360,6 +372,7 @@ fn every_proxied_outcome_is_logged_once_with_method_and_path() {
         ("/v1/reset", "GET", 502, Some("bad_gateway")),
         ("/v1/ok", "GET", 200, None),
         ("/v1/refused", "DELETE", 401, Some("unauthorized")),
+        ("/v1/at-shutdown", "PUT", 503, Some("unavailable")),
     ];
     for (path, method, status, error) in expect {
         let line = proxied_line(path);

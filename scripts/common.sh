@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2034  # the variables set here are used by the sourcing script
-# Helpers shared by scripts/bench.sh and scripts/callgrind.sh; sourced, not run.
+# Helpers shared by the scripts under scripts/; sourced, not run.
 # The sourcing script sets SCRIPT (its name, for messages) and WORK_PREFIX.
 
 WORK=$(mktemp -d "/tmp/$WORK_PREFIX.XXXXXX")
@@ -54,36 +54,73 @@ wait_port() {
     return 1
 }
 
-# nginx_http_block PORT: the `http { … }` block both scripts give nginx — one
-# worker answering /grant.json with `return 200` and the body of a real grant
-# ($WORK/www/grant.json, which must exist), access log off, on long-lived
-# keep-alive connections: the cheapest answer nginx has, the bar to beat. The
-# same body answers POST /pools/bench/lock/acquire and `{"released":true}` any
-# release, so wrk's Lua acquire -> release script runs unchanged against it.
-nginx_http_block() {
-    local body
-    body=$(cat "$WORK/www/grant.json")
-    case "$body" in *"'"*) die "the grant body holds a quote nginx cannot take" ;; esac
+# nginx_main DIR: the top of an nginx configuration every script gives it:
+# one worker, no master, no daemon, its error log and pid file in DIR.
+nginx_main() {
+    cat <<NGINX
+worker_processes 1;
+daemon off;
+master_process off;
+error_log $1/error.log warn;
+pid $1/nginx.pid;
+events { worker_connections 4096; }
+NGINX
+}
+
+# nginx_http NAME BODY: an `http { … }` block with BODY (its servers and
+# upstreams) inside: access log off, long-lived keep-alive connections (nthpool
+# keeps a connection open as long as the client does; so does nginx here),
+# its temporary files under $WORK/nginx-tmp/NAME-*.
+nginx_http() {
     cat <<NGINX
 http {
     access_log off;
     default_type application/json;
-    # nthpool keeps a connection open as long as the client does; so does nginx here.
     keepalive_requests 1000000000;
     keepalive_timeout 300s;
-    client_body_temp_path $WORK/nginx-tmp/body;
-    proxy_temp_path $WORK/nginx-tmp/proxy;
-    fastcgi_temp_path $WORK/nginx-tmp/fastcgi;
-    uwsgi_temp_path $WORK/nginx-tmp/uwsgi;
-    scgi_temp_path $WORK/nginx-tmp/scgi;
-    server {
+    client_body_temp_path $WORK/nginx-tmp/$1-body;
+    proxy_temp_path $WORK/nginx-tmp/$1-proxy;
+    fastcgi_temp_path $WORK/nginx-tmp/$1-fastcgi;
+    uwsgi_temp_path $WORK/nginx-tmp/$1-uwsgi;
+    scgi_temp_path $WORK/nginx-tmp/$1-scgi;
+$2
+}
+NGINX
+}
+
+# nginx_http_block PORT: the `http { … }` block scripts/bench.sh and
+# scripts/callgrind.sh give nginx — one worker answering /grant.json with
+# `return 200` and the body of a real grant ($WORK/www/grant.json, which must
+# exist): the cheapest answer nginx has, the bar to beat. The same body answers
+# POST /pools/bench/lock/acquire and `{"released":true}` any release, so wrk's
+# Lua acquire -> release script runs unchanged against it.
+nginx_http_block() {
+    local body
+    body=$(cat "$WORK/www/grant.json")
+    case "$body" in *"'"*) die "the grant body holds a quote nginx cannot take" ;; esac
+    nginx_http grant "    server {
         listen 127.0.0.1:$1;
         location = /grant.json { return 200 '$body'; }
         # The lock routes wrk's acquire -> release script calls, so nginx can
         # be driven by the very same client work as nthpool.
         location = /pools/bench/lock/acquire { return 200 '$body'; }
-        location ~ ^/pools/bench/lock/[^/]+/release\$ { return 200 '{"released":true}'; }
-    }
+        location ~ ^/pools/bench/lock/[^/]+/release\$ { return 200 '{\"released\":true}'; }
+    }"
 }
+
+# nginx_upstream_server PORT BODY: the proxy benchmarks' fast upstream, which
+# answers everything on PORT with `return 200` BODY (BODY holds no quote).
+nginx_upstream_server() {
+    printf '    server { listen 127.0.0.1:%s; location / { return 200 '"'"'%s'"'"'; } }\n' "$1" "$2"
+}
+# nginx_proxy_server UP_PORT PORT: nginx `proxy_pass` on PORT to the upstream on
+# UP_PORT, with upstream keepalive (64 idle connections).
+nginx_proxy_server() {
+    cat <<NGINX
+    upstream up { server 127.0.0.1:$1; keepalive 64; }
+    server {
+        listen 127.0.0.1:$2;
+        location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    }
 NGINX
 }

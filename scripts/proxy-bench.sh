@@ -14,12 +14,20 @@
 # about what a proxy adds); the added latency of a proxy is its one-connection
 # p50 minus the direct one-connection p50 of the same round.
 #
-# Usage: scripts/proxy-bench.sh            (3 rounds, runs of 10 s, 50 connections)
+# On a shared machine the wall-clock figures move with whatever else runs, so
+# every N-connection run also reports what does not: the proxy's own CPU time
+# per request (utime + stime from /proc/PID/stat over the run, divided by the
+# requests wrk counted), and how busy each CPU was (/proc/stat) — CPU 0 minus
+# the proxy's own share is work of other programs on the proxy's CPU, and CPU 1
+# near 100 % means the client and the upstream, not the proxy, set the rate.
+# The summary gives medians with their min–max spread over the rounds.
+#
+# Usage: scripts/proxy-bench.sh            (5 rounds, runs of 4 s, 50 connections)
 # Environment: BENCH_ROUNDS, BENCH_DURATION (s), BENCH_CONNECTIONS, BENCH_PORT.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-ROUNDS=${BENCH_ROUNDS:-3}
-DURATION=${BENCH_DURATION:-10}
+ROUNDS=${BENCH_ROUNDS:-5}
+DURATION=${BENCH_DURATION:-4}
 CONNS=${BENCH_CONNECTIONS:-50}
 PORT=${BENCH_PORT:-28070}
 UP_PORT=$((PORT + 1))
@@ -48,64 +56,14 @@ say "building the release binary (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)..."
 cargo build --release --quiet -p nthpool || die "build failed"
 
 mkdir -p "$WORK/nginx-tmp" "$WORK/up" "$WORK/front"
-nginx_common() {
-    cat <<NGINX
-worker_processes 1;
-daemon off;
-master_process off;
-error_log $1/error.log warn;
-pid $1/nginx.pid;
-events { worker_connections 4096; }
-NGINX
-}
 BODY='{"id":"cmpl-1","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"ok"}}]}'
 {
-    nginx_common "$WORK/up"
-    cat <<NGINX
-http {
-    access_log off;
-    default_type application/json;
-    keepalive_requests 1000000000;
-    keepalive_timeout 300s;
-    client_body_temp_path $WORK/nginx-tmp/ub;
-    proxy_temp_path $WORK/nginx-tmp/up;
-    fastcgi_temp_path $WORK/nginx-tmp/uf;
-    uwsgi_temp_path $WORK/nginx-tmp/uu;
-    scgi_temp_path $WORK/nginx-tmp/us;
-    server {
-        listen 127.0.0.1:$UP_PORT;
-        location / { return 200 '$BODY'; }
-    }
-}
-NGINX
+    nginx_main "$WORK/up"
+    nginx_http up "$(nginx_upstream_server "$UP_PORT" "$BODY")"
 } >"$WORK/upstream.conf"
 {
-    nginx_common "$WORK/front"
-    cat <<NGINX
-http {
-    access_log off;
-    keepalive_requests 1000000000;
-    keepalive_timeout 300s;
-    client_body_temp_path $WORK/nginx-tmp/fb;
-    proxy_temp_path $WORK/nginx-tmp/fp;
-    fastcgi_temp_path $WORK/nginx-tmp/ff;
-    uwsgi_temp_path $WORK/nginx-tmp/fu;
-    scgi_temp_path $WORK/nginx-tmp/fs;
-    upstream up {
-        server 127.0.0.1:$UP_PORT;
-        keepalive 64;
-    }
-    server {
-        listen 127.0.0.1:$NGINX_PORT;
-        location / {
-            proxy_pass http://up;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering on;
-        }
-    }
-}
-NGINX
+    nginx_main "$WORK/front"
+    nginx_http front "$(nginx_proxy_server "$UP_PORT" "$NGINX_PORT")"
 } >"$WORK/front.conf"
 cat >"$WORK/haproxy.cfg" <<HAPROXY
 global
@@ -134,18 +92,28 @@ JSON
 
 "${ON_CLIENT[@]}" nginx -c "$WORK/upstream.conf" &
 PIDS+=($!)
+PID_direct=$!
 wait_port "$UP_PORT" "$!" 50 || die "the upstream nginx did not start"
 "${ON_PROXY[@]}" nginx -c "$WORK/front.conf" &
 PIDS+=($!)
+PID_nginx=$!
 wait_port "$NGINX_PORT" "$!" 50 || die "nginx proxy_pass did not start"
 "${ON_PROXY[@]}" haproxy -f "$WORK/haproxy.cfg" -db &
 PIDS+=($!)
+PID_haproxy=$!
 wait_port "$HAPROXY_PORT" "$!" 50 || die "HAProxy did not start"
 (cd "$WORK" && RUST_LOG=warn exec "${ON_PROXY[@]}" "$BIN/nthpool" --config "$WORK/nthpool.json" >/dev/null) &
 PIDS+=($!)
+PID_nthpool=$!
 wait_port "$PORT" "$!" 50 || die "nthpool did not start"
 
-# One wrk run on PORT with CONNECTIONS: prints "<requests/s> <p50 µs> <p99 µs> <non-2xx>".
+# CPU time of PID so far, in clock ticks (utime + stime).
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Busy and total ticks of CPU 0 and CPU 1: "busy0 total0 busy1 total1".
+cpus() { awk '/^cpu[01] /{t=0; for (i=2;i<=NF;i++) t+=$i; printf "%d %d ", t-$5-$6, t}' /proc/stat; }
+
+# One wrk run on PORT with CONNECTIONS: prints "<requests/s> <p50 µs> <p99 µs>
+# <non-2xx> <requests>".
 run_wrk() {
     "${ON_CLIENT[@]}" wrk -t1 -c "$2" -d "${DURATION}s" --latency \
         -H "Host: $HOST" -H "X-Nthpool-Key: $KEY" "http://127.0.0.1:$1/v1/chat/completions" >"$WORK/wrk.out" 2>&1 || true
@@ -159,42 +127,74 @@ rps = re.search(r"Requests/sec:\s+([\d.]+)", text).group(1)
 p50 = us(re.search(r"^\s+50%\s+(\S+)", text, re.M).group(1))
 p99 = us(re.search(r"^\s+99%\s+(\S+)", text, re.M).group(1))
 bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
-print(rps, f"{p50:.0f}", f"{p99:.0f}", bad.group(1) if bad else 0)
+n = re.search(r"(\d+) requests in", text).group(1)
+print(rps, f"{p50:.0f}", f"{p99:.0f}", bad.group(1) if bad else 0, n)
 PY
 }
 
+# measure NAME PORT PID: the N-connection run with its CPU figures, then the
+# one-connection run; one line of the results file.
+measure() {
+    local t0 c0 t1 c1 many one
+    t0=$(ticks "$3")
+    c0=$(cpus)
+    many=$(run_wrk "$2" "$CONNS")
+    t1=$(ticks "$3")
+    c1=$(cpus)
+    one=$(run_wrk "$2" 1)
+    echo "$round $1 $many $one $((t1 - t0)) $c0 $c1"
+}
+
 say "proxy benchmark: $ROUNDS rounds × (direct, nthpool, nginx, haproxy), ${DURATION}s each, wrk -t1 -c$CONNS, $PINNING;"
-say "  the upstream (nginx return 200) shares CPU 1 with wrk; every proxy runs on CPU 0"
+say "  the upstream (nginx return 200) shares CPU 1 with wrk; every proxy runs on CPU 0; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
 : >"$WORK/results"
 for round in $(seq 1 "$ROUNDS"); do
-    for target in direct:$UP_PORT nthpool:$PORT nginx:$NGINX_PORT haproxy:$HAPROXY_PORT; do
-        name=${target%%:*}
-        result=$(run_wrk "${target##*:}" "$CONNS")
-        one=$(run_wrk "${target##*:}" 1)
-        say "  round $round $(printf '%-8s' "$name") c$CONNS req/s p50µs p99µs non2xx: $result | c1: $one"
-        echo "$round $name $result $one" >>"$WORK/results"
+    for name in direct nthpool nginx haproxy; do
+        case $name in
+            direct) port=$UP_PORT ;;
+            nthpool) port=$PORT ;;
+            nginx) port=$NGINX_PORT ;;
+            haproxy) port=$HAPROXY_PORT ;;
+        esac
+        pid_var=PID_$name
+        line=$(measure "$name" "$port" "${!pid_var}")
+        echo "$line" >>"$WORK/results"
+        say "  $line"
     done
 done
-python3 - "$WORK/results" <<'PY'
+python3 - "$WORK/results" "$(getconf CLK_TCK)" <<'PY'
 import statistics, sys
-rows = [l.split() for l in open(sys.argv[1])]
+hz = int(sys.argv[2])
 by = {}
-for rnd, name, rps, p50, p99, bad, rps1, p50_1, p99_1, bad1 in rows:
-    by.setdefault(name, []).append((int(rnd), float(rps), float(p50), float(p99), int(bad) + int(bad1), float(p50_1)))
-direct = {r[0]: r[5] for r in by["direct"]}
-print("\nmedians over rounds (added p50 = one-connection p50 minus the same round's direct one-connection p50):")
-print(f"  {'':8} {'req/s':>9} {'p50 µs':>8} {'p99 µs':>8} {'c1 p50 µs':>10} {'added p50 µs':>13} {'non-2xx':>8}")
+for l in open(sys.argv[1]):
+    f = l.split()
+    rnd, name = int(f[0]), f[1]
+    rps, p50, p99, bad, n = float(f[2]), float(f[3]), float(f[4]), int(f[5]), int(f[6])
+    rps1, p50_1, bad1 = float(f[7]), float(f[8]), int(f[10])
+    ticks = int(f[12])
+    b0, t0, b1, t1, b0e, t0e, b1e, t1e = map(int, f[13:21])
+    cpu0 = (b0e - b0) / max(t0e - t0, 1)
+    cpu1 = (b1e - b1) / max(t1e - t1, 1)
+    # The measured process's share of one CPU; the direct run's is the upstream's, on CPU 1.
+    own = ticks / hz / max(n / rps, 1e-9) if name != "direct" else 0
+    by.setdefault(name, []).append(dict(
+        rnd=rnd, rps=rps, p50=p50, p99=p99, bad=bad + bad1, p50_1=p50_1,
+        cpu_us=ticks / hz * 1e6 / max(n, 1), other0=max(cpu0 - own, 0) * 100, cpu1=cpu1 * 100))
+direct = {r["rnd"]: r["p50_1"] for r in by["direct"]}
+def spread(xs, fmt="{:.0f}"):
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
+print(f"\nmedians over {len(by['direct'])} rounds (min–max); added p50 = one-connection p50 minus the same round's direct one")
+print(f"  {'':8} {'req/s':>21} {'added p50 µs':>16} {'CPU µs/request':>18} {'others on CPU 0 %':>18} {'CPU 1 busy %':>14} {'non-2xx':>7}")
 for name in ["direct", "nthpool", "nginx", "haproxy"]:
     rs = by[name]
-    rps = statistics.median(r[1] for r in rs)
-    p50 = statistics.median(r[2] for r in rs)
-    p99 = statistics.median(r[3] for r in rs)
-    c1 = statistics.median(r[5] for r in rs)
-    added = statistics.median(r[5] - direct[r[0]] for r in rs)
-    bad = sum(r[4] for r in rs)
-    print(f"  {name:8} {rps:9.0f} {p50:8.0f} {p99:8.0f} {c1:10.0f} {added if name != 'direct' else 0:13.0f} {bad:8}")
-x = statistics.median(r[1] for r in by["nthpool"])
+    added = spread([r["p50_1"] - direct[r["rnd"]] for r in rs]) if name != "direct" else "-"
+    print(f"  {name:8} {spread([r['rps'] for r in rs]):>21} {added:>16} {spread([r['cpu_us'] for r in rs], '{:.1f}'):>18}"
+          f" {spread([r['other0'] for r in rs]):>18} {spread([r['cpu1'] for r in rs]):>14} {sum(r['bad'] for r in rs):>7}")
 for other in ["nginx", "haproxy"]:
-    o = statistics.median(r[1] for r in by[other])
-    print(f"  req/s nthpool/{other}: {x / o:.3f}")
+    x = [r["rps"] for r in by["nthpool"]]
+    o = [r["rps"] for r in by[other]]
+    per_round = [a / b for a, b in zip(x, o)]
+    cx = statistics.median(r["cpu_us"] for r in by["nthpool"])
+    co = statistics.median(r["cpu_us"] for r in by[other])
+    print(f"  nthpool/{other}: req/s {spread(per_round, '{:.2f}')} round by round; CPU per request {cx / co:.2f}")
 PY

@@ -30,33 +30,16 @@ for p in "$PORT" "$UP_PORT" "$NGINX_PORT"; do
     check_free "$p"
 done
 cargo build --release --quiet -p nthpool || die "build failed"
-mkdir -p "$WORK/tmp"
-
-nginx_conf() { # nginx_conf DIR BODY-OF-HTTP-BLOCK
-    cat <<NGINX
-worker_processes 1;
-daemon off;
-master_process off;
-error_log $1/error.log warn;
-pid $1/nginx.pid;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    keepalive_requests 1000000000;
-    keepalive_timeout 300s;
-    client_body_temp_path $WORK/tmp/b;
-    proxy_temp_path $WORK/tmp/p;
-    fastcgi_temp_path $WORK/tmp/f;
-    uwsgi_temp_path $WORK/tmp/u;
-    scgi_temp_path $WORK/tmp/s;
-$2
-}
-NGINX
-}
-mkdir -p "$WORK/up" "$WORK/front"
-nginx_conf "$WORK/up" "    server { listen 127.0.0.1:$UP_PORT; location / { return 200 '{\"id\":\"cmpl-1\",\"object\":\"chat.completion\"}'; } }" >"$WORK/up.conf"
-nginx_conf "$WORK/front" "    upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; }
-    server { listen 127.0.0.1:$NGINX_PORT; location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }" >"$WORK/front.conf"
+mkdir -p "$WORK/nginx-tmp" "$WORK/up" "$WORK/front"
+BODY='{"id":"cmpl-1","object":"chat.completion"}'
+{
+    nginx_main "$WORK/up"
+    nginx_http up "$(nginx_upstream_server "$UP_PORT" "$BODY")"
+} >"$WORK/up.conf"
+{
+    nginx_main "$WORK/front"
+    nginx_http front "$(nginx_proxy_server "$UP_PORT" "$NGINX_PORT")"
+} >"$WORK/front.conf"
 cat >"$WORK/nthpool.json" <<JSON
 { "listen": "127.0.0.1:$PORT", "adminListen": null, "accessLog": null,
   "pools": { "bench": { "keys": ["$KEY"], "concurrency": 10000, "adaptive": false,

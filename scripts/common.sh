@@ -124,3 +124,18 @@ nginx_proxy_server() {
     }
 NGINX
 }
+
+# nginx_proxy_confs UP_PORT PORT BODY: writes $WORK/upstream.conf (the fast
+# upstream on UP_PORT answering BODY) and $WORK/front.conf (nginx `proxy_pass`
+# on PORT to it), each nginx with its own directory under $WORK.
+nginx_proxy_confs() {
+    mkdir -p "$WORK/nginx-tmp" "$WORK/up" "$WORK/front"
+    {
+        nginx_main "$WORK/up"
+        nginx_http up "$(nginx_upstream_server "$1" "$3")"
+    } >"$WORK/upstream.conf"
+    {
+        nginx_main "$WORK/front"
+        nginx_http front "$(nginx_proxy_server "$1" "$2")"
+    } >"$WORK/front.conf"
+}

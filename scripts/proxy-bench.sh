@@ -55,16 +55,8 @@ ON_PROXY=("${ON_SERVER[@]}")
 say "building the release binary (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)..."
 cargo build --release --quiet -p nthpool || die "build failed"
 
-mkdir -p "$WORK/nginx-tmp" "$WORK/up" "$WORK/front"
 BODY='{"id":"cmpl-1","object":"chat.completion","choices":[{"message":{"role":"assistant","content":"ok"}}]}'
-{
-    nginx_main "$WORK/up"
-    nginx_http up "$(nginx_upstream_server "$UP_PORT" "$BODY")"
-} >"$WORK/upstream.conf"
-{
-    nginx_main "$WORK/front"
-    nginx_http front "$(nginx_proxy_server "$UP_PORT" "$NGINX_PORT")"
-} >"$WORK/front.conf"
+nginx_proxy_confs "$UP_PORT" "$NGINX_PORT" "$BODY"
 cat >"$WORK/haproxy.cfg" <<HAPROXY
 global
     nbthread 1

@@ -30,16 +30,7 @@ for p in "$PORT" "$UP_PORT" "$NGINX_PORT"; do
     check_free "$p"
 done
 cargo build --release --quiet -p nthpool || die "build failed"
-mkdir -p "$WORK/nginx-tmp" "$WORK/up" "$WORK/front"
-BODY='{"id":"cmpl-1","object":"chat.completion"}'
-{
-    nginx_main "$WORK/up"
-    nginx_http up "$(nginx_upstream_server "$UP_PORT" "$BODY")"
-} >"$WORK/up.conf"
-{
-    nginx_main "$WORK/front"
-    nginx_http front "$(nginx_proxy_server "$UP_PORT" "$NGINX_PORT")"
-} >"$WORK/front.conf"
+nginx_proxy_confs "$UP_PORT" "$NGINX_PORT" '{"id":"cmpl-1","object":"chat.completion"}'
 cat >"$WORK/nthpool.json" <<JSON
 { "listen": "127.0.0.1:$PORT", "adminListen": null, "accessLog": null,
   "pools": { "bench": { "keys": ["$KEY"], "concurrency": 10000, "adaptive": false,
@@ -64,7 +55,7 @@ for _ in range(n):
     buf = buf[length:]
 PY
 
-nginx -c "$WORK/up.conf" &
+nginx -c "$WORK/upstream.conf" &
 PIDS+=($!)
 wait_port "$UP_PORT" "$!" 50 || die "the upstream did not start"
 

@@ -40,10 +40,77 @@ pub struct AccessLog {
     /// `{"time":"YYYY-MM-DDTHH:MM:SS.` of `time_secs`, rebuilt when the second changes.
     time_prefix: [u8; TIME_PREFIX.len() + 20],
     time_secs: u64,
-    /// The last client address and its text, reformatted only when it changes.
+    /// The line's middle, rebuilt only when what it holds changes.
+    middle: Middle,
+}
+
+/// From the milliseconds' `Z` to the `waitMs` key: the pool's name
+/// escaped, the client's address, and (for a grant) the constant status
+/// fields. A keep-alive caller's lines share it, so a line copies it whole.
+#[derive(Default)]
+struct Middle {
+    /// What `text` was built from: pool name, client, whether it is a grant's.
+    pool: Vec<u8>,
     client: Option<std::net::IpAddr>,
-    client_text: [u8; 46],
-    client_len: usize,
+    grant: bool,
+    text: Vec<u8>,
+}
+
+impl Middle {
+    fn holds(&self, pool: &str, client: std::net::IpAddr, grant: bool) -> bool {
+        self.client == Some(client) && self.grant == grant && self.pool == pool.as_bytes()
+    }
+
+    fn build(&mut self, pool: &str, client: std::net::IpAddr, grant: bool) {
+        self.pool.clear();
+        self.pool.extend_from_slice(pool.as_bytes());
+        self.client = Some(client);
+        self.grant = grant;
+        let t = &mut self.text;
+        t.clear();
+        t.extend_from_slice(b"Z\",\"pool\":");
+        write_json_str(t, pool);
+        // An address formats without quotes or escapes.
+        let _ = write!(t, ",\"client\":\"{client}\"");
+        if grant {
+            t.extend_from_slice(GRANT_STATUS);
+        } else {
+            t.extend_from_slice(b",\"status\":");
+        }
+    }
+}
+
+/// A grant's status fields, the same on every grant line.
+const GRANT_STATUS: &[u8] = b",\"status\":200,\"error\":null,\"denyReason\":null,\"waitMs\":";
+
+/// A line's numbers and slot reference, composed on the stack and copied once.
+struct Tail {
+    buf: [u8; 128],
+    len: usize,
+}
+
+impl Tail {
+    fn new() -> Tail {
+        Tail { buf: [0; 128], len: 0 }
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    fn num(&mut self, v: u64) {
+        if v < 10 {
+            self.buf[self.len] = b'0' + v as u8;
+            self.len += 1;
+        } else {
+            self.put(itoa::Buffer::new().format(v).as_bytes());
+        }
+    }
+
+    fn text(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
 }
 
 /// One acquire attempt, as logged.
@@ -92,9 +159,7 @@ impl AccessLog {
             dropped: 0,
             time_prefix: [0; TIME_PREFIX.len() + 20],
             time_secs: u64::MAX,
-            client: None,
-            client_text: [0; 46],
-            client_len: 0,
+            middle: Middle::default(),
         })
     }
 
@@ -132,8 +197,9 @@ impl AccessLog {
             return;
         }
         self.lines += 1;
-        // No `core::fmt` here: the time prefix and the client's text are
-        // cached, numbers go through itoa, the slot reference is hex by table.
+        // No `core::fmt` here: the time prefix and the middle (pool and
+        // client) are cached, numbers go through itoa, the slot reference is
+        // hex by table.
         let secs = r.epoch_ms / 1000;
         if secs != self.time_secs {
             self.time_secs = secs;
@@ -142,30 +208,24 @@ impl AccessLog {
             self.time_prefix[..TIME_PREFIX.len()].copy_from_slice(TIME_PREFIX);
             self.time_prefix[TIME_PREFIX.len()..].copy_from_slice(&tmp[..20]);
         }
-        if self.client != Some(r.client) {
-            self.client = Some(r.client);
-            let mut tmp = Vec::with_capacity(46);
-            // An address formats without quotes or escapes.
-            let _ = write!(tmp, "{}", r.client);
-            self.client_len = tmp.len();
-            self.client_text[..tmp.len()].copy_from_slice(&tmp);
+        let grant = (r.status, r.error, r.deny_reason) == (200, None, None);
+        if !self.middle.holds(r.pool, r.client, grant) {
+            self.middle.build(r.pool, r.client, grant);
         }
-        let b = &mut self.buf;
-        // Fixed-size pieces are copied inline; one reservation covers the line.
-        b.reserve(256);
-        b.extend_from_slice(&self.time_prefix);
+        let mut start = [0u8; TIME_PREFIX.len() + 23];
+        start[..TIME_PREFIX.len() + 20].copy_from_slice(&self.time_prefix);
         let ms = (r.epoch_ms % 1000) as u16;
-        let ms = [b'0' + (ms / 100) as u8, b'0' + (ms / 10 % 10) as u8, b'0' + (ms % 10) as u8];
-        b.extend_from_slice(&ms);
-        b.extend_from_slice(b"Z\",\"pool\":");
-        write_json_str(b, r.pool);
-        b.extend_from_slice(b",\"client\":\"");
-        b.extend_from_slice(&self.client_text[..self.client_len]);
-        if (r.status, r.error, r.deny_reason) == (200, None, None) {
-            // A grant, the common line: its middle is one constant.
-            b.extend_from_slice(b"\",\"status\":200,\"error\":null,\"denyReason\":null,\"waitMs\":");
-        } else {
-            b.extend_from_slice(b"\",\"status\":");
+        start[TIME_PREFIX.len() + 20..].copy_from_slice(&[
+            b'0' + (ms / 100) as u8,
+            b'0' + (ms / 10 % 10) as u8,
+            b'0' + (ms % 10) as u8,
+        ]);
+        let b = &mut self.buf;
+        // One reservation covers the line; a grant's line is three copies.
+        b.reserve(256);
+        b.extend_from_slice(&start);
+        b.extend_from_slice(&self.middle.text);
+        if !grant {
             push_u64(b, r.status as u64);
             b.extend_from_slice(b",\"error\":");
             write_opt_str(b, r.error);
@@ -173,30 +233,34 @@ impl AccessLog {
             write_opt_str(b, r.deny_reason);
             b.extend_from_slice(b",\"waitMs\":");
         }
-        push_u64(b, r.wait_ms);
-        b.extend_from_slice(b",\"queuedMs\":");
-        push_u64(b, r.queued_ms);
-        b.extend_from_slice(b",\"serverUs\":");
-        push_u64(b, r.server_us);
-        b.extend_from_slice(b",\"slot\":");
+        let mut tail = Tail::new();
+        tail.num(r.wait_ms);
+        tail.put(b",\"queuedMs\":");
+        tail.num(r.queued_ms);
+        tail.put(b",\"serverUs\":");
+        tail.num(r.server_us);
         match r.slot_ref {
             Some(v) => {
-                b.push(b'"');
-                b.extend_from_slice(&hex8(v));
-                b.push(b'"');
+                tail.put(b",\"slot\":\"");
+                tail.put(&hex8(v));
+                tail.put(b"\"");
             }
-            None => b.extend_from_slice(b"null"),
+            None => tail.put(b",\"slot\":null"),
         }
-        if let Some(p) = proxied {
-            b.extend_from_slice(b",\"method\":");
-            write_json_str(b, p.method);
-            b.extend_from_slice(b",\"path\":");
-            write_json_str(b, p.path);
-            b.extend_from_slice(b",\"upstreamStatus\":");
-            write_opt_u64(b, p.upstream_status.map(u64::from));
-            b.extend_from_slice(b",\"upstreamMs\":");
-            write_opt_u64(b, p.upstream_ms);
-        }
+        let Some(p) = proxied else {
+            tail.put(b"}\n");
+            b.extend_from_slice(tail.text());
+            return;
+        };
+        b.extend_from_slice(tail.text());
+        b.extend_from_slice(b",\"method\":");
+        write_json_str(b, p.method);
+        b.extend_from_slice(b",\"path\":");
+        write_json_str(b, p.path);
+        b.extend_from_slice(b",\"upstreamStatus\":");
+        write_opt_u64(b, p.upstream_status.map(u64::from));
+        b.extend_from_slice(b",\"upstreamMs\":");
+        write_opt_u64(b, p.upstream_ms);
         b.extend_from_slice(b"}\n");
     }
 
@@ -333,6 +397,51 @@ mod tests {
         assert_eq!(v["slot"], "00000abc");
         assert_eq!(v["error"], serde_json::Value::Null);
         assert_eq!(log.lines, 1);
+    }
+
+    #[test]
+    fn the_cached_middle_follows_pool_client_and_status() {
+        let path = std::env::temp_dir().join(format!("nthpool-log-mid-{}.log", std::process::id()));
+        let mut log = AccessLog::open(Some(path.to_str().unwrap())).unwrap();
+        let cases: [(&str, &str, u16, Option<&str>, u64); 6] = [
+            ("a", "127.0.0.1", 200, None, 0),
+            ("b", "127.0.0.1", 200, None, 1_234),
+            ("b", "::1", 429, Some("too_many_requests"), 7),
+            ("b", "::1", 200, None, 12),
+            ("ab", "::1", 200, None, 0),
+            ("a", "127.0.0.1", 504, Some("queue_timeout"), 250),
+        ];
+        for (i, (pool, client, status, error, wait_ms)) in cases.iter().enumerate() {
+            log.record(&Record {
+                epoch_ms: 1_696_004_797_000 + i as u64 * 999,
+                pool,
+                client: client.parse().unwrap(),
+                status: *status,
+                error: *error,
+                deny_reason: error.map(|_| "concurrency"),
+                wait_ms: *wait_ms,
+                queued_ms: i as u64,
+                server_us: 10_u64.pow(i as u32),
+                slot_ref: (*status == 200).then_some(i as u32),
+            });
+        }
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), cases.len());
+        for (i, (v, (pool, client, status, error, wait_ms))) in lines.iter().zip(cases).enumerate() {
+            assert_eq!(v["pool"], pool, "line {i}");
+            assert_eq!(v["client"], client, "line {i}");
+            assert_eq!(v["status"], status, "line {i}");
+            assert_eq!(v["error"].as_str(), error, "line {i}");
+            assert_eq!(v["denyReason"].as_str(), error.map(|_| "concurrency"), "line {i}");
+            assert_eq!(v["waitMs"], wait_ms, "line {i}");
+            assert_eq!(v["queuedMs"], i, "line {i}");
+            assert_eq!(v["serverUs"], 10_u64.pow(i as u32), "line {i}");
+            assert_eq!(v["slot"].is_null(), status != 200, "line {i}");
+        }
+        assert_eq!(lines[1]["time"], "2023-09-29T16:26:37.999Z");
     }
 
     #[test]

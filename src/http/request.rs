@@ -137,9 +137,52 @@ pub fn head_may_be_complete(buf: &[u8], searched_from: usize) -> bool {
     false
 }
 
+/// The last `Host` value of a connection that passed `valid_host`. A
+/// keep-alive client sends the same one on every request, and then one
+/// compare stands in for the check.
+#[derive(Clone, Copy)]
+pub struct KnownHost {
+    bytes: [u8; KnownHost::ROOM],
+    len: usize,
+}
+
+impl Default for KnownHost {
+    fn default() -> KnownHost {
+        // A length no value has: nothing is known yet.
+        KnownHost { bytes: [0; KnownHost::ROOM], len: usize::MAX }
+    }
+}
+
+impl KnownHost {
+    /// Longer values are checked every time.
+    const ROOM: usize = 64;
+
+    /// Whether `value` is valid, remembering it when it is.
+    fn check(&mut self, value: &[u8]) -> bool {
+        if value.len() == self.len && value == &self.bytes[..self.len] {
+            return true;
+        }
+        let valid = valid_host(value);
+        if valid && value.len() <= KnownHost::ROOM {
+            self.bytes[..value.len()].copy_from_slice(value);
+            self.len = value.len();
+        }
+        valid
+    }
+}
+
 /// Parses the request head at the start of `buf`. `Ok(None)` means the head is not
 /// complete yet; keep the bytes and call again once `head_may_be_complete` says so.
 pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Result<Option<Head<'b>>, HeadError> {
+    parse_head_on(buf, storage, &mut KnownHost::default())
+}
+
+/// `parse_head` for a connection that remembers its last valid `Host`.
+pub fn parse_head_on<'b>(
+    buf: &'b [u8],
+    storage: &'b mut HeaderStorage<'b>,
+    known_host: &mut KnownHost,
+) -> Result<Option<Head<'b>>, HeadError> {
     let mut req = httparse::Request::new(&mut []);
     let head_len = match req.parse_with_uninit_headers(buf, storage) {
         Ok(Status::Complete(n)) => n,
@@ -194,7 +237,7 @@ pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Resu
     if http11 && fields.host.is_none() {
         return Err(HeadError::Malformed("An HTTP/1.1 request needs a Host header."));
     }
-    if !fields.host.is_none_or(valid_host) {
+    if !fields.host.is_none_or(|host| known_host.check(host)) {
         return Err(HeadError::Malformed("The Host header is not a valid host[:port]."));
     }
     let framing = match (fields.chunked, fields.content_length) {
@@ -803,6 +846,29 @@ mod tests {
         }
         let gzip = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
         assert!(matches!(error(gzip), HeadError::NotImplemented(_)));
+    }
+
+    #[test]
+    fn a_known_host_stands_in_for_the_check_only_when_equal() {
+        let mut known = KnownHost::default();
+        let head = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
+        let parse = |known: &mut KnownHost, raw: &[u8]| {
+            let mut storage = header_storage();
+            parse_head_on(raw, &mut storage, known).map(|h| h.is_some())
+        };
+        assert_eq!(parse(&mut known, &head("127.0.0.1:7070")), Ok(true));
+        assert_eq!(parse(&mut known, &head("127.0.0.1:7070")), Ok(true));
+        // A different value is checked again, and a bad one is not remembered.
+        for bad in ["127.0.0.1:7070/", "127.0.0.1:707", "127.0.0.1 7070"] {
+            let valid = valid_host(bad.as_bytes());
+            assert_eq!(parse(&mut known, &head(bad)).is_ok(), valid, "{bad}");
+            assert_eq!(parse(&mut known, &head(bad)).is_ok(), valid, "{bad} again");
+        }
+        let long = format!("{}.example", "a".repeat(80));
+        assert_eq!(parse(&mut known, &head(&long)), Ok(true));
+        assert!(parse(&mut known, &head(&format!("{long} x"))).is_err());
+        assert!(parse(&mut known, &head("exa mple")).is_err());
+        assert_eq!(parse(&mut known, &head("")), Ok(true));
     }
 
     #[test]

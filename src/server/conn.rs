@@ -23,6 +23,7 @@ use mio::net::TcpStream;
 
 use crate::api::{PoolId, Queued, SlotId};
 use crate::http::chunked::ChunkedDecoder;
+use crate::http::request::KnownHost;
 use crate::time::Ms;
 use crate::wheel::TimerKey;
 
@@ -181,6 +182,8 @@ pub struct Conn {
     pub out_pos: usize,
     /// How far the current head has been searched for its end.
     pub head_scanned: usize,
+    /// The last valid `Host` this client sent.
+    pub known_host: KnownHost,
     pub pending: Option<PendingBody>,
     /// Decoded chunked body (reused between requests).
     pub body: Vec<u8>,
@@ -222,6 +225,7 @@ impl Conn {
             output: Vec::new(),
             out_pos: 0,
             head_scanned: 0,
+            known_host: KnownHost::default(),
             pending: None,
             body: Vec::new(),
             phase: Phase::Open,

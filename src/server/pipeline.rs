@@ -6,7 +6,7 @@ use super::{admin, arm_conn_timer, client_mut, mark_conn_dirty, proxied, Server}
 use crate::api::{ApiError, App, ConnId, Ctx, Handled};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
-    head_may_be_complete, header_storage, parse_head, serve_as_http11, BodyFraming, Head, HeadError, Method,
+    head_may_be_complete, header_storage, parse_head_on, serve_as_http11, BodyFraming, Head, HeadError, Method,
 };
 use crate::http::response::CONTINUE;
 
@@ -46,7 +46,7 @@ impl Server {
                 break;
             }
             let mut storage = header_storage();
-            let head = match parse_head(data, &mut storage) {
+            let head = match parse_head_on(data, &mut storage, &mut conn.known_host) {
                 Ok(Some(head)) => head,
                 Ok(None) => {
                     conn.head_scanned = data.len();
@@ -172,10 +172,12 @@ impl Server {
 }
 
 /// After answering: the connection goes on the flush list when it has
-/// something to write or to close, and its timer follows its deadline.
+/// something to write or to close (the flush at the end of the turn then
+/// arms its timer), else its timer follows its deadline now.
 fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
     if conn.unsent() > 0 || conn.closes_after_flush() || conn.read_closed {
         mark_conn_dirty(dirty, conn, id);
+        return;
     }
     arm_conn_timer(app, timeouts, conn, id);
 }

@@ -431,8 +431,7 @@ impl App {
             Route::Release { slot, .. } => {
                 let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
                 let released = self.gov.release(pid, SlotId::decode(slot.as_bytes()), outcome.as_ref(), ctx.now.ms);
-                let text: &[u8] = if released { b"{\"released\":true}" } else { b"{\"released\":false}" };
-                Writer::start(out, Status::Ok).finish_json(text, ctx.close);
+                Writer::start(out, Status::Ok).raw(released_rest(released, ctx.close));
                 Ok(Handled::Done)
             }
         }
@@ -752,6 +751,22 @@ pub fn governor_headers(out: &mut Vec<u8>, s: &crate::governor::Signals, queued_
 /// The name that starts the governor header block.
 pub(crate) const REMAINING_SLOTS: &[u8] = b"x-nthpool-remaining-slots: ";
 
+/// A release's answer after its `Date` line: the same four texts every time.
+fn released_rest(released: bool, close: bool) -> &'static [u8] {
+    macro_rules! rest {
+        ($body:literal, $len:literal, $connection:literal) => {
+            concat!("Content-Type: application/json\r\nContent-Length: ", $len, "\r\n", $connection, "\r\n", $body)
+                .as_bytes()
+        };
+    }
+    match (released, close) {
+        (true, false) => rest!("{\"released\":true}", 17, ""),
+        (true, true) => rest!("{\"released\":true}", 17, "Connection: close\r\n"),
+        (false, false) => rest!("{\"released\":false}", 18, ""),
+        (false, true) => rest!("{\"released\":false}", 18, "Connection: close\r\n"),
+    }
+}
+
 /// The governor header block after the remaining-slots number: the lines
 /// that change rarely, which a grant answer caches (see `grant.rs`).
 pub(crate) fn governor_headers_after_remaining(out: &mut Vec<u8>, s: &crate::governor::Signals, queued_ms: u64) {
@@ -833,5 +848,20 @@ mod tests {
         assert_eq!(host_without_port(b"api.example.com:443"), b"api.example.com");
         assert_eq!(host_without_port(b"api.example.com"), b"api.example.com");
         assert_eq!(host_without_port(b"[::1]:7070"), b"::1");
+    }
+
+    #[test]
+    fn release_answers_are_framed_by_their_length() {
+        for (released, close) in [(true, false), (true, true), (false, false), (false, true)] {
+            let rest = std::str::from_utf8(released_rest(released, close)).unwrap();
+            let (head, body) = rest.split_once("\r\n\r\n").unwrap();
+            let len: usize =
+                head.split("Content-Length: ").nth(1).unwrap().split("\r\n").next().unwrap().parse().unwrap();
+            assert_eq!(len, body.len(), "{rest}");
+            let v: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(v, serde_json::json!({ "released": released }));
+            assert_eq!(head.ends_with("\r\nConnection: close"), close, "{rest}");
+            assert!(head.starts_with("Content-Type: application/json\r\n"), "{rest}");
+        }
     }
 }

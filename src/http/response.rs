@@ -69,20 +69,28 @@ impl Status {
 
 /// `Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n` (RFC 9110 §5.6.7).
 const DATE_LEN: usize = 37;
+const OK_LINE: &[u8] = b"HTTP/1.1 200 OK\r\n";
+/// The `200` status line and the `Date` line, the start of most answers.
+const OK_START_LEN: usize = OK_LINE.len() + DATE_LEN;
 
 thread_local! {
-    /// The `Date` header line of every answer, and the second it shows. The
-    /// reactor sets the time once per turn; the line is rebuilt only when the
-    /// second changes, so an answer copies 37 bytes.
-    static DATE: std::cell::Cell<(u64, [u8; DATE_LEN])> = const { std::cell::Cell::new((u64::MAX, *b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\n")) };
+    /// The `200` status line and the `Date` header line of every answer,
+    /// and the second it shows. The reactor sets the time once per turn;
+    /// the text is rebuilt only when the second changes, so a `200` starts
+    /// with one copy.
+    static OK_START: std::cell::Cell<(u64, [u8; OK_START_LEN])> =
+        const { std::cell::Cell::new((u64::MAX, *b"HTTP/1.1 200 OK\r\nDate: Thu, 01 Jan 1970 00:00:00 GMT\r\n")) };
 }
 
 /// Sets the time answers show in `Date`, from Unix epoch milliseconds.
 pub fn set_date(epoch_ms: u64) {
     let secs = epoch_ms / 1000;
-    DATE.with(|d| {
+    OK_START.with(|d| {
         if d.get().0 != secs {
-            d.set((secs, date_line(secs)));
+            let mut start = [0u8; OK_START_LEN];
+            start[..OK_LINE.len()].copy_from_slice(OK_LINE);
+            start[OK_LINE.len()..].copy_from_slice(&date_line(secs));
+            d.set((secs, start));
         }
     });
 }
@@ -123,8 +131,13 @@ impl<'a> Writer<'a> {
         // One reservation covers a whole typical answer, so the appends below
         // never reallocate in the middle.
         out.reserve(512);
-        out.extend_from_slice(status.line());
-        DATE.with(|d| out.extend_from_slice(&d.get().1));
+        let start = OK_START.with(|d| d.get().1);
+        if status == Status::Ok {
+            out.extend_from_slice(&start);
+        } else {
+            out.extend_from_slice(status.line());
+            out.extend_from_slice(&start[OK_LINE.len()..]);
+        }
         Writer { out }
     }
 

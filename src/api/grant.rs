@@ -10,9 +10,10 @@
 //! values changes. The answer is written straight into the connection's
 //! buffer, with no body assembled on the side.
 
+use super::REMAINING_SLOTS;
 use crate::governor::lease::SLOT_ID_CHARS;
 use crate::governor::{Grant, Signals};
-use crate::http::response::{json_head_end, json_u64, Status, Writer};
+use crate::http::response::{json_head_end, json_u64, ok_start, push_u64, OK_START_LEN};
 use crate::time::Now;
 
 const BODY_START: &[u8] = b"{\"slotId\":\"";
@@ -26,7 +27,8 @@ pub struct GrantTail {
     /// What `head` was built from: the signals (remaining slots zeroed), the
     /// queued time, the body length and whether the connection closes.
     head_values: Option<(Signals, u64, usize, bool)>,
-    /// The head after the remaining-slots number, empty line included.
+    /// The head after the remaining-slots number, empty line included,
+    /// and the body's opening.
     head: Vec<u8>,
 }
 
@@ -67,13 +69,20 @@ impl GrantTail {
             self.head.clear();
             super::governor_headers_after_remaining(&mut self.head, &grant.signals, grant.queued_ms);
             json_head_end(&mut self.head, body_len as u64, close);
+            self.head.extend_from_slice(BODY_START);
             self.head_values = Some(key);
         }
-        let mut w = Writer::start(out, Status::Ok);
-        w.raw(super::REMAINING_SLOTS);
-        w.num(grant.signals.remaining_slots as u64);
-        w.raw(&self.head);
-        w.body(&[BODY_START, &grant.slot.encode(), &self.text]);
+        // Five copies: the constant start, the number, the cached head, the
+        // slot id, the cached body tail.
+        let mut start = [0u8; OK_START_LEN + REMAINING_SLOTS.len()];
+        start[..OK_START_LEN].copy_from_slice(&ok_start());
+        start[OK_START_LEN..].copy_from_slice(REMAINING_SLOTS);
+        out.reserve(512);
+        out.extend_from_slice(&start);
+        push_u64(out, grant.signals.remaining_slots as u64);
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(&grant.slot.encode());
+        out.extend_from_slice(&self.text);
     }
 }
 

@@ -71,7 +71,7 @@ impl Status {
 const DATE_LEN: usize = 37;
 const OK_LINE: &[u8] = b"HTTP/1.1 200 OK\r\n";
 /// The `200` status line and the `Date` line, the start of most answers.
-const OK_START_LEN: usize = OK_LINE.len() + DATE_LEN;
+pub const OK_START_LEN: usize = OK_LINE.len() + DATE_LEN;
 
 thread_local! {
     /// The `200` status line and the `Date` header line of every answer,
@@ -80,6 +80,11 @@ thread_local! {
     /// with one copy.
     static OK_START: std::cell::Cell<(u64, [u8; OK_START_LEN])> =
         const { std::cell::Cell::new((u64::MAX, *b"HTTP/1.1 200 OK\r\nDate: Thu, 01 Jan 1970 00:00:00 GMT\r\n")) };
+}
+
+/// The `200` status line and the `Date` line, as `Writer::start` writes them.
+pub fn ok_start() -> [u8; OK_START_LEN] {
+    OK_START.with(|d| d.get().1)
 }
 
 /// Sets the time answers show in `Date`, from Unix epoch milliseconds.
@@ -131,7 +136,7 @@ impl<'a> Writer<'a> {
         // One reservation covers a whole typical answer, so the appends below
         // never reallocate in the middle.
         out.reserve(512);
-        let start = OK_START.with(|d| d.get().1);
+        let start = ok_start();
         if status == Status::Ok {
             out.extend_from_slice(&start);
         } else {

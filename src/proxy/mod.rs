@@ -109,11 +109,45 @@ pub struct UpConn {
     unclean_eof: bool,
     /// The end of its TLS handshake has been counted.
     handshake_noted: bool,
+    /// The socket may hold bytes not yet read: cleared when a read drains
+    /// it (short, or `WouldBlock`), set again by its next readiness event.
+    /// Edge-triggered epoll raises an event for every arrival, so a drained
+    /// socket is not read again before one comes: the read right after a
+    /// request is written, which could only end in `WouldBlock`, is not
+    /// made. A TLS session may hold plaintext of its own: it is always read.
+    readable: bool,
+    /// The peer's FIN (or an error) was announced: reads go on to the end,
+    /// since no event will announce it again.
+    hangup: bool,
 }
 
 impl UpConn {
     fn unsent(&self) -> usize {
         self.output.len() - self.out_pos
+    }
+
+    /// One read into the input buffer; `WouldBlock` without a system call
+    /// when the socket is known to be drained.
+    fn read_input(&mut self) -> io::Result<usize> {
+        if !self.readable && matches!(self.transport, Transport::Plain(_)) {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let room = self.input.room();
+        let len = room.len();
+        let read = self.transport.read(room);
+        match &read {
+            Ok(n) if *n > 0 && *n < len && !self.hangup => self.readable = false,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.readable = false,
+            _ => {}
+        }
+        read
+    }
+
+    /// A readiness event for the socket: `readable` when it may hold bytes
+    /// (or its end), `hangup` when the peer's FIN or an error was seen.
+    pub fn on_event(&mut self, readable: bool, hangup: bool) {
+        self.readable |= readable || hangup;
+        self.hangup |= hangup;
     }
 }
 
@@ -463,6 +497,8 @@ impl Proxy {
             eof: false,
             unclean_eof: false,
             handshake_noted: false,
+            readable: true,
+            hangup: false,
         });
         Ok(idx)
     }
@@ -497,6 +533,8 @@ impl Proxy {
             let alive = up.target == *target
                 && matches!(up.transport.read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
             if alive {
+                // Drained: nothing is read again before its next readiness event.
+                up.readable = false;
                 return Some(idx);
             }
             let mut dead = self.ups.remove(idx);
@@ -595,9 +633,13 @@ impl Proxy {
         }
     }
 
-    /// An idle connection had an event: whatever it is (the upstream closed
-    /// it, or sent bytes nobody asked for), the connection is done.
-    pub fn on_idle_event(&mut self, idx: usize, registry: &mio::Registry) {
+    /// An idle connection had an event: unless it only says the socket is
+    /// writable (which tells nothing), the upstream closed it or sent bytes
+    /// nobody asked for, and the connection is done.
+    pub fn on_idle_event(&mut self, idx: usize, readable: bool, registry: &mio::Registry) {
+        if !readable {
+            return;
+        }
         let up = &mut self.ups[idx];
         let mut probe = [0u8; 64];
         match up.transport.read(&mut probe) {
@@ -746,8 +788,7 @@ impl Proxy {
             if !client.has_room() || up.input.is_full() {
                 return Step::Pending;
             }
-            let read = up.transport.read(up.input.room());
-            match read {
+            match up.read_input() {
                 Ok(0) => up.eof = true,
                 Ok(n) => up.input.commit(n),
                 Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {

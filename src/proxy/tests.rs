@@ -91,7 +91,17 @@ impl Rig {
             }
             assert!(Instant::now() < until, "the exchange is still pending");
             if !peer() {
-                self.poll.poll(&mut self.events, Some(Duration::from_millis(20))).unwrap();
+                self.poll_upstreams(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Polls, and hands each upstream connection its readiness, as the reactor does.
+    fn poll_upstreams(&mut self, timeout: Duration) {
+        self.poll.poll(&mut self.events, Some(timeout)).unwrap();
+        for e in self.events.iter() {
+            if let Some(up) = e.token().0.checked_sub(BASE).and_then(|idx| self.proxy.ups.get_mut(idx)) {
+                up.on_event(e.is_readable(), e.is_read_closed() || e.is_error());
             }
         }
     }
@@ -102,7 +112,7 @@ impl Rig {
         let until = Instant::now() + WAIT;
         loop {
             assert!(Instant::now() < until, "no reset arrived");
-            self.poll.poll(&mut self.events, Some(Duration::from_millis(50))).unwrap();
+            self.poll_upstreams(Duration::from_millis(50));
             if self.events.iter().any(|e| e.token() == token && (e.is_error() || e.is_read_closed())) {
                 return;
             }
@@ -245,4 +255,37 @@ fn idle_connections_are_closed_oldest_first_once_their_idle_timeout_passed() {
         s.set_read_timeout(Some(WAIT)).unwrap();
         assert_eq!(s.read(&mut [0u8; 16]).unwrap(), 0);
     }
+}
+
+#[test]
+fn a_drained_upstream_socket_is_read_again_only_once_its_readiness_event_came() {
+    let mut rig = Rig::new();
+    let first = rig.open();
+    let mut s = rig.accept();
+    let mut client = Client { input: b"hello".to_vec(), ..Client::default() };
+    serve(&mut rig, first, &mut client, &mut s);
+    rig.proxy.finish(first, true, Keep { limit: 4, idle_ms: 60_000 }, 0, rig.poll.registry());
+
+    // Taken from the idle pool (found drained), the request written at once.
+    let second = rig.open();
+    let mut client = Client { input: b"hello".to_vec(), ..Client::default() };
+    assert_eq!(rig.pump(second, &mut client), Step::Pending);
+    let (mut got, until) = (Vec::new(), Instant::now() + WAIT);
+    while got.len() < request().len() {
+        assert!(Instant::now() < until, "the request never arrived");
+        read_some(&mut s, &mut got);
+    }
+    assert_eq!(got, request());
+    s.write_all(OK).unwrap();
+    let idx = rig.proxy.exchanges[second].up.unwrap();
+    while rig.proxy.ups[idx].transport.tcp().peek(&mut [0u8; 1]).is_err() {
+        assert!(Instant::now() < until, "the answer never reached the socket");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The answer is in the socket, but no event announced it: no read is made.
+    assert_eq!(rig.pump(second, &mut client), Step::Pending);
+    assert!(client.output.is_empty());
+    // Its event comes, and the answer is relayed.
+    assert_eq!(rig.drive(second, &mut client, || false), Step::Complete { close_client: false });
+    assert!(client.output.ends_with(b"ok"));
 }

@@ -285,7 +285,7 @@ impl Server {
                     ADMIN => accept_admin = true,
                     SIGNALS => self.on_signals(),
                     RESOLVER => self.on_resolved(),
-                    Token(t) if t >= proxied::UPSTREAM_BASE => self.on_upstream(t - proxied::UPSTREAM_BASE),
+                    Token(t) if t >= proxied::UPSTREAM_BASE => self.on_upstream(t - proxied::UPSTREAM_BASE, event),
                     Token(t) if t >= proxied::PROXY_LISTENER_BASE => {
                         self.accept_proxy(t - proxied::PROXY_LISTENER_BASE)
                     }

@@ -11,6 +11,7 @@ use std::io;
 use std::net::SocketAddr;
 
 use log::{debug, warn};
+use mio::event::Event;
 use mio::net::TcpListener;
 use mio::{Interest, Registry, Token};
 
@@ -228,12 +229,14 @@ impl Server {
 
     /// An upstream connection is ready: its exchange moves on, or an idle
     /// one is checked for having been closed.
-    pub(super) fn on_upstream(&mut self, idx: usize) {
-        let Some(up) = self.proxy.ups.get(idx) else {
+    pub(super) fn on_upstream(&mut self, idx: usize, event: &Event) {
+        let Some(up) = self.proxy.ups.get_mut(idx) else {
             return;
         };
+        let hangup = event.is_read_closed() || event.is_error();
+        up.on_event(event.is_readable(), hangup);
         match up.exchange {
-            None => self.proxy.on_idle_event(idx, self.poll.registry()),
+            None => self.proxy.on_idle_event(idx, event.is_readable() || hangup, self.poll.registry()),
             Some(ex) => {
                 let (index, serial) = self.proxy.exchanges[ex].client;
                 self.pump_exchange(ConnId { index: index as u32, serial });

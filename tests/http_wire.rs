@@ -642,6 +642,21 @@ fn an_invalid_host_value_is_400_and_closes() {
         assert_eq!(r.status, 200, "{host}: {r:?}");
         s.release(&r.slot(), r#"{"status":200}"#);
     }
+    // A connection remembers its last valid Host; a bad one after it is still refused.
+    for bad in ["127.0.0.1:7070/", "127.0.0.1:707x", "127.0.0.1 7070"] {
+        let mut c = s.connect();
+        let acquire = |host: &str| {
+            format!("POST {ACQUIRE} HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n")
+        };
+        for _ in 0..2 {
+            let r = exchange(&mut c, acquire("127.0.0.1:7070").as_bytes());
+            assert_eq!(r.status, 200, "{r:?}");
+            s.release(&r.slot(), r#"{"status":200}"#);
+        }
+        let r = exchange(&mut c, acquire(bad).as_bytes());
+        assert_error(&r, 400, "bad_request", bad);
+        assert_answer_closes(&mut c, &r, bad);
+    }
 }
 
 #[test]

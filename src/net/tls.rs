@@ -233,7 +233,7 @@ impl ClientTls {
         let name = ServerName::try_from(host.to_owned()).map_err(|_| TlsError::InvalidHostName(host.to_owned()))?;
         let mut conn = ClientConnection::new(self.config.clone(), name).map_err(|e| TlsError::from_rustls(e, host))?;
         conn.set_buffer_limit(Some(BUFFER_LIMIT));
-        Ok(TlsStream { tcp, conn, host: host.into(), handshake_deadline, failure: None })
+        Ok(TlsStream { tcp, conn, host: host.into(), handshake_deadline, failure: None, sent: 0 })
     }
 }
 
@@ -260,6 +260,8 @@ pub struct TlsStream {
     handshake_deadline: Ms,
     /// The first fatal error, returned again by every later call.
     failure: Option<TlsError>,
+    /// Bytes of TLS records written to the socket so far.
+    sent: u64,
 }
 
 impl fmt::Debug for TlsStream {
@@ -344,6 +346,12 @@ impl TlsStream {
         Ok(())
     }
 
+    /// Bytes of TLS records written to the socket so far (plaintext the
+    /// session accepted may still wait inside it).
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+
     /// True while TLS bytes wait for the socket to become writable.
     pub fn wants_write(&self) -> bool {
         self.conn.wants_write()
@@ -416,7 +424,7 @@ impl TlsStream {
     fn push(&mut self) -> io::Result<()> {
         while self.conn.wants_write() {
             match self.conn.write_tls(&mut self.tcp) {
-                Ok(_) => {}
+                Ok(n) => self.sent += n as u64,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // Not yet connected: the bytes go out on the writable event.

@@ -98,8 +98,11 @@ pub struct UpConn {
     out_pos: usize,
     /// The exchange using it; `None` while idle.
     pub exchange: Option<usize>,
-    /// Bytes of the current request written to the socket.
+    /// Bytes of the current request written: to the socket, or into the
+    /// TLS session, which may still hold them.
     written: u64,
+    /// A TLS session's `sent` when the current request began.
+    sent_mark: u64,
     /// Taken from the idle pool (so a failure before writing may be retried).
     reused: bool,
     /// While idle: when it is closed unless taken again (`idleTimeoutMs`).
@@ -124,6 +127,21 @@ pub struct UpConn {
 impl UpConn {
     fn unsent(&self) -> usize {
         self.output.len() - self.out_pos
+    }
+
+    /// No byte of the current request has reached the socket yet (so a
+    /// reused connection that fails now may be retried): a plain one writes
+    /// straight to it; a TLS session may have accepted bytes it never sent.
+    fn nothing_sent(&self) -> bool {
+        match &self.transport {
+            Transport::Plain(_) => self.written == 0,
+            Transport::Tls(s) => s.sent() == self.sent_mark,
+        }
+    }
+
+    /// A failure now is retried on a fresh connection (SPEC §12).
+    fn may_retry(&self) -> bool {
+        self.reused && self.nothing_sent()
     }
 
     /// One read into the input buffer; `WouldBlock` without a system call
@@ -430,8 +448,8 @@ impl Proxy {
         self.stats.retries += 1;
         let idx = self.exchanges[ex].up.take().expect("a retried exchange had a connection");
         let up = &mut self.ups[idx];
-        // Nothing was written, so the old output is the whole request so far.
-        debug_assert_eq!(up.out_pos, 0);
+        // Nothing reached the socket, and the output is kept whole until
+        // something does: it is the whole request so far.
         let pending = std::mem::take(&mut up.output);
         let dial = match up.dial.has_next() && !up.reused {
             true => std::mem::replace(&mut up.dial, Dial::new(Vec::new())),
@@ -452,6 +470,10 @@ impl Proxy {
         let up = &mut self.ups[idx];
         up.exchange = Some(ex);
         up.written = 0;
+        up.sent_mark = match &up.transport {
+            Transport::Tls(s) => s.sent(),
+            Transport::Plain(_) => 0,
+        };
         up.reused = reused;
         let e = &mut self.exchanges[ex];
         e.up = Some(idx);
@@ -492,6 +514,7 @@ impl Proxy {
             out_pos: 0,
             exchange: None,
             written: 0,
+            sent_mark: 0,
             reused: false,
             idle_until: Ms::MAX,
             eof: false,
@@ -703,7 +726,7 @@ impl Proxy {
                 self.stats.tls_resumed += u64::from(up.transport.resumed());
             }
             if let Err(err) = flush(up) {
-                if up.written == 0 && up.reused {
+                if up.may_retry() {
                     debug!("reused upstream connection failed before the request: {err}");
                     return Step::Retry;
                 }
@@ -798,7 +821,7 @@ impl Proxy {
                         return Step::Pending;
                     }
                 }
-                Err(_) if up.written == 0 && up.reused => return Step::Retry,
+                Err(_) if up.may_retry() => return Step::Retry,
                 Err(err) if TlsError::of(&err).is_some() => {
                     let tls = TlsError::of(&err).expect("checked").clone();
                     return self.tls_failed(ex, tls);
@@ -877,7 +900,8 @@ fn flush(up: &mut UpConn) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    if up.out_pos == up.output.len() {
+    // A request that may still be retried stays whole for the retry.
+    if up.out_pos == up.output.len() && !up.may_retry() {
         up.output.clear();
         up.out_pos = 0;
     }

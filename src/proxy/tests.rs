@@ -1,10 +1,16 @@
 //! The exchange state machine over real loopback sockets, driven step by
 //! step without a server, for what the wire cannot stage on demand: the
 //! upstream resetting a kept-alive connection after it was taken from the
-//! idle pool (and found open) but before the request was written to it.
+//! idle pool (and found open) but before the request was written to it, or,
+//! over TLS, while the request is still inside the session.
+
+#[path = "../../tests/tls_support/mod.rs"]
+mod tls_support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Poll, Token};
@@ -23,7 +29,10 @@ struct Rig {
     poll: Poll,
     events: Events,
     listener: TcpListener,
+    /// Where new connections go: the listener, or a TLS server.
+    upstream: std::net::SocketAddr,
     target: Target,
+    tls: Option<ClientTls>,
     proxy: Proxy,
 }
 
@@ -40,7 +49,20 @@ impl Rig {
         let port = listener.local_addr().unwrap().port();
         let target =
             Target { tls: false, name: "127.0.0.1".into(), port, authority: format!("127.0.0.1:{port}").into() };
-        Rig { poll: Poll::new().unwrap(), events: Events::with_capacity(16), listener, target, proxy: Proxy::default() }
+        let upstream = listener.local_addr().unwrap();
+        let (poll, events) = (Poll::new().unwrap(), Events::with_capacity(16));
+        Rig { poll, events, listener, upstream, target, tls: None, proxy: Proxy::default() }
+    }
+
+    /// New connections go to the TLS server at `addr`, whose certificate
+    /// names `localhost` and is signed by the CA in `ca_file`.
+    fn tls(addr: std::net::SocketAddr, ca_file: &std::path::Path) -> Rig {
+        let mut rig = Rig::new();
+        rig.upstream = addr;
+        let authority = format!("localhost:{}", addr.port()).into();
+        rig.target = Target { tls: true, name: "localhost".into(), port: addr.port(), authority };
+        rig.tls = Some(ClientTls::new(Some(ca_file)).unwrap());
+        rig
     }
 
     /// Opens an exchange for `POST /charge` with a 5-byte body and attaches
@@ -59,12 +81,12 @@ impl Rig {
         };
         let ex = self.proxy.open(new, REQUEST_HEAD.to_vec());
         if self.proxy.idle_total() > 0 {
-            let attached = self.proxy.attach(ex, &self.target, None, 0, self.poll.registry(), BASE);
+            let attached = self.proxy.attach(ex, &self.target, self.tls.as_ref(), 0, self.poll.registry(), BASE);
             assert_eq!(attached, Attached::Yes);
         } else {
             // What `attach` does once the name is resolved.
-            let dial = Dial::new(vec![self.listener.local_addr().unwrap()]);
-            let security = security(&self.target, None, 0).unwrap();
+            let dial = Dial::new(vec![self.upstream]);
+            let security = security(&self.target, self.tls.as_ref(), 0).unwrap();
             let idx = self.proxy.connect(POOL, &self.target, dial, security, self.poll.registry(), BASE).unwrap();
             self.proxy.attach_to(ex, idx, false, None);
         }
@@ -288,4 +310,78 @@ fn a_drained_upstream_socket_is_read_again_only_once_its_readiness_event_came() 
     // Its event comes, and the answer is relayed.
     assert_eq!(rig.drive(second, &mut client, || false), Step::Complete { close_client: false });
     assert!(client.output.ends_with(b"ok"));
+}
+
+/// A TLS upstream that answers one request on its first connection, then
+/// reads nothing more and resets that connection once told to; on later
+/// connections it answers one request. Records what each connection received.
+struct ResettingUpstream {
+    server: tls_support::TlsServer,
+    reset_now: mpsc::Sender<()>,
+    got: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+impl ResettingUpstream {
+    fn start(leaf: &tls_support::Leaf) -> ResettingUpstream {
+        let (reset_now, told) = mpsc::channel::<()>();
+        let told = Mutex::new(told);
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let (got2, count) = (got.clone(), AtomicUsize::new(0));
+        let handler: tls_support::Handler = Arc::new(move |stream: &mut tls_support::TlsServerStream| {
+            let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+            let mut request = vec![0u8; request().len()];
+            stream.read_exact(&mut request).unwrap();
+            got2.lock().unwrap().push(request);
+            stream.write_all(OK).unwrap();
+            stream.flush().unwrap();
+            if first {
+                told.lock().unwrap().recv_timeout(WAIT).unwrap();
+                socket2::SockRef::from(&stream.sock).set_linger(Some(Duration::ZERO)).unwrap();
+            }
+        });
+        ResettingUpstream { server: tls_support::TlsServer::start(leaf, handler), reset_now, got }
+    }
+}
+
+#[test]
+fn a_reused_tls_connection_failing_with_the_request_still_in_the_session_is_retried() {
+    let ca = tls_support::Ca::new("retry test CA");
+    let dir = std::env::temp_dir().join(format!("nthpool-tls-retry-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let upstream = ResettingUpstream::start(&ca.leaf(&["localhost"]));
+    let mut rig = Rig::tls(upstream.server.addr, &ca.write_pem(&dir));
+
+    let first = rig.open();
+    let mut client = Client { input: b"hello".to_vec(), ..Client::default() };
+    assert_eq!(rig.drive(first, &mut client, || false), Step::Complete { close_client: false });
+    rig.proxy.finish(first, true, Keep { limit: 4, idle_ms: 60_000 }, 0, rig.poll.registry());
+
+    let second = rig.open();
+    assert_eq!(rig.proxy.stats.upstream_reuses, 1, "the idle connection was found open and taken");
+    // The socket is made to take nothing more (the upstream no longer reads),
+    // so the session accepts the request but cannot send a byte of it.
+    let idx = rig.proxy.exchanges[second].up.unwrap();
+    let tcp = rig.proxy.ups[idx].transport.tcp();
+    socket2::SockRef::from(&*tcp).set_send_buffer_size(4096).unwrap();
+    let until = Instant::now() + WAIT;
+    while tcp.write(&[0u8; 64 * 1024]).is_ok() {
+        assert!(Instant::now() < until, "the socket never filled");
+    }
+    let mut client = Client { input: b"hello".to_vec(), ..Client::default() };
+    assert_eq!(rig.pump(second, &mut client), Step::Pending);
+    assert!(client.input.is_empty(), "the body went into the session with the head");
+    upstream.reset_now.send(()).unwrap();
+    rig.await_reset(second);
+    assert_eq!(rig.drive(second, &mut client, || false), Step::Retry);
+
+    rig.proxy.reattach(second, rig.tls.as_ref(), 0, rig.poll.registry(), BASE).unwrap();
+    assert_eq!(rig.drive(second, &mut client, || false), Step::Complete { close_client: false });
+    assert!(client.output.ends_with(b"ok"));
+    assert_eq!(
+        *upstream.got.lock().unwrap(),
+        vec![request(), request()],
+        "the fresh connection carried the whole request once"
+    );
+    assert_eq!(rig.proxy.stats.retries, 1);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -39,6 +39,7 @@
 pub mod admin;
 pub mod clock;
 pub mod conn;
+mod idle;
 mod pipeline;
 pub mod proxied;
 
@@ -263,13 +264,14 @@ impl Server {
     /// Serves until SIGTERM or SIGINT has been handled.
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
+        // Whether the wait spins before it sleeps (`idle`): after concurrent work.
+        let mut spin = false;
         loop {
             let timeout = self.poll_timeout();
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+            match idle::wait(&mut self.poll, &mut events, timeout, spin) {
+                Ok(found_spinning) => spin = found_spinning || idle::concurrent(&events),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             }
             // One clock read per turn serves both the governor and server times.
             self.turn += 1;

@@ -18,9 +18,11 @@
 # both on CPU 0, and runs nthpool, nginx, Redis, nthpool again with the same load
 # tool and connection count, then prints nthpool/nginx and nthpool/Redis ratios;
 # then nthpool and nginx again with wrk (one thread, a Lua acquire -> release
-# script that takes the slotId from each grant; nginx with that same script and
-# with plain GETs), so no ratio rests on one client. Each wrk run reports the
-# server's and wrk's CPU µs per request beside requests/s.
+# script that takes the slotId from each grant; nginx with that same script,
+# with plain GETs, and in nthpool's answer shape: a slotId that differs on
+# every grant and the five governor headers), so no ratio rests on one client.
+# Each wrk run reports the server's and wrk's CPU µs per request and the
+# server's sleeps (voluntary context switches) per request beside requests/s.
 # nthpool runs with its access log on.
 #
 # Every run is bounded by BENCH_DURATION seconds (default 10); the whole script
@@ -28,7 +30,7 @@
 # Environment: BENCH_DURATION, BENCH_CONNECTIONS (50), BENCH_FILL (1000000),
 # BENCH_WAITERS (as many as fit, at most 100000), BENCH_ROUNDS (1: rounds of
 # nthpool, nginx, redis before the last nthpool run), BENCH_PORT (27070; nginx
-# and Redis listen 10 and 9 above it), CARGO_TARGET_DIR.
+# listens 10 and 11 above it, Redis 9), CARGO_TARGET_DIR.
 set -euo pipefail
 
 COMPARE=0
@@ -56,6 +58,7 @@ ROUNDS=${BENCH_ROUNDS:-1}
 KEY=nthpool-bench-key
 PORT=${BENCH_PORT:-27070}
 NGINX_PORT=$((PORT + 10))
+NGINX_SHAPED_PORT=$((PORT + 11))
 REDIS_PORT=$((PORT + 9))
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=$CARGO_TARGET_DIR/release
@@ -233,6 +236,18 @@ cpu_ticks() {
     echo "$total"
 }
 CLK_TCK=$(getconf CLK_TCK)
+
+# Voluntary context switches (sleeps) of the given processes and their children.
+sleeps() {
+    local total=0 pid p n
+    for pid in "$@"; do
+        for p in "$pid" $(cat "/proc/$pid/task/"*/children 2>/dev/null); do
+            n=$(awk '/^voluntary_ctxt_switches/ { print $2 }' "/proc/$p/status" 2>/dev/null) || continue
+            total=$((total + ${n:-0}))
+        done
+    done
+    echo "$total"
+}
 
 # Runs measured again because another process took the CPUs; at most
 # RETRIES_LEFT in all, so a machine that is never quiet still ends in time.
@@ -417,8 +432,9 @@ pid $WORK/nginx.pid;
 error_log $WORK/nginx-error.log warn;
 events { worker_connections 4096; }
 NGINX
-    nginx_http_block "$NGINX_PORT" >>"$WORK/nginx.conf"
+    nginx_http_block "$NGINX_PORT" "$NGINX_SHAPED_PORT" >>"$WORK/nginx.conf"
     check_free "$NGINX_PORT"
+    check_free "$NGINX_SHAPED_PORT"
     "${ON_SERVER[@]}" "$NGINX" -e "$WORK/nginx-error.log" -p "$WORK" -c "$WORK/nginx.conf" &
     NGINX_PID=$!
     PIDS+=("$NGINX_PID")
@@ -503,14 +519,15 @@ function response(status, headers, body)
 end
 LUA
     # One wrk run: prints "requests/s, server CPU µs per request, wrk CPU µs
-    # per request". wrk is one thread on one CPU; when its own CPU per request
-    # exceeds the server's, the run measures the client, and the server CPU
-    # per request is the figure that compares the servers.
+    # per request, server sleeps per request". wrk is one thread on one CPU;
+    # when its own CPU per request exceeds the server's, the run measures the
+    # client, and the server CPU per request is the figure that compares the
+    # servers.
     wrk_run() {
-        local pids=$1 c0 status=0
+        local pids=$1 c0 s0 status=0
         shift
         # shellcheck disable=SC2086 # a list of pids
-        c0=$(cpu_ticks $pids)
+        c0=$(cpu_ticks $pids) s0=$(sleeps $pids)
         local TIMEFORMAT='%3U %3S'
         { time "${ON_CLIENT[@]}" wrk -t1 -c "$CONNS" -d "${DURATION}s" "$@" >"$WORK/wrk.out" 2>&1; } \
             2>"$WORK/wrk.time" || status=$?
@@ -522,35 +539,40 @@ LUA
         python3 -c '
 import re, sys
 out, ticks, hz, tool = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3]), open(sys.argv[4]).read().split()
+sleeps = int(sys.argv[5])
 n = int(re.search(r"^\s*(\d+) requests in", out, re.M).group(1))
 rps = float(re.search(r"^Requests/sec:\s*([\d.]+)", out, re.M).group(1))
-print(f"{rps:.0f},{ticks / hz * 1e6 / n:.2f},{(float(tool[0]) + float(tool[1])) * 1e6 / n:.2f}")
-' "$WORK/wrk.out" "$(($(cpu_ticks $pids) - c0))" "$CLK_TCK" "$WORK/wrk.time"
+print(f"{rps:.0f},{ticks / hz * 1e6 / n:.2f},{(float(tool[0]) + float(tool[1])) * 1e6 / n:.2f},{sleeps / n:.4f}")
+' "$WORK/wrk.out" "$(($(cpu_ticks $pids) - c0))" "$CLK_TCK" "$WORK/wrk.time" "$(($(sleeps $pids) - s0))"
     }
-    WX=() WNL=() WNG=()
+    WX=() WNL=() WNG=() WNS=()
     for round in $(seq 1 "$ROUNDS"); do
         WX+=("$(wrk_run "$SERVER" -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
         WNL+=("$(wrk_run "$NGINX_PID" -s "$WORK/cycle.lua" "http://$NGINX_ADDR")")
         WNG+=("$(wrk_run "$NGINX_PID" "http://$NGINX_ADDR/grant.json")")
+        WNS+=("$(wrk_run "$NGINX_PID" -s "$WORK/cycle.lua" "http://127.0.0.1:$NGINX_SHAPED_PORT")")
     done
     WX+=("$(wrk_run "$SERVER" -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
     say ""
     say "comparison with wrk ($(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)), one thread, $CONNS connections, interleaved"
-    python3 - "${WX[*]}" "${WNL[*]}" "${WNG[*]}" <<'PY'
+    python3 - "${WX[*]}" "${WNL[*]}" "${WNG[*]}" "${WNS[*]}" <<'PY'
 import statistics, sys
-runs = [[tuple(map(float, r.split(","))) for r in arg.split()] for arg in sys.argv[1:4]]
-names = ["nthpool, Lua acquire -> release", "nginx, the same Lua script", "nginx, GET /grant.json, no Lua"]
-print(f"  {'server and client':<34} {'req/s':>9} {'server CPU µs/req':>18} {'wrk CPU µs/req':>15}   (medians; runs)")
+runs = [[tuple(map(float, r.split(","))) for r in arg.split()] for arg in sys.argv[1:5]]
+names = ["nthpool, Lua acquire -> release", "nginx, the same Lua script", "nginx, GET /grant.json, no Lua",
+         "nginx in nthpool's answer shape"]
+print(f"  {'server and client':<34} {'req/s':>9} {'server CPU µs/req':>18} {'wrk CPU µs/req':>15}"
+      f" {'sleeps/req':>10}   (medians; runs req/s/server/wrk)")
 med = []
 for name, rs in zip(names, runs):
-    m = [statistics.median(r[i] for r in rs) for i in range(3)]
+    m = [statistics.median(r[i] for r in rs) for i in range(4)]
     med.append(m)
-    print(f"  {name:<34} {m[0]:>9.0f} {m[1]:>18.2f} {m[2]:>15.2f}   "
+    print(f"  {name:<34} {m[0]:>9.0f} {m[1]:>18.2f} {m[2]:>15.2f} {m[3]:>10.4f}   "
           + "; ".join(f"{r[0]:.0f}/{r[1]:.2f}/{r[2]:.2f}" for r in rs))
-x, nl, ng = med
+x, nl, ng, ns = med
 print(f"  wrk requests/s nthpool/nginx: {x[0] / nl[0]:.3f} (same script), {x[0] / ng[0]:.3f} (plain GET)")
 print(f"  server CPU per request nthpool/nginx: {x[1] / nl[1]:.3f} (same script), {x[1] / ng[1]:.3f} (plain GET)")
 print(f"  wrk CPU per request nthpool/nginx: {x[2] / nl[2]:.3f} (same script), {x[2] / ng[2]:.3f} (plain GET)")
+print(f"  against nginx in nthpool's answer shape: requests/s {x[0] / ns[0]:.3f}, wrk CPU per request {x[2] / ns[2]:.3f}")
 PY
 fi
 

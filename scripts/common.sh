@@ -88,16 +88,33 @@ $2
 NGINX
 }
 
-# nginx_http_block PORT: the `http { … }` block scripts/bench.sh and
+# nginx_http_block PORT [SHAPED_PORT]: the `http { … }` block scripts/bench.sh and
 # scripts/callgrind.sh give nginx — one worker answering /grant.json with
 # `return 200` and the body of a real grant ($WORK/www/grant.json, which must
 # exist): the cheapest answer nginx has, the bar to beat. The same body answers
 # POST /pools/bench/lock/acquire and `{"released":true}` any release, so wrk's
 # Lua acquire -> release script runs unchanged against it.
+# With SHAPED_PORT, a second server there answers acquires in nthpool's shape:
+# a slotId that differs on every answer (its first 32 characters from nginx's
+# $request_id) and the five x-nthpool-* governor headers, so a client's own
+# cost of that shape can be told from the server's.
 nginx_http_block() {
-    local body
+    local body shaped=""
     body=$(cat "$WORK/www/grant.json")
     case "$body" in *"'"*) die "the grant body holds a quote nginx cannot take" ;; esac
+    if [ -n "${2:-}" ]; then
+        local slot unique governor
+        slot=$(sed 's/.*"slotId":"\([^"]*\)".*/\1/' "$WORK/www/grant.json")
+        unique=${body/\"$slot\"/\"\${request_id\}${slot:32}\"}
+        governor="add_header x-nthpool-remaining-slots 999999; add_header x-nthpool-effective-limit 1000000;
+            add_header x-nthpool-queued-ms 0; add_header x-nthpool-limit 1000000; add_header x-nthpool-queue-depth 0;"
+        shaped="
+    server {
+        listen 127.0.0.1:$2;
+        location = /pools/bench/lock/acquire { $governor return 200 '$unique'; }
+        location ~ ^/pools/bench/lock/[^/]+/release\$ { return 200 '{\"released\":true}'; }
+    }"
+    fi
     nginx_http grant "    server {
         listen 127.0.0.1:$1;
         location = /grant.json { return 200 '$body'; }
@@ -105,7 +122,7 @@ nginx_http_block() {
         # be driven by the very same client work as nthpool.
         location = /pools/bench/lock/acquire { return 200 '$body'; }
         location ~ ^/pools/bench/lock/[^/]+/release\$ { return 200 '{\"released\":true}'; }
-    }"
+    }$shaped"
 }
 
 # nginx_upstream_server PORT BODY: the proxy benchmarks' fast upstream, which

@@ -37,6 +37,8 @@ pub const MAX_QUEUE_SIZE: u32 = 10_000_000;
 pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
 pub const MAX_CONNECTIONS: usize = 1_000_000;
+/// The longest `idleSpinUs`: a spin is a pause in sleeping, not a busy loop.
+pub const MAX_IDLE_SPIN_US: u64 = 1_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -67,6 +69,10 @@ pub struct Config {
     /// A client that takes none of its pending answers for this long is closed.
     #[serde(default = "defaults::write_timeout_ms")]
     pub write_timeout_ms: u64,
+    /// After a turn that served several clients, the loop polls without
+    /// sleeping this long before it blocks (0: it sleeps at once).
+    #[serde(default = "defaults::idle_spin_us")]
+    pub idle_spin_us: u64,
     /// The 32-byte secret that signs slot ids, beside the configuration file
     /// (SPEC §11); the embedded demo keeps it in memory.
     #[serde(default = "defaults::slot_secret_file")]
@@ -236,6 +242,9 @@ mod defaults {
     pub fn write_timeout_ms() -> u64 {
         10_000
     }
+    pub fn idle_spin_us() -> u64 {
+        50
+    }
     pub fn concurrency() -> u32 {
         16
     }
@@ -371,6 +380,9 @@ impl Config {
             if !(10..=3_600_000).contains(&value) {
                 return fail(format!("{name} must be between 10 and 3600000"));
             }
+        }
+        if self.idle_spin_us > MAX_IDLE_SPIN_US {
+            return fail(format!("idleSpinUs must be between 0 and {MAX_IDLE_SPIN_US}"));
         }
         if let Some(host) = &self.public_host {
             if host.is_empty() || host.bytes().any(|b| !b.is_ascii_graphic() || b == b':') {
@@ -575,6 +587,18 @@ mod tests {
         assert!(!p.allow_authorization_header);
         assert_eq!(p.rpm, None);
         assert_eq!(p.idempotency_keys, 1024);
+        assert_eq!(c.idle_spin_us, 50);
+    }
+
+    #[test]
+    fn idle_spin_is_bounded_and_may_be_off() {
+        let at =
+            |us: &str| Config::parse(format!(r#"{{"idleSpinUs":{us},"pools":{{"p":{{"keys":["k"]}}}}}}"#).as_bytes());
+        assert_eq!(at("0").unwrap().idle_spin_us, 0);
+        assert_eq!(at("1000").unwrap().idle_spin_us, 1000);
+        for bad in ["1001", "-1", "\"50\""] {
+            assert!(at(bad).unwrap_err().0.contains("idleSpinUs"), "{bad}");
+        }
     }
 
     #[test]

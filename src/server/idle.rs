@@ -11,34 +11,32 @@
 //!
 //! So after a turn that served more than one ready socket — concurrent
 //! load, where the next arrival is microseconds away — the loop polls
-//! without sleeping for up to [`IDLE_SPIN`] before it blocks, and keeps doing
-//! so while each spin finds work. A spin that finds nothing ends the streak;
+//! without sleeping for up to `idleSpinUs` (50 µs unless configured)
+//! before it blocks, and keeps doing so while each spin finds work. A spin that finds nothing ends the streak;
 //! a turn with a single event (one sequential client, a timer) sleeps at
 //! once, as does an idle server: the spin costs CPU only while several
-//! clients are active, and at most [`IDLE_SPIN`] per turn.
+//! clients are active, and at most `idleSpinUs` per turn; 0 turns it off.
 
 use std::io;
 use std::time::{Duration, Instant};
 
 use mio::{Events, Poll};
 
-/// How long the loop polls without sleeping after a turn of concurrent work.
-pub const IDLE_SPIN: Duration = Duration::from_micros(50);
-
 /// Whether the turn that just ran had concurrent work (two ready sockets or
-/// more): then more is likely to arrive within [`IDLE_SPIN`].
+/// more): then more is likely to arrive within the spin (`idleSpinUs`).
 pub fn concurrent(events: &Events) -> bool {
     events.iter().nth(1).is_some()
 }
 
 /// Waits for readiness into `events` for at most `timeout` (`None`: until
-/// something is ready). With `spin`, polls without sleeping first, for up
-/// to [`IDLE_SPIN`] (never beyond `timeout`), then blocks for the rest.
-/// Returns whether the spin found the readiness (the next wait may spin again).
-pub fn wait(poll: &mut Poll, events: &mut Events, timeout: Option<Duration>, spin: bool) -> io::Result<bool> {
-    if spin && timeout != Some(Duration::ZERO) {
+/// something is ready). With a non-zero `spin`, polls without sleeping
+/// first, for up to `spin` (never beyond `timeout`), then blocks for the
+/// rest. Returns whether the spin found the readiness (the next wait may
+/// spin again).
+pub fn wait(poll: &mut Poll, events: &mut Events, timeout: Option<Duration>, spin: Duration) -> io::Result<bool> {
+    if !spin.is_zero() && timeout != Some(Duration::ZERO) {
         let started = Instant::now();
-        let spin_for = timeout.map_or(IDLE_SPIN, |t| t.min(IDLE_SPIN));
+        let spin_for = timeout.map_or(spin, |t| t.min(spin));
         loop {
             poll.poll(events, Some(Duration::ZERO))?;
             if !events.is_empty() {
@@ -61,19 +59,21 @@ mod tests {
     use mio::{Token, Waker};
 
     const WAKE: Token = Token(7);
+    /// The default `idleSpinUs`.
+    const SPIN: Duration = Duration::from_micros(50);
 
     #[test]
     fn readiness_that_is_already_there_is_returned_whether_spinning_or_not() {
-        for spin in [false, true] {
+        for spin in [Duration::ZERO, SPIN] {
             let mut poll = Poll::new().unwrap();
             let waker = Waker::new(poll.registry(), WAKE).unwrap();
             let mut events = Events::with_capacity(8);
             waker.wake().unwrap();
             // A generous bound: a wait that missed the event would block for all of it.
             let found_spinning = wait(&mut poll, &mut events, Some(Duration::from_secs(30)), spin).unwrap();
-            assert_eq!(found_spinning, spin, "a spinning wait finds it on its first poll");
+            assert_eq!(found_spinning, !spin.is_zero(), "a spinning wait finds it on its first poll");
             let tokens: Vec<Token> = events.iter().map(|e| e.token()).collect();
-            assert_eq!(tokens, [WAKE], "spin: {spin}");
+            assert_eq!(tokens, [WAKE], "spin: {spin:?}");
             assert!(!concurrent(&events), "one ready socket is not concurrent work");
         }
     }
@@ -89,7 +89,7 @@ mod tests {
             remote.wake().unwrap();
         });
         // Spinning, then blocking: either way the wake arrives well within the bound.
-        wait(&mut poll, &mut events, Some(Duration::from_secs(30)), true).unwrap();
+        wait(&mut poll, &mut events, Some(Duration::from_secs(30)), SPIN).unwrap();
         thread.join().unwrap();
         assert_eq!(events.iter().map(|e| e.token()).collect::<Vec<_>>(), [WAKE]);
     }
@@ -99,7 +99,7 @@ mod tests {
         let mut poll = Poll::new().unwrap();
         let mut events = Events::with_capacity(8);
         for timeout in [Duration::from_micros(10), Duration::from_millis(2)] {
-            let found_spinning = wait(&mut poll, &mut events, Some(timeout), true).unwrap();
+            let found_spinning = wait(&mut poll, &mut events, Some(timeout), SPIN).unwrap();
             assert!(!found_spinning && events.is_empty(), "nothing was registered, so nothing is ready");
         }
     }

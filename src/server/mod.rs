@@ -153,6 +153,8 @@ pub struct Server {
     open_public: usize,
     open_admin: usize,
     timeouts: Timeouts,
+    /// `idleSpinUs`: how long the wait polls before it sleeps after concurrent work.
+    idle_spin: Duration,
     input_limit: usize,
     accept_paused: bool,
     /// Connections with output to flush before the loop sleeps (each once:
@@ -242,6 +244,7 @@ impl Server {
             open_public: 0,
             open_admin: 0,
             timeouts: Timeouts::from(config),
+            idle_spin: Duration::from_micros(config.idle_spin_us),
             input_limit: input_limit(config),
             accept_paused: false,
             dirty: Vec::new(),
@@ -268,7 +271,8 @@ impl Server {
         let mut spin = false;
         loop {
             let timeout = self.poll_timeout();
-            match idle::wait(&mut self.poll, &mut events, timeout, spin) {
+            let spin_for = if spin { self.idle_spin } else { Duration::ZERO };
+            match idle::wait(&mut self.poll, &mut events, timeout, spin_for) {
                 Ok(found_spinning) => spin = found_spinning || idle::concurrent(&events),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
@@ -381,6 +385,7 @@ impl Server {
             Ok(config) => {
                 self.max_connections = config.max_connections;
                 self.timeouts = Timeouts::from(&config);
+                self.idle_spin = Duration::from_micros(config.idle_spin_us);
                 self.input_limit = input_limit(&config);
                 if let Some(resolver) = self.proxy.resolver.as_mut() {
                     resolver.reconfigure(config.resolver.policy(), config.resolver.nameservers());

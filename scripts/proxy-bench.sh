@@ -197,25 +197,24 @@ say "proxy benchmark: $ROUNDS rounds × (direct, nthpool, nginx, haproxy), in tu
 say "  two CPUs: every proxy on CPU 0, the clients and the upstream (nginx return 200) on CPU 1;"
 say "  wrk -t1 -c$CONNS ${DURATION}s, nthpool-bench -c1 1 s, nthpool-bench --rate $RATE -c$OPEN_CONNS 2 s;"
 say "  load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
-: >"$WORK/results"
-for round in $(seq 1 "$ROUNDS"); do
-    for name in $(order "$round"); do
-        line=$(two "$name")
-        echo "$line" >>"$WORK/results"
-        say "  $line"
+# rounds RUN: every round of RUN (two or one), each proxy in the round's turn.
+rounds() {
+    for round in $(seq 1 "$ROUNDS"); do
+        for name in $(order "$round"); do
+            line=$("$1" "$name")
+            echo "$line" >>"$WORK/results"
+            say "  $line"
+        done
     done
-done
+}
+
+: >"$WORK/results"
+rounds two
 say "  one CPU: the proxies moved to CPU 1, with the client and the upstream; nthpool-bench -c1 1.5 s"
 for pid in "$PID_nginx" "$PID_haproxy" "$PID_nthpool"; do
     taskset -a -p -c 1 "$pid" >/dev/null
 done
-for round in $(seq 1 "$ROUNDS"); do
-    for name in $(order "$round"); do
-        line=$(one "$name")
-        echo "$line" >>"$WORK/results"
-        say "  $line"
-    done
-done
+rounds one
 
 # System calls per exchange (one CPU, one connection, a fixed number of requests).
 if perf stat -e 'syscalls:sys_enter_epoll_wait' true >/dev/null 2>&1; then

@@ -2,6 +2,7 @@
 //! responses. Pure: no sockets, no clock, no governor.
 
 pub mod chunked;
+pub mod memo;
 pub mod request;
 pub mod response;
 

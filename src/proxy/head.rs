@@ -46,9 +46,9 @@ fn is_hop_by_hop(name: &str) -> bool {
 }
 
 /// Whether any `Connection` field among `headers` lists `name`.
-fn named_by_connection(headers: &[httparse::Header], name: &str) -> bool {
+fn named_by_connection<'h>(headers: impl IntoIterator<Item = httparse::Header<'h>>, name: &str) -> bool {
     headers
-        .iter()
+        .into_iter()
         .filter(|h| h.name.eq_ignore_ascii_case("connection"))
         .any(|h| h.value.split(|&b| b == b',').any(|token| trim(token).eq_ignore_ascii_case(name.as_bytes())))
 }
@@ -237,8 +237,11 @@ pub fn take_response(
     let framing_passes = to_client == ClientBody::None;
     for h in headers {
         let framing = h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("transfer-encoding");
-        let forwarded =
-            if framing { framing_passes } else { !is_hop_by_hop(h.name) && !named_by_connection(headers, h.name) };
+        let forwarded = if framing {
+            framing_passes
+        } else {
+            !is_hop_by_hop(h.name) && !named_by_connection(headers.iter().copied(), h.name)
+        };
         if forwarded {
             push_field(out, h.name.as_bytes(), h.value);
         }

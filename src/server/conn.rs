@@ -23,7 +23,7 @@ use mio::net::TcpStream;
 
 use crate::api::{PoolId, Queued, SlotId};
 use crate::http::chunked::ChunkedDecoder;
-use crate::http::request::KnownHost;
+use crate::http::request::HeadMemo;
 use crate::time::Ms;
 use crate::wheel::TimerKey;
 
@@ -182,8 +182,8 @@ pub struct Conn {
     pub out_pos: usize,
     /// How far the current head has been searched for its end.
     pub head_scanned: usize,
-    /// The last valid `Host` this client sent.
-    pub known_host: KnownHost,
+    /// The header blocks this client sent last, already judged.
+    pub head_memo: HeadMemo,
     pub pending: Option<PendingBody>,
     /// Decoded chunked body (reused between requests).
     pub body: Vec<u8>,
@@ -225,7 +225,7 @@ impl Conn {
             output: Vec::new(),
             out_pos: 0,
             head_scanned: 0,
-            known_host: KnownHost::default(),
+            head_memo: HeadMemo::default(),
             pending: None,
             body: Vec::new(),
             phase: Phase::Open,

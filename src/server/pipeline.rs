@@ -46,7 +46,7 @@ impl Server {
                 break;
             }
             let mut storage = header_storage();
-            let head = match parse_head_on(data, &mut storage, &mut conn.known_host) {
+            let head = match parse_head_on(data, &mut storage, &mut conn.head_memo) {
                 Ok(Some(head)) => head,
                 Ok(None) => {
                     conn.head_scanned = data.len();

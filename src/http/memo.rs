@@ -1,0 +1,200 @@
+//! A connection's memory of the header blocks it has already judged.
+//!
+//! A keep-alive client sends the same header fields on every request of a
+//! kind: a sidecar's acquire carries the same `Host`, key and
+//! `Content-Length: 0` each time, its release the same fields with the same
+//! body length. Only the request line changes (a release names its slot). So
+//! each connection keeps the last two header blocks that passed every check,
+//! byte for byte, with what `scan_fields` found in them; a block that starts
+//! with one of those exact bytes needs neither httparse nor the field checks
+//! again: the same bytes get the same verdict.
+//!
+//! What is remembered is the block after the request line up to and including
+//! the empty line that ends the head, and the length of the request line that
+//! came before it: a client's next request line of a kind has the same length
+//! (slot ids do), so the block is looked for right there. The request line
+//! itself is parsed by httparse every time, alone. Two entries, because the
+//! common client alternates two kinds of request (acquire and release); the
+//! one not used last is replaced. Nothing here allocates once both entries
+//! have held a block.
+
+/// Blocks longer than this are judged every time.
+pub const MEMO_ROOM: usize = 1024;
+/// The most heads parsed in full between two looks after misses.
+const MAX_BACKOFF: u8 = 63;
+
+/// The remembered blocks of one connection, each with what was found in it
+/// (`T`, plain data: `request::FieldSpans`).
+#[derive(Default)]
+pub struct BlockMemo<T> {
+    entries: [Entry<T>; 2],
+    /// The entry the next new block replaces.
+    replace: usize,
+    /// Heads to parse in full before looking here again, after a miss:
+    /// a client whose fields change on every request (a trace id, say)
+    /// then pays for one look in `MAX_BACKOFF` heads, not for one in each.
+    skip: u8,
+    /// The skip after the next miss: it doubles with each miss in a row.
+    backoff: u8,
+}
+
+#[derive(Default)]
+struct Entry<T> {
+    /// A whole header block that passed every check; empty when unused.
+    block: Vec<u8>,
+    spans: T,
+    /// The length of the request line (CRLF included) that came before it
+    /// last: where to look for it in the next head.
+    line_len: usize,
+}
+
+impl<T: Copy> BlockMemo<T> {
+    /// Whether any block is remembered (nothing to compare otherwise).
+    pub fn is_empty(&self) -> bool {
+        self.entries.iter().all(|e| e.block.is_empty())
+    }
+
+    /// Whether this head should be looked up (and, when it is new,
+    /// remembered); false while backing off after misses.
+    pub fn probe(&mut self) -> bool {
+        if self.skip == 0 {
+            return true;
+        }
+        self.skip -= 1;
+        false
+    }
+
+    /// The remembered block that `head` holds right after a request line of
+    /// the length that came with it before (ending in CRLF), as that line's
+    /// length, the block's length and its fields. The caller still has to
+    /// check that the request line is exactly that long. The next new block
+    /// then replaces the other entry.
+    pub fn recall(&mut self, head: &[u8]) -> Option<(usize, usize, T)> {
+        let found = self.entries.iter().position(|e| {
+            let n = e.line_len;
+            n >= 2 && head.get(n - 2..n) == Some(b"\r\n") && starts_with_block(&head[n..], &e.block)
+        });
+        let Some(at) = found else {
+            self.skip = self.backoff;
+            self.backoff = (self.backoff * 2 + 1).min(MAX_BACKOFF);
+            return None;
+        };
+        self.backoff = 0;
+        self.replace = 1 - at;
+        let e = &self.entries[at];
+        Some((e.line_len, e.block.len(), e.spans))
+    }
+
+    /// Remembers `block`, a whole header block that passed every check,
+    /// what was found in it and the length of the request line before it.
+    /// Blocks under a word or over `MEMO_ROOM` bytes are not kept; a block
+    /// already kept only takes the new line length.
+    pub fn remember(&mut self, line_len: usize, block: &[u8], spans: T) {
+        if block.len() < 8 || block.len() > MEMO_ROOM {
+            return;
+        }
+        let at = self.entries.iter().position(|e| e.block == block).unwrap_or(self.replace);
+        let e = &mut self.entries[at];
+        if e.block != block {
+            e.block.clear();
+            e.block.extend_from_slice(block);
+            e.spans = spans;
+        }
+        e.line_len = line_len;
+        self.replace = 1 - at;
+    }
+}
+
+/// `input` starts with `block` (of at least eight bytes). The last word is
+/// compared first: it holds the end of the block, where two blocks of one
+/// client differ most often (`Content-Length`); then the whole block, by
+/// `memcmp` (32 bytes a step).
+fn starts_with_block(input: &[u8], block: &[u8]) -> bool {
+    let n = block.len();
+    if n < 8 || input.len() < n {
+        return false;
+    }
+    let word = |s: &[u8]| u64::from_le_bytes(s[n - 8..n].try_into().expect("8 bytes"));
+    word(input) == word(block) && input[..n] == *block
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_is_found_only_as_an_exact_prefix() {
+        let block: &[u8] = b"Host: h\r\nX-Nthpool-Key: k\r\nContent-Length: 0\r\n\r\n";
+        for n in 8..block.len() {
+            assert!(starts_with_block(block, &block[..n]));
+        }
+        let mut longer = block.to_vec();
+        longer.extend_from_slice(b"POST /next HTTP/1.1\r\n");
+        assert!(starts_with_block(&longer, block));
+        assert!(!starts_with_block(&block[..block.len() - 1], block), "input shorter than the block");
+        for at in 0..block.len() {
+            let mut other = block.to_vec();
+            other[at] ^= 0x20;
+            assert!(!starts_with_block(&other, block), "differs at {at}");
+        }
+    }
+
+    /// `LINE` then `block`, as a head to recall from.
+    fn head(block: &[u8]) -> Vec<u8> {
+        [LINE, block].concat()
+    }
+    const LINE: &[u8] = b"POST /x HTTP/1.1\r\n";
+
+    #[test]
+    fn two_blocks_are_kept_and_the_one_not_used_last_is_replaced() {
+        let spans = ();
+        let (a, b, c) = (&b"Host: a\r\n\r\n"[..], &b"Host: bb\r\n\r\n"[..], &b"Host: ccc\r\n\r\n"[..]);
+        let found = |memo: &mut BlockMemo<()>, block: &[u8]| memo.recall(&head(block)).map(|r| (r.0, r.1));
+        let n = LINE.len();
+        let mut memo = BlockMemo::default();
+        assert!(memo.is_empty());
+        assert_eq!(found(&mut memo, a), None);
+        memo.remember(n, a, spans);
+        memo.remember(n, b, spans);
+        assert_eq!(found(&mut memo, a), Some((n, a.len())));
+        assert_eq!(found(&mut memo, b), Some((n, b.len())));
+        // `b` was used last: `c` takes `a`'s place.
+        memo.remember(n, c, spans);
+        assert_eq!(found(&mut memo, a), None);
+        assert_eq!(found(&mut memo, b), Some((n, b.len())));
+        assert_eq!(found(&mut memo, c), Some((n, c.len())));
+        // A block kept already takes the new line length and evicts nothing.
+        memo.remember(n + 1, b, spans);
+        assert_eq!(found(&mut memo, b), None, "looked for after the old line length");
+        assert_eq!(memo.recall(&[b" ", &head(b)[..]].concat()).map(|r| r.0), Some(n + 1));
+        assert_eq!(found(&mut memo, c), Some((n, c.len())));
+        // Only after a CRLF.
+        memo.remember(n - 1, c, spans);
+        assert!(memo.recall(&head(c)).is_none());
+        let mut memo = BlockMemo::default();
+        memo.remember(n, a, spans);
+        memo.remember(n, b, spans);
+        // A miss backs off: 0, 1, 3, 7, ... heads are not looked up, up to
+        // `MAX_BACKOFF`; a hit looks at every head again.
+        let mut skipped = Vec::new();
+        for _ in 0..10 {
+            assert!(memo.probe());
+            assert!(found(&mut memo, b"Host: dddd\r\n\r\n").is_none());
+            let mut n = 0;
+            while !memo.probe() {
+                n += 1;
+            }
+            skipped.push(n);
+        }
+        assert_eq!(skipped, [0, 1, 3, 7, 15, 31, 63, 63, 63, 63]);
+        assert!(found(&mut memo, b).is_some());
+        assert!(memo.probe());
+        assert!(found(&mut memo, c).is_none());
+        assert!(memo.probe(), "the first miss after a hit does not skip");
+        // Too short or too long to keep.
+        let mut memo = BlockMemo::default();
+        memo.remember(n, b"\r\n", spans);
+        memo.remember(n, &vec![b'a'; MEMO_ROOM + 1], spans);
+        assert!(memo.is_empty());
+    }
+}

@@ -733,3 +733,58 @@ fn expect_continue_from_http_1_0_gets_no_interim_answer() {
     let r = read_response(&mut c).expect("an answer");
     assert_eq!(r.status, 200, "{r:?}");
 }
+
+/// A connection remembers the header blocks it sent last (the head memo):
+/// the same fields after another request line, a changed field, a body
+/// length that differs, and a bad request line before a remembered block
+/// each get the answer a fresh connection would give.
+#[test]
+fn remembered_header_blocks_never_carry_a_verdict_over() {
+    let s = TestServer::start(&config(r#""concurrency":4"#, ""));
+    let mut c = s.connect();
+    let granted = |c: &mut TcpStream| {
+        let r = exchange(c, &post(ACQUIRE, KEY, "", ""));
+        assert_eq!(r.status, 200, "{r:?}");
+        r.slot()
+    };
+    let first = granted(&mut c);
+    let second = granted(&mut c);
+    // The same length of key, one byte apart: refused, and then the good one is served again.
+    let r = exchange(&mut c, &post(ACQUIRE, "test-key-0002", "", ""));
+    assert_error(&r, 401, "unauthorized", "another key");
+    let third = granted(&mut c);
+    // Releases alternate with acquires: the release block after each release line.
+    for slot in [&first, &second] {
+        let r = exchange(&mut c, &post(&release_path(slot), KEY, "", r#"{"status":200}"#));
+        assert_eq!(r.json()["released"], true, "{r:?}");
+        granted(&mut c);
+    }
+    let r = exchange(&mut c, &post(&release_path(&first), KEY, "", r#"{"status":200}"#));
+    assert_eq!(r.json()["released"], false, "released twice: {r:?}");
+    // A body of another length is framed by its own Content-Length.
+    let r = exchange(&mut c, &post(&release_path(&third), KEY, "", r#"{"status":200,"throttled":0}"#));
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    // The acquire's fields after another method and another route.
+    let r = exchange(&mut c, &with_method("GET", post(ACQUIRE, KEY, "", "")));
+    assert_error(&r, 405, "method_not_allowed", "GET with remembered fields");
+    let r = exchange(&mut c, &post("/pools/p/lock/abc/cancel", KEY, "", ""));
+    assert_error(&r, 404, "not_found", "unknown action with remembered fields");
+    // A Host the memo has not seen, then a request line ended by a bare LF
+    // before the remembered fields: both judged in full.
+    let r = exchange(&mut c, &with_host("exa mple", post(ACQUIRE, KEY, "", "")));
+    assert_error(&r, 400, "bad_request", "a bad Host after good ones");
+    assert_answer_closes(&mut c, &r, "a bad Host after good ones");
+    let mut c = s.connect();
+    granted(&mut c);
+    let mut raw = post(ACQUIRE, KEY, "", "");
+    let cr = raw.iter().position(|&b| b == b'\r').unwrap();
+    raw.remove(cr);
+    let r = exchange(&mut c, &raw);
+    assert_error(&r, 400, "bad_request", "a bare LF ending the request line");
+    assert_answer_closes(&mut c, &r, "a bare LF ending the request line");
+}
+
+/// `raw` (a request from `post`) with another `Host` value.
+fn with_host(host: &str, raw: Vec<u8>) -> Vec<u8> {
+    String::from_utf8(raw).unwrap().replace("Host: localhost", &format!("Host: {host}")).into_bytes()
+}

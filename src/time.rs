@@ -10,6 +10,17 @@
 /// Monotonic milliseconds since the server started.
 pub type Ms = u64;
 
+/// Whole milliseconds of a duration, in 64-bit arithmetic (`as_millis`
+/// divides a 128-bit count, on every request).
+pub fn millis(d: std::time::Duration) -> u64 {
+    d.as_secs() * 1_000 + u64::from(d.subsec_millis())
+}
+
+/// Whole microseconds of a duration, as `millis`.
+pub fn micros(d: std::time::Duration) -> u64 {
+    d.as_secs() * 1_000_000 + u64::from(d.subsec_micros())
+}
+
 /// Unix epoch milliseconds: wall time, never what decides a deadline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EpochMs(pub u64);
@@ -61,6 +72,20 @@ impl Now {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_millis_and_micros_agree_with_the_128_bit_ones() {
+        use std::time::Duration;
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(999_999),
+            Duration::new(3, 1_999_999),
+            Duration::new(86_400 * 365, 999_999_999),
+        ] {
+            assert_eq!(millis(d), d.as_millis() as u64, "{d:?}");
+            assert_eq!(micros(d), d.as_micros() as u64, "{d:?}");
+        }
+    }
 
     #[test]
     fn wall_and_monotonic_are_inverse_from_monotonic_zero_on() {

@@ -330,7 +330,7 @@ impl App {
                 epoch_ms: ctx.now.wall().0,
                 status: error.status().code(),
                 error: Some(error.code()),
-                server_us: ctx.started.elapsed().as_micros() as u64,
+                server_us: crate::time::micros(ctx.started.elapsed()),
                 ..history::Attempt::default()
             };
             self.record_attempt(pid, Some(pool), client, line, true);
@@ -568,7 +568,7 @@ impl App {
             epoch_ms: now.wall().0,
             status: error.status().code(),
             error: Some(error.code()),
-            server_us: started.elapsed().as_micros() as u64,
+            server_us: crate::time::micros(started.elapsed()),
             ..history::Attempt::default()
         };
         // No pool is looked up: the line is the access log's only.
@@ -703,7 +703,7 @@ fn acquire_line(
         reason,
         wait_ms: attempt.wait_ms,
         queued_ms,
-        server_us: attempt.started.elapsed().as_micros() as u64,
+        server_us: crate::time::micros(attempt.started.elapsed()),
         slot_ref,
     }
 }
@@ -723,8 +723,8 @@ fn queued_end_line(attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'s
         error: Some(code),
         reason: None,
         wait_ms: attempt.wait_ms,
-        queued_ms: waited.as_millis() as u64,
-        server_us: waited.as_micros() as u64,
+        queued_ms: crate::time::millis(waited),
+        server_us: crate::time::micros(waited),
         slot_ref: None,
     }
 }

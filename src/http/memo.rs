@@ -10,10 +10,12 @@
 //! again: the same bytes get the same verdict.
 //!
 //! What is remembered is the block after the request line up to and including
-//! the empty line that ends the head, and the length of the request line that
-//! came before it: a client's next request line of a kind has the same length
-//! (slot ids do), so the block is looked for right there. The request line
-//! itself is parsed by httparse every time, alone. Two entries, because the
+//! the empty line that ends the head, and the request line that came before
+//! it. A client's next request line of a kind has the same length (slot ids
+//! do), so the block is looked for right after a line of that length. When
+//! the line is the very one remembered too (an acquire's is), the whole head
+//! is one already judged, and what httparse read in the line is reused;
+//! otherwise httparse parses the request line alone. Two entries, because the
 //! common client alternates two kinds of request (acquire and release); the
 //! one not used last is replaced. Nothing here allocates once both entries
 //! have held a block.
@@ -24,10 +26,11 @@ pub const MEMO_ROOM: usize = 1024;
 const MAX_BACKOFF: u8 = 63;
 
 /// The remembered blocks of one connection, each with what was found in it
-/// (`T`, plain data: `request::FieldSpans`).
+/// (`T`, plain data: `request::FieldSpans`) and its request line with what
+/// was found in that (`L`: `request::LineSpans`).
 #[derive(Default)]
-pub struct BlockMemo<T> {
-    entries: [Entry<T>; 2],
+pub struct BlockMemo<T, L> {
+    entries: [Entry<T, L>; 2],
     /// The entry the next new block replaces.
     replace: usize,
     /// Heads to parse in full before looking here again, after a miss:
@@ -39,16 +42,37 @@ pub struct BlockMemo<T> {
 }
 
 #[derive(Default)]
-struct Entry<T> {
+struct Entry<T, L> {
     /// A whole header block that passed every check; empty when unused.
     block: Vec<u8>,
     spans: T,
-    /// The length of the request line (CRLF included) that came before it
-    /// last: where to look for it in the next head.
+    /// The request line (CRLF included) that came before it when it was
+    /// remembered, and what was read in it; a line over `MEMO_ROOM` is not
+    /// kept (`line` empty). Text, so a head can borrow its method and target.
+    line: String,
+    line_spans: L,
+    /// The length of the request line that came before the block last:
+    /// where to look for the block in the next head.
     line_len: usize,
 }
 
-impl<T: Copy> BlockMemo<T> {
+/// A remembered block found in a head.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Recalled<T, L> {
+    /// The entry found, for `line_text`.
+    pub entry: usize,
+    /// Where the block starts: the length of the request line before it,
+    /// ending in CRLF. The caller still has to check that the request line
+    /// is exactly that long, unless `line` is given.
+    pub line_len: usize,
+    pub block_len: usize,
+    pub spans: T,
+    /// What was read in the request line, when the head's is byte for
+    /// byte the one remembered with the block.
+    pub line: Option<L>,
+}
+
+impl<T: Copy, L: Copy> BlockMemo<T, L> {
     /// Whether any block is remembered (nothing to compare otherwise).
     pub fn is_empty(&self) -> bool {
         self.entries.iter().all(|e| e.block.is_empty())
@@ -65,11 +89,9 @@ impl<T: Copy> BlockMemo<T> {
     }
 
     /// The remembered block that `head` holds right after a request line of
-    /// the length that came with it before (ending in CRLF), as that line's
-    /// length, the block's length and its fields. The caller still has to
-    /// check that the request line is exactly that long. The next new block
-    /// then replaces the other entry.
-    pub fn recall(&mut self, head: &[u8]) -> Option<(usize, usize, T)> {
+    /// the length that came with it before. The next new block then
+    /// replaces the other entry.
+    pub fn recall(&mut self, head: &[u8]) -> Option<Recalled<T, L>> {
         let found = self.entries.iter().position(|e| {
             let n = e.line_len;
             n >= 2 && head.get(n - 2..n) == Some(b"\r\n") && starts_with_block(&head[n..], &e.block)
@@ -82,14 +104,26 @@ impl<T: Copy> BlockMemo<T> {
         self.backoff = 0;
         self.replace = 1 - at;
         let e = &self.entries[at];
-        Some((e.line_len, e.block.len(), e.spans))
+        let n = e.line_len;
+        Some(Recalled {
+            entry: at,
+            line_len: n,
+            block_len: e.block.len(),
+            spans: e.spans,
+            line: (e.line.len() == n && head[..n] == *e.line.as_bytes()).then_some(e.line_spans),
+        })
+    }
+
+    /// The request line remembered in `entry` (from `recall`).
+    pub fn line_text(&self, entry: usize) -> &str {
+        &self.entries[entry].line
     }
 
     /// Remembers `block`, a whole header block that passed every check,
-    /// what was found in it and the length of the request line before it.
-    /// Blocks under a word or over `MEMO_ROOM` bytes are not kept; a block
-    /// already kept only takes the new line length.
-    pub fn remember(&mut self, line_len: usize, block: &[u8], spans: T) {
+    /// what was found in it, and the request line before it with what was
+    /// read in that. Blocks under a word or over `MEMO_ROOM` bytes are not
+    /// kept; a block already kept takes the new line.
+    pub fn remember(&mut self, line: &[u8], line_spans: L, block: &[u8], spans: T) {
         if block.len() < 8 || block.len() > MEMO_ROOM {
             return;
         }
@@ -100,7 +134,13 @@ impl<T: Copy> BlockMemo<T> {
             e.block.extend_from_slice(block);
             e.spans = spans;
         }
-        e.line_len = line_len;
+        e.line.clear();
+        if line.len() <= MEMO_ROOM {
+            // httparse read the method and target as text; the rest is ASCII.
+            e.line.push_str(std::str::from_utf8(line).unwrap_or_default());
+        }
+        e.line_spans = line_spans;
+        e.line_len = line.len();
         self.replace = 1 - at;
     }
 }
@@ -139,41 +179,48 @@ mod tests {
         }
     }
 
-    /// `LINE` then `block`, as a head to recall from.
-    fn head(block: &[u8]) -> Vec<u8> {
-        [LINE, block].concat()
-    }
     const LINE: &[u8] = b"POST /x HTTP/1.1\r\n";
+
+    /// `line` then `block`, as a head to recall from.
+    fn head(line: &[u8], block: &[u8]) -> Vec<u8> {
+        [line, block].concat()
+    }
+
+    type Memo = BlockMemo<u8, u8>;
+
+    /// Where `block` is found after `LINE`: the line's length, the block's.
+    fn found(memo: &mut Memo, block: &[u8]) -> Option<(usize, usize)> {
+        memo.recall(&head(LINE, block)).map(|r| (r.line_len, r.block_len))
+    }
 
     #[test]
     fn two_blocks_are_kept_and_the_one_not_used_last_is_replaced() {
-        let spans = ();
         let (a, b, c) = (&b"Host: a\r\n\r\n"[..], &b"Host: bb\r\n\r\n"[..], &b"Host: ccc\r\n\r\n"[..]);
-        let found = |memo: &mut BlockMemo<()>, block: &[u8]| memo.recall(&head(block)).map(|r| (r.0, r.1));
         let n = LINE.len();
-        let mut memo = BlockMemo::default();
+        let mut memo = Memo::default();
         assert!(memo.is_empty());
         assert_eq!(found(&mut memo, a), None);
-        memo.remember(n, a, spans);
-        memo.remember(n, b, spans);
+        memo.remember(LINE, 0, a, 1);
+        memo.remember(LINE, 0, b, 2);
         assert_eq!(found(&mut memo, a), Some((n, a.len())));
         assert_eq!(found(&mut memo, b), Some((n, b.len())));
         // `b` was used last: `c` takes `a`'s place.
-        memo.remember(n, c, spans);
+        memo.remember(LINE, 0, c, 3);
         assert_eq!(found(&mut memo, a), None);
         assert_eq!(found(&mut memo, b), Some((n, b.len())));
         assert_eq!(found(&mut memo, c), Some((n, c.len())));
-        // A block kept already takes the new line length and evicts nothing.
-        memo.remember(n + 1, b, spans);
+        // A block kept already takes the new line and evicts nothing.
+        let longer = b"POST /xy HTTP/1.1\r\n";
+        memo.remember(longer, 0, b, 2);
         assert_eq!(found(&mut memo, b), None, "looked for after the old line length");
-        assert_eq!(memo.recall(&[b" ", &head(b)[..]].concat()).map(|r| r.0), Some(n + 1));
+        assert_eq!(memo.recall(&head(b"POST /yx HTTP/1.1\r\n", b)).map(|r| (r.line_len, r.spans)), Some((n + 1, 2)));
         assert_eq!(found(&mut memo, c), Some((n, c.len())));
         // Only after a CRLF.
-        memo.remember(n - 1, c, spans);
-        assert!(memo.recall(&head(c)).is_none());
-        let mut memo = BlockMemo::default();
-        memo.remember(n, a, spans);
-        memo.remember(n, b, spans);
+        memo.remember(&LINE[1..], 0, c, 3);
+        assert!(memo.recall(&head(LINE, c)).is_none());
+        let mut memo = Memo::default();
+        memo.remember(LINE, 0, a, 1);
+        memo.remember(LINE, 0, b, 2);
         // A miss backs off: 0, 1, 3, 7, ... heads are not looked up, up to
         // `MAX_BACKOFF`; a hit looks at every head again.
         let mut skipped = Vec::new();
@@ -192,9 +239,27 @@ mod tests {
         assert!(found(&mut memo, c).is_none());
         assert!(memo.probe(), "the first miss after a hit does not skip");
         // Too short or too long to keep.
-        let mut memo = BlockMemo::default();
-        memo.remember(n, b"\r\n", spans);
-        memo.remember(n, &vec![b'a'; MEMO_ROOM + 1], spans);
+        let mut memo = Memo::default();
+        memo.remember(LINE, 0, b"\r\n", 1);
+        memo.remember(LINE, 0, &vec![b'a'; MEMO_ROOM + 1], 1);
         assert!(memo.is_empty());
+    }
+
+    #[test]
+    fn the_request_line_is_reused_only_when_it_is_the_same() {
+        let block = &b"Host: a\r\nContent-Length: 0\r\n\r\n"[..];
+        let mut memo = Memo::default();
+        memo.remember(LINE, 7, block, 1);
+        let r = memo.recall(&head(LINE, block)).unwrap();
+        assert_eq!(r, Recalled { entry: 0, line_len: LINE.len(), block_len: block.len(), spans: 1, line: Some(7) });
+        assert_eq!(memo.line_text(0).as_bytes(), LINE);
+        // Another line of the same length: the block is found, the line is read again.
+        let r = memo.recall(&head(b"POST /y HTTP/1.1\r\n", block)).unwrap();
+        assert_eq!((r.spans, r.line), (1, None));
+        // A line too long to keep is never taken for the same.
+        let long = format!("POST /{} HTTP/1.1\r\n", "x".repeat(MEMO_ROOM)).into_bytes();
+        memo.remember(&long, 7, block, 1);
+        let r = memo.recall(&head(&long, block)).unwrap();
+        assert_eq!((r.line_len, r.line), (long.len(), None));
     }
 }

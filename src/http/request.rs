@@ -12,7 +12,7 @@ use std::mem::MaybeUninit;
 
 use httparse::{Header, Status};
 
-use super::memo::BlockMemo;
+use super::memo::{BlockMemo, Recalled};
 use super::{bytes_equal, trim};
 
 /// Past this many bytes without a complete head the answer is `431`.
@@ -188,22 +188,47 @@ fn words_equal(a: &[u8], b: &[u8], fold: u64) -> bool {
 /// Parses the request head at the start of `buf`. `Ok(None)` means the head is not
 /// complete yet; keep the bytes and call again once `head_may_be_complete` says so.
 pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Result<Option<Head<'b>>, HeadError> {
-    parse_head_on(buf, storage, &mut HeadMemo::default())
+    parse_full(buf, storage, None)
 }
 
 /// `parse_head` for a connection that remembers the header blocks it sent
 /// before (see `memo`): a block it remembers is not judged again.
+///
+/// A head whose request line is the remembered one too borrows that line's
+/// text from `memo`, which stays borrowed as long as the head.
 pub fn parse_head_on<'b>(
     buf: &'b [u8],
     storage: &'b mut HeaderStorage<'b>,
-    memo: &mut HeadMemo,
+    memo: &'b mut HeadMemo,
 ) -> Result<Option<Head<'b>>, HeadError> {
     let probe = memo.probe();
-    if probe {
-        if let Some(head) = recall_head(buf, memo) {
+    // Leading empty lines are left to the full parse.
+    let found = match buf.first() {
+        Some(b'\r' | b'\n') => None,
+        _ if probe && !memo.is_empty() => memo.recall(buf),
+        _ => None,
+    };
+    if let Some(found) = found {
+        if let Some(line) = found.line {
+            // The whole head is one judged before: httparse's reading of
+            // its request line is taken over.
+            let memo: &'b HeadMemo = memo;
+            return remembered_head(buf, memo, found, line).map(Some);
+        }
+        if let Some(head) = recalled_block(buf, found) {
             return head.map(Some);
         }
     }
+    parse_full(buf, storage, probe.then_some(memo))
+}
+
+/// Parses a whole head with httparse and checks it; a head that passes is
+/// remembered in `memo`, when given.
+fn parse_full<'b>(
+    buf: &'b [u8],
+    storage: &'b mut HeaderStorage<'b>,
+    memo: Option<&mut HeadMemo>,
+) -> Result<Option<Head<'b>>, HeadError> {
     let mut req = httparse::Request::new(&mut []);
     let head_len = match req.parse_with_uninit_headers(buf, storage) {
         Ok(Status::Complete(n)) => n,
@@ -249,8 +274,14 @@ pub fn parse_head_on<'b>(
     if !spans.host.is_none_or(|host| valid_host(host.of(block))) {
         return Err(HeadError::Malformed("The Host header is not a valid host[:port]."));
     }
-    if probe {
-        memo.remember(block_start, block, spans);
+    if let Some(memo) = memo {
+        let line = &buf[..block_start];
+        let line_spans = LineSpans {
+            method: Span::within(buf, method.as_bytes()),
+            target: Span::within(buf, target.as_bytes()),
+            version,
+        };
+        memo.remember(line, line_spans, block, spans);
     }
     assemble(buf, line, block_start, head_len, spans).map(Some)
 }
@@ -263,18 +294,31 @@ fn offset_in(buf: &[u8], part: &[u8]) -> usize {
     part.as_ptr() as usize - buf.as_ptr() as usize
 }
 
-/// The head at the start of `buf` when its header block is one `memo`
-/// remembers; `None` when it is not (or anything is unusual), and then the
-/// full parse judges it. The request line is parsed by httparse as always:
-/// given no room for fields, it stops at the first one.
-fn recall_head<'b>(buf: &'b [u8], memo: &mut HeadMemo) -> Option<Result<Head<'b>, HeadError>> {
-    // Leading empty lines are left to the full parse.
-    if memo.is_empty() || matches!(buf.first(), Some(b'\r' | b'\n')) {
-        return None;
-    }
-    let (line_len, block_len, spans) = memo.recall(buf)?;
-    // httparse reads the request line alone: the fields are not in the
-    // slice, so it stops (`Partial`) where they would start.
+/// The head at the start of `buf`, whose header block and request line are
+/// both the ones `memo` remembered with `found`.
+fn remembered_head<'b>(
+    buf: &'b [u8],
+    memo: &'b HeadMemo,
+    found: Recalled<FieldSpans, LineSpans>,
+    line: LineSpans,
+) -> Result<Head<'b>, HeadError> {
+    let text = memo.line_text(found.entry);
+    let (Some(method), Some(target)) = (line.method.str_in(text), line.target.str_in(text)) else {
+        // The spans were taken from this very text.
+        debug_assert!(false, "a remembered request line without its spans");
+        return Err(HeadError::Malformed("The request line is invalid."));
+    };
+    let line = RequestLine::check(method, target, line.version)?;
+    assemble(buf, line, found.line_len, found.line_len + found.block_len, found.spans)
+}
+
+/// The head at the start of `buf`, whose header block is the one `memo`
+/// remembered with `found` after another request line: httparse reads the
+/// request line alone (the fields are not in the slice it is given, so it
+/// stops, `Partial`, where they would start). `None` when that line does
+/// not end right where the block starts; the full parse then judges it.
+fn recalled_block(buf: &[u8], found: Recalled<FieldSpans, LineSpans>) -> Option<Result<Head<'_>, HeadError>> {
+    let line_len = found.line_len;
     let mut req = httparse::Request::new(&mut []);
     if req.parse_with_uninit_headers(&buf[..line_len], &mut []) != Ok(Status::Partial) {
         return None;
@@ -288,7 +332,7 @@ fn recall_head<'b>(buf: &'b [u8], memo: &mut HeadMemo) -> Option<Result<Head<'b>
     }
     Some(
         RequestLine::check(method, target, version)
-            .and_then(|line| assemble(buf, line, line_len, line_len + block_len, spans)),
+            .and_then(|line| assemble(buf, line, line_len, line_len + found.block_len, found.spans)),
     )
 }
 
@@ -539,27 +583,45 @@ pub struct FieldSpans {
     idempotency_key: Option<Span>,
 }
 
-/// A connection's memory of its last header blocks and their fields.
-pub type HeadMemo = BlockMemo<FieldSpans>;
+/// A connection's memory of its last header blocks and request lines.
+pub type HeadMemo = BlockMemo<FieldSpans, LineSpans>;
+
+/// What httparse read in a request line, as spans of it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LineSpans {
+    method: Span,
+    target: Span,
+    version: u8,
+}
 
 /// Where a value lies in its header block.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct Span {
     start: u32,
     len: u32,
 }
 
 impl Span {
+    /// `part`'s place in `whole`, of which it is a slice.
+    fn within(whole: &[u8], part: &[u8]) -> Span {
+        // Heads are at most `MAX_HEAD_BYTES`, so every offset fits.
+        Span { start: offset_in(whole, part) as u32, len: part.len() as u32 }
+    }
+
     fn of(self, block: &[u8]) -> &[u8] {
         &block[self.start as usize..][..self.len as usize]
+    }
+
+    /// `of` for a span of text.
+    fn str_in(self, text: &str) -> Option<&str> {
+        text.get(self.start as usize..self.start as usize + self.len as usize)
     }
 }
 
 /// Fills `f` (in place: it is large, and returning it would copy it) from the
 /// fields httparse found in `block`.
 fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(), HeadError> {
-    // Heads are at most `MAX_HEAD_BYTES`, so every offset fits.
-    let span = |v: &[u8]| Some(Span { start: offset_in(block, v) as u32, len: v.len() as u32 });
+    let span = |v: &[u8]| Some(Span::within(block, v));
     for h in headers {
         let name = h.name.as_bytes();
         // The length dispatch keeps most fields at one integer compare.

@@ -24,7 +24,7 @@ impl Clock {
 
     /// The monotonic milliseconds of an instant already read.
     pub fn ms_at(&self, at: Instant) -> Ms {
-        at.saturating_duration_since(self.start).as_millis() as u64
+        crate::time::millis(at.saturating_duration_since(self.start))
     }
 
     /// The reading of an instant already read, with the wall time it maps to.

@@ -45,6 +45,7 @@ impl Server {
                 conn.head_scanned = data.len();
                 break;
             }
+            let input_full = conn.input_full();
             let mut storage = header_storage();
             let head = match parse_head_on(data, &mut storage, &mut conn.head_memo) {
                 Ok(Some(head)) => head,
@@ -92,7 +93,6 @@ impl Server {
                 proxied = proxied::settle(app, proxy, poll.registry(), conn, begun, now);
                 break;
             }
-            let input_full = conn.input_full();
             let (body, consumed) = match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
                 Body::Ready(body, consumed) => (body, consumed),
                 Body::Incomplete if input_full => {

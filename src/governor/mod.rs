@@ -29,6 +29,7 @@ pub mod queue;
 mod shard;
 pub mod snapshot;
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -148,6 +149,8 @@ impl Hasher for Fnv {
 pub struct Governor<T = u64> {
     pools: Vec<Pool>,
     names: HashMap<Box<str>, PoolId, BuildHasherDefault<Fnv>>,
+    /// The pool `pool_id` found last.
+    last_pool: Cell<PoolId>,
     leases: Slab<Lease>,
     waiters: Waiters,
     wheel: Wheel<Timer<T>>,
@@ -178,6 +181,7 @@ impl<T: Copy> Governor<T> {
         let mut g = Governor {
             pools: Vec::new(),
             names: HashMap::default(),
+            last_pool: Cell::new(PoolId(0)),
             leases: Slab::new(),
             waiters: Waiters::default(),
             wheel: Wheel::new(),
@@ -252,7 +256,16 @@ impl<T: Copy> Governor<T> {
     }
 
     pub fn pool_id(&self, name: &str) -> Option<PoolId> {
-        self.names.get(name).copied()
+        // Most requests name the pool the one before named. A name, once
+        // known, names the same pool for good (pools are retired, never
+        // removed), so the last answer is right whenever the name is equal.
+        let last = self.last_pool.get();
+        if self.pools.get(last.0 as usize).is_some_and(|p| *p.name == *name) {
+            return Some(last);
+        }
+        let pid = self.names.get(name).copied()?;
+        self.last_pool.set(pid);
+        Some(pid)
     }
 
     pub fn pool(&self, pid: PoolId) -> &Pool {

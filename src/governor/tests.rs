@@ -504,3 +504,24 @@ fn a_released_readopted_id_is_remembered_until_its_request_deadline_and_no_longe
     assert!(!new.release(p, id(&b), None, 59_601));
     assert_eq!(new.pool(p).stats.readopted, 1);
 }
+
+#[test]
+fn pool_names_resolve_to_their_own_pool_in_any_order_and_after_a_reload() {
+    let (mut g, p) = governor("");
+    let other = g.pool_id("other").unwrap();
+    assert_ne!(p, other);
+    for (name, want) in [("p", Some(p)), ("p", Some(p)), ("other", Some(other)), ("nope", None), ("other", Some(other))]
+    {
+        assert_eq!(g.pool_id(name), want, "{name}");
+    }
+    // "p" is dropped and "q" added: the names keep their pools, retired or not.
+    let config = Config::parse(br#"{"pools":{"other":{"keys":["k2"]},"q":{"keys":["k3"]}}}"#).unwrap();
+    g.reconfigure(&pool_settings(&config), 0);
+    let q = g.pool_id("q").unwrap();
+    assert!(![p, other].contains(&q));
+    assert_eq!(g.pool_id("p"), Some(p));
+    assert!(g.pool(p).retired);
+    assert_eq!(g.pool_id("q"), Some(q));
+    assert_eq!(g.pool_id("other"), Some(other));
+    assert_eq!(g.pool_id(""), None);
+}

@@ -400,3 +400,19 @@ fn a_waiter_that_leaves_in_the_same_turn_as_a_release_is_not_granted() {
     // The slot went nowhere: a newcomer gets it at once.
     assert_eq!(s.acquire("", "").status, 200);
 }
+
+/// A server with no upstream host name to resolve runs on one thread: the
+/// resolver's starts with the first lookup, so every socket call skips the
+/// C library's cancellation bookkeeping of a multi-threaded process.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_lock_api_server_runs_on_one_thread() {
+    let s = TestServer::start(&config("", ""));
+    for _ in 0..3 {
+        let r = s.acquire("", "");
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(s.release(&r.slot(), r#"{"status":200}"#).json()["released"], true);
+    }
+    let threads = std::fs::read_dir(format!("/proc/{}/task", s.child.id())).unwrap().count();
+    assert_eq!(threads, 1, "threads of the server process");
+}

@@ -18,9 +18,13 @@
 //! such for `negative_ttl_ms`, so a burst of requests makes one lookup.
 //!
 //! Lookups are one at a time, in the order asked, each name at most once in
-//! flight. The thread ends when the `Resolver` is dropped and it has finished
-//! its current lookup; it is not joined, so a stuck lookup cannot hold up a
-//! shutdown.
+//! flight. The thread starts with the first lookup it has to make: a server
+//! whose upstreams are IP literals, or that serves the lock API only, stays
+//! one thread, and the C library then skips the cancellation bookkeeping it
+//! wraps around every socket call of a multi-threaded process (about 100 to
+//! 180 instructions per request, PERFORMANCE.md). The thread ends when the
+//! `Resolver` is dropped and it has finished its current lookup; it is not
+//! joined, so a stuck lookup cannot hold up a shutdown.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -156,24 +160,81 @@ enum Job {
     Use(Arc<LookupFn>),
 }
 
-/// The loop's side of the resolver: the cache and the two channels.
+/// The loop's side of the resolver: the cache and the thread.
 pub struct Resolver {
-    jobs: Sender<Job>,
-    answers: Receiver<Answer>,
+    thread: Thread,
     cache: HashMap<String, Entry>,
     policy: CachePolicy,
     gone: ResolveError,
 }
 
-impl Resolver {
-    /// Starts the resolver thread, asking `nameservers` when given, else the
-    /// system's resolver. `waker` is woken each time an answer is queued.
-    pub fn spawn(
+/// The lookup thread, started by the first lookup sent to it.
+enum Thread {
+    NotStarted {
         waker: Arc<mio::Waker>,
-        policy: CachePolicy,
-        nameservers: Option<Nameservers>,
-    ) -> io::Result<Resolver> {
-        Self::spawn_with(waker, policy, lookup_with(nameservers))
+        lookup: Arc<LookupFn>,
+    },
+    Running {
+        jobs: Sender<Job>,
+        answers: Receiver<Answer>,
+    },
+    /// It could not be started; every lookup fails as if it were gone.
+    Failed,
+}
+
+impl Thread {
+    /// Hands `job` to the thread, starting it first if need be; false when
+    /// the thread is gone or cannot be started.
+    fn send(&mut self, job: Job) -> bool {
+        if let Thread::NotStarted { waker, lookup } = self {
+            *self = match start(waker.clone(), lookup.clone()) {
+                Ok(running) => running,
+                Err(e) => {
+                    log::error!("cannot start the resolver thread: {e}");
+                    Thread::Failed
+                }
+            };
+        }
+        match self {
+            Thread::Running { jobs, .. } => jobs.send(job).is_ok(),
+            Thread::NotStarted { .. } | Thread::Failed => false,
+        }
+    }
+}
+
+/// Starts the lookup thread: it asks `lookup` for each name sent to it,
+/// queues the answer and wakes the loop through `waker`.
+fn start(waker: Arc<mio::Waker>, lookup: Arc<LookupFn>) -> io::Result<Thread> {
+    let (jobs, job_rx) = mpsc::channel::<Job>();
+    let (answer_tx, answers) = mpsc::channel::<Answer>();
+    std::thread::Builder::new().name("nthpool-resolve".into()).spawn(move || {
+        let mut lookup = lookup;
+        for job in job_rx {
+            let host = match job {
+                Job::Lookup(host) => host,
+                Job::Use(other) => {
+                    lookup = other;
+                    continue;
+                }
+            };
+            let result = lookup(&host);
+            if answer_tx.send(Answer { host, result }).is_err() {
+                return;
+            }
+            if let Err(e) = waker.wake() {
+                log::warn!("resolver could not wake the event loop: {e}");
+            }
+        }
+    })?;
+    Ok(Thread::Running { jobs, answers })
+}
+
+impl Resolver {
+    /// A resolver that asks `nameservers` when given, else the system's
+    /// resolver. `waker` is woken each time an answer is queued. Its thread
+    /// starts with the first lookup.
+    pub fn new(waker: Arc<mio::Waker>, policy: CachePolicy, nameservers: Option<Nameservers>) -> Resolver {
+        Self::with_lookup(waker, policy, lookup_with(nameservers))
     }
 
     /// A reload: `policy` for answers filed from now on, `nameservers` (or
@@ -181,34 +242,30 @@ impl Resolver {
     /// Answers in the cache are kept until their TTL.
     pub fn reconfigure(&mut self, policy: CachePolicy, nameservers: Option<Nameservers>) {
         self.policy = policy;
-        // A thread that is gone is reported by the next lookup.
-        let _ = self.jobs.send(Job::Use(lookup_with(nameservers)));
+        let next = lookup_with(nameservers);
+        match &mut self.thread {
+            Thread::NotStarted { lookup, .. } => *lookup = next,
+            // A thread that is gone is reported by the next lookup.
+            Thread::Running { jobs, .. } => {
+                let _ = jobs.send(Job::Use(next));
+            }
+            Thread::Failed => {}
+        }
     }
 
-    /// Starts the resolver thread with `lookup` in place of the system's.
-    pub fn spawn_with(waker: Arc<mio::Waker>, policy: CachePolicy, lookup: Arc<LookupFn>) -> io::Result<Resolver> {
-        let (jobs, job_rx) = mpsc::channel::<Job>();
-        let (answer_tx, answers) = mpsc::channel::<Answer>();
-        std::thread::Builder::new().name("nthpool-resolve".into()).spawn(move || {
-            let mut lookup = lookup;
-            for job in job_rx {
-                let host = match job {
-                    Job::Lookup(host) => host,
-                    Job::Use(other) => {
-                        lookup = other;
-                        continue;
-                    }
-                };
-                let result = lookup(&host);
-                if answer_tx.send(Answer { host, result }).is_err() {
-                    return;
-                }
-                if let Err(e) = waker.wake() {
-                    log::warn!("resolver could not wake the event loop: {e}");
-                }
-            }
-        })?;
-        Ok(Resolver { jobs, answers, cache: HashMap::new(), policy, gone: ResolveError::ResolverGone })
+    /// A resolver that runs `lookup` in place of the system's.
+    pub fn with_lookup(waker: Arc<mio::Waker>, policy: CachePolicy, lookup: Arc<LookupFn>) -> Resolver {
+        Resolver {
+            thread: Thread::NotStarted { waker, lookup },
+            cache: HashMap::new(),
+            policy,
+            gone: ResolveError::ResolverGone,
+        }
+    }
+
+    /// Whether the lookup thread runs (it starts with the first lookup).
+    pub fn started(&self) -> bool {
+        matches!(self.thread, Thread::Running { .. })
     }
 
     /// The addresses of `host` as far as known at `now`, never waiting. IP
@@ -243,7 +300,7 @@ impl Resolver {
         let failure_current =
             entry.failure.as_ref().is_some_and(|(_, at)| now < at.saturating_add(policy.negative_ttl_ms));
         if needs_refresh && !entry.in_flight && !failure_current {
-            if self.jobs.send(Job::Lookup(host.to_owned())).is_err() {
+            if !self.thread.send(Job::Lookup(host.to_owned())) {
                 return Lookup::Failed(&self.gone);
             }
             entry.in_flight = true;
@@ -261,7 +318,10 @@ impl Resolver {
     /// `ready` with each name answered (resolved or not), so the caller can
     /// go on with the connections that waited for it.
     pub fn take_answers(&mut self, now: Ms, mut ready: impl FnMut(&str)) {
-        while let Ok(Answer { host, result }) = self.answers.try_recv() {
+        let Thread::Running { answers, .. } = &self.thread else {
+            return;
+        };
+        while let Ok(Answer { host, result }) = answers.try_recv() {
             let Some(entry) = self.cache.get_mut(&host) else {
                 continue;
             };
@@ -421,7 +481,7 @@ mod tests {
         fn new(lookup: Arc<LookupFn>) -> Loop {
             let poll = Poll::new().unwrap();
             let waker = Arc::new(mio::Waker::new(poll.registry(), WAKE).unwrap());
-            let resolver = Resolver::spawn_with(waker, policy(), lookup).unwrap();
+            let resolver = Resolver::with_lookup(waker, policy(), lookup);
             Loop { poll, events: Events::with_capacity(8), resolver }
         }
 
@@ -447,7 +507,9 @@ mod tests {
     fn a_name_is_pending_then_ready_through_the_waker() {
         let (lookup, calls) = table(&[("api.test", &[[10, 0, 0, 1], [10, 0, 0, 2]])]);
         let mut l = Loop::new(lookup);
+        assert!(!l.resolver.started(), "no thread before the first lookup");
         assert_eq!(l.resolver.lookup("api.test", 0), Lookup::Pending);
+        assert!(l.resolver.started());
         assert_eq!(l.wait_answers(5), vec!["api.test".to_owned()]);
         assert_eq!(l.resolver.lookup("api.test", 6), Lookup::Ready(&[v4([10, 0, 0, 1]), v4([10, 0, 0, 2])]));
         assert_eq!(calls.lock().unwrap().len(), 1);
@@ -461,6 +523,7 @@ mod tests {
         assert_eq!(l.resolver.lookup("127.0.0.1", 0), Lookup::Ready(&[v4([127, 0, 0, 1])]));
         assert_eq!(l.resolver.lookup("[::1]", u64::MAX / 2), Lookup::Ready(&[v6]));
         assert!(calls.lock().unwrap().is_empty());
+        assert!(!l.resolver.started(), "literals start no thread");
     }
 
     #[test]
@@ -591,7 +654,7 @@ mod tests {
     fn localhost_resolves_through_the_system_resolver() {
         let poll = Poll::new().unwrap();
         let waker = Arc::new(mio::Waker::new(poll.registry(), WAKE).unwrap());
-        let resolver = Resolver::spawn(waker, policy(), None).unwrap();
+        let resolver = Resolver::new(waker, policy(), None);
         let mut l = Loop { poll, events: Events::with_capacity(8), resolver };
         assert_eq!(l.resolver.lookup("localhost", 0), Lookup::Pending);
         l.wait_answers(0);

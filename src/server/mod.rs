@@ -170,16 +170,16 @@ pub struct Server {
     proxy_listeners: Vec<(TcpListener, PoolId)>,
 }
 
-/// The resolver thread, the only thread besides the loop: it runs the
-/// blocking lookups for upstream host names (`net::resolve`).
-fn spawn_resolver(
+/// The resolver, whose thread (the only thread besides the loop, started
+/// by the first lookup) runs the blocking lookups for upstream host names
+/// (`net::resolve`).
+fn new_resolver(
     poll: &Poll,
     config: &crate::config::resolver::ResolverConfig,
 ) -> Result<crate::net::resolve::Resolver, String> {
     let waker =
         mio::Waker::new(poll.registry(), RESOLVER).map_err(|e| format!("cannot create the resolver's waker: {e}"))?;
-    crate::net::resolve::Resolver::spawn(std::sync::Arc::new(waker), config.policy(), config.nameservers())
-        .map_err(|e| format!("cannot start the resolver thread: {e}"))
+    Ok(crate::net::resolve::Resolver::new(std::sync::Arc::new(waker), config.policy(), config.nameservers()))
 }
 
 impl Server {
@@ -210,7 +210,7 @@ impl Server {
         let mut app = App::new(config, Entropy::from_fn(state::os_random))?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
-        let resolver = spawn_resolver(&poll, &config.resolver)?;
+        let resolver = new_resolver(&poll, &config.resolver)?;
         let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
         let snapshot_timer = persistence.interval_ms().map(|every| app.schedule(every, Wake::Snapshot));
         Ok(Server {

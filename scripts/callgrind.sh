@@ -14,6 +14,11 @@
 # is the cost of one more request, with start-up, connection set-up and
 # tear-down cancelled out. Variants:
 #   - nthpool, empty
+#   - nthpool, empty, varying header (CG_VARY=1): the same cycles with
+#     `nthpool-bench --vary-header`, whose every request carries an
+#     `X-Request-Id` of its own (a counter, as a trace id would change), so the
+#     server's per-connection memo of the last two header blocks never hits;
+#     measured on a fresh server, like the empty runs, over 1 and 50 connections
 #   - nthpool with 1,000,000 slots held on another pool, filled with
 #     `nthpool-bench --fill` before the measured runs (instrumentation is off
 #     during the fill, so it is not counted at all; the subtraction removes
@@ -22,11 +27,13 @@
 #     (installed with apt-get if missing and run as root): `valgrind --tool=callgrind --trace-children=yes nginx -g
 #     'daemon off; master_process off;'`
 # Kernel work (epoll, socket reads and writes) is not counted: callgrind sees
-# user space only. Takes about two minutes.
+# user space only. Takes about two minutes (CG_VARY=1: a minute more).
 # Environment: CG_N1 (20000), CG_N2 (120000), CG_FILL (1000000), CG_PORT (27170),
 # CG_NGINX_PORT (27180), CG_QUICK (1: the empty-pool runs only, no fill, no
-# nginx), CG_KEEP (a directory: the callgrind out files are copied there, for
-# callgrind_annotate), CARGO_TARGET_DIR.
+# nginx; with CG_VARY=1 the varying-header runs too), CG_VARY (0; 1: also the
+# varying-header runs, after the empty ones), CG_KEEP (a directory: the
+# callgrind out files are copied there, for callgrind_annotate),
+# CARGO_TARGET_DIR.
 set -euo pipefail
 
 case "${1:-}" in
@@ -46,6 +53,14 @@ ROOT=$(pwd)
 N1=${CG_N1:-20000}
 N2=${CG_N2:-120000}
 FILL=${CG_FILL:-1000000}
+VARY=${CG_VARY:-0}
+case "$VARY" in
+    0 | 1) ;;
+    *)
+        echo "callgrind.sh: CG_VARY must be 0 or 1, not $VARY" >&2
+        exit 2
+        ;;
+esac
 # The two client shapes: one sequential keep-alive client, and 50 connections.
 SHAPES=(1 50)
 KEY=nthpool-bench-key
@@ -142,8 +157,16 @@ record() {
 import sys
 label, ir1, req1, ir2, req2 = sys.argv[1], *map(int, sys.argv[2:])
 per = (ir2 - ir1) / (req2 - req1)
-print(f"{label:<40} {req1:>9} {ir1:>13} {req2:>9} {ir2:>13} {per:>12.0f}")
+print(f"{label:<52} {req1:>9} {ir1:>13} {req2:>9} {ir2:>13} {per:>12.0f}")
 ' "$label" "$ir1" "$req1" "$ir2" "$req2")")
+}
+
+# The 12 functions of dump file $1 with the most own instructions (callgrind_annotate),
+# for whoever wants to look further.
+top_functions() {
+    callgrind_annotate --auto=no --threshold=100 "$1" 2>/dev/null |
+        awk '/file:function/ { getline; listing = 1; next } listing && NF { print; if (++n == 12) exit }' |
+        sed 's|[^ ]*/registry/src/[^/]*/||; s| \[.*\]$||' || true
 }
 
 say "nthpool, empty, access log on: $N1 then $N2 requests under callgrind, ${SHAPES[*]} connections..."
@@ -160,13 +183,23 @@ c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 c.request("POST", "/pools/bench/lock/acquire", headers={"X-Nthpool-Key": key, "Content-Length": "0"})
 open(out, "wb").write(c.getresponse().read())
 PY
-# The hot functions of the second run, for whoever wants to look further.
-TOP=$(callgrind_annotate --auto=no --threshold=100 "$(newest_dump "$WORK/empty.out")" 2>/dev/null |
-    awk '/file:function/ { getline; listing = 1; next } listing && NF { print; if (++n == 12) exit }' |
-    sed 's|[^ ]*/registry/src/[^/]*/||; s| \[.*\]$||' || true)
+# The hot functions of the second run.
+TOP=$(top_functions "$(newest_dump "$WORK/empty.out")")
 stop "$SERVER"
 keep() { [ -z "${CG_KEEP:-}" ] || { mkdir -p "$CG_KEEP" && cp "$WORK"/"$1".out.* "$CG_KEEP"/; }; }
 keep empty
+
+if [ "$VARY" = 1 ]; then
+    say "nthpool, empty, X-Request-Id new on every request: $N1 then $N2 requests, ${SHAPES[*]} connections..."
+    start_nthpool vary
+    for c in "${SHAPES[@]}"; do
+        record "nthpool acquire/release, empty, varying header, c=$c" "$(measure "vary$c" "$SERVER" \
+            "$WORK/vary.out" --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c "$c" --vary-header)"
+    done
+    TOP_VARY=$(top_functions "$(newest_dump "$WORK/vary.out")")
+    stop "$SERVER"
+    keep vary
+fi
 
 if [ "${CG_QUICK:-0}" != 1 ]; then
     say "nthpool with $FILL slots held: filling (not counted), then $N1 and $N2 requests..."
@@ -218,7 +251,7 @@ say ""
 say "====== user-space instructions per request (callgrind Ir), access log on, 127.0.0.1 ======"
 say "  $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(valgrind --version); $NGINX_NOTE"
 say "  an nthpool request is one acquire or one release (a cycle is two); the fill: ${FILLED:-?}"
-printf '%-40s %9s %13s %9s %13s %12s\n' "server" "requests1" "Ir1" "requests2" "Ir2" "Ir/request"
+printf '%-52s %9s %13s %9s %13s %12s\n' "server" "requests1" "Ir1" "requests2" "Ir2" "Ir/request"
 for r in "${RESULTS[@]}"; do
     say "$r"
 done
@@ -227,4 +260,9 @@ if [ -n "${TOP:-}" ]; then
     say ""
     say "nthpool, empty, second run: functions by own instructions (callgrind_annotate)"
     say "$TOP"
+fi
+if [ -n "${TOP_VARY:-}" ]; then
+    say ""
+    say "nthpool, empty, varying header, second run: functions by own instructions (callgrind_annotate)"
+    say "$TOP_VARY"
 fi

@@ -147,8 +147,8 @@ impl Conn {
 pub struct Holder<'a> {
     mode: Mode,
     opts: &'a Options,
-    /// The acquire request, composed once.
-    acquire: Vec<u8>,
+    /// The acquire request, composed once (its `X-Request-Id` stamped per copy).
+    requests: Requests,
     addr: SocketAddr,
     poll: Poll,
     conns: Vec<Conn>,
@@ -170,12 +170,10 @@ impl<'a> Holder<'a> {
             Mode::Fill(_) => opts.connections,
             Mode::Queue(n) => n,
         };
-        let mut acquire = Vec::new();
-        Requests::new(opts).acquire(&mut acquire);
         Ok(Holder {
             mode,
             opts,
-            acquire,
+            requests: Requests::new(opts),
             addr,
             poll: Poll::new()?,
             conns: (0..connections).map(|_| Conn::new()).collect(),
@@ -342,7 +340,7 @@ impl<'a> Holder<'a> {
             c.wpos = 0;
         }
         for _ in 0..n {
-            c.wbuf.extend_from_slice(&self.acquire);
+            self.requests.append_acquire(&mut c.wbuf);
         }
         c.unsent += n;
         c.in_flight += n;
@@ -546,6 +544,7 @@ pub fn json(mode: Mode, o: &Options, target: &str, b: &Built) -> Value {
         "target": target,
         "mode": match mode { Mode::Fill(_) => "fill", Mode::Queue(_) => "queue" },
         "pool": o.pool,
+        "varyHeader": o.vary_header,
         "requested": b.requested,
         "connections": b.connections,
         "connected": b.connected,

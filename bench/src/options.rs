@@ -32,6 +32,9 @@ pub struct Options {
     /// `Some(sha)` drives a Redis server instead: acquire is `EVALSHA sha`
     /// of a semaphore script, release is `ZREM`.
     pub redis: Option<String>,
+    /// `--vary-header`: every HTTP request carries `X-Request-Id` with a value
+    /// of its own (a run-wide counter), so no two header blocks are the same.
+    pub vary_header: bool,
     /// `--fill N`: acquire N slots as fast as possible and leave them held.
     pub fill: Option<u64>,
     /// `--queue N`: open N connections that each send one waiting acquire.
@@ -58,6 +61,7 @@ impl Default for Options {
             timeout: Duration::from_secs(5),
             get: None,
             redis: None,
+            vary_header: false,
             fill: None,
             queue: None,
             json: false,
@@ -107,6 +111,10 @@ TARGET:
                           `EVALSHA SHA 2 POOL POOL:seq` (a semaphore script that
                           answers a new holder id, or nil when full), release is
                           `ZREM POOL id`. Load the script first with SCRIPT LOAD
+    --vary-header         Add `X-Request-Id: <16 hex digits>` to every request,
+                          a counter that goes up by one with each request of
+                          the run (as a trace id would change), so no two
+                          header blocks are alike. Not with --redis (an error)
 
 LOAD:
     -c, --connections N   Keep-alive connections, each with one request in
@@ -174,6 +182,9 @@ EXAMPLES:
     # queue for up to 100 ms, stop after 1 000 000 requests, JSON for scripts
     nthpool-bench --key nb_demo_... --wait-ms 100 -n 1000000 --json
 
+    # every request with an X-Request-Id of its own: no header block repeats
+    nthpool-bench --key nb_demo_... --vary-header -c 1
+
     # the same client against nginx serving a static JSON reply
     nthpool-bench --addr 127.0.0.1:8080 --get /grant.json -c 50
 
@@ -207,6 +218,7 @@ where
         match flag.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
             "--json" => o.json = true,
+            "--vary-header" => o.vary_header = true,
             "--addr" => o.addr = value("--addr")?,
             "--pool" => o.pool = value("--pool")?,
             "--key" => o.key = Some(value("--key")?),
@@ -261,6 +273,9 @@ fn check(o: &Options) -> Result<(), UsageError> {
     }
     if o.redis.is_some() && (o.renews > 0 || o.wait_ms.is_some()) {
         return fail("--redis drives acquire and release only: drop --renews and --wait-ms");
+    }
+    if o.redis.is_some() && o.vary_header {
+        return fail("--vary-header adds an HTTP header, and --redis speaks RESP: drop one of them");
     }
     if let Some(sha) = &o.redis {
         if sha.len() != 40 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -370,6 +385,7 @@ mod tests {
             "100",
             "--backoff-ms",
             "3",
+            "--vary-header",
             "--json",
         ]);
         assert_eq!(o.addr, "localhost:8080");
@@ -384,6 +400,7 @@ mod tests {
         assert_eq!(o.renews, 2);
         assert_eq!(o.wait_ms, Some(100));
         assert_eq!(o.backoff, Duration::from_millis(3));
+        assert!(o.vary_header);
         assert!(o.json);
         // The wait budget is added to the default timeout.
         assert_eq!(o.timeout, Duration::from_millis(5100));
@@ -424,6 +441,7 @@ mod tests {
         assert!(error(&["--redis", "abc"]).contains("SHA1"));
         assert!(error(&["--redis", sha, "--renews", "1"]).contains("--renews"));
         assert!(error(&["--redis", sha, "--get", "/x"]).contains("exclude"));
+        assert!(error(&["--redis", sha, "--vary-header"]).contains("--vary-header"));
     }
 
     #[test]

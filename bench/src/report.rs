@@ -47,6 +47,7 @@ impl Run<'_> {
 
     fn workload(&self) -> String {
         let o = self.opts;
+        let vary = if o.vary_header { ", X-Request-Id new on every request" } else { "" };
         if o.redis.is_some() {
             return format!(
                 "Redis semaphore: EVALSHA acquire -> ZREM release on sorted set {}, hold {} ms, back-off {} ms",
@@ -56,14 +57,14 @@ impl Run<'_> {
             );
         }
         match &o.get {
-            Some(path) => format!("GET {path}"),
+            Some(path) => format!("GET {path}{vary}"),
             None => {
                 let wait = match o.wait_ms {
                     Some(ms) => format!("wait {ms} ms"),
                     None => "fail fast".to_string(),
                 };
                 format!(
-                    "acquire ({wait}) -> {} renews -> release on pool {}, hold {} ms, back-off {} ms",
+                    "acquire ({wait}) -> {} renews -> release on pool {}, hold {} ms, back-off {} ms{vary}",
                     o.renews,
                     o.pool,
                     o.hold.as_millis(),
@@ -173,6 +174,7 @@ impl Run<'_> {
             "target": self.target,
             "mode": if o.get.is_some() { "get" } else if o.redis.is_some() { "redis" } else { "lock" },
             "path": o.get,
+            "varyHeader": o.vary_header,
             "pool": o.pool,
             "connections": o.connections,
             "threads": o.threads,

@@ -32,8 +32,9 @@
 # CG_NGINX_PORT (27180), CG_QUICK (1: the empty-pool runs only, no fill, no
 # nginx; with CG_VARY=1 the varying-header runs too), CG_VARY (0; 1: also the
 # varying-header runs, after the empty ones), CG_KEEP (a directory: the
-# callgrind out files are copied there, for callgrind_annotate),
-# CARGO_TARGET_DIR.
+# callgrind out files are copied there, for callgrind_annotate), CG_SERVER (the
+# path of another nthpool binary to measure, for an A/B: an older build, say;
+# the load tool is still the one built here), CARGO_TARGET_DIR.
 set -euo pipefail
 
 case "${1:-}" in
@@ -68,6 +69,8 @@ PORT=${CG_PORT:-27170}
 NGINX_PORT=${CG_NGINX_PORT:-27180}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=$CARGO_TARGET_DIR/release
+# The server measured: the one built here, or another build for an A/B.
+SERVER_BIN=${CG_SERVER:-$BIN/nthpool}
 
 command -v valgrind >/dev/null || {
     echo "callgrind.sh: valgrind is not installed (apt-get install valgrind)" >&2
@@ -136,7 +139,7 @@ start_nthpool() {
     # Instrumentation starts off: nothing before `callgrind_control -i on` is
     # counted, and an uninstrumented fill runs several times faster.
     env RUST_LOG=warn "${ON_SERVER[@]}" valgrind --tool=callgrind --instr-atstart=no \
-        --callgrind-out-file="$WORK/$name.out" "$BIN/nthpool" --config "$WORK/nthpool.json" \
+        --callgrind-out-file="$WORK/$name.out" "$SERVER_BIN" --config "$WORK/nthpool.json" \
         >"$WORK/$name.log" 2>&1 &
     SERVER=$!
     PIDS+=("$SERVER")
@@ -249,7 +252,7 @@ fi
 
 say ""
 say "====== user-space instructions per request (callgrind Ir), access log on, 127.0.0.1 ======"
-say "  $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(valgrind --version); $NGINX_NOTE"
+say "  $(git rev-parse --short HEAD 2>/dev/null || echo '?')${CG_SERVER:+ (server: $CG_SERVER)}; $(valgrind --version); $NGINX_NOTE"
 say "  an nthpool request is one acquire or one release (a cycle is two); the fill: ${FILLED:-?}"
 printf '%-52s %9s %13s %9s %13s %12s\n' "server" "requests1" "Ir1" "requests2" "Ir2" "Ir/request"
 for r in "${RESULTS[@]}"; do

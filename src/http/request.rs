@@ -170,6 +170,16 @@ pub fn head_may_be_complete(buf: &[u8], searched_from: usize) -> bool {
     false
 }
 
+/// `a == b` for slices of one length, eight bytes per compare (the last
+/// word overlapping the one before it) instead of a call to `memcmp`.
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    debug_assert_eq!(a.len(), b.len());
+    if a.len() < 8 {
+        return a == b;
+    }
+    words_equal(a, b, 0)
+}
+
 /// `a | fold == b` eight bytes at a time, for slices of one length of at
 /// least eight bytes; the last word overlaps the one before it.
 fn words_equal(a: &[u8], b: &[u8], fold: u64) -> bool {
@@ -188,7 +198,7 @@ fn words_equal(a: &[u8], b: &[u8], fold: u64) -> bool {
 /// Parses the request head at the start of `buf`. `Ok(None)` means the head is not
 /// complete yet; keep the bytes and call again once `head_may_be_complete` says so.
 pub fn parse_head<'b>(buf: &'b [u8], storage: &'b mut HeaderStorage<'b>) -> Result<Option<Head<'b>>, HeadError> {
-    parse_full(buf, storage, None)
+    parse_full(buf, storage, None, false)
 }
 
 /// `parse_head` for a connection that remembers the header blocks it sent
@@ -201,11 +211,11 @@ pub fn parse_head_on<'b>(
     storage: &'b mut HeaderStorage<'b>,
     memo: &'b mut HeadMemo,
 ) -> Result<Option<Head<'b>>, HeadError> {
-    let probe = memo.probe();
+    let probe = memo.blocks.probe();
     // Leading empty lines are left to the full parse.
     let found = match buf.first() {
         Some(b'\r' | b'\n') => None,
-        _ if probe && !memo.is_empty() => memo.recall(buf),
+        _ if probe && !memo.blocks.is_empty() => memo.blocks.recall(buf),
         _ => None,
     };
     if let Some(found) = found {
@@ -219,15 +229,17 @@ pub fn parse_head_on<'b>(
             return head.map(Some);
         }
     }
-    parse_full(buf, storage, probe.then_some(memo))
+    parse_full(buf, storage, Some(memo), probe)
 }
 
-/// Parses a whole head with httparse and checks it; a head that passes is
-/// remembered in `memo`, when given.
+/// Parses a whole head with httparse and checks it; with a `memo`, its
+/// known `Host` is used, and a head that passes is remembered when
+/// `remember`.
 fn parse_full<'b>(
     buf: &'b [u8],
     storage: &'b mut HeaderStorage<'b>,
-    memo: Option<&mut HeadMemo>,
+    mut memo: Option<&mut HeadMemo>,
+    remember: bool,
 ) -> Result<Option<Head<'b>>, HeadError> {
     let mut req = httparse::Request::new(&mut []);
     let head_len = match req.parse_with_uninit_headers(buf, storage) {
@@ -269,21 +281,26 @@ fn parse_full<'b>(
     // The request line ends `<target> HTTP/1.x\r\n`; the fields follow.
     let block_start = offset_in(buf, target.as_bytes()) + target.len() + REQUEST_LINE_TAIL;
     let block = &buf[block_start..head_len];
-    let mut spans = FieldSpans::default();
-    scan_fields(headers, block, &mut spans)?;
-    if !spans.host.is_none_or(|host| valid_host(host.of(block))) {
+    let mut fields = Fields::default();
+    scan_fields(headers, &mut fields)?;
+    let host_ok = match (fields.host, memo.as_deref_mut()) {
+        (None, _) => true,
+        (Some(host), Some(memo)) => memo.host.check(host),
+        (Some(host), None) => valid_host(host),
+    };
+    if !host_ok {
         return Err(HeadError::Malformed("The Host header is not a valid host[:port]."));
     }
-    if let Some(memo) = memo {
+    if let Some(memo) = memo.filter(|_| remember) {
         let line = &buf[..block_start];
         let line_spans = LineSpans {
             method: Span::within(buf, method.as_bytes()),
             target: Span::within(buf, target.as_bytes()),
             version,
         };
-        memo.remember(line, line_spans, block, spans);
+        memo.blocks.remember(line, line_spans, block, FieldSpans::of(&fields, block));
     }
-    assemble(buf, line, block_start, head_len, spans).map(Some)
+    assemble(line, head_len, block, &fields).map(Some)
 }
 
 /// `<target>` is followed by ` HTTP/1.x\r\n` in a request line.
@@ -302,14 +319,14 @@ fn remembered_head<'b>(
     found: Recalled<FieldSpans, LineSpans>,
     line: LineSpans,
 ) -> Result<Head<'b>, HeadError> {
-    let text = memo.line_text(found.entry);
+    let text = memo.blocks.line_text(found.entry);
     let (Some(method), Some(target)) = (line.method.str_in(text), line.target.str_in(text)) else {
         // The spans were taken from this very text.
         debug_assert!(false, "a remembered request line without its spans");
         return Err(HeadError::Malformed("The request line is invalid."));
     };
     let line = RequestLine::check(method, target, line.version)?;
-    assemble(buf, line, found.line_len, found.line_len + found.block_len, found.spans)
+    recalled(buf, line, &found)
 }
 
 /// The head at the start of `buf`, whose header block is the one `memo`
@@ -330,10 +347,19 @@ fn recalled_block(buf: &[u8], found: Recalled<FieldSpans, LineSpans>) -> Option<
     if offset_in(buf, target.as_bytes()) + target.len() + REQUEST_LINE_TAIL != line_len {
         return None;
     }
-    Some(
-        RequestLine::check(method, target, version)
-            .and_then(|line| assemble(buf, line, line_len, line_len + found.block_len, found.spans)),
-    )
+    Some(RequestLine::check(method, target, version).and_then(|line| recalled(buf, line, &found)))
+}
+
+/// The head of a checked request line and the remembered block `found`
+/// after it.
+fn recalled<'b>(
+    buf: &'b [u8],
+    line: RequestLine<'b>,
+    found: &Recalled<FieldSpans, LineSpans>,
+) -> Result<Head<'b>, HeadError> {
+    let head_len = found.line_len + found.block_len;
+    let block = &buf[found.line_len..head_len];
+    assemble(line, head_len, block, &found.spans.fields(block))
 }
 
 /// What the request line says, checked.
@@ -367,11 +393,10 @@ impl<'b> RequestLine<'b> {
 /// The head of a checked request line and header block
 /// (`buf[block_start..head_len]`), with the rules that depend on both.
 fn assemble<'b>(
-    buf: &'b [u8],
     line: RequestLine<'b>,
-    block_start: usize,
     head_len: usize,
-    f: FieldSpans,
+    block: &'b [u8],
+    f: &Fields<'b>,
 ) -> Result<Head<'b>, HeadError> {
     if head_len > MAX_HEAD_BYTES {
         return Err(HeadError::TooLarge);
@@ -391,8 +416,6 @@ fn assemble<'b>(
         (false, None | Some(0)) => BodyFraming::None,
         (false, Some(n)) => BodyFraming::Length(n),
     };
-    let block = &buf[block_start..head_len];
-    let of = |span: Option<Span>| span.map(|s| s.of(block));
     Ok(Head {
         method: line.method,
         method_name: line.method_name,
@@ -403,16 +426,9 @@ fn assemble<'b>(
         // An HTTP/1.0 client may not know 1xx answers (RFC 9110 §10.1.1).
         expect_continue: f.expect_continue && http11,
         // An absolute-form target's authority takes the place of Host (RFC 9112 §3.2.2).
-        host: line.authority.or(of(f.host)),
+        host: line.authority.or(f.host),
         head_len,
-        api: ApiFields {
-            key: of(f.key),
-            authorization: of(f.authorization),
-            queue_timeout_ms: of(f.queue_timeout_ms),
-            no_queue: f.no_queue,
-            moved: f.moved,
-            idempotency_key: of(f.idempotency_key),
-        },
+        api: f.api,
         headers: HeaderLines { rest: block },
     })
 }
@@ -565,8 +581,20 @@ fn name_is(name: &[u8], lower: &[u8]) -> bool {
 }
 
 /// What the header fields say about framing, the connection and the lock
-/// API, gathered in one pass over them. Values are spans of the header block,
-/// so a connection's `HeadMemo` can keep them with the block's bytes.
+/// API, gathered in one pass over them.
+#[derive(Clone, Copy, Debug, Default)]
+struct Fields<'b> {
+    host: Option<&'b [u8]>,
+    content_length: Option<u64>,
+    chunked: bool,
+    close: bool,
+    keep_alive: bool,
+    expect_continue: bool,
+    api: ApiFields<'b>,
+}
+
+/// `Fields` with values as spans of their header block, so a connection's
+/// `HeadMemo` can keep them with the block's bytes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FieldSpans {
     host: Option<Span>,
@@ -583,8 +611,90 @@ pub struct FieldSpans {
     idempotency_key: Option<Span>,
 }
 
-/// A connection's memory of its last header blocks and request lines.
-pub type HeadMemo = BlockMemo<FieldSpans, LineSpans>;
+impl FieldSpans {
+    /// The spans of `f`, whose values are slices of `block`.
+    fn of(f: &Fields, block: &[u8]) -> FieldSpans {
+        let span = |v: Option<&[u8]>| v.map(|v| Span::within(block, v));
+        FieldSpans {
+            host: span(f.host),
+            content_length: f.content_length,
+            chunked: f.chunked,
+            close: f.close,
+            keep_alive: f.keep_alive,
+            expect_continue: f.expect_continue,
+            key: span(f.api.key),
+            authorization: span(f.api.authorization),
+            queue_timeout_ms: span(f.api.queue_timeout_ms),
+            no_queue: f.api.no_queue,
+            moved: f.api.moved,
+            idempotency_key: span(f.api.idempotency_key),
+        }
+    }
+
+    /// The fields these spans found in `block`.
+    fn fields(self, block: &[u8]) -> Fields<'_> {
+        let of = |span: Option<Span>| span.map(|s| s.of(block));
+        Fields {
+            host: of(self.host),
+            content_length: self.content_length,
+            chunked: self.chunked,
+            close: self.close,
+            keep_alive: self.keep_alive,
+            expect_continue: self.expect_continue,
+            api: ApiFields {
+                key: of(self.key),
+                authorization: of(self.authorization),
+                queue_timeout_ms: of(self.queue_timeout_ms),
+                no_queue: self.no_queue,
+                moved: self.moved,
+                idempotency_key: of(self.idempotency_key),
+            },
+        }
+    }
+}
+
+/// What a connection remembers of the heads it sent: its last header blocks
+/// and request lines (`memo`), and, for heads that are parsed in full, its
+/// last valid `Host`.
+#[derive(Default)]
+pub struct HeadMemo {
+    blocks: BlockMemo<FieldSpans, LineSpans>,
+    host: KnownHost,
+}
+
+/// The last `Host` value of a connection that passed `valid_host`. A
+/// keep-alive client sends the same one on every request, and then one
+/// compare stands in for the check.
+#[derive(Clone, Copy)]
+pub struct KnownHost {
+    bytes: [u8; KnownHost::ROOM],
+    len: usize,
+}
+
+impl Default for KnownHost {
+    fn default() -> KnownHost {
+        // A length no value has: nothing is known yet.
+        KnownHost { bytes: [0; KnownHost::ROOM], len: usize::MAX }
+    }
+}
+
+impl KnownHost {
+    /// Longer values are checked every time.
+    const ROOM: usize = 64;
+
+    /// Whether `value` is valid, remembering it when it is.
+    fn check(&mut self, value: &[u8]) -> bool {
+        if value.len() == self.len && same_bytes(value, &self.bytes[..self.len]) {
+            return true;
+        }
+        let valid = valid_host(value);
+        if valid && value.len() <= KnownHost::ROOM {
+            self.bytes[..value.len()].copy_from_slice(value);
+            self.len = value.len();
+        }
+        valid
+    }
+}
 
 /// What httparse read in a request line, as spans of it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -618,10 +728,8 @@ impl Span {
     }
 }
 
-/// Fills `f` (in place: it is large, and returning it would copy it) from the
-/// fields httparse found in `block`.
-fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(), HeadError> {
-    let span = |v: &[u8]| Some(Span::within(block, v));
+/// Fills `f` (in place: it is large, and returning it would copy it).
+fn scan_fields<'b>(headers: &'b [Header<'b>], f: &mut Fields<'b>) -> Result<(), HeadError> {
     for h in headers {
         let name = h.name.as_bytes();
         // The length dispatch keeps most fields at one integer compare.
@@ -632,21 +740,21 @@ fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(
                 if f.host.is_some() {
                     return Err(HeadError::Malformed("The Host header is repeated."));
                 }
-                f.host = span(h.value);
+                f.host = Some(h.value);
             }
             13 if name_is(name, b"x-nthpool-key") => {
-                f.key = f.key.or(span(h.value));
+                f.api.key.get_or_insert(h.value);
             }
             13 if name_is(name, b"authorization") => {
-                f.authorization = f.authorization.or(span(h.value));
+                f.api.authorization.get_or_insert(h.value);
             }
             26 if name_is(name, b"x-nthpool-queue-timeout-ms") => {
-                f.queue_timeout_ms = f.queue_timeout_ms.or(span(h.value));
+                f.api.queue_timeout_ms.get_or_insert(h.value);
             }
-            18 if name_is(name, b"x-nthpool-no-queue") => f.no_queue = true,
-            15 if name_is(name, b"x-nthpool-moved") => f.moved = true,
+            18 if name_is(name, b"x-nthpool-no-queue") => f.api.no_queue = true,
+            15 if name_is(name, b"x-nthpool-moved") => f.api.moved = true,
             15 if name_is(name, b"idempotency-key") => {
-                f.idempotency_key = f.idempotency_key.or(span(h.value));
+                f.api.idempotency_key.get_or_insert(h.value);
             }
             6 if name_is(name, b"expect") => {
                 f.expect_continue |= trim(h.value).eq_ignore_ascii_case(b"100-continue");
@@ -1153,6 +1261,23 @@ mod tests {
             }
             other => format!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_known_host_stands_in_for_the_check_only_when_equal() {
+        let mut known = KnownHost::default();
+        assert!(known.check(b"127.0.0.1:7070"));
+        assert!(known.check(b"127.0.0.1:7070"));
+        // A different value is checked again, and a bad one is not remembered.
+        for bad in ["127.0.0.1:7070/", "127.0.0.1:707", "127.0.0.1 7070", "exa mple"] {
+            let valid = valid_host(bad.as_bytes());
+            assert_eq!(known.check(bad.as_bytes()), valid, "{bad}");
+            assert_eq!(known.check(bad.as_bytes()), valid, "{bad} again");
+        }
+        let long = format!("{}.example", "a".repeat(80));
+        assert!(known.check(long.as_bytes()));
+        assert!(!known.check(format!("{long} x").as_bytes()));
+        assert!(known.check(b""));
     }
 
     #[test]

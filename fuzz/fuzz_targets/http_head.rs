@@ -37,7 +37,7 @@ fn verdict(buf: &[u8]) -> Verdict {
                 h.framing,
                 h.expect_continue,
                 h.host,
-                h.headers.len()
+                h.headers.count()
             ),
         },
         Err(HeadError::Malformed(_) | HeadError::NotImplemented(_) | HeadError::NewerMinorVersion) => {

@@ -1,7 +1,7 @@
 //! The lock routes: `/pools/{pool}/lock/acquire`,
 //! `/pools/{pool}/lock/{slotId}/renew`, `/pools/{pool}/lock/{slotId}/release`.
 
-use crate::http::find_byte_of;
+use crate::http::find_slash_or_query;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route<'a> {
@@ -40,7 +40,7 @@ pub fn route(target: &str) -> Option<Route<'_>> {
 /// The length of the segment at the start of `rest` when a `/` ends it;
 /// `None` when the path ends first (a `?` or the end of the target).
 fn segment_len(rest: &[u8]) -> Option<usize> {
-    find_byte_of(rest, b'/', b'?').filter(|&at| rest[at] == b'/')
+    find_slash_or_query(rest).filter(|&at| rest[at] == b'/')
 }
 
 /// Whether `rest` is `segment` and nothing more of the path (a query may follow).

@@ -29,8 +29,11 @@ impl PoolKeys {
     /// The key the request presents: `X-Nthpool-Key`, else (when allowed)
     /// `Authorization: Bearer|Nthbouncer <key>`.
     pub fn presented<'h>(&self, head: &Head<'h>) -> Option<&'h [u8]> {
+        // Field values come without the white space around them (httparse
+        // strips it), so the key is taken as it is.
         if let Some(key) = head.api.key {
-            return Some(trim(key));
+            debug_assert_eq!(key, trim(key));
+            return Some(key);
         }
         if !self.allow_authorization_header {
             return None;

@@ -1293,6 +1293,12 @@ mod tests {
             assert_eq!(h.header("x-b"), Some(&b"v  w"[..]));
             assert_eq!(h.header("x-d"), Some(&b""[..]));
         });
+        // The lock API's fields come without the white space around them too.
+        let raw = b"GET / HTTP/1.1\r\nHost: h\r\nX-Nthpool-Key: \t k \t\r\nAuthorization:  Bearer t \r\n\r\n";
+        with_head(raw, |r| {
+            let h = r.unwrap().unwrap();
+            assert_eq!((h.api.key, h.api.authorization), (Some(&b"k"[..]), Some(&b"Bearer t"[..])));
+        });
     }
 
     /// Heads built from pieces, good and bad, for the memo property below.

@@ -4,9 +4,15 @@
 //! `Transfer-Encoding`, any transfer coding other than `chunked`, list or signed
 //! `Content-Length`s, obsolete line folding).
 //!
-//! The result borrows the input buffer: this module never allocates, never reads a
-//! body, never touches a socket and never chooses an answer. A `HeadError` names the
-//! status only through its variant; the connection layer writes the reply.
+//! A connection's `HeadMemo` (`super::memo`) spares a head whose header block it
+//! already judged everything but its request line; a head parsed in full is judged
+//! here and, when it passes, remembered there.
+//!
+//! The result borrows the input buffer (and, for a head whose request line is the
+//! remembered one, the memo): this module allocates only to remember a new block,
+//! never reads a body, never touches a socket and never chooses an answer. A
+//! `HeadError` names the status only through its variant; the connection layer
+//! writes the reply.
 
 use std::mem::MaybeUninit;
 

@@ -161,7 +161,7 @@ impl PoolAccess {
         let mut values: [&[u8]; 8] = [&[]; 8];
         let mut n = 0;
         for h in head.headers {
-            if h.name.eq_ignore_ascii_case("x-forwarded-for") && n < values.len() {
+            if h.name.eq_ignore_ascii_case(b"x-forwarded-for") && n < values.len() {
                 values[n] = h.value;
                 n += 1;
             }

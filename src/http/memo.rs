@@ -26,11 +26,12 @@ pub const MEMO_ROOM: usize = 1024;
 const MAX_BACKOFF: u8 = 63;
 
 /// The remembered blocks of one connection, each with what was found in it
-/// (`T`, plain data: `request::FieldSpans`) and its request line with what
-/// was found in that (`L`: `request::LineSpans`).
+/// (`T`, plain data: `request::FieldSpans`), the place of each of its fields
+/// (`F`), and its request line with what was found in that (`L`:
+/// `request::LineSpans`).
 #[derive(Default)]
-pub struct BlockMemo<T, L> {
-    entries: [Entry<T, L>; 2],
+pub struct BlockMemo<T, L, F> {
+    entries: [Entry<T, L, F>; 2],
     /// The entry the next new block replaces.
     replace: usize,
     /// Heads to parse in full before looking here again, after a miss:
@@ -42,10 +43,12 @@ pub struct BlockMemo<T, L> {
 }
 
 #[derive(Default)]
-struct Entry<T, L> {
+struct Entry<T, L, F> {
     /// A whole header block that passed every check; empty when unused.
     block: Vec<u8>,
     spans: T,
+    /// Its fields, in order.
+    fields: Vec<F>,
     /// The request line (CRLF included) that came before it when it was
     /// remembered, and what was read in it; a line over `MEMO_ROOM` is not
     /// kept (`line` empty). Text, so a head can borrow its method and target.
@@ -72,7 +75,7 @@ pub struct Recalled<T, L> {
     pub line: Option<L>,
 }
 
-impl<T: Copy, L: Copy> BlockMemo<T, L> {
+impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
     /// Whether any block is remembered (nothing to compare otherwise).
     pub fn is_empty(&self) -> bool {
         self.entries.iter().all(|e| e.block.is_empty())
@@ -119,11 +122,23 @@ impl<T: Copy, L: Copy> BlockMemo<T, L> {
         &self.entries[entry].line
     }
 
+    /// The fields of the block remembered in `entry` (from `recall`).
+    pub fn fields(&self, entry: usize) -> &[F] {
+        &self.entries[entry].fields
+    }
+
     /// Remembers `block`, a whole header block that passed every check,
-    /// what was found in it, and the request line before it with what was
-    /// read in that. Blocks under a word or over `MEMO_ROOM` bytes are not
-    /// kept; a block already kept takes the new line.
-    pub fn remember(&mut self, line: &[u8], line_spans: L, block: &[u8], spans: T) {
+    /// what was found in it and its fields, and the request line before it
+    /// with what was read in that. Blocks under a word or over `MEMO_ROOM`
+    /// bytes are not kept; a block already kept takes the new line.
+    pub fn remember(
+        &mut self,
+        line: &[u8],
+        line_spans: L,
+        block: &[u8],
+        spans: T,
+        fields: impl IntoIterator<Item = F>,
+    ) {
         if block.len() < 8 || block.len() > MEMO_ROOM {
             return;
         }
@@ -133,6 +148,8 @@ impl<T: Copy, L: Copy> BlockMemo<T, L> {
             e.block.clear();
             e.block.extend_from_slice(block);
             e.spans = spans;
+            e.fields.clear();
+            e.fields.extend(fields);
         }
         e.line.clear();
         if line.len() <= MEMO_ROOM {
@@ -186,7 +203,7 @@ mod tests {
         [line, block].concat()
     }
 
-    type Memo = BlockMemo<u8, u8>;
+    type Memo = BlockMemo<u8, u8, u8>;
 
     /// Where `block` is found after `LINE`: the line's length, the block's.
     fn found(memo: &mut Memo, block: &[u8]) -> Option<(usize, usize)> {
@@ -200,27 +217,27 @@ mod tests {
         let mut memo = Memo::default();
         assert!(memo.is_empty());
         assert_eq!(found(&mut memo, a), None);
-        memo.remember(LINE, 0, a, 1);
-        memo.remember(LINE, 0, b, 2);
+        memo.remember(LINE, 0, a, 1, [1]);
+        memo.remember(LINE, 0, b, 2, [2]);
         assert_eq!(found(&mut memo, a), Some((n, a.len())));
         assert_eq!(found(&mut memo, b), Some((n, b.len())));
         // `b` was used last: `c` takes `a`'s place.
-        memo.remember(LINE, 0, c, 3);
+        memo.remember(LINE, 0, c, 3, [3]);
         assert_eq!(found(&mut memo, a), None);
         assert_eq!(found(&mut memo, b), Some((n, b.len())));
         assert_eq!(found(&mut memo, c), Some((n, c.len())));
         // A block kept already takes the new line and evicts nothing.
         let longer = b"POST /xy HTTP/1.1\r\n";
-        memo.remember(longer, 0, b, 2);
+        memo.remember(longer, 0, b, 2, [2]);
         assert_eq!(found(&mut memo, b), None, "looked for after the old line length");
         assert_eq!(memo.recall(&head(b"POST /yx HTTP/1.1\r\n", b)).map(|r| (r.line_len, r.spans)), Some((n + 1, 2)));
         assert_eq!(found(&mut memo, c), Some((n, c.len())));
         // Only after a CRLF.
-        memo.remember(&LINE[1..], 0, c, 3);
+        memo.remember(&LINE[1..], 0, c, 3, [3]);
         assert!(memo.recall(&head(LINE, c)).is_none());
         let mut memo = Memo::default();
-        memo.remember(LINE, 0, a, 1);
-        memo.remember(LINE, 0, b, 2);
+        memo.remember(LINE, 0, a, 1, [1]);
+        memo.remember(LINE, 0, b, 2, [2]);
         // A miss backs off: 0, 1, 3, 7, ... heads are not looked up, up to
         // `MAX_BACKOFF`; a hit looks at every head again.
         let mut skipped = Vec::new();
@@ -240,8 +257,8 @@ mod tests {
         assert!(memo.probe(), "the first miss after a hit does not skip");
         // Too short or too long to keep.
         let mut memo = Memo::default();
-        memo.remember(LINE, 0, b"\r\n", 1);
-        memo.remember(LINE, 0, &vec![b'a'; MEMO_ROOM + 1], 1);
+        memo.remember(LINE, 0, b"\r\n", 1, [1]);
+        memo.remember(LINE, 0, &vec![b'a'; MEMO_ROOM + 1], 1, [1]);
         assert!(memo.is_empty());
     }
 
@@ -249,16 +266,17 @@ mod tests {
     fn the_request_line_is_reused_only_when_it_is_the_same() {
         let block = &b"Host: a\r\nContent-Length: 0\r\n\r\n"[..];
         let mut memo = Memo::default();
-        memo.remember(LINE, 7, block, 1);
+        memo.remember(LINE, 7, block, 1, [1]);
         let r = memo.recall(&head(LINE, block)).unwrap();
         assert_eq!(r, Recalled { entry: 0, line_len: LINE.len(), block_len: block.len(), spans: 1, line: Some(7) });
         assert_eq!(memo.line_text(0).as_bytes(), LINE);
+        assert_eq!(memo.fields(0), [1]);
         // Another line of the same length: the block is found, the line is read again.
         let r = memo.recall(&head(b"POST /y HTTP/1.1\r\n", block)).unwrap();
         assert_eq!((r.spans, r.line), (1, None));
         // A line too long to keep is never taken for the same.
         let long = format!("POST /{} HTTP/1.1\r\n", "x".repeat(MEMO_ROOM)).into_bytes();
-        memo.remember(&long, 7, block, 1);
+        memo.remember(&long, 7, block, 1, [1]);
         let r = memo.recall(&head(&long, block)).unwrap();
         assert_eq!((r.line_len, r.line), (long.len(), None));
     }

@@ -99,38 +99,60 @@ impl<'b> Head<'b> {
     /// The value of the first field named `lower_case_name`, compared without case.
     pub fn header(&self, lower_case_name: &str) -> Option<&'b [u8]> {
         debug_assert!(!lower_case_name.bytes().any(|b| b.is_ascii_uppercase()));
-        self.headers.into_iter().find(|h| h.name.eq_ignore_ascii_case(lower_case_name)).map(|h| h.value)
+        let name = lower_case_name.as_bytes();
+        self.headers.into_iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
     }
 }
 
-/// The header fields of a head that passed every check, read from its
-/// header block as httparse reads them: the name up to the colon, the value
-/// without the white space around it. Only routes that need more than the
-/// fields `ApiFields` holds (proxying, `X-Forwarded-For`, signatures) walk it.
-#[derive(Clone, Copy, Debug)]
+/// The header fields of a head that passed every check, in order: httparse's
+/// own list when the head was parsed in full, else the places of the fields
+/// in the header block its connection remembered with them. Only routes that
+/// need more than the fields `ApiFields` holds (proxying, `X-Forwarded-For`,
+/// signatures) walk it.
+#[derive(Clone, Copy)]
 pub struct HeaderLines<'b> {
-    /// The fields not read yet, then the empty line that ends the head.
-    rest: &'b [u8],
+    fields: FieldList<'b>,
+}
+
+/// The fields themselves, whichever list holds them.
+impl std::fmt::Debug for HeaderLines<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(*self).finish()
+    }
+}
+
+#[derive(Clone, Copy)]
+enum FieldList<'b> {
+    Parsed(&'b [Header<'b>]),
+    /// Name and value spans of `block`.
+    Remembered(&'b [(Span, Span)], &'b [u8]),
+}
+
+/// One header field of a checked head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Field<'b> {
+    /// As sent (compare it without case); a token, so ASCII.
+    pub name: &'b [u8],
+    /// Without the white space around it.
+    pub value: &'b [u8],
 }
 
 impl<'b> Iterator for HeaderLines<'b> {
-    type Item = Header<'b>;
+    type Item = Field<'b>;
 
-    fn next(&mut self) -> Option<Header<'b>> {
-        // The block ends with an empty line; field names hold no CR or colon,
-        // values no CR, and every line ends with CRLF (all checked before).
-        if self.rest.first().is_none_or(|&b| b == b'\r') {
-            return None;
+    fn next(&mut self) -> Option<Field<'b>> {
+        match &mut self.fields {
+            FieldList::Parsed(list) => {
+                let (first, rest) = list.split_first()?;
+                *list = rest;
+                Some(Field { name: first.name.as_bytes(), value: first.value })
+            }
+            FieldList::Remembered(list, block) => {
+                let (&(name, value), rest) = list.split_first()?;
+                *list = rest;
+                Some(Field { name: name.of(block), value: value.of(block) })
+            }
         }
-        let colon = self.rest.iter().position(|&b| b == b':')?;
-        let line_end = colon + self.rest[colon..].iter().position(|&b| b == b'\r')?;
-        let field = Header {
-            // Names are tokens: ASCII.
-            name: std::str::from_utf8(&self.rest[..colon]).unwrap_or_default(),
-            value: trim(&self.rest[colon + 1..line_end]),
-        };
-        self.rest = self.rest.get(line_end + 2..).unwrap_or_default();
-        Some(field)
     }
 }
 
@@ -225,14 +247,14 @@ pub fn parse_head_on<'b>(
         _ => None,
     };
     if let Some(found) = found {
-        if let Some(line) = found.line {
-            // The whole head is one judged before: httparse's reading of
-            // its request line is taken over.
+        let line = match found.line {
+            Some(remembered) => Some(Line::Remembered(remembered)),
+            None => read_line_alone(buf, found.line_len).map(|(m, t, v)| Line::Read(m, t, v)),
+        };
+        if let Some(line) = line {
+            // The head borrows the remembered fields (and line) from here on.
             let memo: &'b HeadMemo = memo;
-            return remembered_head(buf, memo, found, line).map(Some);
-        }
-        if let Some(head) = recalled_block(buf, found) {
-            return head.map(Some);
+            return recalled(buf, memo, &found, line).map(Some);
         }
     }
     parse_full(buf, storage, Some(memo), probe)
@@ -304,9 +326,11 @@ fn parse_full<'b>(
             target: Span::within(buf, target.as_bytes()),
             version,
         };
-        memo.blocks.remember(line, line_spans, block, FieldSpans::of(&fields, block));
+        let places = headers.iter().map(|h| (Span::within(block, h.name.as_bytes()), Span::within(block, h.value)));
+        memo.blocks.remember(line, line_spans, block, FieldSpans::of(&fields, block), places);
     }
-    assemble(line, head_len, block, &fields).map(Some)
+    let headers = HeaderLines { fields: FieldList::Parsed(headers) };
+    assemble(line, head_len, &fields, headers).map(Some)
 }
 
 /// `<target>` is followed by ` HTTP/1.x\r\n` in a request line.
@@ -317,31 +341,19 @@ fn offset_in(buf: &[u8], part: &[u8]) -> usize {
     part.as_ptr() as usize - buf.as_ptr() as usize
 }
 
-/// The head at the start of `buf`, whose header block and request line are
-/// both the ones `memo` remembered with `found`.
-fn remembered_head<'b>(
-    buf: &'b [u8],
-    memo: &'b HeadMemo,
-    found: Recalled<FieldSpans, LineSpans>,
-    line: LineSpans,
-) -> Result<Head<'b>, HeadError> {
-    let text = memo.blocks.line_text(found.entry);
-    let (Some(method), Some(target)) = (line.method.str_in(text), line.target.str_in(text)) else {
-        // The spans were taken from this very text.
-        debug_assert!(false, "a remembered request line without its spans");
-        return Err(HeadError::Malformed("The request line is invalid."));
-    };
-    let line = RequestLine::check(method, target, line.version)?;
-    recalled(buf, line, &found)
+/// The request line of a head whose header block was recalled.
+enum Line<'b> {
+    /// The very line remembered with the block: what httparse read in it.
+    Remembered(LineSpans),
+    /// Another line of the same length, read now: method, target, version.
+    Read(&'b str, &'b str, u8),
 }
 
-/// The head at the start of `buf`, whose header block is the one `memo`
-/// remembered with `found` after another request line: httparse reads the
-/// request line alone (the fields are not in the slice it is given, so it
-/// stops, `Partial`, where they would start). `None` when that line does
-/// not end right where the block starts; the full parse then judges it.
-fn recalled_block(buf: &[u8], found: Recalled<FieldSpans, LineSpans>) -> Option<Result<Head<'_>, HeadError>> {
-    let line_len = found.line_len;
+/// httparse's reading of `buf[..line_len]` as a request line alone (the
+/// fields are not in the slice, so it stops, `Partial`, where they would
+/// start): method, target and version, when the line is exactly that long and
+/// ends with CRLF. `None` sends the head to the full parse.
+fn read_line_alone(buf: &[u8], line_len: usize) -> Option<(&str, &str, u8)> {
     let mut req = httparse::Request::new(&mut []);
     if req.parse_with_uninit_headers(&buf[..line_len], &mut []) != Ok(Status::Partial) {
         return None;
@@ -349,23 +361,35 @@ fn recalled_block(buf: &[u8], found: Recalled<FieldSpans, LineSpans>) -> Option<
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return None;
     };
-    // The request line is exactly `buf[..line_len]`, ended by CRLF.
-    if offset_in(buf, target.as_bytes()) + target.len() + REQUEST_LINE_TAIL != line_len {
-        return None;
-    }
-    Some(RequestLine::check(method, target, version).and_then(|line| recalled(buf, line, &found)))
+    (offset_in(buf, target.as_bytes()) + target.len() + REQUEST_LINE_TAIL == line_len)
+        .then_some((method, target, version))
 }
 
-/// The head of a checked request line and the remembered block `found`
-/// after it.
+/// The head at the start of `buf`, whose header block is the one `memo`
+/// remembered with `found`, after the request line `line`.
 fn recalled<'b>(
     buf: &'b [u8],
-    line: RequestLine<'b>,
+    memo: &'b HeadMemo,
     found: &Recalled<FieldSpans, LineSpans>,
+    line: Line<'b>,
 ) -> Result<Head<'b>, HeadError> {
+    let (method, target, version) = match line {
+        Line::Read(method, target, version) => (method, target, version),
+        Line::Remembered(l) => {
+            let text = memo.blocks.line_text(found.entry);
+            let (Some(method), Some(target)) = (l.method.str_in(text), l.target.str_in(text)) else {
+                // The spans were taken from this very text.
+                debug_assert!(false, "a remembered request line without its spans");
+                return Err(HeadError::Malformed("The request line is invalid."));
+            };
+            (method, target, l.version)
+        }
+    };
+    let line = RequestLine::check(method, target, version)?;
     let head_len = found.line_len + found.block_len;
     let block = &buf[found.line_len..head_len];
-    assemble(line, head_len, block, &found.spans.fields(block))
+    let headers = HeaderLines { fields: FieldList::Remembered(memo.blocks.fields(found.entry), block) };
+    assemble(line, head_len, &found.spans.fields(block), headers)
 }
 
 /// What the request line says, checked.
@@ -401,8 +425,8 @@ impl<'b> RequestLine<'b> {
 fn assemble<'b>(
     line: RequestLine<'b>,
     head_len: usize,
-    block: &'b [u8],
     f: &Fields<'b>,
+    headers: HeaderLines<'b>,
 ) -> Result<Head<'b>, HeadError> {
     if head_len > MAX_HEAD_BYTES {
         return Err(HeadError::TooLarge);
@@ -435,7 +459,7 @@ fn assemble<'b>(
         host: line.authority.or(f.host),
         head_len,
         api: f.api,
-        headers: HeaderLines { rest: block },
+        headers,
     })
 }
 
@@ -664,7 +688,7 @@ impl FieldSpans {
 /// last valid `Host`.
 #[derive(Default)]
 pub struct HeadMemo {
-    blocks: BlockMemo<FieldSpans, LineSpans>,
+    blocks: BlockMemo<FieldSpans, LineSpans, (Span, Span)>,
     host: KnownHost,
 }
 
@@ -1292,7 +1316,7 @@ mod tests {
         let mut fields = [httparse::EMPTY_HEADER; 8];
         let mut req = httparse::Request::new(&mut fields);
         req.parse(raw).unwrap();
-        let expected: Vec<_> = req.headers.iter().map(|h| (h.name, h.value)).collect();
+        let expected: Vec<_> = req.headers.iter().map(|h| (h.name.as_bytes(), h.value)).collect();
         with_head(raw, |r| {
             let h = r.unwrap().unwrap();
             assert_eq!(h.headers.map(|f| (f.name, f.value)).collect::<Vec<_>>(), expected);

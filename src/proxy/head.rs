@@ -41,16 +41,44 @@ pub enum RequestBody {
     Chunked,
 }
 
-fn is_hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
-/// Whether any `Connection` field among `headers` lists `name`.
-fn named_by_connection<'h>(headers: impl IntoIterator<Item = httparse::Header<'h>>, name: &str) -> bool {
-    headers
-        .into_iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-        .any(|h| h.value.split(|&b| b == b',').any(|token| trim(token).eq_ignore_ascii_case(name.as_bytes())))
+/// The values of a head's `Connection` fields, gathered once so each other
+/// field is checked against them without walking the head again.
+struct ConnectionTokens<'h> {
+    values: [&'h [u8]; 4],
+    len: usize,
+    /// More `Connection` fields than `values` holds: ask `fields` again.
+    overflow: bool,
+}
+
+impl<'h> ConnectionTokens<'h> {
+    fn of(fields: impl IntoIterator<Item = (&'h [u8], &'h [u8])>) -> ConnectionTokens<'h> {
+        let mut t = ConnectionTokens { values: [&[]; 4], len: 0, overflow: false };
+        for (name, value) in fields {
+            if name.eq_ignore_ascii_case(b"connection") {
+                match t.values.get_mut(t.len) {
+                    Some(slot) => {
+                        *slot = value;
+                        t.len += 1;
+                    }
+                    None => t.overflow = true,
+                }
+            }
+        }
+        t
+    }
+
+    /// Whether a `Connection` field lists `name` (`fields` as given to `of`).
+    fn lists(&self, name: &[u8], fields: impl IntoIterator<Item = (&'h [u8], &'h [u8])>) -> bool {
+        let listed = |value: &[u8]| value.split(|&b| b == b',').any(|token| trim(token).eq_ignore_ascii_case(name));
+        if self.overflow {
+            return fields.into_iter().any(|(n, v)| n.eq_ignore_ascii_case(b"connection") && listed(v));
+        }
+        self.values[..self.len].iter().any(|v| listed(v))
+    }
 }
 
 /// Writes the upstream request head for `head`.
@@ -61,20 +89,22 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     out.extend_from_slice(&upstream.host);
     out.extend_from_slice(b"\r\n");
+    let fields = || head.headers.map(|f| (f.name, f.value));
+    let connection = ConnectionTokens::of(fields());
     for h in head.headers {
         let name = h.name;
         let dropped = is_hop_by_hop(name)
-            || name.eq_ignore_ascii_case("host")
-            || name.eq_ignore_ascii_case("content-length")
-            || name.eq_ignore_ascii_case("expect")
-            || (name.len() >= 10 && name[..10].eq_ignore_ascii_case("x-nthpool-"))
-            || (creds.authorization && name.eq_ignore_ascii_case("authorization"))
-            || (creds.api_key && name.eq_ignore_ascii_case("x-api-key"))
-            || (creds.cf_access && name.eq_ignore_ascii_case("cf-access-jwt-assertion"))
-            || upstream.set_headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name))
-            || named_by_connection(head.headers, name);
+            || name.eq_ignore_ascii_case(b"host")
+            || name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"expect")
+            || (name.len() >= 10 && name[..10].eq_ignore_ascii_case(b"x-nthpool-"))
+            || (creds.authorization && name.eq_ignore_ascii_case(b"authorization"))
+            || (creds.api_key && name.eq_ignore_ascii_case(b"x-api-key"))
+            || (creds.cf_access && name.eq_ignore_ascii_case(b"cf-access-jwt-assertion"))
+            || upstream.set_headers.iter().any(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
+            || connection.lists(name, fields());
         if !dropped {
-            push_field(out, name.as_bytes(), h.value);
+            push_field(out, name, h.value);
         }
     }
     for (name, value) in &upstream.set_headers {
@@ -235,12 +265,14 @@ pub fn take_response(
     out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let framing_passes = to_client == ClientBody::None;
+    let fields = || headers.iter().map(|h| (h.name.as_bytes(), h.value));
+    let connection = ConnectionTokens::of(fields());
     for h in headers {
         let framing = h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("transfer-encoding");
         let forwarded = if framing {
             framing_passes
         } else {
-            !is_hop_by_hop(h.name) && !named_by_connection(headers.iter().copied(), h.name)
+            !is_hop_by_hop(h.name.as_bytes()) && !connection.lists(h.name.as_bytes(), fields())
         };
         if forwarded {
             push_field(out, h.name.as_bytes(), h.value);

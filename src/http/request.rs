@@ -78,7 +78,7 @@ pub struct Head<'b> {
     /// as the framing fields (first occurrence of each).
     pub api: ApiFields<'b>,
     /// Every header field, in order.
-    pub headers: HeaderLines<'b>,
+    pub headers: HeaderFields<'b>,
 }
 
 /// `X-Nthpool-Key`, `Authorization`, `X-Nthpool-Queue-Timeout-Ms`, `X-Nthpool-No-Queue`,
@@ -110,12 +110,12 @@ impl<'b> Head<'b> {
 /// need more than the fields `ApiFields` holds (proxying, `X-Forwarded-For`,
 /// signatures) walk it.
 #[derive(Clone, Copy)]
-pub struct HeaderLines<'b> {
+pub struct HeaderFields<'b> {
     fields: FieldList<'b>,
 }
 
 /// The fields themselves, whichever list holds them.
-impl std::fmt::Debug for HeaderLines<'_> {
+impl std::fmt::Debug for HeaderFields<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(*self).finish()
     }
@@ -137,7 +137,7 @@ pub struct Field<'b> {
     pub value: &'b [u8],
 }
 
-impl<'b> Iterator for HeaderLines<'b> {
+impl<'b> Iterator for HeaderFields<'b> {
     type Item = Field<'b>;
 
     fn next(&mut self) -> Option<Field<'b>> {
@@ -196,6 +196,40 @@ pub fn head_may_be_complete(buf: &[u8], searched_from: usize) -> bool {
         }
     }
     false
+}
+
+/// The last `Host` value of a connection that passed `valid_host`. A
+/// keep-alive client sends the same one on every request, and then one
+/// compare stands in for the check.
+#[derive(Clone, Copy)]
+pub struct KnownHost {
+    bytes: [u8; KnownHost::ROOM],
+    len: usize,
+}
+
+impl Default for KnownHost {
+    fn default() -> KnownHost {
+        // A length no value has: nothing is known yet.
+        KnownHost { bytes: [0; KnownHost::ROOM], len: usize::MAX }
+    }
+}
+
+impl KnownHost {
+    /// Longer values are checked every time.
+    const ROOM: usize = 64;
+
+    /// Whether `value` is valid, remembering it when it is.
+    fn check(&mut self, value: &[u8]) -> bool {
+        if value.len() == self.len && same_bytes(value, &self.bytes[..self.len]) {
+            return true;
+        }
+        let valid = valid_host(value);
+        if valid && value.len() <= KnownHost::ROOM {
+            self.bytes[..value.len()].copy_from_slice(value);
+            self.len = value.len();
+        }
+        valid
+    }
 }
 
 /// `a == b` for slices of one length, eight bytes per compare (the last
@@ -329,7 +363,7 @@ fn parse_full<'b>(
         let places = headers.iter().map(|h| (Span::within(block, h.name.as_bytes()), Span::within(block, h.value)));
         memo.blocks.remember(line, line_spans, block, FieldSpans::of(&fields, block), places);
     }
-    let headers = HeaderLines { fields: FieldList::Parsed(headers) };
+    let headers = HeaderFields { fields: FieldList::Parsed(headers) };
     assemble(line, head_len, &fields, headers).map(Some)
 }
 
@@ -388,7 +422,7 @@ fn recalled<'b>(
     let line = RequestLine::check(method, target, version)?;
     let head_len = found.line_len + found.block_len;
     let block = &buf[found.line_len..head_len];
-    let headers = HeaderLines { fields: FieldList::Remembered(memo.blocks.fields(found.entry), block) };
+    let headers = HeaderFields { fields: FieldList::Remembered(memo.blocks.fields(found.entry), block) };
     assemble(line, head_len, &found.spans.fields(block), headers)
 }
 
@@ -420,13 +454,13 @@ impl<'b> RequestLine<'b> {
     }
 }
 
-/// The head of a checked request line and header block
-/// (`buf[block_start..head_len]`), with the rules that depend on both.
+/// The head of a checked request line and the fields of its header block,
+/// with the rules that depend on both.
 fn assemble<'b>(
     line: RequestLine<'b>,
     head_len: usize,
     f: &Fields<'b>,
-    headers: HeaderLines<'b>,
+    headers: HeaderFields<'b>,
 ) -> Result<Head<'b>, HeadError> {
     if head_len > MAX_HEAD_BYTES {
         return Err(HeadError::TooLarge);
@@ -690,40 +724,6 @@ impl FieldSpans {
 pub struct HeadMemo {
     blocks: BlockMemo<FieldSpans, LineSpans, (Span, Span)>,
     host: KnownHost,
-}
-
-/// The last `Host` value of a connection that passed `valid_host`. A
-/// keep-alive client sends the same one on every request, and then one
-/// compare stands in for the check.
-#[derive(Clone, Copy)]
-pub struct KnownHost {
-    bytes: [u8; KnownHost::ROOM],
-    len: usize,
-}
-
-impl Default for KnownHost {
-    fn default() -> KnownHost {
-        // A length no value has: nothing is known yet.
-        KnownHost { bytes: [0; KnownHost::ROOM], len: usize::MAX }
-    }
-}
-
-impl KnownHost {
-    /// Longer values are checked every time.
-    const ROOM: usize = 64;
-
-    /// Whether `value` is valid, remembering it when it is.
-    fn check(&mut self, value: &[u8]) -> bool {
-        if value.len() == self.len && same_bytes(value, &self.bytes[..self.len]) {
-            return true;
-        }
-        let valid = valid_host(value);
-        if valid && value.len() <= KnownHost::ROOM {
-            self.bytes[..value.len()].copy_from_slice(value);
-            self.len = value.len();
-        }
-        valid
-    }
 }
 
 /// What httparse read in a request line, as spans of it.
@@ -1282,14 +1282,23 @@ mod tests {
         }
     }
 
-    /// Everything a parse says, owned, so two parses can be compared.
+    /// Everything a parse says (a head's fields included), owned, so two
+    /// parses can be compared.
     fn digest(r: Result<Option<Head<'_>>, HeadError>) -> String {
-        match r {
-            Ok(Some(h)) => {
-                let fields: Vec<_> = h.headers.map(|f| (f.name, f.value)).collect();
-                format!("{h:?} {fields:?}")
+        format!("{r:?}")
+    }
+
+    #[test]
+    fn same_bytes_agrees_with_slice_equality() {
+        let base: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for len in 0..base.len() {
+            let a = &base[..len];
+            assert!(same_bytes(a, a));
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 0x01;
+                assert!(!same_bytes(a, &b), "length {len}, byte {at}");
             }
-            other => format!("{other:?}"),
         }
     }
 
@@ -1311,7 +1320,7 @@ mod tests {
     }
 
     #[test]
-    fn header_lines_read_each_field_as_httparse_does() {
+    fn header_fields_read_each_field_as_httparse_does() {
         let raw = b"GET / HTTP/1.1\r\nHost: h\r\nX-A:\r\nX-B: \t v  w \t\r\nx-c:v:w\r\nX-D:  \r\n\r\nbody";
         let mut fields = [httparse::EMPTY_HEADER; 8];
         let mut req = httparse::Request::new(&mut fields);

@@ -271,7 +271,7 @@ macro_rules! check {
 
 impl Model {
     fn new(setups: Vec<PoolSetup>, g: &Governor) -> Model {
-        let pids = (0..setups.len()).map(|i| g.pool_id(&pool_name(i)).expect("configured pool")).collect();
+        let pids = (0..setups.len()).map(|i| g.pool_id(pool_name(i)).expect("configured pool")).collect();
         let n = setups.len();
         Model {
             setups,

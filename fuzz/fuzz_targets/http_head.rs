@@ -31,7 +31,7 @@ fn verdict(buf: &[u8]) -> Verdict {
             summary: format!(
                 "{:?} {} http11={} keep_alive={} {:?} continue={} host={:?} headers={}",
                 h.method,
-                h.path,
+                h.path_str(),
                 h.http11,
                 h.keep_alive,
                 h.framing,

@@ -212,7 +212,7 @@ impl PoolAccess {
         let verified = hmac::verify(
             &policy.secret,
             method,
-            head.path,
+            head.path_str(),
             head.header("x-nthpool-timestamp"),
             head.header("x-nthpool-nonce"),
             head.header("x-nthpool-signature"),

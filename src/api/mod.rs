@@ -333,7 +333,7 @@ impl App {
                 server_us: crate::time::micros(ctx.started.elapsed()),
                 ..history::Attempt::default()
             };
-            self.record_attempt(pid, Some(pool), client, line, true);
+            self.record_attempt(pid, std::str::from_utf8(pool).ok(), client, line, true);
         }
     }
 
@@ -416,7 +416,7 @@ impl App {
                     Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt, proxied: false })),
                 }
             }
-            Route::Renew { slot, .. } => match self.gov.renew(pid, SlotId::decode(slot.as_bytes()), ctx.now.ms) {
+            Route::Renew { slot, .. } => match self.gov.renew(pid, SlotId::decode(slot), ctx.now.ms) {
                 Ok(deadline) => {
                     self.scratch.clear();
                     self.scratch.push(b'{');
@@ -430,7 +430,7 @@ impl App {
             },
             Route::Release { slot, .. } => {
                 let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
-                let released = self.gov.release(pid, SlotId::decode(slot.as_bytes()), outcome.as_ref(), ctx.now.ms);
+                let released = self.gov.release(pid, SlotId::decode(slot), outcome.as_ref(), ctx.now.ms);
                 Writer::start(out, Status::Ok).raw(released_rest(released, ctx.close));
                 Ok(Handled::Done)
             }
@@ -572,7 +572,7 @@ impl App {
             ..history::Attempt::default()
         };
         // No pool is looked up: the line is the access log's only.
-        self.record_attempt(None, Some(pool), peer, line, false);
+        self.record_attempt(None, std::str::from_utf8(pool).ok(), peer, line, false);
     }
 
     /// A `429` or `504` for an acquire, logged.
@@ -666,13 +666,15 @@ pub(crate) fn record_of<'a>(pool: &'a str, client: IpAddr, line: &history::Attem
 pub const CLIENT_GONE_STATUS: u16 = 499;
 
 /// The path of the request line at the start of `input`, origin or absolute
-/// form, if the line is there and is text.
-fn request_target(input: &[u8]) -> Option<&str> {
+/// form, if the line is there.
+fn request_target(input: &[u8]) -> Option<&[u8]> {
     let line = &input[..input.iter().position(|&b| b == b'\n').unwrap_or(input.len())];
     let target = line.split(|&b| b == b' ').nth(1)?;
-    let target = std::str::from_utf8(target).ok()?;
-    match target.split_once("://") {
-        Some((_, rest)) => rest.find('/').map(|i| &rest[i..]),
+    match target.windows(3).position(|w| w == b"://") {
+        Some(at) => {
+            let rest = &target[at + 3..];
+            rest.iter().position(|&b| b == b'/').map(|i| &rest[i..])
+        }
         None => Some(target),
     }
 }

@@ -269,7 +269,7 @@ impl App {
 
 /// A request's method and its path without the query, for the log.
 fn method_and_path<'h>(head: &Head<'h>) -> (&'h str, &'h str) {
-    (head.method_name, path_without_query(head.path))
+    (head.method_name, path_without_query(head.path_str()))
 }
 
 /// `/v1/chat?key=x` → `/v1/chat`: queries may carry secrets.

@@ -5,22 +5,21 @@ use crate::http::find_slash_or_query;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route<'a> {
-    Acquire { pool: &'a str },
-    Renew { pool: &'a str, slot: &'a str },
-    Release { pool: &'a str, slot: &'a str },
+    Acquire { pool: &'a [u8] },
+    Renew { pool: &'a [u8], slot: &'a [u8] },
+    Release { pool: &'a [u8], slot: &'a [u8] },
 }
 
 /// Matches a request target (query string ignored); `None` for any other path.
 /// Runs on every request, so each segment's end (`/`, or `?` where the path
 /// ends) is found eight bytes at a time, and the query is never scanned.
-pub fn route(target: &str) -> Option<Route<'_>> {
-    let rest = target.as_bytes().strip_prefix(b"/pools/")?;
+pub fn route(target: &[u8]) -> Option<Route<'_>> {
+    let rest = target.strip_prefix(b"/pools/")?;
     let pool_len = segment_len(rest)?;
     let rest = rest[pool_len + 1..].strip_prefix(b"lock/")?;
     if pool_len == 0 {
         return None;
     }
-    // Every cut is next to an ASCII byte, so the pieces stay valid UTF-8.
     let pool = &target[7..7 + pool_len];
     if ends_path(rest, b"acquire") {
         return Some(Route::Acquire { pool });
@@ -54,13 +53,13 @@ mod tests {
 
     #[test]
     fn lock_routes() {
-        assert_eq!(route("/pools/demo/lock/acquire"), Some(Route::Acquire { pool: "demo" }));
-        assert_eq!(route("/pools/demo/lock/acquire?x=1"), Some(Route::Acquire { pool: "demo" }));
-        assert_eq!(route("/pools/demo/lock/abc/release?a/b"), Some(Route::Release { pool: "demo", slot: "abc" }));
-        assert_eq!(route("/pools/demo/lock/abc/renew"), Some(Route::Renew { pool: "demo", slot: "abc" }));
-        assert_eq!(route("/pools/demo/lock/abc/renew?"), Some(Route::Renew { pool: "demo", slot: "abc" }));
-        assert_eq!(route("/pools/demo/lock/acquire?/x/y"), Some(Route::Acquire { pool: "demo" }));
-        assert_eq!(route("/pools/demo/lock/abc/release"), Some(Route::Release { pool: "demo", slot: "abc" }));
+        assert_eq!(route(b"/pools/demo/lock/acquire"), Some(Route::Acquire { pool: b"demo" }));
+        assert_eq!(route(b"/pools/demo/lock/acquire?x=1"), Some(Route::Acquire { pool: b"demo" }));
+        assert_eq!(route(b"/pools/demo/lock/abc/release?a/b"), Some(Route::Release { pool: b"demo", slot: b"abc" }));
+        assert_eq!(route(b"/pools/demo/lock/abc/renew"), Some(Route::Renew { pool: b"demo", slot: b"abc" }));
+        assert_eq!(route(b"/pools/demo/lock/abc/renew?"), Some(Route::Renew { pool: b"demo", slot: b"abc" }));
+        assert_eq!(route(b"/pools/demo/lock/acquire?/x/y"), Some(Route::Acquire { pool: b"demo" }));
+        assert_eq!(route(b"/pools/demo/lock/abc/release"), Some(Route::Release { pool: b"demo", slot: b"abc" }));
         for other in [
             "/",
             "/pools",
@@ -85,7 +84,7 @@ mod tests {
             "/pools/?x",
             "/pools",
         ] {
-            assert_eq!(route(other), None, "{other}");
+            assert_eq!(route(other.as_bytes()), None, "{other}");
         }
     }
 }

@@ -11,6 +11,7 @@
 
 use serde_json::{json, Value};
 
+use crate::api::proxy::path_without_query;
 use crate::api::App;
 use crate::ct::secret_eq;
 use crate::governor::history::Sample;
@@ -58,7 +59,7 @@ fn authorized(head: &Head, app: &App) -> bool {
 /// `/metrics`, unknown ones), which are then authorized already. Only GET
 /// and HEAD reach here.
 pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
-    let path = head.path.split_once('?').map_or(head.path, |(p, _)| p);
+    let path = path_without_query(head.path_str());
     let asset = |out: &mut Vec<u8>, kind: &[u8], body: &[u8]| {
         let mut w = start(out, Status::Ok);
         w.header(b"Content-Type", kind);

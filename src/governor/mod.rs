@@ -148,7 +148,7 @@ impl Hasher for Fnv {
 /// reactor schedules on the one wheel and gets back as `Notice::Timer`).
 pub struct Governor<T = u64> {
     pools: Vec<Pool>,
-    names: HashMap<Box<str>, PoolId, BuildHasherDefault<Fnv>>,
+    names: HashMap<Box<[u8]>, PoolId, BuildHasherDefault<Fnv>>,
     /// The pool `pool_id` found last.
     last_pool: Cell<PoolId>,
     leases: Slab<Lease>,
@@ -207,7 +207,7 @@ impl<T: Copy> Governor<T> {
     /// their leases drain (renew and release keep working).
     pub fn reconfigure(&mut self, configs: &BTreeMap<String, PoolSettings>, now: Ms) {
         for (name, &settings) in configs {
-            match self.names.get(name.as_str()) {
+            match self.names.get(name.as_bytes()) {
                 Some(&pid) => {
                     self.pools[pid.0 as usize].reconfigure(settings, now);
                     self.pump(pid, now);
@@ -215,7 +215,7 @@ impl<T: Copy> Governor<T> {
                 None => {
                     let pid = PoolId(self.pools.len() as u32);
                     self.pools.push(Pool::new(name, settings));
-                    self.names.insert(name.as_str().into(), pid);
+                    self.names.insert(name.as_bytes().into(), pid);
                 }
             }
         }
@@ -255,12 +255,14 @@ impl<T: Copy> Governor<T> {
         self.pools.iter().any(|p| p.recovering(now))
     }
 
-    pub fn pool_id(&self, name: &str) -> Option<PoolId> {
+    /// The pool named `name` (text, or the bytes of a request target).
+    pub fn pool_id(&self, name: impl AsRef<[u8]>) -> Option<PoolId> {
+        let name = name.as_ref();
         // Most requests name the pool the one before named. A name, once
         // known, names the same pool for good (pools are retired, never
         // removed), so the last answer is right whenever the name is equal.
         let last = self.last_pool.get();
-        if self.pools.get(last.0 as usize).is_some_and(|p| *p.name == *name) {
+        if self.pools.get(last.0 as usize).is_some_and(|p| p.name.as_bytes() == name) {
             return Some(last);
         }
         let pid = self.names.get(name).copied()?;

@@ -152,7 +152,7 @@ impl<T: Copy> Governor<T> {
         }
         let mut pids = Vec::with_capacity(snap.pools.len());
         for p in &snap.pools {
-            let pid = self.pool_id(&p.name).ok_or_else(|| format!("pool `{}` is not configured", p.name))?;
+            let pid = self.pool_id(p.name.as_bytes()).ok_or_else(|| format!("pool `{}` is not configured", p.name))?;
             if pids.contains(&pid) {
                 return Err(format!("pool `{}` appears twice", p.name));
             }

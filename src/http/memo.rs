@@ -14,8 +14,10 @@
 //! it. A client's next request line of a kind has the same length (slot ids
 //! do), so the block is looked for right after a line of that length. When
 //! the line is the very one remembered too (an acquire's is), the whole head
-//! is one already judged, and what httparse read in the line is reused;
-//! otherwise httparse parses the request line alone. Two entries, because the
+//! is one already judged, and what httparse read in the line is reused.
+//! Otherwise the caller gets the remembered line to compare the head's with
+//! (a release's differs only in its slot id), or has httparse parse the
+//! request line alone. Two entries, because the
 //! common client alternates two kinds of request (acquire and release); the
 //! one not used last is replaced. Nothing here allocates once both entries
 //! have held a block.
@@ -70,9 +72,22 @@ pub struct Recalled<T, L> {
     pub line_len: usize,
     pub block_len: usize,
     pub spans: T,
-    /// What was read in the request line, when the head's is byte for
-    /// byte the one remembered with the block.
-    pub line: Option<L>,
+    /// What the head's request line has in common with the one remembered
+    /// with the block.
+    pub line: LineRecall<L>,
+}
+
+/// The request line remembered with a block, as far as it tells about the
+/// head's (which is exactly `Recalled::line_len` long, if anything here holds).
+#[derive(Debug, PartialEq, Eq)]
+pub enum LineRecall<L> {
+    /// Byte for byte the head's: what was read in it.
+    Same(L),
+    /// Another line of the same length, whose text is `line_text` and in
+    /// which this was read: the caller may compare the two.
+    Like(L),
+    /// No line was kept (it was longer than `MEMO_ROOM`).
+    Unknown,
 }
 
 impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
@@ -108,13 +123,12 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
         self.replace = 1 - at;
         let e = &self.entries[at];
         let n = e.line_len;
-        Some(Recalled {
-            entry: at,
-            line_len: n,
-            block_len: e.block.len(),
-            spans: e.spans,
-            line: (e.line.len() == n && head[..n] == *e.line.as_bytes()).then_some(e.line_spans),
-        })
+        let line = match () {
+            _ if e.line.len() != n => LineRecall::Unknown,
+            _ if head[..n] == *e.line.as_bytes() => LineRecall::Same(e.line_spans),
+            _ => LineRecall::Like(e.line_spans),
+        };
+        Some(Recalled { entry: at, line_len: n, block_len: e.block.len(), spans: e.spans, line })
     }
 
     /// The request line remembered in `entry` (from `recall`).
@@ -268,16 +282,18 @@ mod tests {
         let mut memo = Memo::default();
         memo.remember(LINE, 7, block, 1, [1]);
         let r = memo.recall(&head(LINE, block)).unwrap();
-        assert_eq!(r, Recalled { entry: 0, line_len: LINE.len(), block_len: block.len(), spans: 1, line: Some(7) });
+        let line = LineRecall::Same(7);
+        assert_eq!(r, Recalled { entry: 0, line_len: LINE.len(), block_len: block.len(), spans: 1, line });
         assert_eq!(memo.line_text(0).as_bytes(), LINE);
         assert_eq!(memo.fields(0), [1]);
-        // Another line of the same length: the block is found, the line is read again.
+        // Another line of the same length: the block is found, and the
+        // remembered line is offered for comparison.
         let r = memo.recall(&head(b"POST /y HTTP/1.1\r\n", block)).unwrap();
-        assert_eq!((r.spans, r.line), (1, None));
+        assert_eq!((r.spans, r.line), (1, LineRecall::Like(7)));
         // A line too long to keep is never taken for the same.
         let long = format!("POST /{} HTTP/1.1\r\n", "x".repeat(MEMO_ROOM)).into_bytes();
         memo.remember(&long, 7, block, 1, [1]);
         let r = memo.recall(&head(&long, block)).unwrap();
-        assert_eq!((r.line_len, r.line), (long.len(), None));
+        assert_eq!((r.line_len, r.line), (long.len(), LineRecall::Unknown));
     }
 }

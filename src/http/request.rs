@@ -18,7 +18,7 @@ use std::mem::MaybeUninit;
 
 use httparse::{Header, Status};
 
-use super::memo::{BlockMemo, Recalled};
+use super::memo::{BlockMemo, LineRecall, Recalled};
 use super::{bytes_equal, trim};
 
 /// Past this many bytes without a complete head the answer is `431`.
@@ -58,8 +58,11 @@ pub struct Head<'b> {
     pub method: Method,
     /// The method as sent (`PATCH`, `DELETE`, ...): proxied and logged as is.
     pub method_name: &'b str,
-    /// The request target as sent, query string included; always starts with `/`.
-    pub path: &'b str,
+    /// The request target as sent, query string included; always starts with
+    /// `/`. Valid UTF-8 (httparse checked it, or every byte is printable
+    /// ASCII), kept as bytes so a target read by comparison needs no second
+    /// check: `path_str` gives the text.
+    pub path: &'b [u8],
     /// False for HTTP/1.0.
     pub http11: bool,
     /// HTTP/1.1 keeps the connection unless `Connection: close`; HTTP/1.0 only
@@ -101,6 +104,13 @@ impl<'b> Head<'b> {
         debug_assert!(!lower_case_name.bytes().any(|b| b.is_ascii_uppercase()));
         let name = lower_case_name.as_bytes();
         self.headers.into_iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
+    }
+
+    /// The target as text (it is always valid UTF-8; see `path`).
+    pub fn path_str(&self) -> &'b str {
+        let text = std::str::from_utf8(self.path);
+        debug_assert!(text.is_ok(), "a target that is not UTF-8");
+        text.unwrap_or_default()
     }
 }
 
@@ -233,11 +243,12 @@ impl KnownHost {
 }
 
 /// `a == b` for slices of one length, eight bytes per compare (the last
-/// word overlapping the one before it) instead of a call to `memcmp`.
+/// word overlapping the one before it), or one byte at a time when shorter,
+/// instead of a call to `memcmp`.
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     debug_assert_eq!(a.len(), b.len());
     if a.len() < 8 {
-        return a == b;
+        return a.iter().zip(b).all(|(x, y)| x == y);
     }
     words_equal(a, b, 0)
 }
@@ -282,9 +293,12 @@ pub fn parse_head_on<'b>(
     };
     if let Some(found) = found {
         let line = match found.line {
-            Some(remembered) => Some(Line::Remembered(remembered)),
-            None => read_line_alone(buf, found.line_len).map(|(m, t, v)| Line::Read(m, t, v)),
+            LineRecall::Same(remembered) => Some(Line::Remembered(remembered)),
+            LineRecall::Like(spans) => read_line_like(buf, memo.blocks.line_text(found.entry), spans)
+                .map(|(target, version)| Line::Like(spans, target, version)),
+            LineRecall::Unknown => None,
         };
+        let line = line.or_else(|| read_line_alone(buf, found.line_len).map(|(m, t, v)| Line::Read(m, t, v)));
         if let Some(line) = line {
             // The head borrows the remembered fields (and line) from here on.
             let memo: &'b HeadMemo = memo;
@@ -339,7 +353,7 @@ fn parse_full<'b>(
     if !line_ends_are_crlf(buf, head_len, target, headers) {
         check_line_endings(&buf[..head_len])?;
     }
-    let line = RequestLine::check(method, target, version)?;
+    let line = RequestLine::check(method, target.as_bytes(), version)?;
     // The request line ends `<target> HTTP/1.x\r\n`; the fields follow.
     let block_start = offset_in(buf, target.as_bytes()) + target.len() + REQUEST_LINE_TAIL;
     let block = &buf[block_start..head_len];
@@ -379,15 +393,18 @@ fn offset_in(buf: &[u8], part: &[u8]) -> usize {
 enum Line<'b> {
     /// The very line remembered with the block: what httparse read in it.
     Remembered(LineSpans),
+    /// A line that differs from the remembered one (read as these spans)
+    /// only in its target: this target, this version.
+    Like(LineSpans, &'b [u8], u8),
     /// Another line of the same length, read now: method, target, version.
-    Read(&'b str, &'b str, u8),
+    Read(&'b str, &'b [u8], u8),
 }
 
 /// httparse's reading of `buf[..line_len]` as a request line alone (the
 /// fields are not in the slice, so it stops, `Partial`, where they would
 /// start): method, target and version, when the line is exactly that long and
 /// ends with CRLF. `None` sends the head to the full parse.
-fn read_line_alone(buf: &[u8], line_len: usize) -> Option<(&str, &str, u8)> {
+fn read_line_alone(buf: &[u8], line_len: usize) -> Option<(&str, &[u8], u8)> {
     let mut req = httparse::Request::new(&mut []);
     if req.parse_with_uninit_headers(&buf[..line_len], &mut []) != Ok(Status::Partial) {
         return None;
@@ -395,8 +412,54 @@ fn read_line_alone(buf: &[u8], line_len: usize) -> Option<(&str, &str, u8)> {
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return None;
     };
-    (offset_in(buf, target.as_bytes()) + target.len() + REQUEST_LINE_TAIL == line_len)
-        .then_some((method, target, version))
+    (offset_in(buf, target.as_bytes()) + target.len() + REQUEST_LINE_TAIL == line_len).then_some((
+        method,
+        target.as_bytes(),
+        version,
+    ))
+}
+
+/// The request line at the start of `buf`, read by comparison with
+/// `remembered`, a line of the same length in which httparse read `spans`:
+/// the target and version, when the two lines differ only inside the target
+/// and the head's target is printable ASCII without spaces. httparse would
+/// then read the same method, stop the target at the same space and read
+/// the same version, so its verdict on the line is the one it gave before.
+/// A release's line differs from the last one only in its slot id, so this
+/// takes the place of a parse. `None` leaves the line to httparse.
+fn read_line_like<'b>(buf: &'b [u8], remembered: &str, spans: LineSpans) -> Option<(&'b [u8], u8)> {
+    let old = remembered.as_bytes();
+    let line = buf.get(..old.len())?;
+    let (start, end) = (spans.target.start as usize, spans.target.end());
+    let target = &line[start..end];
+    (same_bytes(&line[..start], &old[..start]) && same_bytes(&line[end..], &old[end..]) && uri_ascii(target))
+        .then_some((target, spans.version))
+}
+
+/// Every byte is printable ASCII other than space (`!` to `~`): bytes
+/// httparse takes in a target with no further check, and valid UTF-8.
+/// Eight at a time: with no high bit set in a word, adding 0x01 to each byte
+/// sets it only in 0x7f (DEL), and adding 0x5f sets it in `!` and above,
+/// without a carry into the next byte.
+fn uri_ascii(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    let n = bytes.len();
+    if n < 8 {
+        return bytes.iter().all(|b| (b'!'..=b'~').contains(b));
+    }
+    let bad = |at: usize| {
+        let x = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        (x | x.wrapping_add(ONES) | !x.wrapping_add(0x5f * ONES)) & HIGH
+    };
+    // The last word overlaps the one before it.
+    let mut found = bad(n - 8);
+    let mut at = 0;
+    while at + 8 < n {
+        found |= bad(at);
+        at += 8;
+    }
+    found == 0
 }
 
 /// The head at the start of `buf`, whose header block is the one `memo`
@@ -407,16 +470,20 @@ fn recalled<'b>(
     found: &Recalled<FieldSpans, LineSpans>,
     line: Line<'b>,
 ) -> Result<Head<'b>, HeadError> {
+    let remembered = |spans: LineSpans| {
+        let text = memo.blocks.line_text(found.entry);
+        let method = spans.method.str_in(text);
+        // The spans were taken from this very text.
+        debug_assert!(method.is_some(), "a remembered request line without its spans");
+        method.map(|m| (m, text))
+    };
+    let bad_line = || HeadError::Malformed("The request line is invalid.");
     let (method, target, version) = match line {
         Line::Read(method, target, version) => (method, target, version),
-        Line::Remembered(l) => {
-            let text = memo.blocks.line_text(found.entry);
-            let (Some(method), Some(target)) = (l.method.str_in(text), l.target.str_in(text)) else {
-                // The spans were taken from this very text.
-                debug_assert!(false, "a remembered request line without its spans");
-                return Err(HeadError::Malformed("The request line is invalid."));
-            };
-            (method, target, l.version)
+        Line::Like(spans, target, version) => (remembered(spans).ok_or_else(bad_line)?.0, target, version),
+        Line::Remembered(spans) => {
+            let (method, text) = remembered(spans).ok_or_else(bad_line)?;
+            (method, spans.target.of(text.as_bytes()), spans.version)
         }
     };
     let line = RequestLine::check(method, target, version)?;
@@ -430,14 +497,14 @@ fn recalled<'b>(
 struct RequestLine<'b> {
     method: Method,
     method_name: &'b str,
-    path: &'b str,
+    path: &'b [u8],
     /// The authority of an absolute-form target.
     authority: Option<&'b [u8]>,
     http11: bool,
 }
 
 impl<'b> RequestLine<'b> {
-    fn check(method_name: &'b str, target: &'b str, version: u8) -> Result<RequestLine<'b>, HeadError> {
+    fn check(method_name: &'b str, target: &'b [u8], version: u8) -> Result<RequestLine<'b>, HeadError> {
         let method = match method_name {
             "GET" => Method::Get,
             "HEAD" => Method::Head,
@@ -521,28 +588,27 @@ pub fn serve_as_http11(buf: &mut [u8]) -> bool {
 
 /// The path of a request target and, for the absolute form
 /// (`http://host[:port]/path`), its authority.
-fn split_target(target: &str) -> Result<(&str, Option<&[u8]>), HeadError> {
-    if target.starts_with('/') {
+fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
+    if target.starts_with(b"/") {
         return Ok((target, None));
     }
-    let bytes = target.as_bytes();
-    let scheme_len = if bytes.len() >= 7 && bytes[..7].eq_ignore_ascii_case(b"http://") {
+    let scheme_len = if target.len() >= 7 && target[..7].eq_ignore_ascii_case(b"http://") {
         7
-    } else if bytes.len() >= 8 && bytes[..8].eq_ignore_ascii_case(b"https://") {
+    } else if target.len() >= 8 && target[..8].eq_ignore_ascii_case(b"https://") {
         8
     } else {
         return Err(HeadError::Malformed("The request target must be a path starting with '/'."));
     };
     let rest = &target[scheme_len..];
-    let (authority, path) = match rest.find(['/', '?', '#']) {
-        Some(i) if rest.as_bytes()[i] == b'/' => (&rest[..i], &rest[i..]),
+    let (authority, path) = match rest.iter().position(|b| matches!(b, b'/' | b'?' | b'#')) {
+        Some(i) if rest[i] == b'/' => rest.split_at(i),
         Some(_) => return Err(HeadError::Malformed("An absolute request target needs a path.")),
-        None => (rest, "/"),
+        None => (rest, &b"/"[..]),
     };
-    if authority.is_empty() || !valid_host(authority.as_bytes()) {
+    if authority.is_empty() || !valid_host(authority) {
         return Err(HeadError::Malformed("The request target's authority is not a valid host[:port]."));
     }
-    Ok((path, Some(authority.as_bytes())))
+    Ok((path, Some(authority)))
 }
 
 /// The bytes of a registered name or IPv4 address in `Host`: unreserved,
@@ -752,6 +818,11 @@ impl Span {
         &block[self.start as usize..][..self.len as usize]
     }
 
+    /// Where the span ends.
+    fn end(self) -> usize {
+        self.start as usize + self.len as usize
+    }
+
     /// `of` for a span of text.
     fn str_in(self, text: &str) -> Option<&str> {
         text.get(self.start as usize..self.start as usize + self.len as usize)
@@ -956,7 +1027,7 @@ mod tests {
         with_head(raw, |r| {
             let h = r.unwrap().unwrap();
             assert_eq!(h.method, Method::Get);
-            assert_eq!(h.path, "/v1/pools?x=1");
+            assert_eq!(h.path, b"/v1/pools?x=1");
             assert!(h.http11);
             assert!(h.keep_alive);
             assert_eq!(h.framing, BodyFraming::None);
@@ -1184,7 +1255,7 @@ mod tests {
     fn absolute_form_and_later_minor_versions() {
         with_head(b"POST http://h:1/pools/p?x HTTP/1.1\r\nHost: other\r\n\r\n", |r| {
             let h = r.unwrap().unwrap();
-            assert_eq!((h.path, h.host), ("/pools/p?x", Some(&b"h:1"[..])));
+            assert_eq!((h.path, h.host), (&b"/pools/p?x"[..], Some(&b"h:1"[..])));
         });
         assert!(is_malformed(b"GET http://a@h/ HTTP/1.1\r\nHost: h\r\n\r\n"));
         let mut raw = *b"GET / HTTP/1.2\r\nHost: h\r\n\r\n";
@@ -1340,18 +1411,60 @@ mod tests {
         });
     }
 
+    #[test]
+    fn uri_ascii_takes_printable_ascii_without_space_only() {
+        for b in 0..=255u8 {
+            let want = (b'!'..=b'~').contains(&b);
+            // In every place of a word and of the bytes after the last word.
+            for len in 1..20 {
+                for at in 0..len {
+                    let mut t = vec![b'a'; len];
+                    t[at] = b;
+                    assert_eq!(uri_ascii(&t), want, "{b:#x} at {at} of {len}");
+                }
+            }
+        }
+        assert!(uri_ascii(b""));
+    }
+
     /// Heads built from pieces, good and bad, for the memo property below.
-    fn request_line() -> impl Strategy<Value = String> {
-        let method = prop_oneof![Just("GET"), Just("POST"), Just("PATCH"), Just("G T")];
+    /// Slot-like ids of three bytes make lines of one length that differ
+    /// only in their target, with bytes httparse refuses or takes among them.
+    fn request_line() -> impl Strategy<Value = Vec<u8>> {
+        let method = prop_oneof![Just("GET"), Just("PUT"), Just("POST"), Just("PATCH"), Just("G T")];
         let target = prop_oneof![
-            Just("/pools/p/lock/acquire".to_string()),
-            "[a-z0-9]{1,30}".prop_map(|id| format!("/pools/p/lock/{id}/release")),
-            Just("http://h:1/pools/p/lock/acquire".to_string()),
-            Just("nope".to_string()),
+            Just(b"/pools/p/lock/acquire".to_vec()),
+            "[a-z0-9]{1,30}".prop_map(|id| format!("/pools/p/lock/{id}/release").into_bytes()),
+            release_target(),
+            Just(b"http://h:1/pools/p/lock/acquire".to_vec()),
+            Just(b"nope".to_vec()),
         ];
         let version = prop_oneof![Just("HTTP/1.1"), Just("HTTP/1.0"), Just("HTTP/1.3")];
         let end = prop_oneof![8 => Just("\r\n"), 1 => Just("\n")];
-        (method, target, version, end).prop_map(|(m, t, v, e)| format!("{m} {t} {v}{e}"))
+        (method, target, version, end)
+            .prop_map(|(m, t, v, e)| [m.as_bytes(), b" ", &t, b" ", v.as_bytes(), e.as_bytes()].concat())
+    }
+
+    /// A release target whose slot id is three bytes, good or bad for a target.
+    fn release_target() -> impl Strategy<Value = Vec<u8>> {
+        let id_byte = prop::sample::select(vec![
+            &b"a"[..],
+            b"Z",
+            b"~",
+            b"!",
+            b"%",
+            b"?",
+            b"/",
+            b"#",
+            b" ",
+            b"\t",
+            b"\x7f",
+            b"\x00",
+            b"\x80",
+            b"\xff",
+            "\u{e9}".as_bytes(),
+        ]);
+        prop::collection::vec(id_byte, 3).prop_map(|id| [&b"/pools/p/lock/"[..], &id.concat(), b"/release"].concat())
     }
 
     fn field() -> impl Strategy<Value = &'static str> {
@@ -1386,10 +1499,36 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// After a good head is remembered, heads with its header block and
+        /// a request line of the same length that differs in the method, the
+        /// target (any bytes, good or bad) or the version get a fresh parse's
+        /// verdict: the line read by comparison is exactly httparse's.
+        #[test]
+        fn a_line_like_the_remembered_one_gets_a_fresh_verdict(
+            lines in prop::collection::vec(
+                (prop_oneof![Just("POST"), Just("PUSH"), Just("P\x01ST")], release_target(),
+                 prop_oneof![Just("HTTP/1.1"), Just("HTTP/1.0"), Just("HTTP/1.3"), Just("HTTP/1.1 ")]),
+                1..12,
+            ),
+        ) {
+            let block = &b"Host: h\r\nContent-Length: 0\r\n\r\n"[..];
+            let mut memo = HeadMemo::default();
+            let first = [&b"POST /pools/p/lock/abc/release HTTP/1.1\r\n"[..], block].concat();
+            prop_assert!(parse_head_on(&first, &mut header_storage(), &mut memo).is_ok_and(|h| h.is_some()));
+            for (method, target, version) in lines {
+                let raw = [method.as_bytes(), b" ", &target, b" ", version.as_bytes(), b"\r\n", block].concat();
+                let mut storage = header_storage();
+                let remembered = digest(parse_head_on(&raw, &mut storage, &mut memo));
+                let fresh = with_head(&raw, digest);
+                prop_assert_eq!(remembered, fresh, "{:?}", String::from_utf8_lossy(&raw));
+            }
+        }
+
         /// A connection that remembers header blocks answers every head
         /// exactly as a fresh parse does, whatever came before it: a block
         /// reused with another request line, a block cut short, bytes after
-        /// the head, and bad heads mixed in.
+        /// the head, a request line that differs from the remembered one only
+        /// in its target, and bad heads mixed in.
         #[test]
         fn the_memo_never_changes_a_verdict(
             blocks in prop::collection::vec(block(), 1..4),
@@ -1397,7 +1536,7 @@ mod tests {
         ) {
             let mut memo = HeadMemo::default();
             for (line, which, tail) in requests {
-                let mut raw = (line + &blocks[which % blocks.len()]).into_bytes();
+                let mut raw = [line, blocks[which % blocks.len()].clone().into_bytes()].concat();
                 match tail {
                     0 => {}
                     1 => raw.extend_from_slice(b"{\"status\":200}POST / HTTP/1.1\r\n"),

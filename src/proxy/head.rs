@@ -85,7 +85,7 @@ impl<'h> ConnectionTokens<'h> {
 pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds: CredentialFields, body: RequestBody) {
     out.extend_from_slice(head.method_name.as_bytes());
     out.push(b' ');
-    out.extend_from_slice(head.path.as_bytes());
+    out.extend_from_slice(head.path);
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     out.extend_from_slice(&upstream.host);
     out.extend_from_slice(b"\r\n");

@@ -14,7 +14,7 @@ pub use crate::metrics::ServerStats;
 use crate::time::Ms;
 
 pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool, now: Ms) {
-    let path = head.path.split_once('?').map_or(head.path, |(p, _)| p);
+    let path = crate::api::proxy::path_without_query(head.path_str());
     let known = matches!(path, "/healthz" | "/metrics") || crate::dashboard::is_route(path);
     if known && !matches!(head.method, Method::Get | Method::Head) {
         let mut body = Vec::new();

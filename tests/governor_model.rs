@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use nthpool::api::pool_settings;
 use nthpool::config::Config;
-use nthpool::governor::lease::SlotId;
 use nthpool::governor::{
     Admission, Entropy, Governor, Notice, Outcome, PoolId, PoolSettings, RateInfo, RenewError, WaiterKey,
 };
@@ -505,7 +504,7 @@ impl Model {
             }
             Op::Renew { lease, other_pool } => {
                 if self.leases.is_empty() {
-                    let r = g.renew(self.pids[0], SlotId::decode(b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"), self.now);
+                    let r = g.renew(self.pids[0], b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", self.now);
                     check!(self, r == Err(RenewError::NotFound), "renew of nothing: {r:?}");
                     return Ok(());
                 }
@@ -513,13 +512,13 @@ impl Model {
                 let pool = self.leases[i].pool;
                 let slot = self.leases[i].slot;
                 if let Some(other) = other_pool.and_then(|p| self.other_pool(pool, p)) {
-                    let r = g.renew(self.pids[other], SlotId::decode(&slot), self.now);
+                    let r = g.renew(self.pids[other], &slot, self.now);
                     check!(self, r == Err(RenewError::NotFound), "renew through another pool: {r:?}");
                     return Ok(());
                 }
                 self.touch_expired(i);
                 let term = self.setups[pool].term_ms;
-                let r = g.renew(self.pids[pool], SlotId::decode(&slot), self.now);
+                let r = g.renew(self.pids[pool], &slot, self.now);
                 let l = &mut self.leases[i];
                 let expected = match l.state {
                     LeaseState::Held if l.lease_deadline >= l.request_deadline => Err(RenewError::Capped),
@@ -538,7 +537,7 @@ impl Model {
             }
             Op::Release { lease, target, ref outcome } => {
                 if self.leases.is_empty() {
-                    let r = g.release(self.pids[0], SlotId::decode(b"garbage"), outcome.as_ref(), self.now);
+                    let r = g.release(self.pids[0], b"garbage", outcome.as_ref(), self.now);
                     check!(self, !r, "released garbage");
                     return Ok(());
                 }
@@ -561,7 +560,7 @@ impl Model {
                     self.touch_expired(i);
                 }
                 let before = g.pool(self.pids[route]).learning.budget().filter(|b| b.reset_at > self.now);
-                let released = g.release(self.pids[route], SlotId::decode(&slot), outcome.as_ref(), self.now);
+                let released = g.release(self.pids[route], &slot, outcome.as_ref(), self.now);
                 let after = g.pool(self.pids[route]).learning.budget();
                 // Inside one reset window a report only lowers `remaining`;
                 // only a report of a later window (a later reset) may raise it.
@@ -734,7 +733,7 @@ impl Model {
             self.touch_expired(i);
             let l = &self.leases[i];
             let expected = l.state == LeaseState::Held;
-            let released = g.release(self.pids[l.pool], SlotId::decode(&l.slot), None, self.now);
+            let released = g.release(self.pids[l.pool], &l.slot, None, self.now);
             check!(self, released == expected, "final release of a {:?} lease answered {released}", l.state);
             self.leases[i].state = LeaseState::Released;
         }

@@ -81,7 +81,7 @@ impl GrantTail {
         out.extend_from_slice(&start);
         push_u64(out, grant.signals.remaining_slots as u64);
         out.extend_from_slice(&self.head);
-        out.extend_from_slice(&grant.slot.encode());
+        out.extend_from_slice(&grant.text);
         out.extend_from_slice(&self.text);
     }
 }
@@ -96,6 +96,7 @@ mod tests {
     fn grant(lease_deadline: u64) -> Grant {
         Grant {
             slot: SlotId([7; SLOT_ID_BYTES]),
+            text: SlotId([7; SLOT_ID_BYTES]).encode(),
             lease_deadline,
             request_deadline: 600_000,
             term_ms: 30_000,

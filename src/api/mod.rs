@@ -416,7 +416,7 @@ impl App {
                     Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt, proxied: false })),
                 }
             }
-            Route::Renew { slot, .. } => match self.gov.renew(pid, SlotId::decode(slot), ctx.now.ms) {
+            Route::Renew { slot, .. } => match self.gov.renew(pid, slot, ctx.now.ms) {
                 Ok(deadline) => {
                     self.scratch.clear();
                     self.scratch.push(b'{');
@@ -430,7 +430,7 @@ impl App {
             },
             Route::Release { slot, .. } => {
                 let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
-                let released = self.gov.release(pid, SlotId::decode(slot), outcome.as_ref(), ctx.now.ms);
+                let released = self.gov.release(pid, slot, outcome.as_ref(), ctx.now.ms);
                 Writer::start(out, Status::Ok).raw(released_rest(released, ctx.close));
                 Ok(Handled::Done)
             }

@@ -205,7 +205,7 @@ mod tests {
         assert_eq!(g.pool(p).held, 1);
         assert_eq!(g.pool(p).stats.idempotent_replays, 1);
         assert_ne!(slot(g.acquire_keyed(p, &key("b"), 0, 3, 10)), first);
-        assert!(g.release(p, Some(first), None, 20));
+        assert!(g.release(p, &first.encode(), None, 20));
         assert_eq!(g.pool(p).idem.len(), 1, "the key expired with its lease");
         let again = slot(g.acquire_keyed(p, &key("a"), 0, 4, 20));
         assert_ne!(again, first);
@@ -229,7 +229,7 @@ mod tests {
         // The earlier owner can no longer cancel it.
         g.cancel_waiter(w, 2);
         assert_eq!(g.pool(p).queue.len(), 2);
-        assert!(g.release(p, Some(holder), None, 20));
+        assert!(g.release(p, &holder.encode(), None, 20));
         let Some(Notice::Granted { owner: 4, grant }) = g.pop_notice() else { panic!("the retry is granted first") };
         assert_eq!(slot(g.acquire_keyed(p, &key("q"), 0, 5, 30)), grant.slot, "the key now names the grant");
     }

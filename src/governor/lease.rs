@@ -12,8 +12,11 @@
 //! a crash, or a standby sharing the secret) can still check the MAC and read
 //! the deadlines, so it can re-adopt the slot instead of granting it twice.
 //!
-//! A known lease keeps its whole id and compares all 42 bytes in constant
-//! time, so renew and release cost no MAC; only grant and re-adoption do.
+//! A known lease keeps its whole id, and its text too: renew and release read
+//! the index from the first eight characters and compare all 56 with the
+//! lease's in constant time, so they decode nothing and cost no MAC; only
+//! grant and re-adoption do. (The text costs 56 bytes per held slot and saves
+//! a 56-character decode per renew and release.)
 //!
 //! Why SipHash and not HMAC-SHA256: the MAC covers one fixed 32-byte body,
 //! the case SipHash was designed for (a keyed PRF for short inputs, 128-bit
@@ -194,14 +197,39 @@ impl SlotId {
         // Invalid characters map to 0xff; OR-ing everything finds one at the end.
         let mut invalid = 0u8;
         for g in 0..SLOT_ID_BYTES / 3 {
-            let v = [0, 1, 2, 3].map(|i| B64URL_INV[text[4 * g + i] as usize]);
-            invalid |= v[0] | v[1] | v[2] | v[3];
-            let n = (v[0] as u32) << 18 | (v[1] as u32) << 12 | (v[2] as u32) << 6 | v[3] as u32;
+            let (n, bad) = decode_group(text, g);
+            invalid |= bad;
             raw[3 * g..3 * g + 3].copy_from_slice(&n.to_be_bytes()[1..]);
         }
         (invalid & 0xc0 == 0).then_some(SlotId(raw))
     }
+}
 
+/// The 24 bits of the `g`-th four characters of a slot id's text, and the OR
+/// of their six-bit values (a bit above the sixth marks a character that is
+/// not base64url).
+fn decode_group(text: &[u8; SLOT_ID_CHARS], g: usize) -> (u32, u8) {
+    let v = [0, 1, 2, 3].map(|i| B64URL_INV[text[4 * g + i] as usize]);
+    let n = (v[0] as u32) << 18 | (v[1] as u32) << 12 | (v[2] as u32) << 6 | v[3] as u32;
+    (n, v[0] | v[1] | v[2] | v[3])
+}
+
+/// The text form of a slot id: what a grant answers and a renew or release names.
+pub type SlotText = [u8; SLOT_ID_CHARS];
+
+/// The lease-table index a slot id's text names (its first four bytes, in
+/// its first eight characters), without decoding the rest; `None` when
+/// those characters are not base64url. Renew and release look the lease up
+/// by it and compare the whole text with the one kept there, so the other
+/// 48 characters need no decoding.
+pub fn text_index(text: &SlotText) -> Option<u32> {
+    let (first, bad_first) = decode_group(text, 0);
+    let (second, bad_second) = decode_group(text, 1);
+    let [_, a, b, c] = first.to_be_bytes();
+    ((bad_first | bad_second) & 0xc0 == 0).then(|| u32::from_le_bytes([a, b, c, (second >> 16) as u8]))
+}
+
+impl SlotId {
     /// A short reference for logs: a non-reversible hash of the id, never the id itself.
     pub fn log_ref(&self) -> u32 {
         // The random part and the tag folded a word at a time by multiply and
@@ -220,6 +248,9 @@ pub struct Lease {
     pub pool: PoolId,
     /// The id it was granted (or re-adopted) under; renew and release must present it whole.
     pub id: SlotId,
+    /// `id` as text, as renew and release present it: compared whole, in
+    /// constant time, so a known lease's id is never decoded.
+    pub text: SlotText,
     pub lease_deadline: Ms,
     pub request_deadline: Ms,
     /// The pool's congestion epoch when granted: reports about leases from an
@@ -320,10 +351,30 @@ mod tests {
     }
 
     #[test]
+    fn the_index_read_from_the_text_is_the_ids() {
+        let key = SlotKey::new(&[3; 32]);
+        for index in [0, 1, 255, 256, 65_535, 1 << 24, 0x89ab_cdef, u32::MAX] {
+            let id = key.sign(&SlotFields { index, ..fields() });
+            assert_eq!(text_index(&id.encode()), Some(index));
+        }
+        let mut text = key.sign(&fields()).encode();
+        for at in 0..8 {
+            let good = text[at];
+            text[at] = b'=';
+            assert_eq!(text_index(&text), None, "{at}");
+            text[at] = good;
+        }
+        // Only the first eight characters are read.
+        text[8] = b'=';
+        assert_eq!(text_index(&text), Some(fields().index));
+    }
+
+    #[test]
     fn renew_is_capped_by_request_deadline() {
         let lease = Lease {
             pool: PoolId(0),
             id: SlotId([0; SLOT_ID_BYTES]),
+            text: SlotId([0; SLOT_ID_BYTES]).encode(),
             lease_deadline: 100,
             request_deadline: 150,
             epoch: 0,

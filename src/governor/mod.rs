@@ -40,7 +40,7 @@ pub use entropy::Entropy;
 pub use id::PoolId;
 use idempotency::{Holder, IdemKey, NO_KEY};
 pub use learn::{Outcome, RateInfo};
-use lease::{secret_eq, Lease, SlotFields, SlotId, SlotKey};
+use lease::{secret_eq, text_index, Lease, SlotFields, SlotId, SlotKey, SlotText};
 pub use pool::{DenyReason, Pool, PoolSettings, PoolStats};
 pub use queue::WaiterKey;
 use queue::Waiters;
@@ -77,6 +77,8 @@ pub struct Signals {
 #[derive(Debug, Clone, Copy)]
 pub struct Grant {
     pub slot: SlotId,
+    /// `slot` as text.
+    pub text: SlotText,
     pub lease_deadline: Ms,
     pub request_deadline: Ms,
     pub term_ms: u64,
@@ -397,6 +399,7 @@ impl<T: Copy> Governor<T> {
         let s = self.pools[lease.pool.0 as usize].settings;
         Grant {
             slot: lease.id,
+            text: lease.text,
             lease_deadline: lease.lease_deadline,
             request_deadline: lease.request_deadline,
             term_ms: s.term_ms,
@@ -407,9 +410,9 @@ impl<T: Copy> Governor<T> {
     }
 
     /// Extends a lease by one term, never past its request deadline. `slot`
-    /// is what the caller's text decoded to (`None`: no slot id at all, which
-    /// is not found like any other unknown slot).
-    pub fn renew(&mut self, pid: PoolId, slot: Option<SlotId>, now: Ms) -> Result<Ms, RenewError> {
+    /// is the id's text as the caller sent it (anything but an id is not
+    /// found, like any other unknown slot).
+    pub fn renew(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Result<Ms, RenewError> {
         let Some(idx) = self.find(pid, slot, now) else {
             self.pools[pid.0 as usize].stats.renew_not_found += 1;
             return Err(RenewError::NotFound);
@@ -427,7 +430,7 @@ impl<T: Copy> Governor<T> {
 
     /// Releases a lease of `pid`; `true` only the first time. The outcome
     /// report is applied only when the release was real. `slot` as for `renew`.
-    pub fn release(&mut self, pid: PoolId, slot: Option<SlotId>, outcome: Option<&Outcome>, now: Ms) -> bool {
+    pub fn release(&mut self, pid: PoolId, slot: &[u8], outcome: Option<&Outcome>, now: Ms) -> bool {
         let Some(idx) = self.find(pid, slot, now) else {
             self.pools[pid.0 as usize].stats.release_gone += 1;
             return false;
@@ -471,8 +474,8 @@ impl<T: Copy> Governor<T> {
     pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
         if let Some(lease) = self.leases.get(slot.index() as usize) {
             if secret_eq(&lease.id.0, &slot.0) {
-                let pid = lease.pool;
-                self.release(pid, Some(*slot), None, now);
+                let (pid, text) = (lease.pool, lease.text);
+                self.release(pid, &text, None, now);
             }
         }
     }
@@ -585,12 +588,14 @@ impl<T: Copy> Governor<T> {
             request_deadline_unix: self.epoch.wall(request_deadline).0,
             random: self.entropy.take::<8>(),
         });
+        let text = id.encode();
         let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
         let epoch = pool.learning.epoch();
         let grant_seq = pool.learning.grants;
         let inserted = self.leases.insert(Lease {
             pool: pid,
             id,
+            text,
             lease_deadline,
             request_deadline,
             epoch,
@@ -603,6 +608,7 @@ impl<T: Copy> Governor<T> {
         debug_assert_eq!(inserted, idx);
         Grant {
             slot: id,
+            text,
             lease_deadline,
             request_deadline,
             term_ms: s.term_ms,
@@ -620,16 +626,19 @@ impl<T: Copy> Governor<T> {
     /// The live lease `slot` names in `pid`. A lease past its deadline whose
     /// wheel entry has not run yet is reclaimed here, so "renew after expiry
     /// fails" holds to the millisecond.
-    fn find(&mut self, pid: PoolId, slot: Option<SlotId>, now: Ms) -> Option<usize> {
-        let id = slot?;
-        let direct = id.index() as usize;
-        let idx = match self.leases.get(direct) {
-            Some(lease) if secret_eq(&lease.id.0, &id.0) => direct,
-            _ => match self.adopted.get(&id) {
-                Some(&Some(idx)) => idx,
-                Some(None) => return None,
-                None => return self.readopt(pid, id, now),
-            },
+    fn find(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Option<usize> {
+        let text: &SlotText = slot.try_into().ok()?;
+        let direct = text_index(text).map(|i| i as usize);
+        let idx = match direct.and_then(|i| self.leases.get(i).map(|lease| (i, lease))) {
+            Some((i, lease)) if secret_eq(&lease.text, text) => i,
+            _ => {
+                let id = SlotId::decode(text)?;
+                match self.adopted.get(&id) {
+                    Some(&Some(idx)) => idx,
+                    Some(None) => return None,
+                    None => return self.readopt(pid, id, now),
+                }
+            }
         };
         let lease = &self.leases[idx];
         if lease.pool != pid {
@@ -674,6 +683,7 @@ impl<T: Copy> Governor<T> {
         self.leases.insert(Lease {
             pool: pid,
             id,
+            text: id.encode(),
             lease_deadline,
             request_deadline,
             epoch,

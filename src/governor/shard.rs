@@ -39,14 +39,14 @@ mod tests {
         // and the pool's traffic moves to it at 5000, when `old` fails.
         let a = granted(old.acquire(p, 0, 1, 4_000));
         let b = granted(old.acquire(p, 0, 2, 4_500));
-        assert_eq!(new.renew(p, id(&a), 4_990), Err(RenewError::NotFound), "not without the move");
+        assert_eq!(new.renew(p, &id(&a), 4_990), Err(RenewError::NotFound), "not without the move");
         new.moved_here(p, 5_000);
-        assert_eq!(new.renew(p, id(&a), 5_000), Ok(6_000));
+        assert_eq!(new.renew(p, &id(&a), 5_000), Ok(6_000));
         let d = denied(new.acquire(p, 0, 3, 5_010));
         assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Recovering, 990));
         let w = queued(new.acquire(p, 10_000, 4, 5_020));
-        assert!(new.release(p, id(&b), None, 5_100));
-        assert_eq!(new.renew(p, id(&a), 5_500), Ok(6_500));
+        assert!(new.release(p, &id(&b), None, 5_100));
+        assert_eq!(new.renew(p, &id(&a), 5_500), Ok(6_500));
         assert_eq!(new.pool(p).stats.readopted, 2);
         // At the window's end the waiter takes the slot `b` freed; `a` holds the other.
         new.advance(6_000);
@@ -63,7 +63,7 @@ mod tests {
         new.moved_here(p, 800);
         assert!(new.pool(p).recovering(1_799) && !new.pool(p).recovering(1_800));
         let a = granted(old.acquire(p, 0, 1, 0));
-        assert!(new.renew(p, id(&a), 1_700).is_ok(), "re-adopted after the restart window alone closed");
+        assert!(new.renew(p, &id(&a), 1_700).is_ok(), "re-adopted after the restart window alone closed");
         new.advance(1_800);
         assert_eq!(new.pool(p).held, 1);
         granted(new.acquire(p, 0, 2, 1_800));

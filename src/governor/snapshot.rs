@@ -217,6 +217,7 @@ impl<T: Copy> Governor<T> {
             let lease = Lease {
                 pool: pid,
                 id: l.id,
+                text: l.id.encode(),
                 lease_deadline,
                 request_deadline,
                 epoch: l.epoch,
@@ -288,8 +289,8 @@ mod tests {
             rate: RateInfo { retry_after_ms: Some(20_000), ..RateInfo::default() },
             ..Outcome::default()
         };
-        assert!(old.release(p, Some(released.slot), Some(&refusal), 200));
-        assert_eq!(old.renew(p, Some(kept.slot), 900), Ok(1900));
+        assert!(old.release(p, &released.text, Some(&refusal), 200));
+        assert_eq!(old.renew(p, &kept.text, 900), Ok(1900));
         let learned = old.pool(p).learning.clone();
         let snap = old.export(950);
 
@@ -303,10 +304,10 @@ mod tests {
         assert_eq!(new.pool(p).effective_limit(), learned.effective);
         assert_eq!(new.pool(p).learning.cooldown_until, learned.cooldown_until.saturating_sub(1500));
         assert_eq!(new.pool(p).stats.reclaimed_term, 1);
-        assert_eq!(new.renew(p, Some(kept.slot), 100), Ok(1100));
-        assert_eq!(new.renew(p, Some(short.slot), 100), Err(crate::governor::RenewError::NotFound));
+        assert_eq!(new.renew(p, &kept.text, 100), Ok(1100));
+        assert_eq!(new.renew(p, &short.text, 100), Err(crate::governor::RenewError::NotFound));
         let q = new.pool_id("q").unwrap();
-        assert!(new.release(q, Some(other.slot), None, 100));
+        assert!(new.release(q, &other.text, None, 100));
         // The restored lease is reclaimed at its term as any other.
         new.advance(1100);
         assert_eq!(new.pool(p).held, 0);
@@ -346,7 +347,7 @@ mod tests {
         let p = old.pool_id("p").unwrap();
         let Ok(Admission::Granted(kept)) = old.acquire_keyed(p, &key("kept"), 0, 1, 0) else { panic!("granted") };
         let Ok(Admission::Granted(done)) = old.acquire_keyed(p, &key("done"), 0, 2, 0) else { panic!("granted") };
-        assert!(old.release(p, Some(done.slot), None, 10));
+        assert!(old.release(p, &done.text, None, 10));
         let snap = old.export(10);
         assert_eq!(snap.keys.len(), 1, "a released lease's key is gone");
 
@@ -358,7 +359,7 @@ mod tests {
         let Ok(Admission::Granted(theirs)) = new.acquire_keyed(p, &other_caller, 0, 4, 0) else { panic!("granted") };
         assert_ne!(theirs.slot, kept.slot, "still scoped to the pool key that presented it");
         // The key expires with its restored lease.
-        assert!(new.release(p, Some(kept.slot), None, 10));
+        assert!(new.release(p, &kept.text, None, 10));
         let Ok(Admission::Granted(fresh)) = new.acquire_keyed(p, &key("kept"), 0, 5, 10) else { panic!("granted") };
         assert_ne!(fresh.slot, kept.slot);
     }

@@ -3,6 +3,7 @@
 use super::*;
 use crate::api::pool_settings;
 use crate::config::Config;
+use crate::governor::lease::SLOT_ID_CHARS;
 use crate::time::{Epoch, EpochMs};
 
 pub(super) fn governor(pool_json: &str) -> (Governor, PoolId) {
@@ -54,8 +55,8 @@ fn granted_owners(g: &mut Governor) -> Vec<u64> {
         .collect()
 }
 
-pub(super) fn id(grant: &Grant) -> Option<SlotId> {
-    Some(grant.slot)
+pub(super) fn id(grant: &Grant) -> SlotText {
+    grant.text
 }
 
 const OK: Outcome = Outcome {
@@ -97,29 +98,60 @@ fn release_is_idempotent_and_pool_scoped() {
     let (mut g, p) = governor("");
     let other = g.pool_id("other").unwrap();
     let a = granted(g.acquire(p, 0, 1, 0));
-    assert!(!g.release(other, id(&a), None, 1), "another pool never releases it");
-    assert!(g.release(p, id(&a), None, 1));
-    assert!(!g.release(p, id(&a), None, 2));
-    assert!(!g.release(p, SlotId::decode(b"not-a-slot-id"), None, 2));
+    assert!(!g.release(other, &id(&a), None, 1), "another pool never releases it");
+    assert!(g.release(p, &id(&a), None, 1));
+    assert!(!g.release(p, &id(&a), None, 2));
+    assert!(!g.release(p, b"not-a-slot-id", None, 2));
     assert_eq!(g.pool(p).held, 0);
     assert_eq!(g.held_total(), 0);
     assert_eq!(g.timers_total(), 0, "a released lease leaves no timer behind");
 }
 
 #[test]
+fn only_the_whole_text_of_a_held_id_finds_it() {
+    let (mut g, p) = governor(r#","concurrency":2"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let b = granted(g.acquire(p, 0, 2, 0));
+    // Each character changed, to another base64url one or to one that is
+    // not: the index in the first eight may still name the lease.
+    let mut tries = 0;
+    for at in 0..SLOT_ID_CHARS {
+        for c in [b'A', b'_', b'!', b'='] {
+            let mut text = id(&a);
+            if text[at] == c {
+                continue;
+            }
+            text[at] = c;
+            tries += 1;
+            assert_eq!(g.renew(p, &text, 10), Err(RenewError::NotFound), "{at}: {}", c as char);
+        }
+    }
+    // Another lease's tail after this one's index; too short; too long.
+    let mixed = [&id(&a)[..8], &id(&b)[8..]].concat();
+    assert_eq!(g.renew(p, &mixed, 10), Err(RenewError::NotFound));
+    assert_eq!(g.renew(p, &id(&a)[..SLOT_ID_CHARS - 1], 10), Err(RenewError::NotFound));
+    assert_eq!(g.renew(p, &[&id(&a)[..], b"A"].concat(), 10), Err(RenewError::NotFound));
+    assert_eq!(g.pool(p).stats.renew_not_found, tries + 3);
+    // The leases are untouched.
+    assert_eq!(g.renew(p, &id(&a), 20), Ok(20 + g.pool(p).settings.term_ms));
+    assert!(g.release(p, &id(&a), None, 20));
+    assert!(g.release(p, &id(&b), None, 20));
+}
+
+#[test]
 fn renew_extends_and_caps_at_the_request_deadline() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":2500"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    assert_eq!(g.renew(p, id(&a), 500), Ok(1500));
-    assert_eq!(g.renew(p, id(&a), 1400), Ok(2400));
-    assert_eq!(g.renew(p, id(&a), 2000), Ok(2500), "capped at requestDeadline");
-    assert_eq!(g.renew(p, id(&a), 2100), Err(RenewError::Capped));
+    assert_eq!(g.renew(p, &id(&a), 500), Ok(1500));
+    assert_eq!(g.renew(p, &id(&a), 1400), Ok(2400));
+    assert_eq!(g.renew(p, &id(&a), 2000), Ok(2500), "capped at requestDeadline");
+    assert_eq!(g.renew(p, &id(&a), 2100), Err(RenewError::Capped));
     g.advance(2499);
     assert_eq!(g.pool(p).held, 1);
     g.advance(2500);
     assert_eq!(g.pool(p).held, 0);
     assert_eq!(g.pool(p).stats.reclaimed_cap, 1);
-    assert_eq!(g.renew(p, id(&a), 2600), Err(RenewError::NotFound));
+    assert_eq!(g.renew(p, &id(&a), 2600), Err(RenewError::NotFound));
 }
 
 #[test]
@@ -131,14 +163,14 @@ fn unrenewed_lease_is_reclaimed_at_its_deadline() {
     g.advance(1000);
     assert_eq!(g.pool(p).held, 0);
     assert_eq!(g.pool(p).stats.reclaimed_term, 1);
-    assert!(!g.release(p, id(&a), Some(&OK), 1001));
+    assert!(!g.release(p, &id(&a), Some(&OK), 1001));
 }
 
 #[test]
 fn renewed_lease_survives_its_first_deadline() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    g.renew(p, id(&a), 600).unwrap();
+    g.renew(p, &id(&a), 600).unwrap();
     g.advance(1000);
     assert_eq!(g.pool(p).held, 1);
     g.advance(1599);
@@ -151,7 +183,7 @@ fn renewed_lease_survives_its_first_deadline() {
 fn renew_after_expiry_fails_even_before_the_wheel_runs() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    assert_eq!(g.renew(p, id(&a), 1000), Err(RenewError::NotFound));
+    assert_eq!(g.renew(p, &id(&a), 1000), Err(RenewError::NotFound));
     assert_eq!(g.pool(p).held, 0);
     g.advance(5000);
     assert_eq!(g.pool(p).stats.reclaimed_term, 1, "reclaimed once");
@@ -167,7 +199,7 @@ fn waiters_are_granted_in_arrival_order() {
     assert_eq!(g.signals(p).queue_depth, 5);
     let mut holder = a;
     for expected in 1..=5u64 {
-        assert!(g.release(p, id(&holder), None, 100 + expected));
+        assert!(g.release(p, &id(&holder), None, 100 + expected));
         let n = notices(&mut g);
         assert_eq!(n.len(), 1);
         match &n[0] {
@@ -187,7 +219,7 @@ fn newcomers_never_overtake_waiters() {
     let (mut g, p) = governor(r#","concurrency":1,"adaptive":false"#);
     let a = granted(g.acquire(p, 0, 1, 0));
     queued(g.acquire(p, 1000, 2, 0));
-    g.release(p, id(&a), None, 10);
+    g.release(p, &id(&a), None, 10);
     assert_eq!(granted_owners(&mut g), vec![2]);
     let d = denied(g.acquire(p, 0, 3, 10));
     assert_eq!(d.reason, DenyReason::Concurrency);
@@ -242,7 +274,7 @@ fn a_cancelled_waiter_is_never_granted_and_leaks_nothing() {
     assert_eq!(g.signals(p).queue_depth, 2);
     g.cancel_waiter(k2, 2);
     assert_eq!(g.signals(p).queue_depth, 1);
-    g.release(p, id(&a), None, 10);
+    g.release(p, &id(&a), None, 10);
     assert_eq!(granted_owners(&mut g), vec![3]);
     g.advance(100_000);
     assert!(notices(&mut g).is_empty());
@@ -295,7 +327,7 @@ fn a_burst_of_throttled_reports_cuts_the_limit_to_the_calls_in_flight() {
     let grants: Vec<_> = (0..10).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
     let throttled = Outcome { status: Some(429), ..OK };
     for grant in &grants[..5] {
-        assert!(g.release(p, id(grant), Some(&throttled), 10));
+        assert!(g.release(p, &id(grant), Some(&throttled), 10));
     }
     assert_eq!(g.signals(p).effective_limit, 5);
     assert_eq!(g.signals(p).remaining_slots, 0);
@@ -307,7 +339,7 @@ fn a_lowered_limit_never_revokes_held_slots() {
     let (mut g, p) = governor(r#","concurrency":4"#);
     let grants: Vec<_> = (0..4).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
     let throttled = Outcome { status: Some(429), ..OK };
-    g.release(p, id(&grants[0]), Some(&throttled), 1);
+    g.release(p, &id(&grants[0]), Some(&throttled), 1);
     // Cut to the three calls still in flight: none free.
     assert_eq!(g.pool(p).held, 3);
     assert_eq!(g.signals(p).effective_limit, 3);
@@ -318,9 +350,9 @@ fn a_lowered_limit_never_revokes_held_slots() {
 fn a_report_on_an_already_released_slot_changes_nothing() {
     let (mut g, p) = governor(r#","concurrency":10"#);
     let a = granted(g.acquire(p, 0, 1, 0));
-    assert!(g.release(p, id(&a), None, 1));
+    assert!(g.release(p, &id(&a), None, 1));
     let throttled = Outcome { status: Some(429), rate: RateInfo { retry_after_ms: Some(5000), ..OK.rate }, ..OK };
-    assert!(!g.release(p, id(&a), Some(&throttled), 2));
+    assert!(!g.release(p, &id(&a), Some(&throttled), 2));
     assert_eq!(g.signals(p).effective_limit, 10);
     granted(g.acquire(p, 0, 2, 3));
 }
@@ -335,7 +367,7 @@ fn cooldown_denies_fail_fast_and_grants_waiters_when_it_ends() {
         rate: RateInfo { retry_after_ms: Some(1000), remaining: Some(0), reset_ms: Some(1000), ..OK.rate },
         ..OK
     };
-    g.release(p, id(&a), Some(&hint), 100);
+    g.release(p, &id(&a), Some(&hint), 100);
     let d = denied(g.acquire(p, 0, 2, 200));
     assert_eq!(d.reason, DenyReason::Cooldown);
     assert_eq!(d.retry_after_ms, 900);
@@ -352,7 +384,7 @@ fn learned_budget_blocks_until_reset() {
     let (mut g, p) = governor(r#","concurrency":10"#);
     let a = granted(g.acquire(p, 0, 1, 0));
     let report = Outcome { rate: RateInfo { remaining: Some(0), reset_ms: Some(700), ..OK.rate }, ..OK };
-    g.release(p, id(&a), Some(&report), 100);
+    g.release(p, &id(&a), Some(&report), 100);
     let d = denied(g.acquire(p, 0, 2, 100));
     assert_eq!(d.reason, DenyReason::Rate);
     assert_eq!(d.retry_after_ms, 700);
@@ -378,7 +410,7 @@ fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
     assert!(matches!(&notices(&mut g)[..], [Notice::TimedOut { owner: 3, .. }]));
     assert!(g.pool(p).retired);
     assert_eq!(denied(g.acquire(p, 0, 4, 30)).reason, DenyReason::Concurrency);
-    assert!(g.release(p, id(&a), None, 40), "leases of a removed pool still drain");
+    assert!(g.release(p, &id(&a), None, 40), "leases of a removed pool still drain");
     assert_eq!(g.timers_total(), 1);
 }
 
@@ -433,10 +465,10 @@ fn a_valid_unknown_slot_is_readopted_in_the_window_and_fail_fast_acquires_wait()
     let w = queued(new.acquire(p, 5000, 4, 10));
     assert!(notices(&mut new).is_empty());
     // Renewing `a` re-adopts it and extends it by a term; releasing `b` re-adopts and frees it.
-    assert_eq!(new.renew(p, id(&a), 100), Ok(1100));
-    assert_eq!(new.renew(p, id(&a), 200), Ok(1200));
-    assert!(new.release(p, id(&b), None, 300));
-    assert!(!new.release(p, id(&b), None, 301));
+    assert_eq!(new.renew(p, &id(&a), 100), Ok(1100));
+    assert_eq!(new.renew(p, &id(&a), 200), Ok(1200));
+    assert!(new.release(p, &id(&b), None, 300));
+    assert!(!new.release(p, &id(&b), None, 301));
     assert_eq!(new.pool(p).held, 1);
     assert_eq!(new.pool(p).stats.readopted, 2);
     // At the window's end the waiter gets the one free slot, and the pool is full.
@@ -456,12 +488,12 @@ fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
     new.open_recovery_window(0);
     let mut tampered = a.slot;
     tampered.0[14] ^= 0x40; // a later lease deadline
-    assert_eq!(new.renew(p, SlotId::decode(&tampered.encode()), 10), Err(RenewError::NotFound));
+    assert_eq!(new.renew(p, &tampered.encode(), 10), Err(RenewError::NotFound));
     let (mut stranger, _) = governor_seeded(json, 3);
     stranger.set_identity(&[8; 32], Epoch::at(EpochMs(1_000_000)));
     let forged = granted(stranger.acquire(p, 0, 1, 0));
-    assert_eq!(new.renew(p, id(&forged), 10), Err(RenewError::NotFound));
-    assert_eq!(new.renew(other, id(&a), 10), Err(RenewError::NotFound));
+    assert_eq!(new.renew(p, &id(&forged), 10), Err(RenewError::NotFound));
+    assert_eq!(new.renew(other, &id(&a), 10), Err(RenewError::NotFound));
     // Past its request deadline (2000 ms after grant = 1500 ms into the new process).
     new.advance(999);
     assert_eq!(new.pool(p).held, 0);
@@ -472,16 +504,16 @@ fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
 fn outside_a_window_unknown_slots_are_not_found_and_readopted_ones_are_reclaimed() {
     let (mut new, p, a, b) = two_held_then_crash();
     // The first start (a fresh secret) opens no window.
-    assert_eq!(new.renew(p, id(&a), 10), Err(RenewError::NotFound));
+    assert_eq!(new.renew(p, &id(&a), 10), Err(RenewError::NotFound));
     new.open_recovery_window(20);
-    assert!(new.renew(p, id(&b), 30).is_ok());
+    assert!(new.renew(p, &id(&b), 30).is_ok());
     // `b` stops renewing: reclaimed one term after its re-adoption.
     new.advance(1029);
     assert_eq!(new.pool(p).held, 1);
     new.advance(1030);
     assert_eq!(new.pool(p).held, 0);
     assert_eq!(new.pool(p).stats.reclaimed_term, 1);
-    assert_eq!(new.renew(p, id(&b), 1031), Err(RenewError::NotFound));
+    assert_eq!(new.renew(p, &id(&b), 1031), Err(RenewError::NotFound));
 }
 
 #[test]
@@ -490,18 +522,18 @@ fn a_released_readopted_id_is_remembered_until_its_request_deadline_and_no_longe
     // deadline is 59 500 ms into the new process.
     let (mut new, p, _a, b) = two_held_then_crash();
     new.open_recovery_window(0);
-    assert!(new.release(p, id(&b), None, 300));
+    assert!(new.release(p, &id(&b), None, 300));
     assert_eq!(new.adopted.get(&b.slot), Some(&None));
     // A later window (a pool moved here again) does not adopt it twice.
     new.advance(59_000);
     new.open_recovery_window(59_000);
-    assert!(!new.release(p, id(&b), None, 59_001));
+    assert!(!new.release(p, &id(&b), None, 59_001));
     assert_eq!(new.pool(p).held, 0);
     // At its request deadline nothing could adopt it any more: the entry goes.
     new.advance(59_500);
     assert!(new.adopted.is_empty() && new.tombstones.is_empty());
     new.open_recovery_window(59_600);
-    assert!(!new.release(p, id(&b), None, 59_601));
+    assert!(!new.release(p, &id(&b), None, 59_601));
     assert_eq!(new.pool(p).stats.readopted, 1);
 }
 

@@ -15,7 +15,6 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use nthpool::config::Config;
-use nthpool::governor::lease::SlotId;
 use nthpool::governor::{Admission, Entropy, Governor, Ms, Outcome, PoolId};
 use nthpool::wheel::Wheel;
 use serde_json::{json, Value};
@@ -189,8 +188,7 @@ impl Bench {
             Admission::Granted(g) => g,
             other => return Err(format!("cycle on pool bench: {other:?}")),
         };
-        let slot = grant.slot.encode();
-        if !self.gov.release(self.bench, SlotId::decode(black_box(&slot)), Some(outcome), self.now) {
+        if !self.gov.release(self.bench, black_box(&grant.text), Some(outcome), self.now) {
             return Err("release of a fresh grant failed".into());
         }
         self.tick();

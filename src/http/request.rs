@@ -302,7 +302,7 @@ pub fn parse_head_on<'b>(
         if let Some(line) = line {
             // The head borrows the remembered fields (and line) from here on.
             let memo: &'b HeadMemo = memo;
-            return recalled(buf, memo, &found, line).map(Some);
+            return recalled(buf, memo, &found, line);
         }
     }
     parse_full(buf, storage, Some(memo), probe)
@@ -378,7 +378,7 @@ fn parse_full<'b>(
         memo.blocks.remember(line, line_spans, block, FieldSpans::of(&fields, block), places);
     }
     let headers = HeaderFields { fields: FieldList::Parsed(headers) };
-    assemble(line, head_len, &fields, headers).map(Some)
+    assemble(line, head_len, &fields, headers)
 }
 
 /// `<target>` is followed by ` HTTP/1.x\r\n` in a request line.
@@ -469,7 +469,7 @@ fn recalled<'b>(
     memo: &'b HeadMemo,
     found: &Recalled<FieldSpans, LineSpans>,
     line: Line<'b>,
-) -> Result<Head<'b>, HeadError> {
+) -> Result<Option<Head<'b>>, HeadError> {
     let remembered = |spans: LineSpans| {
         let text = memo.blocks.line_text(found.entry);
         let method = spans.method.str_in(text);
@@ -528,7 +528,7 @@ fn assemble<'b>(
     head_len: usize,
     f: &Fields<'b>,
     headers: HeaderFields<'b>,
-) -> Result<Head<'b>, HeadError> {
+) -> Result<Option<Head<'b>>, HeadError> {
     if head_len > MAX_HEAD_BYTES {
         return Err(HeadError::TooLarge);
     }
@@ -547,7 +547,9 @@ fn assemble<'b>(
         (false, None | Some(0)) => BodyFraming::None,
         (false, Some(n)) => BodyFraming::Length(n),
     };
-    Ok(Head {
+    // Built where the caller's result lives: a head is large, and wrapping
+    // it again on the way out would copy it.
+    Ok(Some(Head {
         method: line.method,
         method_name: line.method_name,
         path: line.path,
@@ -561,7 +563,7 @@ fn assemble<'b>(
         head_len,
         api: f.api,
         headers,
-    })
+    }))
 }
 
 /// The position of the minor-version digit when the request line ends in

@@ -47,7 +47,10 @@ impl Server {
             }
             let input_full = conn.input_full();
             let mut storage = header_storage();
-            let head = match parse_head_on(data, &mut storage, &mut conn.head_memo) {
+            // Matched by reference: the head is large, and moving it out
+            // would copy it on every request.
+            let parsed = parse_head_on(data, &mut storage, &mut conn.head_memo);
+            let head = match &parsed {
                 Ok(Some(head)) => head,
                 Ok(None) => {
                     conn.head_scanned = data.len();
@@ -62,7 +65,7 @@ impl Server {
                     conn.close_after_flush();
                     break;
                 }
-                Err(e) => {
+                &Err(e) => {
                     let error = match e {
                         HeadError::TooLarge => ApiError::HeadTooLarge,
                         HeadError::Malformed(why) => ApiError::BadRequest(why),
@@ -83,9 +86,9 @@ impl Server {
                 close: !head.keep_alive,
                 started: *turn_started,
             };
-            if let Some(pid) = app.proxy_route(conn.listener_pool, &head).filter(|_| !conn.admin) {
+            if let Some(pid) = app.proxy_route(conn.listener_pool, head).filter(|_| !conn.admin) {
                 let head_len = head.head_len;
-                let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, &head, pid);
+                let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, head, pid);
                 conn.budget(turn).requests -= 1;
                 conn.input.consume(head_len);
                 conn.head_scanned = 0;
@@ -93,13 +96,13 @@ impl Server {
                 proxied = proxied::settle(app, proxy, poll.registry(), conn, begun, now);
                 break;
             }
-            let (body, consumed) = match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
+            let (body, consumed) = match take_body(head, data, &mut conn.pending, &mut conn.body, app.max_body) {
                 Body::Ready(body, consumed) => (body, consumed),
                 Body::Incomplete if input_full => {
                     // Only a chunked body can outgrow the input buffer (its
                     // framing, extensions and trailers count): refuse it rather
                     // than stall until the head deadline.
-                    app.reject(&Ctx { close: true, ..ctx }, &head, ApiError::PayloadTooLarge, &mut conn.output);
+                    app.reject(&Ctx { close: true, ..ctx }, head, ApiError::PayloadTooLarge, &mut conn.output);
                     conn.close_after_flush();
                     break;
                 }
@@ -108,11 +111,11 @@ impl Server {
                     if head.expect_continue && !pending.continue_sent {
                         pending.continue_sent = true;
                         // Refuse now what the head already decides, before the body is sent.
-                        match app.precheck(&ctx, &head) {
+                        match app.precheck(&ctx, head) {
                             Ok(()) => conn.output.extend_from_slice(CONTINUE),
                             Err(e) => {
                                 // The body may still come: the connection cannot be reused.
-                                app.reject(&Ctx { close: true, ..ctx }, &head, e, &mut conn.output);
+                                app.reject(&Ctx { close: true, ..ctx }, head, e, &mut conn.output);
                                 conn.close_after_flush();
                             }
                         }
@@ -120,7 +123,7 @@ impl Server {
                     break;
                 }
                 Body::Refused(e) => {
-                    app.reject(&Ctx { close: true, ..ctx }, &head, e, &mut conn.output);
+                    app.reject(&Ctx { close: true, ..ctx }, head, e, &mut conn.output);
                     conn.close_after_flush();
                     break;
                 }
@@ -128,10 +131,10 @@ impl Server {
             let answer_start = conn.output.len();
             let handled = if conn.admin {
                 proxy.stats_into(&mut stats.proxy);
-                admin::handle(&head, app, stats, &mut conn.output, ctx.close, now.ms);
+                admin::handle(head, app, stats, &mut conn.output, ctx.close, now.ms);
                 Handled::Done
             } else {
-                app.handle(&ctx, &head, body, &mut conn.output)
+                app.handle(&ctx, head, body, &mut conn.output)
             };
             if head.method == Method::Head {
                 strip_body(&mut conn.output, answer_start);

@@ -54,6 +54,11 @@ pub struct Wheel<T> {
     entries: Slab<Entry<T>>,
     /// Entries whose deadline has passed, waiting to be handed out by `poll`.
     pending: Vec<u32>,
+    /// Never later than the earliest slot expiry (`u64::MAX`: no entry).
+    /// Exact after a `poll` that found nothing due; an insert can only
+    /// lower it; a cancel leaves it, early. A poll before it has nothing to
+    /// do, so most polls and `next_deadline` skip the scan of the levels.
+    next_at: u64,
 }
 
 impl<T> Default for Wheel<T> {
@@ -69,6 +74,7 @@ impl<T> Wheel<T> {
             levels: [Level { occupied: 0, heads: [NIL; SLOTS] }; LEVELS],
             entries: Slab::new(),
             pending: Vec::new(),
+            next_at: u64::MAX,
         }
     }
 
@@ -107,11 +113,17 @@ impl<T> Wheel<T> {
     /// The deadline of the earliest entry, or `None` when the wheel is empty.
     /// Exact for level 0; for higher levels it is the start of the slot, which
     /// is never later than the entry itself, so a poll at that time is safe.
+    /// After a cancel it may be earlier still (the cancelled entry's time)
+    /// until the next `poll` that finds nothing due: early, never late.
     pub fn next_deadline(&self) -> Option<u64> {
         if !self.pending.is_empty() {
             return Some(self.elapsed);
         }
-        self.next_expiration().map(|(_, _, at)| at)
+        match self.next_at {
+            _ if self.entries.is_empty() => None,
+            u64::MAX => None,
+            at => Some(at.max(self.elapsed)),
+        }
     }
 
     /// Hands out one payload whose deadline is `<= now`, or `None` once no
@@ -121,12 +133,17 @@ impl<T> Wheel<T> {
             if let Some(idx) = self.pending.pop() {
                 return Some(self.entries.remove(idx as usize).payload);
             }
+            if now < self.next_at {
+                self.elapsed = self.elapsed.max(now);
+                return None;
+            }
             match self.next_expiration() {
                 Some((level, slot, at)) if at <= now => {
                     self.elapsed = self.elapsed.max(at);
                     self.process_slot(level, slot, now);
                 }
-                _ => {
+                next => {
+                    self.next_at = next.map_or(u64::MAX, |(_, _, at)| at);
                     self.elapsed = self.elapsed.max(now);
                     return None;
                 }
@@ -197,6 +214,9 @@ impl<T> Wheel<T> {
         }
         self.levels[level].heads[slot] = idx;
         self.levels[level].occupied |= 1u64 << slot;
+        // The start of the entry's slot: never later than the slot's expiry.
+        let slot_start = when & !((1u64 << (SLOT_BITS as usize * level)) - 1);
+        self.next_at = self.next_at.min(slot_start);
     }
 
     fn unlink(&mut self, idx: u32) {
@@ -359,6 +379,78 @@ mod tests {
             fired.push(p);
         }
         assert_eq!(fired, vec![70, 320, 329, 5000]);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u64),
+        Cancel(usize),
+        Poll(u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0u64..300_000).prop_map(Op::Insert),
+            2 => any::<usize>().prop_map(Op::Cancel),
+            3 => (0u64..20_000).prop_map(Op::Poll),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Against a plain list of deadlines, with inserts relative to the
+        /// time of the last poll, cancels of live entries and polls that move
+        /// time on: every poll hands out exactly the entries due (by then),
+        /// in deadline order, and `next_deadline` is never later than the
+        /// earliest live deadline (the reactor sleeps until it).
+        #[test]
+        fn polls_match_a_plain_list_and_next_deadline_is_never_late(
+            ops in proptest::collection::vec(op(), 1..200),
+        ) {
+            let mut w = Wheel::new();
+            let mut live: Vec<(u64, u32, TimerKey)> = Vec::new();
+            let (mut now, mut next_payload) = (0u64, 0u32);
+            for op in ops {
+                match op {
+                    Op::Insert(ahead) => {
+                        let key = w.insert(now + ahead, next_payload);
+                        live.push((now + ahead, next_payload, key));
+                        next_payload += 1;
+                    }
+                    Op::Cancel(pick) if !live.is_empty() => {
+                        let (_, payload, key) = live.remove(pick % live.len());
+                        proptest::prop_assert_eq!(w.cancel(key), Some(payload));
+                    }
+                    Op::Cancel(_) => {}
+                    Op::Poll(step) => {
+                        now += step;
+                        let mut fired = Vec::new();
+                        while let Some(p) = w.poll(now) {
+                            fired.push(p);
+                        }
+                        let mut due: Vec<(u64, u32)> =
+                            live.iter().filter(|e| e.0 <= now).map(|e| (e.0, e.1)).collect();
+                        due.sort_unstable();
+                        live.retain(|e| e.0 > now);
+                        let fired_deadlines: Vec<u64> = fired.iter()
+                            .map(|p| due.iter().find(|d| d.1 == *p).map_or(u64::MAX, |d| d.0)).collect();
+                        let mut sorted = fired.clone();
+                        sorted.sort_unstable();
+                        let mut want: Vec<u32> = due.iter().map(|d| d.1).collect();
+                        want.sort_unstable();
+                        proptest::prop_assert_eq!(sorted, want, "at {}", now);
+                        proptest::prop_assert!(fired_deadlines.windows(2).all(|p| p[0] <= p[1]), "in order");
+                    }
+                }
+                let earliest = live.iter().map(|e| e.0).min();
+                match (w.next_deadline(), earliest) {
+                    (None, None) => {}
+                    (Some(at), Some(e)) => proptest::prop_assert!(at <= e.max(now), "next {} after {}", at, e),
+                    (got, want) => proptest::prop_assert!(false, "next_deadline {:?}, earliest {:?}", got, want),
+                }
+                proptest::prop_assert_eq!(w.len(), live.len());
+            }
+        }
     }
 
     #[test]

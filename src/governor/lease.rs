@@ -178,10 +178,13 @@ impl SlotId {
     /// bits) per table look-up. It runs on every grant.
     pub fn encode(&self) -> [u8; SLOT_ID_CHARS] {
         let mut out = [0u8; SLOT_ID_CHARS];
-        for (bytes, chars) in self.0.chunks_exact(6).zip(out.chunks_exact_mut(8)) {
-            let mut word = [0u8; 8];
-            word[..6].copy_from_slice(bytes);
-            let n = u64::from_be_bytes(word) >> 16;
+        let raw = &self.0;
+        let word = |at: usize| u64::from_be_bytes(raw[at..at + 8].try_into().expect("8 bytes"));
+        for (g, chars) in out.chunks_exact_mut(8).enumerate() {
+            // The group's six bytes as the low 48 bits of one word read in
+            // place: the two bytes after it, or for the last group the two
+            // before it, fall outside.
+            let n = if 6 * g + 8 <= SLOT_ID_BYTES { word(6 * g) >> 16 } else { word(6 * g - 2) & 0xffff_ffff_ffff };
             let pair = |shift: u32| B64URL_PAIRS[(n >> shift) as usize & 0xfff];
             let text =
                 u64::from(pair(36)) << 48 | u64::from(pair(24)) << 32 | u64::from(pair(12)) << 16 | u64::from(pair(0));
@@ -304,6 +307,26 @@ mod tests {
         let back = SlotId::decode(&text).unwrap();
         assert_eq!(back, id);
         assert_eq!(key.verify(&back), Some(fields()));
+    }
+
+    /// Unpadded base64url, six bits at a time: what `encode` must agree with.
+    fn reference_base64url(raw: &[u8]) -> Vec<u8> {
+        const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let bits: Vec<u8> = raw.iter().flat_map(|b| (0..8).rev().map(move |i| (b >> i) & 1)).collect();
+        bits.chunks(6).map(|c| ALPHABET[c.iter().fold(0, |acc, &b| acc << 1 | b as usize)]).collect()
+    }
+
+    #[test]
+    fn encode_is_base64url_for_every_byte_in_every_place() {
+        for place in 0..SLOT_ID_BYTES {
+            for value in [0u8, 1, 0x3f, 0x80, 0xa5, 0xfe, 0xff] {
+                let mut raw: [u8; SLOT_ID_BYTES] = std::array::from_fn(|i| (i as u8).wrapping_mul(37));
+                raw[place] = value;
+                let id = SlotId(raw);
+                assert_eq!(id.encode().to_vec(), reference_base64url(&raw), "byte {place} = {value:#x}");
+                assert_eq!(SlotId::decode(&id.encode()), Some(id));
+            }
+        }
     }
 
     #[test]

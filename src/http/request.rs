@@ -34,12 +34,13 @@ pub fn header_storage<'b>() -> HeaderStorage<'b> {
     [const { MaybeUninit::uninit() }; MAX_HEADERS]
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Method {
     Get,
     Head,
     Post,
     /// Any other method; routes only need to know it is none of the above.
+    #[default]
     Other,
 }
 
@@ -368,12 +369,15 @@ fn parse_full<'b>(
         return Err(HeadError::Malformed("The Host header is not a valid host[:port]."));
     }
     if let Some(memo) = memo.filter(|_| remember) {
-        let line = &buf[..block_start];
         let line_spans = LineSpans {
             method: Span::within(buf, method.as_bytes()),
             target: Span::within(buf, target.as_bytes()),
             version,
+            kind: line.method,
+            path: Span::within(buf, line.path),
+            authority: line.authority.map(|a| Span::within(buf, a)),
         };
+        let line = &buf[..block_start];
         let places = headers.iter().map(|h| (Span::within(block, h.name.as_bytes()), Span::within(block, h.value)));
         memo.blocks.remember(line, line_spans, block, FieldSpans::of(&fields, block), places);
     }
@@ -475,18 +479,29 @@ fn recalled<'b>(
         let method = spans.method.str_in(text);
         // The spans were taken from this very text.
         debug_assert!(method.is_some(), "a remembered request line without its spans");
-        method.map(|m| (m, text))
+        method.map(|m| (m, text.as_bytes())).ok_or(HeadError::Malformed("The request line is invalid."))
     };
-    let bad_line = || HeadError::Malformed("The request line is invalid.");
-    let (method, target, version) = match line {
-        Line::Read(method, target, version) => (method, target, version),
-        Line::Like(spans, target, version) => (remembered(spans).ok_or_else(bad_line)?.0, target, version),
+    // A remembered line passed `RequestLine::check`, and what it found is
+    // kept with it; a line like it has the same method and version, so only
+    // its target is looked at again.
+    let line = match line {
+        Line::Read(method, target, version) => RequestLine::check(method, target, version)?,
+        Line::Like(spans, target, version) => {
+            let (method_name, _) = remembered(spans)?;
+            let (path, authority) = split_target(target)?;
+            RequestLine { method: spans.kind, method_name, path, authority, http11: version == 1 }
+        }
         Line::Remembered(spans) => {
-            let (method, text) = remembered(spans).ok_or_else(bad_line)?;
-            (method, spans.target.of(text.as_bytes()), spans.version)
+            let (method_name, text) = remembered(spans)?;
+            RequestLine {
+                method: spans.kind,
+                method_name,
+                path: spans.path.of(text),
+                authority: spans.authority.map(|a| a.of(text)),
+                http11: spans.version == 1,
+            }
         }
     };
-    let line = RequestLine::check(method, target, version)?;
     let head_len = found.line_len + found.block_len;
     let block = &buf[found.line_len..head_len];
     let headers = HeaderFields { fields: FieldList::Remembered(memo.blocks.fields(found.entry), block) };
@@ -794,12 +809,16 @@ pub struct HeadMemo {
     host: KnownHost,
 }
 
-/// What httparse read in a request line, as spans of it.
+/// What httparse read in a request line, as spans of it, and what
+/// `RequestLine::check` found in that.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LineSpans {
     method: Span,
     target: Span,
     version: u8,
+    kind: Method,
+    path: Span,
+    authority: Option<Span>,
 }
 
 /// Where a value lies in its header block.
@@ -1447,6 +1466,19 @@ mod tests {
             .prop_map(|(m, t, v, e)| [m.as_bytes(), b" ", &t, b" ", v.as_bytes(), e.as_bytes()].concat())
     }
 
+    /// Nothing (origin form), or the scheme and authority of an absolute-form
+    /// target, of one length, good and bad.
+    fn authority() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            Just(""),
+            Just("http://h:1"),
+            Just("http://h:2"),
+            Just("HTTP://h:9"),
+            Just("http://h,1"),
+            Just("http://h?1")
+        ]
+    }
+
     /// A release target whose slot id is three bytes, good or bad for a target.
     fn release_target() -> impl Strategy<Value = Vec<u8>> {
         let id_byte = prop::sample::select(vec![
@@ -1507,18 +1539,25 @@ mod tests {
         /// verdict: the line read by comparison is exactly httparse's.
         #[test]
         fn a_line_like_the_remembered_one_gets_a_fresh_verdict(
+            first_authority in prop_oneof![Just(""), Just("http://h:1"), Just("HTTP://h:9")],
+            first_version in prop_oneof![Just("HTTP/1.1"), Just("HTTP/1.0")],
             lines in prop::collection::vec(
-                (prop_oneof![Just("POST"), Just("PUSH"), Just("P\x01ST")], release_target(),
+                (prop_oneof![Just("POST"), Just("PUSH"), Just("P\x01ST")], authority(), release_target(),
                  prop_oneof![Just("HTTP/1.1"), Just("HTTP/1.0"), Just("HTTP/1.3"), Just("HTTP/1.1 ")]),
                 1..12,
             ),
         ) {
             let block = &b"Host: h\r\nContent-Length: 0\r\n\r\n"[..];
             let mut memo = HeadMemo::default();
-            let first = [&b"POST /pools/p/lock/abc/release HTTP/1.1\r\n"[..], block].concat();
+            let first = format!("POST {first_authority}/pools/p/lock/abc/release {first_version}\r\n");
+            let first = [first.as_bytes(), block].concat();
             prop_assert!(parse_head_on(&first, &mut header_storage(), &mut memo).is_ok_and(|h| h.is_some()));
-            for (method, target, version) in lines {
-                let raw = [method.as_bytes(), b" ", &target, b" ", version.as_bytes(), b"\r\n", block].concat();
+            // The very head again: its request line is the remembered one.
+            let again = digest(parse_head_on(&first, &mut header_storage(), &mut memo));
+            prop_assert_eq!(again, with_head(&first, digest));
+            for (method, authority, target, version) in lines {
+                let raw = [method.as_bytes(), b" ", authority.as_bytes(), &target, b" ", version.as_bytes(), b"\r\n", block]
+                    .concat();
                 let mut storage = header_storage();
                 let remembered = digest(parse_head_on(&raw, &mut storage, &mut memo));
                 let fresh = with_head(&raw, digest);

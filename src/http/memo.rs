@@ -61,31 +61,32 @@ struct Entry<T, L, F> {
     line_len: usize,
 }
 
-/// A remembered block found in a head.
+/// A remembered block found in a head. What was found in the block and in
+/// its line stay in the memo (`spans`, `line_spans`): they are large, and a
+/// copy per head would cost more than the look-up.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Recalled<T, L> {
-    /// The entry found, for `line_text`.
+pub struct Recalled {
+    /// The entry found, for `spans`, `line_spans`, `line_text` and `fields`.
     pub entry: usize,
     /// Where the block starts: the length of the request line before it,
     /// ending in CRLF. The caller still has to check that the request line
     /// is exactly that long, unless `line` is given.
     pub line_len: usize,
     pub block_len: usize,
-    pub spans: T,
     /// What the head's request line has in common with the one remembered
     /// with the block.
-    pub line: LineRecall<L>,
+    pub line: LineRecall,
 }
 
 /// The request line remembered with a block, as far as it tells about the
 /// head's (which is exactly `Recalled::line_len` long, if anything here holds).
 #[derive(Debug, PartialEq, Eq)]
-pub enum LineRecall<L> {
-    /// Byte for byte the head's: what was read in it.
-    Same(L),
+pub enum LineRecall {
+    /// Byte for byte the head's: what was read in it is `line_spans`.
+    Same,
     /// Another line of the same length, whose text is `line_text` and in
-    /// which this was read: the caller may compare the two.
-    Like(L),
+    /// which `line_spans` was read: the caller may compare the two.
+    Like,
     /// No line was kept (it was longer than `MEMO_ROOM`).
     Unknown,
 }
@@ -109,7 +110,7 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
     /// The remembered block that `head` holds right after a request line of
     /// the length that came with it before. The next new block then
     /// replaces the other entry.
-    pub fn recall(&mut self, head: &[u8]) -> Option<Recalled<T, L>> {
+    pub fn recall(&mut self, head: &[u8]) -> Option<Recalled> {
         let found = self.entries.iter().position(|e| {
             let n = e.line_len;
             n >= 2 && head.get(n - 2..n) == Some(b"\r\n") && starts_with_block(&head[n..], &e.block)
@@ -125,10 +126,20 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
         let n = e.line_len;
         let line = match () {
             _ if e.line.len() != n => LineRecall::Unknown,
-            _ if head[..n] == *e.line.as_bytes() => LineRecall::Same(e.line_spans),
-            _ => LineRecall::Like(e.line_spans),
+            _ if head[..n] == *e.line.as_bytes() => LineRecall::Same,
+            _ => LineRecall::Like,
         };
-        Some(Recalled { entry: at, line_len: n, block_len: e.block.len(), spans: e.spans, line })
+        Some(Recalled { entry: at, line_len: n, block_len: e.block.len(), line })
+    }
+
+    /// What was found in the block remembered in `entry` (from `recall`).
+    pub fn spans(&self, entry: usize) -> &T {
+        &self.entries[entry].spans
+    }
+
+    /// What was read in the request line remembered in `entry`.
+    pub fn line_spans(&self, entry: usize) -> &L {
+        &self.entries[entry].line_spans
     }
 
     /// The request line remembered in `entry` (from `recall`).
@@ -244,7 +255,8 @@ mod tests {
         let longer = b"POST /xy HTTP/1.1\r\n";
         memo.remember(longer, 0, b, 2, [2]);
         assert_eq!(found(&mut memo, b), None, "looked for after the old line length");
-        assert_eq!(memo.recall(&head(b"POST /yx HTTP/1.1\r\n", b)).map(|r| (r.line_len, r.spans)), Some((n + 1, 2)));
+        let r = memo.recall(&head(b"POST /yx HTTP/1.1\r\n", b)).map(|r| (r.line_len, *memo.spans(r.entry)));
+        assert_eq!(r, Some((n + 1, 2)));
         assert_eq!(found(&mut memo, c), Some((n, c.len())));
         // Only after a CRLF.
         memo.remember(&LINE[1..], 0, c, 3, [3]);
@@ -282,14 +294,15 @@ mod tests {
         let mut memo = Memo::default();
         memo.remember(LINE, 7, block, 1, [1]);
         let r = memo.recall(&head(LINE, block)).unwrap();
-        let line = LineRecall::Same(7);
-        assert_eq!(r, Recalled { entry: 0, line_len: LINE.len(), block_len: block.len(), spans: 1, line });
+        let line = LineRecall::Same;
+        assert_eq!(r, Recalled { entry: 0, line_len: LINE.len(), block_len: block.len(), line });
+        assert_eq!((*memo.spans(0), *memo.line_spans(0)), (1, 7));
         assert_eq!(memo.line_text(0).as_bytes(), LINE);
         assert_eq!(memo.fields(0), [1]);
         // Another line of the same length: the block is found, and the
         // remembered line is offered for comparison.
         let r = memo.recall(&head(b"POST /y HTTP/1.1\r\n", block)).unwrap();
-        assert_eq!((r.spans, r.line), (1, LineRecall::Like(7)));
+        assert_eq!((*memo.spans(r.entry), r.line), (1, LineRecall::Like));
         // A line too long to keep is never taken for the same.
         let long = format!("POST /{} HTTP/1.1\r\n", "x".repeat(MEMO_ROOM)).into_bytes();
         memo.remember(&long, 7, block, 1, [1]);

@@ -294,9 +294,12 @@ pub fn parse_head_on<'b>(
     };
     if let Some(found) = found {
         let line = match found.line {
-            LineRecall::Same(remembered) => Some(Line::Remembered(remembered)),
-            LineRecall::Like(spans) => read_line_like(buf, memo.blocks.line_text(found.entry), spans)
-                .map(|(target, version)| Line::Like(spans, target, version)),
+            LineRecall::Same => Some(Line::Remembered(*memo.blocks.line_spans(found.entry))),
+            LineRecall::Like => {
+                let spans = *memo.blocks.line_spans(found.entry);
+                read_line_like(buf, memo.blocks.line_text(found.entry), spans)
+                    .map(|(target, version)| Line::Like(spans, target, version))
+            }
             LineRecall::Unknown => None,
         };
         let line = line.or_else(|| read_line_alone(buf, found.line_len).map(|(m, t, v)| Line::Read(m, t, v)));
@@ -471,7 +474,7 @@ fn uri_ascii(bytes: &[u8]) -> bool {
 fn recalled<'b>(
     buf: &'b [u8],
     memo: &'b HeadMemo,
-    found: &Recalled<FieldSpans, LineSpans>,
+    found: &Recalled,
     line: Line<'b>,
 ) -> Result<Option<Head<'b>>, HeadError> {
     let remembered = |spans: LineSpans| {
@@ -505,7 +508,7 @@ fn recalled<'b>(
     let head_len = found.line_len + found.block_len;
     let block = &buf[found.line_len..head_len];
     let headers = HeaderFields { fields: FieldList::Remembered(memo.blocks.fields(found.entry), block) };
-    assemble(line, head_len, &found.spans.fields(block), headers)
+    assemble(line, head_len, &memo.blocks.spans(found.entry).fields(block), headers)
 }
 
 /// What the request line says, checked.
@@ -779,7 +782,7 @@ impl FieldSpans {
     }
 
     /// The fields these spans found in `block`.
-    fn fields(self, block: &[u8]) -> Fields<'_> {
+    fn fields<'b>(&self, block: &'b [u8]) -> Fields<'b> {
         let of = |span: Option<Span>| span.map(|s| s.of(block));
         Fields {
             host: of(self.host),

@@ -263,7 +263,7 @@ impl App {
 
     /// The exchange is over: the slot goes back with what the upstream said.
     pub fn release_proxied(&mut self, pid: PoolId, slot: &SlotId, outcome: Option<&Outcome>, now: Ms) {
-        self.gov.release(pid, &slot.encode(), outcome, now);
+        self.gov.release_id(pid, slot, outcome, now);
     }
 }
 

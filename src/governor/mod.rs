@@ -470,6 +470,17 @@ impl<T: Copy> Governor<T> {
         }
     }
 
+    /// `release` for a holder that has the id's bytes rather than its text
+    /// (a proxied exchange): the held lease's own text is used, so nothing is
+    /// encoded unless the lease is no longer held under that index.
+    pub fn release_id(&mut self, pid: PoolId, slot: &SlotId, outcome: Option<&Outcome>, now: Ms) -> bool {
+        let text = match self.leases.get(slot.index() as usize) {
+            Some(lease) if secret_eq(&lease.id.0, &slot.0) => lease.text,
+            _ => slot.encode(),
+        };
+        self.release(pid, &text, outcome, now)
+    }
+
     /// Releases a grant whose answer could not be delivered.
     pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
         if let Some(lease) = self.leases.get(slot.index() as usize) {

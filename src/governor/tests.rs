@@ -139,6 +139,22 @@ fn only_the_whole_text_of_a_held_id_finds_it() {
 }
 
 #[test]
+fn a_held_id_releases_by_its_bytes_as_by_its_text() {
+    let (mut g, p) = governor("");
+    let other = g.pool_id("other").unwrap();
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert!(!g.release_id(other, &a.slot, None, 1), "another pool never releases it");
+    assert!(g.release_id(p, &a.slot, None, 1));
+    assert!(!g.release_id(p, &a.slot, None, 2), "once");
+    assert_eq!(g.pool(p).held, 0);
+    // Its index taken by a newer grant: the old id finds nothing.
+    let b = granted(g.acquire(p, 0, 2, 10));
+    assert_eq!(a.slot.index(), b.slot.index());
+    assert!(!g.release_id(p, &a.slot, None, 11));
+    assert!(g.release(p, &id(&b), None, 12));
+}
+
+#[test]
 fn renew_extends_and_caps_at_the_request_deadline() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":2500"#);
     let a = granted(g.acquire(p, 0, 1, 0));

@@ -83,33 +83,12 @@ impl Middle {
 /// A grant's status fields, the same on every grant line.
 const GRANT_STATUS: &[u8] = b",\"status\":200,\"error\":null,\"denyReason\":null,\"waitMs\":";
 
-/// A line's numbers and slot reference, composed on the stack and copied once.
-struct Tail {
-    buf: [u8; 128],
-    len: usize,
-}
-
-impl Tail {
-    fn new() -> Tail {
-        Tail { buf: [0; 128], len: 0 }
-    }
-
-    fn put(&mut self, bytes: &[u8]) {
-        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
-    }
-
-    fn num(&mut self, v: u64) {
-        if v < 10 {
-            self.buf[self.len] = b'0' + v as u8;
-            self.len += 1;
-        } else {
-            self.put(itoa::Buffer::new().format(v).as_bytes());
-        }
-    }
-
-    fn text(&self) -> &[u8] {
-        &self.buf[..self.len]
+/// A small number: one digit without itoa.
+fn push_num(b: &mut Vec<u8>, v: u64) {
+    if v < 10 {
+        b.push(b'0' + v as u8);
+    } else {
+        b.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
     }
 }
 
@@ -221,7 +200,7 @@ impl AccessLog {
             b'0' + (ms % 10) as u8,
         ]);
         let b = &mut self.buf;
-        // One reservation covers the line; a grant's line is three copies.
+        // One reservation covers a usual line (a long pool name or path may grow it).
         b.reserve(256);
         b.extend_from_slice(&start);
         b.extend_from_slice(&self.middle.text);
@@ -233,26 +212,23 @@ impl AccessLog {
             write_opt_str(b, r.deny_reason);
             b.extend_from_slice(b",\"waitMs\":");
         }
-        let mut tail = Tail::new();
-        tail.num(r.wait_ms);
-        tail.put(b",\"queuedMs\":");
-        tail.num(r.queued_ms);
-        tail.put(b",\"serverUs\":");
-        tail.num(r.server_us);
+        push_num(b, r.wait_ms);
+        b.extend_from_slice(b",\"queuedMs\":");
+        push_num(b, r.queued_ms);
+        b.extend_from_slice(b",\"serverUs\":");
+        push_num(b, r.server_us);
         match r.slot_ref {
             Some(v) => {
-                tail.put(b",\"slot\":\"");
-                tail.put(&hex8(v));
-                tail.put(b"\"");
+                b.extend_from_slice(b",\"slot\":\"");
+                b.extend_from_slice(&hex8(v));
+                b.push(b'"');
             }
-            None => tail.put(b",\"slot\":null"),
+            None => b.extend_from_slice(b",\"slot\":null"),
         }
         let Some(p) = proxied else {
-            tail.put(b"}\n");
-            b.extend_from_slice(tail.text());
+            b.extend_from_slice(b"}\n");
             return;
         };
-        b.extend_from_slice(tail.text());
         b.extend_from_slice(b",\"method\":");
         write_json_str(b, p.method);
         b.extend_from_slice(b",\"path\":");

@@ -301,6 +301,34 @@ fn jwt_good_tokens_are_granted_in_either_header() {
 }
 
 #[test]
+fn jwt_a_token_repeated_on_one_connection_is_checked_every_time() {
+    // The same head on a keep-alive connection is not judged again only
+    // when the key alone decides; a token is checked on every request, so
+    // it stops working on the second it expires.
+    let s = TestServer::start(&config(JWT_POOL, ""));
+    let exp = epoch_s() + 2;
+    let token = hs256(JWT_SECRET, r#"{"alg":"HS256"}"#, &jwt_claims("iss1", r#""aud1""#, exp));
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut send = |raw: Vec<u8>| {
+        std::io::Write::write_all(&mut c, &raw).unwrap();
+        read_response(&mut c).expect("an answer")
+    };
+    for _ in 0..3 {
+        let r = send(post(ACQUIRE, KEY, &jwt_header(&token), ""));
+        assert_eq!(r.status, 200, "{r:?}");
+        let path = format!("/pools/p/lock/{}/release", r.slot());
+        let release = post(&path, KEY, &jwt_header(&token), r#"{"status":200}"#);
+        assert_eq!(send(release).status, 200);
+    }
+    while epoch_s() <= exp {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let r = send(post(ACQUIRE, KEY, &jwt_header(&token), ""));
+    assert_eq!((r.status, r.error_code()), (401, "unauthorized".to_string()), "{r:?}");
+}
+
+#[test]
 fn jwt_every_bad_token_is_refused() {
     let s = TestServer::start(&config(JWT_POOL, ""));
     let now = epoch_s();

@@ -314,3 +314,93 @@ fn sigterm_answers_what_was_pipelined_behind_a_waiter() {
         thread::sleep(Duration::from_millis(10));
     }
 }
+
+// ------------------------------------------------------------ 12: kept verdicts
+
+/// One keep-alive connection's next answer, after sending `raw`.
+fn exchange(c: &mut TcpStream, raw: &[u8]) -> Response {
+    c.write_all(raw).unwrap();
+    read_response(c).expect("an answer")
+}
+
+/// Acquire → release cycles on one connection, three times: from the second
+/// on, both heads are ones the connection already sent (the acquire whole,
+/// the release but for its slot id), so the server keeps what it found them
+/// to be. Returns the last cycle's slot, released.
+fn repeat_cycles(c: &mut TcpStream) -> String {
+    let mut slot = String::new();
+    for _ in 0..3 {
+        let granted = exchange(c, &post("/pools/p/lock/acquire", KEY, "", ""));
+        assert_eq!(granted.status, 200, "{granted:?}");
+        slot = granted.slot();
+        let released = exchange(c, &post(&format!("/pools/p/lock/{slot}/release"), KEY, "", r#"{"status":200}"#));
+        assert_eq!((released.status, released.json()["released"].as_bool()), (200, Some(true)), "{released:?}");
+    }
+    slot
+}
+
+#[test]
+fn a_reload_that_changes_a_key_applies_to_the_next_repeated_head() {
+    let s = TestServer::start(&config(r#""concurrency":4,"adaptive":false"#, ""));
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let held = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", "")).slot();
+    repeat_cycles(&mut c);
+    reload(&s, &config(r#""concurrency":4,"adaptive":false"#, "").replace(KEY, "another-key-01"));
+    let acquire = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", ""));
+    assert_eq!((acquire.status, acquire.error_code()), (401, "unauthorized".to_string()), "{acquire:?}");
+    let release = exchange(&mut c, &post(&format!("/pools/p/lock/{held}/release"), KEY, "", r#"{"status":200}"#));
+    assert_eq!(release.status, 401, "{release:?}");
+    // The new key works on the same connection.
+    let acquire = exchange(&mut c, &post("/pools/p/lock/acquire", "another-key-01", "", ""));
+    assert_eq!(acquire.status, 200, "{acquire:?}");
+}
+
+#[test]
+fn a_release_on_a_retired_pool_never_lets_a_head_like_it_acquire() {
+    // `p` is retired by a reload; its held slot still releases. An acquire
+    // whose request line has the release's length (a query pads it) and
+    // whose fields are the release's is refused like any acquire on it.
+    let s = TestServer::start(&config(r#""concurrency":4,"adaptive":false"#, ""));
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    repeat_cycles(&mut c);
+    let held = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", "")).slot();
+    let without_p = r#"{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{"other":{"keys":["other-key"]}}}"#;
+    reload(&s, without_p);
+    let again = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", ""));
+    assert_eq!(again.status, 401, "a retired pool grants nothing: {again:?}");
+    let release_path = format!("/pools/p/lock/{held}/release");
+    let released = exchange(&mut c, &post(&release_path, KEY, "", ""));
+    assert_eq!((released.status, released.json()["released"].as_bool()), (200, Some(true)), "{released:?}");
+    // Sent again, the release is a head the connection already sent.
+    let again = exchange(&mut c, &post(&release_path, KEY, "", ""));
+    assert_eq!((again.status, again.json()["released"].as_bool()), (200, Some(false)), "{again:?}");
+    let padded = format!("/pools/p/lock/acquire?{}", "x".repeat(release_path.len() - "/pools/p/lock/acquire?".len()));
+    assert_eq!(padded.len(), release_path.len());
+    let acquire = exchange(&mut c, &post(&padded, KEY, "", ""));
+    assert_eq!(acquire.status, 401, "{acquire:?}");
+}
+
+#[test]
+fn one_connection_acquiring_on_two_pools_gets_each_pools_answer() {
+    // `p` and `q` take the same key and have names of one length, so their
+    // acquire heads differ only in the pool's name: the second recalls the
+    // first's fields. Each must still be answered by its own pool.
+    let s = TestServer::start(&format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{
+            "p":{{"keys":["{KEY}"],"concurrency":1,"adaptive":false}},
+            "q":{{"keys":["{KEY}"],"concurrency":5,"adaptive":false}}}}}}"#
+    ));
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let on = |pool: &str| post(&format!("/pools/{pool}/lock/acquire"), KEY, "", "");
+    assert_eq!(exchange(&mut c, &on("p")).status, 200);
+    for round in 0..3 {
+        let q = exchange(&mut c, &on("q"));
+        assert_eq!(q.status, 200, "round {round}: {q:?}");
+        let p = exchange(&mut c, &on("p"));
+        assert_eq!(p.status, 429, "round {round}: p holds its one slot: {p:?}");
+        assert_eq!(p.header("x-nthpool-remaining-slots"), Some("0"), "round {round}: {p:?}");
+    }
+}

@@ -15,6 +15,7 @@ pub mod proxy;
 pub mod route;
 mod scrape;
 pub mod settings;
+mod verdict;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -39,6 +40,7 @@ pub use error::ApiError;
 use route::Route;
 pub use settings::pool_settings;
 use std::time::Instant;
+pub use verdict::Verdicts;
 
 /// The longest wait a caller may ask for; beyond it the value is refused as absurd.
 pub const MAX_WAIT_MS: u64 = 86_400_000;
@@ -118,6 +120,9 @@ pub struct App {
     proxy_hosts: std::collections::HashMap<Box<[u8]>, PoolId>,
     scratch: Vec<u8>,
     grant_tail: grant::GrantTail,
+    /// Bumped by every (re)configuration: verdicts kept under an older one
+    /// do not hold (see `verdict`).
+    generation: u64,
 }
 
 /// Lock API answers of 400 and above, by status code: one counter per code,
@@ -194,6 +199,7 @@ impl App {
             proxy_hosts: Default::default(),
             scratch: Vec::with_capacity(512),
             grant_tail: grant::GrantTail::default(),
+            generation: 0,
         };
         app.reconfigure(config, Now::default())?;
         Ok(app)
@@ -209,6 +215,7 @@ impl App {
         let mut fresh =
             credentials(config, |name| self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access))?;
         self.gov.reconfigure(&pool_settings(config), now.ms);
+        self.generation += 1;
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
         self.max_body = config.max_body_bytes;
         self.log.flush();
@@ -278,6 +285,39 @@ impl App {
         Ok(())
     }
 
+    /// The lock route, pool and client address of a request that passed
+    /// routing and every check its head alone decides. A head its
+    /// connection's `verdicts` already judged under this configuration is
+    /// not judged again: repeated whole as an acquire, it is not even routed;
+    /// with another request line of the same length (a release naming
+    /// another slot), it is routed, and checked only if that finds another
+    /// pool or another kind of request.
+    fn admit<'h>(
+        &self,
+        ctx: &Ctx,
+        head: &Head<'h>,
+        verdicts: &mut Verdicts,
+    ) -> Result<(Lock<'h>, PoolId, IpAddr), ApiError> {
+        let kept = head.recall.and_then(|r| verdicts.get(r, self.generation).map(|v| (r, v)));
+        if let Some((recall, v)) = kept {
+            if recall.same_line && v.whole && v.acquire {
+                return Ok((Lock::Acquire, v.pool, v.client));
+            }
+        }
+        let (route, pid) = self.resolve(head)?;
+        let lock = Lock::of(route);
+        let acquire = matches!(lock, Lock::Acquire);
+        if let Some((_, v)) = kept.filter(|(_, v)| v.pool == pid && v.acquire == acquire) {
+            return Ok((lock, pid, v.client));
+        }
+        let addr = self.client_addr(pid, ctx, head);
+        self.authorize(ctx, route, pid, addr, head)?;
+        if let Some(recall) = head.recall.filter(|_| self.creds[pid.0 as usize].access.is_open()) {
+            verdicts.keep(recall, self.generation, pid, addr, acquire);
+        }
+        Ok((lock, pid, addr))
+    }
+
     fn resolve<'h>(&self, head: &Head<'h>) -> Result<(Route<'h>, PoolId), ApiError> {
         let route = route::route(head.path).ok_or(ApiError::RouteNotFound)?;
         // The host first: on another host the lock routes do not exist at all.
@@ -298,9 +338,17 @@ impl App {
         Ok((route, pid))
     }
 
-    pub fn handle(&mut self, ctx: &Ctx, head: &Head, body: &[u8], out: &mut Vec<u8>) -> Handled {
+    /// Answers a lock-API request; `verdicts` are its connection's (see `verdict`).
+    pub fn handle(
+        &mut self,
+        ctx: &Ctx,
+        head: &Head,
+        body: &[u8],
+        out: &mut Vec<u8>,
+        verdicts: &mut Verdicts,
+    ) -> Handled {
         let mut client = None;
-        match self.dispatch(ctx, head, body, out, &mut client) {
+        match self.dispatch(ctx, head, body, out, &mut client, verdicts) {
             Ok(handled) => handled,
             Err(e) => {
                 self.reject_from(ctx, head, e, client, out);
@@ -379,10 +427,10 @@ impl App {
         body: &[u8],
         out: &mut Vec<u8>,
         client: &mut Option<IpAddr>,
+        verdicts: &mut Verdicts,
     ) -> Result<Handled, ApiError> {
-        let (route, pid) = self.resolve(head)?;
-        let addr = *client.insert(self.client_addr(pid, ctx, head));
-        self.authorize(ctx, route, pid, addr, head)?;
+        let (lock, pid, addr) = self.admit(ctx, head, verdicts)?;
+        *client = Some(addr);
         let access = &mut self.creds[pid.0 as usize].access;
         if access.needs_body() {
             access.check_signed(head, body, ctx.now.wall())?;
@@ -391,8 +439,8 @@ impl App {
             // The proxy moved this pool here from an instance out of rotation.
             self.gov.moved_here(pid, ctx.now.ms);
         }
-        match route {
-            Route::Acquire { .. } => {
+        match lock {
+            Lock::Acquire => {
                 let attempt =
                     Attempt { pool: pid, client: addr, wait_ms: wait_budget(head, body)?, started: ctx.started };
                 let (owner, now) = (ctx.conn.owner(), ctx.now.ms);
@@ -416,7 +464,7 @@ impl App {
                     Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt, proxied: false })),
                 }
             }
-            Route::Renew { slot, .. } => match self.gov.renew(pid, slot, ctx.now.ms) {
+            Lock::Renew(slot) => match self.gov.renew(pid, slot, ctx.now.ms) {
                 Ok(deadline) => {
                     self.scratch.clear();
                     self.scratch.push(b'{');
@@ -428,7 +476,7 @@ impl App {
                 Err(RenewError::NotFound) => Err(ApiError::NotFound),
                 Err(RenewError::Capped) => Err(ApiError::Capped),
             },
-            Route::Release { slot, .. } => {
+            Lock::Release(slot) => {
                 let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
                 let released = self.gov.release(pid, slot, outcome.as_ref(), ctx.now.ms);
                 Writer::start(out, Status::Ok).raw(released_rest(released, ctx.close));
@@ -658,6 +706,24 @@ pub(crate) fn record_of<'a>(pool: &'a str, client: IpAddr, line: &history::Attem
         queued_ms: line.queued_ms,
         server_us: line.server_us,
         slot_ref: line.slot_ref,
+    }
+}
+
+/// What a lock route asks for, once its pool is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lock<'h> {
+    Acquire,
+    Renew(&'h [u8]),
+    Release(&'h [u8]),
+}
+
+impl<'h> Lock<'h> {
+    fn of(route: Route<'h>) -> Lock<'h> {
+        match route {
+            Route::Acquire { .. } => Lock::Acquire,
+            Route::Renew { slot, .. } => Lock::Renew(slot),
+            Route::Release { slot, .. } => Lock::Release(slot),
+        }
     }
 }
 

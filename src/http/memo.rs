@@ -42,6 +42,9 @@ pub struct BlockMemo<T, L, F> {
     skip: u8,
     /// The skip after the next miss: it doubles with each miss in a row.
     backoff: u8,
+    /// Counts what `remember` wrote, so an entry's `version` names what it
+    /// held then: a verdict kept about an entry holds while it is the same.
+    versions: u32,
 }
 
 #[derive(Default)]
@@ -59,6 +62,8 @@ struct Entry<T, L, F> {
     /// The length of the request line that came before the block last:
     /// where to look for the block in the next head.
     line_len: usize,
+    /// Changes whenever the block or its line does (see `versions`).
+    version: u32,
 }
 
 /// A remembered block found in a head. What was found in the block and in
@@ -68,6 +73,9 @@ struct Entry<T, L, F> {
 pub struct Recalled {
     /// The entry found, for `spans`, `line_spans`, `line_text` and `fields`.
     pub entry: usize,
+    /// The entry's version: the same entry and version are the same block
+    /// and the same remembered line.
+    pub version: u32,
     /// Where the block starts: the length of the request line before it,
     /// ending in CRLF. The caller still has to check that the request line
     /// is exactly that long, unless `line` is given.
@@ -129,7 +137,7 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
             _ if head[..n] == *e.line.as_bytes() => LineRecall::Same,
             _ => LineRecall::Like,
         };
-        Some(Recalled { entry: at, line_len: n, block_len: e.block.len(), line })
+        Some(Recalled { entry: at, version: e.version, line_len: n, block_len: e.block.len(), line })
     }
 
     /// What was found in the block remembered in `entry` (from `recall`).
@@ -183,6 +191,8 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
         }
         e.line_spans = line_spans;
         e.line_len = line.len();
+        self.versions = self.versions.wrapping_add(1);
+        e.version = self.versions;
         self.replace = 1 - at;
     }
 }
@@ -295,7 +305,7 @@ mod tests {
         memo.remember(LINE, 7, block, 1, [1]);
         let r = memo.recall(&head(LINE, block)).unwrap();
         let line = LineRecall::Same;
-        assert_eq!(r, Recalled { entry: 0, line_len: LINE.len(), block_len: block.len(), line });
+        assert_eq!(r, Recalled { entry: 0, version: 1, line_len: LINE.len(), block_len: block.len(), line });
         assert_eq!((*memo.spans(0), *memo.line_spans(0)), (1, 7));
         assert_eq!(memo.line_text(0).as_bytes(), LINE);
         assert_eq!(memo.fields(0), [1]);
@@ -308,5 +318,24 @@ mod tests {
         memo.remember(&long, 7, block, 1, [1]);
         let r = memo.recall(&head(&long, block)).unwrap();
         assert_eq!((r.line_len, r.line), (long.len(), LineRecall::Unknown));
+    }
+
+    #[test]
+    fn an_entry_changes_version_whenever_its_block_or_its_line_does() {
+        let (a, b) = (&b"Host: a\r\n\r\n"[..], &b"Host: bb\r\n\r\n"[..]);
+        let mut memo = Memo::default();
+        memo.remember(LINE, 0, a, 1, [1]);
+        let first = memo.recall(&head(LINE, a)).unwrap();
+        assert_eq!(memo.recall(&head(LINE, a)).unwrap().version, first.version, "recalling changes nothing");
+        // The same block with another line (of another length here).
+        memo.remember(b"GET /x HTTP/1.1\r\n", 0, a, 1, [1]);
+        let second = memo.recall(&head(b"GET /x HTTP/1.1\r\n", a)).unwrap();
+        assert_eq!(second.entry, first.entry);
+        assert_ne!(second.version, first.version);
+        // Another block in the other entry, then in this one.
+        memo.remember(LINE, 0, b, 2, [2]);
+        memo.remember(LINE, 0, &b"Host: ccc\r\n\r\n"[..], 3, [3]);
+        let versions: Vec<u32> = memo.entries.iter().map(|e| e.version).collect();
+        assert!(!versions.contains(&second.version), "{versions:?}");
     }
 }

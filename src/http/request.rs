@@ -83,6 +83,22 @@ pub struct Head<'b> {
     pub api: ApiFields<'b>,
     /// Every header field, in order.
     pub headers: HeaderFields<'b>,
+    /// Which of its connection's remembered heads this one repeats, if its
+    /// header block was recalled: a verdict kept about that head holds for
+    /// this one while the memo's entry keeps its version.
+    pub recall: Option<HeadRecall>,
+}
+
+/// A head whose header block a connection remembered (see `Head::recall`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadRecall {
+    /// The memo's entry and its version: the same pair is the same block
+    /// after the same remembered request line.
+    pub entry: u8,
+    pub version: u32,
+    /// The request line is byte for byte the remembered one too: the whole
+    /// head is one already seen.
+    pub same_line: bool,
 }
 
 /// `X-Nthpool-Key`, `Authorization`, `X-Nthpool-Queue-Timeout-Ms`, `X-Nthpool-No-Queue`,
@@ -385,7 +401,7 @@ fn parse_full<'b>(
         memo.blocks.remember(line, line_spans, block, FieldSpans::of(&fields, block), places);
     }
     let headers = HeaderFields { fields: FieldList::Parsed(headers) };
-    assemble(line, head_len, &fields, headers)
+    assemble(line, head_len, &fields, headers, None)
 }
 
 /// `<target>` is followed by ` HTTP/1.x\r\n` in a request line.
@@ -484,6 +500,8 @@ fn recalled<'b>(
         debug_assert!(method.is_some(), "a remembered request line without its spans");
         method.map(|m| (m, text.as_bytes())).ok_or(HeadError::Malformed("The request line is invalid."))
     };
+    let recall =
+        HeadRecall { entry: found.entry as u8, version: found.version, same_line: matches!(line, Line::Remembered(_)) };
     // A remembered line passed `RequestLine::check`, and what it found is
     // kept with it; a line like it has the same method and version, so only
     // its target is looked at again.
@@ -508,7 +526,7 @@ fn recalled<'b>(
     let head_len = found.line_len + found.block_len;
     let block = &buf[found.line_len..head_len];
     let headers = HeaderFields { fields: FieldList::Remembered(memo.blocks.fields(found.entry), block) };
-    assemble(line, head_len, &memo.blocks.spans(found.entry).fields(block), headers)
+    assemble(line, head_len, &memo.blocks.spans(found.entry).fields(block), headers, Some(recall))
 }
 
 /// What the request line says, checked.
@@ -546,6 +564,7 @@ fn assemble<'b>(
     head_len: usize,
     f: &Fields<'b>,
     headers: HeaderFields<'b>,
+    recall: Option<HeadRecall>,
 ) -> Result<Option<Head<'b>>, HeadError> {
     if head_len > MAX_HEAD_BYTES {
         return Err(HeadError::TooLarge);
@@ -581,6 +600,7 @@ fn assemble<'b>(
         head_len,
         api: f.api,
         headers,
+        recall,
     }))
 }
 
@@ -1379,8 +1399,9 @@ mod tests {
 
     /// Everything a parse says (a head's fields included), owned, so two
     /// parses can be compared.
+    /// A verdict as text: everything but where the head came from.
     fn digest(r: Result<Option<Head<'_>>, HeadError>) -> String {
-        format!("{r:?}")
+        format!("{:?}", r.map(|h| h.map(|h| Head { recall: None, ..h })))
     }
 
     #[test]

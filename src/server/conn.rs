@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 
 use mio::net::TcpStream;
 
-use crate::api::{PoolId, Queued, SlotId};
+use crate::api::{PoolId, Queued, SlotId, Verdicts};
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::request::HeadMemo;
 use crate::time::Ms;
@@ -184,6 +184,8 @@ pub struct Conn {
     pub head_scanned: usize,
     /// The header blocks this client sent last, already judged.
     pub head_memo: HeadMemo,
+    /// What the lock API found those heads to be (pool, client, kind).
+    pub verdicts: Verdicts,
     pub pending: Option<PendingBody>,
     /// Decoded chunked body (reused between requests).
     pub body: Vec<u8>,
@@ -226,6 +228,7 @@ impl Conn {
             out_pos: 0,
             head_scanned: 0,
             head_memo: HeadMemo::default(),
+            verdicts: Verdicts::default(),
             pending: None,
             body: Vec::new(),
             phase: Phase::Open,

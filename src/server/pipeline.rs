@@ -134,7 +134,7 @@ impl Server {
                 admin::handle(head, app, stats, &mut conn.output, ctx.close, now.ms);
                 Handled::Done
             } else {
-                app.handle(&ctx, head, body, &mut conn.output)
+                app.handle(&ctx, head, body, &mut conn.output, &mut conn.verdicts)
             };
             if head.method == Method::Head {
                 strip_body(&mut conn.output, answer_start);

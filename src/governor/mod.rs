@@ -462,11 +462,10 @@ impl<T: Copy> Governor<T> {
     /// Makes a held lease last to its request deadline: the server itself
     /// holds it (a proxied exchange), so no renewal will come.
     pub fn hold_to_request_deadline(&mut self, slot: &SlotId) {
-        if let Some(lease) = self.leases.get_mut(slot.index() as usize) {
-            if secret_eq(&lease.id.0, &slot.0) {
-                // The reclaim entry fires at the old deadline, sees this one and re-arms.
-                lease.lease_deadline = lease.request_deadline;
-            }
+        if let Some(idx) = self.held(slot) {
+            let lease = &mut self.leases[idx];
+            // The reclaim entry fires at the old deadline, sees this one and re-arms.
+            lease.lease_deadline = lease.request_deadline;
         }
     }
 
@@ -474,21 +473,23 @@ impl<T: Copy> Governor<T> {
     /// (a proxied exchange): the held lease's own text is used, so nothing is
     /// encoded unless the lease is no longer held under that index.
     pub fn release_id(&mut self, pid: PoolId, slot: &SlotId, outcome: Option<&Outcome>, now: Ms) -> bool {
-        let text = match self.leases.get(slot.index() as usize) {
-            Some(lease) if secret_eq(&lease.id.0, &slot.0) => lease.text,
-            _ => slot.encode(),
-        };
+        let text = self.held(slot).map_or_else(|| slot.encode(), |idx| self.leases[idx].text);
         self.release(pid, &text, outcome, now)
     }
 
     /// Releases a grant whose answer could not be delivered.
     pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
-        if let Some(lease) = self.leases.get(slot.index() as usize) {
-            if secret_eq(&lease.id.0, &slot.0) {
-                let (pid, text) = (lease.pool, lease.text);
-                self.release(pid, &text, None, now);
-            }
+        if let Some(idx) = self.held(slot) {
+            let (pid, text) = (self.leases[idx].pool, self.leases[idx].text);
+            self.release(pid, &text, None, now);
         }
+    }
+
+    /// The table index of the lease held under exactly this id (by its
+    /// bytes, compared in constant time), for holders that keep the bytes.
+    fn held(&self, slot: &SlotId) -> Option<usize> {
+        let idx = slot.index() as usize;
+        self.leases.get(idx).filter(|lease| secret_eq(&lease.id.0, &slot.0)).map(|_| idx)
     }
 
     /// Drops a queued acquire whose client went away. Checking the owner

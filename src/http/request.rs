@@ -313,8 +313,7 @@ pub fn parse_head_on<'b>(
             LineRecall::Same => Some(Line::Remembered(*memo.blocks.line_spans(found.entry))),
             LineRecall::Like => {
                 let spans = *memo.blocks.line_spans(found.entry);
-                read_line_like(buf, memo.blocks.line_text(found.entry), spans)
-                    .map(|(target, version)| Line::Like(spans, target, version))
+                read_line_like(buf, memo.blocks.line_text(found.entry), spans).map(|target| Line::Like(spans, target))
             }
             LineRecall::Unknown => None,
         };
@@ -417,8 +416,9 @@ enum Line<'b> {
     /// The very line remembered with the block: what httparse read in it.
     Remembered(LineSpans),
     /// A line that differs from the remembered one (read as these spans)
-    /// only in its target: this target, this version.
-    Like(LineSpans, &'b [u8], u8),
+    /// only in its target: this target (the method and version are the
+    /// remembered ones).
+    Like(LineSpans, &'b [u8]),
     /// Another line of the same length, read now: method, target, version.
     Read(&'b str, &'b [u8], u8),
 }
@@ -444,19 +444,19 @@ fn read_line_alone(buf: &[u8], line_len: usize) -> Option<(&str, &[u8], u8)> {
 
 /// The request line at the start of `buf`, read by comparison with
 /// `remembered`, a line of the same length in which httparse read `spans`:
-/// the target and version, when the two lines differ only inside the target
+/// the target, when the two lines differ only inside the target
 /// and the head's target is printable ASCII without spaces. httparse would
 /// then read the same method, stop the target at the same space and read
 /// the same version, so its verdict on the line is the one it gave before.
 /// A release's line differs from the last one only in its slot id, so this
 /// takes the place of a parse. `None` leaves the line to httparse.
-fn read_line_like<'b>(buf: &'b [u8], remembered: &str, spans: LineSpans) -> Option<(&'b [u8], u8)> {
+fn read_line_like<'b>(buf: &'b [u8], remembered: &str, spans: LineSpans) -> Option<&'b [u8]> {
     let old = remembered.as_bytes();
     let line = buf.get(..old.len())?;
     let (start, end) = (spans.target.start as usize, spans.target.end());
     let target = &line[start..end];
     (same_bytes(&line[..start], &old[..start]) && same_bytes(&line[end..], &old[end..]) && uri_ascii(target))
-        .then_some((target, spans.version))
+        .then_some(target)
 }
 
 /// Every byte is printable ASCII other than space (`!` to `~`): bytes
@@ -507,10 +507,10 @@ fn recalled<'b>(
     // its target is looked at again.
     let line = match line {
         Line::Read(method, target, version) => RequestLine::check(method, target, version)?,
-        Line::Like(spans, target, version) => {
+        Line::Like(spans, target) => {
             let (method_name, _) = remembered(spans)?;
             let (path, authority) = split_target(target)?;
-            RequestLine { method: spans.kind, method_name, path, authority, http11: version == 1 }
+            RequestLine { method: spans.kind, method_name, path, authority, http11: spans.version == 1 }
         }
         Line::Remembered(spans) => {
             let (method_name, text) = remembered(spans)?;

@@ -383,6 +383,59 @@ fn a_release_on_a_retired_pool_never_lets_a_head_like_it_acquire() {
 }
 
 #[test]
+fn a_release_like_the_last_but_for_its_slot_id_is_routed_like_any_other() {
+    // After a few cycles, a release's head is the last one's but for its
+    // slot id, and is not routed again. Heads of that length whose slot id
+    // is not one path segment, or that differ elsewhere, are routed afresh.
+    let s = TestServer::start(&config(r#""concurrency":4,"adaptive":false"#, ""));
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let slot = repeat_cycles(&mut c);
+    let release = |c: &mut TcpStream, method: &str, path: &str| {
+        let raw = post(path, KEY, "", r#"{"status":200}"#);
+        exchange(c, &[method.as_bytes(), &raw[4..]].concat())
+    };
+    let (head, tail) = slot.split_at(20);
+    for (method, path, status, what) in [
+        ("POST", format!("/pools/p/lock/{head}/{}/release", &tail[1..]), 404, "a slash in the slot id"),
+        ("POST", format!("/pools/p/lock/{head}?{}/release", &tail[1..]), 404, "a query in the slot id"),
+        ("POST", format!("/pools/q/lock/{slot}/release"), 401, "a pool that does not exist"),
+        ("PUSH", format!("/pools/p/lock/{slot}/release"), 405, "another method"),
+        ("POST", format!("/pools/p/lock/{slot}/release"), 200, "the last slot, released already"),
+    ] {
+        let answer = release(&mut c, method, &path);
+        assert_eq!(answer.status, status, "{what}: {answer:?}");
+        if status == 200 {
+            assert_eq!(answer.json()["released"].as_bool(), Some(false), "{answer:?}");
+        }
+    }
+    let held = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", "")).slot();
+    let released = release(&mut c, "POST", &format!("/pools/p/lock/{held}/release"));
+    assert_eq!(released.json()["released"].as_bool(), Some(true), "{released:?}");
+}
+
+#[test]
+fn a_release_like_the_last_for_another_host_is_refused_under_a_public_host() {
+    // Absolute-form targets carry the host: one of the same length that is
+    // not the public host finds no lock routes, like any head for it.
+    let s = TestServer::start(&config(r#""concurrency":4,"adaptive":false"#, r#""publicHost":"aaaa""#));
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let cycle = |c: &mut TcpStream, host: &str| {
+        let granted = exchange(c, &post("http://aaaa:1/pools/p/lock/acquire", KEY, "", ""));
+        assert_eq!(granted.status, 200, "{granted:?}");
+        let path = format!("http://{host}:1/pools/p/lock/{}/release", granted.slot());
+        exchange(c, &post(&path, KEY, "", r#"{"status":200}"#))
+    };
+    for _ in 0..3 {
+        let released = cycle(&mut c, "aaaa");
+        assert_eq!(released.json()["released"].as_bool(), Some(true), "{released:?}");
+    }
+    let elsewhere = cycle(&mut c, "bbbb");
+    assert_eq!((elsewhere.status, elsewhere.error_code()), (404, "not_found".to_string()), "{elsewhere:?}");
+}
+
+#[test]
 fn one_connection_acquiring_on_two_pools_gets_each_pools_answer() {
     // `p` and `q` take the same key and have names of one length, so their
     // acquire heads differ only in the pool's name: the second recalls the

@@ -289,9 +289,10 @@ impl App {
     /// routing and every check its head alone decides. A head its
     /// connection's `verdicts` already judged under this configuration is
     /// not judged again: repeated whole as an acquire, it is not even routed;
-    /// with another request line of the same length (a release naming
-    /// another slot), it is routed, and checked only if that finds another
-    /// pool or another kind of request.
+    /// nor is a renew or release whose path is the remembered one but for
+    /// its slot id (`SlotAt`). Any other head with a request line of the
+    /// same length is routed, and checked only if that finds another pool or
+    /// another kind of request.
     fn admit<'h>(
         &self,
         ctx: &Ctx,
@@ -303,6 +304,12 @@ impl App {
             if recall.same_line && v.whole && v.acquire {
                 return Ok((Lock::Acquire, v.pool, v.client));
             }
+            // The line may not be the remembered one: its method and host
+            // are looked at here as `resolve` would.
+            let slot = v.slot.zip(recall.path).and_then(|(at, remembered)| at.lock(head.path, remembered));
+            if let Some(lock) = slot.filter(|_| head.method == Method::Post && self.on_public_host(head)) {
+                return Ok((lock, v.pool, v.client));
+            }
         }
         let (route, pid) = self.resolve(head)?;
         let lock = Lock::of(route);
@@ -313,7 +320,7 @@ impl App {
         let addr = self.client_addr(pid, ctx, head);
         self.authorize(ctx, route, pid, addr, head)?;
         if let Some(recall) = head.recall.filter(|_| self.creds[pid.0 as usize].access.is_open()) {
-            verdicts.keep(recall, self.generation, pid, addr, acquire);
+            verdicts.keep(recall, self.generation, pid, addr, lock, head.path);
         }
         Ok((lock, pid, addr))
     }
@@ -321,12 +328,8 @@ impl App {
     fn resolve<'h>(&self, head: &Head<'h>) -> Result<(Route<'h>, PoolId), ApiError> {
         let route = route::route(head.path).ok_or(ApiError::RouteNotFound)?;
         // The host first: on another host the lock routes do not exist at all.
-        if let Some(public) = &self.public_host {
-            let host = head.host.unwrap_or_default();
-            let name = host_without_port(host);
-            if !name.eq_ignore_ascii_case(public) {
-                return Err(ApiError::RouteNotFound);
-            }
+        if !self.on_public_host(head) {
+            return Err(ApiError::RouteNotFound);
         }
         if head.method != Method::Post {
             return Err(ApiError::MethodNotAllowed);
@@ -336,6 +339,15 @@ impl App {
         };
         let pid = self.gov.pool_id(pool).ok_or(UNKNOWN_POOL)?;
         Ok((route, pid))
+    }
+
+    /// Whether `head` is for the host the lock routes are served on (any
+    /// host unless `publicHost` is set).
+    fn on_public_host(&self, head: &Head) -> bool {
+        self.public_host.as_ref().is_none_or(|public| {
+            let name = host_without_port(head.host.unwrap_or_default());
+            name.eq_ignore_ascii_case(public)
+        })
     }
 
     /// Answers a lock-API request; `verdicts` are its connection's (see `verdict`).

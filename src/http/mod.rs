@@ -49,6 +49,32 @@ pub fn find_slash_or_query(hay: &[u8]) -> Option<usize> {
     words.remainder().iter().position(|&c| c | 0x10 == b'?').map(|i| at + i)
 }
 
+/// `a == b` for slices of one length, eight bytes per compare (the last
+/// word overlapping the one before it), or one byte at a time when shorter,
+/// instead of a call to `memcmp`.
+pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    debug_assert_eq!(a.len(), b.len());
+    if a.len() < 8 {
+        return a.iter().zip(b).all(|(x, y)| x == y);
+    }
+    words_equal(a, b, 0)
+}
+
+/// `a | fold == b` eight bytes at a time, for slices of one length of at
+/// least eight bytes; the last word overlaps the one before it.
+pub(crate) fn words_equal(a: &[u8], b: &[u8], fold: u64) -> bool {
+    let n = a.len();
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"));
+    let mut at = 0;
+    while at + 8 < n {
+        if word(a, at) | fold != word(b, at) {
+            return false;
+        }
+        at += 8;
+    }
+    word(a, n - 8) | fold == word(b, n - 8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +93,19 @@ mod tests {
         assert_eq!(find_slash_or_query(b"bench/lock/acquire"), Some(5));
         assert_eq!(find_slash_or_query(b"abcdefghijklmnop?x"), Some(16));
         assert_eq!(find_slash_or_query(b"\x1f\x2e\x30\x3e\x4f\xaf\xbf"), None);
+    }
+
+    #[test]
+    fn same_bytes_agrees_with_slice_equality() {
+        let base: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for len in 0..base.len() {
+            let a = &base[..len];
+            assert!(same_bytes(a, a));
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 0x01;
+                assert!(!same_bytes(a, &b), "length {len}, byte {at}");
+            }
+        }
     }
 }

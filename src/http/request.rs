@@ -19,7 +19,7 @@ use std::mem::MaybeUninit;
 use httparse::{Header, Status};
 
 use super::memo::{BlockMemo, LineRecall, Recalled};
-use super::{bytes_equal, trim};
+use super::{bytes_equal, same_bytes, trim, words_equal};
 
 /// Past this many bytes without a complete head the answer is `431`.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -86,12 +86,12 @@ pub struct Head<'b> {
     /// Which of its connection's remembered heads this one repeats, if its
     /// header block was recalled: a verdict kept about that head holds for
     /// this one while the memo's entry keeps its version.
-    pub recall: Option<HeadRecall>,
+    pub recall: Option<HeadRecall<'b>>,
 }
 
 /// A head whose header block a connection remembered (see `Head::recall`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HeadRecall {
+pub struct HeadRecall<'b> {
     /// The memo's entry and its version: the same pair is the same block
     /// after the same remembered request line.
     pub entry: u8,
@@ -99,6 +99,9 @@ pub struct HeadRecall {
     /// The request line is byte for byte the remembered one too: the whole
     /// head is one already seen.
     pub same_line: bool,
+    /// The path of the remembered request line (the same for every head
+    /// with this entry and version), when the memo kept its text.
+    pub path: Option<&'b [u8]>,
 }
 
 /// `X-Nthpool-Key`, `Authorization`, `X-Nthpool-Queue-Timeout-Ms`, `X-Nthpool-No-Queue`,
@@ -257,32 +260,6 @@ impl KnownHost {
         }
         valid
     }
-}
-
-/// `a == b` for slices of one length, eight bytes per compare (the last
-/// word overlapping the one before it), or one byte at a time when shorter,
-/// instead of a call to `memcmp`.
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    debug_assert_eq!(a.len(), b.len());
-    if a.len() < 8 {
-        return a.iter().zip(b).all(|(x, y)| x == y);
-    }
-    words_equal(a, b, 0)
-}
-
-/// `a | fold == b` eight bytes at a time, for slices of one length of at
-/// least eight bytes; the last word overlaps the one before it.
-fn words_equal(a: &[u8], b: &[u8], fold: u64) -> bool {
-    let n = a.len();
-    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().expect("8 bytes"));
-    let mut at = 0;
-    while at + 8 < n {
-        if word(a, at) | fold != word(b, at) {
-            return false;
-        }
-        at += 8;
-    }
-    word(a, n - 8) | fold == word(b, n - 8)
 }
 
 /// Parses the request head at the start of `buf`. `Ok(None)` means the head is not
@@ -493,15 +470,19 @@ fn recalled<'b>(
     found: &Recalled,
     line: Line<'b>,
 ) -> Result<Option<Head<'b>>, HeadError> {
+    let text = memo.blocks.line_text(found.entry);
     let remembered = |spans: LineSpans| {
-        let text = memo.blocks.line_text(found.entry);
         let method = spans.method.str_in(text);
         // The spans were taken from this very text.
         debug_assert!(method.is_some(), "a remembered request line without its spans");
         method.map(|m| (m, text.as_bytes())).ok_or(HeadError::Malformed("The request line is invalid."))
     };
-    let recall =
-        HeadRecall { entry: found.entry as u8, version: found.version, same_line: matches!(line, Line::Remembered(_)) };
+    let recall = HeadRecall {
+        entry: found.entry as u8,
+        version: found.version,
+        same_line: matches!(line, Line::Remembered(_)),
+        path: (text.len() == found.line_len).then(|| memo.blocks.line_spans(found.entry).path.of(text.as_bytes())),
+    };
     // A remembered line passed `RequestLine::check`, and what it found is
     // kept with it; a line like it has the same method and version, so only
     // its target is looked at again.
@@ -564,7 +545,7 @@ fn assemble<'b>(
     head_len: usize,
     f: &Fields<'b>,
     headers: HeaderFields<'b>,
-    recall: Option<HeadRecall>,
+    recall: Option<HeadRecall<'b>>,
 ) -> Result<Option<Head<'b>>, HeadError> {
     if head_len > MAX_HEAD_BYTES {
         return Err(HeadError::TooLarge);
@@ -1402,20 +1383,6 @@ mod tests {
     /// A verdict as text: everything but where the head came from.
     fn digest(r: Result<Option<Head<'_>>, HeadError>) -> String {
         format!("{:?}", r.map(|h| h.map(|h| Head { recall: None, ..h })))
-    }
-
-    #[test]
-    fn same_bytes_agrees_with_slice_equality() {
-        let base: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
-        for len in 0..base.len() {
-            let a = &base[..len];
-            assert!(same_bytes(a, a));
-            for at in 0..len {
-                let mut b = a.to_vec();
-                b[at] ^= 0x01;
-                assert!(!same_bytes(a, &b), "length {len}, byte {at}");
-            }
-        }
     }
 
     #[test]

@@ -21,13 +21,15 @@
 //! Accepted connections live in one slab, as an [`Entry`]; a [`ConnId`]
 //! (slab index and serial) names one in timers, in the flush and carry
 //! lists and in the governor's queues. Everything the reactor tells a
-//! connection — readiness, a resumed budget, a flush, its deadline,
-//! shutdown — goes through [`Server::dispatch`] as a [`Signal`], and
-//! `dispatch` and `close` are the only `match`es on the kind. A new kind
-//! that wants these services (a budget per turn, the flush list, a deadline
-//! on the wheel as `Wake::Conn`) is a new `Entry` variant, registered under
-//! its slab index, with one arm in `dispatch` handing its signals to its own
-//! handler module and one arm in `close`.
+//! connection — readiness, a resumed budget, its deadline, shutdown — goes
+//! through [`Server::dispatch`] as a [`Signal`], and `dispatch` and `close`
+//! are the only `match`es on the kind. A new kind that wants these services
+//! (a budget per turn, a deadline on the wheel as `Wake::Conn`) is a new
+//! `Entry` variant, registered under its slab index, with one arm in
+//! `dispatch` handing its signals to its own handler module and one arm in
+//! `close`. The flush list is the client connections' alone: the end of a
+//! turn writes each one's output directly, as every answer passes there
+//! (a new kind with output of its own would get a list of its own).
 //!
 //! Proxy mode's outbound connections to upstreams (`crate::proxy`,
 //! `proxied.rs`) are kept by the proxy in a slab of its own, registered at
@@ -104,8 +106,6 @@ enum Signal {
     Ready { readable: bool, hangup: bool, writable: bool },
     /// Its budget ran out last turn with work possibly left: go on.
     Resume,
-    /// It is on this turn's flush list: write its output.
-    Flush,
     /// Its deadline may have come.
     Deadline,
     /// The server is stopping: answer what was read, then close.
@@ -511,7 +511,8 @@ impl Server {
     fn flush_dirty(&mut self) {
         let mut dirty = std::mem::replace(&mut self.dirty, std::mem::take(&mut self.dirty_spare));
         for &id in &dirty {
-            self.dispatch(id, Signal::Flush);
+            // Only client connections are listed; one gone since is skipped.
+            self.flush(id);
         }
         // Flushing above may have queued more output in `self.dirty`: it is
         // flushed next turn (the poll does not sleep while it is non-empty).
@@ -554,7 +555,6 @@ impl Server {
                 }
             }
             Signal::Resume => self.read_and_process(id),
-            Signal::Flush => self.flush(id),
             Signal::Deadline => self.on_conn_timer(id),
             Signal::Shutdown => self.shut_down_client(id),
         }

@@ -36,8 +36,11 @@ impl Histogram {
         Histogram::new(&ACQUIRE_US)
     }
 
+    /// Counts `value`. The bucket is found from the lowest bound up: at most
+    /// 16 steps, and one for the usual value (most fall in the first buckets).
     pub fn observe(&mut self, value: u64) {
-        self.counts[self.bounds.partition_point(|&b| b < value)] += 1;
+        let bucket = self.bounds.iter().position(|&b| value <= b).unwrap_or(self.bounds.len());
+        self.counts[bucket] += 1;
         self.sum = self.sum.saturating_add(value);
     }
 
@@ -532,6 +535,13 @@ mod tests {
         assert_eq!(h.counts().len(), ACQUIRE_US.len() + 1);
         assert_eq!((h.counts()[0], h.counts()[1], h.counts()[ACQUIRE_US.len()]), (2, 1, 1));
         assert_eq!(h.sum(), 21 + u64::MAX / 2);
+        // Each bound is its own bucket's; one more is the next bucket's.
+        for (i, &b) in ACQUIRE_US.iter().enumerate() {
+            let mut h = Histogram::acquire_us();
+            h.observe(b);
+            h.observe(b + 1);
+            assert_eq!((h.counts()[i], h.counts()[i + 1]), (1, 1), "bound {b}");
+        }
     }
 
     #[test]

@@ -267,14 +267,18 @@ impl AccessLog {
 use crate::calendar::civil_from_days;
 use crate::http::response::push_u64;
 
-/// Eight lower-case hex digits.
+/// Eight lower-case hex digits, all at once: each nibble is spread to a
+/// byte of its own, then offset to its digit (`0`-`9`, or `a`-`f` where
+/// adding 6 carries into bit 4).
 fn hex8(v: u32) -> [u8; 8] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 8];
-    for (i, d) in out.iter_mut().enumerate() {
-        *d = DIGITS[(v >> (28 - 4 * i)) as usize & 0xf];
-    }
-    out
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    let x = u64::from(v);
+    let x = (x & 0xffff_0000) << 16 | (x & 0xffff);
+    let x = (x & 0x0000_ff00_0000_ff00) << 8 | (x & 0x0000_00ff_0000_00ff);
+    let x = (x & 0x00f0_00f0_00f0_00f0) << 4 | (x & 0x000f_000f_000f_000f);
+    let letters = ((x + 6 * ONES) >> 4) & ONES;
+    // Nibble 0 is in the lowest byte: big-endian puts the highest first.
+    (x + b'0' as u64 * ONES + letters * (b'a' - b'0' - 10) as u64).to_be_bytes()
 }
 
 fn write_opt_u64(b: &mut Vec<u8>, v: Option<u64>) {
@@ -334,6 +338,17 @@ pub fn write_rfc3339(b: &mut Vec<u8>, epoch_ms: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex8_is_lower_case_hex() {
+        // Every nibble value in every place, and a spread of words.
+        let mut values: Vec<u32> = (0..8).flat_map(|i| (0..16u32).map(move |n| n << (4 * i))).collect();
+        values.extend((0..10_000u32).map(|i| i.wrapping_mul(0x9e37_79b9)));
+        values.extend([0, u32::MAX, 0x0123_4567, 0x89ab_cdef]);
+        for v in values {
+            assert_eq!(hex8(v), format!("{v:08x}").as_bytes(), "{v:#x}");
+        }
+    }
 
     #[test]
     fn rfc3339_times() {

@@ -87,6 +87,15 @@ pub struct Grant {
     pub signals: Signals,
 }
 
+/// What is left of a lease taken off the table (see `remove_lease`).
+struct Removed {
+    pool: PoolId,
+    timer: TimerKey,
+    capped: bool,
+    /// Its congestion epoch, grant time and grant count, for a report.
+    reported: (u32, Ms, u64),
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Denial {
     pub reason: DenyReason,
@@ -444,12 +453,8 @@ impl<T: Copy> Governor<T> {
             if o.is_throttled() {
                 pool.stats.reports_throttled += 1;
             }
-            let reported = learn::Reported {
-                epoch: lease.epoch,
-                granted_at: lease.granted_at,
-                grant_seq: lease.grant_seq,
-                in_flight: pool.held,
-            };
+            let (epoch, granted_at, grant_seq) = lease.reported;
+            let reported = learn::Reported { epoch, granted_at, grant_seq, in_flight: pool.held };
             let wake = pool.learning.on_report(o, reported, now);
             if wake.cooldown_until.is_some() {
                 pool.stats.cooldowns += 1;
@@ -710,19 +715,28 @@ impl<T: Copy> Governor<T> {
     }
 
     /// Removes a lease from the table (an adopted one stays dead in the map
-    /// until its request deadline;
-    /// its `Idempotency-Key` expires with it).
-    fn remove_lease(&mut self, idx: usize) -> Lease {
-        let lease = self.leases.remove(idx);
+    /// until its request deadline; its `Idempotency-Key` expires with it).
+    /// Returns what release and reclaim go on with: the lease itself is
+    /// dropped where it lies, not moved out whole.
+    fn remove_lease(&mut self, idx: usize) -> Removed {
+        let lease = &self.leases[idx];
+        let removed = Removed {
+            pool: lease.pool,
+            timer: lease.timer,
+            capped: lease.is_capped(),
+            reported: (lease.epoch, lease.granted_at, lease.grant_seq),
+        };
         if lease.idem != NO_KEY {
             self.pools[lease.pool.0 as usize].idem.remove(lease.idem);
         }
         if lease.adopted {
-            self.adopted.insert(lease.id, None);
-            let tombstone = self.tombstones.insert(lease.id) as u32;
-            self.wheel.insert(lease.request_deadline, Timer::Tombstone(tombstone));
+            let (id, request_deadline) = (lease.id, lease.request_deadline);
+            self.adopted.insert(id, None);
+            let tombstone = self.tombstones.insert(id) as u32;
+            self.wheel.insert(request_deadline, Timer::Tombstone(tombstone));
         }
-        lease
+        self.leases.remove(idx);
+        removed
     }
 
     /// Takes back a lease whose holder stopped renewing (or hit the cap).
@@ -730,7 +744,7 @@ impl<T: Copy> Governor<T> {
         let lease = self.remove_lease(idx);
         let pool = &mut self.pools[lease.pool.0 as usize];
         pool.held -= 1;
-        if lease.is_capped() {
+        if lease.capped {
             pool.stats.reclaimed_cap += 1;
         } else {
             pool.stats.reclaimed_term += 1;

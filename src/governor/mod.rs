@@ -93,7 +93,9 @@ struct Removed {
     timer: TimerKey,
     capped: bool,
     /// Its congestion epoch, grant time and grant count, for a report.
-    reported: (u32, Ms, u64),
+    epoch: u32,
+    granted_at: Ms,
+    grant_seq: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -453,8 +455,12 @@ impl<T: Copy> Governor<T> {
             if o.is_throttled() {
                 pool.stats.reports_throttled += 1;
             }
-            let (epoch, granted_at, grant_seq) = lease.reported;
-            let reported = learn::Reported { epoch, granted_at, grant_seq, in_flight: pool.held };
+            let reported = learn::Reported {
+                epoch: lease.epoch,
+                granted_at: lease.granted_at,
+                grant_seq: lease.grant_seq,
+                in_flight: pool.held,
+            };
             let wake = pool.learning.on_report(o, reported, now);
             if wake.cooldown_until.is_some() {
                 pool.stats.cooldowns += 1;
@@ -724,7 +730,9 @@ impl<T: Copy> Governor<T> {
             pool: lease.pool,
             timer: lease.timer,
             capped: lease.is_capped(),
-            reported: (lease.epoch, lease.granted_at, lease.grant_seq),
+            epoch: lease.epoch,
+            granted_at: lease.granted_at,
+            grant_seq: lease.grant_seq,
         };
         if lease.idem != NO_KEY {
             self.pools[lease.pool.0 as usize].idem.remove(lease.idem);

@@ -317,6 +317,9 @@ fn sigterm_answers_what_was_pipelined_behind_a_waiter() {
 
 // ------------------------------------------------------------ 12: kept verdicts
 
+/// Pool `p` of these tests: room for a few slots, a limit that does not learn.
+const FEW_FIXED: &str = r#""concurrency":4,"adaptive":false"#;
+
 /// One keep-alive connection's next answer, after sending `raw`.
 fn exchange(c: &mut TcpStream, raw: &[u8]) -> Response {
     c.write_all(raw).unwrap();
@@ -341,12 +344,11 @@ fn repeat_cycles(c: &mut TcpStream) -> String {
 
 #[test]
 fn a_reload_that_changes_a_key_applies_to_the_next_repeated_head() {
-    let s = TestServer::start(&config(r#""concurrency":4,"adaptive":false"#, ""));
+    let s = TestServer::start(&config(FEW_FIXED, ""));
     let mut c = s.connect();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let held = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", "")).slot();
     repeat_cycles(&mut c);
-    reload(&s, &config(r#""concurrency":4,"adaptive":false"#, "").replace(KEY, "another-key-01"));
+    reload(&s, &config(FEW_FIXED, "").replace(KEY, "another-key-01"));
     let acquire = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", ""));
     assert_eq!((acquire.status, acquire.error_code()), (401, "unauthorized".to_string()), "{acquire:?}");
     let release = exchange(&mut c, &post(&format!("/pools/p/lock/{held}/release"), KEY, "", r#"{"status":200}"#));
@@ -361,9 +363,8 @@ fn a_release_on_a_retired_pool_never_lets_a_head_like_it_acquire() {
     // `p` is retired by a reload; its held slot still releases. An acquire
     // whose request line has the release's length (a query pads it) and
     // whose fields are the release's is refused like any acquire on it.
-    let s = TestServer::start(&config(r#""concurrency":4,"adaptive":false"#, ""));
+    let s = TestServer::start(&config(FEW_FIXED, ""));
     let mut c = s.connect();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     repeat_cycles(&mut c);
     let held = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", "")).slot();
     let without_p = r#"{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{"other":{"keys":["other-key"]}}}"#;
@@ -387,9 +388,8 @@ fn a_release_like_the_last_but_for_its_slot_id_is_routed_like_any_other() {
     // After a few cycles, a release's head is the last one's but for its
     // slot id, and is not routed again. Heads of that length whose slot id
     // is not one path segment, or that differ elsewhere, are routed afresh.
-    let s = TestServer::start(&config(r#""concurrency":4,"adaptive":false"#, ""));
+    let s = TestServer::start(&config(FEW_FIXED, ""));
     let mut c = s.connect();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let slot = repeat_cycles(&mut c);
     let release = |c: &mut TcpStream, method: &str, path: &str| {
         let raw = post(path, KEY, "", r#"{"status":200}"#);
@@ -418,9 +418,8 @@ fn a_release_like_the_last_but_for_its_slot_id_is_routed_like_any_other() {
 fn a_release_like_the_last_for_another_host_is_refused_under_a_public_host() {
     // Absolute-form targets carry the host: one of the same length that is
     // not the public host finds no lock routes, like any head for it.
-    let s = TestServer::start(&config(r#""concurrency":4,"adaptive":false"#, r#""publicHost":"aaaa""#));
+    let s = TestServer::start(&config(FEW_FIXED, r#""publicHost":"aaaa""#));
     let mut c = s.connect();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let cycle = |c: &mut TcpStream, host: &str| {
         let granted = exchange(c, &post("http://aaaa:1/pools/p/lock/acquire", KEY, "", ""));
         assert_eq!(granted.status, 200, "{granted:?}");
@@ -446,7 +445,6 @@ fn one_connection_acquiring_on_two_pools_gets_each_pools_answer() {
             "q":{{"keys":["{KEY}"],"concurrency":5,"adaptive":false}}}}}}"#
     ));
     let mut c = s.connect();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let on = |pool: &str| post(&format!("/pools/{pool}/lock/acquire"), KEY, "", "");
     assert_eq!(exchange(&mut c, &on("p")).status, 200);
     for round in 0..3 {

@@ -83,7 +83,9 @@ impl Middle {
 /// A grant's status fields, the same on every grant line.
 const GRANT_STATUS: &[u8] = b",\"status\":200,\"error\":null,\"denyReason\":null,\"waitMs\":";
 
-/// A small number: one digit without itoa.
+/// A log line's number: one digit by hand, more by itoa. (`push_u64`, which
+/// answers use, spells two and three digits out by hand; on a log line that
+/// measured 17 instructions per request more under callgrind.)
 fn push_num(b: &mut Vec<u8>, v: u64) {
     if v < 10 {
         b.push(b'0' + v as u8);

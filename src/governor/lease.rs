@@ -176,7 +176,7 @@ impl SlotId {
     /// §5). 42 bytes are exactly seven 6-byte groups of eight characters; each
     /// group is read as one big-endian word and written two characters (12
     /// bits) per table look-up. It runs on every grant.
-    pub fn encode(&self) -> [u8; SLOT_ID_CHARS] {
+    pub fn encode(&self) -> SlotText {
         let mut out = [0u8; SLOT_ID_CHARS];
         let raw = &self.0;
         let word = |at: usize| u64::from_be_bytes(raw[at..at + 8].try_into().expect("8 bytes"));
@@ -195,7 +195,7 @@ impl SlotId {
 
     /// Parses the text form; anything else is `None` (and answers 404).
     pub fn decode(text: &[u8]) -> Option<SlotId> {
-        let text: &[u8; SLOT_ID_CHARS] = text.try_into().ok()?;
+        let text: &SlotText = text.try_into().ok()?;
         let mut raw = [0u8; SLOT_ID_BYTES];
         // Invalid characters map to 0xff; OR-ing everything finds one at the end.
         let mut invalid = 0u8;
@@ -206,12 +206,24 @@ impl SlotId {
         }
         (invalid & 0xc0 == 0).then_some(SlotId(raw))
     }
+
+    /// A short reference for logs: a non-reversible hash of the id, never the id itself.
+    pub fn log_ref(&self) -> u32 {
+        // The random part and the tag folded a word at a time by multiply and
+        // xor: enough to correlate lines, useless to forge an id.
+        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
+        let word = |at: usize| u64::from_le_bytes(self.0[at..at + 8].try_into().expect("8 bytes"));
+        let last = u64::from(u16::from_le_bytes([self.0[40], self.0[41]]));
+        let h = (word(24).wrapping_mul(MIX) ^ word(32)).wrapping_mul(MIX) ^ last;
+        let h = h.wrapping_mul(MIX);
+        (h >> 32) as u32
+    }
 }
 
 /// The 24 bits of the `g`-th four characters of a slot id's text, and the OR
 /// of their six-bit values (a bit above the sixth marks a character that is
 /// not base64url).
-fn decode_group(text: &[u8; SLOT_ID_CHARS], g: usize) -> (u32, u8) {
+fn decode_group(text: &SlotText, g: usize) -> (u32, u8) {
     let v = [0, 1, 2, 3].map(|i| B64URL_INV[text[4 * g + i] as usize]);
     let n = (v[0] as u32) << 18 | (v[1] as u32) << 12 | (v[2] as u32) << 6 | v[3] as u32;
     (n, v[0] | v[1] | v[2] | v[3])
@@ -230,20 +242,6 @@ pub fn text_index(text: &SlotText) -> Option<u32> {
     let (second, bad_second) = decode_group(text, 1);
     let [_, a, b, c] = first.to_be_bytes();
     ((bad_first | bad_second) & 0xc0 == 0).then(|| u32::from_le_bytes([a, b, c, (second >> 16) as u8]))
-}
-
-impl SlotId {
-    /// A short reference for logs: a non-reversible hash of the id, never the id itself.
-    pub fn log_ref(&self) -> u32 {
-        // The random part and the tag folded a word at a time by multiply and
-        // xor: enough to correlate lines, useless to forge an id.
-        const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
-        let word = |at: usize| u64::from_le_bytes(self.0[at..at + 8].try_into().expect("8 bytes"));
-        let last = u64::from(u16::from_le_bytes([self.0[40], self.0[41]]));
-        let h = (word(24).wrapping_mul(MIX) ^ word(32)).wrapping_mul(MIX) ^ last;
-        let h = h.wrapping_mul(MIX);
-        (h >> 32) as u32
-    }
 }
 
 /// One held slot.

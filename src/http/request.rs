@@ -471,11 +471,11 @@ fn recalled<'b>(
     line: Line<'b>,
 ) -> Result<Option<Head<'b>>, HeadError> {
     let text = memo.blocks.line_text(found.entry);
-    let remembered = |spans: LineSpans| {
+    let remembered_method = |spans: LineSpans| {
         let method = spans.method.str_in(text);
         // The spans were taken from this very text.
         debug_assert!(method.is_some(), "a remembered request line without its spans");
-        method.map(|m| (m, text.as_bytes())).ok_or(HeadError::Malformed("The request line is invalid."))
+        method.ok_or(HeadError::Malformed("The request line is invalid."))
     };
     let recall = HeadRecall {
         entry: found.entry as u8,
@@ -489,20 +489,17 @@ fn recalled<'b>(
     let line = match line {
         Line::Read(method, target, version) => RequestLine::check(method, target, version)?,
         Line::Like(spans, target) => {
-            let (method_name, _) = remembered(spans)?;
+            let method_name = remembered_method(spans)?;
             let (path, authority) = split_target(target)?;
             RequestLine { method: spans.kind, method_name, path, authority, http11: spans.version == 1 }
         }
-        Line::Remembered(spans) => {
-            let (method_name, text) = remembered(spans)?;
-            RequestLine {
-                method: spans.kind,
-                method_name,
-                path: spans.path.of(text),
-                authority: spans.authority.map(|a| a.of(text)),
-                http11: spans.version == 1,
-            }
-        }
+        Line::Remembered(spans) => RequestLine {
+            method: spans.kind,
+            method_name: remembered_method(spans)?,
+            path: spans.path.of(text.as_bytes()),
+            authority: spans.authority.map(|a| a.of(text.as_bytes())),
+            http11: spans.version == 1,
+        },
     };
     let head_len = found.line_len + found.block_len;
     let block = &buf[found.line_len..head_len];
@@ -1379,8 +1376,7 @@ mod tests {
     }
 
     /// Everything a parse says (a head's fields included), owned, so two
-    /// parses can be compared.
-    /// A verdict as text: everything but where the head came from.
+    /// parses can be compared: all but where the head came from (`recall`).
     fn digest(r: Result<Option<Head<'_>>, HeadError>) -> String {
         format!("{:?}", r.map(|h| h.map(|h| Head { recall: None, ..h })))
     }

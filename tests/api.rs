@@ -266,12 +266,12 @@ fn header_wait_budget_and_no_queue() {
     assert!(started.elapsed() < Duration::from_secs(3), "the body wins over the header");
     let r = s.acquire("X-Nthpool-No-Queue: 1\r\n", r#"{"waitMs":5000}"#);
     assert_eq!(r.status, 429, "no-queue forces fail fast");
-    for bad in [r#"{"waitMs":-1}"#, r#"{"waitMs":1.5}"#, r#"{"waitMs":"10"}"#, r#"{"waitMs":1e12}"#, "[1]"] {
+    for bad in [r#"{"waitMs":-1}"#, r#"{"waitMs":1.5}"#, r#"{"waitMs":"10"}"#, r#"{"waitMs":1e-3}"#, "[1]"] {
         let r = s.acquire("", bad);
         assert_eq!(r.status, 400, "{bad}");
         assert_eq!(r.error_code(), "bad_request");
     }
-    for bad in ["-5", "1.5", "soon", "99999999999999999999"] {
+    for bad in ["-5", "1.5", "soon", "1e3"] {
         let r = s.acquire(&format!("X-Nthpool-Queue-Timeout-Ms: {bad}\r\n"), "");
         assert_eq!(r.status, 400, "{bad}");
     }

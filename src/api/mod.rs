@@ -42,9 +42,6 @@ pub use settings::pool_settings;
 use std::time::Instant;
 pub use verdict::Verdicts;
 
-/// The longest wait a caller may ask for; beyond it the value is refused as absurd.
-pub const MAX_WAIT_MS: u64 = 86_400_000;
-
 /// What the reactor knows about the request being handled.
 #[derive(Clone, Copy)]
 pub struct Ctx {
@@ -880,11 +877,12 @@ pub(crate) fn host_without_port(host: &[u8]) -> &[u8] {
 }
 
 /// The caller's wait budget: body `waitMs`, else `X-Nthpool-Queue-Timeout-Ms`;
-/// `X-Nthpool-No-Queue` forces 0. Anything but a whole number of ms up to a
-/// day is refused.
+/// `X-Nthpool-No-Queue` forces 0. Anything but a whole number of ms is
+/// refused; a number too large to hold is as long as any (the governor
+/// clamps every budget to the pool's queue timeout).
 pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
     const BAD_WAIT: ApiError =
-        ApiError::BadRequest("`waitMs` and X-Nthpool-Queue-Timeout-Ms must be whole milliseconds from 0 to 86400000.");
+        ApiError::BadRequest("`waitMs` and X-Nthpool-Queue-Timeout-Ms must be whole milliseconds of at least 0.");
     let mut wait = None;
     if !is_blank(body) {
         check_object(body).map_err(ApiError::BadRequest)?;
@@ -897,7 +895,9 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         let parsed: AcquireBody = serde_json::from_slice(body)
             .map_err(|_| ApiError::BadRequest("The acquire body is not valid JSON with a numeric `waitMs`."))?;
         if let Some(n) = parsed.wait_ms {
-            wait = Some(crate::report::integral(&n).ok_or(BAD_WAIT)?);
+            // Whole floats past 2^53 (`1e20`) are not exact, but are surely past any queue timeout.
+            let huge = || n.as_f64().filter(|f| *f > 0.0 && f.fract() == 0.0).map(|_| u64::MAX);
+            wait = Some(crate::report::integral(&n).or_else(huge).ok_or(BAD_WAIT)?);
         }
     }
     if wait.is_none() {
@@ -906,13 +906,11 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(BAD_WAIT);
             }
-            wait = Some(text.parse::<u64>().map_err(|_| BAD_WAIT)?);
+            // Only digits: parsing fails only past u64::MAX.
+            wait = Some(text.parse::<u64>().unwrap_or(u64::MAX));
         }
     }
     let wait = wait.unwrap_or(0);
-    if wait > MAX_WAIT_MS {
-        return Err(BAD_WAIT);
-    }
     if head.api.no_queue {
         return Ok(0);
     }

@@ -349,6 +349,23 @@ fn sighup_adds_a_pool_and_retires_a_removed_one() {
 }
 
 #[test]
+fn sighup_that_gives_a_pool_its_own_listener_logs_that_it_needs_a_restart() {
+    // Listeners are bound at start only: a reload that adds one says so
+    // instead of leaving the operator to find the port closed.
+    let s = TestServer::start_logged(&config("", ""), "warn");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let with_listener =
+        config(&format!(r#""upstream":{{"url":"http://127.0.0.1:9","listen":"127.0.0.1:{port}"}}"#), "");
+    assert_eq!(reload_with(&s, &with_listener), (1.0, 0.0), "the rest of the configuration applies");
+    assert!(
+        s.log().contains("`upstream.listen` addresses take effect at the next restart"),
+        "the reload says the listener waits for a restart: {}",
+        s.log()
+    );
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "nothing listens there before a restart");
+}
+
+#[test]
 fn sighup_with_a_broken_file_keeps_the_old_configuration() {
     let s = TestServer::start(&config(r#""concurrency":1"#, ""));
     assert_eq!(reload_with(&s, "{ this is not json"), (0.0, 1.0));

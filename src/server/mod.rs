@@ -129,7 +129,7 @@ pub struct Server {
     /// The file SIGHUP re-reads; `None` for the embedded configuration.
     config_path: Option<PathBuf>,
     /// The listener addresses as last configured, to warn when a reload changes them.
-    configured_listen: (String, Option<String>),
+    configured_listen: Listening,
     conns: Slab<Entry>,
     /// Sent, best effort, to a connection over the `maxConnections` cap.
     over_capacity: Vec<u8>,
@@ -219,7 +219,7 @@ impl Server {
             admin,
             signals,
             config_path,
-            configured_listen: (config.listen.clone(), config.admin_listen.clone()),
+            configured_listen: Listening::of(config),
             conns: Slab::with_capacity(1024),
             over_capacity: {
                 let mut answer = Vec::new();
@@ -390,9 +390,11 @@ impl Server {
                 if let Some(resolver) = self.proxy.resolver.as_mut() {
                     resolver.reconfigure(config.resolver.policy(), config.resolver.nameservers());
                 }
-                let listen = (config.listen.clone(), config.admin_listen.clone());
+                let listen = Listening::of(&config);
                 if listen != self.configured_listen {
-                    warn!("reload: new `listen` / `adminListen` addresses take effect at the next restart");
+                    warn!(
+                        "reload: new `listen`, `adminListen` or pool `upstream.listen` addresses take effect at the next restart"
+                    );
                     self.configured_listen = listen;
                 }
                 if self.app.reconfigure_state(&mut self.persistence, &config, path) {
@@ -835,6 +837,27 @@ impl Server {
         if let Some(ex) = conn.exchange {
             self.abandon_exchange(ex);
         }
+    }
+}
+
+/// The addresses a configuration listens on: bound at start only, so a
+/// reload that changes them is told to need a restart.
+#[derive(PartialEq, Eq)]
+struct Listening {
+    listen: String,
+    admin: Option<String>,
+    /// Each pool's own `upstream.listen`, by pool name.
+    pools: Vec<(String, String)>,
+}
+
+impl Listening {
+    fn of(config: &Config) -> Listening {
+        let pools = config
+            .pools
+            .iter()
+            .filter_map(|(name, pool)| Some((name.clone(), pool.upstream.as_ref()?.listen.clone()?)))
+            .collect();
+        Listening { listen: config.listen.clone(), admin: config.admin_listen.clone(), pools }
     }
 }
 

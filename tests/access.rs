@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::thread;
@@ -549,6 +550,33 @@ fn wait_for_exit(s: &mut TestServer, within: Duration) -> std::process::ExitStat
         }
         assert!(Instant::now() < deadline, "the server did not exit within {within:?} of SIGTERM");
         thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_logged_server_time_is_within_what_the_client_waited_for_its_answer() {
+    // `serverUs` runs from the turn that read the request to the one that
+    // wrote its answer: never longer than the client's own round trip.
+    let mut s = TestServer::start(&config_with_access_log(""));
+    let mut c = s.connect();
+    let mut waited = Vec::new();
+    for _ in 0..5 {
+        let sent = Instant::now();
+        c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();
+        let r = read_response(&mut c).expect("an answer");
+        waited.push(sent.elapsed().as_micros() as u64);
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+    let server_us: Vec<u64> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["serverUs"].as_u64().unwrap())
+        .collect();
+    assert_eq!(server_us.len(), waited.len(), "{text}");
+    for (server, client) in server_us.iter().zip(&waited) {
+        assert!(server <= client, "server time {server} µs, the client waited {client} µs:\n{text}");
     }
 }
 

@@ -65,6 +65,25 @@ pub struct Attempt {
     pub started: Instant,
 }
 
+/// An acquire attempt answered in this turn, kept until the reactor has
+/// written the turn's answers: only then is its server time known, from one
+/// clock reading for all of them (`App::settle_answers`).
+struct Answered {
+    /// Everything but the server time.
+    line: history::Attempt,
+    started: Instant,
+    client: IpAddr,
+    /// Its pool, when the request named a known one.
+    pid: Option<PoolId>,
+    /// Where the pool name the request gave lies in `App::answered_names`
+    /// (empty: the line goes under the pool's own name).
+    name: (u32, u32),
+    /// Counted in the pool's latency histogram.
+    timed: bool,
+    /// Written to the access log (else the history and histogram only).
+    logged: bool,
+}
+
 /// A queued acquire the reactor must remember until its notice comes.
 #[derive(Debug, Clone, Copy)]
 pub struct Queued {
@@ -117,6 +136,10 @@ pub struct App {
     proxy_hosts: std::collections::HashMap<Box<[u8]>, PoolId>,
     scratch: Vec<u8>,
     grant_tail: grant::GrantTail,
+    /// Attempts answered since the reactor last settled them, in order, and
+    /// the pool names their requests gave (see `Answered`).
+    answered: Vec<Answered>,
+    answered_names: String,
     /// Bumped by every (re)configuration: verdicts kept under an older one
     /// do not hold (see `verdict`).
     generation: u64,
@@ -196,6 +219,8 @@ impl App {
             proxy_hosts: Default::default(),
             scratch: Vec::with_capacity(512),
             grant_tail: grant::GrantTail::default(),
+            answered: Vec::new(),
+            answered_names: String::new(),
             generation: 0,
         };
         app.reconfigure(config, Now::default())?;
@@ -387,45 +412,90 @@ impl App {
                 epoch_ms: ctx.now.wall().0,
                 status: error.status().code(),
                 error: Some(error.code()),
-                server_us: crate::time::micros(ctx.started.elapsed()),
                 ..history::Attempt::default()
             };
-            self.record_attempt(pid, std::str::from_utf8(pool).ok(), client, line, true);
+            self.record_attempt(pid, std::str::from_utf8(pool).ok(), client, line, ctx.started, true);
         }
     }
 
-    /// Records one acquire attempt: in its pool's history for the dashboard
-    /// and, when `timed`, its latency histogram (both when the pool is
-    /// known), and as an access-log line under `name` (the name the request
-    /// gave), else under the pool's name.
+    /// Records one acquire attempt that started at `started`, once the
+    /// reactor settles the turn's answers (`settle_answers`): in its pool's
+    /// history for the dashboard and, when `timed`, its latency histogram
+    /// (both when the pool is known), and as an access-log line under `name`
+    /// (the name the request gave), else under the pool's name.
     fn record_attempt(
         &mut self,
         pid: Option<PoolId>,
         name: Option<&str>,
         client: IpAddr,
         line: history::Attempt,
+        started: Instant,
         timed: bool,
     ) {
-        self.observe(pid, &line, timed);
-        if !self.log.is_on() {
-            return;
-        }
-        let pool = match (name, pid) {
-            (Some(name), _) => name,
-            (None, Some(pid)) => &self.gov.pool(pid).name,
-            (None, None) => return,
+        let logged = self.log.is_on() && (name.is_some() || pid.is_some());
+        let name = match name.filter(|_| logged) {
+            Some(name) => {
+                let start = self.answered_names.len();
+                self.answered_names.push_str(name);
+                (start as u32, self.answered_names.len() as u32)
+            }
+            None => (0, 0),
         };
-        self.log.record(&record_of(pool, client, &line));
+        self.answered.push(Answered { line, started, client, pid, name, timed, logged });
     }
 
-    /// An attempt in its pool's history and, when `timed`, latency histogram.
-    fn observe(&mut self, pid: Option<PoolId>, line: &history::Attempt, timed: bool) {
-        if let Some(pid) = pid {
-            if timed {
-                self.latency[pid.0 as usize].observe(line.server_us);
+    /// An attempt in its pool's history and, when `timed`, latency histogram
+    /// only (a proxied request's line is written by its exchange).
+    fn observe(&mut self, attempt: &Attempt, line: history::Attempt, timed: bool) {
+        let (started, client, pid) = (attempt.started, attempt.client, Some(attempt.pool));
+        self.answered.push(Answered { line, started, client, pid, name: (0, 0), timed, logged: false });
+    }
+
+    /// Whether attempts answered since the last `settle_answers` wait for it.
+    pub fn has_answered(&self) -> bool {
+        !self.answered.is_empty()
+    }
+
+    /// Records the attempts answered since the last call (see
+    /// `record_attempt`), now that their answers are written: `at` is when,
+    /// and each one's server time runs from its `started` to it. The reactor
+    /// calls this once per turn, so one clock reading serves all of a
+    /// turn's answers.
+    pub fn settle_answers(&mut self, at: Instant) {
+        let answered = std::mem::take(&mut self.answered);
+        // Most of a turn's attempts started in that turn: one subtraction,
+        // and one look-up of the latency bucket (every pool's histogram has
+        // the same bounds), serve them.
+        let mut since: Option<(Instant, u64, usize)> = None;
+        for a in &answered {
+            let (server_us, bucket) = match since {
+                Some((started, us, bucket)) if started == a.started => (us, bucket),
+                _ => {
+                    let us = crate::time::micros(at.saturating_duration_since(a.started));
+                    let bucket = Histogram::acquire_us().bucket_of(us);
+                    since = Some((a.started, us, bucket));
+                    (us, bucket)
+                }
+            };
+            let line = history::Attempt { server_us, ..a.line };
+            if let Some(pid) = a.pid {
+                if a.timed {
+                    self.latency[pid.0 as usize].observe_in(bucket, server_us);
+                }
+                self.history[pid.0 as usize].1.push(line);
             }
-            self.history[pid.0 as usize].1.push(*line);
+            if a.logged {
+                let pool = match a.pid {
+                    _ if a.name.1 > 0 => &self.answered_names[a.name.0 as usize..a.name.1 as usize],
+                    Some(pid) => &*self.gov.pool(pid).name,
+                    None => continue,
+                };
+                self.log.record(&record_of(pool, a.client, &line));
+            }
         }
+        self.answered = answered;
+        self.answered.clear();
+        self.answered_names.clear();
     }
 
     /// Answers a lock route; `client` is set as soon as the caller's address is known.
@@ -525,11 +595,11 @@ impl App {
         slot_ref: Option<u32>,
     ) {
         let line = acquire_line(attempt, epoch_now, status, code, reason, queued_ms, slot_ref);
-        self.record_attempt(Some(attempt.pool), None, attempt.client, line, true);
+        self.record_attempt(Some(attempt.pool), None, attempt.client, line, attempt.started, true);
     }
 
     /// Counts an answered acquire in the latency histogram and the
-    /// dashboard's history; returns its server time in µs.
+    /// dashboard's history.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn observe_acquire(
         &mut self,
@@ -540,10 +610,9 @@ impl App {
         reason: Option<DenyReason>,
         queued_ms: u64,
         slot_ref: Option<u32>,
-    ) -> u64 {
+    ) {
         let line = acquire_line(attempt, epoch_now, status, code, reason, queued_ms, slot_ref);
-        self.observe(Some(attempt.pool), &line, true);
-        line.server_us
+        self.observe(attempt, line, true);
     }
 
     /// The `200` of an acquire, immediate or after queueing, logged.
@@ -588,7 +657,7 @@ impl App {
     /// The log line of a queued acquire that ends without a governor answer.
     fn log_queued_end(&mut self, attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'static str) {
         let line = queued_end_line(attempt, epoch_now, status, code);
-        self.record_attempt(Some(attempt.pool), None, attempt.client, line, false);
+        self.record_attempt(Some(attempt.pool), None, attempt.client, line, attempt.started, false);
     }
 
     /// Such an end in its pool's history only (a proxied request's line is
@@ -601,7 +670,7 @@ impl App {
         code: &'static str,
     ) -> u64 {
         let line = queued_end_line(attempt, epoch_now, status, code);
-        self.observe(Some(attempt.pool), &line, false);
+        self.observe(attempt, line, false);
         line.queued_ms
     }
 
@@ -625,11 +694,10 @@ impl App {
             epoch_ms: now.wall().0,
             status: error.status().code(),
             error: Some(error.code()),
-            server_us: crate::time::micros(started.elapsed()),
             ..history::Attempt::default()
         };
         // No pool is looked up: the line is the access log's only.
-        self.record_attempt(None, std::str::from_utf8(pool).ok(), peer, line, false);
+        self.record_attempt(None, std::str::from_utf8(pool).ok(), peer, line, started, false);
     }
 
     /// A `429` or `504` for an acquire, logged.
@@ -762,7 +830,8 @@ const KEYS_FULL: ApiError = ApiError::Unavailable(
     1,
 );
 
-/// The history and access-log entry of one answered acquire.
+/// The history and access-log entry of one answered acquire (its server
+/// time is filled in when it is settled).
 #[allow(clippy::too_many_arguments)]
 fn acquire_line(
     attempt: &Attempt,
@@ -780,7 +849,7 @@ fn acquire_line(
         reason,
         wait_ms: attempt.wait_ms,
         queued_ms,
-        server_us: crate::time::micros(attempt.started.elapsed()),
+        server_us: 0,
         slot_ref,
     }
 }
@@ -789,19 +858,19 @@ fn acquire_line(
 pub(crate) const SHUTTING_DOWN: ApiError =
     ApiError::Unavailable("The server is shutting down; retry against its replacement.", 1);
 
-/// The history line of a queued acquire that ends without a governor answer.
+/// The history line of a queued acquire that ends without a governor answer
+/// (its server time is filled in when it is settled).
 fn queued_end_line(attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'static str) -> history::Attempt {
-    // The attempt started in the turn its request arrived, so this is
-    // the time spent queued (to the turn's precision).
-    let waited = attempt.started.elapsed();
     history::Attempt {
         epoch_ms: epoch_now.0,
         status,
         error: Some(code),
         reason: None,
         wait_ms: attempt.wait_ms,
-        queued_ms: crate::time::millis(waited),
-        server_us: crate::time::micros(waited),
+        // The attempt started in the turn its request arrived, so this is
+        // the time spent queued (to the turn's precision).
+        queued_ms: crate::time::millis(attempt.started.elapsed()),
+        server_us: 0,
         slot_ref: None,
     }
 }

@@ -39,7 +39,19 @@ impl Histogram {
     /// Counts `value`. The bucket is found from the lowest bound up: at most
     /// 16 steps, and one for the usual value (most fall in the first buckets).
     pub fn observe(&mut self, value: u64) {
-        let bucket = self.bounds.iter().position(|&b| value <= b).unwrap_or(self.bounds.len());
+        self.observe_in(self.bucket_of(value), value);
+    }
+
+    /// The bucket `observe` counts `value` in.
+    pub fn bucket_of(&self, value: u64) -> usize {
+        self.bounds.iter().position(|&b| value <= b).unwrap_or(self.bounds.len())
+    }
+
+    /// Counts `value` in `bucket`, which `bucket_of` found for it on a
+    /// histogram with these bounds (so values repeated across histograms
+    /// are looked up once).
+    pub fn observe_in(&mut self, bucket: usize, value: u64) {
+        debug_assert_eq!(bucket, self.bucket_of(value), "{value} is not in bucket {bucket}");
         self.counts[bucket] += 1;
         self.sum = self.sum.saturating_add(value);
     }

@@ -326,6 +326,7 @@ impl Server {
                 self.accept(true);
             }
             self.stats.connections_open = self.conns.len() as u64;
+            self.settle_answers();
             self.app.end_turn(self.now.ms);
             if let Some(at) = self.shutdown_at {
                 if self.conns.is_empty() || self.clock.now_ms() >= at {
@@ -373,6 +374,8 @@ impl Server {
     /// SIGHUP: re-read the configuration file and apply it without dropping
     /// anything; a bad file changes nothing.
     fn reload(&mut self) {
+        // What was answered before the reload is logged where it was answered.
+        self.settle_answers();
         let Some(path) = &self.config_path else {
             warn!("SIGHUP: running on the embedded configuration, nothing to reload");
             return;
@@ -510,6 +513,15 @@ impl Server {
     }
 
     /// Writes every listed connection's pending output, then closes the ones that are done.
+    /// The attempts answered this turn are recorded (history, latency, access
+    /// log) with their server time up to now, their answers written: one
+    /// clock reading serves them all.
+    fn settle_answers(&mut self) {
+        if self.app.has_answered() {
+            self.app.settle_answers(Instant::now());
+        }
+    }
+
     fn flush_dirty(&mut self) {
         let mut dirty = std::mem::replace(&mut self.dirty, std::mem::take(&mut self.dirty_spare));
         for &id in &dirty {

@@ -144,9 +144,13 @@ fn health_and_metrics_answer_while_the_public_listener_is_full() {
     let admin = s.admin.unwrap();
     assert_eq!(get(admin, "GET", "/healthz").status, 200);
     assert_eq!(get(admin, "GET", "/metrics").status, 200);
-    // The public listener itself is full.
+    // The public listener itself is full: refused with a current `Date`.
+    let before = get(admin, "GET", "/healthz").header("date").unwrap().to_string();
     let r = s.request(&post("/pools/p/lock/nope/renew", KEY, "", ""));
+    let after = get(admin, "GET", "/healthz").header("date").unwrap().to_string();
     assert_eq!(r.status, 503, "{r:?}");
+    let date = r.header("date").expect("a Date on the refusal");
+    assert!(date == before || date == after, "Date {date:?}, the server's clock said {before:?} then {after:?}");
     assert_eq!(metric(&s, "nthpool_rejections_total{code=\"503\"}"), Some(1.0), "counted as a rejection");
 }
 

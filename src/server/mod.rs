@@ -131,7 +131,7 @@ pub struct Server {
     /// The listener addresses as last configured, to warn when a reload changes them.
     configured_listen: Listening,
     conns: Slab<Entry>,
-    /// Sent, best effort, to a connection over the `maxConnections` cap.
+    /// What is sent, best effort, to a connection over the `maxConnections` cap.
     over_capacity: Vec<u8>,
     stats: ServerStats,
     /// Set when SIGTERM/SIGINT arrived: exit once every connection is done, or at this time.
@@ -221,15 +221,7 @@ impl Server {
             config_path,
             configured_listen: Listening::of(config),
             conns: Slab::with_capacity(1024),
-            over_capacity: {
-                let mut answer = Vec::new();
-                ApiError::Unavailable("The server has too many open connections.", 1).write(
-                    &mut answer,
-                    &mut Vec::new(),
-                    true,
-                );
-                answer
-            },
+            over_capacity: Vec::new(),
             stats: ServerStats::default(),
             shutdown_at: None,
             app,
@@ -492,6 +484,9 @@ impl Server {
             if !admin {
                 self.app.count_refused_connection();
             }
+            // Written anew each time, for its `Date`.
+            self.over_capacity.clear();
+            OVER_CAPACITY.write(&mut self.over_capacity, &mut Vec::new(), true);
             let _ = stream.write(&self.over_capacity);
             return None;
         }
@@ -872,6 +867,9 @@ impl Listening {
         Listening { listen: config.listen.clone(), admin: config.admin_listen.clone(), pools }
     }
 }
+
+/// The answer, best effort, to a connection over the `maxConnections` cap.
+const OVER_CAPACITY: ApiError = ApiError::Unavailable("The server has too many open connections.", 1);
 
 /// `Server::arm_timer` for a connection already in hand.
 fn arm_conn_timer(app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {

@@ -308,8 +308,8 @@ impl Config {
 
     pub fn parse(text: &[u8]) -> Result<Config, ConfigError> {
         // The path names the field of a wrongly typed value (`pools.p.queue.timeoutMs`).
-        let de = &mut serde_json::Deserializer::from_slice(text);
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut de = serde_json::Deserializer::from_slice(text);
+        let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             if path == "." {
@@ -318,6 +318,8 @@ impl Config {
                 ConfigError(format!("invalid configuration: {path}: {inner}"))
             }
         })?;
+        // One object and nothing after it but whitespace.
+        de.end().map_err(|e| ConfigError(format!("invalid configuration: text after the configuration object ({e})")))?;
         config.validate()?;
         Ok(config)
     }
@@ -338,6 +340,9 @@ impl Config {
             let Ok(addr) = admin.parse::<SocketAddr>() else {
                 return fail(format!("adminListen: {admin:?} is not an address like 127.0.0.1:7071"));
             };
+            if addr.port() != 0 && self.listen.parse().ok() == Some(addr) {
+                return fail(format!("adminListen: {admin} is the lock API's `listen` address too"));
+            }
             if !addr.ip().is_loopback() && self.admin_token.is_none() {
                 return fail(format!(
                     "adminListen {admin} is not a loopback address: set adminToken (16 bytes or more) to protect the dashboard"
@@ -564,6 +569,23 @@ mod tests {
     fn a_pool_named_twice_is_refused() {
         let e = err(r#"{"pools":{"p":{"keys":["k1"]},"p":{"keys":["k2"]}}}"#);
         assert!(e.contains("duplicate pool `p`"), "{e}");
+    }
+
+    #[test]
+    fn text_after_the_configuration_object_is_refused() {
+        let e = err(r#"{"pools":{"p":{"keys":["k"]}}}{"pools":{}}"#);
+        assert!(e.contains("text after the configuration object"), "{e}");
+        assert!(err(r#"{"pools":{"p":{"keys":["k"]}}} x"#).contains("text after"));
+        assert!(Config::parse(b"{\"pools\":{\"p\":{\"keys\":[\"k\"]}}}\n \t").is_ok(), "whitespace is fine");
+    }
+
+    #[test]
+    fn the_admin_listener_cannot_share_the_lock_apis_address() {
+        let e = err(r#"{"listen":"127.0.0.1:7070","adminListen":"127.0.0.1:7070","pools":{"p":{"keys":["k"]}}}"#);
+        assert!(e.contains("adminListen: 127.0.0.1:7070 is the lock API's `listen` address too"), "{e}");
+        // Port 0 is a fresh port each time.
+        let ok = r#"{"listen":"127.0.0.1:0","adminListen":"127.0.0.1:0","pools":{"p":{"keys":["k"]}}}"#;
+        assert!(Config::parse(ok.as_bytes()).is_ok());
     }
 
     #[test]

@@ -264,6 +264,15 @@ fn a_body_over_the_limit_is_refused_before_it_is_sent() {
     assert_error(&r, 413, "payload_too_large", "Content-Length over the limit");
     assert_answer_closes(&mut c, &r, "413");
 
+    // A length past 64 bits is as much over the limit.
+    let mut c = s.connect();
+    let head = format!(
+        "POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 99999999999999999999999\r\n\r\n"
+    );
+    let r = exchange(&mut c, head.as_bytes());
+    assert_error(&r, 413, "payload_too_large", "Content-Length past 64 bits");
+    assert_answer_closes(&mut c, &r, "413 past 64 bits");
+
     // Chunks that add up to more than the limit: refused at the size line that breaks it.
     let mut c = s.connect();
     let head = format!(

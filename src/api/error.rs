@@ -82,7 +82,7 @@ impl ApiError {
             ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
             ApiError::Superseded => "A retry with the same Idempotency-Key took this acquire's place in the queue.",
             ApiError::PayloadTooLarge => "The request body is larger than this server accepts.",
-            ApiError::HeadTooLarge => "The request head is larger than 16 KiB.",
+            ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
             ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
         }

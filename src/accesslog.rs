@@ -5,12 +5,19 @@
 //! on a timer, and at shutdown — never in the middle of answering a request.
 //! A failing write (a full disk, a closed pipe) is logged once, counted, and
 //! never stops the server; the buffer is capped so memory stays bounded.
+//! Standard output is written without blocking: when its reader falls behind
+//! (a full pipe), what does not fit waits in the buffer for the next write,
+//! and lines beyond the cap are dropped and counted, so a stalled reader
+//! never stalls the event loop.
 //!
 //! Never written: keys, signatures, tokens, or a whole `slotId` (only a short
 //! non-reversible reference).
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{ErrorKind, Write};
+use std::os::fd::AsFd;
+
+use mio::unix::pipe::Sender;
 
 use log::warn;
 
@@ -25,7 +32,10 @@ pub const FLUSH_INTERVAL_MS: u64 = 200;
 
 enum Sink {
     Off,
-    Stdout,
+    /// A duplicate of standard output, non-blocking. The mode belongs to
+    /// what standard output is open on, so it is set back when the log
+    /// stops writing there (`close`, or a reload to a file).
+    Stdout(Sender),
     File(File),
 }
 
@@ -122,7 +132,11 @@ impl AccessLog {
     pub fn open(path: Option<&str>) -> Result<AccessLog, String> {
         let sink = match path {
             None => Sink::Off,
-            Some("-") => Sink::Stdout,
+            Some("-") => {
+                let out = std::io::stdout().as_fd().try_clone_to_owned().map(Sender::from);
+                let out = out.and_then(|out| out.set_nonblocking(true).map(|()| out));
+                Sink::Stdout(out.map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?)
+            }
             Some(p) => Sink::File(
                 OpenOptions::new()
                     .create(true)
@@ -146,9 +160,26 @@ impl AccessLog {
 
     /// Takes over `other`'s destination (a reload); the counters carry on.
     /// Call `flush` first so buffered lines go to the old destination.
-    pub fn replace_sink(&mut self, other: AccessLog) {
-        self.sink = other.sink;
+    pub fn replace_sink(&mut self, mut other: AccessLog) {
+        // Standard output again: the one already in use stays.
+        if !matches!((&self.sink, &other.sink), (Sink::Stdout(_), Sink::Stdout(_))) {
+            self.restore_blocking();
+            std::mem::swap(&mut self.sink, &mut other.sink);
+        }
         self.failing = false;
+    }
+
+    /// Writes what is buffered and leaves standard output blocking again,
+    /// as the terminal or pipe it is open on was found (at shutdown).
+    pub fn close(&mut self) {
+        self.flush();
+        self.restore_blocking();
+    }
+
+    fn restore_blocking(&self) {
+        if let Sink::Stdout(out) = &self.sink {
+            let _ = out.set_nonblocking(false);
+        }
     }
 
     pub fn is_on(&self) -> bool {
@@ -242,14 +273,22 @@ impl AccessLog {
         b.extend_from_slice(b"}\n");
     }
 
-    /// Writes what is buffered. Failures are counted and logged once.
+    /// Writes what is buffered. Failures are counted and logged once;
+    /// standard output takes what it can without blocking, the rest waits.
     pub fn flush(&mut self) {
         if self.buf.is_empty() {
             return;
         }
         let result = match &mut self.sink {
             Sink::Off => Ok(()),
-            Sink::Stdout => std::io::stdout().lock().write_all(&self.buf),
+            Sink::Stdout(out) => match write_some(out, &self.buf) {
+                Ok(written) if written < self.buf.len() => {
+                    self.buf.drain(..written);
+                    self.failing = false;
+                    return;
+                }
+                result => result.map(drop),
+            },
             Sink::File(f) => f.write_all(&self.buf),
         };
         match result {
@@ -264,6 +303,21 @@ impl AccessLog {
         }
         self.buf.clear();
     }
+}
+
+/// Writes as much of `buf` as `out` takes without blocking; how much that was.
+fn write_some(mut out: &Sender, buf: &[u8]) -> std::io::Result<usize> {
+    let mut written = 0;
+    while written < buf.len() {
+        match out.write(&buf[written..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(written)
 }
 
 use crate::calendar::civil_from_days;

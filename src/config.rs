@@ -319,7 +319,8 @@ impl Config {
             }
         })?;
         // One object and nothing after it but whitespace.
-        de.end().map_err(|e| ConfigError(format!("invalid configuration: text after the configuration object ({e})")))?;
+        de.end()
+            .map_err(|e| ConfigError(format!("invalid configuration: text after the configuration object ({e})")))?;
         config.validate()?;
         Ok(config)
     }

@@ -93,16 +93,21 @@ fn main() -> ExitCode {
     let listen = args.listen.unwrap_or_else(|| config.listen_addr());
     let embedded = args.config.is_none();
     let result = server::serve(&config, listen, args.config.clone(), |addr, admin| {
+        // Not `println!`: standard output may be the access log's, written
+        // without blocking, and a full pipe must not end the server.
+        let mut banner = String::new();
         if let Some(admin) = admin {
-            println!("nthpool admin on http://{admin}");
+            banner += &format!("nthpool admin on http://{admin}\n");
         }
-        println!("nthpool listening on http://{addr}");
+        banner += &format!("nthpool listening on http://{addr}\n");
         if embedded {
             let (name, pool) = config.pools.iter().next().expect("the demo pool");
             let key = &pool.keys[0];
-            println!("demo pool `{name}`, key {key}");
-            println!("try: curl -sS -X POST http://{addr}/pools/{name}/lock/acquire -H 'X-Nthpool-Key: {key}'");
+            banner += &format!("demo pool `{name}`, key {key}\n");
+            banner +=
+                &format!("try: curl -sS -X POST http://{addr}/pools/{name}/lock/acquire -H 'X-Nthpool-Key: {key}'\n");
         }
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes());
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

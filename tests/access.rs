@@ -554,6 +554,78 @@ fn wait_for_exit(s: &mut TestServer, within: Duration) -> std::process::ExitStat
 }
 
 #[test]
+fn a_reader_of_standard_output_that_stalls_never_stalls_the_server() {
+    // SPEC §9: writing the access log never blocks the event loop. Here its
+    // lines go to a pipe nobody reads, which fills after 64 KiB; answers,
+    // `/healthz` and a graceful SIGTERM must go on regardless.
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (port, admin) = (free(), free());
+    let dir = scratch_dir();
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"listen":"127.0.0.1:{port}","adminListen":"127.0.0.1:{admin}","accessLog":"-",
+            "pools":{{"p":{{"keys":["{KEY}"],"concurrency":100000,"adaptive":false}}}}}}"#
+        ),
+    )
+    .unwrap();
+    /// Killed if the test fails before the server exits.
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut server = Server(
+        std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let child = &mut server.0;
+    // Held open and never read.
+    let _unread = child.stdout.take();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut c = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "the server did not listen: {e}"),
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // About 200 bytes of log each: ten times what the pipe holds.
+    for i in 0..3_000 {
+        c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();
+        let r = read_response(&mut c).unwrap_or_else(|| panic!("acquire {i} got no answer"));
+        assert_eq!(r.status, 200, "acquire {i}: {r:?}");
+    }
+    let mut h = std::net::TcpStream::connect(("127.0.0.1", admin)).unwrap();
+    h.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    h.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert_eq!(read_response(&mut h).expect("/healthz answers").status, 200);
+    let ok = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+    assert!(ok.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "SIGTERM did not end the server within 5 s while its standard output was full"
+        );
+        thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
 fn a_logged_server_time_is_within_what_the_client_waited_for_its_answer() {
     // `serverUs` runs from the turn that read the request to the one that
     // wrote its answer: never longer than the client's own round trip.

@@ -238,7 +238,7 @@ impl App {
 
     /// Writes out the access log (at shutdown).
     pub fn flush_log(&mut self) {
-        self.log.flush();
+        self.log.close();
     }
 
     /// Counts a connection refused over `maxConnections` (answered `503`).

@@ -369,7 +369,12 @@ pub fn render(m: &MetricsSnapshot) -> String {
         ("nthpool_config_reload_failures_total", "counter", "Configuration reloads refused.", s.reloads_failed),
         ("nthpool_access_log_lines_total", "counter", "Access log lines written or buffered.", log.lines),
         ("nthpool_access_log_write_errors_total", "counter", "Failed access log writes.", log.write_errors),
-        ("nthpool_access_log_dropped_total", "counter", "Access log lines dropped while writes failed.", log.dropped),
+        (
+            "nthpool_access_log_dropped_total",
+            "counter",
+            "Access log lines dropped while writes failed or fell behind.",
+            log.dropped,
+        ),
     ];
     unlabelled(&mut t, &server);
     render_proxy(&mut t, &s.proxy);

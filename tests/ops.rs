@@ -492,6 +492,17 @@ fn start_up_fails_in_one_line_when_the_port_is_taken() {
 }
 
 #[test]
+fn start_up_fails_in_one_line_when_the_state_file_cannot_be_written() {
+    // Found at start, not at the stop whose snapshot it would lose.
+    let dir = scratch_dir();
+    let nowhere = config("", r#""stateFile":"no-such-directory/nthpool.state""#);
+    let path = write_config(&dir, &nowhere);
+    let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
+    assert_fails_with(&r, &["stateFile", "no-such-directory/nthpool.state"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn start_up_fails_in_one_line_when_the_config_cannot_be_read() {
     let dir = scratch_dir();
     let missing = dir.join("missing.json");

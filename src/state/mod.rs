@@ -52,8 +52,14 @@ pub fn start<T: Copy>(
         None => secret::ephemeral(),
     };
     gov.set_identity(&secret.bytes, epoch);
+    let path = state_path(config, config_path);
+    if let Some(path) = &path {
+        // Found out now rather than at the stop whose snapshot it would lose.
+        snapshot::check_writable(path)
+            .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))?;
+    }
     let persistence = Persistence {
-        path: state_path(config, config_path),
+        path,
         interval_ms: config.snapshot_interval_ms,
         secret_path,
         identity: Identity::new(gov, &secret.bytes),
@@ -126,7 +132,13 @@ impl Persistence {
         let path = state_path(config, Some(config_path));
         if path != self.path {
             match &path {
-                Some(p) => info!("reload: snapshots go to {} from the next one", p.display()),
+                Some(p) => match snapshot::check_writable(p) {
+                    Ok(()) => info!("reload: snapshots go to {} from the next one", p.display()),
+                    Err(e) => warn!(
+                        "reload: snapshots go to {} from the next one, but it cannot be written ({e})",
+                        p.display()
+                    ),
+                },
                 None => info!("reload: `stateFile` is null, no snapshot is written from now on"),
             }
             self.path = path;

@@ -22,7 +22,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -315,12 +315,26 @@ pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), Str
     Ok((header.kind, Snapshot { pools, leases, keys, dead_adopted }))
 }
 
+/// The temporary file `write_atomic` writes before renaming it over `path`.
+fn temporary(path: &Path) -> PathBuf {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    tmp.into()
+}
+
+/// Whether a snapshot could be written to `path`: its temporary file is
+/// created there and removed again (a missing or read-only directory fails).
+pub fn check_writable(path: &Path) -> std::io::Result<()> {
+    let tmp = temporary(path);
+    OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    std::fs::remove_file(&tmp)
+}
+
 /// Replaces `path` with `bytes` atomically: a temporary file beside it,
 /// synced, renamed over it, and the directory synced so the rename lasts.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = Path::new(&tmp);
+    let tmp = temporary(path);
+    let tmp = tmp.as_path();
     let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(tmp)?;
     file.write_all(bytes)?;
     file.sync_all()?;

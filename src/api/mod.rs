@@ -520,8 +520,10 @@ impl App {
         }
         match lock {
             Lock::Acquire => {
-                let attempt =
-                    Attempt { pool: pid, client: addr, wait_ms: wait_budget(head, body)?, started: ctx.started };
+                // No body and no header: fail fast, the usual acquire, without a call.
+                let asked = !body.is_empty() || head.api.queue_timeout_ms.is_some();
+                let wait_ms = if asked { wait_budget(head, body)? } else { 0 };
+                let attempt = Attempt { pool: pid, client: addr, wait_ms, started: ctx.started };
                 let (owner, now) = (ctx.conn.owner(), ctx.now.ms);
                 let admission = match head.api.idempotency_key {
                     None => self.gov.acquire(pid, attempt.wait_ms, owner, now),

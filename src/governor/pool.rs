@@ -161,6 +161,12 @@ impl Pool {
             return Some((DenyReason::Recovering, until - now));
         }
         let pause = self.learning.pause(now);
+        let rate_wait = self.gate.as_ref().map_or(0, |g| g.wait_ms(now));
+        let free = self.held < self.effective_limit();
+        if pause.is_none() && rate_wait == 0 && free {
+            // Nothing blocks: the usual case, decided without weighing the gates.
+            return None;
+        }
         let cooldown_wait = match pause {
             Some(Pause::Cooldown(wait)) => wait,
             _ => 0,
@@ -169,8 +175,8 @@ impl Pool {
             Some(Pause::Budget(wait)) => wait,
             _ => 0,
         };
-        let rate_wait = self.gate.as_ref().map_or(0, |g| g.wait_ms(now)).max(budget_wait);
-        let concurrency_wait = if self.held >= self.effective_limit() { UNKNOWN_WAIT_MS } else { 0 };
+        let rate_wait = rate_wait.max(budget_wait);
+        let concurrency_wait = if free { 0 } else { UNKNOWN_WAIT_MS };
         // Ties go to the first: a cool-down, then the concurrency limit, then rate.
         [
             (DenyReason::Cooldown, cooldown_wait),

@@ -179,11 +179,43 @@ fn http_1_0_closes_unless_it_asks_for_keep_alive() {
     for _ in 0..2 {
         let r = exchange(&mut c, keep.as_bytes());
         assert_eq!(r.status, 200, "{r:?}");
-        assert_ne!(r.header("connection"), Some("close"), "{r:?}");
+        // An HTTP/1.0 client takes a connection to close unless told otherwise.
+        assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
     }
     // The last request of the keep-alive connection closes it again.
     let r = exchange(&mut c, plain.as_bytes());
     assert_answer_closes(&mut c, &r, "HTTP/1.0 after keep-alive");
+}
+
+#[test]
+fn a_queued_acquire_over_http_1_0_keep_alive_is_answered_kept_alive() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":4,"timeoutMs":10000}"#, ""));
+    let held = s.acquire("", "").slot();
+    let mut c = s.connect();
+    let body = r#"{"waitMs":5000}"#;
+    let queued = format!(
+        "POST {ACQUIRE} HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(queued.as_bytes()).unwrap();
+    // Once it waits in the queue (a fail-fast acquire sees the depth), the slot is released.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.acquire("X-Nthpool-No-Queue: 1\r\n", "").header_u64("x-nthpool-queue-depth") == 0 {
+        assert!(Instant::now() < deadline, "the acquire never queued");
+        thread::sleep(Duration::from_millis(5));
+    }
+    s.release(&held, "");
+    let r = read_response(&mut c).expect("the queued acquire's answer");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
+    // And the connection is kept: its slot releases on it.
+    let release = format!(
+        "POST /pools/p/lock/{}/release HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n",
+        r.slot()
+    );
+    let r = exchange(&mut c, release.as_bytes());
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
 }
 
 #[test]

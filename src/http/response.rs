@@ -204,6 +204,17 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// For an HTTP/1.0 client that asked to keep the connection: the answer
+/// that starts at `start` in `out` tells it the connection is kept, with
+/// `Connection: keep-alive` before the head's empty line (RFC 9112 §C.2.2:
+/// without it an HTTP/1.0 client takes the connection to close).
+pub fn say_kept_alive(out: &mut Vec<u8>, start: usize) {
+    if let Some(end) = out[start..].windows(4).position(|w| w == b"\r\n\r\n") {
+        let at = start + end + 2;
+        out.splice(at..at, b"Connection: keep-alive\r\n".iter().copied());
+    }
+}
+
 /// The last lines of a head before a JSON body of `len` bytes: its type, its
 /// length, `Connection: close` when `close`, and the empty line.
 pub fn json_head_end(out: &mut Vec<u8>, len: u64, close: bool) {

@@ -150,8 +150,10 @@ pub enum Phase {
     /// Requests are read and answered in order.
     Open,
     /// An acquire waits in its pool's queue; what was pipelined behind it
-    /// waits too. `close`: its answer ends the connection.
-    Waiting { queued: Queued, close: bool },
+    /// waits too. `close`: its answer ends the connection; `http10_keep_alive`:
+    /// it is an HTTP/1.0 request that asked to keep it, so an answer that does
+    /// must say so.
+    Waiting { queued: Queued, close: bool, http10_keep_alive: bool },
     /// The last answer is written (or being written); nothing more is
     /// answered, and the connection closes once the output is out.
     Closing,
@@ -200,6 +202,7 @@ pub struct Conn {
     pub readable: bool,
     /// Listed in the server's flush list for this turn.
     pub dirty: bool,
+
     /// The peer's FIN was reported: read to EOF even after a short read.
     pub hangup: bool,
     pub request_started: Option<Ms>,
@@ -281,16 +284,21 @@ impl Conn {
     }
 
     /// Open → Waiting: an acquire was queued.
-    pub fn wait(&mut self, queued: Queued, close: bool) {
+    pub fn wait(&mut self, queued: Queued, close: bool, http10_keep_alive: bool) {
         debug_assert!(self.is_open(), "only an open connection queues an acquire: {:?}", self.phase);
-        self.phase = Phase::Waiting { queued, close };
+        self.phase = Phase::Waiting { queued, close, http10_keep_alive };
+    }
+
+    /// The waiting acquire's answer must say the connection is kept (HTTP/1.0).
+    pub fn waits_http10_keep_alive(&self) -> bool {
+        matches!(self.phase, Phase::Waiting { http10_keep_alive: true, close: false, .. })
     }
 
     /// Waiting → Open (or Closing when its answer ends the connection): the
     /// queued acquire is answered or withdrawn. Returns it and whether the
     /// answer must close; `None` when nothing waits.
     pub fn stop_waiting(&mut self) -> Option<(Queued, bool)> {
-        let Phase::Waiting { queued, close } = self.phase else {
+        let Phase::Waiting { queued, close, .. } = self.phase else {
             return None;
         };
         self.phase = if close { Phase::Closing } else { Phase::Open };

@@ -781,6 +781,7 @@ impl Server {
             self.app.answer_undeliverable(answer, now.ms);
             return;
         };
+        let say_kept_alive = conn.waits_http10_keep_alive();
         let (queued, close) = conn.stop_waiting().expect("the connection waits");
         if conn.unsent() == 0 {
             conn.out_since = now.ms;
@@ -795,7 +796,12 @@ impl Server {
             self.read_and_process(id);
             return;
         }
-        if let Some(slot) = self.app.answer_notice(&mut conn.output, answer, &queued, now, close) {
+        let answer_start = conn.output.len();
+        let granted = self.app.answer_notice(&mut conn.output, answer, &queued, now, close);
+        if say_kept_alive {
+            crate::http::response::say_kept_alive(&mut conn.output, answer_start);
+        }
+        if let Some(slot) = granted {
             conn.undelivered.push((slot, conn.output.len()));
         }
         self.mark_dirty(id);

@@ -8,7 +8,7 @@ use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
     head_may_be_complete, header_storage, parse_head_on, serve_as_http11, BodyFraming, Head, HeadError, Method,
 };
-use crate::http::response::CONTINUE;
+use crate::http::response::{say_kept_alive, CONTINUE};
 
 impl Server {
     /// Answers every complete request in the input, in order, until one
@@ -136,8 +136,10 @@ impl Server {
             } else {
                 app.handle(&ctx, head, body, &mut conn.output, &mut conn.verdicts)
             };
-            if head.method == Method::Head {
-                strip_body(&mut conn.output, answer_start);
+            let mut http10_keep_alive = false;
+            if head.method == Method::Head || !head.http11 {
+                let answer = Answer { start: answer_start, handled: &handled, close: ctx.close };
+                http10_keep_alive = adapt_answer(&mut conn.output, head, answer);
             }
             conn.budget(turn).requests -= 1;
             conn.input.consume(consumed);
@@ -151,7 +153,7 @@ impl Server {
                 // A half-closed client cannot wait: nothing it sends can follow.
                 Handled::Queued(q) if conn.read_closed => app.withdraw(&mut conn.output, &q, id, now),
                 Handled::Queued(q) => {
-                    conn.wait(q, ctx.close);
+                    conn.wait(q, ctx.close, http10_keep_alive);
                     continue;
                 }
             }
@@ -183,6 +185,31 @@ fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts, conn: &mu
         return;
     }
     arm_conn_timer(app, timeouts, conn, id);
+}
+
+/// The answer just written for a request, from `start` in the output.
+struct Answer<'a> {
+    start: usize,
+    handled: &'a Handled,
+    /// It closes the connection.
+    close: bool,
+}
+
+/// What `HEAD` and HTTP/1.0 requests change in their answer. A `HEAD`
+/// answer is the answer without its body. HTTP/1.0 keeps a connection only
+/// when the answer says so (RFC 9112 §C.2.2): one written now says it at
+/// once; a queued acquire's says it when it is written (`true`: the queued
+/// acquire's answer must).
+#[cold]
+fn adapt_answer(output: &mut Vec<u8>, head: &Head, answer: Answer) -> bool {
+    if head.method == Method::Head {
+        strip_body(output, answer.start);
+    }
+    let keep_alive = !head.http11 && head.keep_alive && !answer.close;
+    if keep_alive && matches!(answer.handled, Handled::Done | Handled::Granted(_)) {
+        say_kept_alive(output, answer.start);
+    }
+    keep_alive && matches!(answer.handled, Handled::Queued(_))
 }
 
 /// A `HEAD` answer is the answer without its body (RFC 9110 §9.3.2); the

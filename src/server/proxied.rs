@@ -150,7 +150,7 @@ pub fn settle(app: &mut App, proxy: &mut Proxy, registry: &Registry, conn: &mut 
         }
         Begun::Queued(ex, queued) => {
             conn.exchange = Some(ex);
-            conn.wait(queued, false);
+            conn.wait(queued, false, false);
             After::Nothing
         }
         Begun::Granted(ex, grant) => {

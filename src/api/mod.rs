@@ -66,8 +66,9 @@ pub struct Attempt {
 }
 
 /// An acquire attempt answered in this turn, kept until the reactor has
-/// written the turn's answers: only then is its server time known, from one
-/// clock reading for all of them (`App::settle_answers`).
+/// answered the turn's requests and is about to write the answers: only then
+/// is its server time known, from one clock reading for all of them
+/// (`App::settle_answers`).
 struct Answered {
     /// Everything but the server time.
     line: history::Attempt,
@@ -457,10 +458,10 @@ impl App {
     }
 
     /// Records the attempts answered since the last call (see
-    /// `record_attempt`), now that their answers are written: `at` is when,
+    /// `record_attempt`), their answers about to be written: `at` is when,
     /// and each one's server time runs from its `started` to it. The reactor
-    /// calls this once per turn, so one clock reading serves all of a
-    /// turn's answers.
+    /// calls this once a turn's requests are answered, so one clock reading
+    /// serves all of the turn's answers.
     pub fn settle_answers(&mut self, at: Instant) {
         let answered = std::mem::take(&mut self.answered);
         // Most of a turn's attempts started in that turn: one subtraction,

@@ -308,6 +308,7 @@ impl Server {
             self.ready_carry = std::mem::replace(&mut self.ready, carried);
             self.app.advance(self.now.ms);
             self.drain_events();
+            self.settle_answers();
             self.flush_dirty();
             // Accepting comes last, so a connection whose close was read this
             // turn no longer counts against the budget of a new one.
@@ -318,6 +319,7 @@ impl Server {
                 self.accept(true);
             }
             self.stats.connections_open = self.conns.len() as u64;
+            // What writing and accepting answered in turn (rarely anything).
             self.settle_answers();
             self.app.end_turn(self.now.ms);
             if let Some(at) = self.shutdown_at {
@@ -507,16 +509,16 @@ impl Server {
         Some(id)
     }
 
-    /// Writes every listed connection's pending output, then closes the ones that are done.
-    /// The attempts answered this turn are recorded (history, latency, access
-    /// log) with their server time up to now, their answers written: one
-    /// clock reading serves them all.
+    /// The attempts answered so far this turn are recorded (history,
+    /// latency, access log) with their server time up to now, as their
+    /// answers are about to be written: one clock reading serves them all.
     fn settle_answers(&mut self) {
         if self.app.has_answered() {
             self.app.settle_answers(Instant::now());
         }
     }
 
+    /// Writes every listed connection's pending output, then closes the ones that are done.
     fn flush_dirty(&mut self) {
         let mut dirty = std::mem::replace(&mut self.dirty, std::mem::take(&mut self.dirty_spare));
         for &id in &dirty {

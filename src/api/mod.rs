@@ -478,12 +478,11 @@ impl App {
                     (us, bucket)
                 }
             };
-            let line = history::Attempt { server_us, ..a.line };
             if let Some(pid) = a.pid {
                 if a.timed {
                     self.latency[pid.0 as usize].observe_in(bucket, server_us);
                 }
-                self.history[pid.0 as usize].1.push(line);
+                self.history[pid.0 as usize].1.push(history::Attempt { server_us, ..a.line });
             }
             if a.logged {
                 let pool = match a.pid {
@@ -491,7 +490,7 @@ impl App {
                     Some(pid) => &*self.gov.pool(pid).name,
                     None => continue,
                 };
-                self.log.record(&record_of(pool, a.client, &line));
+                self.log.record(&Record { server_us, ..record_of(pool, a.client, &a.line) });
             }
         }
         self.answered = answered;

@@ -200,6 +200,14 @@ fn the_admin_token_guards_every_route_but_health() {
     let shell = get(admin(&s), "/", "");
     assert_eq!(shell.status, 200);
     assert!(String::from_utf8_lossy(&shell.body).contains(r#"id="login-form""#));
+    // A pool's page is the same shell whether the pool exists or not: without
+    // the token it tells nothing; with it, an unknown pool is 404.
+    let known = get(admin(&s), "/pools/demo", "");
+    let unknown = get(admin(&s), "/pools/no-such-pool", "");
+    assert_eq!((known.status, unknown.status), (200, 200));
+    assert_eq!(known.body, unknown.body);
+    assert_eq!(known.body, shell.body);
+    assert_eq!(get(admin(&s), "/pools/no-such-pool", &bearer).status, 404);
 }
 
 #[test]

@@ -58,7 +58,7 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
         cooldown_ms: l.cooldown_until.saturating_sub(learned_at) as i64,
         learning_starting: l.start != Start::Done,
         budget_paced_next_ms: l.pace.map_or(-1, |pace| pace.next_at().saturating_sub(learned_at) as i64),
-        rpm_tokens: p.rpm_remaining(),
+        rpm_tokens: p.rpm_tokens_at(now),
         recovering: p.recovering(now),
         readopted: s.readopted,
         idempotency_keys: p.idem.len() as u64,

@@ -79,7 +79,9 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         return true;
     }
     if let Some(name) = pool_name(path, "/pools/") {
-        if app.governor().pool_id(name).is_none() {
+        // The shell holds no data: without the token, any pool name gets it,
+        // so the page does not tell who may not see the pools which exist.
+        if authorized(head, app) && app.governor().pool_id(name).is_none() {
             error(out, Status::NotFound, "not_found", "No such pool.", close);
         } else {
             asset(out, b"text/html; charset=utf-8", INDEX_HTML);
@@ -143,7 +145,7 @@ fn summary(app: &App, pool: &Pool) -> Value {
         "limit": pool.settings.concurrency,
         "queueDepth": pool.queue.len(),
         "queueSize": pool.settings.queue_size,
-        "rpmTokens": pool.rpm_remaining(),
+        "rpmTokens": pool.rpm_tokens_at(now),
         "cooldownMs": cooldown_left(pool, now),
     })
 }

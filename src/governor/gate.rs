@@ -57,6 +57,17 @@ impl TokenBucket {
         self.next_refill_us = next_refill_us;
     }
 
+    /// The tokens there will be at `now` once refilled, without refilling:
+    /// what a reader (metrics, the dashboard) shows between acquires.
+    pub fn tokens_at(&self, now: Ms) -> u32 {
+        let now_us = now * 1000;
+        if self.is_full() || self.next_refill_us > now_us {
+            return self.tokens;
+        }
+        let due = (now_us - self.next_refill_us) / self.interval_us + 1;
+        (u64::from(self.tokens) + due).min(u64::from(self.burst)) as u32
+    }
+
     pub fn is_full(&self) -> bool {
         self.tokens >= self.burst
     }
@@ -101,6 +112,23 @@ impl TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_at_a_time_are_what_a_refill_then_would_leave() {
+        // 600 rpm: one token every 100 ms, burst 10; spent at 0.
+        let mut b = TokenBucket::new(600, 10);
+        for _ in 0..10 {
+            b.take(0);
+        }
+        for now in [0, 99, 100, 150, 250, 999, 1000, 1001, 5000] {
+            let mut refilled = b.clone();
+            refilled.refill(now);
+            assert_eq!(b.tokens_at(now), refilled.tokens(), "at {now} ms");
+        }
+        assert_eq!(b.tokens_at(450), 4);
+        assert_eq!(b.tokens_at(5000), 10, "never above the burst");
+        assert_eq!(b.tokens(), 0, "reading changes nothing");
+    }
 
     #[test]
     fn burst_then_one_token_per_interval() {

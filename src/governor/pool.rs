@@ -191,6 +191,12 @@ impl Pool {
     pub fn rpm_remaining(&self) -> Option<u32> {
         self.gate.as_ref().map(TokenBucket::tokens)
     }
+
+    /// `rpm_remaining` as it stands at `now`, refills due by then counted
+    /// (the bucket itself is refilled only when an acquire needs it).
+    pub fn rpm_tokens_at(&self, now: Ms) -> Option<u32> {
+        self.gate.as_ref().map(|g| g.tokens_at(now))
+    }
 }
 
 #[cfg(test)]

@@ -60,12 +60,17 @@ impl TokenBucket {
     /// The tokens there will be at `now` once refilled, without refilling:
     /// what a reader (metrics, the dashboard) shows between acquires.
     pub fn tokens_at(&self, now: Ms) -> u32 {
+        self.tokens + self.due(now)
+    }
+
+    /// The tokens that have come due by `now` and still fit: what `refill` adds.
+    fn due(&self, now: Ms) -> u32 {
         let now_us = now * 1000;
         if self.is_full() || self.next_refill_us > now_us {
-            return self.tokens;
+            return 0;
         }
         let due = (now_us - self.next_refill_us) / self.interval_us + 1;
-        (u64::from(self.tokens) + due).min(u64::from(self.burst)) as u32
+        due.min(u64::from(self.burst - self.tokens)) as u32
     }
 
     pub fn is_full(&self) -> bool {
@@ -85,13 +90,12 @@ impl TokenBucket {
         self.tokens -= 1;
     }
 
-    /// Adds every token that has come due by `now`.
+    /// Adds every token that has come due by `now`, each one interval after
+    /// the one before.
     pub fn refill(&mut self, now: Ms) {
-        let now_us = now * 1000;
-        while !self.is_full() && self.next_refill_us <= now_us {
-            self.tokens += 1;
-            self.next_refill_us += self.interval_us;
-        }
+        let due = self.due(now);
+        self.tokens += due;
+        self.next_refill_us += u64::from(due) * self.interval_us;
     }
 
     /// When the wheel should call `refill` next, or `None` when full.

@@ -202,7 +202,6 @@ pub struct Conn {
     pub readable: bool,
     /// Listed in the server's flush list for this turn.
     pub dirty: bool,
-
     /// The peer's FIN was reported: read to EOF even after a short read.
     pub hangup: bool,
     pub request_started: Option<Ms>,

@@ -181,6 +181,74 @@ fn every_admin_answer_carries_the_security_headers() {
     assert!(!html.contains("<script>") && html.contains(r#"<script src="/assets/app.js""#), "no inline script");
 }
 
+/// The raw `request` sent to the admin listener, and its one answer.
+fn admin_exchange(s: &TestServer, request: &[u8]) -> Response {
+    let mut c = TcpStream::connect(admin(s)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(request).unwrap();
+    read_response(&mut c).expect("an answer")
+}
+
+fn assert_secured(r: &Response, what: &str) {
+    assert_eq!(r.header("x-frame-options"), Some("DENY"), "{what}: {r:?}");
+    assert_eq!(r.header("x-content-type-options"), Some("nosniff"), "{what}");
+    assert!(r.header("content-security-policy").is_some_and(|v| v.contains("frame-ancestors 'none'")), "{what}");
+}
+
+#[test]
+fn the_admin_listeners_refusals_carry_the_security_headers_and_are_no_lock_api_answers() {
+    let s = TestServer::start(&demo_config(""));
+    let long = format!("GET /metrics HTTP/1.1\r\nHost: x\r\nX-Long: {}\r\n\r\n", "a".repeat(20_000));
+    let cases: [(&str, &[u8], u16); 5] = [
+        ("a bare LF", b"GET /healthz HTTP/1.1\nHost: x\n\n", 400),
+        ("a newer major version", b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 400),
+        ("a head too large", long.as_bytes(), 431),
+        (
+            "a body past the limit",
+            b"GET /pools/demo/lock/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n",
+            413,
+        ),
+        (
+            "a chunk past the limit",
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nfffffff\r\n",
+            413,
+        ),
+    ];
+    for (what, request, status) in cases {
+        let r = admin_exchange(&s, request);
+        assert_eq!(r.status, status, "{what}: {r:?}");
+        assert_secured(&r, what);
+    }
+    // A body announced with `Expect: 100-continue` is asked for: no lock
+    // route decides an admin request.
+    let mut c = TcpStream::connect(admin(&s)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n").unwrap();
+    let interim = read_response(&mut c).expect("an interim answer");
+    assert_eq!(interim.status, 100, "{interim:?}");
+    c.write_all(b"{}").unwrap();
+    let r = read_response(&mut c).expect("an answer");
+    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("ok")), "{r:?}");
+    // The lock API's rejection counters saw none of them.
+    let metrics = String::from_utf8(get(admin(&s), "/metrics", "").body).unwrap();
+    let counted = metrics.lines().filter(|l| l.starts_with("nthpool_rejections_total{"));
+    assert!(counted.clone().count() > 0 && counted.clone().all(|l| l.ends_with(" 0")), "{metrics}");
+
+    // Over its connection limit, the admin listener's 503 is secured too.
+    let held: Vec<TcpStream> = (0..16).map(|_| TcpStream::connect(admin(&s)).unwrap()).collect();
+    let start = Instant::now();
+    let r = loop {
+        let r = admin_exchange(&s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+        if r.status == 503 || start.elapsed() > Duration::from_secs(10) {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_secured(&r, "over capacity");
+    drop(held);
+}
+
 #[test]
 fn the_admin_token_guards_every_route_but_health() {
     let s = TestServer::start(&demo_config(&format!(r#","adminToken":"{TOKEN}""#)));

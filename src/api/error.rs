@@ -1,6 +1,7 @@
 //! The one table from "what went wrong" to status, `error` code and message.
 
 use crate::access::AccessError;
+use crate::http::request::HeadError;
 use crate::http::response::{error_body, Status, Writer};
 
 /// Every error answer a client can get, one variant each.
@@ -97,9 +98,16 @@ impl ApiError {
     }
 
     pub fn write(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool) {
+        self.write_with(out, scratch, close, b"");
+    }
+
+    /// `write`, with `headers` (whole header lines) after the status line:
+    /// the admin listener's security headers.
+    pub fn write_with(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool, headers: &[u8]) {
         scratch.clear();
         error_body(scratch, self.code(), self.message());
         let mut w = Writer::start(out, self.status());
+        w.raw(headers);
         match self {
             ApiError::MethodNotAllowed => {
                 w.header(b"Allow", b"POST");
@@ -110,6 +118,17 @@ impl ApiError {
             _ => {}
         }
         w.finish_json(scratch, close || self.closes());
+    }
+}
+
+impl From<HeadError> for ApiError {
+    fn from(e: HeadError) -> ApiError {
+        match e {
+            HeadError::TooLarge => ApiError::HeadTooLarge,
+            HeadError::Malformed(why) => ApiError::BadRequest(why),
+            HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
+            HeadError::NewerMinorVersion => ApiError::BadRequest("Only HTTP/1.x is served."),
+        }
     }
 }
 

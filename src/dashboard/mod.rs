@@ -23,15 +23,17 @@ const INDEX_HTML: &[u8] = include_bytes!("assets/index.html");
 const APP_JS: &[u8] = include_bytes!("assets/app.js");
 const APP_CSS: &[u8] = include_bytes!("assets/app.css");
 
-/// Starts an admin answer with the security headers every admin answer carries.
+/// The security headers every admin answer carries, its refusals included.
+pub const SECURITY_HEADERS: &[u8] =
+    b"Content-Security-Policy: default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; \
+      object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'\r\n\
+      X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n\
+      Cache-Control: no-store\r\n";
+
+/// Starts an admin answer with the security headers.
 pub fn start(out: &mut Vec<u8>, status: Status) -> Writer<'_> {
     let mut w = Writer::start(out, status);
-    w.raw(
-        b"Content-Security-Policy: default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; \
-          object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'\r\n\
-          X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\nReferrer-Policy: no-referrer\r\n\
-          Cache-Control: no-store\r\n",
-    );
+    w.raw(SECURITY_HEADERS);
     w
 }
 

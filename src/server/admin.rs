@@ -6,12 +6,98 @@
 //! `metrics::MetricsSnapshot`, with the reactor's counters, and `metrics`
 //! renders it.
 
-use crate::api::App;
+use super::conn::{self, PendingBody};
+use super::pipeline::{adapt_answer, settle, take_body, Answer, Body};
+use super::{client_mut, Server};
+use crate::api::{ApiError, App, ConnId, Handled};
 use crate::dashboard;
-use crate::http::request::{Head, Method};
-use crate::http::response::{error_body, Status};
+use crate::http::request::{header_storage, parse_head, serve_as_http11, Head, HeadError, Method};
+use crate::http::response::{error_body, Status, CONTINUE};
 pub use crate::metrics::ServerStats;
 use crate::time::Ms;
+
+impl Server {
+    /// Answers every complete request of an admin connection, in order: the
+    /// lock API's pipeline without its queue, proxying and access log. What
+    /// cannot be framed is refused with the admin answers' headers, and
+    /// counts as no lock API answer.
+    pub(super) fn process_admin(&mut self, id: ConnId) {
+        let Server { conns, app, now, turn, stats, ready, proxy, dirty, timeouts, .. } = self;
+        let (now, turn) = (*now, *turn);
+        let Some(conn) = client_mut(conns, id) else {
+            return;
+        };
+        let before = conn.unsent();
+        while conn.is_open() && conn.unsent() <= conn::OUTPUT_HIGH_WATER && !conn.input.is_empty() {
+            if conn.budget(turn).spent() {
+                ready.push(id);
+                break;
+            }
+            let data = &conn.input.buf[conn.input.start..conn.input.end];
+            let input_full = conn.input_full();
+            let mut storage = header_storage();
+            let head = match parse_head(data, &mut storage) {
+                Ok(Some(head)) => head,
+                Ok(None) => break,
+                Err(HeadError::NewerMinorVersion) => {
+                    let (start, end) = (conn.input.start, conn.input.end);
+                    if serve_as_http11(&mut conn.input.buf[start..end]) {
+                        continue;
+                    }
+                    refuse(&mut conn.output, ApiError::BadRequest("Only HTTP/1.x is served."));
+                    conn.close_after_flush();
+                    break;
+                }
+                Err(e) => {
+                    refuse(&mut conn.output, e.into());
+                    conn.close_after_flush();
+                    break;
+                }
+            };
+            let (_, consumed) = match take_body(&head, data, &mut conn.pending, &mut conn.body, app.max_body) {
+                Body::Ready(body, consumed) => (body, consumed),
+                // Only a chunked body outgrows the input buffer.
+                Body::Incomplete if input_full => {
+                    refuse(&mut conn.output, ApiError::PayloadTooLarge);
+                    conn.close_after_flush();
+                    break;
+                }
+                Body::Incomplete => {
+                    let pending: &mut PendingBody = conn.pending.as_mut().expect("an incomplete body is pending");
+                    // No admin route is decided by its head alone.
+                    if head.expect_continue && !pending.continue_sent {
+                        pending.continue_sent = true;
+                        conn.output.extend_from_slice(CONTINUE);
+                    }
+                    break;
+                }
+                Body::Refused(e) => {
+                    refuse(&mut conn.output, e);
+                    conn.close_after_flush();
+                    break;
+                }
+            };
+            let close = !head.keep_alive;
+            let start = conn.output.len();
+            proxy.stats_into(&mut stats.proxy);
+            handle(&head, app, stats, &mut conn.output, close, now.ms);
+            if head.method == Method::Head || !head.http11 {
+                adapt_answer(&mut conn.output, &head, Answer { start, handled: &Handled::Done, close });
+            }
+            conn.budget(turn).requests -= 1;
+            conn.input.consume(consumed);
+            conn.pending = None;
+            conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
+            if close {
+                conn.close_after_flush();
+            }
+        }
+        if before == 0 && conn.unsent() > 0 {
+            conn.out_since = now.ms;
+        }
+        settle(dirty, app, timeouts, conn, id);
+    }
+}
 
 pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool, now: Ms) {
     let path = crate::api::proxy::path_without_query(head.path_str());
@@ -48,4 +134,12 @@ pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, cl
             dashboard::start(out, Status::NotFound).finish_json(&body, close);
         }
     }
+}
+
+/// Refuses a request the admin listener cannot frame (a malformed head, a
+/// body too large), with the admin answers' security headers; the
+/// connection closes.
+#[cold]
+pub fn refuse(out: &mut Vec<u8>, error: ApiError) {
+    error.write_with(out, &mut Vec::new(), true, dashboard::SECURITY_HEADERS);
 }

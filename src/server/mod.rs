@@ -488,7 +488,8 @@ impl Server {
             }
             // Written anew each time, for its `Date`.
             self.over_capacity.clear();
-            OVER_CAPACITY.write(&mut self.over_capacity, &mut Vec::new(), true);
+            let headers: &[u8] = if admin { crate::dashboard::SECURITY_HEADERS } else { b"" };
+            OVER_CAPACITY.write_with(&mut self.over_capacity, &mut Vec::new(), true, headers);
             let _ = stream.write(&self.over_capacity);
             return None;
         }

@@ -2,7 +2,7 @@
 //! its input are parsed, framed and answered in order.
 
 use super::conn::{self, Conn, PendingBody, Timeouts};
-use super::{admin, arm_conn_timer, client_mut, mark_conn_dirty, proxied, Server};
+use super::{arm_conn_timer, client_mut, mark_conn_dirty, proxied, Server};
 use crate::api::{ApiError, App, ConnId, Ctx, Handled};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
@@ -15,13 +15,17 @@ impl Server {
     /// must wait in a queue, the output is too far behind or the turn's
     /// request budget is spent (then it goes on next turn).
     pub(super) fn process(&mut self, id: ConnId) {
-        let Server { conns, app, now, turn, turn_started, stats, ready, proxy, poll, dirty, timeouts, .. } = self;
+        let Server { conns, app, now, turn, turn_started, ready, proxy, poll, dirty, timeouts, .. } = self;
         let (now, turn) = (*now, *turn);
         let Some(conn) = client_mut(conns, id) else {
             return;
         };
         if conn.exchange.is_some() {
             self.pump_exchange(id);
+            return;
+        }
+        if conn.admin {
+            self.process_admin(id);
             return;
         }
         let before = conn.unsent();
@@ -86,7 +90,7 @@ impl Server {
                 close: !head.keep_alive,
                 started: *turn_started,
             };
-            if let Some(pid) = app.proxy_route(conn.listener_pool, head).filter(|_| !conn.admin) {
+            if let Some(pid) = app.proxy_route(conn.listener_pool, head) {
                 let head_len = head.head_len;
                 let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, head, pid);
                 conn.budget(turn).requests -= 1;
@@ -129,13 +133,7 @@ impl Server {
                 }
             };
             let answer_start = conn.output.len();
-            let handled = if conn.admin {
-                proxy.stats_into(&mut stats.proxy);
-                admin::handle(head, app, stats, &mut conn.output, ctx.close, now.ms);
-                Handled::Done
-            } else {
-                app.handle(&ctx, head, body, &mut conn.output, &mut conn.verdicts)
-            };
+            let handled = app.handle(&ctx, head, body, &mut conn.output, &mut conn.verdicts);
             let mut http10_keep_alive = false;
             if head.method == Method::Head || !head.http11 {
                 let answer = Answer { start: answer_start, handled: &handled, close: ctx.close };
@@ -179,7 +177,7 @@ impl Server {
 /// After answering: the connection goes on the flush list when it has
 /// something to write or to close (the flush at the end of the turn then
 /// arms its timer), else its timer follows its deadline now.
-fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
+pub(super) fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
     if conn.unsent() > 0 || conn.closes_after_flush() || conn.read_closed {
         mark_conn_dirty(dirty, conn, id);
         return;
@@ -188,11 +186,11 @@ fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts, conn: &mu
 }
 
 /// The answer just written for a request, from `start` in the output.
-struct Answer<'a> {
-    start: usize,
-    handled: &'a Handled,
+pub(super) struct Answer<'a> {
+    pub start: usize,
+    pub handled: &'a Handled,
     /// It closes the connection.
-    close: bool,
+    pub close: bool,
 }
 
 /// What `HEAD` and HTTP/1.0 requests change in their answer. A `HEAD`
@@ -201,7 +199,7 @@ struct Answer<'a> {
 /// once; a queued acquire's says it when it is written (`true`: the queued
 /// acquire's answer must).
 #[cold]
-fn adapt_answer(output: &mut Vec<u8>, head: &Head, answer: Answer) -> bool {
+pub(super) fn adapt_answer(output: &mut Vec<u8>, head: &Head, answer: Answer) -> bool {
     if head.method == Method::Head {
         strip_body(output, answer.start);
     }
@@ -220,7 +218,7 @@ fn strip_body(output: &mut Vec<u8>, answer_start: usize) {
     }
 }
 
-enum Body<'a> {
+pub(super) enum Body<'a> {
     /// The whole body, and the input bytes the request took (head included).
     Ready(&'a [u8], usize),
     Incomplete,
@@ -228,8 +226,10 @@ enum Body<'a> {
 }
 
 /// Finds the request's body in `data`, decoding chunked bodies into `decoded`
-/// incrementally (their state lives in `pending` between reads).
-fn take_body<'a>(
+/// incrementally (their state lives in `pending` between reads). Inlined
+/// into the request pipeline, like `parse_head_on`.
+#[inline(always)]
+pub(super) fn take_body<'a>(
     head: &Head,
     data: &'a [u8],
     pending: &mut Option<PendingBody>,

@@ -564,6 +564,27 @@ fn bad_wait_budgets_are_400() {
 }
 
 #[test]
+fn a_control_header_sent_twice_is_400_whichever_copy_is_valid() {
+    // Which copy would count is a guess: a valid key beside a wrong one, a
+    // wait budget beside a malformed one. None of them takes the slot.
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":8,"timeoutMs":1000}"#, ""));
+    for header in [
+        "X-Nthpool-Key: not-the-key\r\n",
+        "X-Nthpool-Queue-Timeout-Ms: 300\r\nX-Nthpool-Queue-Timeout-Ms: abc\r\n",
+        "X-Nthpool-Queue-Timeout-Ms: 300\r\nX-Nthpool-Queue-Timeout-Ms: 300\r\n",
+        "Idempotency-Key: first\r\nIdempotency-Key: second\r\n",
+        "Authorization: Bearer one\r\nAuthorization: Bearer two\r\n",
+    ] {
+        let mut c = s.connect();
+        let r = exchange(&mut c, &post(ACQUIRE, KEY, header, ""));
+        assert_error(&r, 400, "bad_request", header);
+        assert!(r.json()["message"].as_str().unwrap().contains("twice"), "{header}: {r:?}");
+    }
+    let slot = s.acquire("X-Nthpool-Queue-Timeout-Ms: 300\r\n", "").slot();
+    s.release(&slot, "");
+}
+
+#[test]
 fn a_wait_budget_past_the_queue_timeout_is_clamped_to_it_however_large() {
     // The lock API clamps `waitMs` to the pool's queue timeout: a day, or a
     // number too large for 64 bits, waits the queue timeout and no longer.

@@ -865,19 +865,22 @@ fn scan_fields<'b>(headers: &'b [Header<'b>], f: &mut Fields<'b>) -> Result<(), 
                 }
                 f.host = Some(h.value);
             }
+            // Each of these is one value: a second copy is refused, since which
+            // one counts would be a guess (a key that passes beside one that
+            // does not, a wait budget beside a malformed one).
             13 if name_is(name, b"x-nthpool-key") => {
-                f.api.key.get_or_insert(h.value);
+                once(&mut f.api.key, h.value, "X-Nthpool-Key is sent twice; send it once.")?
             }
             13 if name_is(name, b"authorization") => {
-                f.api.authorization.get_or_insert(h.value);
+                once(&mut f.api.authorization, h.value, "Authorization is sent twice; send it once.")?
             }
             26 if name_is(name, b"x-nthpool-queue-timeout-ms") => {
-                f.api.queue_timeout_ms.get_or_insert(h.value);
+                once(&mut f.api.queue_timeout_ms, h.value, "X-Nthpool-Queue-Timeout-Ms is sent twice; send it once.")?
             }
             18 if name_is(name, b"x-nthpool-no-queue") => f.api.no_queue = true,
             15 if name_is(name, b"x-nthpool-moved") => f.api.moved = true,
             15 if name_is(name, b"idempotency-key") => {
-                f.api.idempotency_key.get_or_insert(h.value);
+                once(&mut f.api.idempotency_key, h.value, "Idempotency-Key is sent twice; send it once.")?
             }
             6 if name_is(name, b"expect") => {
                 f.expect_continue |= trim(h.value).eq_ignore_ascii_case(b"100-continue");
@@ -918,6 +921,15 @@ fn scan_fields<'b>(headers: &'b [Header<'b>], f: &mut Fields<'b>) -> Result<(), 
             }
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// Takes the value of a field that may appear once; a second is refused
+/// with `why`.
+fn once<'b>(slot: &mut Option<&'b [u8]>, value: &'b [u8], why: &'static str) -> Result<(), HeadError> {
+    if slot.replace(value).is_some() {
+        return Err(HeadError::Malformed(why));
     }
     Ok(())
 }

@@ -130,11 +130,9 @@ fn status(pool: &Pool, now: u64) -> &'static str {
     }
 }
 
+/// The cool-down's time left, also while a later gate decides the status.
 fn cooldown_left(pool: &Pool, now: u64) -> u64 {
-    match pool.learning.pause(now) {
-        Some(crate::governor::learn::Pause::Cooldown(ms)) => ms,
-        _ => 0,
-    }
+    pool.learning.cooldown_until.saturating_sub(now)
 }
 
 fn summary(app: &App, pool: &Pool) -> Value {

@@ -411,6 +411,57 @@ fn learned_budget_blocks_until_reset() {
     assert_eq!(granted_owners(&mut g), vec![3]);
 }
 
+/// A cool-down and a spent budget both block: the answer names the gate
+/// that opens last, with its wait, and waiters are woken when it opens.
+#[test]
+fn a_budget_spent_past_a_cooldown_decides_the_denial_and_the_wake() {
+    let (mut g, p) = governor(r#","concurrency":10,"queue":{"size":10,"timeoutMs":200000}"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    // `Retry-After: 30`, budget 100 spent until 90 s.
+    let refused = Outcome {
+        status: Some(429),
+        throttled: 1,
+        rate: RateInfo {
+            limit: Some(100),
+            remaining: Some(0),
+            reset_ms: Some(90_000),
+            retry_after_ms: Some(30_000),
+            ..OK.rate
+        },
+    };
+    g.release(p, &id(&a), Some(&refused), 0);
+    let d = denied(g.acquire(p, 0, 2, 10));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Rate, 89_990));
+    queued(g.acquire(p, 200_000, 3, 20));
+    assert_eq!(g.pool(p).wake.map(|(at, _)| at), Some(90_000), "woken when the budget opens");
+    g.advance(30_000);
+    assert!(notices(&mut g).is_empty());
+    let d = denied(g.acquire(p, 0, 4, 30_000));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Rate, 60_000));
+    g.advance(89_999);
+    assert!(notices(&mut g).is_empty());
+    g.advance(90_000);
+    assert_eq!(granted_owners(&mut g), vec![3]);
+
+    // The budget's reset is 500 s away, the cool-down capped at 120 s.
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let refused = Outcome {
+        rate: RateInfo { remaining: Some(0), reset_ms: Some(500_000), retry_after_ms: Some(500_000), ..OK.rate },
+        ..refused
+    };
+    g.release(p, &id(&a), Some(&refused), 0);
+    let d = denied(g.acquire(p, 0, 2, 0));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Rate, 500_000));
+    // A cool-down that outlasts the budget still decides.
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let refused = Outcome { rate: RateInfo { reset_ms: Some(5_000), ..refused.rate }, ..refused };
+    g.release(p, &id(&a), Some(&refused), 0);
+    let d = denied(g.acquire(p, 0, 2, 0));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Cooldown, 120_000));
+}
+
 #[test]
 fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
     let (mut g, p) = governor(r#","concurrency":1"#);

@@ -139,3 +139,26 @@ fn a_budget_spent_past_the_cooldown_decides_the_denial() {
     assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
     assert!((495..=500).contains(&r.header_u64("retry-after")), "{r:?}");
 }
+
+/// A learned upstream budget is a rate gate: its remaining grants are in
+/// `x-nthpool-rpm-remaining`, also on the `429` it causes.
+#[test]
+fn rpm_remaining_reports_the_learned_budget() {
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let r = s.acquire("", "");
+    assert_eq!(r.header("x-nthpool-rpm-remaining"), None, "no rate gate yet");
+    let report = r#"{"status":200,"rate":{"limit":10,"remaining":0,"resetMs":1000000000000}}"#;
+    assert_eq!(s.release(&r.slot(), report).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
+    assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("0"), "{r:?}");
+
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true,"rpm":600,"rpmBurst":8"#, ""));
+    let r = s.acquire("", "");
+    let report = r#"{"status":200,"rate":{"limit":10,"remaining":5,"resetMs":60000}}"#;
+    assert_eq!(s.release(&r.slot(), report).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("4"), "the budget, under the bucket's 6: {r:?}");
+}

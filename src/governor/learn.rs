@@ -424,6 +424,17 @@ impl Learning {
         (wait > 0).then_some(Pause::Budget(wait))
     }
 
+    /// The grants the learned budget still allows at `now`, while there is
+    /// one: a window that ended counts as refilled to the known limit (the
+    /// next grant refills it), or as lifted when no limit is known.
+    pub fn budget_remaining(&self, now: Ms) -> Option<u64> {
+        let b = self.budget?;
+        if b.reset_at > now {
+            return Some(b.remaining);
+        }
+        self.budget_limit.filter(|_| self.window_ms > 0)
+    }
+
     /// Counts a grant against the learned budget (moving on from a window that ended).
     pub fn on_grant(&mut self, now: Ms) {
         self.marks.on_grant(now, self.grants);

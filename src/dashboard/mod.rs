@@ -216,6 +216,7 @@ fn pool_json(app: &App, pid: PoolId) -> Value {
             "deniedRate": series(|x| x.denied[DenyReason::Rate as usize]),
             "deniedCooldown": series(|x| x.denied[DenyReason::Cooldown as usize]),
             "deniedQueueFull": series(|x| x.denied[DenyReason::QueueFull as usize]),
+            "deniedRecovering": series(|x| x.denied[DenyReason::Recovering as usize]),
             "throttled": series(|x| x.throttled),
             "effectiveLimit": series(|x| x.effective),
             "limit": series(|x| x.limit),

@@ -110,7 +110,8 @@ fn pool_json_has_history_attempts_and_examples_without_secrets() {
     assert_eq!(h["resolutionMs"], 1000);
     assert_eq!(sum(&h["grants"]), 3, "{h}");
     assert_eq!(sum(&h["deniedConcurrency"]), 1, "{h}");
-    assert_eq!(sum(&h["deniedRate"]) + sum(&h["deniedCooldown"]) + sum(&h["deniedQueueFull"]), 0);
+    let others = ["deniedRate", "deniedCooldown", "deniedQueueFull", "deniedRecovering"];
+    assert_eq!(others.iter().map(|k| sum(&h[k])).sum::<u64>(), 0, "{h}");
     assert_eq!(h["limit"].as_array().unwrap().last().unwrap(), 3);
     assert!(h["grants"].as_array().unwrap().len() <= 900);
 
@@ -391,6 +392,11 @@ fn a_real_browser_renders_live_numbers_charts_and_examples() {
             page.split(&format!(r#"id="chart-{chart}""#)).nth(1).unwrap_or_else(|| panic!("chart {chart} missing"));
         let fig = fig.split("</figure>").next().unwrap();
         assert!(fig.contains("<svg") && fig.contains("<polyline points=\""), "chart {chart} not drawn: {fig}");
+        if chart == "denials" {
+            for reason in ["Concurrency", "Rate", "Cooldown", "QueueFull", "Recovering"] {
+                assert!(fig.contains(&format!(r#"data-series="denied{reason}""#)), "no {reason} line: {fig}");
+            }
+        }
     }
     assert!(page.contains(r#"<table id="attempts">"#) && page.contains("<td>429</td>"));
     for dom in [&index, &page] {

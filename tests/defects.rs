@@ -219,6 +219,10 @@ fn rejections_by_code_are_in_the_metrics() {
     let s = TestServer::start(&config(r#""concurrency":1"#, ""));
     for code in [400, 401, 403, 404, 409, 413, 429, 503, 504] {
         assert_eq!(metric(&s, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), Some(0.0), "{code}");
+        for pool in ["p", "other"] {
+            let series = format!("nthpool_rejections_total{{pool=\"{pool}\",code=\"{code}\"}}");
+            assert_eq!(metric(&s, &series), Some(0.0), "{series}");
+        }
     }
     assert_eq!(s.request(&post("/pools/p/lock/acquire", "wrong", "", "")).status, 401);
     assert_eq!(s.request(&post("/pools/p/lock/acquire", "wrong", "", "")).status, 401);
@@ -228,7 +232,19 @@ fn rejections_by_code_are_in_the_metrics() {
     assert_eq!(s.acquire("", "").status, 429);
     let big = "x".repeat(70_000);
     assert_eq!(s.acquire("", &big).status, 413);
+    // A pool that does not exist, a path that is no lock route: no pool to count them under.
+    assert_eq!(s.request(&post("/pools/nope/lock/acquire", KEY, "", "")).status, 401);
+    assert_eq!(s.request(&post("/elsewhere", KEY, "", "")).status, 404);
+    assert_eq!(s.request(&post("/pools/other/lock/acquire", "wrong", "", "")).status, 401);
     for (code, n) in [(401, 2.0), (400, 1.0), (404, 1.0), (429, 1.0), (413, 1.0), (403, 0.0)] {
+        let series = format!("nthpool_rejections_total{{pool=\"p\",code=\"{code}\"}}");
+        assert_eq!(metric(&s, &series), Some(n), "{series}");
+    }
+    for (pool, code, n) in [("other", 401, 1.0), ("other", 404, 0.0)] {
+        let series = format!("nthpool_rejections_total{{pool=\"{pool}\",code=\"{code}\"}}");
+        assert_eq!(metric(&s, &series), Some(n), "{series}");
+    }
+    for (code, n) in [(404, 1.0), (401, 1.0), (429, 0.0)] {
         assert_eq!(metric(&s, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), Some(n), "{code}");
     }
 }

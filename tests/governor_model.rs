@@ -645,7 +645,7 @@ impl Model {
         let mut queued_total = 0;
         for (p, &pid) in self.pids.iter().enumerate() {
             let pool = g.pool(pid);
-            let signals = g.signals(pid);
+            let signals = g.signals(pid, self.now);
             let held = pool.held;
             let model_held = self.held(p);
             check!(self, held == model_held, "p{p}: governor holds {held}, model {model_held}");

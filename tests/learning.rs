@@ -111,3 +111,54 @@ fn a_fresh_pool_grants_its_initial_window_then_ramps() {
     let effective: u32 = gauge(&m, r#"nthpool_effective_limit{pool="p"}"#).parse().unwrap();
     assert!(effective >= 36, "effective {effective}");
 }
+
+/// A 429 whose cool-down ends before its spent budget does: the denial
+/// names the budget and waits for it (the gate that opens last), in both
+/// dialects of the report.
+#[test]
+fn a_budget_spent_past_the_cooldown_decides_the_denial() {
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let slot = s.acquire("", "").slot();
+    let refused = r#"{"status":429,"throttled":1,"headers":{"retry-after":"30","x-ratelimit-limit":"100","x-ratelimit-remaining":"0","x-ratelimit-reset":"90"}}"#;
+    assert_eq!(s.release(&slot, refused).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
+    assert!((85..=90).contains(&r.header_u64("retry-after")), "{r:?}");
+    let m = metrics(&s);
+    assert_eq!(gauge(&m, r#"nthpool_limited_by{pool="p",reason="rate"}"#), "1");
+    assert_eq!(gauge(&m, r#"nthpool_limited_by{pool="p",reason="cooldown"}"#), "0");
+
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let slot = s.acquire("", "").slot();
+    let refused =
+        r#"{"status":429,"throttled":1,"rate":{"limit":100,"remaining":0,"resetMs":500000},"retryAfterMs":500000}"#;
+    assert_eq!(s.release(&slot, refused).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
+    assert!((495..=500).contains(&r.header_u64("retry-after")), "{r:?}");
+}
+
+/// A learned upstream budget is a rate gate: its remaining grants are in
+/// `x-nthpool-rpm-remaining`, also on the `429` it causes.
+#[test]
+fn rpm_remaining_reports_the_learned_budget() {
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let r = s.acquire("", "");
+    assert_eq!(r.header("x-nthpool-rpm-remaining"), None, "no rate gate yet");
+    let report = r#"{"status":200,"rate":{"limit":10,"remaining":0,"resetMs":1000000000000}}"#;
+    assert_eq!(s.release(&r.slot(), report).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
+    assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("0"), "{r:?}");
+
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true,"rpm":600,"rpmBurst":8"#, ""));
+    let r = s.acquire("", "");
+    let report = r#"{"status":200,"rate":{"limit":10,"remaining":5,"resetMs":60000}}"#;
+    assert_eq!(s.release(&r.slot(), report).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("4"), "the budget, under the bucket's 6: {r:?}");
+}

@@ -89,3 +89,26 @@ fn each_pool_counts_its_own_proxied_exchanges_beside_the_totals() {
     assert_eq!(per("nthpool_proxy_pool_idle_connections", "c"), 0);
     assert_eq!(sample(&m, "nthpool_proxy_idle_connections"), 2);
 }
+
+/// A proxied request refused (a wrong key, no free slot) counts among its
+/// pool's rejections, not among the pool-less ones.
+#[test]
+fn proxied_refusals_count_under_their_pool() {
+    let fine = MockUpstream::start(|_| ok("fine", ""));
+    let server = TestServer::start(&format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"a":{{"keys":["{KEY}"],"adaptive":false,"concurrency":1,"upstream":{{"url":"{}","hosts":["a.proxy.test"]}}}}}}}}"#,
+        fine.url(),
+    ));
+    let wrong = "GET /v1/x HTTP/1.1\r\nHost: a.proxy.test\r\nX-Nthpool-Key: wrong\r\n\r\n";
+    assert_eq!(exchange(&server, wrong.as_bytes()).status, 401);
+    let held = server.request(&post("/pools/a/lock/acquire", KEY, "", ""));
+    assert_eq!(held.status, 200);
+    let no_queue =
+        format!("GET /v1/x HTTP/1.1\r\nHost: a.proxy.test\r\nX-Nthpool-Key: {KEY}\r\nX-Nthpool-No-Queue: 1\r\n\r\n");
+    assert_eq!(exchange(&server, no_queue.as_bytes()).status, 429);
+    let m = metrics(&server);
+    for (code, n) in [(401, 1), (429, 1), (404, 0)] {
+        assert_eq!(sample(&m, &format!("nthpool_rejections_total{{pool=\"a\",code=\"{code}\"}}")), n, "{code}");
+        assert_eq!(sample(&m, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), 0, "{code}");
+    }
+}

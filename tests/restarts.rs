@@ -513,3 +513,38 @@ fn kill_9_under_load_never_over_admits_readopts_live_holders_and_reclaims_vanish
     assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("concurrency"), "and no more than three");
     drop(all);
 }
+
+/// Denials in the re-adoption window are in the dashboard's history by
+/// their reason, as the metrics count them, and the pool's status says so.
+#[test]
+fn the_dashboard_history_shows_recovering_denials() {
+    let pool = r#""concurrency":3,"termMs":5000,"renewIntervalMs":1000,"requestTimeoutMs":60000"#;
+    let first = TestServer::start(&config(pool, ""));
+    first.acquire("", "").slot();
+    let s = restart(&kill_9(first));
+    let denied = s.acquire("", "");
+    assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"), "{denied:?}");
+    let v = get(s.admin.unwrap(), "/api/pools/p").json();
+    assert_eq!(v["pool"]["status"], "recovering", "{v}");
+    assert_eq!(metric(&s, "nthpool_denials_total{pool=\"p\",reason=\"recovering\"}"), 1);
+    // The history takes a sample once a second has ended.
+    let start = Instant::now();
+    let sum = |v: &serde_json::Value, key: &str| -> u64 {
+        v["history"][key]
+            .as_array()
+            .unwrap_or_else(|| panic!("no history.{key}: {v}"))
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .sum()
+    };
+    loop {
+        let v = get(s.admin.unwrap(), "/api/pools/p").json();
+        if sum(&v, "deniedRecovering") == 1 {
+            let others = ["deniedConcurrency", "deniedRate", "deniedCooldown", "deniedQueueFull"];
+            assert_eq!(others.iter().map(|k| sum(&v, k)).sum::<u64>(), 0, "{v}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no recovering denial in the history: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -243,7 +243,7 @@ impl App {
 
     /// Counts a connection refused over `maxConnections` (answered `503`).
     pub fn count_refused_connection(&mut self) {
-        self.rejections.count(Status::ServiceUnavailable);
+        self.rejections.count(None, Status::ServiceUnavailable);
     }
 }
 

@@ -146,14 +146,20 @@ pub struct App {
     generation: u64,
 }
 
-/// Lock API answers of 400 and above, by status code: one counter per code,
-/// bumped where the answer is written.
+/// Lock API answers of 400 and above, by pool and status code: one counter
+/// per pool and code, bumped where the answer is written. Row 0 counts the
+/// answers whose pool is unknown or not yet resolved (a malformed head, an
+/// unknown pool, a connection refused at the cap); row `pid + 1` is pool
+/// `pid`'s. Rows only grow (pools are retired, never removed), so counting
+/// is two indexings and never allocates.
 #[derive(Debug, Clone)]
-pub struct Rejections([u64; 200]);
+pub struct Rejections {
+    rows: Vec<[u64; Rejections::CODES.len()]>,
+}
 
 impl Default for Rejections {
     fn default() -> Self {
-        Rejections([0; 200])
+        Rejections { rows: vec![[0; Rejections::CODES.len()]] }
     }
 }
 
@@ -162,14 +168,48 @@ impl Rejections {
     /// request too malformed to route): the series exist from the start.
     pub const CODES: [u16; 11] = [400, 401, 403, 404, 405, 409, 413, 429, 431, 503, 504];
 
-    pub fn count(&mut self, status: Status) {
-        if let Some(n) = self.0.get_mut((status.code() as usize).wrapping_sub(400)) {
-            *n += 1;
+    /// The column of `code` in a row: its place in `CODES`.
+    fn column(code: u16) -> Option<usize> {
+        Some(match code {
+            400 => 0,
+            401 => 1,
+            403 => 2,
+            404 => 3,
+            405 => 4,
+            409 => 5,
+            413 => 6,
+            429 => 7,
+            431 => 8,
+            503 => 9,
+            504 => 10,
+            _ => return None,
+        })
+    }
+
+    /// Makes room for `pools` pools (never shrinks).
+    pub fn set_pools(&mut self, pools: usize) {
+        if self.rows.len() < pools + 1 {
+            self.rows.resize(pools + 1, [0; Rejections::CODES.len()]);
         }
     }
 
-    pub fn get(&self, code: u16) -> u64 {
-        self.0.get((code as usize).wrapping_sub(400)).copied().unwrap_or(0)
+    /// Counts an answer of `pool` (`None`: not known) with `status`.
+    pub fn count(&mut self, pool: Option<PoolId>, status: Status) {
+        let row = pool.map_or(0, |pid| pid.0 as usize + 1);
+        if let (Some(column), Some(row)) = (Self::column(status.code()), self.rows.get_mut(row)) {
+            row[column] += 1;
+        }
+    }
+
+    /// The count of `code` for `pool` (`None`: the answers with no pool).
+    pub fn get(&self, pool: Option<PoolId>, code: u16) -> u64 {
+        let row = pool.map_or(0, |pid| pid.0 as usize + 1);
+        Self::column(code).and_then(|column| self.rows.get(row).map(|r| r[column])).unwrap_or(0)
+    }
+
+    /// `(code, count)` for every code of `CODES`, for `pool`.
+    pub fn by_code(&self, pool: Option<PoolId>) -> Vec<(u16, u64)> {
+        Self::CODES.iter().map(|&code| (code, self.get(pool, code))).collect()
     }
 }
 
@@ -245,6 +285,7 @@ impl App {
         self.log.replace_sink(log);
         self.latency.resize_with(self.gov.pools().count(), Histogram::acquire_us);
         self.history.resize_with(self.gov.pools().count(), Default::default);
+        self.rejections.set_pools(self.gov.pools().count());
         self.admin_token = config.admin_token.as_deref().map(Into::into);
         // Retired pools keep their old credentials so their leases can still be released.
         let mut old = std::mem::take(&mut self.creds).into_iter();
@@ -404,18 +445,24 @@ impl App {
 
     /// `reject`, with the client address when it was already worked out.
     fn reject_from(&mut self, ctx: &Ctx, head: &Head, error: ApiError, client: Option<IpAddr>, out: &mut Vec<u8>) {
-        self.rejections.count(error.status());
+        let route = route::route(head.path);
+        let pool = match route {
+            Some(Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. }) => {
+                self.gov.pool_id(pool)
+            }
+            None => None,
+        };
+        self.rejections.count(pool, error.status());
         error.write(out, &mut self.scratch, ctx.close);
-        if let Some(Route::Acquire { pool }) = route::route(head.path) {
-            let pid = self.gov.pool_id(pool);
-            let client = client.unwrap_or_else(|| pid.map_or(ctx.peer, |pid| self.client_addr(pid, ctx, head)));
+        if let Some(Route::Acquire { pool: name }) = route {
+            let client = client.unwrap_or_else(|| pool.map_or(ctx.peer, |pid| self.client_addr(pid, ctx, head)));
             let line = history::Attempt {
                 epoch_ms: ctx.now.wall().0,
                 status: error.status().code(),
                 error: Some(error.code()),
                 ..history::Attempt::default()
             };
-            self.record_attempt(pid, std::str::from_utf8(pool).ok(), client, line, ctx.started, true);
+            self.record_attempt(pool, std::str::from_utf8(name).ok(), client, line, ctx.started, true);
         }
     }
 
@@ -638,7 +685,7 @@ impl App {
 
     /// A queued acquire ended by `error` rather than by the governor.
     fn answer_queued_error(&mut self, out: &mut Vec<u8>, attempt: &Attempt, now: Now, error: ApiError, close: bool) {
-        self.rejections.count(error.status());
+        self.rejections.count(Some(attempt.pool), error.status());
         self.log_queued_end(attempt, now.wall(), error.status().code(), error.code());
         error.write(out, &mut self.scratch, close);
     }
@@ -712,7 +759,7 @@ impl App {
         now: Now,
         close: bool,
     ) {
-        self.rejections.count(status);
+        self.rejections.count(Some(attempt.pool), status);
         self.note_acquire(attempt, now.wall(), status, Some(denial.reason), denial.queued_ms, None);
         self.write_denial(out, denial, status, close);
     }
@@ -721,7 +768,7 @@ impl App {
     /// now, so what it pipelined behind can be answered in order. Logged.
     fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, now: Now) {
         let status = Status::GatewayTimeout;
-        self.rejections.count(status);
+        self.rejections.count(Some(attempt.pool), status);
         self.log_acquire(attempt, now.wall(), status, Some("client_gone"), Some(denial.reason), denial.queued_ms, None);
         let message = "The client half-closed its connection, so its wait ended without a slot.";
         self.write_denial_as(out, denial, status, "queue_timeout", message, false);
@@ -765,9 +812,15 @@ impl App {
         w.finish_json(&self.scratch, close);
     }
 
-    /// An error answer written by the reactor (framing errors, limits).
+    /// An error answer written by the reactor (framing errors, limits),
+    /// before any pool is known.
     pub fn write_error(&mut self, out: &mut Vec<u8>, error: ApiError, close: bool) {
-        self.rejections.count(error.status());
+        self.write_error_of(None, out, error, close);
+    }
+
+    /// An error answer about `pool`'s request (`None`: no pool known yet).
+    pub fn write_error_of(&mut self, pool: Option<PoolId>, out: &mut Vec<u8>, error: ApiError, close: bool) {
+        self.rejections.count(pool, error.status());
         error.write(out, &mut self.scratch, close);
     }
 }

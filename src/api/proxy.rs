@@ -174,7 +174,7 @@ impl App {
     ) {
         let code = if status == Status::GatewayTimeout { "queue_timeout" } else { "too_many_requests" };
         let epoch_now = now.wall();
-        self.rejections.count(status);
+        self.rejections.count(Some(attempt.pool), status);
         self.observe_acquire(attempt, epoch_now, status, Some(code), Some(denial.reason), denial.queued_ms, None);
         self.write_denial(out, denial, status, close);
         let line = ProxiedLine {
@@ -210,7 +210,7 @@ impl App {
             }
         };
         let (status, code) = (error.status(), error.code());
-        self.rejections.count(status);
+        self.rejections.count(Some(queued.attempt.pool), status);
         let queued_ms = self.observe_queued_end(&queued.attempt, now.wall(), status.code(), code);
         error.write(out, &mut self.scratch, close);
         let line = ProxiedLine::refused(method_and_path, status.code(), code, queued_ms);
@@ -255,7 +255,7 @@ impl App {
     /// A proxied request refused before admission (key, policies, limits):
     /// answered into `out`, counted, and logged with its method and path.
     pub fn refuse_proxied(&mut self, ctx: &Ctx, pid: PoolId, head: &Head, error: ApiError, out: &mut Vec<u8>) {
-        self.write_error(out, error, ctx.close);
+        self.write_error_of(Some(pid), out, error, ctx.close);
         let attempt = Attempt { pool: pid, client: ctx.peer, wait_ms: 0, started: ctx.started };
         let line = ProxiedLine::refused(method_and_path(head), error.status().code(), error.code(), 0);
         self.log_proxied(&attempt, ctx.now.wall(), &line);

@@ -2,7 +2,7 @@
 //! (`metrics::MetricsSnapshot`); the reactor adds its own counters and
 //! `metrics::render` writes the text.
 
-use super::{App, Rejections};
+use super::App;
 use crate::governor::learn::Start;
 use crate::governor::{DenyReason, Pool};
 use crate::metrics::{AccessLogCounters, Histogram, MetricsSnapshot, PoolMetrics, ServerStats};
@@ -16,11 +16,15 @@ impl App {
         let pools = gov
             .pools()
             .enumerate()
-            .map(|(i, (_, p))| pool_metrics(p, now, gov.advanced_to(), self.latency.get(i).copied()))
+            .map(|(i, (pid, p))| {
+                let mut m = pool_metrics(p, now, gov.advanced_to(), self.latency.get(i).copied());
+                m.rejections = self.rejections.by_code(Some(pid));
+                m
+            })
             .collect();
         MetricsSnapshot {
             pools,
-            rejections: Rejections::CODES.iter().map(|&code| (code, self.rejections.get(code))).collect(),
+            rejections: self.rejections.by_code(None),
             access_log: AccessLogCounters {
                 lines: self.log.lines,
                 write_errors: self.log.write_errors,
@@ -68,6 +72,7 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
         reclaims: [("term", s.reclaimed_term), ("cap", s.reclaimed_cap)],
         renewals: [("renewed", s.renewed), ("not_found", s.renew_not_found), ("capped", s.renew_capped)],
         releases: [("released", s.released), ("already_gone", s.release_gone)],
+        rejections: Vec::new(),
         acquire_us,
     }
 }

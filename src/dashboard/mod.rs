@@ -130,11 +130,9 @@ fn status(pool: &Pool, now: u64) -> &'static str {
     }
 }
 
+/// The cool-down's time left, also while a later gate decides the status.
 fn cooldown_left(pool: &Pool, now: u64) -> u64 {
-    match pool.learning.pause(now) {
-        Some(crate::governor::learn::Pause::Cooldown(ms)) => ms,
-        _ => 0,
-    }
+    pool.learning.cooldown_until.saturating_sub(now)
 }
 
 fn summary(app: &App, pool: &Pool) -> Value {
@@ -218,6 +216,7 @@ fn pool_json(app: &App, pid: PoolId) -> Value {
             "deniedRate": series(|x| x.denied[DenyReason::Rate as usize]),
             "deniedCooldown": series(|x| x.denied[DenyReason::Cooldown as usize]),
             "deniedQueueFull": series(|x| x.denied[DenyReason::QueueFull as usize]),
+            "deniedRecovering": series(|x| x.denied[DenyReason::Recovering as usize]),
             "throttled": series(|x| x.throttled),
             "effectiveLimit": series(|x| x.effective),
             "limit": series(|x| x.limit),

@@ -18,7 +18,8 @@ pub const ATTEMPTS: usize = 20;
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Sample {
     pub grants: u32,
-    pub denied: [u32; 4],
+    /// Denials by reason, indexed by `DenyReason`.
+    pub denied: [u32; DenyReason::ALL.len()],
     pub throttled: u32,
     pub effective: u32,
     pub limit: u32,
@@ -68,7 +69,7 @@ impl History {
         let s = &pool.stats;
         let mut first = Sample {
             grants: delta(s.grants, self.seen.grants),
-            denied: [0, 1, 2, 3].map(|i| delta(s.denied[i], self.seen.denied[i])),
+            denied: DenyReason::ALL.map(|r| delta(s.denied[r as usize], self.seen.denied[r as usize])),
             throttled: delta(s.reports_throttled, self.seen.reports_throttled),
             effective: pool.effective_limit(),
             limit: pool.settings.concurrency,
@@ -79,7 +80,7 @@ impl History {
         // Events are booked to the first elapsed second; the rest were quiet.
         for _ in 0..(second - last).min(SECONDS as u64) {
             self.push(first);
-            first = Sample { grants: 0, denied: [0; 4], throttled: 0, ..first };
+            first = Sample { grants: 0, denied: [0; DenyReason::ALL.len()], throttled: 0, ..first };
         }
         self.second = Some(second);
     }
@@ -166,13 +167,14 @@ mod tests {
         assert_eq!(h.iter().count(), 0);
         p.stats.grants = 3;
         p.stats.denied[DenyReason::Rate as usize] = 2;
+        p.stats.denied[DenyReason::Recovering as usize] = 5;
         p.held = 3;
         h.sample(&p, 999);
         assert_eq!(h.iter().count(), 0, "the second is not over");
         h.sample(&p, 4_100);
         let got: Vec<_> = h.iter().copied().collect();
         assert_eq!(got.len(), 4);
-        assert_eq!((got[0].grants, got[0].denied, got[0].held), (3, [0, 2, 0, 0], 3));
+        assert_eq!((got[0].grants, got[0].denied, got[0].held), (3, [0, 2, 0, 0, 5], 3));
         assert!(got[1..].iter().all(|s| s.grants == 0 && s.held == 3 && s.limit == 4));
         assert_eq!(h.last_second(), Some(4));
     }

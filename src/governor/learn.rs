@@ -403,11 +403,12 @@ impl Learning {
         Some(now + RAMP_TICK_MS)
     }
 
-    /// The learned pause in force at `now`, if any (cool-down first).
+    /// The learned pause in force at `now`, if any. When a cool-down and
+    /// the budget (a spent window, a token block, pacing) both hold the pool,
+    /// the one that ends last is the pause: a grant waits for both. A tie
+    /// goes to the cool-down.
     pub fn pause(&self, now: Ms) -> Option<Pause> {
-        if self.cooldown_until > now {
-            return Some(Pause::Cooldown(self.cooldown_until - now));
-        }
+        let cooldown = self.cooldown_until.saturating_sub(now);
         let mut wait = self.token_block_until.saturating_sub(now);
         if let Some(b) = self.budget {
             if b.remaining == 0 && b.reset_at > now {
@@ -417,7 +418,21 @@ impl Learning {
         if let Some(p) = self.pace {
             wait = wait.max(p.next_at().saturating_sub(now));
         }
+        if cooldown > 0 && cooldown >= wait {
+            return Some(Pause::Cooldown(cooldown));
+        }
         (wait > 0).then_some(Pause::Budget(wait))
+    }
+
+    /// The grants the learned budget still allows at `now`, while there is
+    /// one: a window that ended counts as refilled to the known limit (the
+    /// next grant refills it), or as lifted when no limit is known.
+    pub fn budget_remaining(&self, now: Ms) -> Option<u64> {
+        let b = self.budget?;
+        if b.reset_at > now {
+            return Some(b.remaining);
+        }
+        self.budget_limit.filter(|_| self.window_ms > 0)
     }
 
     /// Counts a grant against the learned budget (moving on from a window that ended).
@@ -966,6 +981,53 @@ mod tests {
         assert_eq!(w.token_block_until, Some(1500));
         assert_eq!(l.pause(1000), Some(Pause::Budget(500)));
         assert_eq!(l.pause(1500), None);
+    }
+
+    /// A cool-down and a spent budget both hold the pool: the pause is the
+    /// one that ends last, whichever was set first.
+    #[test]
+    fn the_pause_is_the_later_of_a_cooldown_and_a_spent_budget() {
+        // A 429 with `Retry-After: 30` and a budget spent until 90 s.
+        let mut l = ramped(10);
+        let lease = grant(&mut l, 0);
+        let refused = Outcome {
+            rate: RateInfo {
+                limit: Some(100),
+                remaining: Some(0),
+                reset_ms: Some(90_000),
+                retry_after_ms: Some(30_000),
+                ..RateInfo::default()
+            },
+            ..concurrency_429()
+        };
+        let w = l.on_report(&refused, about(lease, 0), 0);
+        assert_eq!(w.cooldown_until, Some(30_000));
+        assert_eq!(l.pause(0), Some(Pause::Budget(90_000)));
+        assert_eq!(l.pause(29_000), Some(Pause::Budget(61_000)));
+        // A retry hint past the budget's reset (capped at 120 s): the cool-down.
+        let mut l = ramped(10);
+        let lease = grant(&mut l, 0);
+        let refused = Outcome {
+            rate: RateInfo { remaining: Some(0), reset_ms: Some(5_000), retry_after_ms: Some(20_000), ..refused.rate },
+            ..refused
+        };
+        l.on_report(&refused, about(lease, 0), 0);
+        assert_eq!(l.pause(1_000), Some(Pause::Cooldown(19_000)));
+        // A token block that outlasts the cool-down.
+        let mut l = ramped(10);
+        let lease = grant(&mut l, 0);
+        let tokens = Outcome {
+            rate: RateInfo {
+                token_remaining: Some(0),
+                token_reset_ms: Some(500_000),
+                retry_after_ms: Some(500_000),
+                ..RateInfo::default()
+            },
+            ..concurrency_429()
+        };
+        l.on_report(&tokens, about(lease, 0), 0);
+        assert_eq!(l.cooldown_until, MAX_COOLDOWN_MS);
+        assert_eq!(l.pause(0), Some(Pause::Budget(500_000)));
     }
 
     #[test]

@@ -303,15 +303,26 @@ impl<T: Copy> Governor<T> {
         self.wheel.len()
     }
 
-    pub fn signals(&self, pid: PoolId) -> Signals {
+    /// The governor headers of `pid` at `now`. `rpm_remaining` is the
+    /// smaller of what its rate gates (the configured bucket, the learned
+    /// budget) still allow; `None` when it has neither.
+    pub fn signals(&self, pid: PoolId, now: Ms) -> Signals {
         let p = self.pool(pid);
         let effective = p.effective_limit();
+        let mut rpm_remaining = p.rpm_remaining();
+        // Only a pool that learned a budget pays for reading it.
+        if p.learning.budget.is_some() {
+            if let Some(left) = p.learning.budget_remaining(now) {
+                let left = left.min(u32::MAX as u64) as u32;
+                rpm_remaining = Some(rpm_remaining.map_or(left, |tokens| tokens.min(left)));
+            }
+        }
         Signals {
             remaining_slots: effective.saturating_sub(p.held),
             effective_limit: effective,
             limit: p.settings.concurrency,
             queue_depth: p.queue.len(),
-            rpm_remaining: p.rpm_remaining(),
+            rpm_remaining,
         }
     }
 
@@ -333,10 +344,10 @@ impl<T: Copy> Governor<T> {
         let (reason, wait) = blocked.unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
         let budget = wait_ms.min(pool.settings.queue_timeout_ms);
         if budget == 0 {
-            return Admission::Denied(self.deny(pid, reason, wait, 0));
+            return Admission::Denied(self.deny(pid, reason, wait, now));
         }
         if pool.queue.len() >= pool.settings.queue_size {
-            return Admission::Denied(self.deny(pid, DenyReason::QueueFull, wait, 0));
+            return Admission::Denied(self.deny(pid, DenyReason::QueueFull, wait, now));
         }
         let timer = self.wheel.insert(now + budget, Timer::Waiter(self.waiters.vacant_key()));
         let pool = &mut self.pools[pid.0 as usize];
@@ -368,7 +379,7 @@ impl<T: Copy> Governor<T> {
                 let lease = &self.leases[idx as usize];
                 if lease.lease_deadline > now {
                     self.pools[pid.0 as usize].stats.idempotent_replays += 1;
-                    return Ok(Admission::Granted(self.grant_of(idx as usize)));
+                    return Ok(Admission::Granted(self.grant_of(idx as usize, now)));
                 }
                 // Past its deadline, its wheel entry not run yet: reclaimed
                 // now, and the key with it; the retry is a new acquire.
@@ -405,7 +416,7 @@ impl<T: Copy> Governor<T> {
     }
 
     /// The grant a held lease stands for, as it is now.
-    fn grant_of(&self, idx: usize) -> Grant {
+    fn grant_of(&self, idx: usize, now: Ms) -> Grant {
         let lease = &self.leases[idx];
         let s = self.pools[lease.pool.0 as usize].settings;
         Grant {
@@ -416,7 +427,7 @@ impl<T: Copy> Governor<T> {
             term_ms: s.term_ms,
             renew_interval_ms: s.renew_interval_ms,
             queued_ms: 0,
-            signals: self.signals(lease.pool),
+            signals: self.signals(lease.pool, now),
         }
     }
 
@@ -531,7 +542,7 @@ impl<T: Copy> Governor<T> {
         self.cancel_waiter(key, owner);
         let (reason, wait) =
             self.pools[pid.0 as usize].blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
-        Some(Denial { reason, retry_after_ms: wait, queued_ms: now - enqueued_at, signals: self.signals(pid) })
+        Some(Denial { reason, retry_after_ms: wait, queued_ms: now - enqueued_at, signals: self.signals(pid, now) })
     }
 
     /// Schedules a timer of the caller's; it comes back as `Notice::Timer(payload)`.
@@ -637,13 +648,13 @@ impl<T: Copy> Governor<T> {
             term_ms: s.term_ms,
             renew_interval_ms: s.renew_interval_ms,
             queued_ms,
-            signals: self.signals(pid),
+            signals: self.signals(pid, now),
         }
     }
 
-    fn deny(&mut self, pid: PoolId, reason: DenyReason, wait: u64, queued_ms: u64) -> Denial {
+    fn deny(&mut self, pid: PoolId, reason: DenyReason, wait: u64, now: Ms) -> Denial {
         self.pools[pid.0 as usize].stats.denied[reason as usize] += 1;
-        Denial { reason, retry_after_ms: wait, queued_ms, signals: self.signals(pid) }
+        Denial { reason, retry_after_ms: wait, queued_ms: 0, signals: self.signals(pid, now) }
     }
 
     /// The live lease `slot` names in `pid`. A lease past its deadline whose
@@ -774,7 +785,7 @@ impl<T: Copy> Governor<T> {
         pool.stats.queue_timeouts += 1;
         let (reason, wait) = pool.blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
         let denial =
-            Denial { reason, retry_after_ms: wait, queued_ms: now - w.enqueued_at, signals: self.signals(pid) };
+            Denial { reason, retry_after_ms: wait, queued_ms: now - w.enqueued_at, signals: self.signals(pid, now) };
         self.notices.push_back(Notice::TimedOut { owner: w.owner, denial });
     }
 

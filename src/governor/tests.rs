@@ -212,7 +212,7 @@ fn waiters_are_granted_in_arrival_order() {
     for owner in 1..=5 {
         queued(g.acquire(p, 10_000, owner, owner));
     }
-    assert_eq!(g.signals(p).queue_depth, 5);
+    assert_eq!(g.signals(p, 0).queue_depth, 5);
     let mut holder = a;
     for expected in 1..=5u64 {
         assert!(g.release(p, &id(&holder), None, 100 + expected));
@@ -287,9 +287,9 @@ fn a_cancelled_waiter_is_never_granted_and_leaks_nothing() {
     let k2 = queued(g.acquire(p, 5000, 2, 0));
     queued(g.acquire(p, 5000, 3, 0));
     g.cancel_waiter(k2, 999); // wrong owner: no effect
-    assert_eq!(g.signals(p).queue_depth, 2);
+    assert_eq!(g.signals(p, 0).queue_depth, 2);
     g.cancel_waiter(k2, 2);
-    assert_eq!(g.signals(p).queue_depth, 1);
+    assert_eq!(g.signals(p, 0).queue_depth, 1);
     g.release(p, &id(&a), None, 10);
     assert_eq!(granted_owners(&mut g), vec![3]);
     g.advance(100_000);
@@ -332,7 +332,7 @@ fn rpm_gate_denies_with_time_to_next_token_and_wakes_waiters() {
     assert_eq!(granted_owners(&mut g), vec![5]);
     // Back to a full bucket after idling.
     g.advance(10_000);
-    assert_eq!(g.signals(p).rpm_remaining, Some(0), "refill is lazy until asked");
+    assert_eq!(g.signals(p, 10_000).rpm_remaining, Some(0), "refill is lazy until asked");
     let a = granted(g.acquire(p, 0, 6, 10_000));
     assert_eq!(a.signals.rpm_remaining, Some(1));
 }
@@ -345,8 +345,8 @@ fn a_burst_of_throttled_reports_cuts_the_limit_to_the_calls_in_flight() {
     for grant in &grants[..5] {
         assert!(g.release(p, &id(grant), Some(&throttled), 10));
     }
-    assert_eq!(g.signals(p).effective_limit, 5);
-    assert_eq!(g.signals(p).remaining_slots, 0);
+    assert_eq!(g.signals(p, 0).effective_limit, 5);
+    assert_eq!(g.signals(p, 0).remaining_slots, 0);
     assert_eq!(denied(g.acquire(p, 0, 99, 20)).reason, DenyReason::Concurrency);
 }
 
@@ -358,7 +358,7 @@ fn a_lowered_limit_never_revokes_held_slots() {
     g.release(p, &id(&grants[0]), Some(&throttled), 1);
     // Cut to the three calls still in flight: none free.
     assert_eq!(g.pool(p).held, 3);
-    assert_eq!(g.signals(p).effective_limit, 3);
+    assert_eq!(g.signals(p, 0).effective_limit, 3);
     assert_eq!(denied(g.acquire(p, 0, 9, 2)).reason, DenyReason::Concurrency);
 }
 
@@ -369,7 +369,7 @@ fn a_report_on_an_already_released_slot_changes_nothing() {
     assert!(g.release(p, &id(&a), None, 1));
     let throttled = Outcome { status: Some(429), rate: RateInfo { retry_after_ms: Some(5000), ..OK.rate }, ..OK };
     assert!(!g.release(p, &id(&a), Some(&throttled), 2));
-    assert_eq!(g.signals(p).effective_limit, 10);
+    assert_eq!(g.signals(p, 0).effective_limit, 10);
     granted(g.acquire(p, 0, 2, 3));
 }
 
@@ -409,6 +409,86 @@ fn learned_budget_blocks_until_reset() {
     assert!(notices(&mut g).is_empty());
     g.advance(800);
     assert_eq!(granted_owners(&mut g), vec![3]);
+}
+
+/// A cool-down and a spent budget both block: the answer names the gate
+/// that opens last, with its wait, and waiters are woken when it opens.
+#[test]
+fn a_budget_spent_past_a_cooldown_decides_the_denial_and_the_wake() {
+    let (mut g, p) = governor(r#","concurrency":10,"queue":{"size":10,"timeoutMs":200000}"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    // `Retry-After: 30`, budget 100 spent until 90 s.
+    let refused = Outcome {
+        status: Some(429),
+        throttled: 1,
+        rate: RateInfo {
+            limit: Some(100),
+            remaining: Some(0),
+            reset_ms: Some(90_000),
+            retry_after_ms: Some(30_000),
+            ..OK.rate
+        },
+    };
+    g.release(p, &id(&a), Some(&refused), 0);
+    let d = denied(g.acquire(p, 0, 2, 10));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Rate, 89_990));
+    queued(g.acquire(p, 200_000, 3, 20));
+    assert_eq!(g.pool(p).wake.map(|(at, _)| at), Some(90_000), "woken when the budget opens");
+    g.advance(30_000);
+    assert!(notices(&mut g).is_empty());
+    let d = denied(g.acquire(p, 0, 4, 30_000));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Rate, 60_000));
+    g.advance(89_999);
+    assert!(notices(&mut g).is_empty());
+    g.advance(90_000);
+    assert_eq!(granted_owners(&mut g), vec![3]);
+
+    // The budget's reset is 500 s away, the cool-down capped at 120 s.
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let refused = Outcome {
+        rate: RateInfo { remaining: Some(0), reset_ms: Some(500_000), retry_after_ms: Some(500_000), ..OK.rate },
+        ..refused
+    };
+    g.release(p, &id(&a), Some(&refused), 0);
+    let d = denied(g.acquire(p, 0, 2, 0));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Rate, 500_000));
+    // A cool-down that outlasts the budget still decides.
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let refused = Outcome { rate: RateInfo { reset_ms: Some(5_000), ..refused.rate }, ..refused };
+    g.release(p, &id(&a), Some(&refused), 0);
+    let d = denied(g.acquire(p, 0, 2, 0));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Cooldown, 120_000));
+}
+
+/// The learned budget is a rate gate: its remaining grants are in
+/// `rpm_remaining`, the smaller of the two when the pool also has `rpm`.
+#[test]
+fn rpm_remaining_reports_the_learned_budget() {
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert_eq!(a.signals.rpm_remaining, None, "no rate gate");
+    let report =
+        Outcome { rate: RateInfo { limit: Some(10), remaining: Some(3), reset_ms: Some(1000), ..OK.rate }, ..OK };
+    g.release(p, &id(&a), Some(&report), 0);
+    let b = granted(g.acquire(p, 0, 2, 10));
+    assert_eq!(b.signals.rpm_remaining, Some(2));
+    let report = Outcome { rate: RateInfo { remaining: Some(0), ..report.rate }, ..OK };
+    g.release(p, &id(&b), Some(&report), 20);
+    let d = denied(g.acquire(p, 0, 3, 30));
+    assert_eq!((d.reason, d.signals.rpm_remaining), (DenyReason::Rate, Some(0)));
+    // Past the reset, the window counts as refilled to the known limit.
+    assert_eq!(g.signals(p, 1000).rpm_remaining, Some(10));
+
+    // With `rpm` too: the smaller of the two.
+    let (mut g, p) = governor(r#","concurrency":10,"rpm":60,"rpmBurst":5"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert_eq!(a.signals.rpm_remaining, Some(4));
+    let report = Outcome { rate: RateInfo { remaining: Some(2), reset_ms: Some(60_000), ..OK.rate }, ..OK };
+    g.release(p, &id(&a), Some(&report), 0);
+    let b = granted(g.acquire(p, 0, 2, 0));
+    assert_eq!(b.signals.rpm_remaining, Some(1), "budget 1 left, bucket 3");
 }
 
 #[test]

@@ -71,7 +71,8 @@ impl Histogram {
 pub struct MetricsSnapshot {
     /// Every pool, retired ones included, in the governor's order.
     pub pools: Vec<PoolMetrics>,
-    /// Lock API answers of 400 and above, by status code.
+    /// Lock API answers of 400 and above whose pool is unknown or not yet
+    /// resolved, by status code (each pool's are in `PoolMetrics`).
     pub rejections: Vec<(u16, u64)>,
     pub access_log: AccessLogCounters,
     pub server: ServerStats,
@@ -119,6 +120,8 @@ pub struct PoolMetrics {
     pub renewals: [(&'static str, u64); 3],
     /// Release requests by outcome: `released`, `already_gone`.
     pub releases: [(&'static str, u64); 2],
+    /// Lock API answers of 400 and above about this pool, by status code.
+    pub rejections: Vec<(u16, u64)>,
     /// `None` for a pool added since the histograms were sized.
     pub acquire_us: Option<Histogram>,
 }
@@ -334,7 +337,17 @@ pub fn render(m: &MetricsSnapshot) -> String {
     by_label(&mut t, pools, counter("nthpool_denials_total", "Acquires answered 429, by reason."), "reason", |p| {
         &p.denials
     });
-    family(&mut t, "nthpool_rejections_total", "counter", "Lock API answers of 400 and above, by status code.");
+    family(
+        &mut t,
+        "nthpool_rejections_total",
+        "counter",
+        "Lock API answers of 400 and above, by pool and status code (no pool label: the pool is unknown or not yet resolved).",
+    );
+    for p in pools {
+        for (code, n) in &p.rejections {
+            let _ = writeln!(t, "nthpool_rejections_total{{pool=\"{}\",code=\"{code}\"}} {n}", p.name);
+        }
+    }
     for (code, n) in &m.rejections {
         let _ = writeln!(t, "nthpool_rejections_total{{code=\"{code}\"}} {n}");
     }

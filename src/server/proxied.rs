@@ -419,7 +419,7 @@ impl Server {
             End::Complete { close_client } => close_client,
             End::Answered(err) => {
                 let close = !body_done || !e.client_side.keep_alive || err.closes();
-                self.app.write_error(&mut conn.output, err, close);
+                self.app.write_error_of(Some(e.pool), &mut conn.output, err, close);
                 close
             }
             End::Cut | End::ClientGone => true,

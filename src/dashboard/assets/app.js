@@ -101,7 +101,8 @@ const CHARTS = [
   { id: "chart-grants", title: "Grants per second", series: [["grants", "grants", "c1"]] },
   { id: "chart-denials", title: "Denials per second, by reason", series: [
     ["deniedConcurrency", "concurrency", "c1"], ["deniedRate", "rate", "c2"],
-    ["deniedCooldown", "cool-down", "c3"], ["deniedQueueFull", "queue full", "c4"]] },
+    ["deniedCooldown", "cool-down", "c3"], ["deniedQueueFull", "queue full", "c4"],
+    ["deniedRecovering", "recovering", "c5"]] },
   { id: "chart-throttled", title: "Upstream throttling reported per second", series: [["throttled", "throttled reports", "c2"]] },
   { id: "chart-limits", title: "Effective vs configured limit", series: [
     ["effectiveLimit", "effective", "c1"], ["limit", "configured", "c3 dashed"]] },

@@ -525,6 +525,17 @@ fn behind_a_trusted_proxy_the_forwarded_address_is_judged() {
 }
 
 #[test]
+fn every_forwarded_for_line_counts_however_many() {
+    let s = TestServer::start(&config(r#""access":{"ipAllow":["10.0.0.0/8"],"trustedProxies":["127.0.0.1/32"]}"#, ""));
+    // Allowed addresses forged on many lines ahead of the one the proxy appended last.
+    let forged = with_forwarded("10.1.1.1").repeat(40);
+    let outsider = format!("{forged}{}", with_forwarded("1.2.3.4"));
+    assert_refused(&s.acquire(&outsider, ""), 403, "unauthorized", "the proxy's entry after 40 forged lines");
+    let insider = format!("{}{forged}", with_forwarded("1.2.3.4"));
+    assert_eq!(s.acquire(&insider, "").status, 200, "an allowed address appended last");
+}
+
+#[test]
 fn without_trusted_proxies_a_forged_forwarded_for_changes_nothing() {
     let s = TestServer::start(&config(r#""access":{"ipAllow":["203.0.113.0/24"]}"#, ""));
     assert_refused(&s.acquire(&with_forwarded("203.0.113.9"), ""), 403, "unauthorized", "forged X-Forwarded-For");

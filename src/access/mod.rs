@@ -158,15 +158,11 @@ impl PoolAccess {
         if self.trusted_proxies.is_empty() || !self.trusted_proxies.contains(peer) {
             return peer;
         }
-        let mut values: [&[u8]; 8] = [&[]; 8];
-        let mut n = 0;
-        for h in head.headers {
-            if h.name.eq_ignore_ascii_case(b"x-forwarded-for") && n < values.len() {
-                values[n] = h.value;
-                n += 1;
-            }
-        }
-        ip::client_addr(peer, &values[..n], &self.trusted_proxies)
+        // Every field line counts, newest first: a limit here would let a
+        // client hide the entry its proxy appended behind lines of its own.
+        let newest_first =
+            head.headers.rev().filter(|h| h.name.eq_ignore_ascii_case(b"x-forwarded-for")).map(|h| h.value);
+        ip::client_addr(peer, newest_first, &self.trusted_proxies)
     }
 
     /// Checks decidable from the head: IP allowlist, JWT, Cloudflare Access.

@@ -26,7 +26,9 @@
 # PORT+20+I. Logs and pid files are under DIR (default /tmp/nthpool-cluster).
 #
 # FILE is an nthpool configuration without `listen`, `adminListen` and
-# `slotSecretFile` (the script sets them per instance); without --config a demo
+# `slotSecretFile` (the script sets them per instance, and adds HAProxy's
+# address, 127.0.0.1/32, to every pool's `access.trustedProxies`: an instance
+# honours `X-Nthpool-Moved` only from a trusted proxy); without --config a demo
 # with pools team-a … team-f (key cluster-demo-key) is used.
 #
 # --bench runs acquire -> release cycles (nthpool-bench, 12 pools, one load
@@ -342,7 +344,10 @@ if [ ! -f "$DIR/nthpool.secret" ]; then
 fi
 for i in $(seq 1 "$N"); do
     mkdir -p "$DIR/n$i"
-    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" '. + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}' \
+    # HAProxy reaches the instances from 127.0.0.1: each pool trusts it, so
+    # its X-Forwarded-For names the caller and its X-Nthpool-Moved is honoured.
+    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" '. + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}
+        | .pools |= map_values(.access.trustedProxies |= ((. // []) + ["127.0.0.1/32"] | unique))' \
         "$CONFIG" >"$DIR/n$i/config.json"
     start_instance "n$i"
 done

@@ -225,8 +225,17 @@ fn every_request_of_a_pool_lands_on_one_instance() {
     assert!(used.len() >= 2, "8 pools all on one instance: {served_by:?}");
 
     // A client cannot say a pool moved: HAProxy drops its X-Nthpool-Moved, so
-    // the pool grants as usual; the header sent straight to the instance
-    // opens the pool's window there.
+    // the pool grants as usual; the header sent straight to the instance from
+    // HAProxy's address (a trusted proxy of every pool the script runs, as
+    // the README says to configure) opens the pool's window there.
+    for n in 1..=3 {
+        let config = std::fs::read_to_string(cluster.dir.join(format!("n{n}/config.json"))).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        for (pool, settings) in config["pools"].as_object().unwrap() {
+            let trusted = &settings["access"]["trustedProxies"];
+            assert_eq!(*trusted, serde_json::json!(["127.0.0.1/32"]), "n{n}'s {pool} does not trust HAProxy");
+        }
+    }
     let (pool, owner) = served_by.iter().next().unwrap();
     let forged = post(&format!("/pools/{pool}/lock/acquire"), KEY, "X-Nthpool-Moved: n1\r\n", "");
     assert_eq!(cluster.request(&forged).status, 200, "a client's X-Nthpool-Moved passed HAProxy");

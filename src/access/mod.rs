@@ -152,6 +152,12 @@ impl PoolAccess {
         self.hmac.is_some()
     }
 
+    /// Whether `peer` is one of the pool's `trustedProxies`: only they may
+    /// say a pool moved here (`X-Nthpool-Moved`).
+    pub fn trusts_proxy(&self, peer: IpAddr) -> bool {
+        self.trusted_proxies.contains(peer)
+    }
+
     /// The client address: the peer, or the right-most untrusted
     /// `X-Forwarded-For` entry when the peer is a trusted proxy.
     pub fn client_addr(&self, peer: IpAddr, head: &Head) -> IpAddr {

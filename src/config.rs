@@ -333,6 +333,18 @@ impl Config {
         self.admin_listen.as_ref().map(|a| a.parse().expect("validated"))
     }
 
+    /// A reload's check against the admin listener actually bound (a new
+    /// `adminListen` waits for a restart): a non-loopback one keeps
+    /// requiring `adminToken`.
+    pub fn check_admin_bound(&self, bound: SocketAddr) -> Result<(), ConfigError> {
+        if !bound.ip().is_loopback() && self.admin_token.is_none() {
+            return fail(format!(
+                "adminToken: the admin listener stays bound to {bound}, not a loopback address, until a restart: it keeps requiring a token"
+            ));
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         if self.listen.parse::<SocketAddr>().is_err() {
             return fail(format!("listen: {:?} is not an address like 127.0.0.1:7070", self.listen));
@@ -674,6 +686,13 @@ mod tests {
         assert_eq!(Config::parse(ok.as_bytes()).unwrap().admin_token.as_deref(), Some("0123456789abcdef"));
         let loopback = r#"{"adminListen":"[::1]:7071","pools":{"p":{"keys":["k"]}}}"#;
         assert!(Config::parse(loopback.as_bytes()).is_ok());
+        // A reload is judged by the address bound, not the one it names.
+        let loopback = Config::parse(loopback.as_bytes()).unwrap();
+        let e = loopback.check_admin_bound("0.0.0.0:7071".parse().unwrap()).unwrap_err().0;
+        assert!(e.starts_with("adminToken: ") && e.contains("0.0.0.0:7071"), "{e}");
+        assert!(loopback.check_admin_bound("127.0.0.1:7071".parse().unwrap()).is_ok());
+        let ok = Config::parse(ok.as_bytes()).unwrap();
+        assert!(ok.check_admin_bound("0.0.0.0:7071".parse().unwrap()).is_ok());
     }
 
     #[test]

@@ -374,7 +374,11 @@ impl Server {
             warn!("SIGHUP: running on the embedded configuration, nothing to reload");
             return;
         };
+        let bound_admin = self.admin.as_ref().and_then(|l| l.local_addr().ok());
         let result = Config::load(path).map_err(|e| e.to_string()).and_then(|config| {
+            if let Some(bound) = bound_admin {
+                config.check_admin_bound(bound).map_err(|e| e.to_string())?;
+            }
             self.app.reconfigure(&config, self.now)?;
             Ok(config)
         });

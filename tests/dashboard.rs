@@ -266,6 +266,11 @@ fn the_admin_token_guards_every_route_but_health() {
         let basic = get(admin(&s), path, &format!("Authorization: Basic {TOKEN}\r\n"));
         assert_eq!(basic.status, 401, "{path}");
         assert_eq!(get(admin(&s), path, &bearer).status, 200, "{path}");
+        // The scheme is case-insensitive, and any number of spaces may follow it (RFC 9110 §11).
+        for scheme in ["bearer ", "BEARER ", "bEaReR   "] {
+            let r = get(admin(&s), path, &format!("Authorization: {scheme}{TOKEN}\r\n"));
+            assert_eq!(r.status, 200, "{path} with {scheme:?}");
+        }
     }
     assert_eq!(get(admin(&s), "/healthz", "").status, 200);
     // The page shell holds no data; it asks for the token itself.

@@ -185,7 +185,7 @@ impl PoolAccess {
             let token = head.header("x-nthpool-jwt").or_else(|| {
                 head.api.key?;
                 let auth = head.api.authorization?;
-                auth.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &auth[7..])
+                crate::http::credentials(auth, "bearer")
             });
             let token = token.ok_or(denied(Denied::TOKEN_MISSING))?;
             policy.verify(trim(token), now_epoch_ms).map_err(denied)?;

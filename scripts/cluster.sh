@@ -122,7 +122,10 @@ frontend api
     option forwardfor
     # The pool: the Host of proxy traffic (hosts.map: host -> pool, from each
     # pool's upstream.hosts), else the pool segment of /pools/{pool}/lock/...
-    http-request set-var(txn.pool) req.hdr(host),field(1,:),lower,map($DIR/hosts.map)
+    # An absolute-form target's authority takes the place of Host, as in
+    # nthpool (RFC 9112 §3.2.2): an HTTP/1.0 request may carry no Host at all.
+    http-request set-var(txn.pool) req.hdr(host),field(1,:),lower,map($DIR/hosts.map) if !{ url_beg -i http:// https:// }
+    http-request set-var(txn.pool) url,field(3,/),field(1,:),lower,map($DIR/hosts.map) if { url_beg -i http:// https:// }
     http-request set-var(txn.pool) path,field(3,/) if !{ var(txn.pool) -m found } { path_beg /pools/ }
     # Where the pool was served last; if that instance is down now, this request
     # moves the pool and tells the instance it reaches (clients cannot set it).

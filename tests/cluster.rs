@@ -165,6 +165,9 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 const SHORT: &str = r#""concurrency":2,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000,
     "queue":{"size":100,"timeoutMs":3000}"#;
 
+/// Proxied requests per pool in absolute form without Host.
+const ABSOLUTE_FORM: usize = 3;
+
 #[test]
 fn every_request_of_a_pool_lands_on_one_instance() {
     let upstream = MockUpstream::start(|_| ok("{}", ""));
@@ -203,6 +206,18 @@ fn every_request_of_a_pool_lands_on_one_instance() {
                 )
             })
             .collect();
+        // HTTP/1.0 may name the host in an absolute-form target and send no
+        // Host: the authority places it (an empty Host hashed anywhere).
+        let absolute = (0..ABSOLUTE_FORM).map(|_| {
+            cluster.request(
+                format!(
+                    "GET http://{pool}.proxy.test/v1/models HTTP/1.0\r\nX-Nthpool-Key: {KEY}\r\n\
+                     X-Nthpool-Queue-Timeout-Ms: 3000\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+        });
+        let proxied: Vec<Response> = proxied.into_iter().chain(absolute).collect();
         for p in &proxied {
             assert_eq!(p.status, 200, "proxied for {pool}: {p:?}");
         }
@@ -211,13 +226,18 @@ fn every_request_of_a_pool_lands_on_one_instance() {
         assert!(seen.iter().all(|i| *i == seen[0]), "{pool} was served by {seen:?}");
         served_by.insert(pool.clone(), seen[0].clone());
     }
-    assert_eq!(upstream.seen().len(), 2 * pools.len(), "every proxied request reached the upstream");
+    let per_pool = 2 + ABSOLUTE_FORM as u64;
+    assert_eq!(
+        upstream.seen().len() as u64,
+        per_pool * pools.len() as u64,
+        "every proxied request reached the upstream"
+    );
     // Each instance's own counters agree: a pool's grants (two lock acquires,
-    // two proxied requests) are all on its instance.
+    // the proxied requests) are all on its instance.
     for (pool, owner) in &served_by {
         for n in 1..=3u16 {
             let grants = cluster.metric(n, &format!("nthpool_grants_total{{pool=\"{pool}\"}}"));
-            let expected = if *owner == format!("n{n}") { 4 } else { 0 };
+            let expected = if *owner == format!("n{n}") { 2 + per_pool } else { 0 };
             assert_eq!(grants, expected, "{pool} (served by {owner}) on n{n}");
         }
     }

@@ -312,7 +312,10 @@ impl Config {
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            if path == "." {
+            // Broken JSON names no field (the path would read `?`): its line and column say where.
+            if inner.is_syntax() || inner.is_eof() {
+                ConfigError(format!("invalid configuration: JSON syntax error: {inner}"))
+            } else if path == "." {
                 ConfigError(format!("invalid configuration: {inner}"))
             } else {
                 ConfigError(format!("invalid configuration: {path}: {inner}"))
@@ -633,6 +636,17 @@ mod tests {
         assert_eq!(at("1000").unwrap().idle_spin_us, 1000);
         for bad in ["1001", "-1", "\"50\""] {
             assert!(at(bad).unwrap_err().0.contains("idleSpinUs"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn broken_json_reads_as_a_syntax_error_with_its_place() {
+        for (text, place) in
+            [("{bad", "line 1 column 2"), ("{\n\"pools\": {", "line 2 column 10"), ("[", "line 1 column 1")]
+        {
+            let e = err(text);
+            assert!(e.starts_with("invalid configuration: JSON syntax error: "), "{e}");
+            assert!(e.ends_with(place) && !e.contains('?'), "{e}");
         }
     }
 

@@ -637,6 +637,32 @@ fn a_reader_of_standard_output_that_stalls_never_stalls_the_server() {
 }
 
 #[test]
+fn a_refused_sighup_still_reopens_the_access_log() {
+    let mut s = TestServer::start_logged(&config_with_access_log(""), "info");
+    assert_eq!(s.acquire("", "").status, 200);
+    // Rotated away, and the configuration broken meanwhile.
+    std::fs::rename(s.dir.join("access.log"), s.dir.join("access.log.2")).unwrap();
+    std::fs::write(&s.config_path, "{bad").unwrap();
+    s.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        if let Some(line) = s.log().lines().find(|l| l.contains("reload refused")) {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline, "the reload was never refused: {}", s.log());
+        thread::sleep(Duration::from_millis(20));
+    };
+    // Broken JSON reads as such, with its place, and names no field.
+    assert!(refused.contains("JSON syntax error") && refused.ends_with("at line 1 column 2"), "{refused}");
+    assert!(!refused.contains('?'), "{refused}");
+    assert_eq!(s.acquire("", "").status, 200);
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let lines = |name: &str| std::fs::read_to_string(s.dir.join(name)).unwrap_or_default().lines().count();
+    assert_eq!((lines("access.log.2"), lines("access.log")), (1, 1), "one line before the SIGHUP, one after");
+}
+
+#[test]
 fn a_logged_server_time_is_within_what_the_client_waited_for_its_answer() {
     // `serverUs` runs from the turn that read the request to the one that
     // wrote its answer: never longer than the client's own round trip.

@@ -376,6 +376,7 @@ impl Server {
         self.settle_answers();
         let Some(path) = &self.config_path else {
             warn!("SIGHUP: running on the embedded configuration, nothing to reload");
+            self.reopen_access_log();
             return;
         };
         let bound_admin = self.admin.as_ref().and_then(|l| l.local_addr().ok());
@@ -419,7 +420,17 @@ impl Server {
             Err(e) => {
                 self.stats.reloads_failed += 1;
                 error!("reload refused, the running configuration stays: {e}");
+                self.reopen_access_log();
             }
+        }
+    }
+
+    /// A SIGHUP whose configuration was not applied still reopens the
+    /// access log (an applied one opened it anew): log rotation does not
+    /// depend on the configuration file's fate.
+    fn reopen_access_log(&mut self) {
+        if let Err(e) = self.app.log.reopen() {
+            warn!("SIGHUP: {e}; access log lines go on to the file open before");
         }
     }
 

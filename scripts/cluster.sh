@@ -26,7 +26,9 @@
 # PORT+20+I. Logs and pid files are under DIR (default /tmp/nthpool-cluster).
 #
 # FILE is an nthpool configuration without `listen`, `adminListen` and
-# `slotSecretFile` (the script sets them per instance); without --config a demo
+# `slotSecretFile` (the script sets them per instance, and adds HAProxy's
+# address, 127.0.0.1/32, to every pool's `access.trustedProxies`: an instance
+# honours `X-Nthpool-Moved` only from a trusted proxy); without --config a demo
 # with pools team-a … team-f (key cluster-demo-key) is used.
 #
 # --bench runs acquire -> release cycles (nthpool-bench, 12 pools, one load
@@ -120,7 +122,10 @@ frontend api
     option forwardfor
     # The pool: the Host of proxy traffic (hosts.map: host -> pool, from each
     # pool's upstream.hosts), else the pool segment of /pools/{pool}/lock/...
-    http-request set-var(txn.pool) req.hdr(host),field(1,:),lower,map($DIR/hosts.map)
+    # An absolute-form target's authority takes the place of Host, as in
+    # nthpool (RFC 9112 §3.2.2): an HTTP/1.0 request may carry no Host at all.
+    http-request set-var(txn.pool) req.hdr(host),field(1,:),lower,map($DIR/hosts.map) if !{ url_beg -i http:// https:// }
+    http-request set-var(txn.pool) url,field(3,/),field(1,:),lower,map($DIR/hosts.map) if { url_beg -i http:// https:// }
     http-request set-var(txn.pool) path,field(3,/) if !{ var(txn.pool) -m found } { path_beg /pools/ }
     # Where the pool was served last; if that instance is down now, this request
     # moves the pool and tells the instance it reaches (clients cannot set it).
@@ -342,7 +347,10 @@ if [ ! -f "$DIR/nthpool.secret" ]; then
 fi
 for i in $(seq 1 "$N"); do
     mkdir -p "$DIR/n$i"
-    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" '. + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}' \
+    # HAProxy reaches the instances from 127.0.0.1: each pool trusts it, so
+    # its X-Forwarded-For names the caller and its X-Nthpool-Moved is honoured.
+    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" '. + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}
+        | .pools |= map_values(.access.trustedProxies |= ((. // []) + ["127.0.0.1/32"] | unique))' \
         "$CONFIG" >"$DIR/n$i/config.json"
     start_instance "n$i"
 done

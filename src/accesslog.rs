@@ -41,6 +41,8 @@ enum Sink {
 
 pub struct AccessLog {
     sink: Sink,
+    /// The file's name, when the sink is a file: what a reopen opens.
+    path: Option<String>,
     buf: Vec<u8>,
     /// Set after the first failure, so it is logged once until a write works again.
     failing: bool,
@@ -145,8 +147,10 @@ impl AccessLog {
                     .map_err(|e| format!("accessLog: cannot open {p}: {e}"))?,
             ),
         };
+        let path = path.filter(|&p| p != "-").map(String::from);
         Ok(AccessLog {
             sink,
+            path,
             buf: Vec::with_capacity(WRITE_THRESHOLD),
             failing: false,
             lines: 0,
@@ -166,7 +170,21 @@ impl AccessLog {
             self.restore_blocking();
             std::mem::swap(&mut self.sink, &mut other.sink);
         }
+        self.path = other.path;
         self.failing = false;
+    }
+
+    /// Opens its file again by name, so a SIGHUP after a rotation writes to
+    /// the new file even when the reload itself is refused. Standard output
+    /// and no log stay as they are; on failure the open file stays.
+    pub fn reopen(&mut self) -> Result<(), String> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let fresh = AccessLog::open(Some(path))?;
+        self.flush();
+        self.replace_sink(fresh);
+        Ok(())
     }
 
     /// Writes what is buffered and leaves standard output blocking again,

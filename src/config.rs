@@ -312,7 +312,10 @@ impl Config {
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            if path == "." {
+            // Broken JSON names no field (the path would read `?`): its line and column say where.
+            if inner.is_syntax() || inner.is_eof() {
+                ConfigError(format!("invalid configuration: JSON syntax error: {inner}"))
+            } else if path == "." {
                 ConfigError(format!("invalid configuration: {inner}"))
             } else {
                 ConfigError(format!("invalid configuration: {path}: {inner}"))
@@ -331,6 +334,18 @@ impl Config {
 
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_listen.as_ref().map(|a| a.parse().expect("validated"))
+    }
+
+    /// A reload's check against the admin listener actually bound (a new
+    /// `adminListen` waits for a restart): a non-loopback one keeps
+    /// requiring `adminToken`.
+    pub fn check_admin_bound(&self, bound: SocketAddr) -> Result<(), ConfigError> {
+        if !bound.ip().is_loopback() && self.admin_token.is_none() {
+            return fail(format!(
+                "adminToken: the admin listener stays bound to {bound}, not a loopback address, until a restart: it keeps requiring a token"
+            ));
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -625,6 +640,17 @@ mod tests {
     }
 
     #[test]
+    fn broken_json_reads_as_a_syntax_error_with_its_place() {
+        for (text, place) in
+            [("{bad", "line 1 column 2"), ("{\n\"pools\": {", "line 2 column 10"), ("[", "line 1 column 1")]
+        {
+            let e = err(text);
+            assert!(e.starts_with("invalid configuration: JSON syntax error: "), "{e}");
+            assert!(e.ends_with(place) && !e.contains('?'), "{e}");
+        }
+    }
+
+    #[test]
     fn errors_name_the_field() {
         assert!(err(&pool_json(r#","renewIntervalMs":5000,"termMs":5000"#)).contains("pools.p1.renewIntervalMs"));
         assert!(err(&pool_json(r#","concurrency":0"#)).contains("pools.p1.concurrency"));
@@ -674,6 +700,13 @@ mod tests {
         assert_eq!(Config::parse(ok.as_bytes()).unwrap().admin_token.as_deref(), Some("0123456789abcdef"));
         let loopback = r#"{"adminListen":"[::1]:7071","pools":{"p":{"keys":["k"]}}}"#;
         assert!(Config::parse(loopback.as_bytes()).is_ok());
+        // A reload is judged by the address bound, not the one it names.
+        let loopback = Config::parse(loopback.as_bytes()).unwrap();
+        let e = loopback.check_admin_bound("0.0.0.0:7071".parse().unwrap()).unwrap_err().0;
+        assert!(e.starts_with("adminToken: ") && e.contains("0.0.0.0:7071"), "{e}");
+        assert!(loopback.check_admin_bound("127.0.0.1:7071".parse().unwrap()).is_ok());
+        let ok = Config::parse(ok.as_bytes()).unwrap();
+        assert!(ok.check_admin_bound("0.0.0.0:7071".parse().unwrap()).is_ok());
     }
 
     #[test]

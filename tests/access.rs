@@ -525,6 +525,17 @@ fn behind_a_trusted_proxy_the_forwarded_address_is_judged() {
 }
 
 #[test]
+fn every_forwarded_for_line_counts_however_many() {
+    let s = TestServer::start(&config(r#""access":{"ipAllow":["10.0.0.0/8"],"trustedProxies":["127.0.0.1/32"]}"#, ""));
+    // Allowed addresses forged on many lines ahead of the one the proxy appended last.
+    let forged = with_forwarded("10.1.1.1").repeat(40);
+    let outsider = format!("{forged}{}", with_forwarded("1.2.3.4"));
+    assert_refused(&s.acquire(&outsider, ""), 403, "unauthorized", "the proxy's entry after 40 forged lines");
+    let insider = format!("{}{forged}", with_forwarded("1.2.3.4"));
+    assert_eq!(s.acquire(&insider, "").status, 200, "an allowed address appended last");
+}
+
+#[test]
 fn without_trusted_proxies_a_forged_forwarded_for_changes_nothing() {
     let s = TestServer::start(&config(r#""access":{"ipAllow":["203.0.113.0/24"]}"#, ""));
     assert_refused(&s.acquire(&with_forwarded("203.0.113.9"), ""), 403, "unauthorized", "forged X-Forwarded-For");
@@ -623,6 +634,32 @@ fn a_reader_of_standard_output_that_stalls_never_stalls_the_server() {
         thread::sleep(Duration::from_millis(10));
     };
     assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_refused_sighup_still_reopens_the_access_log() {
+    let mut s = TestServer::start_logged(&config_with_access_log(""), "info");
+    assert_eq!(s.acquire("", "").status, 200);
+    // Rotated away, and the configuration broken meanwhile.
+    std::fs::rename(s.dir.join("access.log"), s.dir.join("access.log.2")).unwrap();
+    std::fs::write(&s.config_path, "{bad").unwrap();
+    s.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        if let Some(line) = s.log().lines().find(|l| l.contains("reload refused")) {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline, "the reload was never refused: {}", s.log());
+        thread::sleep(Duration::from_millis(20));
+    };
+    // Broken JSON reads as such, with its place, and names no field.
+    assert!(refused.contains("JSON syntax error") && refused.ends_with("at line 1 column 2"), "{refused}");
+    assert!(!refused.contains('?'), "{refused}");
+    assert_eq!(s.acquire("", "").status, 200);
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let lines = |name: &str| std::fs::read_to_string(s.dir.join(name)).unwrap_or_default().lines().count();
+    assert_eq!((lines("access.log.2"), lines("access.log")), (1, 1), "one line before the SIGHUP, one after");
 }
 
 #[test]

@@ -165,6 +165,9 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 const SHORT: &str = r#""concurrency":2,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000,
     "queue":{"size":100,"timeoutMs":3000}"#;
 
+/// Proxied requests per pool in absolute form without Host.
+const ABSOLUTE_FORM: usize = 3;
+
 #[test]
 fn every_request_of_a_pool_lands_on_one_instance() {
     let upstream = MockUpstream::start(|_| ok("{}", ""));
@@ -203,6 +206,18 @@ fn every_request_of_a_pool_lands_on_one_instance() {
                 )
             })
             .collect();
+        // HTTP/1.0 may name the host in an absolute-form target and send no
+        // Host: the authority places it (an empty Host hashed anywhere).
+        let absolute = (0..ABSOLUTE_FORM).map(|_| {
+            cluster.request(
+                format!(
+                    "GET http://{pool}.proxy.test/v1/models HTTP/1.0\r\nX-Nthpool-Key: {KEY}\r\n\
+                     X-Nthpool-Queue-Timeout-Ms: 3000\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+        });
+        let proxied: Vec<Response> = proxied.into_iter().chain(absolute).collect();
         for p in &proxied {
             assert_eq!(p.status, 200, "proxied for {pool}: {p:?}");
         }
@@ -211,13 +226,18 @@ fn every_request_of_a_pool_lands_on_one_instance() {
         assert!(seen.iter().all(|i| *i == seen[0]), "{pool} was served by {seen:?}");
         served_by.insert(pool.clone(), seen[0].clone());
     }
-    assert_eq!(upstream.seen().len(), 2 * pools.len(), "every proxied request reached the upstream");
+    let per_pool = 2 + ABSOLUTE_FORM as u64;
+    assert_eq!(
+        upstream.seen().len() as u64,
+        per_pool * pools.len() as u64,
+        "every proxied request reached the upstream"
+    );
     // Each instance's own counters agree: a pool's grants (two lock acquires,
-    // two proxied requests) are all on its instance.
+    // the proxied requests) are all on its instance.
     for (pool, owner) in &served_by {
         for n in 1..=3u16 {
             let grants = cluster.metric(n, &format!("nthpool_grants_total{{pool=\"{pool}\"}}"));
-            let expected = if *owner == format!("n{n}") { 4 } else { 0 };
+            let expected = if *owner == format!("n{n}") { 2 + per_pool } else { 0 };
             assert_eq!(grants, expected, "{pool} (served by {owner}) on n{n}");
         }
     }
@@ -225,8 +245,17 @@ fn every_request_of_a_pool_lands_on_one_instance() {
     assert!(used.len() >= 2, "8 pools all on one instance: {served_by:?}");
 
     // A client cannot say a pool moved: HAProxy drops its X-Nthpool-Moved, so
-    // the pool grants as usual; the header sent straight to the instance
-    // opens the pool's window there.
+    // the pool grants as usual; the header sent straight to the instance from
+    // HAProxy's address (a trusted proxy of every pool the script runs, as
+    // the README says to configure) opens the pool's window there.
+    for n in 1..=3 {
+        let config = std::fs::read_to_string(cluster.dir.join(format!("n{n}/config.json"))).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        for (pool, settings) in config["pools"].as_object().unwrap() {
+            let trusted = &settings["access"]["trustedProxies"];
+            assert_eq!(*trusted, serde_json::json!(["127.0.0.1/32"]), "n{n}'s {pool} does not trust HAProxy");
+        }
+    }
     let (pool, owner) = served_by.iter().next().unwrap();
     let forged = post(&format!("/pools/{pool}/lock/acquire"), KEY, "X-Nthpool-Moved: n1\r\n", "");
     assert_eq!(cluster.request(&forged).status, 200, "a client's X-Nthpool-Moved passed HAProxy");

@@ -235,15 +235,19 @@ fn the_admin_listeners_refusals_carry_the_security_headers_and_are_no_lock_api_a
     let counted = metrics.lines().filter(|l| l.starts_with("nthpool_rejections_total{"));
     assert!(counted.clone().count() > 0 && counted.clone().all(|l| l.ends_with(" 0")), "{metrics}");
 
-    // Over its connection limit, the admin listener's 503 is secured too.
-    let held: Vec<TcpStream> = (0..16).map(|_| TcpStream::connect(admin(&s)).unwrap()).collect();
+    // Over its connection limit (16 requests in progress: idle connections
+    // would make way), the admin listener's 503 is secured too.
+    let mut held = Vec::new();
     let start = Instant::now();
     let r = loop {
+        let mut c = TcpStream::connect(admin(&s)).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+        held.push(c);
+        std::thread::sleep(Duration::from_millis(20));
         let r = admin_exchange(&s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
         if r.status == 503 || start.elapsed() > Duration::from_secs(10) {
             break r;
         }
-        std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(r.status, 503, "{r:?}");
     assert_secured(&r, "over capacity");
@@ -263,6 +267,11 @@ fn the_admin_token_guards_every_route_but_health() {
         let basic = get(admin(&s), path, &format!("Authorization: Basic {TOKEN}\r\n"));
         assert_eq!(basic.status, 401, "{path}");
         assert_eq!(get(admin(&s), path, &bearer).status, 200, "{path}");
+        // The scheme is case-insensitive, and any number of spaces may follow it (RFC 9110 §11).
+        for scheme in ["bearer ", "BEARER ", "bEaReR   "] {
+            let r = get(admin(&s), path, &format!("Authorization: {scheme}{TOKEN}\r\n"));
+            assert_eq!(r.status, 200, "{path} with {scheme:?}");
+        }
     }
     assert_eq!(get(admin(&s), "/healthz", "").status, 200);
     // The page shell holds no data; it asks for the token itself.

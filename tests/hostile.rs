@@ -442,6 +442,45 @@ fn garbage_cases() -> Vec<Garbage> {
     cases
 }
 
+/// `GET /healthz` on a fresh admin connection.
+fn health_check(admin: SocketAddr) -> Response {
+    let mut c = connect(admin);
+    c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    read_response(&mut c).expect("an answer to a health check")
+}
+
+#[test]
+fn idle_admin_connections_never_keep_a_health_check_out() {
+    let s = TestServer::start(&config("", ""));
+    let admin = s.admin.unwrap();
+    // As many bare connections as the admin listener takes, never a byte sent.
+    let mut idle: Vec<TcpStream> = (0..16).map(|_| connect(admin)).collect();
+    for round in 0..24 {
+        let r = health_check(admin);
+        assert_eq!(r.status, 200, "round {round}: {r:?}");
+    }
+    // The longest idle went first (then answered checks still lingering).
+    let mut byte = [0u8; 1];
+    assert!(matches!(idle[0].read(&mut byte), Ok(0)), "the longest idle connection is still open");
+    // A connection in the middle of a request is not idle: once 16 of them
+    // were read (one accepted before a read may still make way for the next),
+    // the listener is full and says so.
+    let mut busy = Vec::new();
+    loop {
+        let mut c = connect(admin);
+        c.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+        busy.push(c);
+        thread::sleep(Duration::from_millis(20));
+        let r = health_check(admin);
+        if r.status == 503 {
+            assert_eq!(r.error_code(), "unavailable", "{r:?}");
+            break;
+        }
+        assert!(busy.len() < 48, "requests in progress never filled the admin listener: {r:?}");
+    }
+    assert!(busy.len() >= 16, "full with {} requests in progress", busy.len());
+}
+
 #[test]
 fn garbage_never_kills_the_server() {
     const HEAD_MS: u64 = 1000;

@@ -402,6 +402,46 @@ fn sighup_with_an_unopenable_access_log_changes_nothing() {
     assert_eq!(s.renew(&held).status, 200, "still serving");
 }
 
+#[test]
+fn sighup_cannot_drop_the_admin_token_of_a_listener_bound_beyond_loopback() {
+    const TOKEN: &str = "admin-token-0123456789";
+    let with = |listen: &str, token: &str| {
+        format!(
+            r#"{{"adminListen":"{listen}","adminToken":{token},"accessLog":null,"pools":{{"p":{{"keys":["{KEY}"]}}}}}}"#
+        )
+    };
+    // Bound on every interface; the test only ever connects over loopback.
+    let s = TestServer::start_logged(&with("0.0.0.0:0", &format!("\"{TOKEN}\"")), "info");
+    let admin = SocketAddr::from(([127, 0, 0, 1], admin(&s).port()));
+    let fetch = |path: &str, token: Option<&str>| {
+        let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        let mut c = TcpStream::connect(admin).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n").as_bytes())
+            .unwrap();
+        read_response(&mut c).expect("an answer")
+    };
+    assert_eq!(fetch("/metrics", None).status, 401);
+    // The new address waits for a restart; the token must not go meanwhile.
+    std::fs::write(&s.config_path, with(&format!("127.0.0.1:{}", admin.port()), "null")).unwrap();
+    s.signal("HUP");
+    let deadline = Instant::now() + PATIENCE;
+    let handled = |l: &str| l.contains("reload refused") || l.contains("configuration reloaded");
+    while !s.log().lines().any(handled) {
+        assert!(Instant::now() < deadline, "the reload was never handled: {}", s.log());
+        thread::sleep(Duration::from_millis(20));
+    }
+    let refused = s.log().lines().find(|l| handled(l)).unwrap().to_string();
+    assert!(refused.contains("adminToken") && refused.contains("0.0.0.0:"), "{refused}");
+    for path in ["/metrics", "/api/pools"] {
+        assert_eq!(fetch(path, None).status, 401, "{path} without the token after the refused reload");
+    }
+    let m = fetch("/metrics", Some(TOKEN));
+    assert_eq!(m.status, 200);
+    let m = Exposition::parse(std::str::from_utf8(&m.body).unwrap());
+    assert_eq!(reloads(&m), (0.0, 1.0));
+}
+
 // ---------------------------------------------------------------- SIGTERM
 
 fn wait_for_exit(s: &mut TestServer, within: Duration) -> ExitStatus {

@@ -4,6 +4,8 @@
 //! for one term, and never takes a tampered, forged or foreign id.
 
 mod common;
+#[path = "common/upstream.rs"]
+mod upstream;
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -14,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{config, post, read_response, Response, TestServer, KEY};
+use upstream::{exchange, ok, proxied, MockUpstream, HOST};
 
 const POOL: &str = r#""concurrency":3,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
 
@@ -128,6 +131,70 @@ fn a_standby_sharing_the_secret_takes_over_on_another_port() {
     assert_eq!(standby.renew(&slot).status, 200, "the standby re-adopts the primary's slot");
     assert_eq!(standby.release(&slot, "").json()["released"], true);
     assert_eq!(metric(&standby, "nthpool_readopted_total{pool=\"p\"}"), 1);
+}
+
+const MOVED: &str = "X-Nthpool-Moved: n1\r\n";
+
+/// A pool `p` (limit 2) that also proxies `HOST` to `upstream`, with `access` members.
+fn moved_pool(upstream: &MockUpstream, access: &str) -> String {
+    let pool = format!(
+        r#""concurrency":2,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000,
+        "upstream":{{"url":"{}","hosts":["{HOST}"]}},"access":{{{access}}}"#,
+        upstream.url()
+    );
+    config(&pool, "")
+}
+
+fn recovering(r: &Response) -> bool {
+    r.status == 429 && r.header("x-nthpool-deny-reason") == Some("recovering")
+}
+
+#[test]
+fn only_a_trusted_proxy_can_say_a_pool_moved() {
+    let upstream = MockUpstream::start(|_| ok("{}", ""));
+    let proxied_moved = proxied("GET", "/v1/x", &format!("{MOVED}X-Nthpool-No-Queue: 1\r\n"), "");
+    // From a peer that is not a trusted proxy the field changes nothing.
+    let s = TestServer::start(&moved_pool(&upstream, r#""trustedProxies":["10.0.0.1/32"]"#));
+    for _ in 0..3 {
+        let r = s.acquire(MOVED, "");
+        assert_eq!(r.status, 200, "a caller's X-Nthpool-Moved held up a fail-fast acquire: {r:?}");
+        assert_eq!(s.release(&r.slot(), "").status, 200);
+        let r = exchange(&s, &proxied_moved);
+        assert_eq!(r.status, 200, "a caller's X-Nthpool-Moved held up a proxied request: {r:?}");
+    }
+    assert_eq!(metric(&s, "nthpool_recovering{pool=\"p\"}"), 0);
+    // From a trusted proxy it opens the pool's window, on either route.
+    let s = TestServer::start(&moved_pool(&upstream, r#""trustedProxies":["127.0.0.1/32"]"#));
+    let r = exchange(&s, &proxied_moved);
+    assert!(recovering(&r), "{r:?}");
+    let r = s.acquire("", "");
+    assert!(recovering(&r), "{r:?}");
+    let s = TestServer::start(&moved_pool(&upstream, r#""trustedProxies":["127.0.0.1/32"]"#));
+    let r = s.acquire(MOVED, "");
+    assert!(recovering(&r), "{r:?}");
+}
+
+#[test]
+fn a_move_never_takes_back_a_slot_released_here() {
+    let upstream = MockUpstream::start(|_| ok("{}", ""));
+    let s = TestServer::start(&moved_pool(&upstream, r#""trustedProxies":["127.0.0.1/32"]"#));
+    let released: Vec<String> = (0..2).map(|_| s.acquire("", "").slot()).collect();
+    for slot in &released {
+        assert_eq!(s.release(slot, "").status, 200);
+    }
+    let held: Vec<String> = (0..2).map(|_| s.acquire("", "").slot()).collect();
+    // A move opens the window; the released ids renewed in it stay dead.
+    assert!(recovering(&s.acquire(MOVED, "")));
+    for slot in &released {
+        let renew = post(&format!("/pools/p/lock/{slot}/renew"), KEY, MOVED, "");
+        assert_eq!(s.request(&renew).status, 404, "a slot released here was taken back");
+        assert_eq!(s.renew(slot).status, 404, "a slot released here was taken back");
+    }
+    for slot in &held {
+        assert_eq!(s.renew(slot).status, 200);
+    }
+    assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2);
+    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0);
 }
 
 #[test]

@@ -157,8 +157,8 @@ impl CidrSet {
 /// a trusted proxy, the right-most `X-Forwarded-For` entry that is not itself a
 /// trusted proxy.
 ///
-/// `x_forwarded_for` is every `X-Forwarded-For` header value in the order they
-/// arrived; together they form one comma-separated list, newest hop last. Each
+/// `newest_first` is every `X-Forwarded-For` header value, the last one to
+/// arrive first; together they form one comma-separated list, newest hop last. Each
 /// trusted hop appended the address it saw, so walking from the right and
 /// stopping at the first untrusted entry yields the last address a trusted party
 /// vouched for; anything further left was written by the client and is ignored.
@@ -168,12 +168,12 @@ impl CidrSet {
 ///
 /// The result is canonical: an IPv4-mapped IPv6 address comes back as IPv4, so
 /// logs show `10.0.0.1`, not `::ffff:10.0.0.1`.
-pub fn client_addr(peer: IpAddr, x_forwarded_for: &[&[u8]], trusted: &CidrSet) -> IpAddr {
+pub fn client_addr<'a>(peer: IpAddr, newest_first: impl Iterator<Item = &'a [u8]>, trusted: &CidrSet) -> IpAddr {
     let mut addr = peer.to_canonical();
     if !trusted.contains(addr) {
         return addr;
     }
-    for value in x_forwarded_for.iter().rev() {
+    for value in newest_first {
         for entry in value.rsplit(|&b| b == b',') {
             match parse_forwarded_entry(entry) {
                 Some(ip) => {
@@ -206,6 +206,11 @@ fn parse_forwarded_entry(entry: &[u8]) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `client_addr` over header values given in the order they arrived.
+    fn client_addr(peer: IpAddr, in_order: &[&[u8]], trusted: &CidrSet) -> IpAddr {
+        super::client_addr(peer, in_order.iter().rev().copied(), trusted)
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()

@@ -152,21 +152,23 @@ impl PoolAccess {
         self.hmac.is_some()
     }
 
+    /// Whether `peer` is one of the pool's `trustedProxies`: only they may
+    /// say a pool moved here (`X-Nthpool-Moved`).
+    pub fn trusts_proxy(&self, peer: IpAddr) -> bool {
+        self.trusted_proxies.contains(peer)
+    }
+
     /// The client address: the peer, or the right-most untrusted
     /// `X-Forwarded-For` entry when the peer is a trusted proxy.
     pub fn client_addr(&self, peer: IpAddr, head: &Head) -> IpAddr {
         if self.trusted_proxies.is_empty() || !self.trusted_proxies.contains(peer) {
             return peer;
         }
-        let mut values: [&[u8]; 8] = [&[]; 8];
-        let mut n = 0;
-        for h in head.headers {
-            if h.name.eq_ignore_ascii_case(b"x-forwarded-for") && n < values.len() {
-                values[n] = h.value;
-                n += 1;
-            }
-        }
-        ip::client_addr(peer, &values[..n], &self.trusted_proxies)
+        // Every field line counts, newest first: a limit here would let a
+        // client hide the entry its proxy appended behind lines of its own.
+        let newest_first =
+            head.headers.rev().filter(|h| h.name.eq_ignore_ascii_case(b"x-forwarded-for")).map(|h| h.value);
+        ip::client_addr(peer, newest_first, &self.trusted_proxies)
     }
 
     /// Checks decidable from the head: IP allowlist, JWT, Cloudflare Access.
@@ -183,7 +185,7 @@ impl PoolAccess {
             let token = head.header("x-nthpool-jwt").or_else(|| {
                 head.api.key?;
                 let auth = head.api.authorization?;
-                auth.get(..7).filter(|s| s.eq_ignore_ascii_case(b"bearer ")).map(|_| &auth[7..])
+                crate::http::credentials(auth, "bearer")
             });
             let token = token.ok_or(denied(Denied::TOKEN_MISSING))?;
             policy.verify(trim(token), now_epoch_ms).map_err(denied)?;

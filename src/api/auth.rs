@@ -7,7 +7,7 @@ use super::error::ApiError;
 use crate::config::{parse_sha256_hex, PoolConfig};
 use crate::ct::secret_eq;
 use crate::http::request::Head;
-use crate::http::trim;
+use crate::http::{credentials, trim};
 
 pub struct PoolKeys {
     plain: Vec<Box<[u8]>>,
@@ -38,14 +38,8 @@ impl PoolKeys {
         if !self.allow_authorization_header {
             return None;
         }
-        let value = trim(head.api.authorization?);
-        let split = value.iter().position(|&b| b == b' ')?;
-        let (scheme, rest) = value.split_at(split);
-        if scheme.eq_ignore_ascii_case(b"bearer") || scheme.eq_ignore_ascii_case(b"nthbouncer") {
-            Some(trim(rest))
-        } else {
-            None
-        }
+        let value = head.api.authorization?;
+        credentials(value, "bearer").or_else(|| credentials(value, "nthbouncer"))
     }
 
     pub fn check(&self, head: &Head) -> Result<(), ApiError> {

@@ -561,8 +561,10 @@ impl App {
         if access.needs_body() {
             access.check_signed(head, body, ctx.now.wall())?;
         }
-        if head.api.moved {
-            // The proxy moved this pool here from an instance out of rotation.
+        if head.api.moved && self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer) {
+            // The proxy moved this pool here from an instance out of rotation;
+            // from anyone else the field is ignored (it would hold up fail-fast
+            // acquires for a term and let released slots be taken back).
             self.gov.moved_here(pid, ctx.now.ms);
         }
         match lock {

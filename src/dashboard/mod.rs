@@ -52,7 +52,7 @@ fn authorized(head: &Head, app: &App) -> bool {
     let Some(token) = app.admin_token.as_deref() else {
         return true;
     };
-    let given = head.header("authorization").and_then(|v| v.strip_prefix(b"Bearer ")).unwrap_or_default();
+    let given = head.header("authorization").and_then(|v| crate::http::credentials(v, "bearer")).unwrap_or_default();
     secret_eq(given, token.as_bytes())
 }
 

@@ -18,6 +18,17 @@ pub fn trim(mut v: &[u8]) -> &[u8] {
     v
 }
 
+/// The credentials of an `Authorization` value in `scheme` (lower case):
+/// `auth-scheme 1*SP credentials` (RFC 9110 §11.4), the scheme compared
+/// without case (§11.1), white space around the credentials dropped.
+pub fn credentials<'v>(value: &'v [u8], scheme: &str) -> Option<&'v [u8]> {
+    debug_assert!(!scheme.bytes().any(|b| b.is_ascii_uppercase()));
+    let value = trim(value);
+    let split = value.iter().position(|&b| b == b' ')?;
+    let (given, rest) = value.split_at(split);
+    given.eq_ignore_ascii_case(scheme.as_bytes()).then(|| trim(rest))
+}
+
 const LO: u64 = 0x0101_0101_0101_0101;
 
 /// The high bit of every byte of `x` that is zero, and no other bit.
@@ -78,6 +89,17 @@ pub(crate) fn words_equal(a: &[u8], b: &[u8], fold: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_take_any_case_of_the_scheme_and_any_spaces_after_it() {
+        for value in ["Bearer t0k", "bearer t0k", "BEARER   t0k", " bEaReR t0k \t"] {
+            assert_eq!(credentials(value.as_bytes(), "bearer"), Some(&b"t0k"[..]), "{value:?}");
+        }
+        for value in ["Bearert0k", "Bearer", "Basic t0k", "Bearer\tt0k", "", "Nthbouncer t0k"] {
+            assert_eq!(credentials(value.as_bytes(), "bearer"), None, "{value:?}");
+        }
+        assert_eq!(credentials(b"NthBouncer k", "nthbouncer"), Some(&b"k"[..]));
+    }
 
     #[test]
     fn find_slash_or_query_agrees_with_position() {

@@ -186,6 +186,24 @@ impl<'b> Iterator for HeaderFields<'b> {
     }
 }
 
+/// From the last field back: `X-Forwarded-For` is read newest hop first.
+impl<'b> DoubleEndedIterator for HeaderFields<'b> {
+    fn next_back(&mut self) -> Option<Field<'b>> {
+        match &mut self.fields {
+            FieldList::Parsed(list) => {
+                let (last, rest) = list.split_last()?;
+                *list = rest;
+                Some(Field { name: last.name.as_bytes(), value: last.value })
+            }
+            FieldList::Remembered(list, block) => {
+                let (&(name, value), rest) = list.split_last()?;
+                *list = rest;
+                Some(Field { name: name.of(block), value: value.of(block) })
+            }
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeadError {
     /// `400` and close; the text is the one-sentence `message` of the reply.
@@ -1391,7 +1409,9 @@ mod tests {
     /// Everything a parse says (a head's fields included), owned, so two
     /// parses can be compared: all but where the head came from (`recall`).
     fn digest(r: Result<Option<Head<'_>>, HeadError>) -> String {
-        format!("{:?}", r.map(|h| h.map(|h| Head { recall: None, ..h })))
+        // The fields read from the end too, as `X-Forwarded-For` is.
+        let backwards = format!("{:?}", r.as_ref().map(|h| h.as_ref().map(|h| h.headers.rev().collect::<Vec<_>>())));
+        format!("{:?} {backwards}", r.map(|h| h.map(|h| Head { recall: None, ..h })))
     }
 
     #[test]
@@ -1421,6 +1441,9 @@ mod tests {
         with_head(raw, |r| {
             let h = r.unwrap().unwrap();
             assert_eq!(h.headers.map(|f| (f.name, f.value)).collect::<Vec<_>>(), expected);
+            let mut backwards: Vec<_> = h.headers.rev().map(|f| (f.name, f.value)).collect();
+            backwards.reverse();
+            assert_eq!(backwards, expected);
             assert_eq!(h.header("x-b"), Some(&b"v  w"[..]));
             assert_eq!(h.header("x-d"), Some(&b""[..]));
         });

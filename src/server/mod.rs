@@ -152,6 +152,9 @@ pub struct Server {
     /// Open connections per listener, each against its own budget.
     open_public: usize,
     open_admin: usize,
+    /// The admin listener's connections (at most `ADMIN_MAX_CONNECTIONS`):
+    /// where to find one to close when a health check finds it full.
+    admin_conns: Vec<ConnId>,
     timeouts: Timeouts,
     /// `idleSpinUs`: how long the wait polls before it sleeps after concurrent work.
     idle_spin: Duration,
@@ -235,6 +238,7 @@ impl Server {
             max_connections: config.max_connections,
             open_public: 0,
             open_admin: 0,
+            admin_conns: Vec::with_capacity(ADMIN_MAX_CONNECTIONS),
             timeouts: Timeouts::from(config),
             idle_spin: Duration::from_micros(config.idle_spin_us),
             input_limit: input_limit(config),
@@ -372,9 +376,14 @@ impl Server {
         self.settle_answers();
         let Some(path) = &self.config_path else {
             warn!("SIGHUP: running on the embedded configuration, nothing to reload");
+            self.reopen_access_log();
             return;
         };
+        let bound_admin = self.admin.as_ref().and_then(|l| l.local_addr().ok());
         let result = Config::load(path).map_err(|e| e.to_string()).and_then(|config| {
+            if let Some(bound) = bound_admin {
+                config.check_admin_bound(bound).map_err(|e| e.to_string())?;
+            }
             self.app.reconfigure(&config, self.now)?;
             Ok(config)
         });
@@ -411,7 +420,17 @@ impl Server {
             Err(e) => {
                 self.stats.reloads_failed += 1;
                 error!("reload refused, the running configuration stays: {e}");
+                self.reopen_access_log();
             }
+        }
+    }
+
+    /// A SIGHUP whose configuration was not applied still reopens the
+    /// access log (an applied one opened it anew): log rotation does not
+    /// depend on the configuration file's fate.
+    fn reopen_access_log(&mut self) {
+        if let Err(e) = self.app.log.reopen() {
+            warn!("SIGHUP: {e}; access log lines go on to the file open before");
         }
     }
 
@@ -481,7 +500,9 @@ impl Server {
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) -> Option<ConnId> {
         let (open, budget) =
             if admin { (self.open_admin, ADMIN_MAX_CONNECTIONS) } else { (self.open_public, self.max_connections) };
-        if open >= budget {
+        // A full admin listener closes its longest-idle connection for the
+        // new one: idle connections must not keep health checks out.
+        if open >= budget && !(admin && self.close_idlest_admin()) {
             self.stats.connections_refused += 1;
             if !admin {
                 self.app.count_refused_connection();
@@ -506,8 +527,34 @@ impl Server {
         entry.insert(Entry::Client(Conn::new(stream, peer, serial, admin, self.input_limit, self.now.ms)));
         *(if admin { &mut self.open_admin } else { &mut self.open_public }) += 1;
         let id = ConnId { index: token as u32, serial };
+        if admin {
+            self.admin_conns.push(id);
+        }
         self.arm_timer(id);
         Some(id)
+    }
+
+    /// Closes the admin connection idle longest, if one is: nothing in
+    /// progress (no input, no body, nothing unsent), or done and lingering
+    /// (those go first). Returns whether one was closed.
+    fn close_idlest_admin(&mut self) -> bool {
+        let idlest = self
+            .admin_conns
+            .iter()
+            .filter_map(|&id| {
+                let Some(Entry::Client(conn)) = self.conns.get(id.index as usize) else { return None };
+                debug_assert_eq!(conn.serial, id.serial, "admin_conns lists the connections open");
+                let quiet = conn.unsent() == 0 && conn.input.is_empty() && conn.pending.is_none();
+                let idle = conn.is_lingering() || conn.is_open() && quiet && conn.request_started.is_none();
+                idle.then_some(((!conn.is_lingering(), conn.last_active), id))
+            })
+            .min_by_key(|&(order, _)| order);
+        let Some((_, id)) = idlest else {
+            return false;
+        };
+        debug!("admin listener full: closing the connection idle longest");
+        self.close(id);
+        true
     }
 
     /// The attempts answered so far this turn are recorded (history,
@@ -838,6 +885,9 @@ impl Server {
 
     fn close_client(&mut self, id: ConnId, mut conn: Conn) {
         *(if conn.admin { &mut self.open_admin } else { &mut self.open_public }) -= 1;
+        if conn.admin {
+            self.admin_conns.retain(|&a| a != id);
+        }
         if let Some((queued, _)) = conn.stop_waiting() {
             self.app.waiter_gone(&queued, id, self.now);
         }

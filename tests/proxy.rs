@@ -246,3 +246,86 @@ fn a_client_that_leaves_mid_stream_frees_its_slot_at_once() {
     // The stream would run for ten more seconds; the slot is back long before.
     assert!(slot_comes_back(&server) < Duration::from_secs(5));
 }
+
+// ---------------------------------------------------------------- stopping
+
+/// `proxy_server` with the access log written to `access.log` in its directory.
+fn logged_proxy_server(up: &MockUpstream, concurrency: u32, extra: &str) -> TestServer {
+    let sep = if extra.is_empty() { "" } else { "," };
+    let c = config(
+        &format!(
+            r#""concurrency":{concurrency},"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
+            "upstream":{{"url":"{}","hosts":["{HOST}"]{sep}{extra}}}"#,
+            up.url()
+        ),
+        "",
+    );
+    TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1))
+}
+
+/// The access log's lines, once the server has exited.
+fn final_access_log(s: &mut TestServer) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn sigterm_lets_a_proxied_request_in_flight_finish() {
+    let up = MockUpstream::start(|_| {
+        Reply::Paced(vec![(400, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone".to_vec())])
+    });
+    let mut server = logged_proxy_server(&up, 2, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("POST", "/v1/slow", "", "{}")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    server.signal("TERM");
+    let r = read_any(&mut s).expect("the upstream's answer, not an EOF");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"done"[..]), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut s));
+    let lines = final_access_log(&mut server);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!((lines[0]["status"].as_u64(), lines[0]["error"].as_str()), (Some(200), None), "{lines:?}");
+}
+
+#[test]
+fn sigterm_lets_a_proxied_stream_finish_and_cuts_what_outlasts_the_grace() {
+    let events: Vec<(u64, Vec<u8>)> =
+        std::iter::once((0, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n".to_vec()))
+            .chain((0..4).map(|i| (80, format!("data: {i}\n\n").into_bytes())))
+            .collect();
+    let up = MockUpstream::start(move |seen| match seen.request_line().split(' ').nth(1).unwrap() {
+        "/stream" => Reply::Paced(events.clone()),
+        _ => Reply::Silent(Duration::from_secs(5)),
+    });
+    let mut server = logged_proxy_server(&up, 4, "");
+    let mut stream = server.connect();
+    stream.write_all(&proxied("GET", "/stream", "", "")).unwrap();
+    let mut stuck = server.connect();
+    stuck.write_all(&proxied("GET", "/stuck", "", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let stopped = Instant::now();
+    server.signal("TERM");
+    let r = read_any(&mut stream).expect("the stream, not an EOF");
+    assert_eq!(r.body, b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\n", "{r:?}");
+    // The upstream never answers: at the end of the grace the client is told.
+    let cut = read_any(&mut stuck).expect("an answer at the end of the grace");
+    assert_eq!((cut.status, cut.error_code().as_str()), (503, "unavailable"), "{cut:?}");
+    assert!(stopped.elapsed() < Duration::from_secs(2), "{:?}", stopped.elapsed());
+    let lines = final_access_log(&mut server);
+    let by_path = |p: &str| lines.iter().find(|l| l["path"] == p).unwrap_or_else(|| panic!("{p}: {lines:?}")).clone();
+    assert_eq!((by_path("/stream")["status"].as_u64(), by_path("/stream")["error"].as_str()), (Some(200), None));
+    assert_eq!(
+        (by_path("/stuck")["status"].as_u64(), by_path("/stuck")["error"].as_str()),
+        (Some(503), Some("unavailable"))
+    );
+}

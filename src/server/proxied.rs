@@ -20,6 +20,7 @@ use super::{client_mut, Server};
 use crate::api::proxy::{ProxiedLine, WaitEnd};
 use crate::api::{
     governor_headers, Admission, ApiError, App, ConnId, Ctx, Grant, PoolId, Queued, Wake, CLIENT_GONE_STATUS,
+    SHUTTING_DOWN,
 };
 use crate::config::upstream::Upstream;
 use crate::config::Config;
@@ -47,6 +48,9 @@ pub enum End {
     Cut,
     /// The client went away.
     ClientGone,
+    /// The server stopped with the response under way (its head sent): the
+    /// client's connection is closed.
+    Stopped,
     /// Never admitted: its queue wait ended in a refusal, already answered and logged.
     Refused,
 }
@@ -422,12 +426,15 @@ impl Server {
                 self.app.write_error(&mut conn.output, err, close);
                 close
             }
-            End::Cut | End::ClientGone => true,
+            End::Cut | End::ClientGone | End::Stopped => true,
             // The request body was never read.
             End::Refused => !body_done,
         };
         if close {
             conn.close_after_flush();
+        } else if self.shutdown_at.is_some() {
+            // Stopping: what it pipelined is answered, then it closes.
+            self.stopping.push(id);
         }
         self.proxy.retire(e);
         conn.last_active = self.now.ms;
@@ -457,6 +464,30 @@ impl Server {
         }
     }
 
+    /// The stop's grace is over: every exchange still running is ended. A
+    /// client that got no response head is answered `503` (best effort: one
+    /// write); one mid-response is cut. Each is logged as such.
+    pub(super) fn cut_exchanges(&mut self) {
+        let running: Vec<(ConnId, usize)> = self
+            .conns
+            .iter()
+            .filter_map(|(t, entry)| match entry {
+                super::Entry::Client(c) => c.exchange.map(|ex| (ConnId { index: t as u32, serial: c.serial }, ex)),
+            })
+            .collect();
+        for (id, ex) in running {
+            self.proxy.exchanges[ex].client_side.keep_alive = false;
+            let end = match self.proxy.exchanges[ex].phase {
+                Phase::Relaying => End::Stopped,
+                Phase::Queued | Phase::Sending => End::Answered(SHUTTING_DOWN),
+            };
+            self.end_exchange(id, end);
+            if let Some(conn) = client_mut(&mut self.conns, id) {
+                let _ = conn.flush(self.now.ms);
+            }
+        }
+    }
+
     /// The client connection is closing while in an exchange.
     pub(super) fn abandon_exchange(&mut self, ex: usize) {
         let e = self.finish_exchange(ex, false);
@@ -478,6 +509,7 @@ impl Server {
             End::Answered(err) => (err.status().code(), Some(err.code())),
             End::Cut => (upstream_status.unwrap_or(ApiError::BadGateway.status().code()), Some("upstream_cut")),
             End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
+            End::Stopped => (upstream_status.unwrap_or(0), Some("shutdown_cut")),
         };
         let upstream_ms = e.sent_at.map(|t| t.elapsed().as_millis() as u64);
         self.proxy.stats.count(e.pool.0 as usize, upstream_status, upstream_ms, e.bytes_up, e.bytes_down);

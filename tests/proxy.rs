@@ -329,3 +329,39 @@ fn sigterm_lets_a_proxied_stream_finish_and_cuts_what_outlasts_the_grace() {
         (Some(503), Some("unavailable"))
     );
 }
+
+// ---------------------------------------------------------------- connection handling
+
+#[test]
+fn a_queued_proxied_request_that_asked_to_close_gets_its_refusal_with_connection_close() {
+    let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(3)));
+    let server = proxy_server(&up, 1, "");
+    let mut holder = server.connect();
+    holder.write_all(&proxied("GET", "/hold", "", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/wait", "Connection: close\r\nX-Nthpool-Queue-Timeout-Ms: 200\r\n", "")).unwrap();
+    let r = read_any(&mut s).expect("a refusal");
+    assert_eq!((r.status, r.error_code().as_str()), (504, "queue_timeout"), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut s), "the connection stayed open");
+}
+
+#[test]
+fn http10_keep_alive_proxied_answers_say_the_connection_is_kept() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    let raw = format!("GET /a HTTP/1.0\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nConnection: keep-alive\r\n\r\n");
+    for _ in 0..2 {
+        s.write_all(raw.as_bytes()).unwrap();
+        let r = read_any(&mut s).expect("an answer on the kept connection");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"fine"[..]), "{r:?}");
+        assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
+    }
+    // A refusal on it says so too.
+    let wrong = format!("GET /a HTTP/1.0\r\nHost: {HOST}\r\nX-Nthpool-Key: wrong\r\nConnection: keep-alive\r\n\r\n");
+    s.write_all(wrong.as_bytes()).unwrap();
+    let r = read_any(&mut s).expect("a refusal");
+    assert_eq!((r.status, r.header("connection")), (401, Some("keep-alive")), "{r:?}");
+}

@@ -292,6 +292,9 @@ pub fn take_response(
         out.extend_from_slice(extra);
         if closes {
             out.extend_from_slice(b"Connection: close\r\n");
+        } else if !client.http11 {
+            // An HTTP/1.0 connection is kept only when the answer says so (RFC 9112 §C.2.2).
+            out.extend_from_slice(b"Connection: keep-alive\r\n");
         }
     }
     out.extend_from_slice(b"\r\n");

@@ -26,7 +26,7 @@ use crate::config::upstream::Upstream;
 use crate::config::Config;
 use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
-use crate::http::response::CONTINUE;
+use crate::http::response::{say_kept_alive, CONTINUE};
 use crate::proxy::head::{self, ClientSide};
 use crate::proxy::{request_relay, Attached, ClientIo, Exchange, Keep, NewExchange, Phase, Proxy, Step};
 use crate::time::{Ms, Now};
@@ -107,12 +107,21 @@ pub fn begin(
     pid: PoolId,
 ) -> Begun {
     let has_body = head.framing != BodyFraming::None;
-    let admitted = match app.admit_proxied(ctx, pid, head, output) {
+    let start = output.len();
+    // An HTTP/1.0 connection is kept only when the answer says so.
+    let say_kept = |output: &mut Vec<u8>, close: bool| {
+        if !close && !head.http11 {
+            say_kept_alive(output, start);
+        }
+    };
+    // A refusal leaves the body unread: its answer closes the connection.
+    let admitted = match app.admit_proxied(&Ctx { close: ctx.close || has_body, ..*ctx }, pid, head, output) {
         Ok(admitted) => admitted,
         Err(e) => {
             // The body is not read: nothing after it could be told apart.
             let close = ctx.close || has_body || e.closes();
             app.refuse_proxied(&Ctx { close, ..*ctx }, pid, head, e, output);
+            say_kept(output, close);
             return Begun::Answered { close };
         }
     };
@@ -137,7 +146,11 @@ pub fn begin(
     };
     match admitted.admission {
         // Answered by `admit_proxied`.
-        Admission::Denied(_) => Begun::Answered { close: has_body || ctx.close },
+        Admission::Denied(_) => {
+            let close = has_body || ctx.close;
+            say_kept(output, close);
+            Begun::Answered { close }
+        }
         Admission::Queued(key) => Begun::Queued(open(proxy), Queued { key, attempt: admitted.attempt, proxied: true }),
         Admission::Granted(grant) => Begun::Granted(open(proxy), grant),
     }
@@ -361,9 +374,21 @@ impl Server {
         let Some(ex) = conn.exchange else {
             return;
         };
-        let line = self.proxy.exchanges[ex].method_and_path();
-        self.app.end_proxied_wait(&mut conn.output, end, queued, id, self.now, close, line);
+        let e = &self.proxy.exchanges[ex];
+        // `Connection: close`, or a body not read: the answer ends the connection.
+        let close = close || !e.client_side.keep_alive || !e.request_done();
+        let start = conn.output.len();
+        self.app.end_proxied_wait(&mut conn.output, end, queued, id, self.now, close, e.method_and_path());
+        if !close && !e.client_side.http11 {
+            // An HTTP/1.0 connection is kept only when the answer says so.
+            say_kept_alive(&mut conn.output, start);
+        }
         self.end_exchange(id, End::Refused);
+        if close {
+            if let Some(conn) = client_mut(&mut self.conns, id) {
+                conn.close_after_flush();
+            }
+        }
         self.mark_dirty(id);
     }
 
@@ -423,7 +448,11 @@ impl Server {
             End::Complete { close_client } => close_client,
             End::Answered(err) => {
                 let close = !body_done || !e.client_side.keep_alive || err.closes();
+                let start = conn.output.len();
                 self.app.write_error(&mut conn.output, err, close);
+                if !close && !e.client_side.http11 {
+                    say_kept_alive(&mut conn.output, start);
+                }
                 close
             }
             End::Cut | End::ClientGone | End::Stopped => true,

@@ -365,3 +365,13 @@ fn http10_keep_alive_proxied_answers_say_the_connection_is_kept() {
     let r = read_any(&mut s).expect("a refusal");
     assert_eq!((r.status, r.header("connection")), (401, Some("keep-alive")), "{r:?}");
 }
+
+#[test]
+fn relayed_answers_carry_a_date_when_the_upstream_sent_none() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = proxy_server(&up, 1, "");
+    let r = exchange(&server, &proxied("GET", "/", "", ""));
+    assert_eq!(r.status, 200, "{r:?}");
+    let date = r.header("date").unwrap_or_else(|| panic!("no Date: {r:?}"));
+    assert!(date.ends_with(" GMT") && date.len() == 29, "{date}");
+}

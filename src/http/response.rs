@@ -87,6 +87,15 @@ pub fn ok_start() -> [u8; OK_START_LEN] {
     OK_START.with(|d| d.get().1)
 }
 
+/// The `Date` header line answers show now (the reactor's cached second):
+/// for heads this server does not write itself, such as relayed ones.
+pub fn date_line_now() -> [u8; DATE_LEN] {
+    let start = ok_start();
+    let mut line = [0u8; DATE_LEN];
+    line.copy_from_slice(&start[OK_LINE.len()..]);
+    line
+}
+
 /// Sets the time answers show in `Date`, from Unix epoch milliseconds.
 pub fn set_date(epoch_ms: u64) {
     let secs = epoch_ms / 1000;

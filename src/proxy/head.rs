@@ -267,7 +267,9 @@ pub fn take_response(
     let framing_passes = to_client == ClientBody::None;
     let fields = || headers.iter().map(|h| (h.name.as_bytes(), h.value));
     let connection = ConnectionTokens::of(fields());
+    let mut dated = false;
     for h in headers {
+        dated |= h.name.eq_ignore_ascii_case("date");
         let framing = h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("transfer-encoding");
         let forwarded = if framing {
             framing_passes
@@ -280,6 +282,10 @@ pub fn take_response(
     }
     let closes = !client.keep_alive || to_client == ClientBody::Close;
     if !interim {
+        if !dated {
+            // A proxy adds the `Date` an upstream left out (RFC 9110 §6.6.1).
+            out.extend_from_slice(&crate::http::response::date_line_now());
+        }
         match to_client {
             ClientBody::Length(n) => {
                 out.extend_from_slice(b"Content-Length: ");
@@ -382,7 +388,11 @@ mod tests {
             (head.body, body, head.len, head.keep_alive),
             (ResponseBody::Length(5), ClientBody::Length(5), 53, true)
         );
-        assert_eq!(text, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nx-nthpool-limit: 4\r\n\r\n");
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\nDate: "), "{text}");
+        assert!(text.ends_with(" GMT\r\nContent-Length: 5\r\nx-nthpool-limit: 4\r\n\r\n"), "{text}");
+        let (_, _, text) = respond(b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 10:00:00 GMT\r\n\r\n", CLIENT);
+        assert_eq!(text.matches("Date: ").count(), 1, "{text}");
+        assert!(text.contains("Date: Tue, 01 Dec 2026 10:00:00 GMT\r\n"), "the upstream's own Date is kept: {text}");
         let (head, body, text) = respond(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", CLIENT);
         assert_eq!((head.body, body, head.keep_alive), (ResponseBody::Close, ClientBody::Chunked, false));
         assert!(text.contains("Transfer-Encoding: chunked\r\n") && !text.contains("close"), "{text}");

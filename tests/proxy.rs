@@ -375,3 +375,17 @@ fn relayed_answers_carry_a_date_when_the_upstream_sent_none() {
     let date = r.header("date").unwrap_or_else(|| panic!("no Date: {r:?}"));
     assert!(date.ends_with(" GMT") && date.len() == 29, "{date}");
 }
+
+#[test]
+fn an_upstreams_own_governor_headers_are_not_relayed() {
+    let up = MockUpstream::start(|_| ok("fine", "x-nthpool-effective-limit: 999\r\nX-Nthpool-Anything: up\r\n"));
+    let server = proxy_server(&up, 3, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/", "", "")).unwrap();
+    let r = read_any(&mut s).expect("an answer");
+    assert_eq!(r.status, 200, "{r:?}");
+    let named = |n: &str| r.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case(n)).count();
+    assert_eq!(named("x-nthpool-effective-limit"), 1, "{r:?}");
+    assert_eq!(r.header("x-nthpool-effective-limit"), Some("3"), "{r:?}");
+    assert_eq!(named("x-nthpool-anything"), 0, "{r:?}");
+}

@@ -45,6 +45,11 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
+/// `X-Nthpool-*`: this server's own fields, never passed between client and upstream.
+fn is_nthpool_field(name: &[u8]) -> bool {
+    name.len() >= 10 && name[..10].eq_ignore_ascii_case(b"x-nthpool-")
+}
+
 /// The values of a head's `Connection` fields, gathered once so each other
 /// field is checked against them without walking the head again.
 struct ConnectionTokens<'h> {
@@ -97,7 +102,7 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
             || name.eq_ignore_ascii_case(b"host")
             || name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"expect")
-            || (name.len() >= 10 && name[..10].eq_ignore_ascii_case(b"x-nthpool-"))
+            || is_nthpool_field(name)
             || (creds.authorization && name.eq_ignore_ascii_case(b"authorization"))
             || (creds.api_key && name.eq_ignore_ascii_case(b"x-api-key"))
             || (creds.cf_access && name.eq_ignore_ascii_case(b"cf-access-jwt-assertion"))
@@ -274,7 +279,10 @@ pub fn take_response(
         let forwarded = if framing {
             framing_passes
         } else {
-            !is_hop_by_hop(h.name.as_bytes()) && !connection.lists(h.name.as_bytes(), fields())
+            // The governor headers are this server's own: an upstream's are not relayed.
+            !is_hop_by_hop(h.name.as_bytes())
+                && !is_nthpool_field(h.name.as_bytes())
+                && !connection.lists(h.name.as_bytes(), fields())
         };
         if forwarded {
             push_field(out, h.name.as_bytes(), h.value);
@@ -404,6 +412,14 @@ mod tests {
         let (head, body, text) = respond(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", head_req);
         assert_eq!((head.body, body), (ResponseBody::None, ClientBody::None));
         assert!(text.contains("Content-Length: 99\r\n"), "{text}");
+    }
+
+    #[test]
+    fn an_upstreams_own_governor_headers_are_not_relayed() {
+        let raw = b"HTTP/1.1 200 OK\r\nX-Nthpool-Effective-Limit: 999\r\nx-nthpool-limit: 7\r\nX-Up: 1\r\n\r\n";
+        let (_, _, text) = respond(raw, CLIENT);
+        assert!(!text.contains("999") && !text.contains(": 7\r\n") && !text.contains("Effective"), "{text}");
+        assert!(text.contains("X-Up: 1\r\n") && text.contains("x-nthpool-limit: 4\r\n"), "{text}");
     }
 
     #[test]

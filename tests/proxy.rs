@@ -389,3 +389,39 @@ fn an_upstreams_own_governor_headers_are_not_relayed() {
     assert_eq!(r.header("x-nthpool-effective-limit"), Some("3"), "{r:?}");
     assert_eq!(named("x-nthpool-anything"), 0, "{r:?}");
 }
+
+// ---------------------------------------------------------------- slow clients
+
+#[test]
+fn a_client_slow_to_send_its_body_does_not_eat_the_upstreams_timeout() {
+    let up = MockUpstream::start(|seen| ok(&String::from_utf8_lossy(&seen.body), ""));
+    let server = proxy_server(&up, 1, r#""timeoutMs":600"#);
+    let mut s = server.connect();
+    let head = format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 6\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // Six bytes over 1.2 s: past the 600 ms timeout, but never stalled for it.
+    for b in b"abcdef" {
+        std::thread::sleep(Duration::from_millis(200));
+        s.write_all(&[*b]).unwrap();
+    }
+    let r = read_any(&mut s).expect("an answer");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"abcdef"[..]), "{r:?}");
+}
+
+#[test]
+fn a_client_that_stalls_its_body_gets_a_408_and_the_upstream_is_not_blamed() {
+    let up = MockUpstream::start(|_| ok("never", ""));
+    let mut server = logged_proxy_server(&up, 1, r#""timeoutMs":400"#);
+    let mut s = server.connect();
+    let head = format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 6\r\n\r\na");
+    s.write_all(head.as_bytes()).unwrap();
+    let r = read_any(&mut s).expect("an answer");
+    assert_eq!((r.status, r.error_code().as_str()), (408, "body_timeout"), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    slot_comes_back(&server);
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let line = lines.iter().find(|l| l["path"] == "/upload").unwrap_or_else(|| panic!("{lines:?}"));
+    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(408), Some("body_timeout")), "{line}");
+    assert!(line["upstreamStatus"].is_null(), "{line}");
+}

@@ -32,6 +32,9 @@ pub enum ApiError {
     BadGatewayBecause(&'static str),
     /// Proxy mode: no response head within the upstream's `timeoutMs`.
     UpstreamTimeout,
+    /// Proxy mode: the client's request body stalled; the upstream had taken
+    /// all that came of it and waited for the rest.
+    BodyTimeout,
 }
 
 impl ApiError {
@@ -49,6 +52,7 @@ impl ApiError {
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
             ApiError::UpstreamTimeout => Status::GatewayTimeout,
+            ApiError::BodyTimeout => Status::RequestTimeout,
         }
     }
 
@@ -66,6 +70,7 @@ impl ApiError {
             ApiError::Unavailable(..) => "unavailable",
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
             ApiError::UpstreamTimeout => "upstream_timeout",
+            ApiError::BodyTimeout => "body_timeout",
         }
     }
 
@@ -86,6 +91,7 @@ impl ApiError {
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
             ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
+            ApiError::BodyTimeout => "The request body did not arrive within the upstream's timeout.",
         }
     }
 
@@ -93,7 +99,11 @@ impl ApiError {
     pub fn closes(self) -> bool {
         matches!(
             self,
-            ApiError::BadRequest(_) | ApiError::PayloadTooLarge | ApiError::HeadTooLarge | ApiError::NotImplemented(_)
+            ApiError::BadRequest(_)
+                | ApiError::PayloadTooLarge
+                | ApiError::HeadTooLarge
+                | ApiError::NotImplemented(_)
+                | ApiError::BodyTimeout
         )
     }
 

@@ -201,6 +201,9 @@ pub struct Exchange {
     /// When the head must have come (`timeoutMs`), then the request's cap.
     pub deadline: Ms,
     pub request_deadline: Ms,
+    /// The whole request has left for the upstream: `deadline` now runs
+    /// from then (the response head's `timeoutMs`).
+    pub request_sent: bool,
     pub sent_at: Option<Instant>,
     /// How long it waited in the queue for its slot.
     pub queued_ms: u64,
@@ -373,6 +376,7 @@ impl Proxy {
             response_head: None,
             deadline: Ms::MAX,
             request_deadline: Ms::MAX,
+            request_sent: false,
             sent_at: None,
             queued_ms: 0,
             bytes_up: 0,
@@ -524,6 +528,21 @@ impl Proxy {
             hangup: false,
         });
         Ok(idx)
+    }
+
+    /// Whether the client's body has been taken whole and the upstream
+    /// connection has no request bytes left to write.
+    pub fn request_flushed(&self, ex: usize) -> bool {
+        let e = &self.exchanges[ex];
+        e.request.is_done() && e.up.is_some_and(|i| self.ups[i].unsent() == 0)
+    }
+
+    /// At the timer of an exchange still sending: the client stalled its
+    /// body (the upstream took all that came and waits for the rest), as
+    /// opposed to an upstream that did not take or did not answer.
+    pub fn client_body_stalled(&self, ex: usize) -> bool {
+        let e = &self.exchanges[ex];
+        !e.request.is_done() && e.up.is_some_and(|i| self.ups[i].connected && self.ups[i].unsent() == 0)
     }
 
     /// When the exchange's timer must fire: its own deadline, or sooner the

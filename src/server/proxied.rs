@@ -220,6 +220,26 @@ fn attach(proxy: &mut Proxy, ex: usize, upstream: &Upstream, now: Ms, registry: 
     }
 }
 
+/// Before the response head, `timeoutMs` runs from the grant, then again
+/// from each piece of the client's body taken (`body_progress`), then from
+/// when the whole request has left for the upstream: the response head's
+/// timeout runs from there (SPEC §12), so a client slow to send its body
+/// does not eat the upstream's time, and one that stalls it is told apart.
+fn restart_timer(proxy: &mut Proxy, app: &App, ex: usize, now: Ms, body_progress: bool) {
+    let e = &proxy.exchanges[ex];
+    if e.request_sent || e.phase != Phase::Sending {
+        return;
+    }
+    let flushed = proxy.request_flushed(ex);
+    if !flushed && !body_progress {
+        return;
+    }
+    let timeout_ms = app.upstream(e.pool).map_or(0, |u| u.timeout_ms);
+    let e = &mut proxy.exchanges[ex];
+    e.request_sent = flushed;
+    e.deadline = (now + timeout_ms).min(e.request_deadline);
+}
+
 impl Server {
     /// Accepts on a pool's own proxy listener.
     pub(super) fn accept_proxy(&mut self, i: usize) {
@@ -315,6 +335,7 @@ impl Server {
             return;
         }
         let before = conn.unsent();
+        let mut body_progress = false;
         let step = loop {
             let mut io = ClientIo {
                 input: conn.input.data(),
@@ -325,6 +346,7 @@ impl Server {
             };
             let step = self.proxy.pump(ex, &mut io, epoch_now);
             let consumed = io.consumed;
+            body_progress |= consumed > 0;
             conn.input.consume(consumed);
             if step != Step::Retry {
                 break step;
@@ -334,6 +356,9 @@ impl Server {
                 break Step::BadGateway("cannot reconnect");
             }
         };
+        if step == Step::Pending {
+            restart_timer(&mut self.proxy, &self.app, ex, self.now.ms, body_progress);
+        }
         conn.exchange_deadline = self.proxy.deadline(ex);
         if before == 0 && conn.unsent() > 0 {
             conn.out_since = self.now.ms;
@@ -393,14 +418,17 @@ impl Server {
     }
 
     /// The exchange's deadline passed: before the response head that is a
-    /// `504 upstream_timeout`; at the request cap, or mid-response, the
-    /// exchange is cut.
+    /// `504 upstream_timeout` — or a `408 body_timeout` when the client
+    /// stalled its body, which is no outcome of the upstream's; at the
+    /// request cap, or mid-response, the exchange is cut.
     pub(super) fn exchange_timed_out(&mut self, id: ConnId) {
         let Some(ex) = client_mut(&mut self.conns, id).and_then(|c| c.exchange) else {
             return;
         };
         if let Some(why) = self.proxy.handshake_expired(ex, self.now.ms) {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
+        } else if self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
+            self.end_exchange(id, End::Answered(ApiError::BodyTimeout));
         } else if self.proxy.exchanges[ex].phase == Phase::Sending
             && self.now.ms < self.proxy.exchanges[ex].request_deadline
         {

@@ -425,3 +425,17 @@ fn a_client_that_stalls_its_body_gets_a_408_and_the_upstream_is_not_blamed() {
     assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(408), Some("body_timeout")), "{line}");
     assert!(line["upstreamStatus"].is_null(), "{line}");
 }
+
+#[test]
+fn a_refused_connect_logs_no_upstream_time() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let c = config(&format!(r#""concurrency":1,"upstream":{{"url":"http://{closed}","hosts":["{HOST}"]}}"#), "");
+    let mut server = TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1));
+    let r = exchange(&server, &proxied("GET", "/refused", "", ""));
+    assert_eq!(r.status, 502, "{r:?}");
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let line = lines.iter().find(|l| l["path"] == "/refused").unwrap_or_else(|| panic!("{lines:?}"));
+    assert_eq!(line["status"], 502, "{line}");
+    assert!(line["upstreamMs"].is_null(), "nothing was sent: {line}");
+}

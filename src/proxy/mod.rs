@@ -204,6 +204,7 @@ pub struct Exchange {
     /// The whole request has left for the upstream: `deadline` now runs
     /// from then (the response head's `timeoutMs`).
     pub request_sent: bool,
+    /// When the first byte of the request was written to the upstream.
     pub sent_at: Option<Instant>,
     /// How long it waited in the queue for its slot.
     pub queued_ms: u64,
@@ -482,7 +483,6 @@ impl Proxy {
         let e = &mut self.exchanges[ex];
         e.up = Some(idx);
         e.phase = Phase::Sending;
-        e.sent_at = Some(Instant::now());
         match pending {
             Some(bytes) => up.output = bytes,
             None => up.output.extend_from_slice(&e.head),
@@ -755,6 +755,10 @@ impl Proxy {
                 return self.upstream_failed(ex, "write failed");
             }
             let wrote = up.written > written_before;
+            if wrote && e.sent_at.is_none() {
+                // `upstreamMs` runs from the first byte sent: none when nothing was.
+                e.sent_at = Some(Instant::now());
+            }
             // The response: what arrived goes to the client.
             let mut progressed = false;
             if e.phase == Phase::Sending && !up.input.is_empty() {

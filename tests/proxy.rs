@@ -439,3 +439,38 @@ fn a_refused_connect_logs_no_upstream_time() {
     assert_eq!(line["status"], 502, "{line}");
     assert!(line["upstreamMs"].is_null(), "nothing was sent: {line}");
 }
+
+#[test]
+fn a_gzip_then_chunked_response_is_relayed() {
+    let up = MockUpstream::start(|_| {
+        Reply::Raw(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\n\x1f\x8b\x08\x00\x00\r\n0\r\n\r\n"
+                .to_vec(),
+        )
+    });
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/gz", "", "")).unwrap();
+    let r = read_response(&mut s).expect("an answer");
+    assert_eq!((r.status, r.header("transfer-encoding")), (200, Some("gzip, chunked")), "{r:?}");
+    let mut rest = Vec::new();
+    let mut buf = [0u8; 64];
+    while !rest.ends_with(b"0\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the body ended early: {rest:?}");
+        rest.extend_from_slice(&buf[..n]);
+    }
+    // Re-chunked as it was decoded: the coded bytes come through untouched.
+    let mut body = Vec::new();
+    let mut at = 0;
+    loop {
+        let line_end = at + rest[at..].windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[at..line_end]).unwrap(), 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        body.extend_from_slice(&rest[line_end + 2..line_end + 2 + size]);
+        at = line_end + 2 + size + 2;
+    }
+    assert_eq!(body, b"\x1f\x8b\x08\x00\x00");
+}

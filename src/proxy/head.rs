@@ -239,9 +239,11 @@ pub fn take_response(
     let interim = status < 200;
     let body = if interim || client.head_request || status == 204 || status == 304 {
         ResponseBody::None
-    } else if chunked && !other_coding {
+    } else if chunked {
+        // Framed by the final `chunked`; codings before it (`gzip, chunked`)
+        // are the client's to undo, and are named to it as they came.
         ResponseBody::Chunked
-    } else if chunked || other_coding {
+    } else if other_coding {
         // A transfer coding this proxy cannot frame by: relayed to the close.
         ResponseBody::Close
     } else {
@@ -250,9 +252,12 @@ pub fn take_response(
             None => ResponseBody::Close,
         }
     };
-    if other_coding && body != ResponseBody::None {
+    if other_coding && body != ResponseBody::None && !(chunked && client.http11) {
+        // Unframed, or for an HTTP/1.0 client, which takes no transfer coding.
         return Err(ResponseError::Invalid("a transfer coding other than chunked"));
     }
+    // `gzip, chunked` to an HTTP/1.1 client: its `Transfer-Encoding` passes as it came.
+    let codings_pass = other_coding && body == ResponseBody::Chunked;
     let to_client = match body {
         ResponseBody::None => ClientBody::None,
         ResponseBody::Length(n) => ClientBody::Length(n),
@@ -275,9 +280,10 @@ pub fn take_response(
     let mut dated = false;
     for h in headers {
         dated |= h.name.eq_ignore_ascii_case("date");
-        let framing = h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("transfer-encoding");
-        let forwarded = if framing {
+        let forwarded = if h.name.eq_ignore_ascii_case("content-length") {
             framing_passes
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            framing_passes || codings_pass
         } else {
             // The governor headers are this server's own: an upstream's are not relayed.
             !is_hop_by_hop(h.name.as_bytes())
@@ -300,7 +306,8 @@ pub fn take_response(
                 crate::http::response::push_u64(out, n);
                 out.extend_from_slice(b"\r\n");
             }
-            ClientBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+            ClientBody::Chunked if !codings_pass => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+            ClientBody::Chunked => {}
             ClientBody::None | ClientBody::Close => {}
         }
         out.extend_from_slice(extra);
@@ -434,6 +441,17 @@ mod tests {
             (head.status, head.rate.limit, head.rate.remaining, head.rate.reset_ms),
             (429, Some(60), Some(0), Some(6000))
         );
+    }
+
+    #[test]
+    fn a_coding_before_the_final_chunked_is_relayed_to_http11_clients() {
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 9\r\n\r\n";
+        let (head, body, text) = respond(raw, CLIENT);
+        assert_eq!((head.body, body), (ResponseBody::Chunked, ClientBody::Chunked));
+        assert_eq!(text.matches("Transfer-Encoding").count(), 1, "{text}");
+        assert!(text.contains("Transfer-Encoding: gzip, chunked\r\n") && !text.contains("Content-Length"), "{text}");
+        let old = ClientSide { http11: false, keep_alive: false, head_request: false };
+        assert!(take_response(raw, old, b"", 0, &mut Vec::new()).is_err(), "HTTP/1.0 takes no transfer coding");
     }
 
     #[test]

@@ -474,3 +474,27 @@ fn a_gzip_then_chunked_response_is_relayed() {
     }
     assert_eq!(body, b"\x1f\x8b\x08\x00\x00");
 }
+
+#[test]
+fn the_request_cap_before_any_response_head_is_answered_and_logged_as_such() {
+    let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(4)));
+    let c = config(
+        &format!(
+            r#""concurrency":1,"termMs":200,"renewIntervalMs":50,"requestTimeoutMs":500,
+            "upstream":{{"url":"{}","hosts":["{HOST}"]}}"#,
+            up.url()
+        ),
+        "",
+    );
+    let mut server = TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1));
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/capped", "", "")).unwrap();
+    let r = read_any(&mut s).expect("an answer, not an EOF");
+    assert_eq!((r.status, r.error_code().as_str()), (504, "request_capped"), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut s));
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let line = lines.iter().find(|l| l["path"] == "/capped").unwrap_or_else(|| panic!("{lines:?}"));
+    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(504), Some("request_capped")), "{line}");
+}

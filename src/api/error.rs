@@ -35,6 +35,8 @@ pub enum ApiError {
     /// Proxy mode: the client's request body stalled; the upstream had taken
     /// all that came of it and waited for the rest.
     BodyTimeout,
+    /// Proxy mode: the request reached `requestTimeoutMs` before the response head.
+    RequestCapped,
 }
 
 impl ApiError {
@@ -51,7 +53,7 @@ impl ApiError {
             ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
-            ApiError::UpstreamTimeout => Status::GatewayTimeout,
+            ApiError::UpstreamTimeout | ApiError::RequestCapped => Status::GatewayTimeout,
             ApiError::BodyTimeout => Status::RequestTimeout,
         }
     }
@@ -71,6 +73,7 @@ impl ApiError {
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
             ApiError::UpstreamTimeout => "upstream_timeout",
             ApiError::BodyTimeout => "body_timeout",
+            ApiError::RequestCapped => "request_capped",
         }
     }
 
@@ -92,6 +95,7 @@ impl ApiError {
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
             ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
             ApiError::BodyTimeout => "The request body did not arrive within the upstream's timeout.",
+            ApiError::RequestCapped => "The request reached its pool's requestTimeoutMs before the upstream answered.",
         }
     }
 
@@ -104,6 +108,7 @@ impl ApiError {
                 | ApiError::HeadTooLarge
                 | ApiError::NotImplemented(_)
                 | ApiError::BodyTimeout
+                | ApiError::RequestCapped
         )
     }
 

@@ -43,9 +43,10 @@ pub enum End {
     Complete { close_client: bool },
     /// Answered by this server instead of the upstream (502, 504, 400, 413).
     Answered(ApiError),
-    /// The upstream broke off mid-response, or the request cap was reached
-    /// mid-response: the client's connection is closed.
+    /// The upstream broke off mid-response: the client's connection is closed.
     Cut,
+    /// The request cap was reached mid-response: the client's connection is closed.
+    Capped,
     /// The client went away.
     ClientGone,
     /// The server stopped with the response under way (its head sent): the
@@ -429,12 +430,13 @@ impl Server {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
         } else if self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
             self.end_exchange(id, End::Answered(ApiError::BodyTimeout));
-        } else if self.proxy.exchanges[ex].phase == Phase::Sending
-            && self.now.ms < self.proxy.exchanges[ex].request_deadline
-        {
-            self.end_exchange(id, End::Answered(ApiError::UpstreamTimeout));
+        } else if self.proxy.exchanges[ex].phase == Phase::Sending {
+            // No response head yet: the client is told which limit ran out.
+            let capped = self.now.ms >= self.proxy.exchanges[ex].request_deadline;
+            let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout };
+            self.end_exchange(id, End::Answered(err));
         } else {
-            self.end_exchange(id, End::Cut);
+            self.end_exchange(id, End::Capped);
         }
         self.mark_dirty(id);
     }
@@ -457,7 +459,10 @@ impl Server {
         let e = self.finish_exchange(ex, reusable);
         let failure = match end {
             End::Answered(
-                err @ (ApiError::BadGateway | ApiError::BadGatewayBecause(_) | ApiError::UpstreamTimeout),
+                err @ (ApiError::BadGateway
+                | ApiError::BadGatewayBecause(_)
+                | ApiError::UpstreamTimeout
+                | ApiError::RequestCapped),
             ) => Some(err.status().code()),
             End::Cut if e.response_head.is_none() => Some(ApiError::UpstreamTimeout.status().code()),
             _ => None,
@@ -483,7 +488,7 @@ impl Server {
                 }
                 close
             }
-            End::Cut | End::ClientGone | End::Stopped => true,
+            End::Cut | End::Capped | End::ClientGone | End::Stopped => true,
             // The request body was never read.
             End::Refused => !body_done,
         };
@@ -567,6 +572,7 @@ impl Server {
             End::Cut => (upstream_status.unwrap_or(ApiError::BadGateway.status().code()), Some("upstream_cut")),
             End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
             End::Stopped => (upstream_status.unwrap_or(0), Some("shutdown_cut")),
+            End::Capped => (upstream_status.unwrap_or(0), Some("request_capped")),
         };
         let upstream_ms = e.sent_at.map(|t| t.elapsed().as_millis() as u64);
         self.proxy.stats.count(e.pool.0 as usize, upstream_status, upstream_ms, e.bytes_up, e.bytes_down);

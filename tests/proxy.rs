@@ -498,3 +498,28 @@ fn the_request_cap_before_any_response_head_is_answered_and_logged_as_such() {
     let line = lines.iter().find(|l| l["path"] == "/capped").unwrap_or_else(|| panic!("{lines:?}"));
     assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(504), Some("request_capped")), "{line}");
 }
+
+#[test]
+fn a_chunked_body_past_max_request_bytes_is_413_and_its_upstream_connection_is_closed() {
+    let up = MockUpstream::start(|seen| ok(&format!("n{}", seen.conn), ""));
+    let server = proxy_server(&up, 1, r#""maxRequestBytes":1024,"idleTimeoutMs":30000"#);
+    // A connection to the upstream kept idle from an earlier exchange.
+    assert_eq!(exchange(&server, &proxied("GET", "/warm", "", "")).status, 200);
+    let mut s = server.connect();
+    let head =
+        format!("POST /big HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let chunk = format!("200\r\n{}\r\n", "x".repeat(0x200));
+    for _ in 0..3 {
+        let _ = s.write_all(chunk.as_bytes());
+    }
+    let r = read_any(&mut s).expect("a refusal");
+    assert_eq!((r.status, r.error_code().as_str()), (413, "payload_too_large"), "{r:?}");
+    // Its head and first chunks went up (the body streams): that connection
+    // is closed mid-body, so the upstream never takes it for a whole request.
+    // (Well before its idle timeout would close a connection kept for reuse.)
+    assert!(up.wait_ended(0, Duration::from_secs(2)), "the upstream connection was not closed");
+    assert!(up.seen().iter().all(|s| s.request_line() != "POST /big HTTP/1.1"), "{:?}", up.seen());
+    let next = exchange(&server, &proxied("GET", "/next", "", ""));
+    assert_eq!((next.status, next.body.as_slice()), (200, &b"n1"[..]), "a fresh connection: {next:?}");
+}

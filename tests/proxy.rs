@@ -246,3 +246,280 @@ fn a_client_that_leaves_mid_stream_frees_its_slot_at_once() {
     // The stream would run for ten more seconds; the slot is back long before.
     assert!(slot_comes_back(&server) < Duration::from_secs(5));
 }
+
+// ---------------------------------------------------------------- stopping
+
+/// `proxy_server` with the access log written to `access.log` in its directory.
+fn logged_proxy_server(up: &MockUpstream, concurrency: u32, extra: &str) -> TestServer {
+    let sep = if extra.is_empty() { "" } else { "," };
+    let c = config(
+        &format!(
+            r#""concurrency":{concurrency},"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
+            "upstream":{{"url":"{}","hosts":["{HOST}"]{sep}{extra}}}"#,
+            up.url()
+        ),
+        "",
+    );
+    TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1))
+}
+
+/// The access log's lines, once the server has exited.
+fn final_access_log(s: &mut TestServer) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn sigterm_lets_a_proxied_request_in_flight_finish() {
+    let up = MockUpstream::start(|_| {
+        Reply::Paced(vec![(400, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone".to_vec())])
+    });
+    let mut server = logged_proxy_server(&up, 2, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("POST", "/v1/slow", "", "{}")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    server.signal("TERM");
+    let r = read_any(&mut s).expect("the upstream's answer, not an EOF");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"done"[..]), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut s));
+    let lines = final_access_log(&mut server);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!((lines[0]["status"].as_u64(), lines[0]["error"].as_str()), (Some(200), None), "{lines:?}");
+}
+
+#[test]
+fn sigterm_lets_a_proxied_stream_finish_and_cuts_what_outlasts_the_grace() {
+    let events: Vec<(u64, Vec<u8>)> =
+        std::iter::once((0, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n".to_vec()))
+            .chain((0..4).map(|i| (80, format!("data: {i}\n\n").into_bytes())))
+            .collect();
+    let up = MockUpstream::start(move |seen| match seen.request_line().split(' ').nth(1).unwrap() {
+        "/stream" => Reply::Paced(events.clone()),
+        _ => Reply::Silent(Duration::from_secs(5)),
+    });
+    let mut server = logged_proxy_server(&up, 4, "");
+    let mut stream = server.connect();
+    stream.write_all(&proxied("GET", "/stream", "", "")).unwrap();
+    let mut stuck = server.connect();
+    stuck.write_all(&proxied("GET", "/stuck", "", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let stopped = Instant::now();
+    server.signal("TERM");
+    let r = read_any(&mut stream).expect("the stream, not an EOF");
+    assert_eq!(r.body, b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: 3\n\n", "{r:?}");
+    // The upstream never answers: at the end of the grace the client is told.
+    let cut = read_any(&mut stuck).expect("an answer at the end of the grace");
+    assert_eq!((cut.status, cut.error_code().as_str()), (503, "unavailable"), "{cut:?}");
+    assert!(stopped.elapsed() < Duration::from_secs(2), "{:?}", stopped.elapsed());
+    let lines = final_access_log(&mut server);
+    let by_path = |p: &str| lines.iter().find(|l| l["path"] == p).unwrap_or_else(|| panic!("{p}: {lines:?}")).clone();
+    assert_eq!((by_path("/stream")["status"].as_u64(), by_path("/stream")["error"].as_str()), (Some(200), None));
+    assert_eq!(
+        (by_path("/stuck")["status"].as_u64(), by_path("/stuck")["error"].as_str()),
+        (Some(503), Some("unavailable"))
+    );
+}
+
+// ---------------------------------------------------------------- connection handling
+
+#[test]
+fn a_queued_proxied_request_that_asked_to_close_gets_its_refusal_with_connection_close() {
+    let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(3)));
+    let server = proxy_server(&up, 1, "");
+    let mut holder = server.connect();
+    holder.write_all(&proxied("GET", "/hold", "", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/wait", "Connection: close\r\nX-Nthpool-Queue-Timeout-Ms: 200\r\n", "")).unwrap();
+    let r = read_any(&mut s).expect("a refusal");
+    assert_eq!((r.status, r.error_code().as_str()), (504, "queue_timeout"), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut s), "the connection stayed open");
+}
+
+#[test]
+fn http10_keep_alive_proxied_answers_say_the_connection_is_kept() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    let raw = format!("GET /a HTTP/1.0\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nConnection: keep-alive\r\n\r\n");
+    for _ in 0..2 {
+        s.write_all(raw.as_bytes()).unwrap();
+        let r = read_any(&mut s).expect("an answer on the kept connection");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"fine"[..]), "{r:?}");
+        assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
+    }
+    // A refusal on it says so too.
+    let wrong = format!("GET /a HTTP/1.0\r\nHost: {HOST}\r\nX-Nthpool-Key: wrong\r\nConnection: keep-alive\r\n\r\n");
+    s.write_all(wrong.as_bytes()).unwrap();
+    let r = read_any(&mut s).expect("a refusal");
+    assert_eq!((r.status, r.header("connection")), (401, Some("keep-alive")), "{r:?}");
+}
+
+#[test]
+fn relayed_answers_carry_a_date_when_the_upstream_sent_none() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = proxy_server(&up, 1, "");
+    let r = exchange(&server, &proxied("GET", "/", "", ""));
+    assert_eq!(r.status, 200, "{r:?}");
+    let date = r.header("date").unwrap_or_else(|| panic!("no Date: {r:?}"));
+    assert!(date.ends_with(" GMT") && date.len() == 29, "{date}");
+}
+
+#[test]
+fn an_upstreams_own_governor_headers_are_not_relayed() {
+    let up = MockUpstream::start(|_| ok("fine", "x-nthpool-effective-limit: 999\r\nX-Nthpool-Anything: up\r\n"));
+    let server = proxy_server(&up, 3, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/", "", "")).unwrap();
+    let r = read_any(&mut s).expect("an answer");
+    assert_eq!(r.status, 200, "{r:?}");
+    let named = |n: &str| r.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case(n)).count();
+    assert_eq!(named("x-nthpool-effective-limit"), 1, "{r:?}");
+    assert_eq!(r.header("x-nthpool-effective-limit"), Some("3"), "{r:?}");
+    assert_eq!(named("x-nthpool-anything"), 0, "{r:?}");
+}
+
+// ---------------------------------------------------------------- slow clients
+
+#[test]
+fn a_client_slow_to_send_its_body_does_not_eat_the_upstreams_timeout() {
+    let up = MockUpstream::start(|seen| ok(&String::from_utf8_lossy(&seen.body), ""));
+    let server = proxy_server(&up, 1, r#""timeoutMs":600"#);
+    let mut s = server.connect();
+    let head = format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 6\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // Six bytes over 1.2 s: past the 600 ms timeout, but never stalled for it.
+    for b in b"abcdef" {
+        std::thread::sleep(Duration::from_millis(200));
+        s.write_all(&[*b]).unwrap();
+    }
+    let r = read_any(&mut s).expect("an answer");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"abcdef"[..]), "{r:?}");
+}
+
+#[test]
+fn a_client_that_stalls_its_body_gets_a_408_and_the_upstream_is_not_blamed() {
+    let up = MockUpstream::start(|_| ok("never", ""));
+    let mut server = logged_proxy_server(&up, 1, r#""timeoutMs":400"#);
+    let mut s = server.connect();
+    let head = format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 6\r\n\r\na");
+    s.write_all(head.as_bytes()).unwrap();
+    let r = read_any(&mut s).expect("an answer");
+    assert_eq!((r.status, r.error_code().as_str()), (408, "body_timeout"), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    slot_comes_back(&server);
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let line = lines.iter().find(|l| l["path"] == "/upload").unwrap_or_else(|| panic!("{lines:?}"));
+    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(408), Some("body_timeout")), "{line}");
+    assert!(line["upstreamStatus"].is_null(), "{line}");
+}
+
+#[test]
+fn a_refused_connect_logs_no_upstream_time() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let c = config(&format!(r#""concurrency":1,"upstream":{{"url":"http://{closed}","hosts":["{HOST}"]}}"#), "");
+    let mut server = TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1));
+    let r = exchange(&server, &proxied("GET", "/refused", "", ""));
+    assert_eq!(r.status, 502, "{r:?}");
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let line = lines.iter().find(|l| l["path"] == "/refused").unwrap_or_else(|| panic!("{lines:?}"));
+    assert_eq!(line["status"], 502, "{line}");
+    assert!(line["upstreamMs"].is_null(), "nothing was sent: {line}");
+}
+
+#[test]
+fn a_gzip_then_chunked_response_is_relayed() {
+    let up = MockUpstream::start(|_| {
+        Reply::Raw(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\n\x1f\x8b\x08\x00\x00\r\n0\r\n\r\n"
+                .to_vec(),
+        )
+    });
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/gz", "", "")).unwrap();
+    let r = read_response(&mut s).expect("an answer");
+    assert_eq!((r.status, r.header("transfer-encoding")), (200, Some("gzip, chunked")), "{r:?}");
+    let mut rest = Vec::new();
+    let mut buf = [0u8; 64];
+    while !rest.ends_with(b"0\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the body ended early: {rest:?}");
+        rest.extend_from_slice(&buf[..n]);
+    }
+    // Re-chunked as it was decoded: the coded bytes come through untouched.
+    let mut body = Vec::new();
+    let mut at = 0;
+    loop {
+        let line_end = at + rest[at..].windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&rest[at..line_end]).unwrap(), 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        body.extend_from_slice(&rest[line_end + 2..line_end + 2 + size]);
+        at = line_end + 2 + size + 2;
+    }
+    assert_eq!(body, b"\x1f\x8b\x08\x00\x00");
+}
+
+#[test]
+fn the_request_cap_before_any_response_head_is_answered_and_logged_as_such() {
+    let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(4)));
+    let c = config(
+        &format!(
+            r#""concurrency":1,"termMs":200,"renewIntervalMs":50,"requestTimeoutMs":500,
+            "upstream":{{"url":"{}","hosts":["{HOST}"]}}"#,
+            up.url()
+        ),
+        "",
+    );
+    let mut server = TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1));
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/capped", "", "")).unwrap();
+    let r = read_any(&mut s).expect("an answer, not an EOF");
+    assert_eq!((r.status, r.error_code().as_str()), (504, "request_capped"), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut s));
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let line = lines.iter().find(|l| l["path"] == "/capped").unwrap_or_else(|| panic!("{lines:?}"));
+    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(504), Some("request_capped")), "{line}");
+}
+
+#[test]
+fn a_chunked_body_past_max_request_bytes_is_413_and_its_upstream_connection_is_closed() {
+    let up = MockUpstream::start(|seen| ok(&format!("n{}", seen.conn), ""));
+    let server = proxy_server(&up, 1, r#""maxRequestBytes":1024,"idleTimeoutMs":30000"#);
+    // A connection to the upstream kept idle from an earlier exchange.
+    assert_eq!(exchange(&server, &proxied("GET", "/warm", "", "")).status, 200);
+    let mut s = server.connect();
+    let head =
+        format!("POST /big HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let chunk = format!("200\r\n{}\r\n", "x".repeat(0x200));
+    for _ in 0..3 {
+        let _ = s.write_all(chunk.as_bytes());
+    }
+    let r = read_any(&mut s).expect("a refusal");
+    assert_eq!((r.status, r.error_code().as_str()), (413, "payload_too_large"), "{r:?}");
+    // Its head and first chunks went up (the body streams): that connection
+    // is closed mid-body, so the upstream never takes it for a whole request.
+    // (Well before its idle timeout would close a connection kept for reuse.)
+    assert!(up.wait_ended(0, Duration::from_secs(2)), "the upstream connection was not closed");
+    assert!(up.seen().iter().all(|s| s.request_line() != "POST /big HTTP/1.1"), "{:?}", up.seen());
+    let next = exchange(&server, &proxied("GET", "/next", "", ""));
+    assert_eq!((next.status, next.body.as_slice()), (200, &b"n1"[..]), "a fresh connection: {next:?}");
+}

@@ -32,6 +32,11 @@ pub enum ApiError {
     BadGatewayBecause(&'static str),
     /// Proxy mode: no response head within the upstream's `timeoutMs`.
     UpstreamTimeout,
+    /// Proxy mode: the client's request body stalled; the upstream had taken
+    /// all that came of it and waited for the rest.
+    BodyTimeout,
+    /// Proxy mode: the request reached `requestTimeoutMs` before the response head.
+    RequestCapped,
 }
 
 impl ApiError {
@@ -48,7 +53,8 @@ impl ApiError {
             ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
-            ApiError::UpstreamTimeout => Status::GatewayTimeout,
+            ApiError::UpstreamTimeout | ApiError::RequestCapped => Status::GatewayTimeout,
+            ApiError::BodyTimeout => Status::RequestTimeout,
         }
     }
 
@@ -66,6 +72,8 @@ impl ApiError {
             ApiError::Unavailable(..) => "unavailable",
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
             ApiError::UpstreamTimeout => "upstream_timeout",
+            ApiError::BodyTimeout => "body_timeout",
+            ApiError::RequestCapped => "request_capped",
         }
     }
 
@@ -86,6 +94,8 @@ impl ApiError {
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
             ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
+            ApiError::BodyTimeout => "The request body did not arrive within the upstream's timeout.",
+            ApiError::RequestCapped => "The request reached its pool's requestTimeoutMs before the upstream answered.",
         }
     }
 
@@ -93,7 +103,12 @@ impl ApiError {
     pub fn closes(self) -> bool {
         matches!(
             self,
-            ApiError::BadRequest(_) | ApiError::PayloadTooLarge | ApiError::HeadTooLarge | ApiError::NotImplemented(_)
+            ApiError::BadRequest(_)
+                | ApiError::PayloadTooLarge
+                | ApiError::HeadTooLarge
+                | ApiError::NotImplemented(_)
+                | ApiError::BodyTimeout
+                | ApiError::RequestCapped
         )
     }
 

@@ -196,6 +196,12 @@ impl<T: Copy> Governor<T> {
             let (lease_deadline, request_deadline) =
                 (self.monotonic_ms(l.lease_deadline), self.monotonic_ms(l.request_deadline));
             let pool = &mut self.pools[pid.0 as usize];
+            // A holder that renews has a lease deadline within one term of its
+            // last renewal, so this changes nothing for it. A lease the server
+            // held to its request deadline (a proxied exchange, SPEC §12) had
+            // its holder die with the process: it counts for one term, as the
+            // upstream call may still run, and is then reclaimed by its term.
+            let lease_deadline = lease_deadline.min(now.saturating_add(pool.settings.term_ms));
             if lease_deadline <= now {
                 restored.reclaimed += 1;
                 if lease_deadline >= request_deadline {
@@ -312,6 +318,24 @@ mod tests {
         new.advance(1100);
         assert_eq!(new.pool(p).held, 0);
         assert_eq!(new.pool(p).stats.reclaimed_term, 2);
+    }
+
+    #[test]
+    fn a_lease_the_server_held_for_a_proxied_exchange_lasts_one_term_after_a_restore() {
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        let proxied = grant(&mut old, "p", 100);
+        old.hold_to_request_deadline(&proxied.slot);
+        assert!(proxied.request_deadline > 100 + 10_000, "a request deadline far beyond the term");
+        // A periodic snapshot, then a crash: the successor starts 200 ms later.
+        let snap = old.export(150);
+        let mut new = governor(BASE + 200);
+        assert_eq!(new.import(&snap, 0).unwrap().held, 1);
+        new.advance(999);
+        assert_eq!(new.pool(p).held, 1, "counted for one term: the upstream call may still run");
+        new.advance(1000);
+        assert_eq!(new.pool(p).held, 0, "its holder died with the process");
+        assert_eq!((new.pool(p).stats.reclaimed_term, new.pool(p).stats.reclaimed_cap), (1, 0));
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub enum Status {
     NotFound,
     MethodNotAllowed,
     Conflict,
+    RequestTimeout,
     PayloadTooLarge,
     TooManyRequests,
     HeaderFieldsTooLarge,
@@ -36,6 +37,7 @@ impl Status {
             Status::NotFound => 404,
             Status::MethodNotAllowed => 405,
             Status::Conflict => 409,
+            Status::RequestTimeout => 408,
             Status::PayloadTooLarge => 413,
             Status::TooManyRequests => 429,
             Status::HeaderFieldsTooLarge => 431,
@@ -56,6 +58,7 @@ impl Status {
             Status::NotFound => b"HTTP/1.1 404 Not Found\r\n",
             Status::MethodNotAllowed => b"HTTP/1.1 405 Method Not Allowed\r\n",
             Status::Conflict => b"HTTP/1.1 409 Conflict\r\n",
+            Status::RequestTimeout => b"HTTP/1.1 408 Request Timeout\r\n",
             Status::PayloadTooLarge => b"HTTP/1.1 413 Payload Too Large\r\n",
             Status::TooManyRequests => b"HTTP/1.1 429 Too Many Requests\r\n",
             Status::HeaderFieldsTooLarge => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
@@ -85,6 +88,15 @@ thread_local! {
 /// The `200` status line and the `Date` line, as `Writer::start` writes them.
 pub fn ok_start() -> [u8; OK_START_LEN] {
     OK_START.with(|d| d.get().1)
+}
+
+/// The `Date` header line answers show now (the reactor's cached second):
+/// for heads this server does not write itself, such as relayed ones.
+pub fn date_line_now() -> [u8; DATE_LEN] {
+    let start = ok_start();
+    let mut line = [0u8; DATE_LEN];
+    line.copy_from_slice(&start[OK_LINE.len()..]);
+    line
 }
 
 /// Sets the time answers show in `Date`, from Unix epoch milliseconds.

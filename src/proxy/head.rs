@@ -45,6 +45,11 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
+/// `X-Nthpool-*`: this server's own fields, never passed between client and upstream.
+fn is_nthpool_field(name: &[u8]) -> bool {
+    name.len() >= 10 && name[..10].eq_ignore_ascii_case(b"x-nthpool-")
+}
+
 /// The values of a head's `Connection` fields, gathered once so each other
 /// field is checked against them without walking the head again.
 struct ConnectionTokens<'h> {
@@ -97,7 +102,7 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
             || name.eq_ignore_ascii_case(b"host")
             || name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"expect")
-            || (name.len() >= 10 && name[..10].eq_ignore_ascii_case(b"x-nthpool-"))
+            || is_nthpool_field(name)
             || (creds.authorization && name.eq_ignore_ascii_case(b"authorization"))
             || (creds.api_key && name.eq_ignore_ascii_case(b"x-api-key"))
             || (creds.cf_access && name.eq_ignore_ascii_case(b"cf-access-jwt-assertion"))
@@ -234,9 +239,11 @@ pub fn take_response(
     let interim = status < 200;
     let body = if interim || client.head_request || status == 204 || status == 304 {
         ResponseBody::None
-    } else if chunked && !other_coding {
+    } else if chunked {
+        // Framed by the final `chunked`; codings before it (`gzip, chunked`)
+        // are the client's to undo, and are named to it as they came.
         ResponseBody::Chunked
-    } else if chunked || other_coding {
+    } else if other_coding {
         // A transfer coding this proxy cannot frame by: relayed to the close.
         ResponseBody::Close
     } else {
@@ -245,9 +252,12 @@ pub fn take_response(
             None => ResponseBody::Close,
         }
     };
-    if other_coding && body != ResponseBody::None {
+    if other_coding && body != ResponseBody::None && !(chunked && client.http11) {
+        // Unframed, or for an HTTP/1.0 client, which takes no transfer coding.
         return Err(ResponseError::Invalid("a transfer coding other than chunked"));
     }
+    // `gzip, chunked` to an HTTP/1.1 client: its `Transfer-Encoding` passes as it came.
+    let codings_pass = other_coding && body == ResponseBody::Chunked;
     let to_client = match body {
         ResponseBody::None => ClientBody::None,
         ResponseBody::Length(n) => ClientBody::Length(n),
@@ -267,12 +277,18 @@ pub fn take_response(
     let framing_passes = to_client == ClientBody::None;
     let fields = || headers.iter().map(|h| (h.name.as_bytes(), h.value));
     let connection = ConnectionTokens::of(fields());
+    let mut dated = false;
     for h in headers {
-        let framing = h.name.eq_ignore_ascii_case("content-length") || h.name.eq_ignore_ascii_case("transfer-encoding");
-        let forwarded = if framing {
+        dated |= h.name.eq_ignore_ascii_case("date");
+        let forwarded = if h.name.eq_ignore_ascii_case("content-length") {
             framing_passes
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            framing_passes || codings_pass
         } else {
-            !is_hop_by_hop(h.name.as_bytes()) && !connection.lists(h.name.as_bytes(), fields())
+            // The governor headers are this server's own: an upstream's are not relayed.
+            !is_hop_by_hop(h.name.as_bytes())
+                && !is_nthpool_field(h.name.as_bytes())
+                && !connection.lists(h.name.as_bytes(), fields())
         };
         if forwarded {
             push_field(out, h.name.as_bytes(), h.value);
@@ -280,18 +296,26 @@ pub fn take_response(
     }
     let closes = !client.keep_alive || to_client == ClientBody::Close;
     if !interim {
+        if !dated {
+            // A proxy adds the `Date` an upstream left out (RFC 9110 §6.6.1).
+            out.extend_from_slice(&crate::http::response::date_line_now());
+        }
         match to_client {
             ClientBody::Length(n) => {
                 out.extend_from_slice(b"Content-Length: ");
                 crate::http::response::push_u64(out, n);
                 out.extend_from_slice(b"\r\n");
             }
-            ClientBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+            ClientBody::Chunked if !codings_pass => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+            ClientBody::Chunked => {}
             ClientBody::None | ClientBody::Close => {}
         }
         out.extend_from_slice(extra);
         if closes {
             out.extend_from_slice(b"Connection: close\r\n");
+        } else if !client.http11 {
+            // An HTTP/1.0 connection is kept only when the answer says so (RFC 9112 §C.2.2).
+            out.extend_from_slice(b"Connection: keep-alive\r\n");
         }
     }
     out.extend_from_slice(b"\r\n");
@@ -379,7 +403,11 @@ mod tests {
             (head.body, body, head.len, head.keep_alive),
             (ResponseBody::Length(5), ClientBody::Length(5), 53, true)
         );
-        assert_eq!(text, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nx-nthpool-limit: 4\r\n\r\n");
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\nDate: "), "{text}");
+        assert!(text.ends_with(" GMT\r\nContent-Length: 5\r\nx-nthpool-limit: 4\r\n\r\n"), "{text}");
+        let (_, _, text) = respond(b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 10:00:00 GMT\r\n\r\n", CLIENT);
+        assert_eq!(text.matches("Date: ").count(), 1, "{text}");
+        assert!(text.contains("Date: Tue, 01 Dec 2026 10:00:00 GMT\r\n"), "the upstream's own Date is kept: {text}");
         let (head, body, text) = respond(b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", CLIENT);
         assert_eq!((head.body, body, head.keep_alive), (ResponseBody::Close, ClientBody::Chunked, false));
         assert!(text.contains("Transfer-Encoding: chunked\r\n") && !text.contains("close"), "{text}");
@@ -394,6 +422,14 @@ mod tests {
     }
 
     #[test]
+    fn an_upstreams_own_governor_headers_are_not_relayed() {
+        let raw = b"HTTP/1.1 200 OK\r\nX-Nthpool-Effective-Limit: 999\r\nx-nthpool-limit: 7\r\nX-Up: 1\r\n\r\n";
+        let (_, _, text) = respond(raw, CLIENT);
+        assert!(!text.contains("999") && !text.contains(": 7\r\n") && !text.contains("Effective"), "{text}");
+        assert!(text.contains("X-Up: 1\r\n") && text.contains("x-nthpool-limit: 4\r\n"), "{text}");
+    }
+
+    #[test]
     fn interim_answers_and_rate_headers() {
         let (head, _, text) = respond(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", CLIENT);
         assert_eq!(head.status, 103);
@@ -405,6 +441,17 @@ mod tests {
             (head.status, head.rate.limit, head.rate.remaining, head.rate.reset_ms),
             (429, Some(60), Some(0), Some(6000))
         );
+    }
+
+    #[test]
+    fn a_coding_before_the_final_chunked_is_relayed_to_http11_clients() {
+        let raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 9\r\n\r\n";
+        let (head, body, text) = respond(raw, CLIENT);
+        assert_eq!((head.body, body), (ResponseBody::Chunked, ClientBody::Chunked));
+        assert_eq!(text.matches("Transfer-Encoding").count(), 1, "{text}");
+        assert!(text.contains("Transfer-Encoding: gzip, chunked\r\n") && !text.contains("Content-Length"), "{text}");
+        let old = ClientSide { http11: false, keep_alive: false, head_request: false };
+        assert!(take_response(raw, old, b"", 0, &mut Vec::new()).is_err(), "HTTP/1.0 takes no transfer coding");
     }
 
     #[test]

@@ -201,6 +201,10 @@ pub struct Exchange {
     /// When the head must have come (`timeoutMs`), then the request's cap.
     pub deadline: Ms,
     pub request_deadline: Ms,
+    /// The whole request has left for the upstream: `deadline` now runs
+    /// from then (the response head's `timeoutMs`).
+    pub request_sent: bool,
+    /// When the first byte of the request was written to the upstream.
     pub sent_at: Option<Instant>,
     /// How long it waited in the queue for its slot.
     pub queued_ms: u64,
@@ -373,6 +377,7 @@ impl Proxy {
             response_head: None,
             deadline: Ms::MAX,
             request_deadline: Ms::MAX,
+            request_sent: false,
             sent_at: None,
             queued_ms: 0,
             bytes_up: 0,
@@ -478,7 +483,6 @@ impl Proxy {
         let e = &mut self.exchanges[ex];
         e.up = Some(idx);
         e.phase = Phase::Sending;
-        e.sent_at = Some(Instant::now());
         match pending {
             Some(bytes) => up.output = bytes,
             None => up.output.extend_from_slice(&e.head),
@@ -524,6 +528,21 @@ impl Proxy {
             hangup: false,
         });
         Ok(idx)
+    }
+
+    /// Whether the client's body has been taken whole and the upstream
+    /// connection has no request bytes left to write.
+    pub fn request_flushed(&self, ex: usize) -> bool {
+        let e = &self.exchanges[ex];
+        e.request.is_done() && e.up.is_some_and(|i| self.ups[i].unsent() == 0)
+    }
+
+    /// At the timer of an exchange still sending: the client stalled its
+    /// body (the upstream took all that came and waits for the rest), as
+    /// opposed to an upstream that did not take or did not answer.
+    pub fn client_body_stalled(&self, ex: usize) -> bool {
+        let e = &self.exchanges[ex];
+        !e.request.is_done() && e.up.is_some_and(|i| self.ups[i].connected && self.ups[i].unsent() == 0)
     }
 
     /// When the exchange's timer must fire: its own deadline, or sooner the
@@ -736,6 +755,10 @@ impl Proxy {
                 return self.upstream_failed(ex, "write failed");
             }
             let wrote = up.written > written_before;
+            if wrote && e.sent_at.is_none() {
+                // `upstreamMs` runs from the first byte sent: none when nothing was.
+                e.sent_at = Some(Instant::now());
+            }
             // The response: what arrived goes to the client.
             let mut progressed = false;
             if e.phase == Phase::Sending && !up.input.is_empty() {

@@ -171,6 +171,9 @@ pub struct Server {
     /// Proxy mode: upstream connections and exchanges, and the pools' own listeners.
     proxy: Proxy,
     proxy_listeners: Vec<(TcpListener, PoolId)>,
+    /// While stopping: connections whose proxied exchange ended since the
+    /// last turn, to be shut down (what they pipelined answered, then closed).
+    stopping: Vec<ConnId>,
 }
 
 /// The resolver, whose thread (the only thread besides the loop, started
@@ -249,6 +252,7 @@ impl Server {
             ready_carry: Vec::new(),
             proxy: Proxy::new(resolver),
             proxy_listeners,
+            stopping: Vec::new(),
         })
     }
 
@@ -312,6 +316,11 @@ impl Server {
             self.ready_carry = std::mem::replace(&mut self.ready, carried);
             self.app.advance(self.now.ms);
             self.drain_events();
+            if !self.stopping.is_empty() {
+                for id in std::mem::take(&mut self.stopping) {
+                    self.dispatch(id, Signal::Shutdown);
+                }
+            }
             self.settle_answers();
             self.flush_dirty();
             // Accepting comes last, so a connection whose close was read this
@@ -328,6 +337,7 @@ impl Server {
             self.app.end_turn(self.now.ms);
             if let Some(at) = self.shutdown_at {
                 if self.conns.is_empty() || self.clock.now_ms() >= at {
+                    self.cut_exchanges();
                     self.app.flush_log();
                     self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
                     info!("shut down ({} connections cut at the deadline)", self.conns.len());
@@ -459,7 +469,7 @@ impl Server {
     /// turn's clock reading (as event loops commonly do), so a deadline fires
     /// at most one turn's work late and a turn costs one clock read.
     fn poll_timeout(&mut self) -> Option<Duration> {
-        if !self.ready_carry.is_empty() || !self.dirty.is_empty() {
+        if !self.ready_carry.is_empty() || !self.dirty.is_empty() || !self.stopping.is_empty() {
             return Some(Duration::ZERO);
         }
         let now = self.now.ms;
@@ -620,7 +630,9 @@ impl Server {
     }
 
     /// Every request already read is answered: a waiter gets its 503, then
-    /// what was pipelined behind it runs. Then the connection closes.
+    /// what was pipelined behind it runs. Then the connection closes; one in
+    /// a proxied exchange closes once the exchange ends (`end_exchange` lists
+    /// it in `stopping`), or is cut at the end of the grace (`cut_exchanges`).
     fn shut_down_client(&mut self, id: ConnId) {
         let (now, turn) = (self.now, self.turn);
         if let Some(conn) = client_mut(&mut self.conns, id) {
@@ -640,7 +652,13 @@ impl Server {
             self.process(id);
         }
         if let Some(conn) = client_mut(&mut self.conns, id) {
-            conn.close_after_flush();
+            match conn.exchange {
+                // In flight: it finishes within the grace. With nothing read
+                // behind it, its response head says the connection closes.
+                Some(ex) if conn.input.is_empty() => self.proxy.exchanges[ex].client_side.keep_alive = false,
+                Some(_) => {}
+                None => conn.close_after_flush(),
+            }
             self.mark_dirty(id);
         }
     }

@@ -20,12 +20,13 @@ use super::{client_mut, Server};
 use crate::api::proxy::{ProxiedLine, WaitEnd};
 use crate::api::{
     governor_headers, Admission, ApiError, App, ConnId, Ctx, Grant, PoolId, Queued, Wake, CLIENT_GONE_STATUS,
+    SHUTTING_DOWN,
 };
 use crate::config::upstream::Upstream;
 use crate::config::Config;
 use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
-use crate::http::response::CONTINUE;
+use crate::http::response::{say_kept_alive, CONTINUE};
 use crate::proxy::head::{self, ClientSide};
 use crate::proxy::{request_relay, Attached, ClientIo, Exchange, Keep, NewExchange, Phase, Proxy, Step};
 use crate::time::{Ms, Now};
@@ -42,11 +43,15 @@ pub enum End {
     Complete { close_client: bool },
     /// Answered by this server instead of the upstream (502, 504, 400, 413).
     Answered(ApiError),
-    /// The upstream broke off mid-response, or the request cap was reached
-    /// mid-response: the client's connection is closed.
+    /// The upstream broke off mid-response: the client's connection is closed.
     Cut,
+    /// The request cap was reached mid-response: the client's connection is closed.
+    Capped,
     /// The client went away.
     ClientGone,
+    /// The server stopped with the response under way (its head sent): the
+    /// client's connection is closed.
+    Stopped,
     /// Never admitted: its queue wait ended in a refusal, already answered and logged.
     Refused,
 }
@@ -103,12 +108,21 @@ pub fn begin(
     pid: PoolId,
 ) -> Begun {
     let has_body = head.framing != BodyFraming::None;
-    let admitted = match app.admit_proxied(ctx, pid, head, output) {
+    let start = output.len();
+    // An HTTP/1.0 connection is kept only when the answer says so.
+    let say_kept = |output: &mut Vec<u8>, close: bool| {
+        if !close && !head.http11 {
+            say_kept_alive(output, start);
+        }
+    };
+    // A refusal leaves the body unread: its answer closes the connection.
+    let admitted = match app.admit_proxied(&Ctx { close: ctx.close || has_body, ..*ctx }, pid, head, output) {
         Ok(admitted) => admitted,
         Err(e) => {
             // The body is not read: nothing after it could be told apart.
             let close = ctx.close || has_body || e.closes();
             app.refuse_proxied(&Ctx { close, ..*ctx }, pid, head, e, output);
+            say_kept(output, close);
             return Begun::Answered { close };
         }
     };
@@ -133,7 +147,11 @@ pub fn begin(
     };
     match admitted.admission {
         // Answered by `admit_proxied`.
-        Admission::Denied(_) => Begun::Answered { close: has_body || ctx.close },
+        Admission::Denied(_) => {
+            let close = has_body || ctx.close;
+            say_kept(output, close);
+            Begun::Answered { close }
+        }
         Admission::Queued(key) => Begun::Queued(open(proxy), Queued { key, attempt: admitted.attempt, proxied: true }),
         Admission::Granted(grant) => Begun::Granted(open(proxy), grant),
     }
@@ -201,6 +219,26 @@ fn attach(proxy: &mut Proxy, ex: usize, upstream: &Upstream, now: Ms, registry: 
             Err(ApiError::BadGatewayBecause(why))
         }
     }
+}
+
+/// Before the response head, `timeoutMs` runs from the grant, then again
+/// from each piece of the client's body taken (`body_progress`), then from
+/// when the whole request has left for the upstream: the response head's
+/// timeout runs from there (SPEC §12), so a client slow to send its body
+/// does not eat the upstream's time, and one that stalls it is told apart.
+fn restart_timer(proxy: &mut Proxy, app: &App, ex: usize, now: Ms, body_progress: bool) {
+    let e = &proxy.exchanges[ex];
+    if e.request_sent || e.phase != Phase::Sending {
+        return;
+    }
+    let flushed = proxy.request_flushed(ex);
+    if !flushed && !body_progress {
+        return;
+    }
+    let timeout_ms = app.upstream(e.pool).map_or(0, |u| u.timeout_ms);
+    let e = &mut proxy.exchanges[ex];
+    e.request_sent = flushed;
+    e.deadline = (now + timeout_ms).min(e.request_deadline);
 }
 
 impl Server {
@@ -298,6 +336,7 @@ impl Server {
             return;
         }
         let before = conn.unsent();
+        let mut body_progress = false;
         let step = loop {
             let mut io = ClientIo {
                 input: conn.input.data(),
@@ -308,6 +347,7 @@ impl Server {
             };
             let step = self.proxy.pump(ex, &mut io, epoch_now);
             let consumed = io.consumed;
+            body_progress |= consumed > 0;
             conn.input.consume(consumed);
             if step != Step::Retry {
                 break step;
@@ -317,6 +357,9 @@ impl Server {
                 break Step::BadGateway("cannot reconnect");
             }
         };
+        if step == Step::Pending {
+            restart_timer(&mut self.proxy, &self.app, ex, self.now.ms, body_progress);
+        }
         conn.exchange_deadline = self.proxy.deadline(ex);
         if before == 0 && conn.unsent() > 0 {
             conn.out_since = self.now.ms;
@@ -357,27 +400,43 @@ impl Server {
         let Some(ex) = conn.exchange else {
             return;
         };
-        let line = self.proxy.exchanges[ex].method_and_path();
-        self.app.end_proxied_wait(&mut conn.output, end, queued, id, self.now, close, line);
+        let e = &self.proxy.exchanges[ex];
+        // `Connection: close`, or a body not read: the answer ends the connection.
+        let close = close || !e.client_side.keep_alive || !e.request_done();
+        let start = conn.output.len();
+        self.app.end_proxied_wait(&mut conn.output, end, queued, id, self.now, close, e.method_and_path());
+        if !close && !e.client_side.http11 {
+            // An HTTP/1.0 connection is kept only when the answer says so.
+            say_kept_alive(&mut conn.output, start);
+        }
         self.end_exchange(id, End::Refused);
+        if close {
+            if let Some(conn) = client_mut(&mut self.conns, id) {
+                conn.close_after_flush();
+            }
+        }
         self.mark_dirty(id);
     }
 
     /// The exchange's deadline passed: before the response head that is a
-    /// `504 upstream_timeout`; at the request cap, or mid-response, the
-    /// exchange is cut.
+    /// `504 upstream_timeout` — or a `408 body_timeout` when the client
+    /// stalled its body, which is no outcome of the upstream's; at the
+    /// request cap, or mid-response, the exchange is cut.
     pub(super) fn exchange_timed_out(&mut self, id: ConnId) {
         let Some(ex) = client_mut(&mut self.conns, id).and_then(|c| c.exchange) else {
             return;
         };
         if let Some(why) = self.proxy.handshake_expired(ex, self.now.ms) {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
-        } else if self.proxy.exchanges[ex].phase == Phase::Sending
-            && self.now.ms < self.proxy.exchanges[ex].request_deadline
-        {
-            self.end_exchange(id, End::Answered(ApiError::UpstreamTimeout));
+        } else if self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
+            self.end_exchange(id, End::Answered(ApiError::BodyTimeout));
+        } else if self.proxy.exchanges[ex].phase == Phase::Sending {
+            // No response head yet: the client is told which limit ran out.
+            let capped = self.now.ms >= self.proxy.exchanges[ex].request_deadline;
+            let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout };
+            self.end_exchange(id, End::Answered(err));
         } else {
-            self.end_exchange(id, End::Cut);
+            self.end_exchange(id, End::Capped);
         }
         self.mark_dirty(id);
     }
@@ -400,7 +459,10 @@ impl Server {
         let e = self.finish_exchange(ex, reusable);
         let failure = match end {
             End::Answered(
-                err @ (ApiError::BadGateway | ApiError::BadGatewayBecause(_) | ApiError::UpstreamTimeout),
+                err @ (ApiError::BadGateway
+                | ApiError::BadGatewayBecause(_)
+                | ApiError::UpstreamTimeout
+                | ApiError::RequestCapped),
             ) => Some(err.status().code()),
             End::Cut if e.response_head.is_none() => Some(ApiError::UpstreamTimeout.status().code()),
             _ => None,
@@ -419,15 +481,22 @@ impl Server {
             End::Complete { close_client } => close_client,
             End::Answered(err) => {
                 let close = !body_done || !e.client_side.keep_alive || err.closes();
+                let start = conn.output.len();
                 self.app.write_error_of(Some(e.pool), &mut conn.output, err, close);
+                if !close && !e.client_side.http11 {
+                    say_kept_alive(&mut conn.output, start);
+                }
                 close
             }
-            End::Cut | End::ClientGone => true,
+            End::Cut | End::Capped | End::ClientGone | End::Stopped => true,
             // The request body was never read.
             End::Refused => !body_done,
         };
         if close {
             conn.close_after_flush();
+        } else if self.shutdown_at.is_some() {
+            // Stopping: what it pipelined is answered, then it closes.
+            self.stopping.push(id);
         }
         self.proxy.retire(e);
         conn.last_active = self.now.ms;
@@ -457,6 +526,30 @@ impl Server {
         }
     }
 
+    /// The stop's grace is over: every exchange still running is ended. A
+    /// client that got no response head is answered `503` (best effort: one
+    /// write); one mid-response is cut. Each is logged as such.
+    pub(super) fn cut_exchanges(&mut self) {
+        let running: Vec<(ConnId, usize)> = self
+            .conns
+            .iter()
+            .filter_map(|(t, entry)| match entry {
+                super::Entry::Client(c) => c.exchange.map(|ex| (ConnId { index: t as u32, serial: c.serial }, ex)),
+            })
+            .collect();
+        for (id, ex) in running {
+            self.proxy.exchanges[ex].client_side.keep_alive = false;
+            let end = match self.proxy.exchanges[ex].phase {
+                Phase::Relaying => End::Stopped,
+                Phase::Queued | Phase::Sending => End::Answered(SHUTTING_DOWN),
+            };
+            self.end_exchange(id, end);
+            if let Some(conn) = client_mut(&mut self.conns, id) {
+                let _ = conn.flush(self.now.ms);
+            }
+        }
+    }
+
     /// The client connection is closing while in an exchange.
     pub(super) fn abandon_exchange(&mut self, ex: usize) {
         let e = self.finish_exchange(ex, false);
@@ -478,6 +571,8 @@ impl Server {
             End::Answered(err) => (err.status().code(), Some(err.code())),
             End::Cut => (upstream_status.unwrap_or(ApiError::BadGateway.status().code()), Some("upstream_cut")),
             End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
+            End::Stopped => (upstream_status.unwrap_or(0), Some("shutdown_cut")),
+            End::Capped => (upstream_status.unwrap_or(0), Some("request_capped")),
         };
         let upstream_ms = e.sent_at.map(|t| t.elapsed().as_millis() as u64);
         self.proxy.stats.count(e.pool.0 as usize, upstream_status, upstream_ms, e.bytes_up, e.bytes_down);

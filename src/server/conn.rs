@@ -383,6 +383,13 @@ impl Conn {
         self.input.end == self.input.buf.len() && self.input.start == 0 && self.input.buf.len() >= self.input.limit
     }
 
+    /// One write of the pending output, whatever it takes: the last words
+    /// of a connection the stop is about to close.
+    #[cold]
+    pub fn write_last(&mut self) {
+        let _ = self.stream.write(&self.output[self.out_pos..]);
+    }
+
     /// Writes as much pending output as the socket takes.
     pub fn flush(&mut self, now: Ms) -> io::Result<Flush> {
         while self.out_pos < self.output.len() {

@@ -317,9 +317,7 @@ impl Server {
             self.app.advance(self.now.ms);
             self.drain_events();
             if !self.stopping.is_empty() {
-                for id in std::mem::take(&mut self.stopping) {
-                    self.dispatch(id, Signal::Shutdown);
-                }
+                self.shut_down_stopping();
             }
             self.settle_answers();
             self.flush_dirty();
@@ -441,6 +439,16 @@ impl Server {
     fn reopen_access_log(&mut self) {
         if let Err(e) = self.app.log.reopen() {
             warn!("SIGHUP: {e}; access log lines go on to the file open before");
+        }
+    }
+
+    /// While stopping: the connections whose proxied exchange ended are shut
+    /// down (what they pipelined is answered, then they close).
+    #[cold]
+    #[inline(never)]
+    fn shut_down_stopping(&mut self) {
+        for id in std::mem::take(&mut self.stopping) {
+            self.dispatch(id, Signal::Shutdown);
         }
     }
 

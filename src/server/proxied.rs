@@ -529,6 +529,8 @@ impl Server {
     /// The stop's grace is over: every exchange still running is ended. A
     /// client that got no response head is answered `503` (best effort: one
     /// write); one mid-response is cut. Each is logged as such.
+    #[cold]
+    #[inline(never)]
     pub(super) fn cut_exchanges(&mut self) {
         let running: Vec<(ConnId, usize)> = self
             .conns
@@ -545,7 +547,7 @@ impl Server {
             };
             self.end_exchange(id, end);
             if let Some(conn) = client_mut(&mut self.conns, id) {
-                let _ = conn.flush(self.now.ms);
+                conn.write_last();
             }
         }
     }

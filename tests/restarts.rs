@@ -175,29 +175,6 @@ fn only_a_trusted_proxy_can_say_a_pool_moved() {
 }
 
 #[test]
-fn a_move_never_takes_back_a_slot_released_here() {
-    let upstream = MockUpstream::start(|_| ok("{}", ""));
-    let s = TestServer::start(&moved_pool(&upstream, r#""trustedProxies":["127.0.0.1/32"]"#));
-    let released: Vec<String> = (0..2).map(|_| s.acquire("", "").slot()).collect();
-    for slot in &released {
-        assert_eq!(s.release(slot, "").status, 200);
-    }
-    let held: Vec<String> = (0..2).map(|_| s.acquire("", "").slot()).collect();
-    // A move opens the window; the released ids renewed in it stay dead.
-    assert!(recovering(&s.acquire(MOVED, "")));
-    for slot in &released {
-        let renew = post(&format!("/pools/p/lock/{slot}/renew"), KEY, MOVED, "");
-        assert_eq!(s.request(&renew).status, 404, "a slot released here was taken back");
-        assert_eq!(s.renew(slot).status, 404, "a slot released here was taken back");
-    }
-    for slot in &held {
-        assert_eq!(s.renew(slot).status, 200);
-    }
-    assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2);
-    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0);
-}
-
-#[test]
 fn tampered_forged_and_other_pool_ids_are_refused_and_never_adopted() {
     let first = TestServer::start(&config(POOL, ""));
     let slot = first.acquire("", "").slot();

@@ -6,10 +6,8 @@
 //! 48 bits each), 64 random bits from the OS source, and an 80-bit
 //! AES-128-CMAC tag (RFC 4493, truncated) over all of that, under a key
 //! derived from the server's 32-byte slot secret.
-//! The index makes lookup O(1); the generation (counted per slab slot from a
-//! random start per process) makes a stale id miss instead of hitting a newer
-//! lease in the same slab slot, and tells an id this process granted and has
-//! since freed from one it never granted; random part and MAC make
+//! The index makes lookup O(1); the generation makes a stale id miss instead
+//! of hitting a newer lease in the same slab slot; random part and MAC make
 //! 144 bits no client can guess. A server that does not know the lease (after
 //! a crash, or a standby sharing the secret) can still check the MAC and read
 //! the deadlines, so it can re-adopt the slot instead of granting it twice.

@@ -169,14 +169,7 @@ pub struct Governor<T = u64> {
     wheel: Wheel<Timer<T>>,
     notices: VecDeque<Notice<T>>,
     entropy: Entropy,
-    /// Where this process's generations start (random per process).
-    generation_base: u32,
-    /// Per slab index, the generation its next grant takes: counted from
-    /// `generation_base` at each index, so the ids this process issued at
-    /// index `i` are exactly those whose generation lies in
-    /// `generation_base..generations[i]`. An id there that is not the live
-    /// lease's was released or reclaimed here: never re-adopted.
-    generations: Vec<u32>,
+    next_generation: u32,
     /// The `now` of the last `advance`: what the metrics read the learned
     /// instants against.
     advanced_to: Ms,
@@ -207,8 +200,7 @@ impl<T: Copy> Governor<T> {
             wheel: Wheel::new(),
             notices: VecDeque::new(),
             entropy,
-            generation_base: 0,
-            generations: Vec::new(),
+            next_generation: 0,
             advanced_to: 0,
             key: SlotKey::new(&[0; 32]),
             epoch: Epoch::default(),
@@ -258,8 +250,7 @@ impl<T: Copy> Governor<T> {
         self.key = SlotKey::new(secret);
         self.epoch = epoch;
         // A fresh process must not repeat the previous one's (index, generation) pairs.
-        self.generation_base = u32::from_le_bytes(self.entropy.take::<4>());
-        self.generations.clear();
+        self.next_generation = u32::from_le_bytes(self.entropy.take::<4>());
     }
 
     /// Opens the re-adoption window of every pool for one `termMs` from
@@ -621,11 +612,8 @@ impl<T: Copy> Governor<T> {
         let s = pool.settings;
         let request_deadline = now + s.request_timeout_ms;
         let lease_deadline = (now + s.term_ms).min(request_deadline);
-        if idx >= self.generations.len() {
-            self.generations.resize(idx + 1, self.generation_base);
-        }
-        let generation = self.generations[idx];
-        self.generations[idx] = generation.wrapping_add(1);
+        let generation = self.next_generation;
+        self.next_generation = generation.wrapping_add(1);
         let id = self.key.sign(&SlotFields {
             index: idx as u32,
             generation,
@@ -705,7 +693,7 @@ impl<T: Copy> Governor<T> {
     /// more term at most (the id's lease deadline may predate renewals).
     fn readopt(&mut self, pid: PoolId, id: SlotId, now: Ms) -> Option<usize> {
         let pool = &self.pools[pid.0 as usize];
-        if !pool.recovering(now) || self.issued_here(&id) {
+        if !pool.recovering(now) {
             return None;
         }
         let fields = self.key.verify(&id)?;
@@ -741,15 +729,6 @@ impl<T: Copy> Governor<T> {
         });
         self.adopted.insert(id, Some(idx));
         Some(idx)
-    }
-
-    /// Whether this process granted `id` (then, not being the live lease at
-    /// its index, it was released or reclaimed here: a holder renewing it
-    /// again must not take a slot back).
-    fn issued_here(&self, id: &SlotId) -> bool {
-        let base = self.generation_base;
-        let issued = |&next: &u32| id.generation().wrapping_sub(base) < next.wrapping_sub(base);
-        self.generations.get(id.index() as usize).is_some_and(issued)
     }
 
     /// Removes a lease from the table (an adopted one stays dead in the map

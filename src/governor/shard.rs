@@ -57,32 +57,6 @@ mod tests {
     }
 
     #[test]
-    fn a_window_never_takes_back_a_slot_this_instance_released_or_reclaimed() {
-        let (mut old, mut new, p) = crashed_pair(POOL, 1_000_000);
-        // `new` granted and released `a`, and saw `b` expire; the old instance's `c` is still held.
-        let a = granted(new.acquire(p, 0, 1, 0));
-        let b = granted(new.acquire(p, 0, 2, 0));
-        assert!(new.release(p, &id(&a), None, 100));
-        new.advance(1_000);
-        assert_eq!(new.pool(p).held, 0);
-        let c = granted(old.acquire(p, 0, 3, 4_500));
-        new.moved_here(p, 5_000);
-        assert_eq!(new.renew(p, &id(&a), 5_000), Err(RenewError::NotFound), "released here");
-        assert!(!new.release(p, &id(&a), None, 5_001), "released here");
-        assert_eq!(new.renew(p, &id(&b), 5_002), Err(RenewError::NotFound), "reclaimed here");
-        assert_eq!(new.renew(p, &id(&c), 5_003), Ok(6_003), "the other instance's slot");
-        assert_eq!((new.pool(p).held, new.pool(p).stats.readopted), (1, 1));
-        // The slab places `a` and `b` had are granted again; their old ids stay dead.
-        new.advance(6_000);
-        let d = granted(new.acquire(p, 0, 4, 6_000));
-        new.moved_here(p, 6_001);
-        assert_eq!(new.renew(p, &id(&a), 6_002), Err(RenewError::NotFound));
-        assert_eq!(new.renew(p, &id(&b), 6_002), Err(RenewError::NotFound));
-        assert!(new.renew(p, &id(&d), 6_003).is_ok());
-        assert_eq!(new.pool(p).held, 2);
-    }
-
-    #[test]
     fn a_move_during_a_restart_window_extends_it_to_a_term_after_the_move() {
         let (mut old, mut new, p) = crashed_pair(POOL, 1_000_000);
         new.open_recovery_window(0);

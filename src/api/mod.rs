@@ -164,9 +164,10 @@ impl Default for Rejections {
 }
 
 impl Rejections {
-    /// Every code an acquire, renew or release can be answered with (and a
-    /// request too malformed to route): the series exist from the start.
-    pub const CODES: [u16; 11] = [400, 401, 403, 404, 405, 409, 413, 429, 431, 503, 504];
+    /// Every code an acquire, renew, release or proxied request can be
+    /// answered with by this server (and a request too malformed to route):
+    /// the series exist from the start.
+    pub const CODES: [u16; 14] = [400, 401, 403, 404, 405, 408, 409, 413, 429, 431, 501, 502, 503, 504];
 
     /// The column of `code` in a row: its place in `CODES`.
     fn column(code: u16) -> Option<usize> {
@@ -176,12 +177,15 @@ impl Rejections {
             403 => 2,
             404 => 3,
             405 => 4,
-            409 => 5,
-            413 => 6,
-            429 => 7,
-            431 => 8,
-            503 => 9,
-            504 => 10,
+            408 => 5,
+            409 => 6,
+            413 => 7,
+            429 => 8,
+            431 => 9,
+            501 => 10,
+            502 => 11,
+            503 => 12,
+            504 => 13,
             _ => return None,
         })
     }
@@ -1046,6 +1050,34 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_refusal_status_has_its_series() {
+        let refusals = [
+            Status::BadRequest,
+            Status::Unauthorized,
+            Status::Forbidden,
+            Status::NotFound,
+            Status::MethodNotAllowed,
+            Status::Conflict,
+            Status::RequestTimeout,
+            Status::PayloadTooLarge,
+            Status::TooManyRequests,
+            Status::HeaderFieldsTooLarge,
+            Status::NotImplemented,
+            Status::BadGateway,
+            Status::ServiceUnavailable,
+            Status::GatewayTimeout,
+        ];
+        let pool = Some(PoolId(0));
+        let mut r = Rejections::default();
+        r.set_pools(1);
+        for status in refusals {
+            r.count(pool, status);
+            assert_eq!(r.get(pool, status.code()), 1, "{}", status.code());
+        }
+        assert_eq!(Rejections::CODES.len(), refusals.len());
+    }
 
     #[test]
     fn host_port_is_ignored() {

@@ -341,7 +341,7 @@ pub fn render(m: &MetricsSnapshot) -> String {
         &mut t,
         "nthpool_rejections_total",
         "counter",
-        "Lock API answers of 400 and above, by pool and status code (no pool label: the pool is unknown or not yet resolved).",
+        "Lock API and proxy answers of 400 and above, by pool and status code (no pool label: the pool is unknown or not yet resolved).",
     );
     for p in pools {
         for (code, n) in &p.rejections {

@@ -553,8 +553,9 @@ impl Server {
     }
 
     /// Closes the admin connection idle longest, if one is: nothing in
-    /// progress (no input, no body, nothing unsent), or done and lingering
-    /// (those go first). Returns whether one was closed.
+    /// progress (no input, no body, nothing unsent), or else one done and
+    /// lingering (closing that one may cut its last answer short: it goes
+    /// last). Returns whether one was closed.
     fn close_idlest_admin(&mut self) -> bool {
         let idlest = self
             .admin_conns
@@ -564,7 +565,7 @@ impl Server {
                 debug_assert_eq!(conn.serial, id.serial, "admin_conns lists the connections open");
                 let quiet = conn.unsent() == 0 && conn.input.is_empty() && conn.pending.is_none();
                 let idle = conn.is_lingering() || conn.is_open() && quiet && conn.request_started.is_none();
-                idle.then_some(((!conn.is_lingering(), conn.last_active), id))
+                idle.then_some(((conn.is_lingering(), conn.last_active), id))
             })
             .min_by_key(|&(order, _)| order);
         let Some((_, id)) = idlest else {

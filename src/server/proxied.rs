@@ -540,6 +540,10 @@ impl Server {
             })
             .collect();
         for (id, ex) in running {
+            // Ending one exchange may have ended another since the list was made.
+            if client_mut(&mut self.conns, id).is_none_or(|c| c.exchange != Some(ex)) {
+                continue;
+            }
             self.proxy.exchanges[ex].client_side.keep_alive = false;
             let end = match self.proxy.exchanges[ex].phase {
                 Phase::Relaying => End::Stopped,

@@ -330,6 +330,42 @@ fn sigterm_lets_a_proxied_stream_finish_and_cuts_what_outlasts_the_grace() {
     );
 }
 
+#[test]
+fn a_response_still_streaming_when_the_grace_ends_is_cut_and_logged_shutdown_cut() {
+    // The upstream streams for about three seconds; the stop's grace is shorter.
+    let events: Vec<(u64, Vec<u8>)> =
+        std::iter::once((0, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n".to_vec()))
+            .chain((0..15).map(|i| (200, format!("data: {i}\n\n").into_bytes())))
+            .collect();
+    let up = MockUpstream::start(move |_| Reply::Paced(events.clone()));
+    let mut server = logged_proxy_server(&up, 2, "");
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&proxied("GET", "/long", "", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped = Instant::now();
+    server.signal("TERM");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    assert!(stopped.elapsed() < Duration::from_secs(2), "cut after {:?}", stopped.elapsed());
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200") && text.contains("data: 0"), "{text}");
+    assert!(!text.contains("data: 14"), "the stream was not cut: {text}");
+    let lines = final_access_log(&mut server);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        (lines[0]["status"].as_u64(), lines[0]["error"].as_str()),
+        (Some(200), Some("shutdown_cut")),
+        "{lines:?}"
+    );
+}
+
 // ---------------------------------------------------------------- connection handling
 
 #[test]

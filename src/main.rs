@@ -61,6 +61,7 @@ fn parse_args() -> Result<Option<Args>, String> {
                 let path = PathBuf::from(value("--check-config")?);
                 let config = Config::load(&path).map_err(|e| e.to_string())?;
                 nthpool::api::check(&config).map_err(|e| format!("{}: {e}", path.display()))?;
+                nthpool::state::check_files(&config, &path).map_err(|e| format!("{}: {e}", path.display()))?;
                 println!("{}: configuration is valid", path.display());
                 return Ok(None);
             }

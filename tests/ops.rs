@@ -402,6 +402,20 @@ fn sighup_with_an_unopenable_access_log_changes_nothing() {
     assert_eq!(s.renew(&held).status, 200, "still serving");
 }
 
+/// Sends SIGHUP and returns the log line that says what became of the reload.
+fn reload_outcome(s: &TestServer) -> String {
+    s.signal("HUP");
+    let deadline = Instant::now() + PATIENCE;
+    let handled = |l: &str| l.contains("reload refused") || l.contains("configuration reloaded");
+    loop {
+        if let Some(line) = s.log().lines().find(|l| handled(l)) {
+            return line.to_string();
+        }
+        assert!(Instant::now() < deadline, "the reload was never handled: {}", s.log());
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn sighup_cannot_drop_the_admin_token_of_a_listener_bound_beyond_loopback() {
     const TOKEN: &str = "admin-token-0123456789";
@@ -424,14 +438,7 @@ fn sighup_cannot_drop_the_admin_token_of_a_listener_bound_beyond_loopback() {
     assert_eq!(fetch("/metrics", None).status, 401);
     // The new address waits for a restart; the token must not go meanwhile.
     std::fs::write(&s.config_path, with(&format!("127.0.0.1:{}", admin.port()), "null")).unwrap();
-    s.signal("HUP");
-    let deadline = Instant::now() + PATIENCE;
-    let handled = |l: &str| l.contains("reload refused") || l.contains("configuration reloaded");
-    while !s.log().lines().any(handled) {
-        assert!(Instant::now() < deadline, "the reload was never handled: {}", s.log());
-        thread::sleep(Duration::from_millis(20));
-    }
-    let refused = s.log().lines().find(|l| handled(l)).unwrap().to_string();
+    let refused = reload_outcome(&s);
     assert!(refused.contains("adminToken") && refused.contains("0.0.0.0:"), "{refused}");
     for path in ["/metrics", "/api/pools"] {
         assert_eq!(fetch(path, None).status, 401, "{path} without the token after the refused reload");
@@ -440,6 +447,29 @@ fn sighup_cannot_drop_the_admin_token_of_a_listener_bound_beyond_loopback() {
     assert_eq!(m.status, 200);
     let m = Exposition::parse(std::str::from_utf8(&m.body).unwrap());
     assert_eq!(reloads(&m), (0.0, 1.0));
+}
+
+#[test]
+fn sighup_cannot_send_snapshots_over_the_slot_secret() {
+    let with = |state: &str| config("", &format!(r#""stateFile":"{state}""#));
+    let mut s = TestServer::start_logged(&with("x.state"), "info");
+    let secret_file = s.dir.join("nthpool.secret");
+    let secret = std::fs::read(&secret_file).unwrap();
+    assert_eq!(secret.len(), 32);
+    std::fs::write(&s.config_path, with("./nthpool.secret")).unwrap();
+    let line = reload_outcome(&s);
+    assert!(line.contains("reload refused") && line.contains("stateFile"), "{line}");
+    // The stop snapshot goes where it went before; the secret is untouched.
+    let slot = s.acquire("", "").slot();
+    s.signal("TERM");
+    let deadline = Instant::now() + PATIENCE;
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the server did not stop");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read(&secret_file).unwrap(), secret, "the secret was overwritten");
+    assert!(s.dir.join("x.state").exists(), "no snapshot at the running stateFile");
+    let _ = slot;
 }
 
 // ---------------------------------------------------------------- SIGTERM
@@ -539,6 +569,36 @@ fn start_up_fails_in_one_line_when_the_state_file_cannot_be_written() {
     let path = write_config(&dir, &nowhere);
     let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
     assert_fails_with(&r, &["stateFile", "no-such-directory/nthpool.state"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writing_anything() {
+    // The state file, the slot secret and the configuration are three files
+    // however they are spelled: a stop snapshot written over the secret would
+    // lose every slot id it signed. `--check-config` finds what start-up would.
+    let dir = scratch_dir();
+    let secret = dir.join("nthpool.secret");
+    std::fs::write(&secret, [7u8; 32]).unwrap();
+    std::fs::write(dir.join("short.secret"), [7u8; 31]).unwrap();
+    let absolute = format!(r#""stateFile":"{}""#, secret.to_str().unwrap());
+    let cases: [(&str, &[&str]); 6] = [
+        (r#""stateFile":"./nthpool.secret""#, &["stateFile", "slot secret"]),
+        (&absolute, &["stateFile", "slot secret"]),
+        (r#""stateFile":"config.json""#, &["stateFile", "configuration file"]),
+        (r#""slotSecretFile":"./config.json","stateFile":null"#, &["slotSecretFile", "configuration file"]),
+        (r#""slotSecretFile":"short.secret""#, &["short.secret", "31 bytes"]),
+        (r#""stateFile":"no-such-directory/x.state""#, &["stateFile", "no-such-directory/x.state"]),
+    ];
+    for (top, needles) in cases {
+        let path = write_config(&dir, &config("", top));
+        assert_fails_with(&run(&dir, &["--check-config", &path]), needles);
+        assert_fails_with(&run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]), needles);
+        assert_eq!(std::fs::read(&secret).unwrap(), [7u8; 32], "{top}: the secret was written");
+    }
+    let path = write_config(&dir, &config("", r#""stateFile":"x.state""#));
+    let r = run(&dir, &["--check-config", &path]);
+    assert!(r.status.success(), "{}", r.stderr);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

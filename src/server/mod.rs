@@ -392,6 +392,7 @@ impl Server {
             if let Some(bound) = bound_admin {
                 config.check_admin_bound(bound).map_err(|e| e.to_string())?;
             }
+            self.persistence.check_reload(&config, path)?;
             self.app.reconfigure(&config, self.now)?;
             Ok(config)
         });

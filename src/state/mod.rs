@@ -46,6 +46,9 @@ pub fn start<T: Copy>(
     now: Ms,
     epoch: Epoch,
 ) -> Result<Persistence, String> {
+    if let Some(config_path) = config_path {
+        check_files(config, config_path)?;
+    }
     let secret_path = config_path.map(|path| secret::path_beside(path, &config.slot_secret_file));
     let secret = match &secret_path {
         Some(path) => secret::load_or_create(path)?,
@@ -53,11 +56,6 @@ pub fn start<T: Copy>(
     };
     gov.set_identity(&secret.bytes, epoch);
     let path = state_path(config, config_path);
-    if let Some(path) = &path {
-        // Found out now rather than at the stop whose snapshot it would lose.
-        snapshot::check_writable(path)
-            .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))?;
-    }
     let persistence = Persistence {
         path,
         interval_ms: config.snapshot_interval_ms,
@@ -116,6 +114,16 @@ impl Persistence {
     /// How often to snapshot while running, if at all.
     pub fn interval_ms(&self) -> Option<u64> {
         self.interval_ms.filter(|_| self.path.is_some())
+    }
+
+    /// What a reload to `config` must not do: send snapshots over the slot
+    /// secret in use or over the configuration file (however spelled).
+    pub fn check_reload(&self, config: &Config, config_path: &Path) -> Result<(), String> {
+        let Some(path) = state_path(config, Some(config_path)) else {
+            return Ok(());
+        };
+        let secret = self.secret_path.as_deref().map(|p| (p, "the slot secret's file"));
+        state_file_apart(&path, secret.into_iter().chain([(config_path, "the configuration file")]))
     }
 
     /// A reload applied `config`: the next snapshot is of its pools, goes to
@@ -208,6 +216,48 @@ impl Persistence {
             Err(e) => warn!("stop snapshot to {} failed ({e}): the next start takes the crash path", path.display()),
         }
     }
+}
+
+/// What start-up would find wrong with the files of `config` (read from
+/// `config_path`), found out before anything is written: the state file,
+/// the slot secret and the configuration must be three files (a snapshot
+/// written over the secret would lose every slot id it signed); an existing
+/// secret holds exactly 32 bytes; a snapshot can be written where the state
+/// file goes (rather than failing at the stop whose snapshot it would lose).
+/// Start-up and `--check-config` both run it.
+pub fn check_files(config: &Config, config_path: &Path) -> Result<(), String> {
+    let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
+    if same_file(&secret_path, config_path) {
+        return Err(format!("slotSecretFile: {} is the configuration file", secret_path.display()));
+    }
+    secret::check(&secret_path)?;
+    let Some(path) = state_path(config, Some(config_path)) else {
+        return Ok(());
+    };
+    state_file_apart(&path, [(&*secret_path, "the slot secret's file"), (config_path, "the configuration file")])?;
+    snapshot::check_writable(&path)
+        .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))
+}
+
+/// Refuses a state file `path` that is one of `others` (each named by what it is).
+fn state_file_apart<'a>(path: &Path, others: impl IntoIterator<Item = (&'a Path, &'a str)>) -> Result<(), String> {
+    match others.into_iter().find(|(other, _)| same_file(path, other)) {
+        Some((_, what)) => Err(format!("stateFile: {} is {what} too", path.display())),
+        None => Ok(()),
+    }
+}
+
+/// Whether two paths name one file: compared by their directories as the
+/// file system resolves them (`./a` and `a`, a symlinked directory), or as
+/// written when a directory does not exist.
+fn same_file(a: &Path, b: &Path) -> bool {
+    let resolved = |p: &Path| {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.components().collect());
+        // The file itself, when it is a symlink, resolved too.
+        std::fs::canonicalize(p).unwrap_or_else(|_| dir.join(p.file_name().unwrap_or_default()))
+    };
+    resolved(a) == resolved(b)
 }
 
 /// Where `config` keeps its snapshot: beside the configuration file; none

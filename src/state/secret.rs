@@ -32,6 +32,19 @@ pub fn ephemeral() -> SlotSecret {
     SlotSecret { bytes, created: true }
 }
 
+/// What `load_or_create` would refuse at `path`, without creating it: an
+/// existing file that is not exactly 32 bytes.
+pub fn check(path: &Path) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.len() != SECRET_BYTES as u64 => Err(wrong_size(path, m.len())),
+        _ => Ok(()),
+    }
+}
+
+fn wrong_size(path: &Path, len: u64) -> String {
+    format!("the slot secret {} holds {len} bytes, not {SECRET_BYTES}: refusing to sign slots under it", path.display())
+}
+
 /// Reads the secret at `path`, or creates it there if there is none.
 pub fn load_or_create(path: &Path) -> Result<SlotSecret, String> {
     match File::open(path) {
@@ -40,11 +53,7 @@ pub fn load_or_create(path: &Path) -> Result<SlotSecret, String> {
             let mut rest = Vec::new();
             file.read_to_end(&mut rest).map_err(|e| format!("cannot read the slot secret {}: {e}", path.display()))?;
             if rest.len() != SECRET_BYTES {
-                return Err(format!(
-                    "the slot secret {} holds {} bytes, not {SECRET_BYTES}: refusing to sign slots under it",
-                    path.display(),
-                    rest.len()
-                ));
+                return Err(wrong_size(path, rest.len() as u64));
             }
             bytes.copy_from_slice(&rest);
             Ok(SlotSecret { bytes, created: false })

@@ -135,7 +135,7 @@ fn each_refused_certificate_is_a_502_naming_its_cause_and_a_log_line() {
             ca.leaf(&["other.test"]),
             &ca,
             "The upstream's TLS certificate is not valid for its host name.",
-            "not valid for the host name localhost (it names",
+            "not valid for the host name localhost (it names other.test)",
         ),
         (
             "expired",

@@ -110,9 +110,10 @@ impl TlsError {
                 CertificateError::NotValidForName => {
                     TlsError::WrongHostName { host: host.to_owned(), presented: Vec::new() }
                 }
-                CertificateError::NotValidForNameContext { presented, .. } => {
-                    TlsError::WrongHostName { host: host.to_owned(), presented }
-                }
+                CertificateError::NotValidForNameContext { presented, .. } => TlsError::WrongHostName {
+                    host: host.to_owned(),
+                    presented: presented.iter().map(|name| plain_name(name).to_owned()).collect(),
+                },
                 CertificateError::Expired | CertificateError::ExpiredContext { .. } => TlsError::Expired,
                 CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => TlsError::NotYetValid,
                 other => TlsError::BadCertificate(format!("{other:?}")),
@@ -125,6 +126,14 @@ impl TlsError {
     fn into_io(self) -> io::Error {
         io::Error::new(io::ErrorKind::InvalidData, self)
     }
+}
+
+/// A certificate name as webpki's debug text gives it (`DnsName("a.test")`,
+/// `IpAddress(10.0.0.1)`), as an operator would write it (`a.test`,
+/// `10.0.0.1`); other kinds stay as they are.
+fn plain_name(presented: &str) -> &str {
+    let unwrap = |prefix: &str, suffix: &str| presented.strip_prefix(prefix)?.strip_suffix(suffix);
+    unwrap("DnsName(\"", "\")").or_else(|| unwrap("IpAddress(", ")")).unwrap_or(presented)
 }
 
 impl fmt::Display for TlsError {
@@ -433,5 +442,22 @@ impl TlsStream {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_name;
+
+    #[test]
+    fn certificate_names_read_as_an_operator_writes_them() {
+        assert_eq!(plain_name(r#"DnsName("api.example.com")"#), "api.example.com");
+        assert_eq!(plain_name("IpAddress(10.0.0.1)"), "10.0.0.1");
+        assert_eq!(plain_name("IpAddress(fd00::1)"), "fd00::1");
+        assert_eq!(plain_name("DirectoryName"), "DirectoryName");
+        assert_eq!(
+            plain_name(r#"UniformResourceIdentifier("spiffe://x")"#),
+            r#"UniformResourceIdentifier("spiffe://x")"#
+        );
     }
 }

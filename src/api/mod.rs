@@ -171,23 +171,7 @@ impl Rejections {
 
     /// The column of `code` in a row: its place in `CODES`.
     fn column(code: u16) -> Option<usize> {
-        Some(match code {
-            400 => 0,
-            401 => 1,
-            403 => 2,
-            404 => 3,
-            405 => 4,
-            408 => 5,
-            409 => 6,
-            413 => 7,
-            429 => 8,
-            431 => 9,
-            501 => 10,
-            502 => 11,
-            503 => 12,
-            504 => 13,
-            _ => return None,
-        })
+        Self::CODES.iter().position(|&c| c == code)
     }
 
     /// Makes room for `pools` pools (never shrinks).
@@ -565,12 +549,7 @@ impl App {
         if access.needs_body() {
             access.check_signed(head, body, ctx.now.wall())?;
         }
-        if head.api.moved && self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer) {
-            // The proxy moved this pool here from an instance out of rotation;
-            // from anyone else the field is ignored (it would hold up fail-fast
-            // acquires for a term and let released slots be taken back).
-            self.gov.moved_here(pid, ctx.now.ms);
-        }
+        self.note_move(pid, ctx, head);
         match lock {
             Lock::Acquire => {
                 // No body and no header: fail fast, the usual acquire, without a call.
@@ -687,6 +666,17 @@ impl App {
     /// `409 superseded`, logged with the time it waited.
     fn answer_superseded(&mut self, out: &mut Vec<u8>, attempt: &Attempt, now: Now, close: bool) {
         self.answer_queued_error(out, attempt, now, ApiError::Superseded, close);
+    }
+
+    /// `X-Nthpool-Moved` from one of the pool's trusted proxies: the proxy
+    /// moved this pool here from an instance out of rotation, and its
+    /// re-adoption window opens. From anyone else the field is ignored (it
+    /// would hold up fail-fast acquires for a term).
+    #[inline(always)]
+    fn note_move(&mut self, pid: PoolId, ctx: &Ctx, head: &Head) {
+        if head.api.moved && self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer) {
+            self.gov.moved_here(pid, ctx.now.ms);
+        }
     }
 
     /// A queued acquire ended by `error` rather than by the governor.

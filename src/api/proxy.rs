@@ -146,12 +146,7 @@ impl App {
             Some(_) => wait_budget(head, &[])?,
         };
         let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
-        if head.api.moved && self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer) {
-            // The proxy moved this pool here from an instance out of rotation;
-            // from anyone else the field is ignored (it would hold up fail-fast
-            // acquires for a term and let released slots be taken back).
-            self.gov.moved_here(pid, ctx.now.ms);
-        }
+        self.note_move(pid, ctx, head);
         let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
         if let Admission::Denied(denial) = &admission {
             let line = method_and_path(head);

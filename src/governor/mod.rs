@@ -310,12 +310,9 @@ impl<T: Copy> Governor<T> {
         let p = self.pool(pid);
         let effective = p.effective_limit();
         let mut rpm_remaining = p.rpm_remaining();
-        // Only a pool that learned a budget pays for reading it.
-        if p.learning.budget.is_some() {
-            if let Some(left) = p.learning.budget_remaining(now) {
-                let left = left.min(u32::MAX as u64) as u32;
-                rpm_remaining = Some(rpm_remaining.map_or(left, |tokens| tokens.min(left)));
-            }
+        if let Some(left) = p.learning.budget_remaining(now) {
+            let left = left.min(u32::MAX as u64) as u32;
+            rpm_remaining = Some(rpm_remaining.map_or(left, |tokens| tokens.min(left)));
         }
         Signals {
             remaining_slots: effective.saturating_sub(p.held),

@@ -109,12 +109,7 @@ pub fn begin(
 ) -> Begun {
     let has_body = head.framing != BodyFraming::None;
     let start = output.len();
-    // An HTTP/1.0 connection is kept only when the answer says so.
-    let say_kept = |output: &mut Vec<u8>, close: bool| {
-        if !close && !head.http11 {
-            say_kept_alive(output, start);
-        }
-    };
+    let say_kept = |output: &mut Vec<u8>, close: bool| say_if_kept(output, start, close, head.http11);
     // A refusal leaves the body unread: its answer closes the connection.
     let admitted = match app.admit_proxied(&Ctx { close: ctx.close || has_body, ..*ctx }, pid, head, output) {
         Ok(admitted) => admitted,
@@ -405,10 +400,7 @@ impl Server {
         let close = close || !e.client_side.keep_alive || !e.request_done();
         let start = conn.output.len();
         self.app.end_proxied_wait(&mut conn.output, end, queued, id, self.now, close, e.method_and_path());
-        if !close && !e.client_side.http11 {
-            // An HTTP/1.0 connection is kept only when the answer says so.
-            say_kept_alive(&mut conn.output, start);
-        }
+        say_if_kept(&mut conn.output, start, close, e.client_side.http11);
         self.end_exchange(id, End::Refused);
         if close {
             if let Some(conn) = client_mut(&mut self.conns, id) {
@@ -483,9 +475,7 @@ impl Server {
                 let close = !body_done || !e.client_side.keep_alive || err.closes();
                 let start = conn.output.len();
                 self.app.write_error_of(Some(e.pool), &mut conn.output, err, close);
-                if !close && !e.client_side.http11 {
-                    say_kept_alive(&mut conn.output, start);
-                }
+                say_if_kept(&mut conn.output, start, close, e.client_side.http11);
                 close
             }
             End::Cut | End::Capped | End::ClientGone | End::Stopped => true,
@@ -600,5 +590,14 @@ impl Server {
             upstream_ms,
         };
         self.app.log_proxied(&e.attempt, self.now.wall(), &line);
+    }
+}
+
+/// An HTTP/1.0 connection is kept only when the answer says so (RFC 9112
+/// §C.2.2): the answer from `start` says it when it keeps such a client's
+/// connection.
+fn say_if_kept(output: &mut Vec<u8>, start: usize, close: bool, http11: bool) {
+    if !close && !http11 {
+        say_kept_alive(output, start);
     }
 }

@@ -1,5 +1,6 @@
-//! The random bytes in slot ids and in a fresh process's generation
-//! counter, from a source the caller hands in.
+//! The random bytes in slot ids (and in the stand-in slot secret a
+//! governor signs with until it is given the server's), from a source the
+//! caller hands in.
 //!
 //! The governor does no I/O: the server gives it the OS source
 //! (`state::os_random`), tests a seeded one, so what a test grants is the

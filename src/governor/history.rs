@@ -156,6 +156,7 @@ mod tests {
                 adaptive: true,
                 idempotency_keys: 16,
             },
+            crate::governor::lease::SlotKey::new(&[0; 32]).seal("p"),
         )
     }
 

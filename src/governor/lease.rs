@@ -1,16 +1,19 @@
 //! Leases and the `slotId` that names one.
 //!
 //! A `slotId` is 42 bytes shown as 56 URL-safe base64 characters, and it
-//! describes itself (SPEC §11): the lease's slab index and generation, a tag
-//! of its pool's name, its lease and request deadlines at grant (Unix ms,
-//! 48 bits each), 64 random bits from the OS source, and an 80-bit
-//! AES-128-CMAC tag (RFC 4493, truncated) over all of that, under a key
-//! derived from the server's 32-byte slot secret.
-//! The index makes lookup O(1); the generation makes a stale id miss instead
-//! of hitting a newer lease in the same slab slot; random part and MAC make
-//! 144 bits no client can guess. A server that does not know the lease (after
-//! a crash, or a standby sharing the secret) can still check the MAC and read
-//! the deadlines, so it can re-adopt the slot instead of granting it twice.
+//! describes itself (SPEC §11): the lease's slab index, its lease and request
+//! deadlines at grant (Unix ms, 48 bits each), 128 random bits from the OS
+//! source, and an 80-bit AES-128-CMAC tag (RFC 4493, truncated) under a key
+//! derived from the server's 32-byte slot secret. The tag covers a 16-byte
+//! digest of the pool's name followed by those 32 bytes, so an id is good for
+//! its own pool only; the name is not in the id because every route that
+//! takes an id names its pool too.
+//! The index makes lookup O(1); the random part makes every id unique and
+//! unguessable on its own (a stale id misses a newer lease in the same slab
+//! slot because their random parts differ), and the MAC lets a server that
+//! does not know the lease (after a crash, or a standby sharing the secret)
+//! trust the deadlines it reads, so it can re-adopt the slot instead of
+//! granting it twice.
 //!
 //! A known lease keeps its whole id, and its text too: renew and release read
 //! the index from the first eight characters and compare all 56 with the
@@ -18,21 +21,23 @@
 //! grant and re-adoption do. (The text costs 56 bytes per held slot and saves
 //! a 56-character decode per renew and release.)
 //!
-//! Why AES-CMAC: the MAC covers one fixed 32-byte body, exactly two AES
-//! blocks, so a tag is two block encryptions and three xors. With the CPU's
-//! AES instructions (detected at start; any x86-64 of the last decade has
-//! them) that is about 80 instructions per grant. SipHash-2-4-128, the MAC
-//! before it, took about 310 (four message rounds and eight finalisation
-//! rounds); HMAC-SHA256, before that, two SHA-256 compressions, about 8,000
-//! without the CPU's SHA extensions. Without AES instructions the `aes` crate
-//! falls back to a constant-time software AES, slower but still correct. The
-//! 80-bit tag is what a forger must guess; the key comes from the secret
-//! through HMAC-SHA256, once per start.
+//! Why AES-CMAC: the MAC covers one 48-byte message whose first block, the
+//! pool's digest, is the same for every id of a pool: its encryption is done
+//! once per pool and start (`PoolSeal`), so a tag is two block encryptions
+//! and three xors. With the CPU's AES instructions (detected at start; any
+//! x86-64 of the last decade has them) that is about 80 instructions per
+//! grant. SipHash-2-4-128, the MAC before it, took about 310 (four message
+//! rounds and eight finalisation rounds); HMAC-SHA256, before that, two
+//! SHA-256 compressions, about 8,000 without the CPU's SHA extensions.
+//! Without AES instructions the `aes` crate falls back to a constant-time
+//! software AES, slower but still correct. The 80-bit tag is what a forger
+//! must guess; the key comes from the secret through HMAC-SHA256, once per
+//! start.
 
 use aes::cipher::{BlockEncrypt, KeyInit};
 use aes::{Aes128, Block};
 use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 use super::id::PoolId;
 pub use crate::ct::secret_eq;
@@ -41,11 +46,18 @@ use crate::wheel::TimerKey;
 
 pub const SLOT_ID_BYTES: usize = 42;
 pub const SLOT_ID_CHARS: usize = 56;
-/// The bytes the MAC covers; the tag follows them.
+/// The id's bytes the MAC covers (after its pool's digest); the tag follows them.
 const BODY: usize = 32;
 const TAG: usize = SLOT_ID_BYTES - BODY;
 /// Deadlines are stored as 48-bit Unix milliseconds (good until year 10889).
 const DEADLINE_BYTES: usize = 6;
+/// Where the fields lie in the body.
+const LEASE_AT: usize = 4;
+const REQUEST_AT: usize = LEASE_AT + DEADLINE_BYTES;
+const RANDOM_AT: usize = REQUEST_AT + DEADLINE_BYTES;
+/// Random bits per id: SPEC §5 asks for at least 128.
+pub const RANDOM_BYTES: usize = BODY - RANDOM_AT;
+const _: () = assert!(RANDOM_BYTES * 8 >= 128);
 
 /// The raw bytes of a `slotId`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,16 +67,23 @@ pub struct SlotId(pub [u8; SLOT_ID_BYTES]);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotFields {
     pub index: u32,
-    pub generation: u32,
-    pub pool_tag: u32,
     pub lease_deadline_unix: u64,
     pub request_deadline_unix: u64,
-    pub random: [u8; 8],
+    pub random: [u8; RANDOM_BYTES],
 }
 
 /// Names what the derived key is for, so it is never the key of anything else.
-/// (v1 keyed SipHash-2-4: ids signed under it do not verify.)
-const KEY_LABEL: &[u8] = b"nthpool slotId AES-128-CMAC key v2";
+/// (v1 keyed SipHash-2-4; v2 signed a layout with 64 random bits and a pool
+/// tag in the id: ids signed under either do not verify.)
+const KEY_LABEL: &[u8] = b"nthpool slotId AES-128-CMAC key v3";
+/// Prefixes a pool's name in the digest its ids' MAC starts from.
+const POOL_LABEL: &[u8] = b"nthpool slotId pool v3\0";
+
+/// A pool's part of every one of its ids' MAC: the CMAC state after the
+/// first block, the digest of the pool's name, under one `SlotKey`. Made once
+/// per pool and key, so binding an id to its pool costs a grant nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolSeal(u128);
 
 /// The MAC key of slot ids, derived from the server's slot secret.
 #[derive(Clone)]
@@ -81,31 +100,38 @@ impl SlotKey {
         SlotKey { cmac: Cmac::new(key) }
     }
 
-    fn tag(&self, body: &[u8]) -> [u8; TAG] {
-        let full = self.cmac.tag(body);
+    /// The seal of the pool named `name` under this key.
+    pub fn seal(&self, name: &str) -> PoolSeal {
+        let digest = Sha256::new().chain_update(POOL_LABEL).chain_update(name).finalize();
+        PoolSeal(self.cmac.encrypt(u128::from_be_bytes(digest[..16].try_into().expect("16 of 32 bytes"))))
+    }
+
+    /// The tag of an id's body in `seal`'s pool: AES-CMAC of the pool's
+    /// digest followed by the body, from the state after the digest.
+    fn tag(&self, seal: PoolSeal, body: &[u8]) -> [u8; TAG] {
+        let full = self.cmac.tag_after(seal.0, body);
         let mut out = [0u8; TAG];
         out.copy_from_slice(&full[..TAG]);
         out
     }
 
-    /// Builds and signs an id.
-    pub fn sign(&self, f: &SlotFields) -> SlotId {
+    /// Builds and signs an id of `seal`'s pool.
+    pub fn sign(&self, seal: PoolSeal, f: &SlotFields) -> SlotId {
         let mut raw = [0u8; SLOT_ID_BYTES];
-        raw[..4].copy_from_slice(&f.index.to_le_bytes());
-        raw[4..8].copy_from_slice(&f.generation.to_le_bytes());
-        raw[8..12].copy_from_slice(&f.pool_tag.to_le_bytes());
-        raw[12..18].copy_from_slice(&f.lease_deadline_unix.to_le_bytes()[..DEADLINE_BYTES]);
-        raw[18..24].copy_from_slice(&f.request_deadline_unix.to_le_bytes()[..DEADLINE_BYTES]);
-        raw[24..BODY].copy_from_slice(&f.random);
-        let tag = self.tag(&raw[..BODY]);
+        raw[..LEASE_AT].copy_from_slice(&f.index.to_le_bytes());
+        raw[LEASE_AT..REQUEST_AT].copy_from_slice(&f.lease_deadline_unix.to_le_bytes()[..DEADLINE_BYTES]);
+        raw[REQUEST_AT..RANDOM_AT].copy_from_slice(&f.request_deadline_unix.to_le_bytes()[..DEADLINE_BYTES]);
+        raw[RANDOM_AT..BODY].copy_from_slice(&f.random);
+        let tag = self.tag(seal, &raw[..BODY]);
         raw[BODY..].copy_from_slice(&tag);
         SlotId(raw)
     }
 
-    /// The fields of an id whose MAC is right under this key; `None` for a
-    /// tampered or forged id, or one signed under another secret.
-    pub fn verify(&self, id: &SlotId) -> Option<SlotFields> {
-        let tag = self.tag(&id.0[..BODY]);
+    /// The fields of an id whose MAC is right under this key for `seal`'s
+    /// pool; `None` for a tampered or forged id, one of another pool, or one
+    /// signed under another secret.
+    pub fn verify(&self, seal: PoolSeal, id: &SlotId) -> Option<SlotFields> {
+        let tag = self.tag(seal, &id.0[..BODY]);
         secret_eq(&tag, &id.0[BODY..]).then(|| id.fields())
     }
 }
@@ -138,12 +164,20 @@ impl Cmac {
         u128::from_be_bytes(b.into())
     }
 
+    /// The tag of `message`.
+    #[cfg(test)]
     fn tag(&self, message: &[u8]) -> [u8; 16] {
+        self.tag_after(0, message)
+    }
+
+    /// The tag of a message whose leading whole blocks left the chain at
+    /// `state`, given the rest of it (non-empty when `state` is not 0).
+    fn tag_after(&self, state: u128, message: &[u8]) -> [u8; 16] {
         let block = |bytes: &[u8]| u128::from_be_bytes(bytes.try_into().expect("16 bytes"));
         // The last block is the last 1 to 16 bytes (none for an empty message).
         let whole = (message.len().max(1) - 1) / 16 * 16;
         let (first, last) = message.split_at(whole);
-        let mut x = 0;
+        let mut x = state;
         for b in first.chunks_exact(16) {
             x = self.encrypt(x ^ block(b));
         }
@@ -157,16 +191,6 @@ impl Cmac {
         };
         self.encrypt(x ^ last).to_be_bytes()
     }
-}
-
-/// A 32-bit tag of a pool name (FNV-1a), so an id names its pool across
-/// restarts and reloads that renumber pools. Not a secret: the MAC covers it.
-pub fn pool_tag(name: &str) -> u32 {
-    fnv1a(name.as_bytes())
-}
-
-fn fnv1a(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5u32, |h, &b| (h ^ b as u32).wrapping_mul(0x0100_0193))
 }
 
 fn read_u48(b: &[u8]) -> u64 {
@@ -209,19 +233,13 @@ impl SlotId {
         u32::from_le_bytes(self.0[..4].try_into().expect("4 bytes"))
     }
 
-    pub fn generation(&self) -> u32 {
-        u32::from_le_bytes(self.0[4..8].try_into().expect("4 bytes"))
-    }
-
     /// The fields, unchecked: only `SlotKey::verify` vouches for them.
     pub fn fields(&self) -> SlotFields {
         SlotFields {
             index: self.index(),
-            generation: self.generation(),
-            pool_tag: u32::from_le_bytes(self.0[8..12].try_into().expect("4 bytes")),
-            lease_deadline_unix: read_u48(&self.0[12..18]),
-            request_deadline_unix: read_u48(&self.0[18..24]),
-            random: self.0[24..BODY].try_into().expect("8 bytes"),
+            lease_deadline_unix: read_u48(&self.0[LEASE_AT..REQUEST_AT]),
+            request_deadline_unix: read_u48(&self.0[REQUEST_AT..RANDOM_AT]),
+            random: self.0[RANDOM_AT..BODY].try_into().expect("16 bytes"),
         }
     }
 
@@ -262,8 +280,9 @@ impl SlotId {
 
     /// A short reference for logs: a non-reversible hash of the id, never the id itself.
     pub fn log_ref(&self) -> u32 {
-        // The random part and the tag folded a word at a time by multiply and
-        // xor: enough to correlate lines, useless to forge an id.
+        // The second half of the random part and the tag, folded a word at a
+        // time by multiply and xor: enough to correlate lines, useless to
+        // forge an id.
         const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
         let word = |at: usize| u64::from_le_bytes(self.0[at..at + 8].try_into().expect("8 bytes"));
         let last = u64::from(u16::from_le_bytes([self.0[40], self.0[41]]));
@@ -341,23 +360,29 @@ mod tests {
     fn fields() -> SlotFields {
         SlotFields {
             index: 7,
-            generation: 3,
-            pool_tag: pool_tag("openai"),
             lease_deadline_unix: 1_800_000_030_000,
             request_deadline_unix: 1_800_000_600_000,
-            random: [0xfb; 8],
+            random: std::array::from_fn(|i| 0xf0 | i as u8),
         }
     }
 
     #[test]
     fn slot_id_round_trips_and_is_url_safe() {
         let key = SlotKey::new(&[9; 32]);
-        let id = key.sign(&fields());
+        let seal = key.seal("openai");
+        let id = key.sign(seal, &fields());
         let text = id.encode();
         assert!(text.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-' || *c == b'_'));
         let back = SlotId::decode(&text).unwrap();
         assert_eq!(back, id);
-        assert_eq!(key.verify(&back), Some(fields()));
+        assert_eq!(key.verify(seal, &back), Some(fields()));
+    }
+
+    #[test]
+    fn an_id_carries_128_random_bits_and_both_deadlines() {
+        let id = SlotKey::new(&[9; 32]).sign(SlotKey::new(&[9; 32]).seal("p"), &fields());
+        assert_eq!(id.0[RANDOM_AT..BODY], fields().random);
+        assert_eq!(id.fields(), fields());
     }
 
     /// Unpadded base64url, six bits at a time: what `encode` must agree with.
@@ -383,14 +408,18 @@ mod tests {
     #[test]
     fn tampered_forged_and_foreign_ids_fail_the_mac() {
         let key = SlotKey::new(&[9; 32]);
-        let id = key.sign(&fields());
+        let seal = key.seal("openai");
+        let id = key.sign(seal, &fields());
         for byte in 0..SLOT_ID_BYTES {
             let mut bad = id;
             bad.0[byte] ^= 1;
-            assert_eq!(key.verify(&bad), None, "flipped byte {byte}");
+            assert_eq!(key.verify(seal, &bad), None, "flipped byte {byte}");
         }
-        assert_eq!(SlotKey::new(&[8; 32]).verify(&id), None);
-        assert_eq!(key.verify(&SlotId([0; SLOT_ID_BYTES])), None);
+        let other = SlotKey::new(&[8; 32]);
+        assert_eq!(other.verify(other.seal("openai"), &id), None, "another secret");
+        assert_eq!(key.verify(key.seal("openai2"), &id), None, "another pool");
+        assert_eq!(key.verify(key.seal("OpenAI"), &id), None, "another pool");
+        assert_eq!(key.verify(seal, &SlotId([0; SLOT_ID_BYTES])), None);
     }
 
     fn hex(text: &str) -> Vec<u8> {
@@ -421,20 +450,28 @@ mod tests {
         ] {
             assert_eq!(cmac.tag(&message[..len]).to_vec(), hex(tag), "{len} bytes");
         }
+        // The same tags from the state after the first block or two.
+        let first = cmac.encrypt(u128::from_be_bytes(message[..16].try_into().unwrap()));
+        assert_eq!(cmac.tag_after(first, &message[16..40]).to_vec(), hex("dfa66747de9ae63030ca32611497c827"));
+        let second = cmac.encrypt(first ^ u128::from_be_bytes(message[16..32].try_into().unwrap()));
+        assert_eq!(cmac.tag_after(second, &message[32..]).to_vec(), hex("51f0bebf7e3b9d92fc49741779363cfe"));
     }
 
     #[test]
-    fn an_id_is_tagged_with_the_cmac_of_its_body() {
+    fn an_id_is_tagged_with_the_cmac_of_its_pools_digest_and_its_body() {
         let key = SlotKey::new(&[9; 32]);
-        let id = key.sign(&fields());
-        assert_eq!(id.0[BODY..], key.cmac.tag(&id.0[..BODY])[..TAG]);
+        let id = key.sign(key.seal("openai"), &fields());
+        let digest = Sha256::new().chain_update(POOL_LABEL).chain_update("openai").finalize();
+        let message = [&digest[..16], &id.0[..BODY]].concat();
+        assert_eq!(id.0[BODY..], key.cmac.tag(&message)[..TAG]);
     }
 
     #[test]
     fn encoding_matches_standard_base64url() {
         use base64::engine::general_purpose::URL_SAFE_NO_PAD;
         use base64::Engine;
-        let id = SlotKey::new(&[1; 32]).sign(&fields());
+        let key = SlotKey::new(&[1; 32]);
+        let id = key.sign(key.seal("p"), &fields());
         assert_eq!(id.encode().as_slice(), URL_SAFE_NO_PAD.encode(id.0).as_bytes());
         for i in 0..=255u8 {
             let id = SlotId([i; SLOT_ID_BYTES]);
@@ -454,10 +491,10 @@ mod tests {
     fn the_index_read_from_the_text_is_the_ids() {
         let key = SlotKey::new(&[3; 32]);
         for index in [0, 1, 255, 256, 65_535, 1 << 24, 0x89ab_cdef, u32::MAX] {
-            let id = key.sign(&SlotFields { index, ..fields() });
+            let id = key.sign(key.seal("p"), &SlotFields { index, ..fields() });
             assert_eq!(text_index(&id.encode()), Some(index));
         }
-        let mut text = key.sign(&fields()).encode();
+        let mut text = key.sign(key.seal("p"), &fields()).encode();
         for at in 0..8 {
             let good = text[at];
             text[at] = b'=';

@@ -169,7 +169,6 @@ pub struct Governor<T = u64> {
     wheel: Wheel<Timer<T>>,
     notices: VecDeque<Notice<T>>,
     entropy: Entropy,
-    next_generation: u32,
     /// The `now` of the last `advance`: what the metrics read the learned
     /// instants against.
     advanced_to: Ms,
@@ -200,7 +199,6 @@ impl<T: Copy> Governor<T> {
             wheel: Wheel::new(),
             notices: VecDeque::new(),
             entropy,
-            next_generation: 0,
             advanced_to: 0,
             key: SlotKey::new(&[0; 32]),
             epoch: Epoch::default(),
@@ -227,7 +225,7 @@ impl<T: Copy> Governor<T> {
                 }
                 None => {
                     let pid = PoolId(self.pools.len() as u32);
-                    self.pools.push(Pool::new(name, settings));
+                    self.pools.push(Pool::new(name, settings, self.key.seal(name)));
                     self.names.insert(name.as_bytes().into(), pid);
                 }
             }
@@ -249,8 +247,9 @@ impl<T: Copy> Governor<T> {
     pub fn set_identity(&mut self, secret: &[u8; 32], epoch: Epoch) {
         self.key = SlotKey::new(secret);
         self.epoch = epoch;
-        // A fresh process must not repeat the previous one's (index, generation) pairs.
-        self.next_generation = u32::from_le_bytes(self.entropy.take::<4>());
+        for pool in &mut self.pools {
+            pool.seal = self.key.seal(&pool.name);
+        }
     }
 
     /// Opens the re-adoption window of every pool for one `termMs` from
@@ -609,16 +608,15 @@ impl<T: Copy> Governor<T> {
         let s = pool.settings;
         let request_deadline = now + s.request_timeout_ms;
         let lease_deadline = (now + s.term_ms).min(request_deadline);
-        let generation = self.next_generation;
-        self.next_generation = generation.wrapping_add(1);
-        let id = self.key.sign(&SlotFields {
-            index: idx as u32,
-            generation,
-            pool_tag: pool.tag,
-            lease_deadline_unix: self.epoch.wall(lease_deadline).0,
-            request_deadline_unix: self.epoch.wall(request_deadline).0,
-            random: self.entropy.take::<8>(),
-        });
+        let id = self.key.sign(
+            pool.seal,
+            &SlotFields {
+                index: idx as u32,
+                lease_deadline_unix: self.epoch.wall(lease_deadline).0,
+                request_deadline_unix: self.epoch.wall(request_deadline).0,
+                random: self.entropy.take(),
+            },
+        );
         let text = id.encode();
         let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
         let epoch = pool.learning.epoch();
@@ -693,10 +691,7 @@ impl<T: Copy> Governor<T> {
         if !pool.recovering(now) {
             return None;
         }
-        let fields = self.key.verify(&id)?;
-        if fields.pool_tag != pool.tag {
-            return None;
-        }
+        let fields = self.key.verify(pool.seal, &id)?;
         let request_deadline = self.epoch.monotonic(EpochMs(fields.request_deadline_unix))?;
         if request_deadline <= now {
             return None;

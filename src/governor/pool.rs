@@ -7,6 +7,7 @@
 use super::gate::TokenBucket;
 use super::idempotency::Store;
 use super::learn::{Learning, Pause};
+use super::lease::PoolSeal;
 use super::queue::Queue;
 use crate::time::Ms;
 use crate::wheel::TimerKey;
@@ -86,8 +87,9 @@ pub struct PoolStats {
 
 pub struct Pool {
     pub name: Box<str>,
-    /// `lease::pool_tag(name)`, carried in every slot id of this pool.
-    pub tag: u32,
+    /// Binds this pool's slot ids to it (`SlotKey::seal` of its name under
+    /// the governor's key).
+    pub seal: PoolSeal,
     pub settings: PoolSettings,
     /// A pool dropped by a reload: it grants nothing more, its leases drain.
     pub retired: bool,
@@ -106,10 +108,10 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(name: &str, settings: PoolSettings) -> Pool {
+    pub fn new(name: &str, settings: PoolSettings, seal: PoolSeal) -> Pool {
         Pool {
             name: name.into(),
-            tag: super::lease::pool_tag(name),
+            seal,
             settings,
             retired: false,
             held: 0,

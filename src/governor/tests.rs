@@ -583,7 +583,7 @@ fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
     let a = granted(old.acquire(p, 0, 1, 0));
     new.open_recovery_window(0);
     let mut tampered = a.slot;
-    tampered.0[14] ^= 0x40; // a later lease deadline
+    tampered.0[14] ^= 0x40; // a later request deadline
     assert_eq!(new.renew(p, &tampered.encode(), 10), Err(RenewError::NotFound));
     let (mut stranger, _) = governor_seeded(json, 3);
     stranger.set_identity(&[8; 32], Epoch::at(EpochMs(1_000_000)));

@@ -497,8 +497,8 @@ impl PoolConfig {
         }
         if self.renew_interval_ms == 0 || self.renew_interval_ms >= self.term_ms {
             return fail(format!(
-                "renewIntervalMs must be at least 1 and below termMs ({} >= {})",
-                self.renew_interval_ms, self.term_ms
+                "renewIntervalMs must be at least 1 and below termMs ({}); it is {}",
+                self.term_ms, self.renew_interval_ms
             ));
         }
         if self.request_timeout_ms < self.term_ms || self.request_timeout_ms > MAX_DURATION_MS {

@@ -1,4 +1,4 @@
-"""A reference nthpool client: standard library only, about 40 lines.
+"""A reference nthpool client: standard library only, about 70 lines.
 
     with Slot("http://127.0.0.1:7070", "demo", "nb_demo_0123456789abcdef", wait_ms=5000) as slot:
         status, headers = call_upstream()           # stop early if slot.lost.is_set()
@@ -37,13 +37,22 @@ class Slot:
         if status != 200:  # 400, 401, 403, 413: a bug or a wrong key; retrying will not help
             raise RuntimeError(f"nthpool refused the acquire: {status} {body}")
         self.slot = body["slotId"]
-        threading.Thread(target=self._renew, args=(body["renewIntervalMs"] / 1000,), daemon=True).start()
+        every, term = body["renewIntervalMs"] / 1000, body["termMs"] / 1000
+        threading.Thread(target=self._renew, args=(every, term), daemon=True).start()
         return self
 
-    def _renew(self, every):
+    def _renew(self, every, term):
+        renewed = time.monotonic()
         while not self.done.wait(every):  # the server's clock decides; renew early, not late
-            if self._post(f"/{self.slot}/renew", None, 10)[0] != 200:  # 404 reclaimed, 409 capped
+            try:
+                status = self._post(f"/{self.slot}/renew", None, 10)[0]
+            except OSError:  # nthpool unreachable (a crash, the network): try again next time
+                if time.monotonic() - renewed < term:
+                    continue
+                status = None  # a whole term without a renewal: the lease is over on any server
+            if status != 200:  # 404 reclaimed, 409 capped, or unreachable for a term
                 return self.lost.set()  # the lease has ended or will: stop the upstream work
+            renewed = time.monotonic()
 
     def report(self, status, headers=None, **fields):
         self.outcome = {"status": status, "headers": dict(headers or {}), **fields}

@@ -15,6 +15,19 @@
 # admission, service time lognormal with median 500 ms and p99 2000 ms.
 set -euo pipefail
 
+for arg in "$@"; do
+    case "$arg" in
+        -h | --help)
+            sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "fleet.sh: unknown argument $arg (try --help)" >&2
+            exit 2
+            ;;
+    esac
+done
+
 SCRIPT=fleet.sh
 cd "$(dirname "$0")/.."
 FLEET_SECS=${FLEET_SECS:-60}
@@ -24,7 +37,8 @@ OUT=${FLEET_OUT:-target/fleet}
 mkdir -p "$OUT"
 
 cargo build --release --quiet -p nthpool --bin nthpool -p nthpool-bench --bin nthpool-fleet
-FLEET=target/release/nthpool-fleet
+# Where cargo put it: CARGO_TARGET_DIR when set, as for the build above.
+FLEET=${CARGO_TARGET_DIR:-target}/release/nthpool-fleet
 
 WRONG="--pool-concurrency 64 --adaptive on"
 HALVING="--change 30s:concurrency=10,rpm=300"

@@ -39,6 +39,19 @@
 #   BENCH_RATE (open loop, requests/s; 4000), BENCH_OPEN_CONNECTIONS (16),
 #   BENCH_SYSCALL_REQUESTS (20000).
 set -euo pipefail
+
+for arg in "$@"; do
+    case "$arg" in
+        -h | --help)
+            sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "proxy-bench.sh: unknown argument $arg (try --help)" >&2
+            exit 2
+            ;;
+    esac
+done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-3}

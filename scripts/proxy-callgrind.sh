@@ -7,6 +7,19 @@
 #
 # Usage: scripts/proxy-callgrind.sh        Environment: CG_N1, CG_N2, CG_PORT.
 set -euo pipefail
+
+for arg in "$@"; do
+    case "$arg" in
+        -h | --help)
+            sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "proxy-callgrind.sh: unknown argument $arg (try --help)" >&2
+            exit 2
+            ;;
+    esac
+done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 N1=${CG_N1:-2000}
 N2=${CG_N2:-12000}

@@ -10,10 +10,24 @@
 #
 # Builds the release binaries first (cargo build --release).
 set -euo pipefail
+
+for arg in "$@"; do
+    case "$arg" in
+        -h | --help)
+            sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+            exit 0
+            ;;
+        *)
+            echo "snapshot-bench.sh: unknown argument $arg (try --help)" >&2
+            exit 2
+            ;;
+    esac
+done
+cd "$(dirname "$0")/.."
 SCRIPT=snapshot-bench.sh
 WORK_PREFIX=nthpool-snapshot
 # shellcheck source=scripts/common.sh
-. "$(dirname "$0")/common.sh"
+. scripts/common.sh
 
 N=${SNAP_N:-1000000}
 ROUNDS=${SNAP_ROUNDS:-2}
@@ -23,7 +37,8 @@ check_free "$PORT"
 
 cargo build --release --quiet --bin nthpool -p nthpool
 cargo build --release --quiet -p nthpool-bench
-BIN=target/release
+# Where cargo put them: CARGO_TARGET_DIR when set, as for the builds above.
+BIN=${CARGO_TARGET_DIR:-target}/release
 
 cat >"$WORK/config.json" <<EOF
 {

@@ -1,6 +1,7 @@
 //! Runs the README's reference client, `examples/nthpool_client.py`, against
-//! the real server: a renewed lease, a busy pool, and a lease that ends
-//! under the client. Skipped, saying so, when `python3` is not installed.
+//! the real server: a renewed lease, a busy pool, a lease that ends under
+//! the client, and a server that goes away. Skipped, saying so, when
+//! `python3` is not installed.
 
 mod common;
 
@@ -65,4 +66,49 @@ fn the_reference_client_renews_reports_and_backs_off() {
     let refused = metric(&s, r#"nthpool_renewals_total{pool="p",outcome="capped"}"#)
         + metric(&s, r#"nthpool_renewals_total{pool="p",outcome="not_found"}"#);
     assert!(refused >= 1.0, "renew was refused once the lease hit its request deadline");
+}
+
+/// nthpool unreachable while the client holds a slot (a crash, a network cut):
+/// renewing cannot succeed, so once a term has passed since the last renewal
+/// the lease is over on any server, and the client must say so (`lost`)
+/// rather than let the work believe it still holds the slot.
+#[test]
+fn the_reference_client_reports_the_slot_lost_when_nthpool_is_unreachable() {
+    if python_missing() {
+        return;
+    }
+    use std::io::BufRead;
+    let pool = r#""termMs":1200,"renewIntervalMs":200,"requestTimeoutMs":60000,"adaptive":false"#;
+    let mut s = TestServer::start(&config(pool, ""));
+    // Acquire with the reference client, say so, then wait up to 8 s for `lost`.
+    let harness = r#"
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from nthpool_client import Slot
+slot = Slot(sys.argv[2], "p", sys.argv[3]).__enter__()
+print("acquired", flush=True)
+lost = slot.lost.wait(8)
+slot.done.set()
+print(json.dumps({"lost": lost}), flush=True)
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", harness, concat!(env!("CARGO_MANIFEST_DIR"), "/examples"), &format!("http://{}", s.addr), KEY])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "acquired");
+    // The server goes away with the slot held: every renewal now fails to connect.
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert_eq!(line.trim(), r#"{"lost": true}"#, "the client never learned its slot was gone: {err}");
 }

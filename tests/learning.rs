@@ -162,3 +162,25 @@ fn rpm_remaining_reports_the_learned_budget() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("4"), "the budget, under the bucket's 6: {r:?}");
 }
+
+/// A whole number past 64 bits in a report field without an upper bound
+/// is as large as any: the report counts (not a `400`), and what it asks
+/// for is capped, a cool-down at 120 s and a budget window at an hour.
+#[test]
+fn huge_report_numbers_count_and_are_capped() {
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let slot = s.acquire("", "").slot();
+    let report = r#"{"status":429,"throttled":18446744073709551616,"retryAfterMs":1e20,
+        "rate":{"limit":1e300,"remaining":0,"resetMs":99999999999999999999}}"#;
+    let r = s.release(&slot, report);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
+    assert!((3590..=3600).contains(&r.header_u64("retry-after")), "{r:?}");
+    let m = metrics(&s);
+    let cooldown: u64 = gauge(&m, r#"nthpool_cooldown_ms{pool="p"}"#).parse().unwrap();
+    assert!((1..=120_000).contains(&cooldown), "cool-down {cooldown} ms");
+    assert_eq!(gauge(&m, r#"nthpool_effective_limit{pool="p"}"#), "10", "a rate refusal cuts nothing");
+}

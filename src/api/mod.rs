@@ -1015,9 +1015,8 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         let parsed: AcquireBody = serde_json::from_slice(body)
             .map_err(|_| ApiError::BadRequest("The acquire body is not valid JSON with a numeric `waitMs`."))?;
         if let Some(n) = parsed.wait_ms {
-            // Whole floats past 2^53 (`1e20`) are not exact, but are surely past any queue timeout.
-            let huge = || n.as_f64().filter(|f| *f > 0.0 && f.fract() == 0.0).map(|_| u64::MAX);
-            wait = Some(crate::report::integral(&n).or_else(huge).ok_or(BAD_WAIT)?);
+            // Past 64 bits it is surely past any queue timeout.
+            wait = Some(crate::report::integral_or_huge(&n).ok_or(BAD_WAIT)?);
         }
     }
     if wait.is_none() {

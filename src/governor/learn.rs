@@ -435,6 +435,18 @@ impl Learning {
         self.budget_limit.filter(|_| self.window_ms > 0)
     }
 
+    /// The budget and its pacing as they stand at `now`, for display: a
+    /// window that ended counts as refilled to the known limit for one more
+    /// window (or lifted), as the next grant will find it.
+    pub fn budget_at(&self, now: Ms) -> (Option<Budget>, Option<Pace>) {
+        if self.budget.is_some_and(|b| b.reset_at <= now) {
+            let mut next = self.clone();
+            let _ = next.on_budget_reset(now);
+            return (next.budget, next.pace);
+        }
+        (self.budget, self.pace)
+    }
+
     /// Counts a grant against the learned budget (moving on from a window that ended).
     pub fn on_grant(&mut self, now: Ms) {
         self.marks.on_grant(now, self.grants);

@@ -96,9 +96,10 @@ impl<'de> Deserialize<'de> for RawHeaders {
 /// Why a body was refused; the sentence goes into the `400` message.
 pub type BodyError = &'static str;
 
-/// A body is "absent" when it is empty or only white space.
+/// A body is "absent" when it is empty or only JSON's white space (a form
+/// feed is not: that body is no JSON at all).
 pub fn is_blank(body: &[u8]) -> bool {
-    body.iter().all(u8::is_ascii_whitespace)
+    body.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
 }
 
 /// Bodies must be JSON objects (serde would also accept an array for a struct).

@@ -348,6 +348,31 @@ fn a_bad_report_releases_nothing() {
     assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
 }
 
+/// A body that is present must be a JSON object on every lock route: a
+/// renew with anything else is `400` and extends nothing (an object says
+/// nothing and renews), and white space JSON does not know (a form feed) is
+/// not an absent report.
+#[test]
+fn a_renew_or_release_body_that_is_not_a_json_object_is_refused() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = s.acquire("", "").slot();
+    let renew = |body: &str| s.request(&post(&format!("/pools/p/lock/{slot}/renew"), KEY, "", body));
+    for body in ["garbage", "[]", "null", "{\"a\":", "{} x", "\u{c}"] {
+        let r = renew(body);
+        assert_eq!(r.status, 400, "{body:?}: {r:?}");
+        assert_eq!(r.error_code(), "bad_request");
+        assert!(r.json()["message"].as_str().is_some_and(|m| m.ends_with('.')), "{r:?}");
+    }
+    assert_eq!(renew("").status, 200);
+    assert_eq!(renew(" {\"status\":200} ").status, 200);
+    let m = admin_get(s.admin.expect("admin listener"), "/metrics");
+    assert!(m.contains("nthpool_renewals_total{pool=\"p\",outcome=\"renewed\"} 2"), "{m}");
+    let r = s.release(&slot, "\u{c}");
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(s.acquire("", "").status, 429, "still held");
+    assert_eq!(s.release(&slot, "").json()["released"], true);
+}
+
 #[test]
 fn a_retry_after_report_pauses_the_pool() {
     let s = TestServer::start(&config(r#""concurrency":4,"queue":{"size":10,"timeoutMs":5000}"#, ""));

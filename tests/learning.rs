@@ -162,3 +162,54 @@ fn rpm_remaining_reports_the_learned_budget() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("4"), "the budget, under the bucket's 6: {r:?}");
 }
+
+/// A whole number past 64 bits in a report field without an upper bound
+/// is as large as any: the report counts (not a `400`), and what it asks
+/// for is capped, a cool-down at 120 s and a budget window at an hour.
+#[test]
+fn huge_report_numbers_count_and_are_capped() {
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let slot = s.acquire("", "").slot();
+    let report = r#"{"status":429,"throttled":18446744073709551616,"retryAfterMs":1e20,
+        "rate":{"limit":1e300,"remaining":0,"resetMs":99999999999999999999}}"#;
+    let r = s.release(&slot, report);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"));
+    assert!((3590..=3600).contains(&r.header_u64("retry-after")), "{r:?}");
+    let m = metrics(&s);
+    let cooldown: u64 = gauge(&m, r#"nthpool_cooldown_ms{pool="p"}"#).parse().unwrap();
+    assert!((1..=120_000).contains(&cooldown), "cool-down {cooldown} ms");
+    assert_eq!(gauge(&m, r#"nthpool_effective_limit{pool="p"}"#), "10", "a rate refusal cuts nothing");
+}
+
+/// After a learned window ends, `/metrics` shows the budget the next grant
+/// finds, refilled to the announced limit (as `x-nthpool-rpm-remaining`
+/// does), not the spent window's 0; and a budget past what a gauge holds
+/// reads as the largest gauge, not as -1 ("none").
+#[test]
+fn metrics_show_the_budget_the_next_grant_finds() {
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let slot = s.acquire("", "").slot();
+    let report = r#"{"status":200,"rate":{"limit":7,"remaining":0,"resetMs":300}}"#;
+    assert_eq!(s.release(&slot, report).json()["released"], true);
+    assert_eq!(gauge(&metrics(&s), r#"nthpool_budget_remaining{pool="p"}"#), "0");
+    std::thread::sleep(Duration::from_millis(600));
+    let m = metrics(&s);
+    assert_eq!(gauge(&m, r#"nthpool_budget_remaining{pool="p"}"#), "7", "refilled");
+    let reset: i64 = gauge(&m, r#"nthpool_budget_reset_ms{pool="p"}"#).parse().unwrap();
+    assert!((1..=300).contains(&reset), "the next window ends in {reset} ms");
+    assert_eq!(gauge(&m, r#"nthpool_budget_paced_next_ms{pool="p"}"#), "0", "one grant at once");
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("6"), "{r:?}");
+
+    let huge =
+        r#"{"status":200,"rate":{"limit":18446744073709551615,"remaining":18446744073709551615,"resetMs":60000}}"#;
+    assert_eq!(s.release(&r.slot(), huge).json()["released"], true);
+    let m = metrics(&s);
+    assert_eq!(gauge(&m, r#"nthpool_budget_limit{pool="p"}"#), i64::MAX.to_string());
+    assert_eq!(gauge(&m, r#"nthpool_budget_remaining{pool="p"}"#), i64::MAX.to_string());
+}

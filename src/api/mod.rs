@@ -577,7 +577,7 @@ impl App {
                     Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt, proxied: false })),
                 }
             }
-            Lock::Renew(slot) => match self.gov.renew(pid, slot, ctx.now.ms) {
+            Lock::Renew(slot) => match self.gov.renew(pid, renewable(slot, body)?, ctx.now.ms) {
                 Ok(deadline) => {
                     self.scratch.clear();
                     self.scratch.push(b'{');
@@ -874,6 +874,19 @@ fn request_target(input: &[u8]) -> Option<&[u8]> {
 }
 
 const UNKNOWN_POOL: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
+/// A renew takes no body (SPEC §4: one that is present must be a JSON
+/// object, and then says nothing); anything else is refused before the
+/// lease is touched. The usual renew sends none and only tests for it.
+#[inline(always)]
+fn renewable<'a>(slot: &'a [u8], body: &[u8]) -> Result<&'a [u8], ApiError> {
+    if !body.is_empty() && !is_blank(body) {
+        check_object(body).map_err(ApiError::BadRequest)?;
+        serde_json::from_slice::<serde::de::IgnoredAny>(body)
+            .map_err(|_| ApiError::BadRequest("The renew body must be empty or a JSON object."))?;
+    }
+    Ok(slot)
+}
+
 const BAD_IDEMPOTENCY_KEY: ApiError =
     ApiError::BadRequest("Idempotency-Key must be 1 to 128 printable ASCII characters.");
 const KEYS_FULL: ApiError = ApiError::Unavailable(
@@ -1015,9 +1028,8 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         let parsed: AcquireBody = serde_json::from_slice(body)
             .map_err(|_| ApiError::BadRequest("The acquire body is not valid JSON with a numeric `waitMs`."))?;
         if let Some(n) = parsed.wait_ms {
-            // Whole floats past 2^53 (`1e20`) are not exact, but are surely past any queue timeout.
-            let huge = || n.as_f64().filter(|f| *f > 0.0 && f.fract() == 0.0).map(|_| u64::MAX);
-            wait = Some(crate::report::integral(&n).or_else(huge).ok_or(BAD_WAIT)?);
+            // Past 64 bits it is surely past any queue timeout.
+            wait = Some(crate::report::integral_or_huge(&n).ok_or(BAD_WAIT)?);
         }
     }
     if wait.is_none() {

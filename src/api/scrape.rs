@@ -39,6 +39,8 @@ impl App {
 /// governor last advanced to.
 fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>) -> PoolMetrics {
     let (s, l) = (&p.stats, &p.learning);
+    let (budget, pace) = l.budget_at(learned_at);
+    let gauge = |v: u64| v.min(i64::MAX as u64) as i64;
     let blocked = p.blocked(learned_at).map(|(reason, _)| reason);
     let limited_by = [DenyReason::Concurrency, DenyReason::Rate, DenyReason::Cooldown]
         .map(|reason| (reason.as_str(), blocked == Some(reason)));
@@ -54,14 +56,14 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
         reports_throttled: s.reports_throttled,
         cooldowns: s.cooldowns,
         retired: p.retired,
-        budget_remaining: l.budget().map_or(-1, |b| b.remaining as i64),
+        budget_remaining: budget.map_or(-1, |b| gauge(b.remaining)),
         limited_by,
         learned_refused_at: l.refused_at as i64,
-        budget_limit: l.budget_limit.map_or(-1, |v| v as i64),
-        budget_reset_ms: l.budget.map_or(-1, |b| b.reset_at.saturating_sub(learned_at) as i64),
-        cooldown_ms: l.cooldown_until.saturating_sub(learned_at) as i64,
+        budget_limit: l.budget_limit.map_or(-1, gauge),
+        budget_reset_ms: budget.map_or(-1, |b| gauge(b.reset_at.saturating_sub(learned_at))),
+        cooldown_ms: gauge(l.cooldown_until.saturating_sub(learned_at)),
         learning_starting: l.start != Start::Done,
-        budget_paced_next_ms: l.pace.map_or(-1, |pace| pace.next_at().saturating_sub(learned_at) as i64),
+        budget_paced_next_ms: pace.map_or(-1, |pace| gauge(pace.next_at().saturating_sub(learned_at))),
         rpm_tokens: p.rpm_tokens_at(now),
         recovering: p.recovering(now),
         readopted: s.readopted,

@@ -172,7 +172,8 @@ fn pool_json(app: &App, pid: PoolId) -> Value {
     let s = &pool.settings;
     let budget = pool
         .learning
-        .budget()
+        .budget_at(now)
+        .0
         .map(|b| json!({ "remaining": b.remaining, "resetAt": epoch_now + b.reset_at.saturating_sub(now) }));
     let series = |f: fn(&Sample) -> u32| -> Vec<u32> { history.iter().map(f).collect() };
     let end = history.last_second().map(|sec| epoch_now - now + (sec * 1000));

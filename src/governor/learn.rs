@@ -435,6 +435,18 @@ impl Learning {
         self.budget_limit.filter(|_| self.window_ms > 0)
     }
 
+    /// The budget and its pacing as they stand at `now`, for display: a
+    /// window that ended counts as refilled to the known limit for one more
+    /// window (or lifted), as the next grant will find it.
+    pub fn budget_at(&self, now: Ms) -> (Option<Budget>, Option<Pace>) {
+        if self.budget.is_some_and(|b| b.reset_at <= now) {
+            let mut next = self.clone();
+            let _ = next.on_budget_reset(now);
+            return (next.budget, next.pace);
+        }
+        (self.budget, self.pace)
+    }
+
     /// Counts a grant against the learned budget (moving on from a window that ended).
     pub fn on_grant(&mut self, now: Ms) {
         self.marks.on_grant(now, self.grants);
@@ -681,7 +693,10 @@ impl Learning {
                 moved.then_some(b.reset_at)
             }
             _ => {
-                if let Some(b) = self.budget {
+                // A refill's guess that this report outlasts was the same
+                // window, ending later than guessed: it did not end, and its
+                // later reports are not stale.
+                if let Some(b) = self.budget.filter(|_| !self.reset_guessed) {
                     self.ended_reset_at = b.reset_at;
                 }
                 self.budget = Some(Budget { remaining: left, reset_at: latest });
@@ -777,6 +792,40 @@ mod tests {
         // A late report of the window that ended is ignored.
         l.on_report(&with_budget(ok(), 0, 1000), about(b, 0), 5500);
         assert_eq!(l.budget().unwrap().remaining, 40);
+    }
+
+    /// The refill guessed the next window's end early (one window after the
+    /// last, of the longest reset seen): the first report of that window puts
+    /// its end later, and the window's later reports still count (a smaller
+    /// `remaining`, say from other callers of the upstream, closes it), not
+    /// dropped as reports of a window that ended at the guess.
+    #[test]
+    fn a_window_that_outlasts_the_refills_guess_still_learns_from_its_reports() {
+        let mut l = Learning::new(20, true);
+        let report = |remaining, reset| Outcome {
+            rate: RateInfo {
+                limit: Some(60),
+                remaining: Some(remaining),
+                reset_ms: Some(reset),
+                ..RateInfo::default()
+            },
+            ..ok()
+        };
+        // Window 1 ends at 6 000; its longest reset seen is 5 950.
+        let a = grant(&mut l, 40);
+        l.on_report(&report(50, 5950), about(a, 0), 50);
+        // The first grant of window 2 refills it, guessing its end at 11 950.
+        let b = grant(&mut l, 6100);
+        assert_eq!(l.budget(), Some(Budget { remaining: 59, reset_at: 11_950 }));
+        // Its first report says 12 000, then the upstream says 20 are left.
+        l.on_report(&report(55, 5895), about(b, 0), 6105);
+        assert_eq!(l.budget(), Some(Budget { remaining: 55, reset_at: 12_000 }));
+        let c = grant(&mut l, 6300);
+        l.on_report(&report(20, 5690), about(c, 0), 6310);
+        assert_eq!(l.budget(), Some(Budget { remaining: 20, reset_at: 12_000 }));
+        // Window 1's late reports are still stale.
+        l.on_report(&report(59, 100), about(a, 0), 6400);
+        assert_eq!(l.budget().unwrap().remaining, 20);
     }
 
     /// A reset given as a date in whole seconds: a window ending on a

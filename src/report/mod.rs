@@ -96,9 +96,10 @@ impl<'de> Deserialize<'de> for RawHeaders {
 /// Why a body was refused; the sentence goes into the `400` message.
 pub type BodyError = &'static str;
 
-/// A body is "absent" when it is empty or only white space.
+/// A body is "absent" when it is empty or only JSON's white space (a form
+/// feed is not: that body is no JSON at all).
 pub fn is_blank(body: &[u8]) -> bool {
-    body.iter().all(u8::is_ascii_whitespace)
+    body.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
 }
 
 /// Bodies must be JSON objects (serde would also accept an array for a struct).
@@ -120,11 +121,21 @@ pub fn integral(n: &serde_json::Number) -> Option<u64> {
     })
 }
 
-/// A whole, non-negative JSON number that fits `max`.
+/// `integral`, also past 2^53: a whole number written as a float there
+/// (`1e17`) is taken as it reads, and one too large for 64 bits (`1e20`,
+/// `18446744073709551616`) is as large as any, `u64::MAX`. Such floats are
+/// not exact, but are surely past any bound a field is held to.
+pub fn integral_or_huge(n: &serde_json::Number) -> Option<u64> {
+    // Every float past 2^53 is whole; `as` saturates at u64::MAX.
+    integral(n).or_else(|| n.as_f64().filter(|f| *f > 0.0 && f.fract() == 0.0).map(|f| f as u64))
+}
+
+/// A whole, non-negative JSON number that fits `max`; a field without an
+/// upper bound (`max == u64::MAX`) takes any whole number, saturating.
 fn whole(n: &Option<serde_json::Number>, max: u64, err: BodyError) -> Result<Option<u64>, BodyError> {
     match n {
         None => Ok(None),
-        Some(n) => match integral(n) {
+        Some(n) => match integral_or_huge(n) {
             Some(v) if v <= max => Ok(Some(v)),
             _ => Err(err),
         },
@@ -353,6 +364,22 @@ mod tests {
         assert!(parse_flat(br#"{"status":200}"#).is_some());
         assert!(parse_flat(br#"{"status":200,"status":200}"#).is_none());
         assert!(parse_flat(br#"{"rate":{}}"#).is_none());
+    }
+
+    #[test]
+    fn whole_numbers_past_64_bits_saturate_where_no_bound_holds() {
+        let o = ok(r#"{"throttled":18446744073709551616,"retryAfterMs":1e20,
+            "rate":{"limit":1e300,"remaining":1e17,"resetMs":99999999999999999999}}"#);
+        assert_eq!(o.throttled, u64::MAX);
+        assert_eq!(o.rate.retry_after_ms, Some(u64::MAX));
+        assert_eq!(o.rate.limit, Some(u64::MAX));
+        assert_eq!(o.rate.remaining, Some(100_000_000_000_000_000));
+        assert_eq!(o.rate.reset_ms, Some(u64::MAX));
+        // `status` has a bound, and no huge number is negative.
+        bad(r#"{"status":1e20}"#);
+        bad(r#"{"status":18446744073709551616}"#);
+        bad(r#"{"retryAfterMs":-1e20}"#);
+        bad(r#"{"rate":{"remaining":-18446744073709551616}}"#);
     }
 
     #[test]

@@ -811,3 +811,57 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     assert!(lines[5]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[5]);
     assert!(lines[3..5].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
 }
+
+#[test]
+fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
+    // A file size limit (`ulimit -f`, systemd's `LimitFSIZE=`) makes a log
+    // write fail halfway through a line, and by default kills the writer
+    // with SIGXFSZ. The server must go on answering, count every line it
+    // could not write, and never leave a torn line that the next one runs
+    // into: once the limit is lifted the file holds whole JSON lines only.
+    let s = TestServer::start(&config_with_access_log(""));
+    let soft_limit = |limit: &str| {
+        std::process::Command::new("prlimit")
+            .arg("--pid")
+            .arg(s.pid().to_string())
+            .arg(format!("--fsize={limit}:"))
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    if !soft_limit("1000") {
+        eprintln!("skipped: `prlimit` cannot set the server's file size limit here");
+        return;
+    }
+    // About 190 bytes a line: the sixth crosses the limit.
+    for i in 0..12 {
+        assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", &format!("acquire {i}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get_metric(&s, "nthpool_access_log_write_errors_total") == 0 {
+        assert!(Instant::now() < deadline, "no log write ever failed");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "after the failed write");
+    assert!(soft_limit("unlimited"), "the limit could not be lifted");
+    assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "after the limit");
+    let lines = get_metric(&s, "nthpool_access_log_lines_total");
+    assert_eq!(lines, 14);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (text, dropped) = loop {
+        let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+        let dropped = get_metric(&s, "nthpool_access_log_dropped_total");
+        if text.ends_with('\n') && text.lines().count() as u64 + dropped == lines {
+            break (text, dropped);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{lines} lines logged, {dropped} counted as dropped, the file holds:\n{text}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(dropped > 0, "the limit dropped nothing:\n{text}");
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}\n{text}"));
+        assert_eq!(v["status"], 401, "{line}");
+    }
+}

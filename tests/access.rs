@@ -781,6 +781,10 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     for raw in &framing {
         assert_eq!(s.request(raw.as_bytes()).status, 400, "{raw}");
     }
+    // A request line refused for bytes that are not UTF-8 still names an
+    // acquire route: logged too, as what a JSON string can hold.
+    let raw = b"POST /pools/p\xff\\\"/lock/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n";
+    assert_eq!(s.request(raw).status, 400);
     let mut at_shutdown = queue(&s);
     thread::sleep(Duration::from_millis(400));
     s.signal("TERM");
@@ -800,6 +804,7 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
             (504, "client_gone"),
             (400, "bad_request"),
             (400, "bad_request"),
+            (400, "bad_request"),
             (503, "unavailable")
         ],
         "one line per acquire attempt:\n{text}"
@@ -808,8 +813,9 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
         assert_eq!(l["waitMs"], 5000, "{l}");
         assert!(l["queuedMs"].as_u64().unwrap() >= 100, "a gone waiter's line shows its wait: {l}");
     }
-    assert!(lines[5]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[5]);
+    assert!(lines[6]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[6]);
     assert!(lines[3..5].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
+    assert_eq!(lines[5]["pool"], "p\u{fffd}\\\"", "{text}");
 }
 
 #[test]

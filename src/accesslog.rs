@@ -16,6 +16,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::fd::AsFd;
+use std::os::unix::fs::FileTypeExt;
 
 use mio::unix::pipe::Sender;
 
@@ -36,6 +37,10 @@ enum Sink {
     /// what standard output is open on, so it is set back when the log
     /// stops writing there (`close`, or a reload to a file).
     Stdout(Sender),
+    /// A named pipe (a log shipper reads it), opened for reading and
+    /// writing so that opening it never waits for a reader, and written
+    /// without blocking, as standard output is.
+    Fifo(Sender),
     File(File),
 }
 
@@ -142,6 +147,15 @@ impl AccessLog {
                 let out = std::io::stdout().as_fd().try_clone_to_owned().map(Sender::from);
                 let out = out.and_then(|out| out.set_nonblocking(true).map(|()| out));
                 Sink::Stdout(out.map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?)
+            }
+            Some(p) if std::fs::metadata(p).is_ok_and(|m| m.file_type().is_fifo()) => {
+                // Opened for writing only, a pipe without a reader would
+                // block the event loop in `open` (at a SIGHUP, after the
+                // reader left) and every write once it is full.
+                let fifo = OpenOptions::new().read(true).write(true).open(p);
+                let fifo = fifo.map(|f| Sender::from(std::os::fd::OwnedFd::from(f)));
+                let fifo = fifo.and_then(|fifo| fifo.set_nonblocking(true).map(|()| fifo));
+                Sink::Fifo(fifo.map_err(|e| format!("accessLog: cannot open {p}: {e}"))?)
             }
             Some(p) => Sink::File(
                 OpenOptions::new()
@@ -319,11 +333,11 @@ impl AccessLog {
         }
         let (written, error) = match &mut self.sink {
             Sink::Off => (self.buf.len(), None),
-            Sink::Stdout(out) => write_some(out, &self.buf),
+            Sink::Stdout(out) | Sink::Fifo(out) => write_some(out, &self.buf),
             Sink::File(f) => write_some(f, &self.buf),
         };
         let Some(e) = error else {
-            // Short only when standard output would block: the rest waits.
+            // Short only when a pipe would block: the rest waits.
             self.buf.drain(..written);
             self.failing = false;
             self.torn_at = None;

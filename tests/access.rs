@@ -871,3 +871,47 @@ fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
         assert_eq!(v["status"], 401, "{line}");
     }
 }
+
+#[test]
+fn a_named_pipe_whose_reader_left_never_blocks_a_sighup_or_a_stop() {
+    // SPEC §9: writing the access log never blocks the event loop. A log
+    // shipper reading a named pipe may go away; the SIGHUP of a log rotation
+    // must then not wait for it to come back (opening a pipe for writing
+    // waits for a reader), and the lines wait in the pipe for the next one.
+    let dir = scratch_dir();
+    let fifo = dir.join("access.fifo");
+    match std::process::Command::new("mkfifo").arg(&fifo).status() {
+        Ok(status) if status.success() => {}
+        other => {
+            eprintln!("skipped: `mkfifo` is not available here ({other:?})");
+            return;
+        }
+    }
+    let config_path = dir.join("config.json");
+    let config = config("", "").replacen(r#""accessLog":null"#, r#""accessLog":"access.fifo""#, 1);
+    std::fs::write(&config_path, config).unwrap();
+    // Reads the pipe until it has a line, then closes it (the reader leaves).
+    let read_a_line = |fifo: std::path::PathBuf| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let mut line = String::new();
+            let mut reader = std::io::BufReader::new(std::fs::File::open(fifo).unwrap());
+            std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+            let _ = tx.send(line);
+        });
+        rx
+    };
+    let first = read_a_line(fifo.clone());
+    let mut s = TestServer::start_with(dir, config_path, &[]);
+    assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "first");
+    let line = first.recv_timeout(Duration::from_secs(10)).expect("the first line reaches the reader");
+    assert!(line.contains(r#""status":401"#), "{line}");
+    // The reader is gone: a rotation's SIGHUP reopens the pipe.
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "after the SIGHUP");
+    let line = read_a_line(fifo).recv_timeout(Duration::from_secs(10)).expect("the next reader gets the line");
+    assert!(line.contains(r#""status":401"#), "{line}");
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
+}

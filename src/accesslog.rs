@@ -16,6 +16,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::fd::AsFd;
+use std::os::unix::fs::FileTypeExt;
 
 use mio::unix::pipe::Sender;
 
@@ -36,6 +37,10 @@ enum Sink {
     /// what standard output is open on, so it is set back when the log
     /// stops writing there (`close`, or a reload to a file).
     Stdout(Sender),
+    /// A named pipe (a log shipper reads it), opened for reading and
+    /// writing so that opening it never waits for a reader, and written
+    /// without blocking, as standard output is.
+    Fifo(Sender),
     File(File),
 }
 
@@ -46,6 +51,10 @@ pub struct AccessLog {
     buf: Vec<u8>,
     /// Set after the first failure, so it is logged once until a write works again.
     failing: bool,
+    /// The file (device, inode, length) after a write that stopped inside
+    /// a line, whose rest heads the buffer: written next if the file open
+    /// then is still that one, that long.
+    torn_at: Option<FileEnd>,
     pub lines: u64,
     pub write_errors: u64,
     pub dropped: u64,
@@ -139,6 +148,15 @@ impl AccessLog {
                 let out = out.and_then(|out| out.set_nonblocking(true).map(|()| out));
                 Sink::Stdout(out.map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?)
             }
+            Some(p) if std::fs::metadata(p).is_ok_and(|m| m.file_type().is_fifo()) => {
+                // Opened for writing only, a pipe without a reader would
+                // block the event loop in `open` (at a SIGHUP, after the
+                // reader left) and every write once it is full.
+                let fifo = OpenOptions::new().read(true).write(true).open(p);
+                let fifo = fifo.map(|f| Sender::from(std::os::fd::OwnedFd::from(f)));
+                let fifo = fifo.and_then(|fifo| fifo.set_nonblocking(true).map(|()| fifo));
+                Sink::Fifo(fifo.map_err(|e| format!("accessLog: cannot open {p}: {e}"))?)
+            }
             Some(p) => Sink::File(
                 OpenOptions::new()
                     .create(true)
@@ -153,6 +171,7 @@ impl AccessLog {
             path,
             buf: Vec::with_capacity(WRITE_THRESHOLD),
             failing: false,
+            torn_at: None,
             lines: 0,
             write_errors: 0,
             dropped: 0,
@@ -165,6 +184,11 @@ impl AccessLog {
     /// Takes over `other`'s destination (a reload); the counters carry on.
     /// Call `flush` first so buffered lines go to the old destination.
     pub fn replace_sink(&mut self, mut other: AccessLog) {
+        // The rest of a torn line goes only to the file it was torn in
+        // (the same file reopened); `flush` tells.
+        if !matches!(other.sink, Sink::File(_)) {
+            self.drop_torn_rest();
+        }
         // Standard output again: the one already in use stays.
         if !matches!((&self.sink, &other.sink), (Sink::Stdout(_), Sink::Stdout(_))) {
             self.restore_blocking();
@@ -293,49 +317,95 @@ impl AccessLog {
 
     /// Writes what is buffered. Failures are counted and logged once;
     /// standard output takes what it can without blocking, the rest waits.
+    /// Lines a failed write could not begin are dropped and counted; the
+    /// rest of one it tore (a full disk, a file size limit) is kept, so the
+    /// file gets the line whole once writes work again, or, when the file
+    /// is no longer the one it tore (truncated, rotated away), that line is
+    /// dropped too: a torn line never runs into the next one.
     pub fn flush(&mut self) {
         if self.buf.is_empty() {
             return;
         }
-        let result = match &mut self.sink {
-            Sink::Off => Ok(()),
-            Sink::Stdout(out) => match write_some(out, &self.buf) {
-                Ok(written) if written < self.buf.len() => {
-                    self.buf.drain(..written);
-                    self.failing = false;
-                    return;
-                }
-                result => result.map(drop),
-            },
-            Sink::File(f) => f.write_all(&self.buf),
-        };
-        match result {
-            Ok(()) => self.failing = false,
-            Err(e) => {
-                self.write_errors += 1;
-                if !self.failing {
-                    warn!("access log write failed ({e}); lines are being dropped until it works again");
-                    self.failing = true;
-                }
+        if let Some(end) = self.torn_at {
+            if file_end(&self.sink) != Some(end) {
+                self.drop_torn_rest();
             }
         }
-        self.buf.clear();
+        let (written, error) = match &mut self.sink {
+            Sink::Off => (self.buf.len(), None),
+            Sink::Stdout(out) | Sink::Fifo(out) => write_some(out, &self.buf),
+            Sink::File(f) => write_some(f, &self.buf),
+        };
+        let Some(e) = error else {
+            // Short only when a pipe would block: the rest waits.
+            self.buf.drain(..written);
+            self.failing = false;
+            self.torn_at = None;
+            return;
+        };
+        self.write_errors += 1;
+        if !self.failing {
+            warn!("access log write failed ({e}); lines are being dropped until it works again");
+            self.failing = true;
+        }
+        let mid_line = match written {
+            0 => self.torn_at.is_some(),
+            n => self.buf[n - 1] != b'\n',
+        };
+        let torn_at = if mid_line { file_end(&self.sink) } else { None };
+        // Every line ends in a newline, so the torn one's end is found.
+        let keep = match torn_at {
+            Some(_) => self.buf[written..].iter().position(|&c| c == b'\n').map_or(0, |i| i + 1),
+            None => 0,
+        };
+        // What is not kept is dropped: the lines never begun, and a torn
+        // one whose file cannot be told apart (standard output).
+        self.dropped += count_lines(&self.buf[written + keep..]);
+        self.buf.truncate(written + keep);
+        self.buf.drain(..written);
+        self.torn_at = torn_at;
+    }
+
+    /// Drops what is left of a torn line at the head of the buffer (its
+    /// file is gone or changed), counting it.
+    fn drop_torn_rest(&mut self) {
+        if self.torn_at.take().is_some() {
+            let end = self.buf.iter().position(|&c| c == b'\n').map_or(self.buf.len(), |i| i + 1);
+            self.buf.drain(..end);
+            self.dropped += 1;
+        }
     }
 }
 
-/// Writes as much of `buf` as `out` takes without blocking; how much that was.
-fn write_some(mut out: &Sender, buf: &[u8]) -> std::io::Result<usize> {
+/// Which file a sink writes to, and how long it is: device, inode, length.
+type FileEnd = (u64, u64, u64);
+
+fn file_end(sink: &Sink) -> Option<FileEnd> {
+    use std::os::unix::fs::MetadataExt;
+    match sink {
+        Sink::File(f) => f.metadata().ok().map(|m| (m.dev(), m.ino(), m.len())),
+        _ => None,
+    }
+}
+
+fn count_lines(text: &[u8]) -> u64 {
+    text.iter().filter(|&&c| c == b'\n').count() as u64
+}
+
+/// Writes as much of `buf` as `out` takes without blocking: how much that
+/// was, and the error that stopped it short, if one did.
+fn write_some(mut out: impl Write, buf: &[u8]) -> (usize, Option<std::io::Error>) {
     let mut written = 0;
     while written < buf.len() {
         match out.write(&buf[written..]) {
-            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(0) => return (written, Some(ErrorKind::WriteZero.into())),
             Ok(n) => written += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) => return Err(e),
+            Err(e) => return (written, Some(e)),
         }
     }
-    Ok(written)
+    (written, None)
 }
 
 use crate::calendar::civil_from_days;
@@ -507,6 +577,62 @@ mod tests {
             assert_eq!(v["slot"].is_null(), status != 200, "line {i}");
         }
         assert_eq!(lines[1]["time"], "2023-09-29T16:26:37.999Z");
+    }
+
+    #[test]
+    fn the_rest_of_a_torn_line_goes_only_to_the_file_it_was_torn_in() {
+        let path = std::env::temp_dir().join(format!("nthpool-log-torn-{}.log", std::process::id()));
+        let line = |log: &mut AccessLog| {
+            log.record(&Record {
+                epoch_ms: 0,
+                pool: "p",
+                client: "127.0.0.1".parse().unwrap(),
+                status: 401,
+                error: Some("unauthorized"),
+                deny_reason: None,
+                wait_ms: 0,
+                queued_ms: 0,
+                server_us: 1,
+                slot_ref: None,
+            })
+        };
+        // As a write that stopped after `{"ti` leaves it: the file ends
+        // there and the buffer holds the rest of that line.
+        let torn = |log: &mut AccessLog| {
+            std::fs::write(&path, b"{\"ti").unwrap();
+            line(log);
+            log.buf.drain(..4);
+            log.torn_at = file_end(&log.sink);
+        };
+        let mut log = AccessLog::open(Some(path.to_str().unwrap())).unwrap();
+        // The same file, as it was: the line is finished.
+        torn(&mut log);
+        line(&mut log);
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(text.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "{text}");
+        assert_eq!(log.dropped, 0);
+        // Truncated meanwhile (copytruncate): the rest is dropped, counted.
+        torn(&mut log);
+        line(&mut log);
+        std::fs::write(&path, b"").unwrap();
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(serde_json::from_str::<serde_json::Value>(text.trim_end()).is_ok(), "{text}");
+        assert_eq!(log.dropped, 1);
+        // Reopened after a rotation: the new file does not start with it.
+        torn(&mut log);
+        std::fs::rename(&path, path.with_extension("1")).unwrap();
+        log.reopen().unwrap();
+        line(&mut log);
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(serde_json::from_str::<serde_json::Value>(text.trim_end()).is_ok(), "{text}");
+        std::fs::remove_file(&path).unwrap();
+        std::fs::remove_file(path.with_extension("1")).unwrap();
     }
 
     #[test]

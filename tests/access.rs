@@ -781,6 +781,10 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     for raw in &framing {
         assert_eq!(s.request(raw.as_bytes()).status, 400, "{raw}");
     }
+    // A request line refused for bytes that are not UTF-8 still names an
+    // acquire route: logged too, as what a JSON string can hold.
+    let raw = b"POST /pools/p\xff\\\"/lock/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n";
+    assert_eq!(s.request(raw).status, 400);
     let mut at_shutdown = queue(&s);
     thread::sleep(Duration::from_millis(400));
     s.signal("TERM");
@@ -800,6 +804,7 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
             (504, "client_gone"),
             (400, "bad_request"),
             (400, "bad_request"),
+            (400, "bad_request"),
             (503, "unavailable")
         ],
         "one line per acquire attempt:\n{text}"
@@ -808,6 +813,105 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
         assert_eq!(l["waitMs"], 5000, "{l}");
         assert!(l["queuedMs"].as_u64().unwrap() >= 100, "a gone waiter's line shows its wait: {l}");
     }
-    assert!(lines[5]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[5]);
+    assert!(lines[6]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[6]);
     assert!(lines[3..5].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
+    assert_eq!(lines[5]["pool"], "p\u{fffd}\\\"", "{text}");
+}
+
+#[test]
+fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
+    // A file size limit (`ulimit -f`, systemd's `LimitFSIZE=`) makes a log
+    // write fail halfway through a line, and by default kills the writer
+    // with SIGXFSZ. The server must go on answering, count every line it
+    // could not write, and never leave a torn line that the next one runs
+    // into: once the limit is lifted the file holds whole JSON lines only.
+    let s = TestServer::start(&config_with_access_log(""));
+    let soft_limit = |limit: &str| {
+        std::process::Command::new("prlimit")
+            .arg("--pid")
+            .arg(s.pid().to_string())
+            .arg(format!("--fsize={limit}:"))
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    if !soft_limit("1000") {
+        eprintln!("skipped: `prlimit` cannot set the server's file size limit here");
+        return;
+    }
+    // About 190 bytes a line: the sixth crosses the limit.
+    for i in 0..12 {
+        assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", &format!("acquire {i}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get_metric(&s, "nthpool_access_log_write_errors_total") == 0 {
+        assert!(Instant::now() < deadline, "no log write ever failed");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "after the failed write");
+    assert!(soft_limit("unlimited"), "the limit could not be lifted");
+    assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "after the limit");
+    let lines = get_metric(&s, "nthpool_access_log_lines_total");
+    assert_eq!(lines, 14);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (text, dropped) = loop {
+        let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+        let dropped = get_metric(&s, "nthpool_access_log_dropped_total");
+        if text.ends_with('\n') && text.lines().count() as u64 + dropped == lines {
+            break (text, dropped);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{lines} lines logged, {dropped} counted as dropped, the file holds:\n{text}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(dropped > 0, "the limit dropped nothing:\n{text}");
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}\n{text}"));
+        assert_eq!(v["status"], 401, "{line}");
+    }
+}
+
+#[test]
+fn a_named_pipe_whose_reader_left_never_blocks_a_sighup_or_a_stop() {
+    // SPEC §9: writing the access log never blocks the event loop. A log
+    // shipper reading a named pipe may go away; the SIGHUP of a log rotation
+    // must then not wait for it to come back (opening a pipe for writing
+    // waits for a reader), and the lines wait in the pipe for the next one.
+    let dir = scratch_dir();
+    let fifo = dir.join("access.fifo");
+    match std::process::Command::new("mkfifo").arg(&fifo).status() {
+        Ok(status) if status.success() => {}
+        other => {
+            eprintln!("skipped: `mkfifo` is not available here ({other:?})");
+            return;
+        }
+    }
+    let config_path = dir.join("config.json");
+    let config = config("", "").replacen(r#""accessLog":null"#, r#""accessLog":"access.fifo""#, 1);
+    std::fs::write(&config_path, config).unwrap();
+    // Reads the pipe until it has a line, then closes it (the reader leaves).
+    let read_a_line = |fifo: std::path::PathBuf| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let mut line = String::new();
+            let mut reader = std::io::BufReader::new(std::fs::File::open(fifo).unwrap());
+            std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+            let _ = tx.send(line);
+        });
+        rx
+    };
+    let first = read_a_line(fifo.clone());
+    let mut s = TestServer::start_with(dir, config_path, &[]);
+    assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "first");
+    let line = first.recv_timeout(Duration::from_secs(10)).expect("the first line reaches the reader");
+    assert!(line.contains(r#""status":401"#), "{line}");
+    // The reader is gone: a rotation's SIGHUP reopens the pipe.
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "after the SIGHUP");
+    let line = read_a_line(fifo).recv_timeout(Duration::from_secs(10)).expect("the next reader gets the line");
+    assert!(line.contains(r#""status":401"#), "{line}");
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
 }

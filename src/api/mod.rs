@@ -741,8 +741,11 @@ impl App {
             error: Some(error.code()),
             ..history::Attempt::default()
         };
-        // No pool is looked up: the line is the access log's only.
-        self.record_attempt(None, std::str::from_utf8(pool).ok(), peer, line, started, false);
+        // No pool is looked up: the line is the access log's only. A name
+        // that is not UTF-8 (a refused request line) is logged all the
+        // same, its stray bytes as U+FFFD.
+        let name = String::from_utf8_lossy(pool);
+        self.record_attempt(None, Some(&name), peer, line, started, false);
     }
 
     /// A `429` or `504` for an acquire, logged.

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use log::{debug, error, info, warn};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGXFSZ};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
@@ -209,6 +209,12 @@ impl Server {
         };
         let mut signals =
             Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| format!("cannot install signal handlers: {e}"))?;
+        // A write past a file size limit (`ulimit -f`, systemd's
+        // `LimitFSIZE=`) raises SIGXFSZ, whose default ends the process: with
+        // a handler the write fails with EFBIG instead, and the access log
+        // and the snapshot count and log it like any failed write.
+        signal_hook::flag::register(SIGXFSZ, Default::default())
+            .map_err(|e| format!("cannot install signal handlers: {e}"))?;
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(|e| format!("cannot register signals: {e}"))?;

@@ -554,6 +554,20 @@ fn a_half_closed_client_gets_every_pipelined_answer() {
 }
 
 #[test]
+fn a_half_closed_client_gets_answers_beyond_one_turns_budget() {
+    // More requests than one turn answers per connection (16): the rest are
+    // answered in the next turns before the connection closes, not dropped.
+    let s = TestServer::start(&config("", r#""idleTimeoutMs":30000"#));
+    let mut c = connect(s.addr);
+    let batch: Vec<u8> = (0..40).flat_map(|_| post("/pools/p/lock/x/release", KEY, "", "")).collect();
+    c.write_all(&batch).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let (got, end) = read_to_end(&mut c, Duration::from_secs(5));
+    assert_eq!(count_answers(&got), 40, "{}", String::from_utf8_lossy(&got));
+    assert_eq!(end, End::Closed, "the server kept a half-closed connection open");
+}
+
+#[test]
 fn a_waiter_that_hangs_up_at_once_is_never_granted() {
     // The acquire and the FIN arrive together: the server must still see the
     // close, drop the waiter, and not hand it the next free slot.

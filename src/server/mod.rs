@@ -809,7 +809,13 @@ impl Server {
             if let Some((queued, _)) = conn.stop_waiting() {
                 self.app.waiter_gone(&queued, id, now);
             }
-            conn.close_after_flush();
+            // Complete requests left behind this turn's budget or the
+            // output's high-water mark are answered first; a request that
+            // can never be completed closes the connection where it stops
+            // (`pipeline::process`).
+            if conn.input.is_empty() || conn.exchange.is_some() {
+                conn.close_after_flush();
+            }
         }
         let sent = conn.sent;
         let flushed = conn.flush(now.ms);

@@ -47,6 +47,7 @@ impl Server {
             // parse, only new bytes that could end it (or break it) trigger another.
             if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
                 conn.head_scanned = data.len();
+                end_if_incomplete_forever(conn);
                 break;
             }
             let input_full = conn.input_full();
@@ -58,6 +59,7 @@ impl Server {
                 Ok(Some(head)) => head,
                 Ok(None) => {
                     conn.head_scanned = data.len();
+                    end_if_incomplete_forever(conn);
                     break;
                 }
                 Err(HeadError::NewerMinorVersion) => {
@@ -107,6 +109,11 @@ impl Server {
                     // framing, extensions and trailers count): refuse it rather
                     // than stall until the head deadline.
                     app.reject(&Ctx { close: true, ..ctx }, head, ApiError::PayloadTooLarge, &mut conn.output);
+                    conn.close_after_flush();
+                    break;
+                }
+                // The client sent all it will: the body never completes.
+                Body::Incomplete if conn.read_closed => {
                     conn.close_after_flush();
                     break;
                 }
@@ -183,6 +190,16 @@ pub(super) fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts
         return;
     }
     arm_conn_timer(app, timeouts, conn, id);
+}
+
+/// The request at the front of the input is incomplete: when the client
+/// has sent all it will (its FIN was read), it never will be, and the
+/// connection closes once what was answered before it is written.
+#[inline]
+pub(super) fn end_if_incomplete_forever(conn: &mut Conn) {
+    if conn.read_closed {
+        conn.close_after_flush();
+    }
 }
 
 /// The answer just written for a request, from `start` in the output.

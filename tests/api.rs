@@ -225,6 +225,25 @@ fn a_waiter_that_half_closes_leaves_the_queue() {
 }
 
 #[test]
+fn a_connection_answered_after_a_long_wait_is_kept_for_its_next_request() {
+    // The wait (1.5 s) outlasts the idle timeout (1 s): the idle time counts
+    // from the answer, not from the acquire that started the wait.
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#,
+        r#""idleTimeoutMs":1000"#,
+    ));
+    let holder = s.acquire("", "").slot();
+    let mut waiter = queue_acquire(&s, 10_000);
+    thread::sleep(Duration::from_millis(1500));
+    s.release(&holder, "");
+    let slot = read_response(&mut waiter).expect("the waiter is granted").slot();
+    thread::sleep(Duration::from_millis(100));
+    waiter.write_all(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", "")).unwrap();
+    let r = read_response(&mut waiter).expect("the connection is still open for the release");
+    assert_eq!(r.json()["released"], true, "{r:?}");
+}
+
+#[test]
 fn a_full_queue_answers_429_queue_full() {
     let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":2,"timeoutMs":10000}"#, ""));
     s.acquire("", "").slot();

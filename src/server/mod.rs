@@ -880,6 +880,11 @@ impl Server {
             self.read_and_process(id);
             return;
         }
+        // The answer is the connection's activity: its idle time (and the
+        // head time of what it pipelined behind) counts from now, as after
+        // any answer, not from the acquire that began the wait.
+        conn.last_active = now.ms;
+        conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
         let answer_start = conn.output.len();
         let granted = self.app.answer_notice(&mut conn.output, answer, &queued, now, close);
         if say_kept_alive {

@@ -741,14 +741,22 @@ impl Server {
             self.close(id);
             return;
         }
-        if conn.read_closed {
-            // A client that closed or half-closed leaves the queue now, before
-            // anything later in this turn can grant it a slot. It is answered
-            // (a half-closed client still reads), and what it pipelined
-            // behind the acquire is answered after it.
-            if let Some((queued, _)) = conn.stop_waiting() {
-                self.app.withdraw(&mut conn.output, &queued, id, now);
-                self.mark_dirty(id);
+        // A client that closed or half-closed leaves the queue now, before
+        // anything later in this turn can grant it a slot: as soon as its FIN
+        // is seen, even when a full input buffer keeps it from being read. It
+        // is answered (a half-closed client still reads), and what it
+        // pipelined behind the acquire is answered after it. A proxied
+        // request's wait ends with its exchange, once the FIN is read.
+        if conn.read_closed || conn.hangup && conn.exchange.is_none() {
+            if let Some(queued) = conn.queued().copied() {
+                // Withdrawn, unless the governor answered it earlier in this
+                // turn (a release granted it, a retry superseded it): that
+                // answer comes first, from `deliver`, which hands no grant to
+                // a client that stopped sending.
+                if self.app.withdraw(&mut conn.output, &queued, id, now) {
+                    conn.stop_waiting();
+                    self.mark_dirty(id);
+                }
             }
         }
         self.process(id);
@@ -886,7 +894,15 @@ impl Server {
         conn.last_active = now.ms;
         conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
         let answer_start = conn.output.len();
-        let granted = self.app.answer_notice(&mut conn.output, answer, &queued, now, close);
+        let granted = match answer {
+            // Granted in the turn its client's close was read, before that:
+            // the slot goes back at once, and the client hears its wait ended.
+            crate::api::Answer::Granted(grant) if conn.peer_done_sending() => {
+                self.app.withdraw_granted(&mut conn.output, &grant, &queued, now);
+                None
+            }
+            answer => self.app.answer_notice(&mut conn.output, answer, &queued, now, close),
+        };
         if say_kept_alive {
             crate::http::response::say_kept_alive(&mut conn.output, answer_start);
         }

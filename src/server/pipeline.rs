@@ -156,7 +156,9 @@ impl Server {
                 Handled::Done | Handled::Close => {}
                 Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
                 // A half-closed client cannot wait: nothing it sends can follow.
-                Handled::Queued(q) if conn.read_closed => app.withdraw(&mut conn.output, &q, id, now),
+                Handled::Queued(q) if conn.peer_done_sending() => {
+                    app.withdraw(&mut conn.output, &q, id, now);
+                }
                 Handled::Queued(q) => {
                     conn.wait(q, ctx.close, http10_keep_alive);
                     continue;

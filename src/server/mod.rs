@@ -747,8 +747,9 @@ impl Server {
         // is answered (a half-closed client still reads), and what it
         // pipelined behind the acquire is answered after it. A proxied
         // request's wait ends with its exchange, once the FIN is read.
-        if conn.read_closed || conn.hangup && conn.exchange.is_none() {
-            if let Some(queued) = conn.queued().copied() {
+        if conn.read_closed | conn.hangup {
+            let withdrawn = conn.queued().copied().filter(|_| conn.read_closed || conn.exchange.is_none());
+            if let Some(queued) = withdrawn {
                 // Withdrawn, unless the governor answered it earlier in this
                 // turn (a release granted it, a retry superseded it): that
                 // answer comes first, from `deliver`, which hands no grant to

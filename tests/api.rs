@@ -225,6 +225,25 @@ fn a_waiter_that_half_closes_leaves_the_queue() {
 }
 
 #[test]
+fn a_connection_answered_after_a_long_wait_is_kept_for_its_next_request() {
+    // The wait (1.5 s) outlasts the idle timeout (1 s): the idle time counts
+    // from the answer, not from the acquire that started the wait.
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#,
+        r#""idleTimeoutMs":1000"#,
+    ));
+    let holder = s.acquire("", "").slot();
+    let mut waiter = queue_acquire(&s, 10_000);
+    thread::sleep(Duration::from_millis(1500));
+    s.release(&holder, "");
+    let slot = read_response(&mut waiter).expect("the waiter is granted").slot();
+    thread::sleep(Duration::from_millis(100));
+    waiter.write_all(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", "")).unwrap();
+    let r = read_response(&mut waiter).expect("the connection is still open for the release");
+    assert_eq!(r.json()["released"], true, "{r:?}");
+}
+
+#[test]
 fn a_full_queue_answers_429_queue_full() {
     let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":2,"timeoutMs":10000}"#, ""));
     s.acquire("", "").slot();
@@ -414,6 +433,7 @@ fn a_waiter_that_leaves_in_the_same_turn_as_a_release_is_not_granted() {
     let mut releaser = s.connect();
     // Freeze the server so the hang-up and the release land in one turn.
     s.signal("STOP");
+    wait_stopped(s.pid());
     waiter.shutdown(std::net::Shutdown::Write).unwrap();
     releaser.write_all(&post(&format!("/pools/p/lock/{holder}/release"), KEY, "", "")).unwrap();
     thread::sleep(Duration::from_millis(100));
@@ -423,6 +443,35 @@ fn a_waiter_that_leaves_in_the_same_turn_as_a_release_is_not_granted() {
     let left = read_response(&mut waiter).expect("a half-closed client still reads");
     assert_eq!((left.status, left.error_code().as_str()), (504, "queue_timeout"), "{left:?}");
     // The slot went nowhere: a newcomer gets it at once.
+    assert_eq!(s.acquire("", "").status, 200);
+}
+
+#[test]
+fn a_waiter_granted_in_the_turn_its_half_close_is_read_is_answered_in_order() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let mut holder = s.connect();
+    holder.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
+    let slot = read_response(&mut holder).unwrap().slot();
+    let mut waiter = queue_acquire(&s, 10_000);
+    thread::sleep(Duration::from_millis(100));
+    // Freeze the server so that the release (read first) grants the waiter
+    // in the same turn as the waiter's half-close is read.
+    s.signal("STOP");
+    wait_stopped(s.pid());
+    holder.write_all(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", "")).unwrap();
+    thread::sleep(Duration::from_millis(50));
+    waiter.write_all(&post("/pools/p/lock/x/renew", KEY, "", "")).unwrap();
+    waiter.shutdown(std::net::Shutdown::Write).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    s.signal("CONT");
+    assert_eq!(read_response(&mut holder).unwrap().json()["released"], true);
+    // The acquire is answered first, then the renew behind it.
+    let left = read_response(&mut waiter).expect("the acquire's answer");
+    assert_eq!((left.status, left.error_code().as_str()), (504, "queue_timeout"), "{left:?}");
+    let renew = read_response(&mut waiter).expect("the renew's answer");
+    assert_eq!(renew.status, 404, "{renew:?}");
+    assert!(is_closed(&mut waiter));
+    // The grant nobody could be handed went back at once.
     assert_eq!(s.acquire("", "").status, 200);
 }
 

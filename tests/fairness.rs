@@ -13,7 +13,7 @@ mod common;
 use std::io::{BufReader, Write};
 use std::sync::mpsc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -26,20 +26,6 @@ const AT_MOST_BEFORE: u64 = 32;
 
 fn acquire_request() -> Vec<u8> {
     post("/pools/p/lock/acquire", KEY, "", "")
-}
-
-/// Waits until the process is stopped (state `T` in `/proc/PID/stat`).
-fn wait_stopped(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat.rsplit(')').next().unwrap_or("").split_whitespace().next().unwrap_or("");
-        if state == "T" || state == "t" {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the server did not stop: {stat}");
-        thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

@@ -554,6 +554,44 @@ fn a_half_closed_client_gets_every_pipelined_answer() {
 }
 
 #[test]
+fn a_half_closed_client_gets_answers_beyond_one_turns_budget() {
+    // More requests than one turn answers per connection (16): the rest are
+    // answered in the next turns before the connection closes, not dropped.
+    let s = TestServer::start(&config("", r#""idleTimeoutMs":30000"#));
+    let mut c = connect(s.addr);
+    let batch: Vec<u8> = (0..40).flat_map(|_| post("/pools/p/lock/x/release", KEY, "", "")).collect();
+    c.write_all(&batch).unwrap();
+    c.shutdown(Shutdown::Write).unwrap();
+    let (got, end) = read_to_end(&mut c, Duration::from_secs(5));
+    assert_eq!(count_answers(&got), 40, "{}", String::from_utf8_lossy(&got));
+    assert_eq!(end, End::Closed, "the server kept a half-closed connection open");
+}
+
+#[test]
+fn a_waiter_that_closes_behind_a_full_input_buffer_is_never_granted() {
+    // With maxBodyBytes 1024 a connection buffers 16 KiB + 2 KiB + 64 KiB of
+    // input. The departed waiter sent more than that behind its acquire, so
+    // its FIN cannot be read: the hang-up alone must take it out of the queue.
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#,
+        r#""maxBodyBytes":1024"#,
+    ));
+    let holder = s.acquire("", "").slot();
+    let mut gone = connect(s.addr);
+    gone.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":10000}"#)).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    gone.write_all(&vec![b'x'; 100 * 1024]).unwrap();
+    drop(gone);
+    thread::sleep(Duration::from_millis(300));
+    let mut next = connect(s.addr);
+    next.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":3000}"#)).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.release(&holder, "").json()["released"], true);
+    let r = read_response(&mut next).expect("an answer");
+    assert_eq!(r.status, 200, "the freed slot went to the departed waiter: {r:?}");
+}
+
+#[test]
 fn a_waiter_that_hangs_up_at_once_is_never_granted() {
     // The acquire and the FIN arrive together: the server must still see the
     // close, drop the waiter, and not hand it the next free slot.

@@ -536,9 +536,15 @@ impl<T: Copy> Governor<T> {
         let w = self.waiters.get(key).filter(|w| w.owner == owner)?;
         let (pid, enqueued_at) = (w.pool, w.enqueued_at);
         self.cancel_waiter(key, owner);
+        Some(self.left_queue(pid, now - enqueued_at, now))
+    }
+
+    /// The answer of a waiter of `pid` that left at `now` after `queued_ms`
+    /// without a slot: why no slot is free now, and for how long.
+    pub fn left_queue(&self, pid: PoolId, queued_ms: u64, now: Ms) -> Denial {
         let (reason, wait) =
             self.pools[pid.0 as usize].blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
-        Some(Denial { reason, retry_after_ms: wait, queued_ms: now - enqueued_at, signals: self.signals(pid, now) })
+        Denial { reason, retry_after_ms: wait, queued_ms, signals: self.signals(pid, now) }
     }
 
     /// Schedules a timer of the caller's; it comes back as `Notice::Timer(payload)`.

@@ -7,7 +7,7 @@
 //! renders it.
 
 use super::conn::{self, PendingBody};
-use super::pipeline::{adapt_answer, settle, take_body, Answer, Body};
+use super::pipeline::{adapt_answer, end_if_incomplete_forever, settle, take_body, Answer, Body};
 use super::{client_mut, Server};
 use crate::api::{ApiError, App, ConnId, Handled};
 use crate::dashboard;
@@ -38,7 +38,10 @@ impl Server {
             let mut storage = header_storage();
             let head = match parse_head(data, &mut storage) {
                 Ok(Some(head)) => head,
-                Ok(None) => break,
+                Ok(None) => {
+                    end_if_incomplete_forever(conn);
+                    break;
+                }
                 Err(HeadError::NewerMinorVersion) => {
                     let (start, end) = (conn.input.start, conn.input.end);
                     if serve_as_http11(&mut conn.input.buf[start..end]) {
@@ -59,6 +62,11 @@ impl Server {
                 // Only a chunked body outgrows the input buffer.
                 Body::Incomplete if input_full => {
                     refuse(&mut conn.output, ApiError::PayloadTooLarge);
+                    conn.close_after_flush();
+                    break;
+                }
+                // The client sent all it will: the body never completes.
+                Body::Incomplete if conn.read_closed => {
                     conn.close_after_flush();
                     break;
                 }

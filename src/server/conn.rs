@@ -288,6 +288,20 @@ impl Conn {
         self.phase = Phase::Waiting { queued, close, http10_keep_alive };
     }
 
+    /// The acquire this connection waits on, if it waits.
+    pub fn queued(&self) -> Option<&Queued> {
+        match &self.phase {
+            Phase::Waiting { queued, .. } => Some(queued),
+            _ => None,
+        }
+    }
+
+    /// The peer has stopped sending: its FIN was read, or reported (`hangup`)
+    /// while input before it is still unread (a full input buffer).
+    pub fn peer_done_sending(&self) -> bool {
+        self.read_closed || self.hangup
+    }
+
     /// The waiting acquire's answer must say the connection is kept (HTTP/1.0).
     pub fn waits_http10_keep_alive(&self) -> bool {
         matches!(self.phase, Phase::Waiting { http10_keep_alive: true, close: false, .. })

@@ -747,14 +747,23 @@ impl Server {
             self.close(id);
             return;
         }
-        if conn.read_closed {
-            // A client that closed or half-closed leaves the queue now, before
-            // anything later in this turn can grant it a slot. It is answered
-            // (a half-closed client still reads), and what it pipelined
-            // behind the acquire is answered after it.
-            if let Some((queued, _)) = conn.stop_waiting() {
-                self.app.withdraw(&mut conn.output, &queued, id, now);
-                self.mark_dirty(id);
+        // A client that closed or half-closed leaves the queue now, before
+        // anything later in this turn can grant it a slot: as soon as its FIN
+        // is seen, even when a full input buffer keeps it from being read. It
+        // is answered (a half-closed client still reads), and what it
+        // pipelined behind the acquire is answered after it. A proxied
+        // request's wait ends with its exchange, once the FIN is read.
+        if conn.read_closed | conn.hangup {
+            let withdrawn = conn.queued().copied().filter(|_| conn.read_closed || conn.exchange.is_none());
+            if let Some(queued) = withdrawn {
+                // Withdrawn, unless the governor answered it earlier in this
+                // turn (a release granted it, a retry superseded it): that
+                // answer comes first, from `deliver`, which hands no grant to
+                // a client that stopped sending.
+                if self.app.withdraw(&mut conn.output, &queued, id, now) {
+                    conn.stop_waiting();
+                    self.mark_dirty(id);
+                }
             }
         }
         self.process(id);
@@ -815,7 +824,13 @@ impl Server {
             if let Some((queued, _)) = conn.stop_waiting() {
                 self.app.waiter_gone(&queued, id, now);
             }
-            conn.close_after_flush();
+            // Complete requests left behind this turn's budget or the
+            // output's high-water mark are answered first; a request that
+            // can never be completed closes the connection where it stops
+            // (`pipeline::process`).
+            if conn.input.is_empty() || conn.exchange.is_some() {
+                conn.close_after_flush();
+            }
         }
         let sent = conn.sent;
         let flushed = conn.flush(now.ms);
@@ -880,8 +895,21 @@ impl Server {
             self.read_and_process(id);
             return;
         }
+        // The answer is the connection's activity: its idle time (and the
+        // head time of what it pipelined behind) counts from now, as after
+        // any answer, not from the acquire that began the wait.
+        conn.last_active = now.ms;
+        conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
         let answer_start = conn.output.len();
-        let granted = self.app.answer_notice(&mut conn.output, answer, &queued, now, close);
+        let granted = match answer {
+            // Granted in the turn its client's close was read, before that:
+            // the slot goes back at once, and the client hears its wait ended.
+            crate::api::Answer::Granted(grant) if conn.peer_done_sending() => {
+                self.app.withdraw_granted(&mut conn.output, &grant, &queued, now);
+                None
+            }
+            answer => self.app.answer_notice(&mut conn.output, answer, &queued, now, close),
+        };
         if say_kept_alive {
             crate::http::response::say_kept_alive(&mut conn.output, answer_start);
         }

@@ -47,6 +47,7 @@ impl Server {
             // parse, only new bytes that could end it (or break it) trigger another.
             if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
                 conn.head_scanned = data.len();
+                end_if_incomplete_forever(conn);
                 break;
             }
             let input_full = conn.input_full();
@@ -58,6 +59,7 @@ impl Server {
                 Ok(Some(head)) => head,
                 Ok(None) => {
                     conn.head_scanned = data.len();
+                    end_if_incomplete_forever(conn);
                     break;
                 }
                 Err(HeadError::NewerMinorVersion) => {
@@ -110,6 +112,11 @@ impl Server {
                     conn.close_after_flush();
                     break;
                 }
+                // The client sent all it will: the body never completes.
+                Body::Incomplete if conn.read_closed => {
+                    conn.close_after_flush();
+                    break;
+                }
                 Body::Incomplete => {
                     let pending = conn.pending.as_mut().expect("an incomplete body is pending");
                     if head.expect_continue && !pending.continue_sent {
@@ -149,7 +156,9 @@ impl Server {
                 Handled::Done | Handled::Close => {}
                 Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
                 // A half-closed client cannot wait: nothing it sends can follow.
-                Handled::Queued(q) if conn.read_closed => app.withdraw(&mut conn.output, &q, id, now),
+                Handled::Queued(q) if conn.peer_done_sending() => {
+                    app.withdraw(&mut conn.output, &q, id, now);
+                }
                 Handled::Queued(q) => {
                     conn.wait(q, ctx.close, http10_keep_alive);
                     continue;
@@ -183,6 +192,16 @@ pub(super) fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts
         return;
     }
     arm_conn_timer(app, timeouts, conn, id);
+}
+
+/// The request at the front of the input is incomplete: when the client
+/// has sent all it will (its FIN was read), it never will be, and the
+/// connection closes once what was answered before it is written.
+#[inline]
+pub(super) fn end_if_incomplete_forever(conn: &mut Conn) {
+    if conn.read_closed {
+        conn.close_after_flush();
+    }
 }
 
 /// The answer just written for a request, from `start` in the output.

@@ -230,6 +230,20 @@ pub fn is_closed(s: &mut TcpStream) -> bool {
     matches!(s.read(&mut buf), Ok(0) | Err(_))
 }
 
+/// Waits until the process is stopped (state `T` in `/proc/PID/stat`).
+pub fn wait_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit(')').next().unwrap_or("").split_whitespace().next().unwrap_or("");
+        if state == "T" || state == "t" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the server did not stop: {stat}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// How long `run` lets the binary take before calling it a hang.
 const RUN_PATIENCE: Duration = Duration::from_secs(15);
 

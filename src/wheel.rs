@@ -34,7 +34,8 @@ struct Entry<T> {
     deadline: u64,
     prev: u32,
     next: u32,
-    /// Level and slot the entry is linked into; `NIL`-linked when pending.
+    /// Level and slot the entry is linked into; unused while pending, when
+    /// `prev`/`next` thread it into the pending list instead.
     level: u8,
     slot: u8,
     pending: bool,
@@ -52,8 +53,15 @@ pub struct Wheel<T> {
     elapsed: u64,
     levels: [Level; LEVELS],
     entries: Slab<Entry<T>>,
-    /// Entries whose deadline has passed, waiting to be handed out by `poll`.
-    pending: Vec<u32>,
+    /// Entries whose deadline has passed, waiting to be handed out by `poll`:
+    /// an intrusive list in deadline order, first out at `pending_head`, so
+    /// cancelling one (a reclaim that grants a waiter whose own deadline is
+    /// in the same tick) is O(1) however many fired together.
+    pending_head: u32,
+    pending_tail: u32,
+    /// The entries of the slot being processed, sorted before they join
+    /// `pending` (kept, so a burst allocates once).
+    fired: Vec<u32>,
     /// Never later than the earliest slot expiry (`u64::MAX`: no entry).
     /// Exact after a `poll` that found nothing due; an insert can only
     /// lower it; a cancel leaves it, early. A poll before it has nothing to
@@ -73,7 +81,9 @@ impl<T> Wheel<T> {
             elapsed: 0,
             levels: [Level { occupied: 0, heads: [NIL; SLOTS] }; LEVELS],
             entries: Slab::new(),
-            pending: Vec::new(),
+            pending_head: NIL,
+            pending_tail: NIL,
+            fired: Vec::new(),
             next_at: u64::MAX,
         }
     }
@@ -102,8 +112,8 @@ impl<T> Wheel<T> {
         let idx = key.0;
         let entry = self.entries.get(idx as usize)?;
         if entry.pending {
-            // Rare: fired in this poll round but not handed out yet.
-            self.pending.retain(|&i| i != idx);
+            // Fired in this poll round but not handed out yet.
+            self.unlink_pending(idx);
         } else {
             self.unlink(idx);
         }
@@ -116,7 +126,7 @@ impl<T> Wheel<T> {
     /// After a cancel it may be earlier still (the cancelled entry's time)
     /// until the next `poll` that finds nothing due: early, never late.
     pub fn next_deadline(&self) -> Option<u64> {
-        if !self.pending.is_empty() {
+        if self.pending_head != NIL {
             return Some(self.elapsed);
         }
         match self.next_at {
@@ -130,7 +140,9 @@ impl<T> Wheel<T> {
     /// more are due. Call repeatedly until `None`.
     pub fn poll(&mut self, now: u64) -> Option<T> {
         loop {
-            if let Some(idx) = self.pending.pop() {
+            if self.pending_head != NIL {
+                let idx = self.pending_head;
+                self.unlink_pending(idx);
                 return Some(self.entries.remove(idx as usize).payload);
             }
             if now < self.next_at {
@@ -155,14 +167,14 @@ impl<T> Wheel<T> {
         let mut idx = self.levels[level].heads[slot];
         self.levels[level].heads[slot] = NIL;
         self.levels[level].occupied &= !(1u64 << slot);
+        let mut fired = std::mem::take(&mut self.fired);
         while idx != NIL {
             let entry = &mut self.entries[idx as usize];
             let next = entry.next;
             entry.prev = NIL;
             entry.next = NIL;
             if entry.deadline <= now {
-                entry.pending = true;
-                self.pending.push(idx);
+                fired.push(idx);
             } else {
                 // Cascades to a lower level relative to the new `elapsed`.
                 self.link(idx);
@@ -170,10 +182,46 @@ impl<T> Wheel<T> {
             idx = next;
         }
         // One call may cover many deadlines of a higher-level slot: hand them
-        // out in deadline order (`pending` is popped from the end). Slots are
-        // processed in time order, so this keeps the order across slots too.
+        // out in deadline order. Slots are processed in time order, so this
+        // keeps the order across slots too.
         let entries = &self.entries;
-        self.pending.sort_unstable_by(|&a, &b| entries[b as usize].deadline.cmp(&entries[a as usize].deadline));
+        fired.sort_unstable_by_key(|&i| entries[i as usize].deadline);
+        for &i in &fired {
+            self.push_pending(i);
+        }
+        fired.clear();
+        self.fired = fired;
+    }
+
+    fn push_pending(&mut self, idx: u32) {
+        let tail = self.pending_tail;
+        let entry = &mut self.entries[idx as usize];
+        entry.pending = true;
+        entry.prev = tail;
+        entry.next = NIL;
+        if tail == NIL {
+            self.pending_head = idx;
+        } else {
+            self.entries[tail as usize].next = idx;
+        }
+        self.pending_tail = idx;
+    }
+
+    fn unlink_pending(&mut self, idx: u32) {
+        let (prev, next) = {
+            let e = &self.entries[idx as usize];
+            (e.prev, e.next)
+        };
+        if prev == NIL {
+            self.pending_head = next;
+        } else {
+            self.entries[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.pending_tail = prev;
+        } else {
+            self.entries[next as usize].prev = prev;
+        }
     }
 
     fn next_expiration(&self) -> Option<(usize, usize, u64)> {
@@ -327,6 +375,47 @@ mod tests {
         assert_eq!(w.cancel(a), Some(1));
         assert_eq!(drain(&mut w, 10), vec![3]);
         assert_eq!(w.cancel(c), None);
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn cancelling_entries_that_fired_together_is_not_quadratic() {
+        // A tick where many leases are reclaimed and each grants a waiter
+        // whose own deadline is in the same tick: every grant cancels an
+        // entry that fired but was not handed out yet. 200 000 of them took
+        // 200 000 scans of the pending entries (minutes in a debug build).
+        let n = 200_000u32;
+        let mut w = Wheel::new();
+        let keys: Vec<TimerKey> = (0..n).map(|i| w.insert(5_000, i)).collect();
+        let started = std::time::Instant::now();
+        let first = w.poll(5_000).expect("due");
+        let mut cancelled = 0;
+        for (i, &key) in keys.iter().enumerate().rev() {
+            if i as u32 != first {
+                assert_eq!(w.cancel(key), Some(i as u32));
+                cancelled += 1;
+            }
+        }
+        assert_eq!(cancelled, n - 1);
+        assert_eq!(w.poll(5_000), None);
+        assert!(w.is_empty());
+        assert_eq!(w.next_deadline(), None);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "took {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn cancelling_a_fired_entry_keeps_the_others_in_order() {
+        let mut w = Wheel::new();
+        // One slot of level 2 (4096..8191) when inserted at 0.
+        let keys: Vec<TimerKey> = [140u64, 130, 120, 110, 100].iter().map(|&d| w.insert(d + 4000, d as u32)).collect();
+        assert_eq!(w.poll(5_000), Some(100));
+        // 110 to 140 fired with it and wait to be handed out.
+        assert_eq!(w.cancel(keys[2]), Some(120));
+        assert_eq!(w.cancel(keys[0]), Some(140));
+        assert!(w.next_deadline().is_some_and(|at| at <= 5_000));
+        let k = w.insert(4_000, 7);
+        assert_eq!((w.poll(5_000), w.poll(5_000), w.poll(5_000), w.poll(5_000)), (Some(110), Some(130), Some(7), None));
+        assert_eq!(w.cancel(k), None);
         assert!(w.is_empty());
     }
 

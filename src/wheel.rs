@@ -6,7 +6,7 @@
 //!
 //! Layout (after tokio's `runtime/time/wheel`): six levels of 64 slots. Level
 //! `L` slots span `64^L` ticks, so the wheel covers 64^6 ms (about 2.2 years);
-//! later deadlines are clamped to its horizon. An entry's level is picked from
+//! later deadlines are clamped to just short of it. An entry's level is picked from
 //! the highest bit in which its deadline differs from the wheel's current time,
 //! and each level keeps an `occupied` bitmap, so finding the next expiry is a
 //! `trailing_zeros` per level. Entries live in a `slab` and are threaded into
@@ -21,8 +21,13 @@ const LEVELS: usize = 6;
 const SLOT_BITS: u32 = 6;
 const SLOTS: usize = 1 << SLOT_BITS;
 const SLOT_MASK: u64 = (SLOTS as u64) - 1;
-/// The furthest a deadline may lie ahead of the wheel's time.
+/// The span of the whole wheel, less one tick.
 const HORIZON: u64 = (1 << (SLOT_BITS as usize * LEVELS)) - 1;
+/// The furthest a deadline may lie ahead of the wheel's time: one top-level
+/// slot short of the horizon, so an entry past the top level's wrap never
+/// shares the slot the wheel's time is in (that slot would be due at once,
+/// hand the entry back to itself, and `poll` would never return).
+const REACH: u64 = HORIZON - (1 << (SLOT_BITS as usize * (LEVELS - 1)));
 const NIL: u32 = u32::MAX;
 
 /// Handle to a scheduled entry. Valid until the entry fires or is cancelled;
@@ -249,7 +254,7 @@ impl<T> Wheel<T> {
     fn link(&mut self, idx: u32) {
         let elapsed = self.elapsed;
         let entry = &mut self.entries[idx as usize];
-        let when = entry.deadline.clamp(elapsed, elapsed.saturating_add(HORIZON));
+        let when = entry.deadline.clamp(elapsed, elapsed.saturating_add(REACH));
         let level = level_for(elapsed, when);
         let slot = ((when >> (SLOT_BITS as usize * level)) & SLOT_MASK) as usize;
         let head = self.levels[level].heads[slot];
@@ -540,6 +545,31 @@ mod tests {
                 proptest::prop_assert_eq!(w.len(), live.len());
             }
         }
+    }
+
+    #[test]
+    fn a_deadline_past_the_horizon_never_stalls_a_wheel_that_has_run() {
+        // Inserted when the wheel's time is not at the start of a top-level
+        // slot, the clamped entry landed in that very slot one lap later:
+        // the slot was due at once, gave the entry back to itself, and the
+        // poll spun for ever. Run in a thread so a regression fails, not hangs.
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for start in [(1u64 << 35) + 5, (1 << 36) - 3, 12_345_678_901, (1 << 36) + (1 << 30) + 77] {
+                let mut w = Wheel::new();
+                assert_eq!(w.poll(start), None);
+                w.insert(u64::MAX, 1u32);
+                let week = start + 7 * 24 * 3_600_000;
+                w.insert(week, 2);
+                for step in 1..2000u64 {
+                    assert_eq!(w.poll(start + step * 1000), None);
+                }
+                assert_eq!((w.poll(week), w.poll(week)), (Some(2), None));
+                assert!(w.next_deadline().is_some_and(|at| at > week));
+            }
+            done.send(()).unwrap();
+        });
+        finished.recv_timeout(std::time::Duration::from_secs(20)).expect("every poll returned");
     }
 
     #[test]

@@ -700,7 +700,13 @@ impl<T: Copy> Governor<T> {
             return None;
         }
         let fields = self.key.verify(pool.seal, &id)?;
-        let request_deadline = self.epoch.monotonic(EpochMs(fields.request_deadline_unix))?;
+        // No request has more than its cap left: a wall clock behind the
+        // granting process's (set back since, or another host's) would
+        // otherwise lengthen the id's request deadline by the difference.
+        let request_deadline = self
+            .epoch
+            .monotonic(EpochMs(fields.request_deadline_unix))?
+            .min(now.saturating_add(pool.settings.request_timeout_ms));
         if request_deadline <= now {
             return None;
         }

@@ -6,7 +6,7 @@
 //!
 //! Layout (after tokio's `runtime/time/wheel`): six levels of 64 slots. Level
 //! `L` slots span `64^L` ticks, so the wheel covers 64^6 ms (about 2.2 years);
-//! later deadlines are clamped to its horizon. An entry's level is picked from
+//! later deadlines are clamped to just short of it. An entry's level is picked from
 //! the highest bit in which its deadline differs from the wheel's current time,
 //! and each level keeps an `occupied` bitmap, so finding the next expiry is a
 //! `trailing_zeros` per level. Entries live in a `slab` and are threaded into
@@ -21,8 +21,13 @@ const LEVELS: usize = 6;
 const SLOT_BITS: u32 = 6;
 const SLOTS: usize = 1 << SLOT_BITS;
 const SLOT_MASK: u64 = (SLOTS as u64) - 1;
-/// The furthest a deadline may lie ahead of the wheel's time.
+/// The span of the whole wheel, less one tick.
 const HORIZON: u64 = (1 << (SLOT_BITS as usize * LEVELS)) - 1;
+/// The furthest a deadline may lie ahead of the wheel's time: one top-level
+/// slot short of the horizon, so an entry past the top level's wrap never
+/// shares the slot the wheel's time is in (that slot would be due at once,
+/// hand the entry back to itself, and `poll` would never return).
+const REACH: u64 = HORIZON - (1 << (SLOT_BITS as usize * (LEVELS - 1)));
 const NIL: u32 = u32::MAX;
 
 /// Handle to a scheduled entry. Valid until the entry fires or is cancelled;
@@ -34,7 +39,8 @@ struct Entry<T> {
     deadline: u64,
     prev: u32,
     next: u32,
-    /// Level and slot the entry is linked into; `NIL`-linked when pending.
+    /// Level and slot the entry is linked into; unused while pending, when
+    /// `prev`/`next` thread it into the pending list instead.
     level: u8,
     slot: u8,
     pending: bool,
@@ -52,8 +58,15 @@ pub struct Wheel<T> {
     elapsed: u64,
     levels: [Level; LEVELS],
     entries: Slab<Entry<T>>,
-    /// Entries whose deadline has passed, waiting to be handed out by `poll`.
-    pending: Vec<u32>,
+    /// Entries whose deadline has passed, waiting to be handed out by `poll`:
+    /// an intrusive list in deadline order, first out at `pending_head`, so
+    /// cancelling one (a reclaim that grants a waiter whose own deadline is
+    /// in the same tick) is O(1) however many fired together.
+    pending_head: u32,
+    pending_tail: u32,
+    /// The entries of the slot being processed, sorted before they join
+    /// `pending` (kept, so a burst allocates once).
+    fired: Vec<u32>,
     /// Never later than the earliest slot expiry (`u64::MAX`: no entry).
     /// Exact after a `poll` that found nothing due; an insert can only
     /// lower it; a cancel leaves it, early. A poll before it has nothing to
@@ -73,7 +86,9 @@ impl<T> Wheel<T> {
             elapsed: 0,
             levels: [Level { occupied: 0, heads: [NIL; SLOTS] }; LEVELS],
             entries: Slab::new(),
-            pending: Vec::new(),
+            pending_head: NIL,
+            pending_tail: NIL,
+            fired: Vec::new(),
             next_at: u64::MAX,
         }
     }
@@ -102,8 +117,8 @@ impl<T> Wheel<T> {
         let idx = key.0;
         let entry = self.entries.get(idx as usize)?;
         if entry.pending {
-            // Rare: fired in this poll round but not handed out yet.
-            self.pending.retain(|&i| i != idx);
+            // Fired in this poll round but not handed out yet.
+            self.unlink_pending(idx);
         } else {
             self.unlink(idx);
         }
@@ -116,7 +131,7 @@ impl<T> Wheel<T> {
     /// After a cancel it may be earlier still (the cancelled entry's time)
     /// until the next `poll` that finds nothing due: early, never late.
     pub fn next_deadline(&self) -> Option<u64> {
-        if !self.pending.is_empty() {
+        if self.pending_head != NIL {
             return Some(self.elapsed);
         }
         match self.next_at {
@@ -130,7 +145,9 @@ impl<T> Wheel<T> {
     /// more are due. Call repeatedly until `None`.
     pub fn poll(&mut self, now: u64) -> Option<T> {
         loop {
-            if let Some(idx) = self.pending.pop() {
+            if self.pending_head != NIL {
+                let idx = self.pending_head;
+                self.unlink_pending(idx);
                 return Some(self.entries.remove(idx as usize).payload);
             }
             if now < self.next_at {
@@ -155,14 +172,14 @@ impl<T> Wheel<T> {
         let mut idx = self.levels[level].heads[slot];
         self.levels[level].heads[slot] = NIL;
         self.levels[level].occupied &= !(1u64 << slot);
+        let mut fired = std::mem::take(&mut self.fired);
         while idx != NIL {
             let entry = &mut self.entries[idx as usize];
             let next = entry.next;
             entry.prev = NIL;
             entry.next = NIL;
             if entry.deadline <= now {
-                entry.pending = true;
-                self.pending.push(idx);
+                fired.push(idx);
             } else {
                 // Cascades to a lower level relative to the new `elapsed`.
                 self.link(idx);
@@ -170,10 +187,46 @@ impl<T> Wheel<T> {
             idx = next;
         }
         // One call may cover many deadlines of a higher-level slot: hand them
-        // out in deadline order (`pending` is popped from the end). Slots are
-        // processed in time order, so this keeps the order across slots too.
+        // out in deadline order. Slots are processed in time order, so this
+        // keeps the order across slots too.
         let entries = &self.entries;
-        self.pending.sort_unstable_by(|&a, &b| entries[b as usize].deadline.cmp(&entries[a as usize].deadline));
+        fired.sort_unstable_by_key(|&i| entries[i as usize].deadline);
+        for &i in &fired {
+            self.push_pending(i);
+        }
+        fired.clear();
+        self.fired = fired;
+    }
+
+    fn push_pending(&mut self, idx: u32) {
+        let tail = self.pending_tail;
+        let entry = &mut self.entries[idx as usize];
+        entry.pending = true;
+        entry.prev = tail;
+        entry.next = NIL;
+        if tail == NIL {
+            self.pending_head = idx;
+        } else {
+            self.entries[tail as usize].next = idx;
+        }
+        self.pending_tail = idx;
+    }
+
+    fn unlink_pending(&mut self, idx: u32) {
+        let (prev, next) = {
+            let e = &self.entries[idx as usize];
+            (e.prev, e.next)
+        };
+        if prev == NIL {
+            self.pending_head = next;
+        } else {
+            self.entries[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.pending_tail = prev;
+        } else {
+            self.entries[next as usize].prev = prev;
+        }
     }
 
     fn next_expiration(&self) -> Option<(usize, usize, u64)> {
@@ -201,7 +254,7 @@ impl<T> Wheel<T> {
     fn link(&mut self, idx: u32) {
         let elapsed = self.elapsed;
         let entry = &mut self.entries[idx as usize];
-        let when = entry.deadline.clamp(elapsed, elapsed.saturating_add(HORIZON));
+        let when = entry.deadline.clamp(elapsed, elapsed.saturating_add(REACH));
         let level = level_for(elapsed, when);
         let slot = ((when >> (SLOT_BITS as usize * level)) & SLOT_MASK) as usize;
         let head = self.levels[level].heads[slot];
@@ -331,6 +384,47 @@ mod tests {
     }
 
     #[test]
+    fn cancelling_entries_that_fired_together_is_not_quadratic() {
+        // A tick where many leases are reclaimed and each grants a waiter
+        // whose own deadline is in the same tick: every grant cancels an
+        // entry that fired but was not handed out yet. 200 000 of them took
+        // 200 000 scans of the pending entries (minutes in a debug build).
+        let n = 200_000u32;
+        let mut w = Wheel::new();
+        let keys: Vec<TimerKey> = (0..n).map(|i| w.insert(5_000, i)).collect();
+        let started = std::time::Instant::now();
+        let first = w.poll(5_000).expect("due");
+        let mut cancelled = 0;
+        for (i, &key) in keys.iter().enumerate().rev() {
+            if i as u32 != first {
+                assert_eq!(w.cancel(key), Some(i as u32));
+                cancelled += 1;
+            }
+        }
+        assert_eq!(cancelled, n - 1);
+        assert_eq!(w.poll(5_000), None);
+        assert!(w.is_empty());
+        assert_eq!(w.next_deadline(), None);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "took {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn cancelling_a_fired_entry_keeps_the_others_in_order() {
+        let mut w = Wheel::new();
+        // One slot of level 2 (4096..8191) when inserted at 0.
+        let keys: Vec<TimerKey> = [140u64, 130, 120, 110, 100].iter().map(|&d| w.insert(d + 4000, d as u32)).collect();
+        assert_eq!(w.poll(5_000), Some(100));
+        // 110 to 140 fired with it and wait to be handed out.
+        assert_eq!(w.cancel(keys[2]), Some(120));
+        assert_eq!(w.cancel(keys[0]), Some(140));
+        assert!(w.next_deadline().is_some_and(|at| at <= 5_000));
+        let k = w.insert(4_000, 7);
+        assert_eq!((w.poll(5_000), w.poll(5_000), w.poll(5_000), w.poll(5_000)), (Some(110), Some(130), Some(7), None));
+        assert_eq!(w.cancel(k), None);
+        assert!(w.is_empty());
+    }
+
+    #[test]
     fn past_deadline_fires_on_next_poll() {
         let mut w = Wheel::new();
         assert_eq!(drain(&mut w, 1000), Vec::<u32>::new());
@@ -451,6 +545,31 @@ mod tests {
                 proptest::prop_assert_eq!(w.len(), live.len());
             }
         }
+    }
+
+    #[test]
+    fn a_deadline_past_the_horizon_never_stalls_a_wheel_that_has_run() {
+        // Inserted when the wheel's time is not at the start of a top-level
+        // slot, the clamped entry landed in that very slot one lap later:
+        // the slot was due at once, gave the entry back to itself, and the
+        // poll spun for ever. Run in a thread so a regression fails, not hangs.
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for start in [(1u64 << 35) + 5, (1 << 36) - 3, 12_345_678_901, (1 << 36) + (1 << 30) + 77] {
+                let mut w = Wheel::new();
+                assert_eq!(w.poll(start), None);
+                w.insert(u64::MAX, 1u32);
+                let week = start + 7 * 24 * 3_600_000;
+                w.insert(week, 2);
+                for step in 1..2000u64 {
+                    assert_eq!(w.poll(start + step * 1000), None);
+                }
+                assert_eq!((w.poll(week), w.poll(week)), (Some(2), None));
+                assert!(w.next_deadline().is_some_and(|at| at > week));
+            }
+            done.send(()).unwrap();
+        });
+        finished.recv_timeout(std::time::Duration::from_secs(20)).expect("every poll returned");
     }
 
     #[test]

@@ -118,6 +118,10 @@ impl App {
     /// Starts a reactor turn at `now`: the dashboard's history is sampled
     /// once per second of it.
     pub fn begin_turn(&mut self, now: Now) {
+        if now.epoch != self.turn.epoch {
+            // The wall clock was stepped: ids and snapshots follow it.
+            self.gov.set_epoch(now.epoch);
+        }
         self.turn = now;
         if self.history_second == Some(now.ms / 1000) {
             return;
@@ -263,6 +267,33 @@ impl App {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stepped_wall_clock_reaches_the_ids_and_the_snapshot() {
+        use crate::governor::{Admission, Entropy};
+        use crate::time::EpochMs;
+        let config =
+            Config::parse(br#"{"accessLog":null,"pools":{"p":{"keys":["k"],"termMs":1000,"renewIntervalMs":300}}}"#)
+                .unwrap();
+        let mut app = App::new(&config, Entropy::seeded(3)).unwrap();
+        let (e0, e1) = (Epoch::at(EpochMs(1_700_000_000_000)), Epoch::at(EpochMs(1_700_000_600_000)));
+        app.start_state(&config, None, e0).unwrap();
+        let p = app.pool_id("p").unwrap();
+        let unix_lease = |a: Admission| match a {
+            Admission::Granted(g) => g.slot.fields().lease_deadline_unix,
+            other => panic!("expected a grant, got {other:?}"),
+        };
+        app.begin_turn(Now { ms: 10, epoch: e0 });
+        assert_eq!(unix_lease(app.gov.acquire(p, 0, 1, 10)), 1_700_000_001_010);
+        // The clock reads ten minutes later from here on: no deadline moves,
+        // but what is shown and handed on in Unix time follows the wall clock.
+        app.begin_turn(Now { ms: 1_000, epoch: e1 });
+        assert_eq!(unix_lease(app.gov.acquire(p, 0, 2, 1_000)), 1_700_000_602_000);
+        let snap = app.gov.export(1_000);
+        let mut deadlines: Vec<u64> = snap.leases.iter().map(|l| l.lease_deadline).collect();
+        deadlines.sort_unstable();
+        assert_eq!(deadlines, [1_700_000_601_010, 1_700_000_602_000]);
+    }
 
     #[test]
     fn a_connection_is_the_same_owner_both_ways() {

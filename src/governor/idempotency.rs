@@ -75,6 +75,10 @@ pub enum Holder {
     Waiter(WaiterKey),
 }
 
+/// The most live keys a store makes room for at its first key: the
+/// default bound, so a pool of default settings allocates once.
+const RESERVED: usize = 1024;
+
 /// One pool's keys.
 #[derive(Default)]
 pub struct Store {
@@ -115,10 +119,14 @@ impl Store {
     pub fn insert(&mut self, key: IdemKey, holder: Holder) -> u32 {
         debug_assert!(!self.is_full() && !self.index.contains_key(&key));
         if self.entries.capacity() == 0 {
-            // Once, with room for the bound: twice that in the map keeps
-            // removals from ever making it grow (tombstones are cleared in place).
-            self.entries.reserve_exact(self.capacity);
-            self.index.reserve(2 * self.capacity);
+            // Once, with room for the bound up to `RESERVED`: twice that in
+            // the map keeps removals from ever making it grow (tombstones are
+            // cleared in place). A larger bound is grown into as keys are
+            // used: reserved whole, 10 000 000 keys took 6.5 GB at the first
+            // keyed acquire, which a smaller machine refuses (the process aborts).
+            let room = self.capacity.min(RESERVED);
+            self.entries.reserve_exact(room);
+            self.index.reserve(2 * room);
         }
         let entry = self.entries.insert((key, holder)) as u32;
         self.index.insert(key, entry);
@@ -173,6 +181,23 @@ mod tests {
         assert!(!s.is_full());
         s.insert(c, Holder::Lease(1));
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn a_large_bound_is_grown_into_not_allocated_at_the_first_key() {
+        let mut s = Store::new(10_000_000);
+        s.insert(IdemKey::new(0, b"first").unwrap(), Holder::Lease(0));
+        assert!(s.entries.capacity() <= RESERVED, "{} entries reserved", s.entries.capacity());
+        assert!(s.index.capacity() <= 4 * RESERVED, "{} map entries reserved", s.index.capacity());
+        for i in 1..5000u32 {
+            s.insert(IdemKey::new(0, format!("k{i}").as_bytes()).unwrap(), Holder::Lease(i));
+        }
+        assert_eq!(s.len(), 5000);
+        assert!(!s.is_full());
+        // The default bound is reserved whole at once, as before.
+        let mut d = Store::new(1024);
+        d.insert(IdemKey::new(0, b"first").unwrap(), Holder::Lease(0));
+        assert!(d.entries.capacity() >= 1024 && d.index.capacity() >= 2048);
     }
 
     use crate::config::Config;

@@ -252,6 +252,14 @@ impl<T: Copy> Governor<T> {
         }
     }
 
+    /// The wall clock was stepped (`server::clock`): the Unix time of
+    /// monotonic 0 is now `epoch`. Ids granted from now on, a snapshot and
+    /// the re-adoption of another process's ids read Unix time on it; no
+    /// deadline moves.
+    pub fn set_epoch(&mut self, epoch: Epoch) {
+        self.epoch = epoch;
+    }
+
     /// Opens the re-adoption window of every pool for one `termMs` from
     /// `now` (SPEC §11): a start without a usable snapshot.
     pub fn open_recovery_window(&mut self, now: Ms) {
@@ -698,7 +706,13 @@ impl<T: Copy> Governor<T> {
             return None;
         }
         let fields = self.key.verify(pool.seal, &id)?;
-        let request_deadline = self.epoch.monotonic(EpochMs(fields.request_deadline_unix))?;
+        // No request has more than its cap left: a wall clock behind the
+        // granting process's (set back since, or another host's) would
+        // otherwise lengthen the id's request deadline by the difference.
+        let request_deadline = self
+            .epoch
+            .monotonic(EpochMs(fields.request_deadline_unix))?
+            .min(now.saturating_add(pool.settings.request_timeout_ms));
         if request_deadline <= now {
             return None;
         }

@@ -12,7 +12,7 @@ use super::learn::Learning;
 use super::lease::{Lease, SlotId};
 use super::pool::PoolStats;
 use super::{Governor, Timer};
-use crate::time::{EpochMs, Ms};
+use crate::time::Ms;
 
 /// A governor's state at one instant.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +26,8 @@ pub struct Snapshot {
     /// Ids re-adopted and since released or reclaimed: while a window is
     /// open they must stay dead.
     pub dead_adopted: Vec<SlotId>,
+    /// The Unix ms of the instant it describes.
+    pub written_at: u64,
 }
 
 /// One configured pool.
@@ -84,11 +86,6 @@ impl<T: Copy> Governor<T> {
         self.epoch.wall(at).0
     }
 
-    /// A Unix instant on this process's clock; one before its start is 0 (past).
-    fn monotonic_ms(&self, unix: u64) -> Ms {
-        self.epoch.monotonic(EpochMs(unix)).unwrap_or(0)
-    }
-
     /// Everything a successor needs, at `now`. Pools retired by a reload are
     /// left out (their leases were draining). Costs one pass over the lease
     /// table and copies it: call it rarely, and write the result elsewhere.
@@ -138,7 +135,7 @@ impl<T: Copy> Governor<T> {
             }
         }
         let dead_adopted = self.adopted.iter().filter(|(_, held)| held.is_none()).map(|(id, _)| *id).collect();
-        Snapshot { pools, leases, keys, dead_adopted }
+        Snapshot { pools, leases, keys, dead_adopted, written_at: self.unix_ms(now) }
     }
 
     /// Takes back a snapshot at `now`, before anything was granted: leases
@@ -175,8 +172,13 @@ impl<T: Copy> Governor<T> {
             return Err("an idempotency key names no held lease".into());
         }
 
+        // A wall clock that reads before the snapshot was written was set
+        // back since: the snapshot is read as if no time had passed since it
+        // was written, so no deadline gains the step (a request deadline is
+        // never extended). A clock set forward cannot be told from downtime.
+        let base = self.unix_ms(0) + snap.written_at.saturating_sub(self.unix_ms(now));
+        let monotonic = |unix: u64| unix.saturating_sub(base);
         for (p, &pid) in snap.pools.iter().zip(&pids) {
-            let base = self.unix_ms(0);
             let pool = &mut self.pools[pid.0 as usize];
             pool.learning = p.learning.rebased(|unix| unix.saturating_sub(base));
             if let (Some(gate), Some((tokens, next_us))) = (&mut pool.gate, p.gate) {
@@ -193,8 +195,7 @@ impl<T: Copy> Governor<T> {
         let mut table = Vec::with_capacity(snap.leases.len());
         for l in &snap.leases {
             let pid = pids[l.pool as usize];
-            let (lease_deadline, request_deadline) =
-                (self.monotonic_ms(l.lease_deadline), self.monotonic_ms(l.request_deadline));
+            let (lease_deadline, request_deadline) = (monotonic(l.lease_deadline), monotonic(l.request_deadline));
             let pool = &mut self.pools[pid.0 as usize];
             // A holder that renews has a lease deadline within one term of its
             // last renewal, so this changes nothing for it. A lease the server
@@ -227,7 +228,7 @@ impl<T: Copy> Governor<T> {
                 lease_deadline,
                 request_deadline,
                 epoch: l.epoch,
-                granted_at: self.monotonic_ms(l.granted_at),
+                granted_at: monotonic(l.granted_at),
                 grant_seq: l.grant_seq,
                 timer,
                 adopted: l.adopted,
@@ -318,6 +319,29 @@ mod tests {
         new.advance(1100);
         assert_eq!(new.pool(p).held, 0);
         assert_eq!(new.pool(p).stats.reclaimed_term, 2);
+    }
+
+    #[test]
+    fn a_wall_clock_set_back_between_stop_and_start_extends_no_deadline() {
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        let held = grant(&mut old, "p", 100);
+        assert_eq!(held.request_deadline, 60_100);
+        assert_eq!(old.renew(p, &held.text, 900), Ok(1900));
+        let snap = old.export(950);
+        // The successor's wall clock reads an hour before the stop: read
+        // as it stood, the slot could be held an hour past its request
+        // deadline. It is read as of the stop, its 59 150 ms of request
+        // time left and its 950 ms of term.
+        let mut new = governor(BASE - 3_600_000);
+        assert_eq!(new.import(&snap, 0).unwrap().held, 1);
+        for at in (900..59_000).step_by(900) {
+            assert_eq!(new.renew(p, &held.text, at), Ok((at + 1000).min(59_150)), "at {at}");
+        }
+        assert_eq!(new.renew(p, &held.text, 59_100), Err(crate::governor::RenewError::Capped));
+        new.advance(59_150);
+        assert_eq!(new.pool(p).held, 0);
+        assert_eq!(new.pool(p).stats.reclaimed_cap, 1);
     }
 
     #[test]

@@ -597,6 +597,24 @@ fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
 }
 
 #[test]
+fn a_readopted_slot_is_held_no_longer_than_its_request_cap_whatever_the_clocks_say() {
+    // The successor's wall clock is ten minutes behind the granting one's
+    // (set back, or another host's): the id's request deadline reads as
+    // eleven minutes ahead. It keeps at most the pool's 60-s cap.
+    let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
+    let (mut old, mut new, p) = crashed_pair(json, 400_000);
+    let a = granted(old.acquire(p, 0, 1, 0));
+    new.open_recovery_window(0);
+    for at in (10..60_010).step_by(900) {
+        assert_eq!(new.renew(p, &id(&a), at), Ok((at + 1000).min(60_010)), "at {at}");
+    }
+    assert_eq!(new.renew(p, &id(&a), 60_000), Err(RenewError::Capped));
+    new.advance(60_010);
+    assert_eq!(new.pool(p).held, 0);
+    assert_eq!(new.pool(p).stats.reclaimed_cap, 1);
+}
+
+#[test]
 fn outside_a_window_unknown_slots_are_not_found_and_readopted_ones_are_reclaimed() {
     let (mut new, p, a, b) = two_held_then_crash();
     // The first start (a fresh secret) opens no window.

@@ -218,7 +218,7 @@ impl Server {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(|e| format!("cannot register signals: {e}"))?;
-        let clock = Clock::start();
+        let mut clock = Clock::start();
         let mut app = App::new(config, Entropy::from_fn(state::os_random))?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;

@@ -171,10 +171,9 @@ impl Persistence {
         let snap = gov.export_into(now, spare);
         let copied = started.elapsed();
         let identity = self.identity.clone();
-        let unix_now = gov.unix_ms(now);
         self.writer = Some(std::thread::spawn(move || {
             let started = Instant::now();
-            let bytes = snapshot::encode(&snap, Kind::Periodic, &identity, unix_now);
+            let bytes = snapshot::encode(&snap, Kind::Periodic, &identity);
             match snapshot::write_atomic(&path, &bytes) {
                 Ok(()) => info!(
                     "periodic snapshot of {} slots: {} µs on the event loop, {} ms writing {} bytes beside it",
@@ -200,7 +199,7 @@ impl Persistence {
         let started = Instant::now();
         let snap = gov.export(now);
         let copied = started.elapsed();
-        let bytes = snapshot::encode(&snap, Kind::Stop, &self.identity, gov.unix_ms(now));
+        let bytes = snapshot::encode(&snap, Kind::Stop, &self.identity);
         let encoded = started.elapsed();
         match snapshot::write_atomic(path, &bytes) {
             Ok(()) => info!(

@@ -131,10 +131,10 @@ struct FilePool {
 }
 
 /// The file's bytes for `snap`: one buffer, sized up front, one checksum.
-pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity, written_at_unix_ms: u64) -> Vec<u8> {
+pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity) -> Vec<u8> {
     let header = Header {
         kind,
-        written_at_unix_ms,
+        written_at_unix_ms: snap.written_at,
         config_identity: identity.config.clone(),
         secret_identity: identity.secret.clone(),
         pools: snap
@@ -312,7 +312,7 @@ pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), Str
             recovering_until: p.recovering_until,
         })
         .collect();
-    Ok((header.kind, Snapshot { pools, leases, keys, dead_adopted }))
+    Ok((header.kind, Snapshot { pools, leases, keys, dead_adopted, written_at: header.written_at_unix_ms }))
 }
 
 /// The temporary file `write_atomic` writes before renaming it over `path`.
@@ -387,7 +387,7 @@ mod tests {
         g.acquire(p, 0, 0, 0);
         let snap = g.export(5);
         let identity = Identity::new(&g, &[3; 32]);
-        let bytes = encode(&snap, Kind::Stop, &identity, 1_800_000_000_005);
+        let bytes = encode(&snap, Kind::Stop, &identity);
         assert_eq!(decode(&bytes, &identity).unwrap(), (Kind::Stop, snap.clone()));
 
         for at in [MAGIC.len() + 8, bytes.len() - DIGEST - 1, bytes.len() - 1] {
@@ -435,7 +435,7 @@ mod tests {
         g.acquire(p, 0, 0, 0);
         let snap = g.export(5);
         let identity = Identity::new(&g, &[3; 32]);
-        let bytes = encode(&snap, Kind::Periodic, &identity, 0);
+        let bytes = encode(&snap, Kind::Periodic, &identity);
         let l = &snap.leases[0];
         let record = &bytes[bytes.len() - DIGEST - LEASE_RECORD..bytes.len() - DIGEST];
         assert_eq!(record[..4], l.index.to_le_bytes());
@@ -455,7 +455,7 @@ mod tests {
         let snap = g.export(5);
         assert_eq!(snap.keys, [HeldKey { index: 0, key }]);
         let identity = Identity::new(&g, &[3; 32]);
-        let bytes = encode(&snap, Kind::Stop, &identity, 0);
+        let bytes = encode(&snap, Kind::Stop, &identity);
         let record = [&0u32.to_le_bytes()[..], &77u64.to_le_bytes(), &[8], b"order 42"].concat();
         assert_eq!(bytes[bytes.len() - DIGEST - record.len()..bytes.len() - DIGEST], record);
         assert_eq!(decode(&bytes, &identity).unwrap().1, snap);

@@ -405,7 +405,8 @@ mod tests {
         assert_eq!(w.poll(5_000), None);
         assert!(w.is_empty());
         assert_eq!(w.next_deadline(), None);
-        assert!(started.elapsed() < std::time::Duration::from_secs(5), "took {:?}", started.elapsed());
+        // Linear takes well under a second even unoptimised; quadratic, minutes.
+        assert!(started.elapsed() < std::time::Duration::from_secs(30), "took {:?}", started.elapsed());
     }
 
     #[test]

@@ -225,6 +225,21 @@ fn a_waiter_that_half_closes_leaves_the_queue() {
 }
 
 #[test]
+fn a_waiter_that_asked_to_close_and_half_closes_is_told_the_connection_closes() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let holder = s.acquire("", "").slot();
+    let mut waiter = s.connect();
+    waiter.write_all(&post("/pools/p/lock/acquire", KEY, "Connection: close\r\n", r#"{"waitMs":10000}"#)).unwrap();
+    thread::sleep(Duration::from_millis(50));
+    waiter.shutdown(std::net::Shutdown::Write).unwrap();
+    let left = read_response(&mut waiter).expect("a half-closed client still reads");
+    assert_eq!((left.status, left.error_code().as_str()), (504, "queue_timeout"), "{left:?}");
+    assert_eq!(left.header("connection"), Some("close"), "{left:?}");
+    assert!(is_closed(&mut waiter));
+    s.release(&holder, "");
+}
+
+#[test]
 fn a_connection_answered_after_a_long_wait_is_kept_for_its_next_request() {
     // The wait (1.5 s) outlasts the idle timeout (1 s): the idle time counts
     // from the answer, not from the acquire that started the wait.

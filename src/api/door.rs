@@ -219,14 +219,14 @@ impl App {
     /// client's leaving and logs it. False when it no longer waits: the
     /// governor answered it already and that answer is on its way as an
     /// `Event::Answer`.
-    pub fn withdraw(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now) -> bool {
+    pub fn withdraw(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) -> bool {
         let Some(denial) = self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms) else {
             return false;
         };
         if queued.proxied {
             self.observe_queued_end(&queued.attempt, now.wall(), super::CLIENT_GONE_STATUS, "client_gone");
         } else {
-            self.answer_withdrawn(out, &denial, &queued.attempt, now);
+            self.answer_withdrawn(out, &denial, &queued.attempt, now, close);
         }
         true
     }
@@ -235,10 +235,10 @@ impl App {
     /// was read, in the same turn: the slot goes back at once, never handed
     /// to a client that stopped sending, and the client (which may still
     /// read) is answered as a waiter that left, `504`.
-    pub fn withdraw_granted(&mut self, out: &mut Vec<u8>, grant: &Grant, queued: &Queued, now: Now) {
+    pub fn withdraw_granted(&mut self, out: &mut Vec<u8>, grant: &Grant, queued: &Queued, now: Now, close: bool) {
         self.gov.release_undelivered(&grant.slot, now.ms);
         let denial = self.gov.left_queue(queued.attempt.pool, grant.queued_ms, now.ms);
-        self.answer_withdrawn(out, &denial, &queued.attempt, now);
+        self.answer_withdrawn(out, &denial, &queued.attempt, now, close);
     }
 
     /// Work done once a turn's sockets are served: the access log is written

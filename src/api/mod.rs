@@ -765,12 +765,12 @@ impl App {
 
     /// The `504` of a queued acquire whose client half-closed: its wait ends
     /// now, so what it pipelined behind can be answered in order. Logged.
-    fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, now: Now) {
+    fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, now: Now, close: bool) {
         let status = Status::GatewayTimeout;
         self.rejections.count(Some(attempt.pool), status);
         self.log_acquire(attempt, now.wall(), status, Some("client_gone"), Some(denial.reason), denial.queued_ms, None);
         let message = "The client half-closed its connection, so its wait ended without a slot.";
-        self.write_denial_as(out, denial, status, "queue_timeout", message, false);
+        self.write_denial_as(out, denial, status, "queue_timeout", message, close);
     }
 
     /// A `429` (fail fast, queue full) or `504` (queue deadline).

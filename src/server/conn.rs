@@ -302,6 +302,11 @@ impl Conn {
         self.read_closed || self.hangup
     }
 
+    /// The waiting acquire's request asked to close after its answer.
+    pub fn waits_to_close(&self) -> bool {
+        matches!(self.phase, Phase::Waiting { close: true, .. })
+    }
+
     /// The waiting acquire's answer must say the connection is kept (HTTP/1.0).
     pub fn waits_http10_keep_alive(&self) -> bool {
         matches!(self.phase, Phase::Waiting { http10_keep_alive: true, close: false, .. })

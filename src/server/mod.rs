@@ -754,17 +754,7 @@ impl Server {
         // pipelined behind the acquire is answered after it. A proxied
         // request's wait ends with its exchange, once the FIN is read.
         if conn.read_closed | conn.hangup {
-            let withdrawn = conn.queued().copied().filter(|_| conn.read_closed || conn.exchange.is_none());
-            if let Some(queued) = withdrawn {
-                // Withdrawn, unless the governor answered it earlier in this
-                // turn (a release granted it, a retry superseded it): that
-                // answer comes first, from `deliver`, which hands no grant to
-                // a client that stopped sending.
-                if self.app.withdraw(&mut conn.output, &queued, id, now) {
-                    conn.stop_waiting();
-                    self.mark_dirty(id);
-                }
-            }
+            self.withdraw_stopped_waiter(id, now);
         }
         self.process(id);
         // Answering may have made room for input still in the socket.
@@ -905,7 +895,7 @@ impl Server {
             // Granted in the turn its client's close was read, before that:
             // the slot goes back at once, and the client hears its wait ended.
             crate::api::Answer::Granted(grant) if conn.peer_done_sending() => {
-                self.app.withdraw_granted(&mut conn.output, &grant, &queued, now);
+                self.app.withdraw_granted(&mut conn.output, &grant, &queued, now, close);
                 None
             }
             answer => self.app.answer_notice(&mut conn.output, answer, &queued, now, close),
@@ -918,6 +908,30 @@ impl Server {
         }
         self.mark_dirty(id);
         self.read_and_process(id);
+    }
+
+    /// A waiting client stopped sending: its acquire is withdrawn and
+    /// answered `504` (saying `Connection: close` when its request did),
+    /// unless the governor answered it earlier in this turn (a release
+    /// granted it, a retry superseded it): that answer comes first, from
+    /// `deliver`, which hands no grant to a client that stopped sending.
+    #[cold]
+    fn withdraw_stopped_waiter(&mut self, id: ConnId, now: Now) {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
+        let Some(queued) = conn.queued().copied().filter(|_| conn.read_closed || conn.exchange.is_none()) else {
+            return;
+        };
+        let (close, say_kept_alive) = (conn.waits_to_close(), conn.waits_http10_keep_alive());
+        let answer_start = conn.output.len();
+        if self.app.withdraw(&mut conn.output, &queued, id, now, close) {
+            if say_kept_alive && conn.output.len() > answer_start {
+                crate::http::response::say_kept_alive(&mut conn.output, answer_start);
+            }
+            conn.stop_waiting();
+            self.mark_dirty(id);
+        }
     }
 
     fn on_conn_timer(&mut self, id: ConnId) {

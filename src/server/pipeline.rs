@@ -157,7 +157,7 @@ impl Server {
                 Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
                 // A half-closed client cannot wait: nothing it sends can follow.
                 Handled::Queued(q) if conn.peer_done_sending() => {
-                    app.withdraw(&mut conn.output, &q, id, now);
+                    app.withdraw(&mut conn.output, &q, id, now, ctx.close);
                 }
                 Handled::Queued(q) => {
                     conn.wait(q, ctx.close, http10_keep_alive);

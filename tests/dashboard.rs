@@ -148,7 +148,9 @@ fn unknown_pools_and_methods_are_refused() {
     let s = TestServer::start(&demo_config(""));
     let r = get(admin(&s), "/api/pools/nope", "");
     assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"));
-    assert_eq!(get(admin(&s), "/pools/nope", "").status, 404);
+    let page = get(admin(&s), "/pools/nope", "");
+    assert_eq!(page.status, 404);
+    assert!(page.header("content-type").unwrap().starts_with("text/html"), "a page for the browser: {page:?}");
     let mut c = TcpStream::connect(admin(&s)).unwrap();
     c.write_all(b"POST /api/pools HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
     let r = read_response(&mut c).unwrap();
@@ -431,4 +433,94 @@ fn a_real_browser_asks_for_the_admin_token() {
     let page = dump_dom(&bin, &format!("http://{}/pools/demo", admin(&s)));
     assert!(page.contains(r#"<section id="login" aria-labelledby="login-title">"#), "login form not shown: {page}");
     assert!(!page.contains(r#"id="example-acquire""#), "data shown without the token");
+}
+
+#[test]
+fn a_real_browser_shows_an_unknown_pool_as_a_404_page() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(""));
+    let page = dump_dom(&bin, &format!("http://{}/pools/no-such-pool", admin(&s)));
+    assert!(page.contains(r#"<h1 id="not-found">No such pool</h1>"#), "no 404 page: {page}");
+    assert!(page.contains("<code>no-such-pool</code>") && page.contains(r#"<a href="/">"#), "{page}");
+    assert!(page.contains("<title>nthpool · no such pool</title>"), "{page}");
+}
+
+/// A proxy in front of the admin listener that leaves the first
+/// `/api/` request unanswered on an open connection (a network that went
+/// silent) and forwards everything else, one request per connection. It
+/// adds a slow image to the page so that the browser's DOM is dumped
+/// after `load_ms` of real time, not of virtual time (which stands still
+/// while a fetch is pending).
+fn silent_once_proxy(admin: SocketAddr, load_ms: u64) -> SocketAddr {
+    use std::io::Read;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stalled = Arc::new(AtomicBool::new(false));
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let stalled = stalled.clone();
+            std::thread::spawn(move || {
+                let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match client.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).into_owned();
+                let path = text.split(' ').nth(1).unwrap_or("").to_owned();
+                if path.starts_with("/api/") && !stalled.swap(true, Ordering::SeqCst) {
+                    // Held open, never answered, for longer than the page lives.
+                    std::thread::sleep(Duration::from_millis(load_ms + 10_000));
+                    return;
+                }
+                if path == "/slow-load" {
+                    std::thread::sleep(Duration::from_millis(load_ms));
+                    let _ =
+                        client.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                    return;
+                }
+                let request: String = text
+                    .split("\r\n")
+                    .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+                    .map(|l| format!("{l}\r\n"))
+                    .collect();
+                let Ok(mut upstream) = TcpStream::connect(admin) else { return };
+                let _ = upstream.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = upstream.write_all(format!("{request}Connection: close\r\n\r\n").as_bytes());
+                let mut answer = Vec::new();
+                let _ = upstream.read_to_end(&mut answer);
+                let Some(split) = answer.windows(4).position(|w| w == b"\r\n\r\n") else { return };
+                let (head, body) = (String::from_utf8_lossy(&answer[..split]).into_owned(), &answer[split + 4..]);
+                let body = String::from_utf8_lossy(body).replace("</body>", r#"<img src="/slow-load" alt=""></body>"#);
+                let head: String = head
+                    .split("\r\n")
+                    .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
+                    .map(|l| format!("{l}\r\n"))
+                    .collect();
+                let _ = client.write_all(format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_real_browser_recovers_when_the_connection_goes_silent() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(""));
+    load_demo(&s, "localhost");
+    let proxy = silent_once_proxy(admin(&s), 10_000);
+    // Real time: the DOM is dumped when the slow image ends the page's load.
+    let page = chromium(&bin, &["--dump-dom"], &format!("http://{proxy}/pools/demo"));
+    assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "the page never got past the silent request: {page}");
 }

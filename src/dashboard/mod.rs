@@ -83,11 +83,13 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
     if let Some(name) = pool_name(path, "/pools/") {
         // The shell holds no data: without the token, any pool name gets it,
         // so the page does not tell who may not see the pools which exist.
-        if authorized(head, app) && app.governor().pool_id(name).is_none() {
-            error(out, Status::NotFound, "not_found", "No such pool.", close);
-        } else {
-            asset(out, b"text/html; charset=utf-8", INDEX_HTML);
-        }
+        // An unknown pool's page is the shell too, as a 404: its script
+        // finds the pool missing and says so in the page.
+        let status =
+            if authorized(head, app) && app.governor().pool_id(name).is_none() { Status::NotFound } else { Status::Ok };
+        let mut w = start(out, status);
+        w.header(b"Content-Type", b"text/html; charset=utf-8");
+        w.finish(INDEX_HTML, close);
         return true;
     }
     if !authorized(head, app) {

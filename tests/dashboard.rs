@@ -524,3 +524,68 @@ fn a_real_browser_recovers_when_the_connection_goes_silent() {
     let page = chromium(&bin, &["--dump-dom"], &format!("http://{proxy}/pools/demo"));
     assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "the page never got past the silent request: {page}");
 }
+
+/// Runs `text` (an Example as the page shows it) in bash with `env`, and
+/// returns curl's answer body.
+fn paste(text: &str, env: &[(&str, &str)]) -> Value {
+    let out = Command::new("bash").arg("-c").arg(text).envs(env.iter().copied()).output().expect("run bash");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{text}\nanswered {stdout}: {e}"))
+}
+
+/// A tool the pasted Examples need, or `None` (with the reason printed).
+fn tool_or_skip(name: &str) -> Option<()> {
+    let found = Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success())
+        || Command::new(name).arg("version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(std::env::var_os("CI").is_none(), "CI is set but {name} is not installed");
+        println!("skipped: {name} not found");
+    }
+    found.then_some(())
+}
+
+#[test]
+fn every_example_works_when_pasted_with_the_pools_credentials() {
+    use hmac::{Hmac, Mac};
+    if tool_or_skip("curl").is_none() || tool_or_skip("openssl").is_none() {
+        return;
+    }
+    const HMAC_SECRET: &str = "hmac-secret-0123456789";
+    const JWT_SECRET: &str = "jwt-secret-0123456789";
+    let s = TestServer::start(&format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,
+        "pools":{{"demo":{{"keys":["{DEMO_KEY}"],"concurrency":3}},
+                 "guarded":{{"keys":["guarded-secret-key-1"],"concurrency":3,
+                   "access":{{"hmac":{{"secret":"{HMAC_SECRET}"}},"jwt":{{"hs256Secret":"{JWT_SECRET}"}}}}}}}}}}"#
+    ));
+    let b64 = |b: &[u8]| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+    };
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let input = format!("{}.{}", b64(br#"{"alg":"HS256","typ":"JWT"}"#), b64(format!(r#"{{"exp":{exp}}}"#).as_bytes()));
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(JWT_SECRET.as_bytes()).unwrap();
+    mac.update(input.as_bytes());
+    let jwt = format!("{input}.{}", b64(&mac.finalize().into_bytes()));
+
+    for (pool, key) in [("demo", DEMO_KEY), ("guarded", "guarded-secret-key-1")] {
+        let v = get_json(&s, &format!("/api/pools/{pool}"));
+        let text = |id: &str| {
+            let x = v["examples"].as_array().unwrap().iter().find(|x| x["id"] == id).unwrap();
+            x["text"].as_str().unwrap().to_owned()
+        };
+        let mut env = vec![("POOL_KEY", key), ("POOL_JWT", jwt.as_str()), ("POOL_HMAC_SECRET", HMAC_SECRET)];
+        let granted = paste(&text("acquire"), &env);
+        let slot = granted["slotId"].as_str().unwrap_or_else(|| panic!("{pool}: acquire: {granted}")).to_owned();
+        env.push(("SLOT_ID", slot.as_str()));
+        let renewed = paste(&text("renew"), &env);
+        assert!(renewed["leaseDeadline"].is_u64(), "{pool}: renew: {renewed}");
+        assert_eq!(paste(&text("release"), &env)["released"], true, "{pool}: release");
+        let queued = paste(&text("acquire-queued"), &env);
+        let slot = queued["slotId"].as_str().unwrap_or_else(|| panic!("{pool}: queued acquire: {queued}")).to_owned();
+        env.pop();
+        env.push(("SLOT_ID", slot.as_str()));
+        assert_eq!(paste(&text("release-throttled"), &env)["released"], true, "{pool}: release-throttled");
+    }
+}

@@ -148,7 +148,9 @@ fn unknown_pools_and_methods_are_refused() {
     let s = TestServer::start(&demo_config(""));
     let r = get(admin(&s), "/api/pools/nope", "");
     assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"));
-    assert_eq!(get(admin(&s), "/pools/nope", "").status, 404);
+    let page = get(admin(&s), "/pools/nope", "");
+    assert_eq!(page.status, 404);
+    assert!(page.header("content-type").unwrap().starts_with("text/html"), "a page for the browser: {page:?}");
     let mut c = TcpStream::connect(admin(&s)).unwrap();
     c.write_all(b"POST /api/pools HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
     let r = read_response(&mut c).unwrap();
@@ -431,4 +433,159 @@ fn a_real_browser_asks_for_the_admin_token() {
     let page = dump_dom(&bin, &format!("http://{}/pools/demo", admin(&s)));
     assert!(page.contains(r#"<section id="login" aria-labelledby="login-title">"#), "login form not shown: {page}");
     assert!(!page.contains(r#"id="example-acquire""#), "data shown without the token");
+}
+
+#[test]
+fn a_real_browser_shows_an_unknown_pool_as_a_404_page() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(""));
+    let page = dump_dom(&bin, &format!("http://{}/pools/no-such-pool", admin(&s)));
+    assert!(page.contains(r#"<h1 id="not-found">No such pool</h1>"#), "no 404 page: {page}");
+    assert!(page.contains("<code>no-such-pool</code>") && page.contains(r#"<a href="/">"#), "{page}");
+    assert!(page.contains("<title>nthpool · no such pool</title>"), "{page}");
+}
+
+/// A proxy in front of the admin listener that leaves the first
+/// `/api/` request unanswered on an open connection (a network that went
+/// silent) and forwards everything else, one request per connection. It
+/// adds a slow image to the page so that the browser's DOM is dumped
+/// after `load_ms` of real time, not of virtual time (which stands still
+/// while a fetch is pending).
+fn silent_once_proxy(admin: SocketAddr, load_ms: u64) -> SocketAddr {
+    use std::io::Read;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stalled = Arc::new(AtomicBool::new(false));
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let stalled = stalled.clone();
+            std::thread::spawn(move || {
+                let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match client.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).into_owned();
+                let path = text.split(' ').nth(1).unwrap_or("").to_owned();
+                if path.starts_with("/api/") && !stalled.swap(true, Ordering::SeqCst) {
+                    // Held open, never answered, for longer than the page lives.
+                    std::thread::sleep(Duration::from_millis(load_ms + 10_000));
+                    return;
+                }
+                if path == "/slow-load" {
+                    std::thread::sleep(Duration::from_millis(load_ms));
+                    let _ =
+                        client.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                    return;
+                }
+                let request: String = text
+                    .split("\r\n")
+                    .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+                    .map(|l| format!("{l}\r\n"))
+                    .collect();
+                let Ok(mut upstream) = TcpStream::connect(admin) else { return };
+                let _ = upstream.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = upstream.write_all(format!("{request}Connection: close\r\n\r\n").as_bytes());
+                let mut answer = Vec::new();
+                let _ = upstream.read_to_end(&mut answer);
+                let Some(split) = answer.windows(4).position(|w| w == b"\r\n\r\n") else { return };
+                let (head, body) = (String::from_utf8_lossy(&answer[..split]).into_owned(), &answer[split + 4..]);
+                let body = String::from_utf8_lossy(body).replace("</body>", r#"<img src="/slow-load" alt=""></body>"#);
+                let head: String = head
+                    .split("\r\n")
+                    .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
+                    .map(|l| format!("{l}\r\n"))
+                    .collect();
+                let _ = client.write_all(format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_real_browser_recovers_when_the_connection_goes_silent() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(""));
+    load_demo(&s, "localhost");
+    let proxy = silent_once_proxy(admin(&s), 10_000);
+    // Real time: the DOM is dumped when the slow image ends the page's load.
+    let page = chromium(&bin, &["--dump-dom"], &format!("http://{proxy}/pools/demo"));
+    assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "the page never got past the silent request: {page}");
+}
+
+/// Runs `text` (an Example as the page shows it) in bash with `env`, and
+/// returns curl's answer body.
+fn paste(text: &str, env: &[(&str, &str)]) -> Value {
+    let out = Command::new("bash").arg("-c").arg(text).envs(env.iter().copied()).output().expect("run bash");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{text}\nanswered {stdout}: {e}"))
+}
+
+/// A tool the pasted Examples need, or `None` (with the reason printed).
+fn tool_or_skip(name: &str) -> Option<()> {
+    let found = Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success())
+        || Command::new(name).arg("version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(std::env::var_os("CI").is_none(), "CI is set but {name} is not installed");
+        println!("skipped: {name} not found");
+    }
+    found.then_some(())
+}
+
+#[test]
+fn every_example_works_when_pasted_with_the_pools_credentials() {
+    use hmac::{Hmac, Mac};
+    if tool_or_skip("curl").is_none() || tool_or_skip("openssl").is_none() {
+        return;
+    }
+    const HMAC_SECRET: &str = "hmac-secret-0123456789";
+    const JWT_SECRET: &str = "jwt-secret-0123456789";
+    let s = TestServer::start(&format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,
+        "pools":{{"demo":{{"keys":["{DEMO_KEY}"],"concurrency":3}},
+                 "guarded":{{"keys":["guarded-secret-key-1"],"concurrency":3,
+                   "access":{{"hmac":{{"secret":"{HMAC_SECRET}"}},"jwt":{{"hs256Secret":"{JWT_SECRET}"}}}}}}}}}}"#
+    ));
+    let b64 = |b: &[u8]| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+    };
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 600;
+    let input = format!("{}.{}", b64(br#"{"alg":"HS256","typ":"JWT"}"#), b64(format!(r#"{{"exp":{exp}}}"#).as_bytes()));
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(JWT_SECRET.as_bytes()).unwrap();
+    mac.update(input.as_bytes());
+    let jwt = format!("{input}.{}", b64(&mac.finalize().into_bytes()));
+
+    for (pool, key) in [("demo", DEMO_KEY), ("guarded", "guarded-secret-key-1")] {
+        let v = get_json(&s, &format!("/api/pools/{pool}"));
+        let text = |id: &str| {
+            let x = v["examples"].as_array().unwrap().iter().find(|x| x["id"] == id).unwrap();
+            x["text"].as_str().unwrap().to_owned()
+        };
+        let mut env = vec![("POOL_KEY", key), ("POOL_JWT", jwt.as_str()), ("POOL_HMAC_SECRET", HMAC_SECRET)];
+        let granted = paste(&text("acquire"), &env);
+        let slot = granted["slotId"].as_str().unwrap_or_else(|| panic!("{pool}: acquire: {granted}")).to_owned();
+        env.push(("SLOT_ID", slot.as_str()));
+        let renewed = paste(&text("renew"), &env);
+        assert!(renewed["leaseDeadline"].is_u64(), "{pool}: renew: {renewed}");
+        assert_eq!(paste(&text("release"), &env)["released"], true, "{pool}: release");
+        let queued = paste(&text("acquire-queued"), &env);
+        let slot = queued["slotId"].as_str().unwrap_or_else(|| panic!("{pool}: queued acquire: {queued}")).to_owned();
+        env.pop();
+        env.push(("SLOT_ID", slot.as_str()));
+        assert_eq!(paste(&text("release-throttled"), &env)["released"], true, "{pool}: release-throttled");
+    }
 }

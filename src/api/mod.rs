@@ -309,6 +309,11 @@ impl App {
         self.public_host.as_deref()
     }
 
+    /// The access policies of `pid` (what a caller must send besides the key).
+    pub fn access(&self, pid: PoolId) -> &PoolAccess {
+        &self.creds[pid.0 as usize].access
+    }
+
     /// What can be decided from the head alone (route, method, host, key),
     /// so `Expect: 100-continue` can be refused before the body is sent.
     pub fn precheck(&self, ctx: &Ctx, head: &Head) -> Result<(), ApiError> {

@@ -11,6 +11,7 @@
 
 use serde_json::{json, Value};
 
+use crate::access::PoolAccess;
 use crate::api::proxy::path_without_query;
 use crate::api::App;
 use crate::ct::secret_eq;
@@ -83,11 +84,13 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
     if let Some(name) = pool_name(path, "/pools/") {
         // The shell holds no data: without the token, any pool name gets it,
         // so the page does not tell who may not see the pools which exist.
-        if authorized(head, app) && app.governor().pool_id(name).is_none() {
-            error(out, Status::NotFound, "not_found", "No such pool.", close);
-        } else {
-            asset(out, b"text/html; charset=utf-8", INDEX_HTML);
-        }
+        // An unknown pool's page is the shell too, as a 404: its script
+        // finds the pool missing and says so in the page.
+        let status =
+            if authorized(head, app) && app.governor().pool_id(name).is_none() { Status::NotFound } else { Status::Ok };
+        let mut w = start(out, status);
+        w.header(b"Content-Type", b"text/html; charset=utf-8");
+        w.finish(INDEX_HTML, close);
         return true;
     }
     if !authorized(head, app) {
@@ -192,7 +195,8 @@ fn pool_json(app: &App, pid: PoolId) -> Value {
             })
         })
         .collect();
-    let lock_api = format!("{}/pools/{}/lock", public_url(app), pool.name);
+    let lock_path = format!("/pools/{}/lock", pool.name);
+    let lock_api = format!("{}{lock_path}", public_url(app));
     json!({
         "serverTime": epoch_now,
         "pool": summary(app, pool),
@@ -225,30 +229,60 @@ fn pool_json(app: &App, pid: PoolId) -> Value {
             "queueDepth": series(|x| x.queue),
         },
         "attempts": attempts,
-        "examples": examples(&lock_api),
+        "examples": examples(&lock_api, &lock_path, app.access(pid)),
     })
 }
 
 /// Ready `curl` lines in the shapes of the lock-API page, with the key as
-/// `$POOL_KEY`. Proxy usage joins these when the pool has an upstream.
-fn examples(lock_api: &str) -> Value {
+/// `$POOL_KEY`. Proxy usage joins these when the pool has an upstream. A
+/// pool whose access policies want more than the key gets those too: its
+/// JWT as `$POOL_JWT`, its Cloudflare Access token as `$CF_ACCESS_JWT`, and
+/// an `hmac` signature computed with `openssl` from `$POOL_HMAC_SECRET`.
+fn examples(lock_api: &str, lock_path: &str, access: &PoolAccess) -> Value {
     // Single-quoted for the shell; a quote in publicHost is closed and escaped.
     let head = format!("export LOCK_API='{}'\n", lock_api.replace('\'', "'\\''"));
-    let post = |path: &str, extra: &str| {
-        format!("curl -sS -X POST \"$LOCK_API/{path}\" \\\n  -H \"X-Nthpool-Key: $POOL_KEY\"{extra}")
+    let signed = access.needs_body();
+    let mut auth = String::from(" \\\n  -H \"X-Nthpool-Key: $POOL_KEY\"");
+    if access.reads_jwt() {
+        auth.push_str(" \\\n  -H \"X-Nthpool-Jwt: $POOL_JWT\"");
+    }
+    if access.reads_cloudflare() {
+        auth.push_str(" \\\n  -H \"Cf-Access-Jwt-Assertion: $CF_ACCESS_JWT\"");
+    }
+    if signed {
+        auth.push_str(
+            " \\\n  -H \"X-Nthpool-Timestamp: $TS\" -H \"X-Nthpool-Nonce: $NONCE\" -H \"X-Nthpool-Signature: v1=$SIG\"",
+        );
+    }
+    // `body`: None sends none; Some is JSON sent with its Content-Type.
+    let call = |path: &str, body: Option<&str>| {
+        let mut text = head.clone();
+        if signed {
+            // SPEC §8: HMAC-SHA256 over v1, method, path, time, nonce and the body's SHA-256.
+            text.push_str(&format!(
+                "BODY='{}' TS=$(($(date +%s) * 1000)) NONCE=$(openssl rand -hex 16)\n\
+                 SIG=$(printf 'v1\\nPOST\\n%s\\n%s\\n%s\\n%s' \"{lock_path}/{path}\" \"$TS\" \"$NONCE\" \\\n  \
+                 \"$(printf '%s' \"$BODY\" | openssl dgst -sha256 -r | cut -d' ' -f1)\" \\\n  \
+                 | openssl dgst -sha256 -hmac \"$POOL_HMAC_SECRET\" -r | cut -d' ' -f1)\n",
+                body.unwrap_or("")
+            ));
+        }
+        text.push_str(&format!("curl -sS -X POST \"$LOCK_API/{path}\"{auth}"));
+        match body {
+            Some(_) if signed => text.push_str(" \\\n  -H \"Content-Type: application/json\" \\\n  -d \"$BODY\""),
+            Some(json) => text.push_str(&format!(" \\\n  -H \"Content-Type: application/json\" \\\n  -d '{json}'")),
+            None => {}
+        }
+        text
     };
-    let json_body = |body: &str| format!(" \\\n  -H \"Content-Type: application/json\" \\\n  -d '{body}'");
     json!([
-        { "id": "acquire", "title": "Acquire, fail fast",
-          "text": format!("{head}{}", post("acquire", " \\\n  -H \"Content-Type: application/json\"")) },
+        { "id": "acquire", "title": "Acquire, fail fast", "text": call("acquire", None) },
         { "id": "acquire-queued", "title": "Acquire, wait up to 30 s in the queue",
-          "text": format!("{head}{}", post("acquire", &json_body("{\"waitMs\":30000}"))) },
-        { "id": "renew", "title": "Renew",
-          "text": format!("{head}{}", post("$SLOT_ID/renew", "")) },
-        { "id": "release", "title": "Release",
-          "text": format!("{head}{}", post("$SLOT_ID/release", &json_body("{\"status\":200}"))) },
+          "text": call("acquire", Some("{\"waitMs\":30000}")) },
+        { "id": "renew", "title": "Renew", "text": call("$SLOT_ID/renew", None) },
+        { "id": "release", "title": "Release", "text": call("$SLOT_ID/release", Some("{\"status\":200}")) },
         { "id": "release-throttled", "title": "Release with a throttle report",
-          "text": format!("{head}{}", post("$SLOT_ID/release", &json_body("{\"status\":429,\"throttled\":1,\"retryAfterMs\":2000}"))) },
+          "text": call("$SLOT_ID/release", Some("{\"status\":429,\"throttled\":1,\"retryAfterMs\":2000}")) },
     ])
 }
 

@@ -3,6 +3,7 @@
 "use strict";
 
 const POLL_MS = 1000;
+const FETCH_TIMEOUT_MS = 4000;
 const TOKEN_KEY = "nthpool-admin-token";
 const SVG = "http://www.w3.org/2000/svg";
 
@@ -55,14 +56,27 @@ async function api(path) {
   const headers = {};
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = "Bearer " + token;
-  const res = await fetch(path, { headers, cache: "no-store", credentials: "omit" });
-  if (res.status === 401) {
-    const err = new Error("unauthorized");
-    err.unauthorized = true;
-    throw err;
+  // A connection that went silent (a network that dropped, a server that
+  // stopped answering) would keep a fetch pending for minutes and the page
+  // frozen: it is given up after FETCH_TIMEOUT_MS and asked again next tick.
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), FETCH_TIMEOUT_MS);
+  try {
+    const res = await fetch(path, { headers, cache: "no-store", credentials: "omit", signal: abort.signal });
+    if (res.status === 401 || res.status === 404) {
+      const err = new Error(res.status === 401 ? "unauthorized" : "not found");
+      err.unauthorized = res.status === 401;
+      err.notFound = res.status === 404;
+      throw err;
+    }
+    if (!res.ok) throw new Error("HTTP " + res.status + " from " + path);
+    return await res.json();
+  } catch (e) {
+    if (abort.signal.aborted) throw new Error("no answer within " + FETCH_TIMEOUT_MS / 1000 + " s");
+    throw e;
+  } finally {
+    clearTimeout(timer);
   }
-  if (!res.ok) throw new Error("HTTP " + res.status + " from " + path);
-  return res.json();
 }
 
 // ---- pools at a glance ----
@@ -215,10 +229,27 @@ function attemptsTable(attempts) {
 function route() {
   const m = location.pathname.match(/^\/pools\/([^/]+)$/);
   if (m) {
-    return { api: "/api/pools/" + m[1], render: renderPool, still: renderExamples,
-      title: "nthpool · " + decodeURIComponent(m[1]) };
+    let name = m[1];
+    try {
+      name = decodeURIComponent(name);
+    } catch (e) {
+      // Not valid percent-encoding: shown as typed.
+    }
+    return { api: "/api/pools/" + m[1], render: renderPool, still: renderExamples, pool: name,
+      title: "nthpool · " + name };
   }
   return { api: "/api/pools", render: renderIndex, still: null, title: "nthpool · pools" };
+}
+
+// The pool of this page does not exist (a mistyped address, or removed by
+// a reload): said in the page, which keeps asking in case a reload adds it.
+function showNotFound(r) {
+  stillKey = null;
+  document.title = "nthpool · no such pool";
+  document.getElementById("view").replaceChildren(
+    el("h1", { id: "not-found" }, "No such pool"),
+    el("p", {}, "This server has no pool named ", el("code", {}, r.pool), "."),
+    el("p", {}, el("a", { href: "/" }, "← All pools")));
 }
 
 function showLogin(message) {
@@ -242,6 +273,7 @@ async function tick(r) {
       still = el("div", { id: "still-part" });
       view.replaceChildren(live, still);
     }
+    document.title = r.title;
     live.replaceChildren(...r.render(data));
     if (r.still) {
       const key = JSON.stringify(data.examples);
@@ -255,6 +287,12 @@ async function tick(r) {
     if (e.unauthorized) {
       showLogin(sessionStorage.getItem(TOKEN_KEY) ? "That token was not accepted." : "");
       return false;
+    }
+    if (e.notFound && r.pool !== undefined) {
+      document.getElementById("login").hidden = true;
+      showNotFound(r);
+      document.getElementById("updated").textContent = "";
+      return true;
     }
     document.getElementById("updated").textContent = "Not updated: " + e.message;
   }

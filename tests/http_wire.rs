@@ -748,6 +748,37 @@ fn an_invalid_host_value_is_400_and_closes() {
     }
 }
 
+/// RFC 3986 §3.2.2: inside brackets only an IPv6 address or an `IPvFuture`,
+/// and a `%` in a name only as `%XX`; anything else is not a host, in `Host`
+/// or in an absolute-form target alike.
+#[test]
+fn a_malformed_ip_literal_or_percent_encoding_in_host_is_400_and_closes() {
+    let s = TestServer::start(&config("", ""));
+    let bad = ["[1]", "[:::::]", "[1.2.3.4]", "[::1::2]", "[12345::]:80", "[v.x]", "%zz", "a%4", "local%host"];
+    for host in bad {
+        let mut c = s.connect();
+        let raw =
+            format!("POST {ACQUIRE} HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n");
+        let r = exchange(&mut c, raw.as_bytes());
+        assert_error(&r, 400, "bad_request", host);
+        assert_answer_closes(&mut c, &r, host);
+        let mut c = s.connect();
+        let raw = format!(
+            "POST http://{host}{ACQUIRE} HTTP/1.1\r\nHost: x\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n"
+        );
+        let r = exchange(&mut c, raw.as_bytes());
+        assert_error(&r, 400, "bad_request", host);
+        assert_answer_closes(&mut c, &r, host);
+    }
+    for host in ["[::ffff:127.0.0.1]:7070", "[v1.x]", "local%2Dhost"] {
+        let raw =
+            format!("POST {ACQUIRE} HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n");
+        let r = s.request(raw.as_bytes());
+        assert_eq!(r.status, 200, "{host}: {r:?}");
+        s.release(&r.slot(), r#"{"status":200}"#);
+    }
+}
+
 #[test]
 fn an_absolute_form_target_is_served_with_its_authority_as_host() {
     let s = TestServer::start(&config("", r#""publicHost":"api.example.com""#));

@@ -647,8 +647,9 @@ fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
     Ok((path, Some(authority)))
 }
 
-/// The bytes of a registered name or IPv4 address in `Host`: unreserved,
-/// `%` of percent-encoding and the sub-delimiters but `,`.
+/// The bytes of a registered name or IPv4 address in `Host`: unreserved
+/// and the sub-delimiters but `,` (a `%` must start a percent-encoding,
+/// which `valid_host` checks apart).
 static REG_NAME: [bool; 256] = {
     let mut t = [false; 256];
     let mut i = 0;
@@ -657,7 +658,7 @@ static REG_NAME: [bool; 256] = {
         t[i] = b.is_ascii_alphanumeric()
             || matches!(
                 b,
-                b'-' | b'.' | b'_' | b'~' | b'%' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b';' | b'='
+                b'-' | b'.' | b'_' | b'~' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b';' | b'='
             );
         i += 1;
     }
@@ -666,24 +667,27 @@ static REG_NAME: [bool; 256] = {
 
 /// `host[:port]` as RFC 9112 §3.2 allows in `Host`: a registered name or IPv4
 /// address (unreserved, percent-encoded and sub-delimiter characters, but no
-/// comma: a list is not one host), or a bracketed IP literal; an optional port
-/// of at most five digits up to 65535. Empty is valid (RFC 9112 §3.2).
+/// comma: a list is not one host), or a bracketed IP literal (an IPv6
+/// address or an `IPvFuture`, RFC 3986 §3.2.2); an optional port of at most
+/// five digits up to 65535. Empty is valid (RFC 9112 §3.2).
 pub fn valid_host(value: &[u8]) -> bool {
     let (name_ok, rest) = if let Some(literal) = value.strip_prefix(b"[") {
         match literal.iter().position(|&b| b == b']') {
-            Some(end) => {
-                let inner = &literal[..end];
-                (
-                    !inner.is_empty() && inner.iter().all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.'),
-                    &literal[end + 1..],
-                )
-            }
+            Some(end) => (valid_ip_literal(&literal[..end]), &literal[end + 1..]),
             None => return false,
         }
     } else {
         // One pass: the name ends at the first byte a name cannot hold, which
-        // must then be the port's colon or nothing.
-        let end = value.iter().position(|&b| !REG_NAME[b as usize]).unwrap_or(value.len());
+        // must then be the port's colon or nothing; a `%` must start `%XX`.
+        let name_end =
+            |from: usize| value[from..].iter().position(|&b| !REG_NAME[b as usize]).map_or(value.len(), |at| from + at);
+        let mut end = name_end(0);
+        while value.get(end) == Some(&b'%') {
+            match value.get(end + 1..end + 3) {
+                Some([hi, lo]) if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => end = name_end(end + 3),
+                _ => return false,
+            }
+        }
         (true, &value[end..])
     };
     let port_ok = match rest {
@@ -699,6 +703,22 @@ pub fn valid_host(value: &[u8]) -> bool {
         _ => false,
     };
     name_ok && port_ok
+}
+
+/// The inside of `[...]` in a host: an IPv6 address, or
+/// `v<hex>.<unreserved / sub-delims / ":">` (`IPvFuture`).
+fn valid_ip_literal(inner: &[u8]) -> bool {
+    if let [b'v' | b'V', future @ ..] = inner {
+        let Some(dot) = future.iter().position(|&b| b == b'.') else {
+            return false;
+        };
+        let (version, tail) = (&future[..dot], &future[dot + 1..]);
+        return !version.is_empty()
+            && version.iter().all(u8::is_ascii_hexdigit)
+            && !tail.is_empty()
+            && tail.iter().all(|&b| REG_NAME[b as usize] || b == b',' || b == b':');
+    }
+    std::str::from_utf8(inner).is_ok_and(|text| text.parse::<std::net::Ipv6Addr>().is_ok())
 }
 
 /// Whether every line end of a complete head is CRLF, looking only where
@@ -1295,11 +1315,47 @@ mod tests {
 
     #[test]
     fn host_values() {
-        for good in ["", "h", "127.0.0.1:7070", "[::1]", "[::1]:80", "a-b.example_c~d", "x:"] {
+        for good in [
+            "",
+            "h",
+            "127.0.0.1:7070",
+            "[::1]",
+            "[::1]:80",
+            "[::ffff:1.2.3.4]",
+            "[v1.fe80::a+en1]",
+            "a-b.example_c~d",
+            "x:",
+            "%41b%2fc",
+            "a%2F:80",
+        ] {
             assert!(valid_host(good.as_bytes()), "{good}");
         }
-        for bad in ["exa mple", "user@h", "h/p", "a, b", "a,b", "x:abc", "[::1", "[]", "[::1]x", "x:65536", "x:123456"]
-        {
+        for bad in [
+            "exa mple",
+            "user@h",
+            "h/p",
+            "a, b",
+            "a,b",
+            "x:abc",
+            "[::1",
+            "[]",
+            "[::1]x",
+            "x:65536",
+            "x:123456",
+            "[1]",
+            "[:::::]",
+            "[1.2.3.4]",
+            "[::1::2]",
+            "[12345::]",
+            "[v.x]",
+            "[v1.]",
+            "[vz.x]",
+            "%",
+            "a%4",
+            "%zz",
+            "a%4g:80",
+            "[fe80::1%25en1]",
+        ] {
             assert!(!valid_host(bad.as_bytes()), "{bad}");
         }
     }

@@ -915,3 +915,32 @@ fn a_named_pipe_whose_reader_left_never_blocks_a_sighup_or_a_stop() {
     s.signal("TERM");
     assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
 }
+
+/// A credential header sent twice is refused as a one-value control header
+/// is (`400` naming it), whatever the copies say: which one counts would be
+/// a guess. Sent once, the same values pass.
+#[test]
+fn a_credential_header_sent_twice_is_refused_naming_it() {
+    let s = TestServer::start(&config(JWT_POOL, ""));
+    let twice = format!("{}{}", jwt_header(&good_jwt()), jwt_header(&good_jwt()));
+    assert_refused(&s.acquire(&twice, ""), 400, "bad_request", "X-Nthpool-Jwt twice");
+    assert!(s.acquire(&twice, "").json()["message"].as_str().unwrap().contains("X-Nthpool-Jwt"));
+    assert_eq!(s.acquire(&jwt_header(&good_jwt()), "").status, 200);
+
+    let s = TestServer::start(&config(&hmac_pool(""), ""));
+    for name in ["X-Nthpool-Timestamp", "X-Nthpool-Nonce", "X-Nthpool-Signature"] {
+        let good = signing_headers(ACQUIRE, "", epoch_ms(), &fresh_nonce());
+        let line = good.split_inclusive("\r\n").find(|l| l.starts_with(name)).unwrap().to_string();
+        let r = s.request(&post(ACQUIRE, KEY, &format!("{good}{line}"), ""));
+        assert_refused(&r, 400, "bad_request", name);
+        assert!(r.json()["message"].as_str().unwrap().contains(name), "{r:?}");
+        // The refusal spent no nonce: the same headers once still pass.
+        assert_eq!(s.request(&post(ACQUIRE, KEY, &good, "")).status, 200, "{name} once");
+    }
+
+    let [k1, ..] = rsa_keys();
+    let s = start_cloudflare(&jwks(&[("k1", k1)]));
+    let token = cf_header(&rs256(k1, Some("k1"), &cf_good_claims()));
+    assert_refused(&s.acquire(&format!("{token}{token}"), ""), 400, "bad_request", "Cf-Access-Jwt-Assertion twice");
+    assert_eq!(s.acquire(&token, "").status, 200);
+}

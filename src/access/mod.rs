@@ -65,10 +65,23 @@ pub enum AccessError {
     Denied(Denied),
     /// The nonce store is full of live entries: retry after this many seconds.
     Busy { retry_after_s: u64 },
+    /// A credential header came twice (which copy counts would be a guess).
+    Twice(&'static str),
 }
 
 fn denied(d: Denied) -> AccessError {
     AccessError::Denied(d)
+}
+
+/// The one value of a credential header, if it came; sent twice, it is
+/// refused with `twice` (as a one-value control header is).
+fn single<'b>(head: &Head<'b>, lower_case_name: &str, twice: &'static str) -> Result<Option<&'b [u8]>, AccessError> {
+    let mut values = head.headers.into_iter().filter(|h| h.name.eq_ignore_ascii_case(lower_case_name.as_bytes()));
+    let first = values.next().map(|h| h.value);
+    match values.next() {
+        Some(_) => Err(AccessError::Twice(twice)),
+        None => Ok(first),
+    }
 }
 
 impl PoolAccess {
@@ -182,7 +195,7 @@ impl PoolAccess {
             }
         }
         if let Some(policy) = &self.jwt {
-            let token = head.header("x-nthpool-jwt").or_else(|| {
+            let token = single(head, "x-nthpool-jwt", "X-Nthpool-Jwt is sent twice; send it once.")?.or_else(|| {
                 head.api.key?;
                 let auth = head.api.authorization?;
                 crate::http::credentials(auth, "bearer")
@@ -191,7 +204,8 @@ impl PoolAccess {
             policy.verify(trim(token), now_epoch_ms).map_err(denied)?;
         }
         if let Some(cf) = &self.cloudflare {
-            let token = head.header("cf-access-jwt-assertion").ok_or(denied(Denied::TOKEN_MISSING))?;
+            let twice = "Cf-Access-Jwt-Assertion is sent twice; send it once.";
+            let token = single(head, "cf-access-jwt-assertion", twice)?.ok_or(denied(Denied::TOKEN_MISSING))?;
             cloudflare::verify(trim(token), &cf.jwks, &cf.audience, &cf.issuer, now_epoch_ms, CF_LEEWAY_MS)
                 .map_err(denied)?;
         }
@@ -211,13 +225,16 @@ impl PoolAccess {
             Method::Head => "HEAD",
             Method::Other => "OTHER",
         };
+        let timestamp = single(head, "x-nthpool-timestamp", "X-Nthpool-Timestamp is sent twice; send it once.")?;
+        let nonce = single(head, "x-nthpool-nonce", "X-Nthpool-Nonce is sent twice; send it once.")?;
+        let signature = single(head, "x-nthpool-signature", "X-Nthpool-Signature is sent twice; send it once.")?;
         let verified = hmac::verify(
             &policy.secret,
             method,
             head.path_str(),
-            head.header("x-nthpool-timestamp"),
-            head.header("x-nthpool-nonce"),
-            head.header("x-nthpool-signature"),
+            timestamp,
+            nonce,
+            signature,
             body,
             now_epoch_ms,
             policy.tolerance_ms,

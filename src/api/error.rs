@@ -155,6 +155,7 @@ impl From<AccessError> for ApiError {
             AccessError::Busy { retry_after_s } => {
                 ApiError::Unavailable("Too many signed requests in flight; retry shortly.", retry_after_s)
             }
+            AccessError::Twice(why) => ApiError::BadRequest(why),
         }
     }
 }

@@ -181,7 +181,7 @@ fn every_request_of_a_pool_lands_on_one_instance() {
             )
         })
         .collect();
-    let Some(cluster) = Cluster::start(3, &format!("{{{}}}", with_upstream.join(",")), 300, 10_000) else { return };
+    let Some(cluster) = Cluster::start(3, &format!("{{{}}}", with_upstream.join(",")), 300, 120_000) else { return };
     let mut served_by = BTreeMap::new();
     for pool in &pools {
         // The fresh instances are in their start window: wait through it.
@@ -270,7 +270,7 @@ fn every_request_of_a_pool_lands_on_one_instance() {
 #[test]
 fn three_hundred_pools_spread_within_a_quarter_of_even() {
     let pools = names("spread", 300);
-    let Some(cluster) = Cluster::start(3, &pools_json(&pools, r#""concurrency":1"#), 1000, 10_000) else { return };
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, r#""concurrency":1"#), 1000, 120_000) else { return };
     let mut per_instance: BTreeMap<String, usize> = BTreeMap::new();
     let mut conn = cluster.connect();
     for pool in &pools {
@@ -608,6 +608,44 @@ fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
             pools[i]
         );
     }
+}
+
+/// A pool whose stick entry expires may move: the expiry must outlast the
+/// longest a slot or a waiter of any pool lives without a request of the
+/// pool, a proxied exchange (no renewals, up to `requestTimeoutMs`) included.
+#[test]
+fn the_stick_expiry_outlasts_every_slot_that_lives_without_requests() {
+    let dir = scratch_dir();
+    let config = dir.join("pools.json");
+    let print = |pools: &str, extra: &[&str]| {
+        std::fs::write(&config, format!(r#"{{"pools":{pools}}}"#)).unwrap();
+        let out = Command::new("bash")
+            .arg(SCRIPT)
+            .args(["--print-haproxy", "--config", config.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let proxied = format!(
+        r#"{{"short":{{"keys":["{KEY}"]}},"llm":{{"keys":["{KEY}"],"requestTimeoutMs":300000,
+            "upstream":{{"url":"http://127.0.0.1:9","hosts":["llm.test"]}}}}}}"#
+    );
+    // upstream.waitMs (30 s, the default) + requestTimeoutMs, and a second more.
+    let (ok, cfg, _) = print(&proxied, &[]);
+    assert!(ok && cfg.contains(" expire 331000ms "), "{cfg}");
+    let (ok, _, err) = print(&proxied, &["--stick-ms", "120000"]);
+    assert!(!ok && err.contains("pool llm") && err.contains("330000 ms"), "{err}");
+    // A long queue: termMs + queue.timeoutMs.
+    let queued = format!(r#"{{"q":{{"keys":["{KEY}"],"termMs":5000,"queue":{{"timeoutMs":200000}}}}}}"#);
+    let (ok, cfg, _) = print(&queued, &[]);
+    assert!(ok && cfg.contains(" expire 206000ms "), "{cfg}");
+    let (ok, cfg, _) = print(&queued, &["--stick-ms", "205001"]);
+    assert!(ok && cfg.contains(" expire 205001ms "), "{cfg}");
+    // Short pools keep the default.
+    let (ok, cfg, _) = print(&format!(r#"{{"p":{{"keys":["{KEY}"]}}}}"#), &[]);
+    assert!(ok && cfg.contains(" expire 120000ms "), "{cfg}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -40,9 +40,13 @@
 #
 # Options: --bin PATH (the nthpool binary; default target/release/nthpool,
 # built when missing), --check-ms MS (health-check interval, 1000), --stick-ms
-# MS (stick-table expiry, 120000: at least a pool's termMs plus its
-# queue.timeoutMs). The committed deploy/haproxy.cfg is `--print-haproxy` with
-# the defaults.
+# MS (stick-table expiry: 120000, or more when a pool of FILE needs it). The
+# expiry must be longer than any pool's slot or waiter can live without a
+# request of the pool reaching HAProxy: termMs + queue.timeoutMs (a waiter,
+# then a holder's first renewal), and for a pool with an upstream its longest
+# wait (queue.timeoutMs or upstream.waitMs) + requestTimeoutMs (a proxied
+# exchange holds its slot without renewing); a shorter --stick-ms is refused.
+# The committed deploy/haproxy.cfg is `--print-haproxy` with the defaults.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,7 +56,7 @@ DIR=/tmp/nthpool-cluster
 PORT=7070
 BIN=
 CHECK_MS=1000
-STICK_MS=120000
+STICK_MS=
 ACTION=start
 DURATION=10
 RESTART=
@@ -87,6 +91,28 @@ done
 cd "$ROOT"
 case "$N" in '' | *[!0-9]* | 0) die "--instances takes a number from 1" ;; esac
 [ "$N" -le 9 ] || die "--instances: at most 9 (ports PORT+11 … PORT+19)"
+
+# The longest a pool's slot or waiter lives without a request of the pool
+# (defaults as nthpool's: termMs 30000, queue.timeoutMs 30000, upstream.waitMs
+# 30000, requestTimeoutMs 60000), and the pool that needs it: a pool whose
+# stick entry expired may move, and must leave nothing alive behind.
+STICK_NEED=0
+if [ -n "$CONFIG" ]; then
+    command -v jq >/dev/null || die "jq is needed to read $CONFIG"
+    read -r STICK_NEED STICK_POOL < <(jq -r '[.pools // {} | to_entries[] | .value as $p
+        | ($p.queue.timeoutMs // 30000) as $queue
+        | {pool: .key, ms: ([($p.termMs // 30000) + $queue]
+            + if $p.upstream then [([$queue, ($p.upstream.waitMs // 30000)] | max) + ($p.requestTimeoutMs // 60000)] else [] end
+            | max)}]
+        | max_by(.ms) // {pool: "-", ms: 0} | "\(.ms) \(.pool)"' "$CONFIG") ||
+        die "$CONFIG is not a JSON configuration"
+fi
+if [ -z "$STICK_MS" ]; then
+    STICK_MS=$((STICK_NEED + 1000 > 120000 ? STICK_NEED + 1000 : 120000))
+fi
+case "$STICK_MS" in '' | *[!0-9]*) die "--stick-ms takes milliseconds" ;; esac
+[ "$STICK_MS" -gt "$STICK_NEED" ] ||
+    die "--stick-ms $STICK_MS: pool $STICK_POOL can have a slot or a waiter alive for ${STICK_NEED} ms without a request reaching HAProxy; the stick expiry must be longer, or the pool could move and be granted twice over"
 
 # The HAProxy configuration for N instances, with the map of proxy hosts at
 # $DIR/hosts.map. Comments explain each choice; deploy/haproxy.cfg is this

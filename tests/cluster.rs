@@ -181,7 +181,7 @@ fn every_request_of_a_pool_lands_on_one_instance() {
             )
         })
         .collect();
-    let Some(cluster) = Cluster::start(3, &format!("{{{}}}", with_upstream.join(",")), 300, 10_000) else { return };
+    let Some(cluster) = Cluster::start(3, &format!("{{{}}}", with_upstream.join(",")), 300, 120_000) else { return };
     let mut served_by = BTreeMap::new();
     for pool in &pools {
         // The fresh instances are in their start window: wait through it.
@@ -270,7 +270,7 @@ fn every_request_of_a_pool_lands_on_one_instance() {
 #[test]
 fn three_hundred_pools_spread_within_a_quarter_of_even() {
     let pools = names("spread", 300);
-    let Some(cluster) = Cluster::start(3, &pools_json(&pools, r#""concurrency":1"#), 1000, 10_000) else { return };
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, r#""concurrency":1"#), 1000, 120_000) else { return };
     let mut per_instance: BTreeMap<String, usize> = BTreeMap::new();
     let mut conn = cluster.connect();
     for pool in &pools {
@@ -534,6 +534,118 @@ fn an_instance_out_of_rotation_but_alive_grants_nothing_stale_when_it_comes_back
         assert!(!after[i].contains_key(&victim), "{pool} granted by {victim} after it resumed: {:?}", after[i]);
         assert!(!after[i].is_empty(), "{pool} got no grant after {victim} resumed");
     }
+}
+
+impl Cluster {
+    /// Waits (bounded) until HAProxy's stats say `instance` is `status` (`UP`, `DOWN`).
+    fn wait_status(&self, instance: &str, status: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut c = TcpStream::connect(("127.0.0.1", self.port + 1)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            // HTTP/1.0: the page is sent whole, then the connection closes.
+            c.write_all(b"GET /;csv HTTP/1.0\r\n\r\n").unwrap();
+            let mut csv = String::new();
+            std::io::Read::read_to_string(&mut c, &mut csv).unwrap();
+            let now = csv.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f.len() > 17 && f[0] == "nthpool" && f[1] == instance).then(|| f[17].to_string())
+            });
+            if now.as_deref().is_some_and(|s| s.starts_with(status)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{instance} is not {status} in HAProxy's stats: {now:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// HAProxy marks only the first request of a pool after its instance went
+/// down (its stick table names the new instance from then on): when that
+/// request is one the new instance refuses, the pool has moved all the same,
+/// and its window must open, or the old holders' renewals are `404` and the
+/// full limit is granted beside them.
+#[test]
+fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
+    let pools = names("first", 12);
+    let settings = r#""concurrency":2,"termMs":6000,"renewIntervalMs":1000,"requestTimeoutMs":60000,
+        "queue":{"size":100,"timeoutMs":8000}"#;
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, settings), 250, 60_000) else { return };
+    // One slot held in each pool (the fresh instances' start windows waited through).
+    let held: Vec<(String, String)> = pools
+        .iter()
+        .map(|p| {
+            let granted = cluster.request(&post(&format!("/pools/{p}/lock/acquire"), KEY, "", r#"{"waitMs":8000}"#));
+            (instance(&granted), granted.slot())
+        })
+        .collect();
+    let victim = held[0].0.clone();
+    let on_victim: Vec<usize> = (0..pools.len()).filter(|&i| held[i].0 == victim).take(2).collect();
+    assert_eq!(on_victim.len(), 2, "fewer than two of 12 pools on {victim}: {held:?}");
+    let renew =
+        |i: usize| cluster.request(&post(&format!("/pools/{}/lock/{}/renew", pools[i], held[i].1), KEY, "", ""));
+    for &i in &on_victim {
+        assert_eq!(renew(i).status, 200);
+    }
+    cluster.kill_9(&victim);
+    cluster.wait_status(&victim, "DOWN");
+    // The first request of each pool since: a route under the pool that does
+    // not exist, and an acquire with a wrong key.
+    let (a, b) = (on_victim[0], on_victim[1]);
+    let first = cluster.request(&post(&format!("/pools/{}/lock/acquire/", pools[a]), KEY, "", ""));
+    assert_eq!(first.status, 404, "{first:?}");
+    let first = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[b]), "wrong-key", "", ""));
+    assert_eq!(first.status, 401, "{first:?}");
+    for i in [a, b] {
+        let renewed = renew(i);
+        assert_eq!(renewed.status, 200, "{}'s holder lost its slot when the pool moved: {renewed:?}", pools[i]);
+        assert_ne!(instance(&renewed), victim);
+        let acquired = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[i]), KEY, "", ""));
+        assert_eq!(
+            (acquired.status, acquired.header("x-nthpool-deny-reason")),
+            (429, Some("recovering")),
+            "{} granted at once after its move: {acquired:?}",
+            pools[i]
+        );
+    }
+}
+
+/// A pool whose stick entry expires may move: the expiry must outlast the
+/// longest a slot or a waiter of any pool lives without a request of the
+/// pool, a proxied exchange (no renewals, up to `requestTimeoutMs`) included.
+#[test]
+fn the_stick_expiry_outlasts_every_slot_that_lives_without_requests() {
+    let dir = scratch_dir();
+    let config = dir.join("pools.json");
+    let print = |pools: &str, extra: &[&str]| {
+        std::fs::write(&config, format!(r#"{{"pools":{pools}}}"#)).unwrap();
+        let out = Command::new("bash")
+            .arg(SCRIPT)
+            .args(["--print-haproxy", "--config", config.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    };
+    let proxied = format!(
+        r#"{{"short":{{"keys":["{KEY}"]}},"llm":{{"keys":["{KEY}"],"requestTimeoutMs":300000,
+            "upstream":{{"url":"http://127.0.0.1:9","hosts":["llm.test"]}}}}}}"#
+    );
+    // upstream.waitMs (30 s, the default) + requestTimeoutMs, and a second more.
+    let (ok, cfg, _) = print(&proxied, &[]);
+    assert!(ok && cfg.contains(" expire 331000ms "), "{cfg}");
+    let (ok, _, err) = print(&proxied, &["--stick-ms", "120000"]);
+    assert!(!ok && err.contains("pool llm") && err.contains("330000 ms"), "{err}");
+    // A long queue: termMs + queue.timeoutMs.
+    let queued = format!(r#"{{"q":{{"keys":["{KEY}"],"termMs":5000,"queue":{{"timeoutMs":200000}}}}}}"#);
+    let (ok, cfg, _) = print(&queued, &[]);
+    assert!(ok && cfg.contains(" expire 206000ms "), "{cfg}");
+    let (ok, cfg, _) = print(&queued, &["--stick-ms", "205001"]);
+    assert!(ok && cfg.contains(" expire 205001ms "), "{cfg}");
+    // Short pools keep the default.
+    let (ok, cfg, _) = print(&format!(r#"{{"p":{{"keys":["{KEY}"]}}}}"#), &[]);
+    assert!(ok && cfg.contains(" expire 120000ms "), "{cfg}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

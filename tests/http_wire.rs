@@ -803,6 +803,22 @@ fn an_absolute_form_target_is_served_with_its_authority_as_host() {
     assert_answer_closes(&mut bad, &r, "authority with userinfo");
 }
 
+/// `http://host` with no path is the path `/` (RFC 9112 §3.2.2); the server
+/// answers it, again on the same connection, and goes on serving.
+#[test]
+fn an_absolute_form_target_without_a_path_is_the_root() {
+    let s = TestServer::start(&config("", ""));
+    let mut c = s.connect();
+    for authority in ["api.example.com", "api.example.com", "API.example.com:80"] {
+        let raw = format!("GET http://{authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+        assert_error(&exchange(&mut c, raw.as_bytes()), 404, "not_found", &raw);
+    }
+    let raw =
+        format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(exchange(&mut c, raw.as_bytes()).status, 200);
+    assert_eq!(exchange(&mut s.connect(), raw.as_bytes()).status, 200);
+}
+
 #[test]
 fn a_later_http_1_minor_version_is_served_as_1_1() {
     let s = TestServer::start(&config("", ""));

@@ -554,7 +554,6 @@ impl App {
         if access.needs_body() {
             access.check_signed(head, body, ctx.now.wall())?;
         }
-        self.note_move(pid, ctx, head);
         match lock {
             Lock::Acquire => {
                 // No body and no header: fail fast, the usual acquire, without a call.
@@ -677,9 +676,18 @@ impl App {
     /// moved this pool here from an instance out of rotation, and its
     /// re-adoption window opens. From anyone else the field is ignored (it
     /// would hold up fail-fast acquires for a term).
-    #[inline(always)]
-    fn note_move(&mut self, pid: PoolId, ctx: &Ctx, head: &Head) {
-        if head.api.moved && self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer) {
+    ///
+    /// Called for every request that carries the field, before anything can
+    /// refuse it: the proxy marks only the first request of the pool after
+    /// the move (its stick table names this instance from then on), and
+    /// that request may be one this instance refuses (a bad key, an unknown
+    /// route under the pool, a proxied request's bad head), yet the pool has
+    /// moved all the same. The pool is found as the proxy finds it: by the
+    /// host of proxy traffic, else by the `{pool}` segment of `/pools/{pool}`.
+    #[cold]
+    pub fn note_move(&mut self, listener_pool: Option<PoolId>, ctx: &Ctx, head: &Head) {
+        let pid = self.proxy_route(listener_pool, head).or_else(|| self.gov.pool_id(route::pool_segment(head.path)?));
+        if let Some(pid) = pid.filter(|pid| self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer)) {
             self.gov.moved_here(pid, ctx.now.ms);
         }
     }

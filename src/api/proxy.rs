@@ -146,7 +146,6 @@ impl App {
             Some(_) => wait_budget(head, &[])?,
         };
         let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
-        self.note_move(pid, ctx, head);
         let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
         if let Admission::Denied(denial) = &admission {
             let line = method_and_path(head);

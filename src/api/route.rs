@@ -36,6 +36,15 @@ pub fn route(target: &[u8]) -> Option<Route<'_>> {
     }
 }
 
+/// The `{pool}` of any path under `/pools/{pool}` (`/pools/{pool}` itself,
+/// `/pools/{pool}/...`, `/pools/{pool}?...`), as a proxy that shards by it
+/// reads it; `None` outside `/pools/` or for an empty segment.
+pub fn pool_segment(path: &[u8]) -> Option<&[u8]> {
+    let rest = path.strip_prefix(b"/pools/")?;
+    let pool = &rest[..find_slash_or_query(rest).unwrap_or(rest.len())];
+    (!pool.is_empty()).then_some(pool)
+}
+
 /// The length of the segment at the start of `rest` when a `/` ends it;
 /// `None` when the path ends first (a `?` or the end of the target).
 fn segment_len(rest: &[u8]) -> Option<usize> {
@@ -85,6 +94,23 @@ mod tests {
             "/pools",
         ] {
             assert_eq!(route(other.as_bytes()), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn pool_segments() {
+        for (path, pool) in [
+            ("/pools/demo/lock/acquire", Some("demo")),
+            ("/pools/demo/lock/acquire/", Some("demo")),
+            ("/pools/demo", Some("demo")),
+            ("/pools/demo?x=/y", Some("demo")),
+            ("/pools/demo/", Some("demo")),
+            ("/pools/", None),
+            ("/pools//lock/acquire", None),
+            ("/pools?x", None),
+            ("/v1/pools/demo", None),
+        ] {
+            assert_eq!(pool_segment(path.as_bytes()), pool.map(str::as_bytes), "{path}");
         }
     }
 }

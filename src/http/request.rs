@@ -639,7 +639,10 @@ fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
     let (authority, path) = match rest.iter().position(|b| matches!(b, b'/' | b'?' | b'#')) {
         Some(i) if rest[i] == b'/' => rest.split_at(i),
         Some(_) => return Err(HeadError::Malformed("An absolute request target needs a path.")),
-        None => (rest, &b"/"[..]),
+        // No path is the path `/` (RFC 9112 §3.2.2): the scheme's own `/`,
+        // so that the path, like every part of a head, lies within its
+        // buffer (a remembered head keeps it as an offset there).
+        None => (rest, &target[scheme_len - 1..scheme_len]),
     };
     if authority.is_empty() || !valid_host(authority) {
         return Err(HeadError::Malformed("The request target's authority is not a valid host[:port]."));

@@ -92,6 +92,9 @@ impl Server {
                 close: !head.keep_alive,
                 started: *turn_started,
             };
+            if head.api.moved {
+                app.note_move(conn.listener_pool, &ctx, head);
+            }
             if let Some(pid) = app.proxy_route(conn.listener_pool, head) {
                 let head_len = head.head_len;
                 let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, head, pid);

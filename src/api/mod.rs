@@ -309,9 +309,11 @@ impl App {
         self.public_host.as_deref()
     }
 
-    /// The access policies of `pid` (what a caller must send besides the key).
-    pub fn access(&self, pid: PoolId) -> &PoolAccess {
-        &self.creds[pid.0 as usize].access
+    /// What a caller of `pid` must send besides the key (the dashboard's
+    /// Examples show it).
+    pub fn credentials_asked(&self, pid: PoolId) -> CredentialsAsked {
+        let access = &self.creds[pid.0 as usize].access;
+        CredentialsAsked { jwt: access.reads_jwt(), cloudflare: access.reads_cloudflare(), hmac: access.needs_body() }
     }
 
     /// What can be decided from the head alone (route, method, host, key),
@@ -887,6 +889,17 @@ fn request_target(input: &[u8]) -> Option<&[u8]> {
         }
         None => Some(target),
     }
+}
+
+/// The credentials a pool's access policies ask for besides its key.
+#[derive(Debug, Clone, Copy)]
+pub struct CredentialsAsked {
+    /// A JWT (`X-Nthpool-Jwt`, or `Authorization: Bearer`).
+    pub jwt: bool,
+    /// A Cloudflare Access token (`Cf-Access-Jwt-Assertion`).
+    pub cloudflare: bool,
+    /// An HMAC signature over the request (`X-Nthpool-Timestamp`, `-Nonce`, `-Signature`).
+    pub hmac: bool,
 }
 
 const UNKNOWN_POOL: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");

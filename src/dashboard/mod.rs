@@ -11,9 +11,8 @@
 
 use serde_json::{json, Value};
 
-use crate::access::PoolAccess;
 use crate::api::proxy::path_without_query;
-use crate::api::App;
+use crate::api::{App, CredentialsAsked};
 use crate::ct::secret_eq;
 use crate::governor::history::Sample;
 use crate::governor::{DenyReason, Pool, PoolId};
@@ -229,7 +228,7 @@ fn pool_json(app: &App, pid: PoolId) -> Value {
             "queueDepth": series(|x| x.queue),
         },
         "attempts": attempts,
-        "examples": examples(&lock_api, &lock_path, app.access(pid)),
+        "examples": examples(&lock_api, &lock_path, app.credentials_asked(pid)),
     })
 }
 
@@ -238,15 +237,15 @@ fn pool_json(app: &App, pid: PoolId) -> Value {
 /// pool whose access policies want more than the key gets those too: its
 /// JWT as `$POOL_JWT`, its Cloudflare Access token as `$CF_ACCESS_JWT`, and
 /// an `hmac` signature computed with `openssl` from `$POOL_HMAC_SECRET`.
-fn examples(lock_api: &str, lock_path: &str, access: &PoolAccess) -> Value {
+fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
     // Single-quoted for the shell; a quote in publicHost is closed and escaped.
     let head = format!("export LOCK_API='{}'\n", lock_api.replace('\'', "'\\''"));
-    let signed = access.needs_body();
+    let signed = asked.hmac;
     let mut auth = String::from(" \\\n  -H \"X-Nthpool-Key: $POOL_KEY\"");
-    if access.reads_jwt() {
+    if asked.jwt {
         auth.push_str(" \\\n  -H \"X-Nthpool-Jwt: $POOL_JWT\"");
     }
-    if access.reads_cloudflare() {
+    if asked.cloudflare {
         auth.push_str(" \\\n  -H \"Cf-Access-Jwt-Assertion: $CF_ACCESS_JWT\"");
     }
     if signed {

@@ -284,6 +284,44 @@ fn a_corrupt_or_mismatched_snapshot_is_refused_and_the_crash_path_taken() {
 }
 
 #[test]
+fn a_refused_snapshot_is_set_aside_and_never_loaded_by_a_later_start() {
+    // A deploy changes a limit: the stop snapshot is refused, the window opens
+    // and the new process grants slots. It crashes and the old configuration
+    // is rolled back: the old snapshot must not come back as a stop's (no
+    // window) while the crashed process's holders still hold their slots.
+    let first = TestServer::start(&config(POOL, ""));
+    first.acquire("", "").slot();
+    let kept = stop(first, "TERM");
+    let state = kept.0.join("nthpool.state");
+    std::fs::write(&kept.1, config(&POOL.replace("3", "4"), "")).unwrap();
+    let deployed = restart(&kept);
+    assert_eq!(get(deployed.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert!(!state.exists(), "the refused snapshot was left where a later start finds it");
+    assert!(kept.0.join("nthpool.state.refused").exists(), "kept aside for a look");
+    let kept = kill_9(deployed);
+    std::fs::write(&kept.1, config(POOL, "")).unwrap();
+    let s = restart(&kept);
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering", "a crash takes the crash path");
+    assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
+}
+
+#[test]
+fn a_lost_secret_with_a_snapshot_left_still_opens_the_window() {
+    // The snapshot says a process ran here: its holders get one term to be
+    // told `404` before anything is granted anew (README, What survives
+    // which failure: "Secret lost or replaced").
+    let first = TestServer::start(&config(POOL, ""));
+    let slot = first.acquire("", "").slot();
+    let kept = stop(first, "TERM");
+    std::fs::remove_file(kept.0.join("nthpool.secret")).unwrap();
+    let s = restart(&kept);
+    assert_eq!(std::fs::read(kept.0.join("nthpool.secret")).unwrap().len(), 32, "a new secret");
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
+    assert_eq!(s.renew(&slot).status, 404, "signed under the lost secret");
+}
+
+#[test]
 fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     // Long terms: the slots must outlive the wait for the snapshot.
     let pool = r#""concurrency":3,"termMs":20000,"renewIntervalMs":5000"#;

@@ -343,6 +343,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     sync_dir(path)
 }
 
+/// Renames a refused snapshot, durably: a later start must not find it.
+pub fn rename(path: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::rename(path, to)?;
+    sync_dir(path)
+}
+
 /// Removes a used snapshot, durably: a later crash must not find it again.
 pub fn remove(path: &Path) -> std::io::Result<()> {
     std::fs::remove_file(path)?;

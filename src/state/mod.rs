@@ -132,11 +132,14 @@ impl Persistence {
         let mut aside = path.as_os_str().to_owned();
         aside.push(".refused");
         let aside = PathBuf::from(aside);
-        let ours =
-            |p: &Path| !self.secret_path.as_deref().into_iter().chain(config_path).any(|other| same_file(p, other));
-        let moved = if ours(&aside) { snapshot::rename(path, &aside) } else { snapshot::remove(path) };
+        // Only a file: a directory named as the state file is the operator's.
+        if !std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_dir()) {
+            return why;
+        }
+        let free = !self.secret_path.as_deref().into_iter().chain(config_path).any(|other| same_file(&aside, other));
+        let moved = if free { snapshot::rename(path, &aside) } else { snapshot::remove(path) };
         match moved {
-            Ok(()) if ours(&aside) => format!("{why}, moved to {}", aside.display()),
+            Ok(()) if free => format!("{why}, moved to {}", aside.display()),
             Ok(()) => format!("{why}, removed"),
             Err(e) => format!("{why}, and it could not be moved out of the way ({e}): remove it before a later start"),
         }

@@ -323,8 +323,12 @@ fn temporary(path: &Path) -> PathBuf {
 }
 
 /// Whether a snapshot could be written to `path`: its temporary file is
-/// created there and removed again (a missing or read-only directory fails).
+/// created there and removed again (a missing or read-only directory fails),
+/// and `path` is no directory (a rename cannot replace one).
 pub fn check_writable(path: &Path) -> std::io::Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(std::io::Error::other("it is a directory"));
+    }
     let tmp = temporary(path);
     OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
     std::fs::remove_file(&tmp)

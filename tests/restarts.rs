@@ -346,6 +346,19 @@ fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot, not re-adopted");
 }
 
+#[test]
+fn a_graceful_restart_after_a_reload_added_a_pool_restores_with_no_window() {
+    // `a` sorts before `p`: a reload puts it after, a start before.
+    let first = TestServer::start(&config(POOL, ""));
+    let slot = first.acquire("", "").slot();
+    reload(&first, &config(POOL, "").replace(r#""pools":{"#, r#""pools":{"a":{"keys":["a-key"]},"#));
+    let kept = stop(first, "TERM");
+    let s = restart(&kept);
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "restored: no window");
+    assert_eq!(s.renew(&slot).status, 200);
+    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
+}
+
 /// Waits up to 20 s for `done`.
 fn eventually(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);

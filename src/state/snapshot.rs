@@ -74,7 +74,11 @@ impl Identity {
 /// key keeps the snapshot.
 pub fn config_identity<T: Copy>(gov: &Governor<T>) -> String {
     let mut h = Sha256::new();
-    for (_, pool) in gov.pools().filter(|(_, p)| !p.retired) {
+    // By name: a pool a reload added sits after the others in the governor,
+    // where a start from the same configuration puts it in name order.
+    let mut pools: Vec<_> = gov.pools().map(|(_, p)| p).filter(|p| !p.retired).collect();
+    pools.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    for pool in pools {
         let s = &pool.settings;
         let (rpm, burst) = s.rpm.unwrap_or((0, 0));
         h.update(pool.name.as_bytes());
@@ -436,6 +440,19 @@ mod tests {
         // What version 1 wrote: JSON, then a line with its SHA-256.
         let v1 = b"{\"format\":\"nthpool-state\",\"version\":1,\"kind\":\"stop\",\"leases\":[]}\nsha256 00\n";
         assert!(decode(v1, &identity).unwrap_err().starts_with(r#"format "nthpool-state" version 1, this build"#));
+    }
+
+    #[test]
+    fn a_pool_a_reload_added_matches_a_start_from_that_configuration() {
+        let both = r#"{"pools":{"a":{"keys":["k"]},"p":{"keys":["k"],"concurrency":4}}}"#;
+        let both = crate::api::pool_settings(&Config::parse(both.as_bytes()).unwrap());
+        let mut reloaded = setup(4);
+        reloaded.reconfigure(&both, 0);
+        let started = Governor::<()>::new(&both, crate::governor::Entropy::seeded(1));
+        assert_eq!(config_identity(&reloaded), config_identity(&started));
+        let only_p = r#"{"pools":{"p":{"keys":["k"],"concurrency":4}}}"#;
+        reloaded.reconfigure(&crate::api::pool_settings(&Config::parse(only_p.as_bytes()).unwrap()), 0);
+        assert_eq!(config_identity(&reloaded), config_identity(&setup(4)), "a retired pool is left out");
     }
 
     #[test]

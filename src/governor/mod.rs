@@ -762,12 +762,18 @@ impl<T: Copy> Governor<T> {
         }
         if lease.adopted {
             let (id, request_deadline) = (lease.id, lease.request_deadline);
-            self.adopted.insert(id, None);
-            let tombstone = self.tombstones.insert(id) as u32;
-            self.wheel.insert(request_deadline, Timer::Tombstone(tombstone));
+            self.bury(id, request_deadline);
         }
         self.leases.remove(idx);
         removed
+    }
+
+    /// Keeps a re-adopted id that was released or reclaimed dead until `until`,
+    /// after which `readopt` refuses it anyway.
+    fn bury(&mut self, id: SlotId, until: Ms) {
+        self.adopted.insert(id, None);
+        let tombstone = self.tombstones.insert(id) as u32;
+        self.wheel.insert(until, Timer::Tombstone(tombstone));
     }
 
     /// Takes back a lease whose holder stopped renewing (or hit the cap).

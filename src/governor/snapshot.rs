@@ -191,6 +191,11 @@ impl<T: Copy> Governor<T> {
                 self.arm_wake(pid, until);
             }
         }
+        // A dead re-adopted id's request deadline is not in the file; none is
+        // later than the longest request cap from now (the pools are those of
+        // the process that wrote it), so it is kept dead until then.
+        let dead_until =
+            now.saturating_add(self.pools.iter().map(|p| p.settings.request_timeout_ms).max().unwrap_or(0));
         let mut restored = Restored::default();
         let mut table = Vec::with_capacity(snap.leases.len());
         for l in &snap.leases {
@@ -211,7 +216,7 @@ impl<T: Copy> Governor<T> {
                     pool.stats.reclaimed_term += 1;
                 }
                 if l.adopted {
-                    self.adopted.insert(l.id, None);
+                    self.bury(l.id, dead_until);
                 }
                 continue;
             }
@@ -249,7 +254,7 @@ impl<T: Copy> Governor<T> {
             }
         }
         for id in &snap.dead_adopted {
-            self.adopted.insert(*id, None);
+            self.bury(*id, dead_until);
         }
         Ok(restored)
     }
@@ -410,6 +415,28 @@ mod tests {
         assert!(new.release(p, &kept.text, None, 10));
         let Ok(Admission::Granted(fresh)) = new.acquire_keyed(p, &key("kept"), 0, 5, 10) else { panic!("granted") };
         assert_ne!(fresh.slot, kept.slot);
+    }
+
+    #[test]
+    fn a_dead_readopted_id_carried_over_is_forgotten_after_the_longest_request_cap() {
+        let mut crashed = governor(BASE - 1000);
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        let (released, dropped) = (grant(&mut crashed, "p", 0), grant(&mut crashed, "p", 0));
+        old.open_recovery_window(0);
+        assert!(old.release(p, &released.text, None, 10));
+        assert!(old.renew(p, &dropped.text, 10).is_ok());
+        // `dropped` is written held; its holder is gone by the restart.
+        let snap = old.export(20);
+        assert_eq!(snap.dead_adopted, [released.slot]);
+        let mut new = governor(BASE + 2000);
+        assert_eq!(new.import(&snap, 0).unwrap().reclaimed, 1);
+        assert_eq!(new.export(0).dead_adopted.len(), 2, "both stay dead");
+        // Nothing could adopt them after the longest cap (60 s): they go, and
+        // do not ride along in every later snapshot.
+        new.advance(60_000);
+        assert!(new.export(60_000).dead_adopted.is_empty());
+        assert_eq!(new.timers_total(), 0);
     }
 
     #[test]

@@ -306,6 +306,24 @@ fn a_refused_snapshot_is_set_aside_and_never_loaded_by_a_later_start() {
 }
 
 #[test]
+fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
+    // Holders of the old process renew every 2 s (term 6 s); the new
+    // configuration's term is 1 s. Its window must last until the leases the
+    // refused snapshot holds would end, or their holders find a full pool.
+    let old_pool = r#""concurrency":1,"termMs":6000,"renewIntervalMs":2000"#;
+    let first = TestServer::start(&config(old_pool, ""));
+    let slot = first.acquire("", "").slot();
+    let kept = stop(first, "TERM");
+    std::fs::write(&kept.1, config(r#""concurrency":1,"termMs":1000,"renewIntervalMs":300"#, "")).unwrap();
+    let s = restart(&kept);
+    std::thread::sleep(Duration::from_millis(1300));
+    let denied = s.acquire("", "");
+    assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"), "{denied:?}");
+    assert_eq!(s.renew(&slot).status, 200, "the old holder is re-adopted past the new term");
+    assert_eq!(s.acquire("", "").status, 429, "its slot counts");
+}
+
+#[test]
 fn a_lost_secret_with_a_snapshot_left_still_opens_the_window() {
     // The snapshot says a process ran here: its holders get one term to be
     // told `404` before anything is granted anew (README, What survives

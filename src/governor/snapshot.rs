@@ -260,6 +260,41 @@ impl<T: Copy> Governor<T> {
     }
 }
 
+impl<T: Copy> Governor<T> {
+    /// A snapshot under this secret refused because the pools' settings
+    /// changed (a deploy): its holders still hold their slots and renew at
+    /// the old cadence, by the lease deadlines it holds, which a lowered
+    /// `termMs` would put past a window of the new term. Keeps each pool of
+    /// the same name in its re-adoption window until the last of those
+    /// deadlines (at most its request cap from `now`: a re-adopted slot is
+    /// held no longer anyway). Returns how many pools' windows it set.
+    pub fn await_refused_holders(&mut self, snap: &Snapshot, now: Ms) -> usize {
+        let mut until: Vec<Option<Ms>> = vec![None; self.pools.len()];
+        for l in &snap.leases {
+            let Some(pid) = snap.pools.get(l.pool as usize).and_then(|p| self.pool_id(p.name.as_bytes())) else {
+                continue;
+            };
+            let pool = &self.pools[pid.0 as usize];
+            let Some(deadline) = self.epoch.monotonic(crate::time::EpochMs(l.lease_deadline)) else {
+                continue;
+            };
+            let deadline = deadline.min(now.saturating_add(pool.settings.request_timeout_ms));
+            let slot = &mut until[pid.0 as usize];
+            if deadline > now && slot.is_none_or(|u| u < deadline) {
+                *slot = Some(deadline);
+            }
+        }
+        let mut pools = 0;
+        for (idx, until) in until.into_iter().enumerate() {
+            if let Some(until) = until.filter(|_| !self.pools[idx].retired) {
+                self.keep_recovering(super::PoolId(idx as u32), until);
+                pools += 1;
+            }
+        }
+        pools
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
@@ -437,6 +472,43 @@ mod tests {
         new.advance(60_000);
         assert!(new.export(60_000).dead_adopted.is_empty());
         assert_eq!(new.timers_total(), 0);
+    }
+
+    #[test]
+    fn a_snapshot_refused_for_a_lowered_term_keeps_the_window_open_until_its_holders_renew() {
+        let with_term = |term: u64, epoch: u64| {
+            let json = format!(
+                r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":2,"termMs":{term},"renewIntervalMs":{}}},"q":{{"keys":["k"]}}}}}}"#,
+                term / 3
+            );
+            let config = Config::parse(json.as_bytes()).unwrap();
+            let mut g: Governor =
+                Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(term));
+            g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
+            g
+        };
+        // The old process: a term of 10 s, its holder last renewed at 100.
+        let mut old = with_term(10_000, BASE);
+        let p = old.pool_id("p").unwrap();
+        let held = grant(&mut old, "p", 0);
+        assert_eq!(old.renew(p, &held.text, 100), Ok(10_100));
+        let snap = old.export(200);
+        // The deploy lowers the term to 1 s; the successor starts 800 ms of
+        // Unix time later, so the holder renews by 9 300 here.
+        let mut new = with_term(1_000, BASE + 800);
+        assert_eq!(new.await_refused_holders(&snap, 0), 1);
+        new.open_recovery_window(0);
+        let d = match new.acquire(p, 0, 0, 5_000) {
+            Admission::Denied(d) => d,
+            other => panic!("expected the window, got {other:?}"),
+        };
+        assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Recovering, 4_300));
+        assert_eq!(new.renew(p, &held.text, 5_000), Ok(6_000), "re-adopted past the new term");
+        let q = new.pool_id("q").unwrap();
+        let q_term = new.pool(q).settings.term_ms;
+        assert_eq!(new.pool(q).recovering_until, Some(q_term), "a pool with no holder: one term");
+        new.advance(9_300);
+        assert!(!new.pool(p).recovering(9_300));
     }
 
     #[test]

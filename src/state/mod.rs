@@ -107,7 +107,19 @@ impl Persistence {
         let refused =
             |why: String| self.set_aside(path, config_path, format!("state file {} refused ({why})", path.display()));
         let started = Instant::now();
-        let (kind, snap) = snapshot::decode(&bytes, &self.identity).map_err(refused)?;
+        let (kind, snap) = match snapshot::decode_any_config(&bytes, &self.identity).map_err(refused)? {
+            (kind, snap, true) => (kind, snap),
+            (_, snap, false) => {
+                let why = match gov.await_refused_holders(&snap, now) {
+                    0 => snapshot::MISMATCHED.to_string(),
+                    pools => format!(
+                        "{}; the window of {pools} pool(s) lasts until the last lease deadline it holds",
+                        snapshot::MISMATCHED
+                    ),
+                };
+                return Err(refused(why));
+            }
+        };
         let restored = gov.import(&snap, now).map_err(|e| refused(format!("mismatched: {e}")))?;
         snapshot::remove(path).map_err(|e| format!("state file {} loaded but not removed ({e})", path.display()))?;
         info!(

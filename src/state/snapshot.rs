@@ -247,6 +247,17 @@ fn version(bytes: &[u8]) -> Result<u32, String> {
 
 /// Reads a file's bytes back; the error says in a few words why it is not used.
 pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), String> {
+    match decode_any_config(bytes, identity)? {
+        (kind, snap, true) => Ok((kind, snap)),
+        (_, _, false) => Err(MISMATCHED.into()),
+    }
+}
+
+pub const MISMATCHED: &str = "mismatched: the pools or their settings changed since it was written";
+
+/// `decode`, also reading a file written under this secret for other pools
+/// or settings: the flag says whether they match.
+pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot, bool), String> {
     let version = version(bytes)?;
     if version != VERSION {
         return Err(format!("format {FORMAT:?} version {version}, this build reads {FORMAT:?} version {VERSION}"));
@@ -264,9 +275,7 @@ pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), Str
     if header.secret_identity != identity.secret {
         return Err("foreign: written under another slot secret".into());
     }
-    if header.config_identity != identity.config {
-        return Err("mismatched: the pools or their settings changed since it was written".into());
-    }
+    let same_config = header.config_identity == identity.config;
     let count = r.room(header.leases, LEASE_RECORD)?;
     let mut leases = Vec::with_capacity(count);
     for record in r.take(count * LEASE_RECORD)?.chunks_exact(LEASE_RECORD) {
@@ -316,7 +325,11 @@ pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), Str
             recovering_until: p.recovering_until,
         })
         .collect();
-    Ok((header.kind, Snapshot { pools, leases, keys, dead_adopted, written_at: header.written_at_unix_ms }))
+    Ok((
+        header.kind,
+        Snapshot { pools, leases, keys, dead_adopted, written_at: header.written_at_unix_ms },
+        same_config,
+    ))
 }
 
 /// The temporary file `write_atomic` writes before renaming it over `path`.

@@ -582,7 +582,12 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
     std::fs::write(&secret, [7u8; 32]).unwrap();
     std::fs::write(dir.join("short.secret"), [7u8; 31]).unwrap();
     let absolute = format!(r#""stateFile":"{}""#, secret.to_str().unwrap());
-    let cases: [(&str, &[&str]); 6] = [
+    // A state file that is a directory (here, the secret's own) can never be
+    // replaced by a snapshot: the stop would lose it.
+    std::fs::create_dir(dir.join("state")).unwrap();
+    let cases: [(&str, &[&str]); 8] = [
+        (r#""stateFile":"state""#, &["stateFile", "state", "directory"]),
+        (r#""stateFile":".""#, &["stateFile", "directory"]),
         (r#""stateFile":"./nthpool.secret""#, &["stateFile", "slot secret"]),
         (&absolute, &["stateFile", "slot secret"]),
         (r#""stateFile":"config.json""#, &["stateFile", "configuration file"]),

@@ -284,6 +284,62 @@ fn a_corrupt_or_mismatched_snapshot_is_refused_and_the_crash_path_taken() {
 }
 
 #[test]
+fn a_refused_snapshot_is_set_aside_and_never_loaded_by_a_later_start() {
+    // A deploy changes a limit: the stop snapshot is refused, the window opens
+    // and the new process grants slots. It crashes and the old configuration
+    // is rolled back: the old snapshot must not come back as a stop's (no
+    // window) while the crashed process's holders still hold their slots.
+    let first = TestServer::start(&config(POOL, ""));
+    first.acquire("", "").slot();
+    let kept = stop(first, "TERM");
+    let state = kept.0.join("nthpool.state");
+    std::fs::write(&kept.1, config(&POOL.replace("3", "4"), "")).unwrap();
+    let deployed = restart(&kept);
+    assert_eq!(get(deployed.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert!(!state.exists(), "the refused snapshot was left where a later start finds it");
+    assert!(kept.0.join("nthpool.state.refused").exists(), "kept aside for a look");
+    let kept = kill_9(deployed);
+    std::fs::write(&kept.1, config(POOL, "")).unwrap();
+    let s = restart(&kept);
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering", "a crash takes the crash path");
+    assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
+}
+
+#[test]
+fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
+    // Holders of the old process renew every 2 s (term 6 s); the new
+    // configuration's term is 1 s. Its window must last until the leases the
+    // refused snapshot holds would end, or their holders find a full pool.
+    let old_pool = r#""concurrency":1,"termMs":6000,"renewIntervalMs":2000"#;
+    let first = TestServer::start(&config(old_pool, ""));
+    let slot = first.acquire("", "").slot();
+    let kept = stop(first, "TERM");
+    std::fs::write(&kept.1, config(r#""concurrency":1,"termMs":1000,"renewIntervalMs":300"#, "")).unwrap();
+    let s = restart(&kept);
+    std::thread::sleep(Duration::from_millis(1300));
+    let denied = s.acquire("", "");
+    assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"), "{denied:?}");
+    assert_eq!(s.renew(&slot).status, 200, "the old holder is re-adopted past the new term");
+    assert_eq!(s.acquire("", "").status, 429, "its slot counts");
+}
+
+#[test]
+fn a_lost_secret_with_a_snapshot_left_still_opens_the_window() {
+    // The snapshot says a process ran here: its holders get one term to be
+    // told `404` before anything is granted anew (README, What survives
+    // which failure: "Secret lost or replaced").
+    let first = TestServer::start(&config(POOL, ""));
+    let slot = first.acquire("", "").slot();
+    let kept = stop(first, "TERM");
+    std::fs::remove_file(kept.0.join("nthpool.secret")).unwrap();
+    let s = restart(&kept);
+    assert_eq!(std::fs::read(kept.0.join("nthpool.secret")).unwrap().len(), 32, "a new secret");
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
+    assert_eq!(s.renew(&slot).status, 404, "signed under the lost secret");
+}
+
+#[test]
 fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     // Long terms: the slots must outlive the wait for the snapshot.
     let pool = r#""concurrency":3,"termMs":20000,"renewIntervalMs":5000"#;
@@ -306,6 +362,19 @@ fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2, "the slots the snapshot knew are held");
     assert_eq!(s.renew(&slots[0]).status, 200);
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot, not re-adopted");
+}
+
+#[test]
+fn a_graceful_restart_after_a_reload_added_a_pool_restores_with_no_window() {
+    // `a` sorts before `p`: a reload puts it after, a start before.
+    let first = TestServer::start(&config(POOL, ""));
+    let slot = first.acquire("", "").slot();
+    reload(&first, &config(POOL, "").replace(r#""pools":{"#, r#""pools":{"a":{"keys":["a-key"]},"#));
+    let kept = stop(first, "TERM");
+    let s = restart(&kept);
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "restored: no window");
+    assert_eq!(s.renew(&slot).status, 200);
+    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
 }
 
 /// Waits up to 20 s for `done`.

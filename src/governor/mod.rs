@@ -264,10 +264,16 @@ impl<T: Copy> Governor<T> {
     /// `now` (SPEC §11): a start without a usable snapshot.
     pub fn open_recovery_window(&mut self, now: Ms) {
         for idx in 0..self.pools.len() {
-            let until = now + self.pools[idx].settings.term_ms;
-            self.pools[idx].recovering_until = Some(until);
-            self.arm_wake(PoolId(idx as u32), until);
+            self.keep_recovering(PoolId(idx as u32), now + self.pools[idx].settings.term_ms);
         }
+    }
+
+    /// Opens `pid`'s re-adoption window until `until`, or keeps a longer one open.
+    fn keep_recovering(&mut self, pid: PoolId, until: Ms) {
+        let pool = &mut self.pools[pid.0 as usize];
+        let until = pool.recovering_until.filter(|&open| open > until).unwrap_or(until);
+        pool.recovering_until = Some(until);
+        self.arm_wake(pid, until);
     }
 
     /// Whether any pool is in its re-adoption window.
@@ -762,12 +768,18 @@ impl<T: Copy> Governor<T> {
         }
         if lease.adopted {
             let (id, request_deadline) = (lease.id, lease.request_deadline);
-            self.adopted.insert(id, None);
-            let tombstone = self.tombstones.insert(id) as u32;
-            self.wheel.insert(request_deadline, Timer::Tombstone(tombstone));
+            self.bury(id, request_deadline);
         }
         self.leases.remove(idx);
         removed
+    }
+
+    /// Keeps a re-adopted id that was released or reclaimed dead until `until`,
+    /// after which `readopt` refuses it anyway.
+    fn bury(&mut self, id: SlotId, until: Ms) {
+        self.adopted.insert(id, None);
+        let tombstone = self.tombstones.insert(id) as u32;
+        self.wheel.insert(until, Timer::Tombstone(tombstone));
     }
 
     /// Takes back a lease whose holder stopped renewing (or hit the cap).

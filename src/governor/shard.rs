@@ -17,11 +17,7 @@ impl<T: Copy> Governor<T> {
     /// opens its re-adoption window for one term from `now`, or keeps a
     /// longer one (a restart's) open.
     pub fn moved_here(&mut self, pid: PoolId, now: Ms) {
-        let pool = &mut self.pools[pid.0 as usize];
-        let until = now + pool.settings.term_ms;
-        let until = pool.recovering_until.filter(|&open| open > until).unwrap_or(until);
-        pool.recovering_until = Some(until);
-        self.arm_wake(pid, until);
+        self.keep_recovering(pid, now + self.pools[pid.0 as usize].settings.term_ms);
     }
 }
 

@@ -191,6 +191,11 @@ impl<T: Copy> Governor<T> {
                 self.arm_wake(pid, until);
             }
         }
+        // A dead re-adopted id's request deadline is not in the file; none is
+        // later than the longest request cap from now (the pools are those of
+        // the process that wrote it), so it is kept dead until then.
+        let dead_until =
+            now.saturating_add(self.pools.iter().map(|p| p.settings.request_timeout_ms).max().unwrap_or(0));
         let mut restored = Restored::default();
         let mut table = Vec::with_capacity(snap.leases.len());
         for l in &snap.leases {
@@ -211,7 +216,7 @@ impl<T: Copy> Governor<T> {
                     pool.stats.reclaimed_term += 1;
                 }
                 if l.adopted {
-                    self.adopted.insert(l.id, None);
+                    self.bury(l.id, dead_until);
                 }
                 continue;
             }
@@ -249,9 +254,44 @@ impl<T: Copy> Governor<T> {
             }
         }
         for id in &snap.dead_adopted {
-            self.adopted.insert(*id, None);
+            self.bury(*id, dead_until);
         }
         Ok(restored)
+    }
+}
+
+impl<T: Copy> Governor<T> {
+    /// A snapshot under this secret refused because the pools' settings
+    /// changed (a deploy): its holders still hold their slots and renew at
+    /// the old cadence, by the lease deadlines it holds, which a lowered
+    /// `termMs` would put past a window of the new term. Keeps each pool of
+    /// the same name in its re-adoption window until the last of those
+    /// deadlines (at most its request cap from `now`: a re-adopted slot is
+    /// held no longer anyway). Returns how many pools' windows it set.
+    pub fn await_refused_holders(&mut self, snap: &Snapshot, now: Ms) -> usize {
+        let mut until: Vec<Option<Ms>> = vec![None; self.pools.len()];
+        for l in &snap.leases {
+            let Some(pid) = snap.pools.get(l.pool as usize).and_then(|p| self.pool_id(p.name.as_bytes())) else {
+                continue;
+            };
+            let pool = &self.pools[pid.0 as usize];
+            let Some(deadline) = self.epoch.monotonic(crate::time::EpochMs(l.lease_deadline)) else {
+                continue;
+            };
+            let deadline = deadline.min(now.saturating_add(pool.settings.request_timeout_ms));
+            let slot = &mut until[pid.0 as usize];
+            if deadline > now && slot.is_none_or(|u| u < deadline) {
+                *slot = Some(deadline);
+            }
+        }
+        let mut pools = 0;
+        for (idx, until) in until.into_iter().enumerate() {
+            if let Some(until) = until.filter(|_| !self.pools[idx].retired) {
+                self.keep_recovering(super::PoolId(idx as u32), until);
+                pools += 1;
+            }
+        }
+        pools
     }
 }
 
@@ -410,6 +450,65 @@ mod tests {
         assert!(new.release(p, &kept.text, None, 10));
         let Ok(Admission::Granted(fresh)) = new.acquire_keyed(p, &key("kept"), 0, 5, 10) else { panic!("granted") };
         assert_ne!(fresh.slot, kept.slot);
+    }
+
+    #[test]
+    fn a_dead_readopted_id_carried_over_is_forgotten_after_the_longest_request_cap() {
+        let mut crashed = governor(BASE - 1000);
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        let (released, dropped) = (grant(&mut crashed, "p", 0), grant(&mut crashed, "p", 0));
+        old.open_recovery_window(0);
+        assert!(old.release(p, &released.text, None, 10));
+        assert!(old.renew(p, &dropped.text, 10).is_ok());
+        // `dropped` is written held; its holder is gone by the restart.
+        let snap = old.export(20);
+        assert_eq!(snap.dead_adopted, [released.slot]);
+        let mut new = governor(BASE + 2000);
+        assert_eq!(new.import(&snap, 0).unwrap().reclaimed, 1);
+        assert_eq!(new.export(0).dead_adopted.len(), 2, "both stay dead");
+        // Nothing could adopt them after the longest cap (60 s): they go, and
+        // do not ride along in every later snapshot.
+        new.advance(60_000);
+        assert!(new.export(60_000).dead_adopted.is_empty());
+        assert_eq!(new.timers_total(), 0);
+    }
+
+    #[test]
+    fn a_snapshot_refused_for_a_lowered_term_keeps_the_window_open_until_its_holders_renew() {
+        let with_term = |term: u64, epoch: u64| {
+            let json = format!(
+                r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":2,"termMs":{term},"renewIntervalMs":{}}},"q":{{"keys":["k"]}}}}}}"#,
+                term / 3
+            );
+            let config = Config::parse(json.as_bytes()).unwrap();
+            let mut g: Governor =
+                Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(term));
+            g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
+            g
+        };
+        // The old process: a term of 10 s, its holder last renewed at 100.
+        let mut old = with_term(10_000, BASE);
+        let p = old.pool_id("p").unwrap();
+        let held = grant(&mut old, "p", 0);
+        assert_eq!(old.renew(p, &held.text, 100), Ok(10_100));
+        let snap = old.export(200);
+        // The deploy lowers the term to 1 s; the successor starts 800 ms of
+        // Unix time later, so the holder renews by 9 300 here.
+        let mut new = with_term(1_000, BASE + 800);
+        assert_eq!(new.await_refused_holders(&snap, 0), 1);
+        new.open_recovery_window(0);
+        let d = match new.acquire(p, 0, 0, 5_000) {
+            Admission::Denied(d) => d,
+            other => panic!("expected the window, got {other:?}"),
+        };
+        assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Recovering, 4_300));
+        assert_eq!(new.renew(p, &held.text, 5_000), Ok(6_000), "re-adopted past the new term");
+        let q = new.pool_id("q").unwrap();
+        let q_term = new.pool(q).settings.term_ms;
+        assert_eq!(new.pool(q).recovering_until, Some(q_term), "a pool with no holder: one term");
+        new.advance(9_300);
+        assert!(!new.pool(p).recovering(9_300));
     }
 
     #[test]

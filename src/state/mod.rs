@@ -63,17 +63,16 @@ pub fn start<T: Copy>(
         identity: Identity::new(gov, &secret.bytes),
         writer: None,
     };
-    let window = match persistence.restore(gov, now) {
+    let window = match persistence.restore(gov, now, config_path) {
         Ok(Some(Kind::Stop)) => None,
         // Grants made after a periodic snapshot are unknown.
         Ok(Some(Kind::Periodic)) => Some("the snapshot is periodic".to_string()),
         // A first start has nothing to re-adopt.
         Ok(None) if secret.created => None,
         Ok(None) => Some("no snapshot of the last stop".to_string()),
-        Err(why) if secret.created => {
-            warn!("{why}: a first start, nothing to re-adopt");
-            None
-        }
+        // A state file, even one refused, says a process ran here before: a
+        // new secret means the old one was lost, and the holders of its slots
+        // get one term to renew, be told `404` and stop before new grants.
         Err(why) => Some(why),
     };
     if let Some(why) = window {
@@ -85,18 +84,42 @@ pub fn start<T: Copy>(
 
 impl Persistence {
     /// Loads and removes the snapshot (it is used once). `Ok(None)`: there is none.
-    fn restore<T: Copy>(&self, gov: &mut Governor<T>, now: Ms) -> Result<Option<Kind>, String> {
+    fn restore<T: Copy>(
+        &self,
+        gov: &mut Governor<T>,
+        now: Ms,
+        config_path: Option<&Path>,
+    ) -> Result<Option<Kind>, String> {
         let Some(path) = &self.path else {
             return Ok(None);
         };
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("state file {} unreadable ({e})", path.display())),
+            Err(e) => {
+                return Err(self.set_aside(
+                    path,
+                    config_path,
+                    format!("state file {} unreadable ({e})", path.display()),
+                ))
+            }
         };
-        let refused = |why: String| format!("state file {} refused ({why})", path.display());
+        let refused =
+            |why: String| self.set_aside(path, config_path, format!("state file {} refused ({why})", path.display()));
         let started = Instant::now();
-        let (kind, snap) = snapshot::decode(&bytes, &self.identity).map_err(refused)?;
+        let (kind, snap) = match snapshot::decode_any_config(&bytes, &self.identity).map_err(refused)? {
+            (kind, snap, true) => (kind, snap),
+            (_, snap, false) => {
+                let why = match gov.await_refused_holders(&snap, now) {
+                    0 => snapshot::MISMATCHED.to_string(),
+                    pools => format!(
+                        "{}; the window of {pools} pool(s) lasts until the last lease deadline it holds",
+                        snapshot::MISMATCHED
+                    ),
+                };
+                return Err(refused(why));
+            }
+        };
         let restored = gov.import(&snap, now).map_err(|e| refused(format!("mismatched: {e}")))?;
         snapshot::remove(path).map_err(|e| format!("state file {} loaded but not removed ({e})", path.display()))?;
         info!(
@@ -109,6 +132,29 @@ impl Persistence {
             restored.reclaimed
         );
         Ok(Some(kind))
+    }
+
+    /// Moves a refused snapshot out of the way (to `<stateFile>.refused`,
+    /// kept for a look), so no later start can load it: the process that
+    /// refused it grants slots it does not know of, and a crash of that
+    /// process followed by a start that accepts the file again (the old
+    /// configuration rolled back, the old secret put back) would restore it
+    /// with no window. Returns `why`, completed with where the file went.
+    fn set_aside(&self, path: &Path, config_path: Option<&Path>, why: String) -> String {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".refused");
+        let aside = PathBuf::from(aside);
+        // Only a file: a directory named as the state file is the operator's.
+        if !std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_dir()) {
+            return why;
+        }
+        let free = !self.secret_path.as_deref().into_iter().chain(config_path).any(|other| same_file(&aside, other));
+        let moved = if free { snapshot::rename(path, &aside) } else { snapshot::remove(path) };
+        match moved {
+            Ok(()) if free => format!("{why}, moved to {}", aside.display()),
+            Ok(()) => format!("{why}, removed"),
+            Err(e) => format!("{why}, and it could not be moved out of the way ({e}): remove it before a later start"),
+        }
     }
 
     /// How often to snapshot while running, if at all.

@@ -1,6 +1,6 @@
 //! The slot secret: 32 random bytes that sign every `slotId`.
 //!
-//! Created on the first start (mode 0600, written and synced before use) and
+//! Created on the first start (mode 0600, written and synced, then linked into place) and
 //! read on every later one; a standby that shares the file can re-adopt the
 //! slots its peer granted. A file of any other length is refused: signing
 //! under a different secret would make every held slot unknown.
@@ -66,18 +66,38 @@ pub fn load_or_create(path: &Path) -> Result<SlotSecret, String> {
 fn create(path: &Path) -> Result<SlotSecret, String> {
     let fail = |e: std::io::Error| format!("cannot create the slot secret {}: {e}", path.display());
     let secret = ephemeral();
-    // `create_new`: two instances starting at once cannot both write one.
-    let mut file = match OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
-        Ok(file) => file,
+    // Written and synced under a name of this process's own, then linked to
+    // `path`: the secret appears there whole or not at all, so an instance
+    // that loses the race to create it (or a start after a crash in the
+    // middle of one) never reads a partial file. The link fails if `path`
+    // exists: two instances starting at once cannot both create one.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", unique_suffix()));
+    let tmp = PathBuf::from(tmp);
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut file| file.write_all(&secret.bytes).and_then(|()| file.sync_all()));
+    let linked = written.and_then(|()| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::AlreadyExists => return load_or_create(path),
         Err(e) => return Err(fail(e)),
-    };
-    file.write_all(&secret.bytes).map_err(fail)?;
-    file.sync_all().map_err(fail)?;
+    }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         File::open(dir).and_then(|d| d.sync_all()).map_err(fail)?;
     }
     Ok(secret)
+}
+
+/// A name part no other creator uses at the same time: the process and a
+/// count within it.
+fn unique_suffix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!("{}-{}", std::process::id(), NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 #[cfg(test)]
@@ -99,6 +119,34 @@ mod tests {
         assert_eq!(again.bytes, first.bytes);
         std::fs::write(&path, b"short").unwrap();
         assert!(load_or_create(&path).err().unwrap().contains("5 bytes"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn instances_starting_at_once_all_read_the_one_secret_whole() {
+        // The secret appears at its path only once it holds its 32 bytes: an
+        // instance that loses the race to create it never reads a partial file
+        // (nor would a start after a crash in the middle of a create).
+        let dir = std::env::temp_dir().join(format!("nthpool-secret-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for round in 0..200 {
+            let path = dir.join(format!("{round}.secret"));
+            let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let (path, start) = (path.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        load_or_create(&path)
+                    })
+                })
+                .collect();
+            let secrets: Vec<SlotSecret> = threads.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
+            assert_eq!(secrets.iter().filter(|s| s.created).count(), 1, "round {round}");
+            assert!(secrets.iter().all(|s| s.bytes == secrets[0].bytes), "round {round}");
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 200, "no temporary file is left behind: {left:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -74,7 +74,11 @@ impl Identity {
 /// key keeps the snapshot.
 pub fn config_identity<T: Copy>(gov: &Governor<T>) -> String {
     let mut h = Sha256::new();
-    for (_, pool) in gov.pools().filter(|(_, p)| !p.retired) {
+    // By name: a pool a reload added sits after the others in the governor,
+    // where a start from the same configuration puts it in name order.
+    let mut pools: Vec<_> = gov.pools().map(|(_, p)| p).filter(|p| !p.retired).collect();
+    pools.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    for pool in pools {
         let s = &pool.settings;
         let (rpm, burst) = s.rpm.unwrap_or((0, 0));
         h.update(pool.name.as_bytes());
@@ -243,6 +247,17 @@ fn version(bytes: &[u8]) -> Result<u32, String> {
 
 /// Reads a file's bytes back; the error says in a few words why it is not used.
 pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), String> {
+    match decode_any_config(bytes, identity)? {
+        (kind, snap, true) => Ok((kind, snap)),
+        (_, _, false) => Err(MISMATCHED.into()),
+    }
+}
+
+pub const MISMATCHED: &str = "mismatched: the pools or their settings changed since it was written";
+
+/// `decode`, also reading a file written under this secret for other pools
+/// or settings: the flag says whether they match.
+pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot, bool), String> {
     let version = version(bytes)?;
     if version != VERSION {
         return Err(format!("format {FORMAT:?} version {version}, this build reads {FORMAT:?} version {VERSION}"));
@@ -260,9 +275,7 @@ pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), Str
     if header.secret_identity != identity.secret {
         return Err("foreign: written under another slot secret".into());
     }
-    if header.config_identity != identity.config {
-        return Err("mismatched: the pools or their settings changed since it was written".into());
-    }
+    let same_config = header.config_identity == identity.config;
     let count = r.room(header.leases, LEASE_RECORD)?;
     let mut leases = Vec::with_capacity(count);
     for record in r.take(count * LEASE_RECORD)?.chunks_exact(LEASE_RECORD) {
@@ -312,7 +325,11 @@ pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), Str
             recovering_until: p.recovering_until,
         })
         .collect();
-    Ok((header.kind, Snapshot { pools, leases, keys, dead_adopted, written_at: header.written_at_unix_ms }))
+    Ok((
+        header.kind,
+        Snapshot { pools, leases, keys, dead_adopted, written_at: header.written_at_unix_ms },
+        same_config,
+    ))
 }
 
 /// The temporary file `write_atomic` writes before renaming it over `path`.
@@ -323,8 +340,12 @@ fn temporary(path: &Path) -> PathBuf {
 }
 
 /// Whether a snapshot could be written to `path`: its temporary file is
-/// created there and removed again (a missing or read-only directory fails).
+/// created there and removed again (a missing or read-only directory fails),
+/// and `path` is no directory (a rename cannot replace one).
 pub fn check_writable(path: &Path) -> std::io::Result<()> {
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(std::io::Error::other("it is a directory"));
+    }
     let tmp = temporary(path);
     OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
     std::fs::remove_file(&tmp)
@@ -340,6 +361,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     file.sync_all()?;
     drop(file);
     std::fs::rename(tmp, path)?;
+    sync_dir(path)
+}
+
+/// Renames a refused snapshot, durably: a later start must not find it.
+pub fn rename(path: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::rename(path, to)?;
     sync_dir(path)
 }
 
@@ -426,6 +453,19 @@ mod tests {
         // What version 1 wrote: JSON, then a line with its SHA-256.
         let v1 = b"{\"format\":\"nthpool-state\",\"version\":1,\"kind\":\"stop\",\"leases\":[]}\nsha256 00\n";
         assert!(decode(v1, &identity).unwrap_err().starts_with(r#"format "nthpool-state" version 1, this build"#));
+    }
+
+    #[test]
+    fn a_pool_a_reload_added_matches_a_start_from_that_configuration() {
+        let both = r#"{"pools":{"a":{"keys":["k"]},"p":{"keys":["k"],"concurrency":4}}}"#;
+        let both = crate::api::pool_settings(&Config::parse(both.as_bytes()).unwrap());
+        let mut reloaded = setup(4);
+        reloaded.reconfigure(&both, 0);
+        let started = Governor::<()>::new(&both, crate::governor::Entropy::seeded(1));
+        assert_eq!(config_identity(&reloaded), config_identity(&started));
+        let only_p = r#"{"pools":{"p":{"keys":["k"],"concurrency":4}}}"#;
+        reloaded.reconfigure(&crate::api::pool_settings(&Config::parse(only_p.as_bytes()).unwrap()), 0);
+        assert_eq!(config_identity(&reloaded), config_identity(&setup(4)), "a retired pool is left out");
     }
 
     #[test]

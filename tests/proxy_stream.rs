@@ -125,6 +125,37 @@ fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
     slot_comes_back(&server);
 }
 
+/// Everything the server sends on `s` until it closes the connection.
+fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return all,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return all,
+            Err(e) => panic!("the connection was not closed: {e}; got {}", String::from_utf8_lossy(&all)),
+        }
+    }
+}
+
+#[test]
+fn an_upstream_reset_inside_a_close_delimited_body_is_not_relayed_as_its_end() {
+    // A close-delimited body ends at a clean close only: a reset cuts it,
+    // and the client, which gets it chunked, must not be told it is whole.
+    let up = MockUpstream::start(|_| {
+        Reply::RawThenReset(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: 1\n\n".to_vec())
+    });
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/v1/events", "", "")).unwrap();
+    let text = String::from_utf8(read_to_close(&mut s)).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.contains("Transfer-Encoding: chunked\r\n"), "{text}");
+    assert!(!text.ends_with("\r\n0\r\n\r\n"), "a cut body was ended with the last chunk: {text}");
+    slot_comes_back(&server);
+}
+
 #[test]
 fn head_requests_get_the_head_and_no_body() {
     let up = MockUpstream::start(|seen| {

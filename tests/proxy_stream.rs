@@ -157,6 +157,37 @@ fn an_upstream_reset_inside_a_close_delimited_body_is_not_relayed_as_its_end() {
 }
 
 #[test]
+fn a_204_and_interim_answers_reach_the_client_without_framing_fields() {
+    // RFC 9110 §8.6 and RFC 9112 §6.1: no Content-Length or Transfer-Encoding
+    // in a 1xx or 204, whatever the upstream put there; a 304 keeps its own.
+    let up = MockUpstream::start(|seen| match seen.request_line() {
+        "GET /te HTTP/1.1" => Reply::Raw(b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec()),
+        "GET /cl HTTP/1.1" => Reply::Raw(
+            b"HTTP/1.1 103 Early Hints\r\nContent-Length: 0\r\nLink: </a>\r\n\r\n\
+              HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nX-Kept: 1\r\n\r\n"
+                .to_vec(),
+        ),
+        _ => Reply::Raw(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 50\r\nETag: \"v\"\r\n\r\n".to_vec()),
+    });
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    for (path, interim) in [("/te", false), ("/cl", true)] {
+        s.write_all(&proxied("GET", path, "", "")).unwrap();
+        if interim {
+            let text = String::from_utf8(read_head(&mut s)).unwrap();
+            assert_eq!(text, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n");
+        }
+        let text = String::from_utf8(read_head(&mut s)).unwrap();
+        assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"), "{text}");
+        let lower = text.to_ascii_lowercase();
+        assert!(!lower.contains("content-length") && !lower.contains("transfer-encoding"), "{path}: {text}");
+    }
+    s.write_all(&proxied("GET", "/etag", "", "")).unwrap();
+    let text = String::from_utf8(read_head(&mut s)).unwrap();
+    assert!(text.starts_with("HTTP/1.1 304 ") && text.contains("Content-Length: 50\r\n"), "{text}");
+}
+
+#[test]
 fn head_requests_get_the_head_and_no_body() {
     let up = MockUpstream::start(|seen| {
         assert!(seen.request_line().starts_with("HEAD "));

@@ -191,6 +191,29 @@ fn an_unreachable_upstream_is_a_502_and_frees_the_slot() {
 }
 
 #[test]
+fn a_queued_request_whose_upstream_cannot_be_connected_at_its_grant_is_answered_502() {
+    // A TCP connect to the broadcast address fails at once (ENETUNREACH), so
+    // the grant that ends the wait finds no connection to attach.
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":1,"queue":{{"size":4,"timeoutMs":5000}},
+            "upstream":{{"url":"http://255.255.255.255:9","hosts":["{HOST}"]}}"#
+        ),
+        "",
+    ));
+    let held = server.acquire("", "");
+    assert_eq!(held.status, 200, "{held:?}");
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&proxied("GET", "/queued", "", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(server.release(&held.slot(), "").status, 200);
+    let r = read_any(&mut s).expect("an answer once the slot is granted");
+    assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "{r:?}");
+    slot_comes_back(&server);
+}
+
+#[test]
 fn no_head_within_timeout_is_a_504_and_frees_the_slot() {
     let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(5)));
     let server = proxy_server(&up, 1, r#""timeoutMs":300"#);

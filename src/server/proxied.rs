@@ -285,7 +285,11 @@ impl Server {
         let ex = conn.exchange.expect("a queued exchange");
         let started = start(&mut self.app, &mut self.proxy, self.poll.registry(), conn, ex, grant, self.now);
         match started {
-            Err(err) => self.end_exchange(id, End::Answered(err)),
+            Err(err) => {
+                self.end_exchange(id, End::Answered(err));
+                // Its answer is written out now: no event of its own will come.
+                self.mark_dirty(id);
+            }
             Ok(()) => self.pump_exchange(id),
         }
     }

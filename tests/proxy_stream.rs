@@ -358,6 +358,45 @@ fn access_log(server: &TestServer, n: usize) -> Vec<serde_json::Value> {
 }
 
 #[test]
+fn a_client_body_that_breaks_its_framing_mid_response_is_logged_as_the_clients_doing() {
+    // The upstream answers at the head and streams while the body comes; the
+    // client then breaks its chunked framing: it is cut, and the log names its
+    // error, not the upstream's.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n");
+            // Takes what comes until the proxy closes the connection.
+            while stream.read(&mut [0u8; 4096]).unwrap_or(0) > 0 {}
+        }
+    });
+    let server = TestServer::start(
+        &config(&format!(r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"]}}"#), "")
+            .replace(r#""accessLog":null"#, r#""accessLog":"access.log""#),
+    );
+    let mut s = server.connect();
+    let head = format!(
+        "POST /v1/upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let text = String::from_utf8(read_head(&mut s)).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    s.write_all(b"zz\r\n").unwrap();
+    read_to_close(&mut s);
+    slot_comes_back(&server);
+    let lines = access_log(&server, 1);
+    let line = lines.iter().find(|l| l["path"] == "/v1/upload").expect("the exchange's line");
+    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(200), Some("bad_request")), "{line}");
+}
+
+#[test]
 fn every_proxied_outcome_is_logged_once_with_method_and_path() {
     let up = MockUpstream::start(|seen| match seen.request_line().split(' ').nth(1).unwrap() {
         "/v1/reset" => Reply::RawThenReset(Vec::new()),

@@ -252,8 +252,8 @@ pub enum Step {
     Retry,
     /// The upstream failed mid-response: the client's connection must close.
     Broken(&'static str),
-    /// The client's request body broke its framing (or its limit) before a
-    /// response began: answer it and close.
+    /// The client's request body broke its framing (or its limit): before a
+    /// response began it is answered and closed, after that only closed.
     BadBody(ChunkError),
 }
 
@@ -734,8 +734,7 @@ impl Proxy {
                 let before = up.output.len();
                 match e.request.pump(&input[..room], &mut up.output) {
                     Ok(n) => client.consumed += n,
-                    Err(err) if e.phase == Phase::Sending => return Step::BadBody(err),
-                    Err(_) => return Step::Broken("the client's body broke its framing"),
+                    Err(err) => return Step::BadBody(err),
                 }
                 e.bytes_up += (up.output.len() - before) as u64;
             }

@@ -45,6 +45,9 @@ pub enum End {
     Answered(ApiError),
     /// The upstream broke off mid-response: the client's connection is closed.
     Cut,
+    /// The client's body broke its framing or its limit mid-response (this
+    /// error): the client's connection is closed.
+    BodyBroken(ApiError),
     /// The request cap was reached mid-response: the client's connection is closed.
     Capped,
     /// The client went away.
@@ -375,9 +378,17 @@ impl Server {
                 debug!("upstream broke off: {why}");
                 self.end_exchange(id, End::Cut);
             }
-            Step::BadBody(ChunkError::TooLarge) => self.end_exchange(id, End::Answered(ApiError::PayloadTooLarge)),
-            Step::BadBody(ChunkError::Malformed(why)) => {
-                self.end_exchange(id, End::Answered(ApiError::BadRequest(why)))
+            Step::BadBody(err) => {
+                let err = match err {
+                    ChunkError::TooLarge => ApiError::PayloadTooLarge,
+                    ChunkError::Malformed(why) => ApiError::BadRequest(why),
+                };
+                // Mid-response the client can only be cut; it is not the upstream's doing.
+                let end = match self.proxy.exchanges[ex].phase {
+                    Phase::Relaying => End::BodyBroken(err),
+                    Phase::Queued | Phase::Sending => End::Answered(err),
+                };
+                self.end_exchange(id, end);
             }
         }
         let Some(conn) = client_mut(&mut self.conns, id) else {
@@ -482,7 +493,7 @@ impl Server {
                 say_if_kept(&mut conn.output, start, close, e.client_side.http11);
                 close
             }
-            End::Cut | End::Capped | End::ClientGone | End::Stopped => true,
+            End::Cut | End::BodyBroken(_) | End::Capped | End::ClientGone | End::Stopped => true,
             // The request body was never read.
             End::Refused => !body_done,
         };
@@ -570,6 +581,7 @@ impl Server {
             End::Complete { .. } => (upstream_status.unwrap_or(0), None),
             End::Answered(err) => (err.status().code(), Some(err.code())),
             End::Cut => (upstream_status.unwrap_or(ApiError::BadGateway.status().code()), Some("upstream_cut")),
+            End::BodyBroken(err) => (upstream_status.unwrap_or(err.status().code()), Some(err.code())),
             End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
             End::Stopped => (upstream_status.unwrap_or(0), Some("shutdown_cut")),
             End::Capped => (upstream_status.unwrap_or(0), Some("request_capped")),

@@ -334,7 +334,10 @@ impl Server {
             self.end_exchange(id, End::ClientGone);
             return;
         }
-        if self.proxy.exchanges[ex].phase == Phase::Queued || self.proxy.exchanges[ex].up.is_none() {
+        if self.proxy.exchanges[ex].up.is_none() {
+            // Queued (its connection waits: no timer), or granted while its
+            // upstream's name is looked up: its deadline runs meanwhile.
+            self.arm_timer(id);
             return;
         }
         let before = conn.unsent();
@@ -437,8 +440,9 @@ impl Server {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
         } else if self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
             self.end_exchange(id, End::Answered(ApiError::BodyTimeout));
-        } else if self.proxy.exchanges[ex].phase == Phase::Sending {
-            // No response head yet: the client is told which limit ran out.
+        } else if self.proxy.exchanges[ex].phase != Phase::Relaying {
+            // No response head yet (nor, its name still being looked up, an
+            // upstream connection): the client is told which limit ran out.
             let capped = self.now.ms >= self.proxy.exchanges[ex].request_deadline;
             let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout };
             self.end_exchange(id, End::Answered(err));

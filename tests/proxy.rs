@@ -191,6 +191,74 @@ fn an_unreachable_upstream_is_a_502_and_frees_the_slot() {
 }
 
 #[test]
+fn a_queued_request_whose_upstream_cannot_be_connected_at_its_grant_is_answered_502() {
+    // A TCP connect to the broadcast address fails at once (ENETUNREACH), so
+    // the grant that ends the wait finds no connection to attach.
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":1,"queue":{{"size":4,"timeoutMs":5000}},
+            "upstream":{{"url":"http://255.255.255.255:9","hosts":["{HOST}"]}}"#
+        ),
+        "",
+    ));
+    let held = server.acquire("", "");
+    assert_eq!(held.status, 200, "{held:?}");
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&proxied("GET", "/queued", "", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(server.release(&held.slot(), "").status, 200);
+    let r = read_any(&mut s).expect("an answer once the slot is granted");
+    assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "{r:?}");
+    slot_comes_back(&server);
+}
+
+#[test]
+fn an_answer_before_the_whole_upload_reaches_a_client_still_sending_it() {
+    // The upstream refuses at the head and closes without reading the body:
+    // the client, still writing it, must be able to finish and read the
+    // answer (the lingering close drains what it sends) rather than be reset.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = stream.write_all(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope");
+        }
+    });
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"],"maxRequestBytes":100000000}}"#
+        ),
+        "",
+    ));
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let total = 4 << 20;
+    let head =
+        format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {total}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // Let the answer come before the body, so it is certain to come first.
+    std::thread::sleep(Duration::from_millis(150));
+    let piece = vec![b'z'; 64 * 1024];
+    for _ in 0..total / piece.len() {
+        if let Err(e) = s.write_all(&piece) {
+            panic!("the upload was cut while the server was to drain it: {e}");
+        }
+    }
+    let r = read_any(&mut s).expect("the upstream's answer");
+    assert_eq!(r.status, 413, "{r:?}");
+    assert_eq!(r.body, b"nope");
+    slot_comes_back(&server);
+}
+
+#[test]
 fn no_head_within_timeout_is_a_504_and_frees_the_slot() {
     let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(5)));
     let server = proxy_server(&up, 1, r#""timeoutMs":300"#);

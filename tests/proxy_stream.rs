@@ -125,6 +125,68 @@ fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
     slot_comes_back(&server);
 }
 
+/// Everything the server sends on `s` until it closes the connection.
+fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return all,
+            Ok(n) => all.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return all,
+            Err(e) => panic!("the connection was not closed: {e}; got {}", String::from_utf8_lossy(&all)),
+        }
+    }
+}
+
+#[test]
+fn an_upstream_reset_inside_a_close_delimited_body_is_not_relayed_as_its_end() {
+    // A close-delimited body ends at a clean close only: a reset cuts it,
+    // and the client, which gets it chunked, must not be told it is whole.
+    let up = MockUpstream::start(|_| {
+        Reply::RawThenReset(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: 1\n\n".to_vec())
+    });
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/v1/events", "", "")).unwrap();
+    let text = String::from_utf8(read_to_close(&mut s)).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.contains("Transfer-Encoding: chunked\r\n"), "{text}");
+    assert!(!text.ends_with("\r\n0\r\n\r\n"), "a cut body was ended with the last chunk: {text}");
+    slot_comes_back(&server);
+}
+
+#[test]
+fn a_204_and_interim_answers_reach_the_client_without_framing_fields() {
+    // RFC 9110 §8.6 and RFC 9112 §6.1: no Content-Length or Transfer-Encoding
+    // in a 1xx or 204, whatever the upstream put there; a 304 keeps its own.
+    let up = MockUpstream::start(|seen| match seen.request_line() {
+        "GET /te HTTP/1.1" => Reply::Raw(b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec()),
+        "GET /cl HTTP/1.1" => Reply::Raw(
+            b"HTTP/1.1 103 Early Hints\r\nContent-Length: 0\r\nLink: </a>\r\n\r\n\
+              HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nX-Kept: 1\r\n\r\n"
+                .to_vec(),
+        ),
+        _ => Reply::Raw(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 50\r\nETag: \"v\"\r\n\r\n".to_vec()),
+    });
+    let server = proxy_server(&up, 1, "");
+    let mut s = server.connect();
+    for (path, interim) in [("/te", false), ("/cl", true)] {
+        s.write_all(&proxied("GET", path, "", "")).unwrap();
+        if interim {
+            let text = String::from_utf8(read_head(&mut s)).unwrap();
+            assert_eq!(text, "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n");
+        }
+        let text = String::from_utf8(read_head(&mut s)).unwrap();
+        assert!(text.starts_with("HTTP/1.1 204 No Content\r\n"), "{text}");
+        let lower = text.to_ascii_lowercase();
+        assert!(!lower.contains("content-length") && !lower.contains("transfer-encoding"), "{path}: {text}");
+    }
+    s.write_all(&proxied("GET", "/etag", "", "")).unwrap();
+    let text = String::from_utf8(read_head(&mut s)).unwrap();
+    assert!(text.starts_with("HTTP/1.1 304 ") && text.contains("Content-Length: 50\r\n"), "{text}");
+}
+
 #[test]
 fn head_requests_get_the_head_and_no_body() {
     let up = MockUpstream::start(|seen| {
@@ -293,6 +355,45 @@ fn access_log(server: &TestServer, n: usize) -> Vec<serde_json::Value> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn a_client_body_that_breaks_its_framing_mid_response_is_logged_as_the_clients_doing() {
+    // The upstream answers at the head and streams while the body comes; the
+    // client then breaks its chunked framing: it is cut, and the log names its
+    // error, not the upstream's.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n");
+            // Takes what comes until the proxy closes the connection.
+            while stream.read(&mut [0u8; 4096]).unwrap_or(0) > 0 {}
+        }
+    });
+    let server = TestServer::start(
+        &config(&format!(r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"]}}"#), "")
+            .replace(r#""accessLog":null"#, r#""accessLog":"access.log""#),
+    );
+    let mut s = server.connect();
+    let head = format!(
+        "POST /v1/upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let text = String::from_utf8(read_head(&mut s)).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    s.write_all(b"zz\r\n").unwrap();
+    read_to_close(&mut s);
+    slot_comes_back(&server);
+    let lines = access_log(&server, 1);
+    let line = lines.iter().find(|l| l["path"] == "/v1/upload").expect("the exchange's line");
+    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(200), Some("bad_request")), "{line}");
 }
 
 #[test]

@@ -177,3 +177,40 @@ fn a_reload_switches_to_the_new_name_servers() {
     assert_eq!(old.a_queries("switch.resolve.test").len(), 1);
     assert_eq!(new.a_queries("switch.resolve.test").len(), 1);
 }
+
+#[test]
+fn a_lookup_that_outlasts_the_upstream_timeout_is_answered_504() {
+    // The name server holds its answer past `timeoutMs`: the client is told
+    // the upstream timed out, not left with a closed connection.
+    let dns = MockDns::start();
+    dns.set("late.resolve.test", Zone { delay: Duration::from_millis(1_500), ..zone(&[Ipv4Addr::LOCALHOST], 60) });
+    let s = server(&dns, "http://late.resolve.test:9", r#","timeoutMs":300"#, r#","timeoutMs":8000"#);
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(&proxied("GET", "/v1/models", "", "")).unwrap();
+    let r = upstream::read_any(&mut c).expect("an answer before the connection closes");
+    assert_eq!((r.status, r.error_code().as_str()), (504, "upstream_timeout"), "{r:?}");
+    upstream::slot_comes_back(&s);
+    // The same when the request waited in the queue first and its grant starts the lookup.
+    let s = TestServer::start_logged(
+        &config(
+            r#""concurrency":1,"adaptive":false,"queue":{"size":4,"timeoutMs":5000},
+            "upstream":{"url":"http://late2.resolve.test:9","hosts":["p.proxy.test"],"timeoutMs":300}"#,
+            &dns.resolver_config(r#","timeoutMs":8000"#),
+        ),
+        "info",
+    );
+    dns.set("late2.resolve.test", Zone { delay: Duration::from_millis(1_500), ..zone(&[Ipv4Addr::LOCALHOST], 60) });
+    let held = s.acquire("", "");
+    assert_eq!(held.status, 200, "{held:?}");
+    let mut c = s.connect();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(&proxied("GET", "/v1/models", "", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.release(&held.slot(), "").status, 200);
+    let started = Instant::now();
+    let r = upstream::read_any(&mut c).expect("an answer before the connection closes");
+    assert_eq!((r.status, r.error_code().as_str()), (504, "upstream_timeout"), "{r:?}");
+    assert!(started.elapsed() < Duration::from_millis(1_400), "answered at the lookup's end, not at timeoutMs");
+    upstream::slot_comes_back(&s);
+}

@@ -165,7 +165,7 @@ pub enum ResponseError {
 /// How the client gets the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientBody {
-    /// No body (HEAD, 1xx, 204, 304): framing fields are passed as they are.
+    /// No body (HEAD, 1xx, 204, 304): framing fields pass as they are, but for 1xx and 204.
     None,
     Length(u64),
     Chunked,
@@ -274,7 +274,9 @@ pub fn take_response(
     out.push(b' ');
     out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    let framing_passes = to_client == ClientBody::None;
+    // A HEAD or 304 answer names the framing a full answer would have; a 1xx
+    // or 204 must name none (RFC 9110 §8.6, RFC 9112 §6.1), whatever the upstream sent.
+    let framing_passes = to_client == ClientBody::None && !interim && status != 204;
     let fields = || headers.iter().map(|h| (h.name.as_bytes(), h.value));
     let connection = ConnectionTokens::of(fields());
     let mut dated = false;

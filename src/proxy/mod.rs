@@ -108,7 +108,8 @@ pub struct UpConn {
     /// While idle: when it is closed unless taken again (`idleTimeoutMs`).
     idle_until: Ms,
     eof: bool,
-    /// A TLS peer closed without `close_notify`: a close-delimited body may be cut short.
+    /// The connection ended otherwise than by a clean close (a reset, a TLS
+    /// peer without `close_notify`): a close-delimited body was cut short.
     unclean_eof: bool,
     /// The end of its TLS handshake has been counted.
     handshake_noted: bool,
@@ -251,8 +252,8 @@ pub enum Step {
     Retry,
     /// The upstream failed mid-response: the client's connection must close.
     Broken(&'static str),
-    /// The client's request body broke its framing (or its limit) before a
-    /// response began: answer it and close.
+    /// The client's request body broke its framing (or its limit): before a
+    /// response began it is answered and closed, after that only closed.
     BadBody(ChunkError),
 }
 
@@ -733,8 +734,7 @@ impl Proxy {
                 let before = up.output.len();
                 match e.request.pump(&input[..room], &mut up.output) {
                     Ok(n) => client.consumed += n,
-                    Err(err) if e.phase == Phase::Sending => return Step::BadBody(err),
-                    Err(_) => return Step::Broken("the client's body broke its framing"),
+                    Err(err) => return Step::BadBody(err),
                 }
                 e.bytes_up += (up.output.len() - before) as u64;
             }
@@ -819,7 +819,7 @@ impl Proxy {
                     let before = client.output.len();
                     if up.unclean_eof && relay.close_delimited() {
                         return Step::Broken(
-                            "the upstream ended TLS without close_notify inside a close-delimited body",
+                            "the upstream reset the connection, or ended TLS without close_notify, inside a close-delimited body",
                         );
                     }
                     if relay.end_of_input(client.output) {
@@ -850,8 +850,11 @@ impl Proxy {
                     return self.tls_failed(ex, tls);
                 }
                 Err(err) => {
+                    // A reset, or TLS ended without `close_notify`: not the
+                    // clean close that ends a close-delimited body.
+                    debug!("reading from the upstream failed: {err}");
                     up.eof = true;
-                    up.unclean_eof = err.kind() == io::ErrorKind::UnexpectedEof;
+                    up.unclean_eof = true;
                 }
             }
         }

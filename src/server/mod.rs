@@ -828,8 +828,11 @@ impl Server {
         self.stats.bytes_sent += conn.sent - sent;
         match flushed {
             Ok(Flush::Done) if conn.is_closing() => {
-                if conn.read_closed || conn.is_lingering() {
+                if conn.read_closed {
                     self.close(id);
+                } else if conn.is_lingering() {
+                    // Already draining (a writable event, say): its EOF or
+                    // its deadline closes it, not this.
                 } else {
                     // Close our side, then drain what the client still sends.
                     let _ = conn.stream.shutdown(std::net::Shutdown::Write);

@@ -45,6 +45,9 @@ pub enum End {
     Answered(ApiError),
     /// The upstream broke off mid-response: the client's connection is closed.
     Cut,
+    /// The client's body broke its framing or its limit mid-response (this
+    /// error): the client's connection is closed.
+    BodyBroken(ApiError),
     /// The request cap was reached mid-response: the client's connection is closed.
     Capped,
     /// The client went away.
@@ -285,7 +288,11 @@ impl Server {
         let ex = conn.exchange.expect("a queued exchange");
         let started = start(&mut self.app, &mut self.proxy, self.poll.registry(), conn, ex, grant, self.now);
         match started {
-            Err(err) => self.end_exchange(id, End::Answered(err)),
+            Err(err) => {
+                self.end_exchange(id, End::Answered(err));
+                // Its answer is written out now: no event of its own will come.
+                self.mark_dirty(id);
+            }
             Ok(()) => self.pump_exchange(id),
         }
     }
@@ -327,7 +334,10 @@ impl Server {
             self.end_exchange(id, End::ClientGone);
             return;
         }
-        if self.proxy.exchanges[ex].phase == Phase::Queued || self.proxy.exchanges[ex].up.is_none() {
+        if self.proxy.exchanges[ex].up.is_none() {
+            // Queued (its connection waits: no timer), or granted while its
+            // upstream's name is looked up: its deadline runs meanwhile.
+            self.arm_timer(id);
             return;
         }
         let before = conn.unsent();
@@ -371,9 +381,17 @@ impl Server {
                 debug!("upstream broke off: {why}");
                 self.end_exchange(id, End::Cut);
             }
-            Step::BadBody(ChunkError::TooLarge) => self.end_exchange(id, End::Answered(ApiError::PayloadTooLarge)),
-            Step::BadBody(ChunkError::Malformed(why)) => {
-                self.end_exchange(id, End::Answered(ApiError::BadRequest(why)))
+            Step::BadBody(err) => {
+                let err = match err {
+                    ChunkError::TooLarge => ApiError::PayloadTooLarge,
+                    ChunkError::Malformed(why) => ApiError::BadRequest(why),
+                };
+                // Mid-response the client can only be cut; it is not the upstream's doing.
+                let end = match self.proxy.exchanges[ex].phase {
+                    Phase::Relaying => End::BodyBroken(err),
+                    Phase::Queued | Phase::Sending => End::Answered(err),
+                };
+                self.end_exchange(id, end);
             }
         }
         let Some(conn) = client_mut(&mut self.conns, id) else {
@@ -422,8 +440,9 @@ impl Server {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
         } else if self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
             self.end_exchange(id, End::Answered(ApiError::BodyTimeout));
-        } else if self.proxy.exchanges[ex].phase == Phase::Sending {
-            // No response head yet: the client is told which limit ran out.
+        } else if self.proxy.exchanges[ex].phase != Phase::Relaying {
+            // No response head yet (nor, its name still being looked up, an
+            // upstream connection): the client is told which limit ran out.
             let capped = self.now.ms >= self.proxy.exchanges[ex].request_deadline;
             let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout };
             self.end_exchange(id, End::Answered(err));
@@ -478,7 +497,7 @@ impl Server {
                 say_if_kept(&mut conn.output, start, close, e.client_side.http11);
                 close
             }
-            End::Cut | End::Capped | End::ClientGone | End::Stopped => true,
+            End::Cut | End::BodyBroken(_) | End::Capped | End::ClientGone | End::Stopped => true,
             // The request body was never read.
             End::Refused => !body_done,
         };
@@ -566,6 +585,7 @@ impl Server {
             End::Complete { .. } => (upstream_status.unwrap_or(0), None),
             End::Answered(err) => (err.status().code(), Some(err.code())),
             End::Cut => (upstream_status.unwrap_or(ApiError::BadGateway.status().code()), Some("upstream_cut")),
+            End::BodyBroken(err) => (upstream_status.unwrap_or(err.status().code()), Some(err.code())),
             End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
             End::Stopped => (upstream_status.unwrap_or(0), Some("shutdown_cut")),
             End::Capped => (upstream_status.unwrap_or(0), Some("request_capped")),

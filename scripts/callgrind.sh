@@ -134,8 +134,9 @@ measure() {
 start_nthpool() {
     local name=$1
     check_free "$PORT"
-    # Without its slot secret each server is a first start: no re-adoption window.
-    rm -f "$WORK/nthpool.secret"
+    # Without its slot secret and state file each server is a first start: no
+    # re-adoption window (a state file beside a new secret would open one).
+    rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused"
     # Instrumentation starts off: nothing before `callgrind_control -i on` is
     # counted, and an uninstrumented fill runs several times faster.
     env RUST_LOG=warn "${ON_SERVER[@]}" valgrind --tool=callgrind --instr-atstart=no \

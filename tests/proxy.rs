@@ -223,11 +223,7 @@ fn an_answer_before_the_whole_upload_reaches_a_client_still_sending_it() {
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
-                head.push(byte[0]);
-            }
+            read_request_head(&mut stream);
             let _ = stream.write_all(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope");
         }
     });

@@ -367,11 +367,7 @@ fn a_client_body_that_breaks_its_framing_mid_response_is_logged_as_the_clients_d
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
-            let mut head = Vec::new();
-            let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
-                head.push(byte[0]);
-            }
+            read_request_head(&mut stream);
             let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n");
             // Takes what comes until the proxy closes the connection.
             while stream.read(&mut [0u8; 4096]).unwrap_or(0) > 0 {}

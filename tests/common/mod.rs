@@ -191,6 +191,17 @@ impl Response {
     }
 }
 
+/// What a test upstream reads of a request: the head, up to and with its
+/// empty line, or what came before the connection ended or failed.
+pub fn read_request_head(s: &mut impl Read) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+        head.push(byte[0]);
+    }
+    head
+}
+
 /// Reads one response (head + Content-Length body). `None` on EOF before a head.
 pub fn read_response(s: &mut impl Read) -> Option<Response> {
     let mut head = Vec::new();

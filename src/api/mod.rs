@@ -583,18 +583,21 @@ impl App {
                     Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt, proxied: false })),
                 }
             }
-            Lock::Renew(slot) => match self.gov.renew(pid, renewable(slot, body)?, ctx.now.ms) {
-                Ok(deadline) => {
-                    self.scratch.clear();
-                    self.scratch.push(b'{');
-                    json_u64(&mut self.scratch, b"leaseDeadline", ctx.now.wall_at(deadline).0);
-                    self.scratch.push(b'}');
-                    Writer::start(out, Status::Ok).finish_json(&self.scratch, ctx.close);
-                    Ok(Handled::Done)
+            Lock::Renew(slot) => {
+                check_renew_body(body)?;
+                match self.gov.renew(pid, slot, ctx.now.ms) {
+                    Ok(deadline) => {
+                        self.scratch.clear();
+                        self.scratch.push(b'{');
+                        json_u64(&mut self.scratch, b"leaseDeadline", ctx.now.wall_at(deadline).0);
+                        self.scratch.push(b'}');
+                        Writer::start(out, Status::Ok).finish_json(&self.scratch, ctx.close);
+                        Ok(Handled::Done)
+                    }
+                    Err(RenewError::NotFound) => Err(ApiError::NotFound),
+                    Err(RenewError::Capped) => Err(ApiError::Capped),
                 }
-                Err(RenewError::NotFound) => Err(ApiError::NotFound),
-                Err(RenewError::Capped) => Err(ApiError::Capped),
-            },
+            }
             Lock::Release(slot) => {
                 let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
                 let released = self.gov.release(pid, slot, outcome.as_ref(), ctx.now.ms);
@@ -907,13 +910,13 @@ const UNKNOWN_POOL: ApiError = ApiError::Unauthorized("A valid pool key is requi
 /// object, and then says nothing); anything else is refused before the
 /// lease is touched. The usual renew sends none and only tests for it.
 #[inline(always)]
-fn renewable<'a>(slot: &'a [u8], body: &[u8]) -> Result<&'a [u8], ApiError> {
+fn check_renew_body(body: &[u8]) -> Result<(), ApiError> {
     if !body.is_empty() && !is_blank(body) {
         check_object(body).map_err(ApiError::BadRequest)?;
         serde_json::from_slice::<serde::de::IgnoredAny>(body)
             .map_err(|_| ApiError::BadRequest("The renew body must be empty or a JSON object."))?;
     }
-    Ok(slot)
+    Ok(())
 }
 
 const BAD_IDEMPOTENCY_KEY: ApiError =

@@ -311,6 +311,23 @@ fn header_wait_budget_and_no_queue() {
     }
 }
 
+/// "The JSON body wins if both are present": both wait budgets, that is. A
+/// body that names no `waitMs` (an empty object, a report of other fields)
+/// leaves the wait to `X-Nthpool-Queue-Timeout-Ms`, as SPEC §5 reads it
+/// ("body `waitMs`, else header").
+#[test]
+fn a_body_without_wait_ms_leaves_the_wait_to_the_header() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":5000}"#, ""));
+    s.acquire("", "").slot();
+    for body in ["{}", r#"{"note":"no wait here"}"#] {
+        let started = Instant::now();
+        let r = s.acquire("X-Nthpool-Queue-Timeout-Ms: 200\r\n", body);
+        assert_eq!((r.status, r.error_code().as_str()), (504, "queue_timeout"), "{body}: {r:?}");
+        assert!(started.elapsed() >= Duration::from_millis(190), "{body}: the header's 200 ms were waited");
+        assert!(r.header_u64("x-nthpool-queued-ms") >= 190, "{body}: {r:?}");
+    }
+}
+
 #[test]
 fn a_reclaim_grants_the_head_waiter() {
     let s = TestServer::start(&config(
@@ -380,6 +397,33 @@ fn a_bad_report_releases_nothing() {
     assert_eq!(r.error_code(), "bad_request");
     assert_eq!(s.acquire("", "").status, 429, "still held");
     assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+}
+
+/// "If both `rate` and `headers` are sent, `rate` wins", over the wire and
+/// both ways: a `rate.remaining` of 5 beside headers that say 0 leaves the
+/// pool open, and a `rate.remaining` of 0 beside headers that say 5 closes
+/// it until the reset.
+#[test]
+fn a_reports_rate_wins_over_its_headers() {
+    let headers = |remaining: u32| {
+        format!(
+            r#""headers":{{"x-ratelimit-limit":"10","x-ratelimit-remaining":"{remaining}","x-ratelimit-reset":"60"}}"#
+        )
+    };
+    let cases = [
+        (format!(r#"{{"status":200,"rate":{{"remaining":5}},{}}}"#, headers(0)), 200),
+        (format!(r#"{{"status":200,"rate":{{"limit":10,"remaining":0,"resetMs":60000}},{}}}"#, headers(5)), 429),
+    ];
+    for (report, next) in cases {
+        let s = TestServer::start(&config(r#""concurrency":4,"adaptive":true"#, ""));
+        let slot = s.acquire("", "").slot();
+        assert_eq!(s.release(&slot, &report).json()["released"], true, "{report}");
+        let r = s.acquire("", "");
+        assert_eq!(r.status, next, "after {report}: {r:?}");
+        if next == 429 {
+            assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"), "{r:?}");
+        }
+    }
 }
 
 /// A body that is present must be a JSON object on every lock route: a

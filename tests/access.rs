@@ -759,6 +759,46 @@ fn access_log_has_one_line_per_acquire_attempt_and_no_secrets() {
     assert!(!text.contains(WRONG_KEY), "a presented wrong key is never logged");
 }
 
+/// "Renew and release are not" written to the access log, refused ones
+/// neither: a wrong key, another method, a bad or oversized body, a framing
+/// error or an unknown slot on a renew or release route leaves no line; the
+/// one acquire among them does.
+#[test]
+fn refused_renews_and_releases_leave_no_access_log_line() {
+    let mut s = TestServer::start(&config_with_access_log(r#""concurrency":1"#).replacen(
+        r#""accessLog":"access.log""#,
+        r#""accessLog":"access.log","maxBodyBytes":64"#,
+        1,
+    ));
+    let slot = s.acquire("", "").slot();
+    let mut refusals: Vec<(Vec<u8>, u16)> = Vec::new();
+    for action in ["renew", "release"] {
+        let path = format!("/pools/p/lock/{slot}/{action}");
+        refusals.push((post(&path, "wrong-key", "", ""), 401));
+        refusals.push((post(&path, "", "", ""), 401));
+        let get = post(&path, KEY, "", "");
+        refusals.push(([&b"GET"[..], get.strip_prefix(b"POST").unwrap()].concat(), 405));
+        refusals.push((post(&path, KEY, "", "[1]"), 400));
+        refusals.push((post(&path, KEY, "", &format!(r#"{{"status":200,"pad":"{}"}}"#, "x".repeat(100))), 413));
+        let framing =
+            format!("POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        refusals.push((framing.into_bytes(), 400));
+    }
+    refusals.push((post("/pools/p/lock/not-a-slot/renew", KEY, "", ""), 404));
+    for (raw, status) in &refusals {
+        assert_eq!(s.request(raw).status, *status, "{}", String::from_utf8_lossy(raw));
+    }
+    assert_eq!(s.release(&slot, "").json()["released"], true, "none of the refusals touched the slot");
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+    let statuses: Vec<u64> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [200], "only the acquire is logged:\n{text}");
+}
+
 #[test]
 fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     let mut s = TestServer::start(&config_with_access_log(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#));

@@ -84,6 +84,70 @@ fn lock_routes_are_not_served_on_a_proxy_host_and_still_are_on_the_api_host() {
     assert_eq!(up.seen().len(), 1);
 }
 
+/// "The lock API never emits managed upstream credentials": on a pool whose
+/// upstream has them, no lock answer (grant, renew, release, refusal)
+/// carries them, in its head or its body.
+#[test]
+fn the_lock_api_never_emits_the_managed_credentials() {
+    const MANAGED: &str = "sk-managed-lock-api-5e1b";
+    let up = MockUpstream::start(|_| ok("served", ""));
+    let server = proxy_server(
+        &up,
+        1,
+        &format!(r#""setHeaders":{{"Authorization":"Bearer {MANAGED}","X-Org":"org-{MANAGED}"}}"#),
+    );
+    let grant = server.acquire("", "");
+    let slot = grant.slot();
+    let answers = [
+        grant,
+        server.acquire("", ""),
+        server.request(&post("/pools/p/lock/acquire", "wrong-key", "", "")),
+        server.renew(&slot),
+        server.release(&slot, r#"{"status":200}"#),
+        server.release(&slot, ""),
+        server.renew(&slot),
+    ];
+    let statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 429, 401, 200, 200, 200, 404]);
+    for r in &answers {
+        let text = format!("{:?} {}", r.headers, String::from_utf8_lossy(&r.body));
+        assert!(!text.contains(MANAGED), "a lock answer carries the managed credential: {text}");
+    }
+    assert!(up.seen().is_empty(), "the lock API called the upstream");
+}
+
+/// "Acquire shares the pool's concurrency limit, queue, and RPM gate with
+/// proxy traffic": the one token of a pool's RPM gate goes to a lock grant
+/// or to a proxied request, not to both.
+#[test]
+fn lock_grants_and_proxied_requests_draw_on_one_rpm_gate() {
+    let up = MockUpstream::start(|_| ok("served", ""));
+    let start = || {
+        TestServer::start(&config(
+            &format!(
+                r#""concurrency":4,"adaptive":false,"rpm":1,"rpmBurst":1,
+                "upstream":{{"url":"{}","hosts":["{HOST}"],"waitMs":0}}"#,
+                up.url()
+            ),
+            "",
+        ))
+    };
+    // A lock grant takes the token: the proxied request is refused, never sent.
+    let server = start();
+    server.acquire("", "").slot();
+    let r = exchange(&server, &proxied("GET", "/v1/models", "", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (429, "too_many_requests"), "{r:?}");
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"), "{r:?}");
+    assert!(up.seen().is_empty(), "the proxied request went out without a token");
+    // A proxied request takes the token: the lock acquire is refused.
+    let server = start();
+    let r = exchange(&server, &proxied("GET", "/v1/models", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"served"[..]), "{r:?}");
+    let r = server.acquire("", "");
+    assert_eq!((r.status, r.error_code().as_str()), (429, "too_many_requests"), "{r:?}");
+    assert_eq!(r.header("x-nthpool-deny-reason"), Some("rate"), "{r:?}");
+}
+
 #[test]
 fn a_pools_own_listener_proxies_every_request() {
     let up = MockUpstream::start(|_| ok("via listener", ""));

@@ -1,6 +1,7 @@
-//! The README's configuration examples are real: every JSON block of its
+//! The documentation's examples are real: every JSON block of the README's
 //! Configuration section, the full field reference included, passes
-//! `--check-config` as pasted, and the reference names every field.
+//! `--check-config` as pasted, and the reference names every field; the
+//! README's walk-through and the lock API page's `curl` lines run as pasted.
 
 mod common;
 
@@ -99,4 +100,71 @@ fn the_field_reference_names_every_field() {
             assert!(reference.contains(&format!("\"{field}\":")), "the field reference lacks {section}'s `{field}`");
         }
     }
+}
+
+/// The `curl` blocks of the public lock API page (concurrency-locks.md),
+/// word for word; only its placeholders (the key, the API host) are the
+/// reader's own.
+const LOCK_PAGE_FIRST_REQUEST: &str = r#"export POOL_KEY='nb_live_…'
+export LOCK_API='https://api.nthpool.cloud/pools/your-pool/lock'
+
+curl -sS -X POST "$LOCK_API/acquire" \
+  -H "X-Nthpool-Key: $POOL_KEY" \
+  -H "Content-Type: application/json"
+"#;
+const LOCK_PAGE_RELEASE: &str = r#"curl -sS -X POST "$LOCK_API/$SLOT_ID/release" \
+  -H "X-Nthpool-Key: $POOL_KEY" \
+  -H "Content-Type: application/json" \
+  -d '{"status":200}'
+"#;
+const LOCK_PAGE_THROTTLE_REPORT: &str = r#"curl -sS -X POST "$LOCK_API/$SLOT_ID/release" \
+  -H "X-Nthpool-Key: $POOL_KEY" \
+  -H "Content-Type: application/json" \
+  -d '{"status":429,"throttled":1,"retryAfterMs":2000}'
+"#;
+
+#[test]
+fn the_lock_api_pages_examples_run_as_pasted() {
+    if let Some(missing) =
+        ["bash", "curl"].iter().find(|t| std::process::Command::new(t).arg("--version").output().is_err())
+    {
+        println!("skipped: {missing} is not installed, so the lock API page's examples cannot run");
+        return;
+    }
+    // A pool with nothing but its key: the page's "typically" values are the defaults.
+    let s = TestServer::start(&format!(r#"{{"accessLog":null,"pools":{{"your-pool":{{"keys":["{KEY}"]}}}}}}"#));
+    let lock_api = format!("http://{}/pools/your-pool/lock", s.addr);
+    let first_request = LOCK_PAGE_FIRST_REQUEST
+        .replace("nb_live_…", KEY)
+        .replace("https://api.nthpool.cloud/pools/your-pool/lock", &lock_api);
+    let paste = |text: &str, slot: &str| -> serde_json::Value {
+        let out = std::process::Command::new("bash")
+            .args(["-eu", "-c", text])
+            .env("POOL_KEY", KEY)
+            .env("LOCK_API", &lock_api)
+            .env("SLOT_ID", slot)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{text}\nanswered {stdout}: {e}"))
+    };
+
+    // "A `200` body looks like": these five fields, numbers but for the slot id.
+    let grant = paste(&first_request, "");
+    let fields: Vec<&str> = grant.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut sorted = fields.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ["leaseDeadline", "renewIntervalMs", "requestDeadline", "slotId", "termMs"], "{grant}");
+    let slot = grant["slotId"].as_str().unwrap_or_else(|| panic!("{grant}")).to_owned();
+    let lease = grant["leaseDeadline"].as_u64().unwrap_or_else(|| panic!("{grant}"));
+    let request = grant["requestDeadline"].as_u64().unwrap_or_else(|| panic!("{grant}"));
+    assert!(lease > 1_600_000_000_000, "epoch milliseconds: {grant}");
+    assert_eq!(request - lease, 30_000, "as in the example's deadlines: {grant}");
+    assert_eq!((grant["termMs"].as_u64(), grant["renewIntervalMs"].as_u64()), (Some(30_000), Some(10_000)));
+
+    assert_eq!(paste(LOCK_PAGE_RELEASE, &slot), serde_json::json!({"released": true}));
+    assert_eq!(paste(LOCK_PAGE_RELEASE, &slot), serde_json::json!({"released": false}), "idempotent");
+    let slot = paste(&first_request, "")["slotId"].as_str().unwrap().to_owned();
+    assert_eq!(paste(LOCK_PAGE_THROTTLE_REPORT, &slot), serde_json::json!({"released": true}));
 }

@@ -549,3 +549,26 @@ fn a_lock_api_server_runs_on_one_thread() {
     let threads = std::fs::read_dir(format!("/proc/{}/task", s.child.id())).unwrap().count();
     assert_eq!(threads, 1, "threads of the server process");
 }
+
+/// RFC 9110 §15.5.2: every 401 names an authentication scheme. The challenge
+/// is the same whatever went wrong (missing key, wrong key, unknown pool), so
+/// it discloses nothing about a pool; a 403 (address not allowed) has none.
+#[test]
+fn every_401_carries_the_same_challenge_and_a_403_none() {
+    let s = TestServer::start(&config("", ""));
+    let answers = [
+        s.request(&post("/pools/p/lock/acquire", "wrong-key", "", "")),
+        s.request(b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"),
+        s.request(&post("/pools/nope/lock/acquire", KEY, "", "")),
+        s.request(&post("/pools/p/lock/some-slot/renew", "wrong-key", "", "")),
+        s.request(&post("/pools/p/lock/some-slot/release", "wrong-key", "", "")),
+    ];
+    for r in &answers {
+        assert_eq!(r.status, 401);
+        assert_eq!(r.header("www-authenticate"), Some(r#"Bearer realm="nthpool""#));
+    }
+    let walled = TestServer::start(&config(r#""access":{"ipAllow":["10.0.0.0/8"]}"#, ""));
+    let forbidden = walled.acquire("", "");
+    assert_eq!(forbidden.status, 403);
+    assert_eq!(forbidden.header("www-authenticate"), None);
+}

@@ -68,6 +68,7 @@ fn the_sdk_key_headers_authenticate_and_are_not_forwarded() {
     ] {
         let r = exchange(&server, raw.as_bytes());
         assert_eq!((r.status, r.error_code().as_str()), (401, "unauthorized"), "{r:?}");
+        assert_eq!(r.header("www-authenticate"), Some(r#"Bearer realm="nthpool""#), "{r:?}");
     }
     assert_eq!(up.seen().len(), before);
 }

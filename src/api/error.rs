@@ -127,6 +127,12 @@ impl ApiError {
             ApiError::MethodNotAllowed => {
                 w.header(b"Allow", b"POST");
             }
+            // RFC 9110 §15.5.2: a 401 names a scheme. Bearer is the one the
+            // seed documents beside `X-Nthpool-Key`; the challenge is the same
+            // for every pool, so it tells nothing of a pool or its policies.
+            ApiError::Unauthorized(_) => {
+                w.header(b"WWW-Authenticate", b"Bearer realm=\"nthpool\"");
+            }
             ApiError::Unavailable(_, retry_after_s) => {
                 w.header_u64(b"Retry-After", retry_after_s.max(1));
             }

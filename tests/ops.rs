@@ -324,6 +324,26 @@ fn sighup_raise_grants_a_queued_waiter_at_once() {
 }
 
 #[test]
+fn sighup_that_shortens_the_term_leaves_held_leases_their_own() {
+    // A holder renews on the interval its grant named; a shorter term from a
+    // reload applies to new grants only, or its lease would lapse between renewals.
+    let s = TestServer::start(&config(r#""termMs":10000,"renewIntervalMs":1000"#, ""));
+    let held = s.acquire("", "");
+    let granted_until = held.json()["leaseDeadline"].as_u64().unwrap();
+    let slot = held.slot();
+    assert_eq!(reload_with(&s, &config(r#""termMs":100,"renewIntervalMs":50"#, "")), (1.0, 0.0));
+    let r = s.renew(&slot);
+    assert_eq!(r.status, 200, "{r:?}");
+    let renewed_until = r.json()["leaseDeadline"].as_u64().unwrap();
+    assert!(renewed_until >= granted_until, "a renewal shortened the lease: {renewed_until} < {granted_until}");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.renew(&slot).status, 200, "three new terms later the lease still stands");
+    let fresh = s.acquire("", "").json();
+    assert_eq!((fresh["termMs"].as_u64(), fresh["renewIntervalMs"].as_u64()), (Some(100), Some(50)));
+    assert_eq!(s.release(&slot, "").json()["released"], true);
+}
+
+#[test]
 fn sighup_adds_a_pool_and_retires_a_removed_one() {
     let s = TestServer::start(&config("", ""));
     let kept = s.request(&post("/pools/other/lock/acquire", "other-key", "", "")).slot();

@@ -511,6 +511,28 @@ fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
 }
 
 #[test]
+fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
+    let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#);
+    let key = crate::governor::idempotency::IdemKey::new(7, b"retry").unwrap();
+    let Ok(Admission::Granted(a)) = g.acquire_keyed(p, &key, 0, 1, 0) else { panic!("granted") };
+    let shorter = Config::parse(
+        br#"{"pools":{"p":{"keys":["k"],"termMs":100,"renewIntervalMs":30,"requestTimeoutMs":60000},"other":{"keys":["k2"]}}}"#,
+    )
+    .unwrap();
+    g.reconfigure(&pool_settings(&shorter), 10);
+    // Its holder renews every 300 ms, as its grant said: a 100 ms term would lose it.
+    assert_eq!(g.renew(p, &id(&a), 300), Ok(1300), "renewed by its own term");
+    assert_eq!(g.renew(p, &id(&a), 600), Ok(1600));
+    // A retry of its acquire is told the lease's term, and the pool's ratio of renewals to it.
+    let Ok(Admission::Granted(again)) = g.acquire_keyed(p, &key, 0, 2, 700) else { panic!("the same grant") };
+    assert_eq!((again.slot, again.term_ms, again.renew_interval_ms), (a.slot, 1000, 300));
+    // A new grant has the new term.
+    let b = granted(g.acquire(p, 0, 3, 700));
+    assert_eq!((b.term_ms, b.renew_interval_ms, b.lease_deadline), (100, 30, 800));
+    assert_eq!(g.renew(p, &id(&b), 750), Ok(850));
+}
+
+#[test]
 fn undelivered_grant_is_released() {
     let (mut g, p) = governor(r#","concurrency":1"#);
     let a = granted(g.acquire(p, 0, 1, 0));

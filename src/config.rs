@@ -312,8 +312,13 @@ impl Config {
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            // Broken JSON names no field (the path would read `?`): its line and column say where.
-            if inner.is_syntax() || inner.is_eof() {
+            // Broken JSON names no field (the path would read `?`): its line
+            // and column say where. A value that is itself broken (`1e400`,
+            // `01`, none at all) has its field named too.
+            let field = !path.contains('?') && path != ".";
+            if inner.is_syntax() && field {
+                ConfigError(format!("invalid configuration: {path}: JSON syntax error: {inner}"))
+            } else if inner.is_syntax() || inner.is_eof() {
                 ConfigError(format!("invalid configuration: JSON syntax error: {inner}"))
             } else if path == "." {
                 ConfigError(format!("invalid configuration: {inner}"))
@@ -648,6 +653,26 @@ mod tests {
             assert!(e.starts_with("invalid configuration: JSON syntax error: "), "{e}");
             assert!(e.ends_with(place) && !e.contains('?'), "{e}");
         }
+    }
+
+    #[test]
+    fn a_broken_value_names_its_field() {
+        for (value, what) in
+            [("1e400", "number out of range"), ("-1e400", "number out of range"), ("01", "invalid number")]
+        {
+            let e = err(&pool_json(&format!(r#","queue":{{"timeoutMs":{value}}}"#)));
+            assert!(e.starts_with("invalid configuration: pools.p1.queue.timeoutMs: JSON syntax error: "), "{e}");
+            assert!(e.contains(what) && e.contains("line 1"), "{e}");
+        }
+        let e = err(r#"{"maxBodyBytes":1e999,"pools":{"p":{"keys":["k"]}}}"#);
+        assert!(e.starts_with("invalid configuration: maxBodyBytes: JSON syntax error: number out of range"), "{e}");
+        let e = err(&pool_json(r#","access":{"ipAllow":[1e400]}"#));
+        assert!(e.contains("pools.p1.access.ipAllow[0]: "), "{e}");
+        let e = err(&pool_json(r#","concurrency":}"#));
+        assert!(e.starts_with("invalid configuration: pools.p1.concurrency: JSON syntax error: expected value"), "{e}");
+        // A number past 64 bits but within a float's range is a wrong type, named as such.
+        let e = err(&pool_json(r#","termMs":18446744073709551616"#));
+        assert!(e.starts_with("invalid configuration: pools.p1.termMs: invalid type: floating point"), "{e}");
     }
 
     #[test]

@@ -94,25 +94,35 @@ pub struct Config {
 /// The `pools` object, refusing a pool name given twice: a map would keep the
 /// last and silently drop the first pool's keys and limits.
 fn unique_pools<'de, D: serde::Deserializer<'de>>(de: D) -> Result<BTreeMap<String, PoolConfig>, D::Error> {
-    struct Pools;
-    impl<'de> serde::de::Visitor<'de> for Pools {
-        type Value = BTreeMap<String, PoolConfig>;
+    unique_map(de, "pool")
+}
+
+/// A JSON object as a map, refusing a name given twice (`what` names such a
+/// name in the error): a map would keep the last value and silently drop the first.
+pub(crate) fn unique_map<'de, D, V>(de: D, what: &'static str) -> Result<BTreeMap<String, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    struct Unique<V>(&'static str, std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Unique<V> {
+        type Value = BTreeMap<String, V>;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("an object of pools by name")
+            write!(f, "an object of {}s by name", self.0)
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut pools = BTreeMap::new();
+            let mut out = BTreeMap::new();
             while let Some(name) = map.next_key::<String>()? {
-                if pools.contains_key(&name) {
-                    return Err(serde::de::Error::custom(format!("duplicate pool `{name}`")));
+                if out.contains_key(&name) {
+                    return Err(serde::de::Error::custom(format!("duplicate {} `{name}`", self.0)));
                 }
-                let pool = map.next_value()?;
-                pools.insert(name, pool);
+                let value = map.next_value()?;
+                out.insert(name, value);
             }
-            Ok(pools)
+            Ok(out)
         }
     }
-    de.deserialize_map(Pools)
+    de.deserialize_map(Unique(what, std::marker::PhantomData))
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -361,8 +371,11 @@ impl Config {
             let Ok(addr) = admin.parse::<SocketAddr>() else {
                 return fail(format!("adminListen: {admin:?} is not an address like 127.0.0.1:7071"));
             };
-            if addr.port() != 0 && self.listen.parse().ok() == Some(addr) {
-                return fail(format!("adminListen: {admin} is the lock API's `listen` address too"));
+            if let Some(listen) = self.listen.parse().ok().filter(|&l| clash(addr, l)) {
+                return fail(match addr == listen {
+                    true => format!("adminListen: {admin} is the lock API's `listen` address too"),
+                    false => format!("adminListen: {admin} and `listen` {listen} {OVERLAP}"),
+                });
             }
             if !addr.ip().is_loopback() && self.admin_token.is_none() {
                 return fail(format!(
@@ -434,7 +447,7 @@ impl Config {
     /// takes the lock API's or the admin listener's address.
     fn validate_proxy_routes(&self) -> Result<(), ConfigError> {
         let mut hosts: BTreeMap<String, &str> = BTreeMap::new();
-        let mut listens: BTreeMap<SocketAddr, &str> = BTreeMap::new();
+        let mut listens: Vec<(&str, SocketAddr)> = Vec::new();
         for (name, upstream) in self.pools.iter().filter_map(|(n, p)| Some((n, p.upstream.as_ref()?))) {
             for host in &upstream.hosts {
                 if let Some(other) = hosts.insert(host.to_ascii_lowercase(), name) {
@@ -443,16 +456,18 @@ impl Config {
             }
             if let Some(listen) = &upstream.listen {
                 let addr: SocketAddr = listen.parse().expect("validated");
-                if let Some(other) = listens.insert(addr, name) {
-                    return fail(format!("pools.{name}.upstream.listen: {addr} is already pool {other}'s listener"));
+                if let Some((other, at)) = listens.iter().find(|(_, at)| clash(addr, *at)) {
+                    return fail(match addr == *at {
+                        true => format!("pools.{name}.upstream.listen: {addr} is already pool {other}'s listener"),
+                        false => format!("pools.{name}.upstream.listen: {addr} and pool {other}'s {at} {OVERLAP}"),
+                    });
                 }
-                let taken = addr.port() != 0
-                    && (Some(addr) == self.listen.parse().ok()
-                        || Some(addr) == self.admin_listen.as_ref().and_then(|a| a.parse().ok()));
-                if taken {
-                    return fail(format!(
-                        "pools.{name}.upstream.listen: {addr} is the lock API's or the admin listener"
-                    ));
+                listens.push((name, addr));
+                let servers = [("listen", Some(&self.listen)), ("adminListen", self.admin_listen.as_ref())];
+                for (field, server) in servers {
+                    if let Some(at) = server.and_then(|a| a.parse().ok()).filter(|&at| clash(addr, at)) {
+                        return fail(format!("pools.{name}.upstream.listen: {addr} and `{field}` {at} {OVERLAP}"));
+                    }
                 }
             }
         }
@@ -465,15 +480,24 @@ impl PoolConfig {
         if self.keys.is_empty() && self.key_sha256.is_empty() {
             return fail("keys: a pool needs at least one key in keys or keySha256");
         }
-        for key in &self.keys {
+        for (i, key) in self.keys.iter().enumerate() {
             if key.is_empty() || key.len() > 512 || key.bytes().any(|b| !b.is_ascii_graphic()) {
                 return fail("keys: a key must be 1-512 printable ASCII characters without spaces");
             }
-        }
-        for digest in &self.key_sha256 {
-            if parse_sha256_hex(digest).is_none() {
-                return fail("keySha256: each entry must be 64 hex digits (the SHA-256 of a key)");
+            // Named by place, never by text: a key is a secret.
+            if let Some(first) = self.keys[..i].iter().position(|k| k == key) {
+                return fail(format!("keys: entry {} repeats entry {} (each key once)", i + 1, first + 1));
             }
+        }
+        let mut digests = Vec::with_capacity(self.key_sha256.len());
+        for (i, digest) in self.key_sha256.iter().enumerate() {
+            let Some(digest) = parse_sha256_hex(digest) else {
+                return fail("keySha256: each entry must be 64 hex digits (the SHA-256 of a key)");
+            };
+            if let Some(first) = digests.iter().position(|d| *d == digest) {
+                return fail(format!("keySha256: entry {} repeats entry {} (each digest once)", i + 1, first + 1));
+            }
+            digests.push(digest);
         }
         if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
             return fail(format!("concurrency must be between 1 and {MAX_CONCURRENCY}"));
@@ -526,6 +550,13 @@ impl PoolConfig {
                 return fail("access.hmac.nonceCapacity must be between 1 and 10000000");
             }
         }
+        if let Some(cf) = &self.access.cloudflare_access {
+            for (name, value) in [("jwksFile", &cf.jwks_file), ("audience", &cf.audience), ("issuer", &cf.issuer)] {
+                if value.is_empty() {
+                    return fail(format!("access.cloudflareAccess.{name} must not be empty"));
+                }
+            }
+        }
         if let Some(upstream) = &self.upstream {
             upstream.validate()?;
             if self.access.hmac.is_some() {
@@ -538,6 +569,12 @@ impl PoolConfig {
             if jwt.hs256_secret.len() < 16 {
                 return fail("access.jwt.hs256Secret must be at least 16 bytes");
             }
+            // An empty one would demand tokens that carry an empty claim.
+            for (name, value) in [("issuer", &jwt.issuer), ("audience", &jwt.audience)] {
+                if value.as_ref().is_some_and(|v| v.is_empty()) {
+                    return fail(format!("access.jwt.{name} must not be empty (null: not checked)"));
+                }
+            }
             if jwt.leeway_ms > 3_600_000 {
                 return fail("access.jwt.leewayMs must be at most 3600000");
             }
@@ -549,6 +586,21 @@ impl PoolConfig {
     pub fn rpm_burst_or_default(&self) -> Option<u32> {
         self.rpm.map(|rpm| self.rpm_burst.unwrap_or(rpm.div_ceil(60).max(1)))
     }
+}
+
+/// How `clash` is worded: the second listener could not be bound.
+const OVERLAP: &str = "cannot both be bound (the same port, on the same address or on every address)";
+
+/// Whether listeners at `a` and `b` cannot both be bound: the same port
+/// (port 0 is a fresh one each time) on the same address, or on every
+/// address of a family (`0.0.0.0`), or on every address at all (`[::]`,
+/// which also takes IPv4 where IPv6 sockets are dual-stack, the default).
+fn clash(a: SocketAddr, b: SocketAddr) -> bool {
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    let covers = |wild: std::net::IpAddr, other: std::net::IpAddr| {
+        wild.is_unspecified() && (wild.is_ipv6() || wild.is_ipv4() == other.is_ipv4())
+    };
+    a.port() != 0 && a.port() == b.port() && (x == y || covers(x, y) || covers(y, x))
 }
 
 /// Pool names are DNS labels, so they fit in a host name and need no escaping.
@@ -607,6 +659,82 @@ mod tests {
         // Port 0 is a fresh port each time.
         let ok = r#"{"listen":"127.0.0.1:0","adminListen":"127.0.0.1:0","pools":{"p":{"keys":["k"]}}}"#;
         assert!(Config::parse(ok.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn listeners_that_cannot_all_be_bound_are_refused() {
+        let up = |listen: &str| format!(r#""upstream":{{"url":"http://127.0.0.1:9","listen":"{listen}"}}"#);
+        let with = |top: &str, pools: &str| err(&format!(r#"{{{top}"pools":{{{pools}}}}}"#));
+        let overlap = "cannot both be bound";
+        // `listen` on every address of the admin listener's port, and the other way round.
+        let e = with(r#""listen":"0.0.0.0:7070","adminListen":"127.0.0.1:7070","#, r#""p":{"keys":["k"]}"#);
+        assert!(e.starts_with("adminListen: 127.0.0.1:7070 and `listen` 0.0.0.0:7070 ") && e.contains(overlap), "{e}");
+        let token = r#""adminToken":"0123456789abcdefgh","#;
+        let e =
+            with(&format!(r#""listen":"127.0.0.1:7070","adminListen":"[::]:7070",{token}"#), r#""p":{"keys":["k"]}"#);
+        assert!(e.starts_with("adminListen: ") && e.contains(overlap), "[::] takes IPv4 too: {e}");
+        // A pool's listener against the server's and another pool's.
+        let e = with(r#""listen":"0.0.0.0:7070","#, &format!(r#""p":{{"keys":["k"],{}}}"#, up("127.0.0.2:7070")));
+        assert!(e.starts_with("pools.p.upstream.listen: 127.0.0.2:7070 and `listen` 0.0.0.0:7070 "), "{e}");
+        let e = with("", &format!(r#""p":{{"keys":["k"],{}}}"#, up("127.0.0.1:7071")));
+        assert!(e.starts_with("pools.p.upstream.listen: 127.0.0.1:7071 and `adminListen` 127.0.0.1:7071 "), "{e}");
+        let two = format!(r#""p":{{"keys":["k"],{}}},"q":{{"keys":["k"],{}}}"#, up("[::]:7080"), up("127.0.0.1:7080"));
+        let e = with("", &two);
+        assert!(e.starts_with("pools.q.upstream.listen: 127.0.0.1:7080 and pool p's [::]:7080 "), "{e}");
+        let same =
+            format!(r#""p":{{"keys":["k"],{}}},"q":{{"keys":["k"],{}}}"#, up("127.0.0.1:7080"), up("127.0.0.1:7080"));
+        assert!(with("", &same).starts_with("pools.q.upstream.listen: 127.0.0.1:7080 is already pool p's listener"));
+        // Other addresses of one port, other families, and fresh ports are fine.
+        let fine = [
+            r#"{"listen":"127.0.0.1:7070","adminListen":"127.0.0.2:7070","pools":{"p":{"keys":["k"]}}}"#,
+            r#"{"listen":"0.0.0.0:7070","adminListen":"[::1]:7070","pools":{"p":{"keys":["k"]}}}"#,
+            r#"{"listen":"0.0.0.0:0","adminListen":"127.0.0.1:0","pools":{"p":{"keys":["k"]}}}"#,
+        ];
+        for ok in fine {
+            assert!(Config::parse(ok.as_bytes()).is_ok(), "{ok}");
+        }
+        // One proxy host, two pools.
+        let hosts = r#""upstream":{"url":"http://127.0.0.1:9","hosts":["a.example"]}"#;
+        let e = with(
+            "",
+            &format!(r#""p":{{"keys":["k"],{hosts}}},"q":{{"keys":["k"],{}}}"#, hosts.replace("a.ex", "A.Ex")),
+        );
+        assert!(e.starts_with("pools.q.upstream.hosts: A.Example is already routed to pool p"), "{e}");
+    }
+
+    #[test]
+    fn a_key_or_a_header_given_twice_is_refused() {
+        // Keys are named by place: the text of a key is never printed.
+        let e = err(&pool_json(r#","keys":["k","secret-one","secret-one"]"#).replace(r#""keys":["k"],"#, ""));
+        assert_eq!(e, "pools.p1.keys: entry 3 repeats entry 2 (each key once)");
+        let digest = "3b6c7f0e1c4e0b8f7f1e4b1b7e2a3e8f0d5c6b7a8f9e0d1c2b3a4f5e6d7c8b9a";
+        let twice = format!(r#","keySha256":["{digest}","{}"]"#, digest.to_uppercase());
+        assert_eq!(err(&pool_json(&twice)), "pools.p1.keySha256: entry 2 repeats entry 1 (each digest once)");
+        let e = err(&pool_json(r#","upstream":{"url":"http://127.0.0.1:9","setHeaders":{"X-A":"1","X-A":"2"}}"#));
+        assert!(e.starts_with("invalid configuration: pools.p1.upstream.setHeaders: duplicate header `X-A`"), "{e}");
+        // The same key in two pools is allowed: the route names the pool.
+        assert!(Config::parse(br#"{"pools":{"a":{"keys":["k"]},"b":{"keys":["k"]}}}"#).is_ok());
+    }
+
+    #[test]
+    fn empty_names_in_access_policies_are_refused() {
+        let jwt =
+            |extra: &str| pool_json(&format!(r#","access":{{"jwt":{{"hs256Secret":"0123456789abcdef"{extra}}}}}"#));
+        assert_eq!(err(&jwt(r#","issuer":"""#)), "pools.p1.access.jwt.issuer must not be empty (null: not checked)");
+        assert_eq!(
+            err(&jwt(r#","audience":"""#)),
+            "pools.p1.access.jwt.audience must not be empty (null: not checked)"
+        );
+        assert!(Config::parse(jwt(r#","issuer":null,"audience":"a""#).as_bytes()).is_ok());
+        let cf = |jwks: &str, aud: &str, iss: &str| {
+            pool_json(&format!(
+                r#","access":{{"cloudflareAccess":{{"jwksFile":"{jwks}","audience":"{aud}","issuer":"{iss}"}}}}"#
+            ))
+        };
+        assert_eq!(err(&cf("", "a", "i")), "pools.p1.access.cloudflareAccess.jwksFile must not be empty");
+        assert_eq!(err(&cf("c.json", "", "i")), "pools.p1.access.cloudflareAccess.audience must not be empty");
+        assert_eq!(err(&cf("c.json", "a", "")), "pools.p1.access.cloudflareAccess.issuer must not be empty");
+        assert!(Config::parse(cf("c.json", "a", "i").as_bytes()).is_ok(), "the file is read later, by the build step");
     }
 
     #[test]

@@ -369,6 +369,30 @@ fn sighup_adds_a_pool_and_retires_a_removed_one() {
 }
 
 #[test]
+fn sighup_that_removes_a_pool_answers_its_waiters_and_lets_its_holders_finish() {
+    let both = format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"p":{{"keys":["{KEY}"]}},
+        "gone":{{"keys":["gone-key"],"concurrency":1,"queue":{{"size":10,"timeoutMs":60000}}}}}}}}"#
+    );
+    let s = TestServer::start(&both);
+    let gone = |what: &str| post(&format!("/pools/gone/lock/{what}"), "gone-key", "", "");
+    let held = s.request(&gone("acquire")).slot();
+    let mut waiter = s.connect();
+    waiter.write_all(&post("/pools/gone/lock/acquire", "gone-key", "", r#"{"waitMs":60000}"#)).unwrap();
+    eventually(&s, "the waiter queued", |m| m.pool("nthpool_waiters", "gone") == 1.0);
+    let started = Instant::now();
+    reload_with(&s, &config("", ""));
+    let r = read_response(&mut waiter).expect("the waiter is answered");
+    assert!(started.elapsed() < Duration::from_secs(10), "answered at once, not at its deadline");
+    assert_eq!((r.status, r.error_code()), (504, "queue_timeout".to_string()), "{r:?}");
+    let message = r.json()["message"].as_str().unwrap().to_string();
+    assert!(message.contains("removed from the configuration"), "{message}");
+    assert_eq!(s.request(&gone(&format!("{held}/renew"))).status, 200, "its holder renews");
+    assert_eq!(s.request(&gone(&format!("{held}/release"))).json()["released"], true);
+    assert_eq!(s.request(&gone("acquire")).status, 401, "and nobody acquires");
+}
+
+#[test]
 fn sighup_that_gives_a_pool_its_own_listener_logs_that_it_needs_a_restart() {
     // Listeners are bound at start only: a reload that adds one says so
     // instead of leaving the operator to find the port closed.

@@ -450,6 +450,12 @@ impl Config {
         let mut listens: Vec<(&str, SocketAddr)> = Vec::new();
         for (name, upstream) in self.pools.iter().filter_map(|(n, p)| Some((n, p.upstream.as_ref()?))) {
             for host in &upstream.hosts {
+                // Proxy hosts take their requests before any lock route is looked at.
+                if self.public_host.as_ref().is_some_and(|public| public.eq_ignore_ascii_case(host)) {
+                    return fail(format!(
+                        "pools.{name}.upstream.hosts: {host} is publicHost, where the lock API is served"
+                    ));
+                }
                 if let Some(other) = hosts.insert(host.to_ascii_lowercase(), name) {
                     return fail(format!("pools.{name}.upstream.hosts: {host} is already routed to pool {other}"));
                 }
@@ -693,8 +699,14 @@ mod tests {
         for ok in fine {
             assert!(Config::parse(ok.as_bytes()).is_ok(), "{ok}");
         }
-        // One proxy host, two pools.
         let hosts = r#""upstream":{"url":"http://127.0.0.1:9","hosts":["a.example"]}"#;
+        // A proxy host would take the lock API's own host.
+        let e = with(
+            r#""publicHost":"api.example","#,
+            &format!(r#""p":{{"keys":["k"],{}}}"#, hosts.replace("a.example", "API.example")),
+        );
+        assert_eq!(e, "pools.p.upstream.hosts: API.example is publicHost, where the lock API is served");
+        // One proxy host, two pools.
         let e = with(
             "",
             &format!(r#""p":{{"keys":["k"],{hosts}}},"q":{{"keys":["k"],{}}}"#, hosts.replace("a.ex", "A.Ex")),

@@ -815,6 +815,92 @@ mod tests {
         assert!(e.starts_with("invalid configuration: pools.p1.termMs: invalid type: floating point"), "{e}");
     }
 
+    /// Every numeric field at both ends of its documented range (the README's
+    /// limits table): the ends are accepted, one past either end is refused
+    /// with the field named.
+    #[test]
+    fn every_number_is_bounded_as_documented() {
+        let top = |m: &str| format!(r#"{{{m},"pools":{{"p1":{{"keys":["k"]}}}}}}"#);
+        let pool = |m: &str| pool_json(&format!(",{m}"));
+        let hmac = |m: &str| pool_json(&format!(r#","access":{{"hmac":{{"secret":"s",{m}}}}}"#));
+        let jwt = |m: &str| pool_json(&format!(r#","access":{{"jwt":{{"hs256Secret":"0123456789abcdef",{m}}}}}"#));
+        let up = |m: &str| pool_json(&format!(r#","upstream":{{"url":"http://127.0.0.1:9",{m}}}"#));
+        let week = MAX_DURATION_MS;
+        #[allow(clippy::type_complexity)]
+        let cases: [(&dyn Fn(&str) -> String, &str, &str, u64, u64); 25] = [
+            (&top, "maxBodyBytes", "maxBodyBytes", 1, 16 << 20),
+            (&top, "maxConnections", "maxConnections", 1, 1_000_000),
+            (&top, "headTimeoutMs", "headTimeoutMs", 10, 3_600_000),
+            (&top, "idleTimeoutMs", "idleTimeoutMs", 10, 3_600_000),
+            (&top, "writeTimeoutMs", "writeTimeoutMs", 10, 3_600_000),
+            (&top, "idleSpinUs", "idleSpinUs", 0, 1_000),
+            (&top, "snapshotIntervalMs", "snapshotIntervalMs", 1_000, week),
+            (&pool, "concurrency", "pools.p1.concurrency", 1, 10_000_000),
+            (&|m: &str| pool(&format!(r#""queue":{{{m}}}"#)), "size", "pools.p1.queue.size", 0, 10_000_000),
+            (&|m: &str| pool(&format!(r#""queue":{{{m}}}"#)), "timeoutMs", "pools.p1.queue.timeoutMs", 0, week),
+            (&pool, "rpm", "pools.p1.rpm", 1, 60_000_000),
+            (&|m: &str| pool(&format!(r#""rpm":60,{m}"#)), "rpmBurst", "pools.p1.rpmBurst", 1, 10_000_000),
+            (
+                &|m: &str| pool(&format!(r#""renewIntervalMs":1,"requestTimeoutMs":{week},{m}"#)),
+                "termMs",
+                "pools.p1.termMs",
+                10,
+                week,
+            ),
+            (&|m: &str| pool(&format!(r#""termMs":1000,{m}"#)), "renewIntervalMs", "pools.p1.renewIntervalMs", 1, 999),
+            (
+                &|m: &str| pool(&format!(r#""termMs":1000,"renewIntervalMs":1,{m}"#)),
+                "requestTimeoutMs",
+                "pools.p1.requestTimeoutMs",
+                1000,
+                week,
+            ),
+            (&pool, "idempotencyKeys", "pools.p1.idempotencyKeys", 1, 10_000_000),
+            (&hmac, "toleranceMs", "pools.p1.access.hmac.toleranceMs", 1, 3_600_000),
+            (&hmac, "nonceCapacity", "pools.p1.access.hmac.nonceCapacity", 1, 10_000_000),
+            (&jwt, "leewayMs", "pools.p1.access.jwt.leewayMs", 0, 3_600_000),
+            (&up, "waitMs", "pools.p1.upstream.waitMs", 0, week),
+            (&up, "timeoutMs", "pools.p1.upstream.timeoutMs", 1, week),
+            (&up, "maxRequestBytes", "pools.p1.upstream.maxRequestBytes", 0, 1 << 40),
+            (&up, "idleConnections", "pools.p1.upstream.idleConnections", 0, 10_000),
+            (&up, "idleTimeoutMs", "pools.p1.upstream.idleTimeoutMs", 1, 3_600_000),
+            (&up, "tlsHandshakeTimeoutMs", "pools.p1.upstream.tlsHandshakeTimeoutMs", 1, 600_000),
+        ];
+        for (json, field, path, low, high) in cases {
+            for ok in [low, high] {
+                let text = json(&format!(r#""{field}":{ok}"#));
+                assert!(Config::parse(text.as_bytes()).is_ok(), "{path} = {ok}: {:?}", Config::parse(text.as_bytes()));
+            }
+            let below = (low > 0).then(|| low - 1).map(|n| n.to_string()).unwrap_or_else(|| "-1".into());
+            for bad in [below, (high + 1).to_string()] {
+                let e = err(&json(&format!(r#""{field}":{bad}"#)));
+                assert!(e.contains(path), "{path} = {bad}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_at_every_level_with_its_path() {
+        let jwt = r#""jwt":{"hs256Secret":"0123456789abcdef","#;
+        let cf = r#""cloudflareAccess":{"jwksFile":"c","audience":"a","issuer":"i","#;
+        for (json, path) in [
+            (r#"{"bogus":1,"pools":{"p":{"keys":["k"]}}}"#.to_string(), "bogus"),
+            (r#"{"resolver":{"bogus":1},"pools":{"p":{"keys":["k"]}}}"#.to_string(), "resolver.bogus"),
+            (pool_json(r#","bogus":1"#), "pools.p1.bogus"),
+            (pool_json(r#","queue":{"bogus":1}"#), "pools.p1.queue.bogus"),
+            (pool_json(r#","access":{"bogus":1}"#), "pools.p1.access.bogus"),
+            (pool_json(r#","access":{"hmac":{"secret":"s","bogus":1}}"#), "pools.p1.access.hmac.bogus"),
+            (pool_json(&format!(r#","access":{{{jwt}"bogus":1}}}}"#)), "pools.p1.access.jwt.bogus"),
+            (pool_json(&format!(r#","access":{{{cf}"bogus":1}}}}"#)), "pools.p1.access.cloudflareAccess.bogus"),
+            (pool_json(r#","upstream":{"url":"http://127.0.0.1:9","bogus":1}"#), "pools.p1.upstream.bogus"),
+            // camelCase only: the Rust name of a field is not a field.
+            (pool_json(r#","term_ms":1000"#), "pools.p1.term_ms"),
+        ] {
+            let e = err(&json);
+            assert!(e.starts_with(&format!("invalid configuration: {path}: unknown field ")), "{json}: {e}");
+        }
+    }
+
     #[test]
     fn errors_name_the_field() {
         assert!(err(&pool_json(r#","renewIntervalMs":5000,"termMs":5000"#)).contains("pools.p1.renewIntervalMs"));

@@ -533,6 +533,29 @@ fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
 }
 
 #[test]
+fn a_reload_that_turns_learning_or_the_rate_gate_off_and_on_starts_them_afresh() {
+    let with = |extra: &str| {
+        let text = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":8{extra}}},"other":{{"keys":["k2"]}}}}}}"#);
+        pool_settings(&Config::parse(text.as_bytes()).unwrap())
+    };
+    let (mut g, p) = governor(r#","concurrency":8,"rpm":60,"rpmBurst":3"#);
+    let slots: Vec<Grant> = (0..3).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+    assert_eq!(g.pool(p).rpm_remaining(), Some(0));
+    let throttled = Outcome { status: Some(429), throttled: 1, ..OK };
+    for s in &slots {
+        g.release(p, &id(s), Some(&throttled), 10);
+    }
+    assert!(g.pool(p).effective_limit() < 8, "cut by the refusals");
+    g.reconfigure(&with(r#","adaptive":false"#), 20);
+    assert_eq!(g.pool(p).effective_limit(), 8, "learning off: the configured limit");
+    assert_eq!(g.pool(p).rpm_remaining(), None, "no gate");
+    g.reconfigure(&with(r#","rpm":60,"rpmBurst":3"#), 30);
+    assert_eq!(g.pool(p).rpm_remaining(), Some(3), "a gate a reload adds starts full");
+    assert_eq!(g.pool(p).effective_limit(), 8, "learning on again starts from the configured limit");
+    assert_eq!(granted(g.acquire(p, 0, 9, 30)).signals.rpm_remaining, Some(2));
+}
+
+#[test]
 fn undelivered_grant_is_released() {
     let (mut g, p) = governor(r#","concurrency":1"#);
     let a = granted(g.acquire(p, 0, 1, 0));

@@ -94,25 +94,35 @@ pub struct Config {
 /// The `pools` object, refusing a pool name given twice: a map would keep the
 /// last and silently drop the first pool's keys and limits.
 fn unique_pools<'de, D: serde::Deserializer<'de>>(de: D) -> Result<BTreeMap<String, PoolConfig>, D::Error> {
-    struct Pools;
-    impl<'de> serde::de::Visitor<'de> for Pools {
-        type Value = BTreeMap<String, PoolConfig>;
+    unique_map(de, "pool")
+}
+
+/// A JSON object as a map, refusing a name given twice (`what` names such a
+/// name in the error): a map would keep the last value and silently drop the first.
+pub(crate) fn unique_map<'de, D, V>(de: D, what: &'static str) -> Result<BTreeMap<String, V>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    struct Unique<V>(&'static str, std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Unique<V> {
+        type Value = BTreeMap<String, V>;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("an object of pools by name")
+            write!(f, "an object of {}s by name", self.0)
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut pools = BTreeMap::new();
+            let mut out = BTreeMap::new();
             while let Some(name) = map.next_key::<String>()? {
-                if pools.contains_key(&name) {
-                    return Err(serde::de::Error::custom(format!("duplicate pool `{name}`")));
+                if out.contains_key(&name) {
+                    return Err(serde::de::Error::custom(format!("duplicate {} `{name}`", self.0)));
                 }
-                let pool = map.next_value()?;
-                pools.insert(name, pool);
+                let value = map.next_value()?;
+                out.insert(name, value);
             }
-            Ok(pools)
+            Ok(out)
         }
     }
-    de.deserialize_map(Pools)
+    de.deserialize_map(Unique(what, std::marker::PhantomData))
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -312,8 +322,13 @@ impl Config {
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            // Broken JSON names no field (the path would read `?`): its line and column say where.
-            if inner.is_syntax() || inner.is_eof() {
+            // Broken JSON names no field (the path would read `?`): its line
+            // and column say where. A value that is itself broken (`1e400`,
+            // `01`, none at all) has its field named too.
+            let field = !path.contains('?') && path != ".";
+            if inner.is_syntax() && field {
+                ConfigError(format!("invalid configuration: {path}: JSON syntax error: {inner}"))
+            } else if inner.is_syntax() || inner.is_eof() {
                 ConfigError(format!("invalid configuration: JSON syntax error: {inner}"))
             } else if path == "." {
                 ConfigError(format!("invalid configuration: {inner}"))
@@ -356,8 +371,11 @@ impl Config {
             let Ok(addr) = admin.parse::<SocketAddr>() else {
                 return fail(format!("adminListen: {admin:?} is not an address like 127.0.0.1:7071"));
             };
-            if addr.port() != 0 && self.listen.parse().ok() == Some(addr) {
-                return fail(format!("adminListen: {admin} is the lock API's `listen` address too"));
+            if let Some(listen) = self.listen.parse().ok().filter(|&l| clash(addr, l)) {
+                return fail(match addr == listen {
+                    true => format!("adminListen: {admin} is the lock API's `listen` address too"),
+                    false => format!("adminListen: {admin} and `listen` {listen} {OVERLAP}"),
+                });
             }
             if !addr.ip().is_loopback() && self.admin_token.is_none() {
                 return fail(format!(
@@ -429,25 +447,33 @@ impl Config {
     /// takes the lock API's or the admin listener's address.
     fn validate_proxy_routes(&self) -> Result<(), ConfigError> {
         let mut hosts: BTreeMap<String, &str> = BTreeMap::new();
-        let mut listens: BTreeMap<SocketAddr, &str> = BTreeMap::new();
+        let mut listens: Vec<(&str, SocketAddr)> = Vec::new();
         for (name, upstream) in self.pools.iter().filter_map(|(n, p)| Some((n, p.upstream.as_ref()?))) {
             for host in &upstream.hosts {
+                // Proxy hosts take their requests before any lock route is looked at.
+                if self.public_host.as_ref().is_some_and(|public| public.eq_ignore_ascii_case(host)) {
+                    return fail(format!(
+                        "pools.{name}.upstream.hosts: {host} is publicHost, where the lock API is served"
+                    ));
+                }
                 if let Some(other) = hosts.insert(host.to_ascii_lowercase(), name) {
                     return fail(format!("pools.{name}.upstream.hosts: {host} is already routed to pool {other}"));
                 }
             }
             if let Some(listen) = &upstream.listen {
                 let addr: SocketAddr = listen.parse().expect("validated");
-                if let Some(other) = listens.insert(addr, name) {
-                    return fail(format!("pools.{name}.upstream.listen: {addr} is already pool {other}'s listener"));
+                if let Some((other, at)) = listens.iter().find(|(_, at)| clash(addr, *at)) {
+                    return fail(match addr == *at {
+                        true => format!("pools.{name}.upstream.listen: {addr} is already pool {other}'s listener"),
+                        false => format!("pools.{name}.upstream.listen: {addr} and pool {other}'s {at} {OVERLAP}"),
+                    });
                 }
-                let taken = addr.port() != 0
-                    && (Some(addr) == self.listen.parse().ok()
-                        || Some(addr) == self.admin_listen.as_ref().and_then(|a| a.parse().ok()));
-                if taken {
-                    return fail(format!(
-                        "pools.{name}.upstream.listen: {addr} is the lock API's or the admin listener"
-                    ));
+                listens.push((name, addr));
+                let servers = [("listen", Some(&self.listen)), ("adminListen", self.admin_listen.as_ref())];
+                for (field, server) in servers {
+                    if let Some(at) = server.and_then(|a| a.parse().ok()).filter(|&at| clash(addr, at)) {
+                        return fail(format!("pools.{name}.upstream.listen: {addr} and `{field}` {at} {OVERLAP}"));
+                    }
                 }
             }
         }
@@ -460,15 +486,24 @@ impl PoolConfig {
         if self.keys.is_empty() && self.key_sha256.is_empty() {
             return fail("keys: a pool needs at least one key in keys or keySha256");
         }
-        for key in &self.keys {
+        for (i, key) in self.keys.iter().enumerate() {
             if key.is_empty() || key.len() > 512 || key.bytes().any(|b| !b.is_ascii_graphic()) {
                 return fail("keys: a key must be 1-512 printable ASCII characters without spaces");
             }
-        }
-        for digest in &self.key_sha256 {
-            if parse_sha256_hex(digest).is_none() {
-                return fail("keySha256: each entry must be 64 hex digits (the SHA-256 of a key)");
+            // Named by place, never by text: a key is a secret.
+            if let Some(first) = self.keys[..i].iter().position(|k| k == key) {
+                return fail(format!("keys: entry {} repeats entry {} (each key once)", i + 1, first + 1));
             }
+        }
+        let mut digests = Vec::with_capacity(self.key_sha256.len());
+        for (i, digest) in self.key_sha256.iter().enumerate() {
+            let Some(digest) = parse_sha256_hex(digest) else {
+                return fail("keySha256: each entry must be 64 hex digits (the SHA-256 of a key)");
+            };
+            if let Some(first) = digests.iter().position(|d| *d == digest) {
+                return fail(format!("keySha256: entry {} repeats entry {} (each digest once)", i + 1, first + 1));
+            }
+            digests.push(digest);
         }
         if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
             return fail(format!("concurrency must be between 1 and {MAX_CONCURRENCY}"));
@@ -521,6 +556,13 @@ impl PoolConfig {
                 return fail("access.hmac.nonceCapacity must be between 1 and 10000000");
             }
         }
+        if let Some(cf) = &self.access.cloudflare_access {
+            for (name, value) in [("jwksFile", &cf.jwks_file), ("audience", &cf.audience), ("issuer", &cf.issuer)] {
+                if value.is_empty() {
+                    return fail(format!("access.cloudflareAccess.{name} must not be empty"));
+                }
+            }
+        }
         if let Some(upstream) = &self.upstream {
             upstream.validate()?;
             if self.access.hmac.is_some() {
@@ -533,6 +575,12 @@ impl PoolConfig {
             if jwt.hs256_secret.len() < 16 {
                 return fail("access.jwt.hs256Secret must be at least 16 bytes");
             }
+            // An empty one would demand tokens that carry an empty claim.
+            for (name, value) in [("issuer", &jwt.issuer), ("audience", &jwt.audience)] {
+                if value.as_ref().is_some_and(|v| v.is_empty()) {
+                    return fail(format!("access.jwt.{name} must not be empty (null: not checked)"));
+                }
+            }
             if jwt.leeway_ms > 3_600_000 {
                 return fail("access.jwt.leewayMs must be at most 3600000");
             }
@@ -544,6 +592,21 @@ impl PoolConfig {
     pub fn rpm_burst_or_default(&self) -> Option<u32> {
         self.rpm.map(|rpm| self.rpm_burst.unwrap_or(rpm.div_ceil(60).max(1)))
     }
+}
+
+/// How `clash` is worded: the second listener could not be bound.
+const OVERLAP: &str = "cannot both be bound (the same port, on the same address or on every address)";
+
+/// Whether listeners at `a` and `b` cannot both be bound: the same port
+/// (port 0 is a fresh one each time) on the same address, or on every
+/// address of a family (`0.0.0.0`), or on every address at all (`[::]`,
+/// which also takes IPv4 where IPv6 sockets are dual-stack, the default).
+fn clash(a: SocketAddr, b: SocketAddr) -> bool {
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    let covers = |wild: std::net::IpAddr, other: std::net::IpAddr| {
+        wild.is_unspecified() && (wild.is_ipv6() || wild.is_ipv4() == other.is_ipv4())
+    };
+    a.port() != 0 && a.port() == b.port() && (x == y || covers(x, y) || covers(y, x))
 }
 
 /// Pool names are DNS labels, so they fit in a host name and need no escaping.
@@ -605,6 +668,88 @@ mod tests {
     }
 
     #[test]
+    fn listeners_that_cannot_all_be_bound_are_refused() {
+        let up = |listen: &str| format!(r#""upstream":{{"url":"http://127.0.0.1:9","listen":"{listen}"}}"#);
+        let with = |top: &str, pools: &str| err(&format!(r#"{{{top}"pools":{{{pools}}}}}"#));
+        let overlap = "cannot both be bound";
+        // `listen` on every address of the admin listener's port, and the other way round.
+        let e = with(r#""listen":"0.0.0.0:7070","adminListen":"127.0.0.1:7070","#, r#""p":{"keys":["k"]}"#);
+        assert!(e.starts_with("adminListen: 127.0.0.1:7070 and `listen` 0.0.0.0:7070 ") && e.contains(overlap), "{e}");
+        let token = r#""adminToken":"0123456789abcdefgh","#;
+        let e =
+            with(&format!(r#""listen":"127.0.0.1:7070","adminListen":"[::]:7070",{token}"#), r#""p":{"keys":["k"]}"#);
+        assert!(e.starts_with("adminListen: ") && e.contains(overlap), "[::] takes IPv4 too: {e}");
+        // A pool's listener against the server's and another pool's.
+        let e = with(r#""listen":"0.0.0.0:7070","#, &format!(r#""p":{{"keys":["k"],{}}}"#, up("127.0.0.2:7070")));
+        assert!(e.starts_with("pools.p.upstream.listen: 127.0.0.2:7070 and `listen` 0.0.0.0:7070 "), "{e}");
+        let e = with("", &format!(r#""p":{{"keys":["k"],{}}}"#, up("127.0.0.1:7071")));
+        assert!(e.starts_with("pools.p.upstream.listen: 127.0.0.1:7071 and `adminListen` 127.0.0.1:7071 "), "{e}");
+        let two = format!(r#""p":{{"keys":["k"],{}}},"q":{{"keys":["k"],{}}}"#, up("[::]:7080"), up("127.0.0.1:7080"));
+        let e = with("", &two);
+        assert!(e.starts_with("pools.q.upstream.listen: 127.0.0.1:7080 and pool p's [::]:7080 "), "{e}");
+        let same =
+            format!(r#""p":{{"keys":["k"],{}}},"q":{{"keys":["k"],{}}}"#, up("127.0.0.1:7080"), up("127.0.0.1:7080"));
+        assert!(with("", &same).starts_with("pools.q.upstream.listen: 127.0.0.1:7080 is already pool p's listener"));
+        // Other addresses of one port, other families, and fresh ports are fine.
+        let fine = [
+            r#"{"listen":"127.0.0.1:7070","adminListen":"127.0.0.2:7070","pools":{"p":{"keys":["k"]}}}"#,
+            r#"{"listen":"0.0.0.0:7070","adminListen":"[::1]:7070","pools":{"p":{"keys":["k"]}}}"#,
+            r#"{"listen":"0.0.0.0:0","adminListen":"127.0.0.1:0","pools":{"p":{"keys":["k"]}}}"#,
+        ];
+        for ok in fine {
+            assert!(Config::parse(ok.as_bytes()).is_ok(), "{ok}");
+        }
+        let hosts = r#""upstream":{"url":"http://127.0.0.1:9","hosts":["a.example"]}"#;
+        // A proxy host would take the lock API's own host.
+        let e = with(
+            r#""publicHost":"api.example","#,
+            &format!(r#""p":{{"keys":["k"],{}}}"#, hosts.replace("a.example", "API.example")),
+        );
+        assert_eq!(e, "pools.p.upstream.hosts: API.example is publicHost, where the lock API is served");
+        // One proxy host, two pools.
+        let e = with(
+            "",
+            &format!(r#""p":{{"keys":["k"],{hosts}}},"q":{{"keys":["k"],{}}}"#, hosts.replace("a.ex", "A.Ex")),
+        );
+        assert!(e.starts_with("pools.q.upstream.hosts: A.Example is already routed to pool p"), "{e}");
+    }
+
+    #[test]
+    fn a_key_or_a_header_given_twice_is_refused() {
+        // Keys are named by place: the text of a key is never printed.
+        let e = err(&pool_json(r#","keys":["k","secret-one","secret-one"]"#).replace(r#""keys":["k"],"#, ""));
+        assert_eq!(e, "pools.p1.keys: entry 3 repeats entry 2 (each key once)");
+        let digest = "3b6c7f0e1c4e0b8f7f1e4b1b7e2a3e8f0d5c6b7a8f9e0d1c2b3a4f5e6d7c8b9a";
+        let twice = format!(r#","keySha256":["{digest}","{}"]"#, digest.to_uppercase());
+        assert_eq!(err(&pool_json(&twice)), "pools.p1.keySha256: entry 2 repeats entry 1 (each digest once)");
+        let e = err(&pool_json(r#","upstream":{"url":"http://127.0.0.1:9","setHeaders":{"X-A":"1","X-A":"2"}}"#));
+        assert!(e.starts_with("invalid configuration: pools.p1.upstream.setHeaders: duplicate header `X-A`"), "{e}");
+        // The same key in two pools is allowed: the route names the pool.
+        assert!(Config::parse(br#"{"pools":{"a":{"keys":["k"]},"b":{"keys":["k"]}}}"#).is_ok());
+    }
+
+    #[test]
+    fn empty_names_in_access_policies_are_refused() {
+        let jwt =
+            |extra: &str| pool_json(&format!(r#","access":{{"jwt":{{"hs256Secret":"0123456789abcdef"{extra}}}}}"#));
+        assert_eq!(err(&jwt(r#","issuer":"""#)), "pools.p1.access.jwt.issuer must not be empty (null: not checked)");
+        assert_eq!(
+            err(&jwt(r#","audience":"""#)),
+            "pools.p1.access.jwt.audience must not be empty (null: not checked)"
+        );
+        assert!(Config::parse(jwt(r#","issuer":null,"audience":"a""#).as_bytes()).is_ok());
+        let cf = |jwks: &str, aud: &str, iss: &str| {
+            pool_json(&format!(
+                r#","access":{{"cloudflareAccess":{{"jwksFile":"{jwks}","audience":"{aud}","issuer":"{iss}"}}}}"#
+            ))
+        };
+        assert_eq!(err(&cf("", "a", "i")), "pools.p1.access.cloudflareAccess.jwksFile must not be empty");
+        assert_eq!(err(&cf("c.json", "", "i")), "pools.p1.access.cloudflareAccess.audience must not be empty");
+        assert_eq!(err(&cf("c.json", "a", "")), "pools.p1.access.cloudflareAccess.issuer must not be empty");
+        assert!(Config::parse(cf("c.json", "a", "i").as_bytes()).is_ok(), "the file is read later, by the build step");
+    }
+
+    #[test]
     fn embedded_default_is_valid() {
         let c = Config::embedded();
         assert_eq!(c.listen_addr().to_string(), "127.0.0.1:7070");
@@ -647,6 +792,112 @@ mod tests {
             let e = err(text);
             assert!(e.starts_with("invalid configuration: JSON syntax error: "), "{e}");
             assert!(e.ends_with(place) && !e.contains('?'), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_broken_value_names_its_field() {
+        for (value, what) in
+            [("1e400", "number out of range"), ("-1e400", "number out of range"), ("01", "invalid number")]
+        {
+            let e = err(&pool_json(&format!(r#","queue":{{"timeoutMs":{value}}}"#)));
+            assert!(e.starts_with("invalid configuration: pools.p1.queue.timeoutMs: JSON syntax error: "), "{e}");
+            assert!(e.contains(what) && e.contains("line 1"), "{e}");
+        }
+        let e = err(r#"{"maxBodyBytes":1e999,"pools":{"p":{"keys":["k"]}}}"#);
+        assert!(e.starts_with("invalid configuration: maxBodyBytes: JSON syntax error: number out of range"), "{e}");
+        let e = err(&pool_json(r#","access":{"ipAllow":[1e400]}"#));
+        assert!(e.contains("pools.p1.access.ipAllow[0]: "), "{e}");
+        let e = err(&pool_json(r#","concurrency":}"#));
+        assert!(e.starts_with("invalid configuration: pools.p1.concurrency: JSON syntax error: expected value"), "{e}");
+        // A number past 64 bits but within a float's range is a wrong type, named as such.
+        let e = err(&pool_json(r#","termMs":18446744073709551616"#));
+        assert!(e.starts_with("invalid configuration: pools.p1.termMs: invalid type: floating point"), "{e}");
+    }
+
+    /// Every numeric field at both ends of its documented range (the README's
+    /// limits table): the ends are accepted, one past either end is refused
+    /// with the field named.
+    #[test]
+    fn every_number_is_bounded_as_documented() {
+        let top = |m: &str| format!(r#"{{{m},"pools":{{"p1":{{"keys":["k"]}}}}}}"#);
+        let pool = |m: &str| pool_json(&format!(",{m}"));
+        let hmac = |m: &str| pool_json(&format!(r#","access":{{"hmac":{{"secret":"s",{m}}}}}"#));
+        let jwt = |m: &str| pool_json(&format!(r#","access":{{"jwt":{{"hs256Secret":"0123456789abcdef",{m}}}}}"#));
+        let up = |m: &str| pool_json(&format!(r#","upstream":{{"url":"http://127.0.0.1:9",{m}}}"#));
+        let week = MAX_DURATION_MS;
+        #[allow(clippy::type_complexity)]
+        let cases: [(&dyn Fn(&str) -> String, &str, &str, u64, u64); 25] = [
+            (&top, "maxBodyBytes", "maxBodyBytes", 1, 16 << 20),
+            (&top, "maxConnections", "maxConnections", 1, 1_000_000),
+            (&top, "headTimeoutMs", "headTimeoutMs", 10, 3_600_000),
+            (&top, "idleTimeoutMs", "idleTimeoutMs", 10, 3_600_000),
+            (&top, "writeTimeoutMs", "writeTimeoutMs", 10, 3_600_000),
+            (&top, "idleSpinUs", "idleSpinUs", 0, 1_000),
+            (&top, "snapshotIntervalMs", "snapshotIntervalMs", 1_000, week),
+            (&pool, "concurrency", "pools.p1.concurrency", 1, 10_000_000),
+            (&|m: &str| pool(&format!(r#""queue":{{{m}}}"#)), "size", "pools.p1.queue.size", 0, 10_000_000),
+            (&|m: &str| pool(&format!(r#""queue":{{{m}}}"#)), "timeoutMs", "pools.p1.queue.timeoutMs", 0, week),
+            (&pool, "rpm", "pools.p1.rpm", 1, 60_000_000),
+            (&|m: &str| pool(&format!(r#""rpm":60,{m}"#)), "rpmBurst", "pools.p1.rpmBurst", 1, 10_000_000),
+            (
+                &|m: &str| pool(&format!(r#""renewIntervalMs":1,"requestTimeoutMs":{week},{m}"#)),
+                "termMs",
+                "pools.p1.termMs",
+                10,
+                week,
+            ),
+            (&|m: &str| pool(&format!(r#""termMs":1000,{m}"#)), "renewIntervalMs", "pools.p1.renewIntervalMs", 1, 999),
+            (
+                &|m: &str| pool(&format!(r#""termMs":1000,"renewIntervalMs":1,{m}"#)),
+                "requestTimeoutMs",
+                "pools.p1.requestTimeoutMs",
+                1000,
+                week,
+            ),
+            (&pool, "idempotencyKeys", "pools.p1.idempotencyKeys", 1, 10_000_000),
+            (&hmac, "toleranceMs", "pools.p1.access.hmac.toleranceMs", 1, 3_600_000),
+            (&hmac, "nonceCapacity", "pools.p1.access.hmac.nonceCapacity", 1, 10_000_000),
+            (&jwt, "leewayMs", "pools.p1.access.jwt.leewayMs", 0, 3_600_000),
+            (&up, "waitMs", "pools.p1.upstream.waitMs", 0, week),
+            (&up, "timeoutMs", "pools.p1.upstream.timeoutMs", 1, week),
+            (&up, "maxRequestBytes", "pools.p1.upstream.maxRequestBytes", 0, 1 << 40),
+            (&up, "idleConnections", "pools.p1.upstream.idleConnections", 0, 10_000),
+            (&up, "idleTimeoutMs", "pools.p1.upstream.idleTimeoutMs", 1, 3_600_000),
+            (&up, "tlsHandshakeTimeoutMs", "pools.p1.upstream.tlsHandshakeTimeoutMs", 1, 600_000),
+        ];
+        for (json, field, path, low, high) in cases {
+            for ok in [low, high] {
+                let text = json(&format!(r#""{field}":{ok}"#));
+                assert!(Config::parse(text.as_bytes()).is_ok(), "{path} = {ok}: {:?}", Config::parse(text.as_bytes()));
+            }
+            let below = (low > 0).then(|| low - 1).map(|n| n.to_string()).unwrap_or_else(|| "-1".into());
+            for bad in [below, (high + 1).to_string()] {
+                let e = err(&json(&format!(r#""{field}":{bad}"#)));
+                assert!(e.contains(path), "{path} = {bad}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_at_every_level_with_its_path() {
+        let jwt = r#""jwt":{"hs256Secret":"0123456789abcdef","#;
+        let cf = r#""cloudflareAccess":{"jwksFile":"c","audience":"a","issuer":"i","#;
+        for (json, path) in [
+            (r#"{"bogus":1,"pools":{"p":{"keys":["k"]}}}"#.to_string(), "bogus"),
+            (r#"{"resolver":{"bogus":1},"pools":{"p":{"keys":["k"]}}}"#.to_string(), "resolver.bogus"),
+            (pool_json(r#","bogus":1"#), "pools.p1.bogus"),
+            (pool_json(r#","queue":{"bogus":1}"#), "pools.p1.queue.bogus"),
+            (pool_json(r#","access":{"bogus":1}"#), "pools.p1.access.bogus"),
+            (pool_json(r#","access":{"hmac":{"secret":"s","bogus":1}}"#), "pools.p1.access.hmac.bogus"),
+            (pool_json(&format!(r#","access":{{{jwt}"bogus":1}}}}"#)), "pools.p1.access.jwt.bogus"),
+            (pool_json(&format!(r#","access":{{{cf}"bogus":1}}}}"#)), "pools.p1.access.cloudflareAccess.bogus"),
+            (pool_json(r#","upstream":{"url":"http://127.0.0.1:9","bogus":1}"#), "pools.p1.upstream.bogus"),
+            // camelCase only: the Rust name of a field is not a field.
+            (pool_json(r#","term_ms":1000"#), "pools.p1.term_ms"),
+        ] {
+            let e = err(&json);
+            assert!(e.starts_with(&format!("invalid configuration: {path}: unknown field ")), "{json}: {e}");
         }
     }
 

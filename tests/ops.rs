@@ -324,6 +324,26 @@ fn sighup_raise_grants_a_queued_waiter_at_once() {
 }
 
 #[test]
+fn sighup_that_shortens_the_term_leaves_held_leases_their_own() {
+    // A holder renews on the interval its grant named; a shorter term from a
+    // reload applies to new grants only, or its lease would lapse between renewals.
+    let s = TestServer::start(&config(r#""termMs":10000,"renewIntervalMs":1000"#, ""));
+    let held = s.acquire("", "");
+    let granted_until = held.json()["leaseDeadline"].as_u64().unwrap();
+    let slot = held.slot();
+    assert_eq!(reload_with(&s, &config(r#""termMs":100,"renewIntervalMs":50"#, "")), (1.0, 0.0));
+    let r = s.renew(&slot);
+    assert_eq!(r.status, 200, "{r:?}");
+    let renewed_until = r.json()["leaseDeadline"].as_u64().unwrap();
+    assert!(renewed_until >= granted_until, "a renewal shortened the lease: {renewed_until} < {granted_until}");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.renew(&slot).status, 200, "three new terms later the lease still stands");
+    let fresh = s.acquire("", "").json();
+    assert_eq!((fresh["termMs"].as_u64(), fresh["renewIntervalMs"].as_u64()), (Some(100), Some(50)));
+    assert_eq!(s.release(&slot, "").json()["released"], true);
+}
+
+#[test]
 fn sighup_adds_a_pool_and_retires_a_removed_one() {
     let s = TestServer::start(&config("", ""));
     let kept = s.request(&post("/pools/other/lock/acquire", "other-key", "", "")).slot();
@@ -346,6 +366,155 @@ fn sighup_adds_a_pool_and_retires_a_removed_one() {
     assert_eq!(m.pool("nthpool_slots_held", "other"), 0.0);
     assert_eq!(m.pool("nthpool_retired", "fresh"), 0.0);
     assert_eq!(s.acquire("", "").status, 200, "the untouched pool carries on");
+}
+
+/// Queues an acquire of pool `p` on a fresh connection and waits until the
+/// server counts `depth` waiters, so waiters queue in the order they are made.
+fn queue_waiter(s: &TestServer, depth: f64) -> TcpStream {
+    let mut c = s.connect();
+    c.write_all(&post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":60000}"#)).unwrap();
+    eventually(s, "the waiter queued", |m| m.pool("nthpool_waiters", "p") == depth);
+    c
+}
+
+/// Whether an answer is waiting to be read on `c`, looking for `wait`.
+fn has_answer(c: &TcpStream, wait: Duration) -> bool {
+    c.set_read_timeout(Some(wait)).unwrap();
+    let ready = c.peek(&mut [0u8; 1]).is_ok();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    ready
+}
+
+#[test]
+fn sighup_that_lowers_the_limit_below_held_revokes_nothing() {
+    let pool = |n: u32| config(&format!(r#""concurrency":{n},"adaptive":false"#), "");
+    let s = TestServer::start(&pool(3));
+    let held: Vec<String> = (0..3).map(|_| s.acquire("", "").slot()).collect();
+    reload_with(&s, &pool(1));
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("concurrency")), "{r:?}");
+    assert_eq!((r.header_u64("x-nthpool-effective-limit"), r.header_u64("x-nthpool-remaining-slots")), (1, 0));
+    for slot in &held {
+        assert_eq!(s.renew(slot).status, 200, "a held slot is not revoked");
+    }
+    assert_eq!(s.release(&held[0], "").json()["released"], true);
+    assert_eq!(s.release(&held[1], "").json()["released"], true);
+    assert_eq!(s.acquire("", "").status, 429, "one held under a limit of one: still full");
+    assert_eq!(s.release(&held[2], "").json()["released"], true);
+    assert_eq!(s.acquire("", "").status, 200, "granted once held is under the new limit");
+    let m = metrics(&s);
+    assert_eq!((m.pool("nthpool_slots_held", "p"), m.pool("nthpool_effective_limit", "p")), (1.0, 1.0));
+}
+
+#[test]
+fn sighup_that_raises_the_limit_grants_waiters_in_their_order() {
+    let pool =
+        |n: u32| config(&format!(r#""concurrency":{n},"adaptive":false,"queue":{{"size":10,"timeoutMs":60000}}"#), "");
+    let s = TestServer::start(&pool(1));
+    let held = s.acquire("", "").slot();
+    let mut waiters: Vec<TcpStream> = (1..=3).map(|depth| queue_waiter(&s, depth as f64)).collect();
+    reload_with(&s, &pool(3));
+    for (i, w) in waiters.iter_mut().take(2).enumerate() {
+        let r = read_response(w).expect("an answer");
+        assert_eq!(r.status, 200, "waiter {i} is granted by the reload: {r:?}");
+    }
+    assert!(!has_answer(&waiters[2], Duration::from_millis(200)), "the third waits: three held under three");
+    assert_eq!(s.release(&held, "").json()["released"], true);
+    assert_eq!(read_response(&mut waiters[2]).expect("an answer").status, 200);
+}
+
+#[test]
+fn sighup_that_shrinks_the_queue_keeps_every_waiter() {
+    // Waiters beyond a new, smaller queue.size stay queued with their own
+    // deadlines; newcomers are refused until the queue is under the new size.
+    let pool = |size: u32| {
+        config(&format!(r#""concurrency":1,"adaptive":false,"queue":{{"size":{size},"timeoutMs":60000}}"#), "")
+    };
+    let s = TestServer::start(&pool(10));
+    let mut held = s.acquire("", "").slot();
+    let mut waiters: Vec<TcpStream> = (1..=3).map(|depth| queue_waiter(&s, depth as f64)).collect();
+    reload_with(&s, &pool(1));
+    assert_eq!(metrics(&s).pool("nthpool_waiters", "p"), 3.0, "no waiter is dropped");
+    let r = s.acquire("", r#"{"waitMs":60000}"#);
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("queue_full")), "{r:?}");
+    assert_eq!(r.header_u64("x-nthpool-queue-depth"), 3);
+    for (i, w) in waiters.iter_mut().enumerate() {
+        assert_eq!(s.release(&held, "").json()["released"], true);
+        let r = read_response(w).expect("an answer");
+        assert_eq!(r.status, 200, "waiter {i} is granted in its turn: {r:?}");
+        held = r.slot();
+    }
+    assert_eq!(metrics(&s).pool("nthpool_waiters", "p"), 0.0);
+    assert_eq!(s.release(&held, "").json()["released"], true);
+    assert_eq!(s.acquire("", r#"{"waitMs":60000}"#).status, 200, "a slot is free");
+}
+
+#[test]
+fn sighup_that_removes_a_pool_answers_its_waiters_and_lets_its_holders_finish() {
+    let both = format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"p":{{"keys":["{KEY}"]}},
+        "gone":{{"keys":["gone-key"],"concurrency":1,"queue":{{"size":10,"timeoutMs":60000}}}}}}}}"#
+    );
+    let s = TestServer::start(&both);
+    let gone = |what: &str| post(&format!("/pools/gone/lock/{what}"), "gone-key", "", "");
+    let held = s.request(&gone("acquire")).slot();
+    let mut waiter = s.connect();
+    waiter.write_all(&post("/pools/gone/lock/acquire", "gone-key", "", r#"{"waitMs":60000}"#)).unwrap();
+    eventually(&s, "the waiter queued", |m| m.pool("nthpool_waiters", "gone") == 1.0);
+    let started = Instant::now();
+    reload_with(&s, &config("", ""));
+    let r = read_response(&mut waiter).expect("the waiter is answered");
+    assert!(started.elapsed() < Duration::from_secs(10), "answered at once, not at its deadline");
+    assert_eq!((r.status, r.error_code()), (504, "queue_timeout".to_string()), "{r:?}");
+    let message = r.json()["message"].as_str().unwrap().to_string();
+    assert!(message.contains("removed from the configuration"), "{message}");
+    assert_eq!(s.request(&gone(&format!("{held}/renew"))).status, 200, "its holder renews");
+    assert_eq!(s.request(&gone(&format!("{held}/release"))).json()["released"], true);
+    assert_eq!(s.request(&gone("acquire")).status, 401, "and nobody acquires");
+}
+
+#[test]
+fn sighup_applies_key_and_access_changes_to_held_slots_at_once() {
+    let s = TestServer::start(&config("", ""));
+    let slot = s.acquire("", "").slot();
+    let with_key = |key: &str, extra: &str| config(extra, "").replace(KEY, key);
+    let renew = |key: &str| s.request(&post(&format!("/pools/p/lock/{slot}/renew"), key, "", ""));
+    // A key a reload removes is refused at once, for the slots it took too;
+    // they are renewed and released with a key the pool has now.
+    reload_with(&s, &with_key("rotated-key-01", ""));
+    assert_eq!(renew(KEY).status, 401);
+    assert_eq!(renew("rotated-key-01").status, 200);
+    // A new policy applies to held slots as to new callers.
+    reload_with(&s, &with_key("rotated-key-01", r#""access":{"ipAllow":["10.0.0.0/8"]}"#));
+    assert_eq!(renew("rotated-key-01").status, 403);
+    reload_with(&s, &with_key("rotated-key-01", ""));
+    let r = s.request(&post(&format!("/pools/p/lock/{slot}/release"), "rotated-key-01", "", ""));
+    assert_eq!(r.json()["released"], true, "{r:?}");
+}
+
+#[test]
+fn sighup_in_quick_succession_loses_nothing_and_ends_on_the_last_file() {
+    let pool = |n: u32, timeout: u32| {
+        config(&format!(r#""concurrency":{n},"adaptive":false,"queue":{{"size":10,"timeoutMs":{timeout}}}"#), "")
+    };
+    let s = TestServer::start(&pool(1, 60000));
+    let held = s.acquire("", "").slot();
+    let mut waiter = queue_waiter(&s, 1.0);
+    // Each file is complete when its signal is sent (written aside, then renamed).
+    let staged = s.dir.join("config.json.new");
+    for i in 0..20 {
+        let last = i == 19;
+        std::fs::write(&staged, pool(if last { 2 } else { 1 }, 30000 + i)).unwrap();
+        std::fs::rename(&staged, &s.config_path).unwrap();
+        s.signal("HUP");
+    }
+    let r = read_response(&mut waiter).expect("the waiter is granted by the last file's limit");
+    assert_eq!((r.status, r.header_u64("x-nthpool-limit")), (200, 2), "{r:?}");
+    let m = metrics(&s);
+    let (applied, refused) = reloads(&m);
+    assert!(applied >= 1.0 && refused == 0.0, "signals may merge, never fail: {applied} applied, {refused} refused");
+    assert_eq!(m.pool("nthpool_slots_held", "p"), 2.0);
+    assert_eq!(s.renew(&held).status, 200);
 }
 
 #[test]

@@ -166,6 +166,40 @@ fn a_pools_own_listener_proxies_every_request() {
 }
 
 #[test]
+fn a_pools_own_listener_stays_bound_to_it_across_reloads() {
+    // A bound listener is not moved by a reload (that waits for a restart):
+    // it goes on serving its pool, with a 404 while the pool does not proxy.
+    let up = MockUpstream::start(|_| ok("via listener", ""));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let section = format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:{port}"}}"#, up.url());
+    let server = TestServer::start(&config(&section, ""));
+    let get = || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(format!("GET /x HTTP/1.1\r\nHost: h\r\nX-Nthpool-Key: {KEY}\r\n\r\n").as_bytes()).unwrap();
+        read_any(&mut s).unwrap()
+    };
+    let reload_until = |config_json: &str, status: u16| {
+        std::fs::write(&server.config_path, config_json).unwrap();
+        server.signal("HUP");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let r = get();
+            if r.status == status {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "never answered {status} after the reload: {r:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    assert_eq!(get().status, 200);
+    let r = reload_until(&config("", ""), 404);
+    assert_eq!(r.error_code(), "not_found", "{r:?}");
+    let r = reload_until(&config(&section, ""), 200);
+    assert_eq!(r.body, b"via listener");
+}
+
+#[test]
 fn chunked_bodies_are_relayed_both_ways() {
     let up = MockUpstream::start(|seen| {
         assert!(seen.chunked);

@@ -396,6 +396,37 @@ fn reload(s: &TestServer, config_json: &str) {
 }
 
 #[test]
+fn a_reload_during_the_window_neither_ends_nor_extends_it_and_a_pool_it_adds_has_none() {
+    let pool = |concurrency: u32| format!(r#""concurrency":{concurrency},"termMs":3000,"renewIntervalMs":500"#);
+    let first = TestServer::start(&config(&pool(1), ""));
+    let slot = first.acquire("", "").slot();
+    let kept = kill_9(first);
+    let s = restart(&kept);
+    let started = Instant::now();
+    assert!(recovering(&s.acquire("", "")));
+    std::thread::sleep(Duration::from_millis(1000));
+    let with_fresh = config(&pool(2), "").replace(r#""pools":{"#, r#""pools":{"fresh":{"keys":["fresh-key"]},"#);
+    reload(&s, &with_fresh);
+    let r = s.acquire("", "");
+    assert!(recovering(&r), "the reload did not end the window: {r:?}");
+    assert_eq!(r.header_u64("x-nthpool-limit"), 2, "and its limits apply");
+    let fresh = s.request(&post("/pools/fresh/lock/acquire", "fresh-key", "", ""));
+    assert_eq!(fresh.status, 200, "a pool the reload added has no window: {fresh:?}");
+    assert_eq!(s.renew(&slot).status, 200, "an old holder is re-adopted after the reload");
+    // The window ends one term after the start, not one term after the reload.
+    let granted = loop {
+        let r = s.acquire("", "");
+        if r.status == 200 {
+            break started.elapsed();
+        }
+        assert!(recovering(&r), "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(20), "the window never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(granted < Duration::from_millis(3900), "the reload extended the window to {granted:?}");
+}
+
+#[test]
 fn a_reload_moves_the_snapshot_and_retimes_the_periodic_writer() {
     let pool = r#""concurrency":3,"termMs":20000,"renewIntervalMs":5000"#;
     let s = TestServer::start(&config(pool, r#""stateFile":"a.state""#));

@@ -778,7 +778,7 @@ impl App {
     ) {
         self.rejections.count(Some(attempt.pool), status);
         self.note_acquire(attempt, now.wall(), status, Some(denial.reason), denial.queued_ms, None);
-        self.write_denial(out, denial, status, close);
+        self.write_denial(out, denial, status, attempt.pool, close);
     }
 
     /// The `504` of a queued acquire whose client half-closed: its wait ends
@@ -791,10 +791,15 @@ impl App {
         self.write_denial_as(out, denial, status, "queue_timeout", message, close);
     }
 
-    /// A `429` (fail fast, queue full) or `504` (queue deadline).
-    fn write_denial(&mut self, out: &mut Vec<u8>, denial: &Denial, status: Status, close: bool) {
+    /// A `429` (fail fast, queue full) or `504` (queue deadline, or the
+    /// pool removed by a reload: a retired pool has no waiters left, as they
+    /// are all answered the moment it is retired).
+    fn write_denial(&mut self, out: &mut Vec<u8>, denial: &Denial, status: Status, pool: PoolId, close: bool) {
         let (code, message) = if status == Status::GatewayTimeout {
-            ("queue_timeout", "No slot opened within the wait budget.")
+            match self.gov.pool(pool).retired {
+                false => ("queue_timeout", "No slot opened within the wait budget."),
+                true => ("queue_timeout", "The pool was removed from the configuration while this request waited."),
+            }
         } else {
             match denial.reason {
                 crate::governor::DenyReason::QueueFull => ("too_many_requests", "The pool's wait queue is full."),

@@ -172,7 +172,7 @@ impl App {
         let epoch_now = now.wall();
         self.rejections.count(Some(attempt.pool), status);
         self.observe_acquire(attempt, epoch_now, status, Some(code), Some(denial.reason), denial.queued_ms, None);
-        self.write_denial(out, denial, status, close);
+        self.write_denial(out, denial, status, attempt.pool, close);
         let line = ProxiedLine {
             deny_reason: Some(denial.reason),
             ..ProxiedLine::refused(method_and_path, status.code(), code, denial.queued_ms)

@@ -38,7 +38,7 @@ pub struct UpstreamConfig {
     pub listen: Option<String>,
     #[serde(default)]
     pub hosts: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "unique_headers")]
     pub set_headers: BTreeMap<String, Secret>,
     #[serde(default = "defaults::wait_ms")]
     pub wait_ms: u64,
@@ -55,6 +55,12 @@ pub struct UpstreamConfig {
     /// An `https://` upstream's TLS handshake must be done this long after the connect.
     #[serde(default = "defaults::tls_handshake_timeout_ms")]
     pub tls_handshake_timeout_ms: u64,
+}
+
+/// `setHeaders`, refusing a name given twice (the case-insensitive repeats
+/// are found by `validate`).
+fn unique_headers<'de, D: serde::Deserializer<'de>>(de: D) -> Result<BTreeMap<String, Secret>, D::Error> {
+    super::unique_map(de, "header")
 }
 
 mod defaults {

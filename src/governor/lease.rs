@@ -326,6 +326,11 @@ pub struct Lease {
     pub text: SlotText,
     pub lease_deadline: Ms,
     pub request_deadline: Ms,
+    /// The term it was granted with, which every renewal extends it by: a
+    /// reload's new `termMs` is for new grants, since the holder renews on
+    /// the `renewIntervalMs` its grant told it. (It fits in the padding: a
+    /// lease is no larger for it.)
+    pub term_ms: u32,
     /// The pool's congestion epoch when granted: reports about leases from an
     /// older epoch do not cut the limit again.
     pub epoch: u32,
@@ -343,9 +348,10 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The renewed deadline; a lease never outlives its request deadline.
-    pub fn renewed_deadline(&self, now: Ms, term_ms: u64) -> Ms {
-        now.saturating_add(term_ms).min(self.request_deadline)
+    /// The renewed deadline: one of its own terms from `now`; a lease never
+    /// outlives its request deadline.
+    pub fn renewed_deadline(&self, now: Ms) -> Ms {
+        now.saturating_add(self.term_ms as Ms).min(self.request_deadline)
     }
 
     pub fn is_capped(&self) -> bool {
@@ -514,6 +520,7 @@ mod tests {
             text: SlotId([0; SLOT_ID_BYTES]).encode(),
             lease_deadline: 100,
             request_deadline: 150,
+            term_ms: 30,
             epoch: 0,
             granted_at: 0,
             grant_seq: 0,
@@ -521,7 +528,7 @@ mod tests {
             adopted: false,
             idem: super::super::idempotency::NO_KEY,
         };
-        assert_eq!(lease.renewed_deadline(90, 30), 120);
-        assert_eq!(lease.renewed_deadline(130, 30), 150);
+        assert_eq!(lease.renewed_deadline(90), 120);
+        assert_eq!(lease.renewed_deadline(130), 150);
     }
 }

@@ -429,13 +429,20 @@ impl<T: Copy> Governor<T> {
     fn grant_of(&self, idx: usize, now: Ms) -> Grant {
         let lease = &self.leases[idx];
         let s = self.pools[lease.pool.0 as usize].settings;
+        let term_ms = lease.term_ms as u64;
+        // A reload since the grant may have changed the pool's term: the
+        // lease keeps its own, and the interval asked for now is scaled to it.
+        let renew_interval_ms = match term_ms == s.term_ms {
+            true => s.renew_interval_ms,
+            false => (s.renew_interval_ms * term_ms / s.term_ms).clamp(1, term_ms - 1),
+        };
         Grant {
             slot: lease.id,
             text: lease.text,
             lease_deadline: lease.lease_deadline,
             request_deadline: lease.request_deadline,
-            term_ms: s.term_ms,
-            renew_interval_ms: s.renew_interval_ms,
+            term_ms,
+            renew_interval_ms,
             queued_ms: 0,
             signals: self.signals(lease.pool, now),
         }
@@ -455,7 +462,7 @@ impl<T: Copy> Governor<T> {
             pool.stats.renew_capped += 1;
             return Err(RenewError::Capped);
         }
-        lease.lease_deadline = lease.renewed_deadline(now, pool.settings.term_ms);
+        lease.lease_deadline = lease.renewed_deadline(now);
         pool.stats.renewed += 1;
         Ok(lease.lease_deadline)
     }
@@ -647,6 +654,7 @@ impl<T: Copy> Governor<T> {
             text,
             lease_deadline,
             request_deadline,
+            term_ms: s.term_ms as u32,
             epoch,
             granted_at: now,
             grant_seq,
@@ -738,6 +746,8 @@ impl<T: Copy> Governor<T> {
             text: id.encode(),
             lease_deadline,
             request_deadline,
+            // The term it was granted with is not in the id: the pool's is.
+            term_ms: pool.settings.term_ms as u32,
             epoch,
             granted_at: now,
             grant_seq,

@@ -19,6 +19,7 @@ pub struct PoolSettings {
     pub queue_size: u32,
     pub queue_timeout_ms: u64,
     pub rpm: Option<(u32, u32)>,
+    /// At most a week (the configuration's bound), so a lease keeps it in a `u32`.
     pub term_ms: u64,
     pub renew_interval_ms: u64,
     pub request_timeout_ms: u64,
@@ -109,6 +110,7 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(name: &str, settings: PoolSettings, seal: PoolSeal) -> Pool {
+        debug_assert!(settings.term_ms <= u32::MAX as u64);
         Pool {
             name: name.into(),
             seal,
@@ -127,6 +129,7 @@ impl Pool {
 
     /// Applies new settings; held slots, the queue and what was learned stay.
     pub fn reconfigure(&mut self, settings: PoolSettings, now: Ms) {
+        debug_assert!(settings.term_ms <= u32::MAX as u64);
         self.learning.reconfigure(settings.concurrency, settings.adaptive);
         self.gate = match (settings.rpm, self.gate.take()) {
             (None, _) => None,

@@ -232,6 +232,8 @@ impl<T: Copy> Governor<T> {
                 text: l.id.encode(),
                 lease_deadline,
                 request_deadline,
+                // The file does not carry the term it was granted with: the pool's is used.
+                term_ms: pool.settings.term_ms as u32,
                 epoch: l.epoch,
                 granted_at: monotonic(l.granted_at),
                 grant_seq: l.grant_seq,

@@ -511,6 +511,51 @@ fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
 }
 
 #[test]
+fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
+    let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#);
+    let key = crate::governor::idempotency::IdemKey::new(7, b"retry").unwrap();
+    let Ok(Admission::Granted(a)) = g.acquire_keyed(p, &key, 0, 1, 0) else { panic!("granted") };
+    let shorter = Config::parse(
+        br#"{"pools":{"p":{"keys":["k"],"termMs":100,"renewIntervalMs":30,"requestTimeoutMs":60000},"other":{"keys":["k2"]}}}"#,
+    )
+    .unwrap();
+    g.reconfigure(&pool_settings(&shorter), 10);
+    // Its holder renews every 300 ms, as its grant said: a 100 ms term would lose it.
+    assert_eq!(g.renew(p, &id(&a), 300), Ok(1300), "renewed by its own term");
+    assert_eq!(g.renew(p, &id(&a), 600), Ok(1600));
+    // A retry of its acquire is told the lease's term, and the pool's ratio of renewals to it.
+    let Ok(Admission::Granted(again)) = g.acquire_keyed(p, &key, 0, 2, 700) else { panic!("the same grant") };
+    assert_eq!((again.slot, again.term_ms, again.renew_interval_ms), (a.slot, 1000, 300));
+    // A new grant has the new term.
+    let b = granted(g.acquire(p, 0, 3, 700));
+    assert_eq!((b.term_ms, b.renew_interval_ms, b.lease_deadline), (100, 30, 800));
+    assert_eq!(g.renew(p, &id(&b), 750), Ok(850));
+}
+
+#[test]
+fn a_reload_that_turns_learning_or_the_rate_gate_off_and_on_starts_them_afresh() {
+    let with = |extra: &str| {
+        let text = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":8{extra}}},"other":{{"keys":["k2"]}}}}}}"#);
+        pool_settings(&Config::parse(text.as_bytes()).unwrap())
+    };
+    let (mut g, p) = governor(r#","concurrency":8,"rpm":60,"rpmBurst":3"#);
+    let slots: Vec<Grant> = (0..3).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+    assert_eq!(g.pool(p).rpm_remaining(), Some(0));
+    let throttled = Outcome { status: Some(429), throttled: 1, ..OK };
+    for s in &slots {
+        g.release(p, &id(s), Some(&throttled), 10);
+    }
+    assert!(g.pool(p).effective_limit() < 8, "cut by the refusals");
+    g.reconfigure(&with(r#","adaptive":false"#), 20);
+    assert_eq!(g.pool(p).effective_limit(), 8, "learning off: the configured limit");
+    assert_eq!(g.pool(p).rpm_remaining(), None, "no gate");
+    g.reconfigure(&with(r#","rpm":60,"rpmBurst":3"#), 30);
+    assert_eq!(g.pool(p).rpm_remaining(), Some(3), "a gate a reload adds starts full");
+    assert_eq!(g.pool(p).effective_limit(), 8, "learning on again starts from the configured limit");
+    assert_eq!(granted(g.acquire(p, 0, 9, 30)).signals.rpm_remaining, Some(2));
+}
+
+#[test]
 fn undelivered_grant_is_released() {
     let (mut g, p) = governor(r#","concurrency":1"#);
     let a = granted(g.acquire(p, 0, 1, 0));

@@ -35,6 +35,8 @@ pub const EMBEDDED_DEFAULT: &str = r#"{
 pub const MAX_CONCURRENCY: u32 = 10_000_000;
 pub const MAX_QUEUE_SIZE: u32 = 10_000_000;
 pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
+/// The shortest `termMs`.
+pub const MIN_TERM_MS: u64 = 10;
 pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
 pub const MAX_CONNECTIONS: usize = 1_000_000;
 /// The longest `idleSpinUs`: a spin is a pause in sleeping, not a busy loop.
@@ -527,8 +529,8 @@ impl PoolConfig {
         if self.idempotency_keys == 0 || self.idempotency_keys > MAX_QUEUE_SIZE {
             return fail(format!("idempotencyKeys must be between 1 and {MAX_QUEUE_SIZE}"));
         }
-        if self.term_ms < 10 || self.term_ms > MAX_DURATION_MS {
-            return fail(format!("termMs must be between 10 and {MAX_DURATION_MS}"));
+        if self.term_ms < MIN_TERM_MS || self.term_ms > MAX_DURATION_MS {
+            return fail(format!("termMs must be between {MIN_TERM_MS} and {MAX_DURATION_MS}"));
         }
         if self.renew_interval_ms == 0 || self.renew_interval_ms >= self.term_ms {
             return fail(format!(

@@ -323,6 +323,57 @@ fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
     assert_eq!(s.acquire("", "").status, 429, "its slot counts");
 }
 
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// The old term and renewal interval, and a new term shorter than that interval.
+const T1: u64 = 2000;
+const R1: u64 = 600;
+const T2: u64 = 200;
+
+/// A holder of the one slot of `p` granted with a term of `T1` and told to
+/// renew every `R1` ms goes on doing so across a graceful restart into a
+/// configuration whose term is `T2`; `lower` changes the configuration (a
+/// reload before the stop, or a new file while stopped) and restarts.
+fn a_holder_renews_on_its_old_interval_across_a_restart(lower: impl FnOnce(TestServer, &str) -> TestServer) {
+    let old = format!(r#""concurrency":1,"termMs":{T1},"renewIntervalMs":{R1}"#);
+    let new = format!(r#""concurrency":1,"termMs":{T2},"renewIntervalMs":50"#);
+    let first = TestServer::start(&config(&old, ""));
+    let granted = first.acquire("", "");
+    assert_eq!((granted.json()["termMs"].as_u64(), granted.json()["renewIntervalMs"].as_u64()), (Some(T1), Some(R1)));
+    let slot = granted.slot();
+    let mut last = Instant::now();
+    let s = lower(first, &config(&new, ""));
+    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "restored from the snapshot: no window");
+    for renewal in 0..4 {
+        // Every R1 from the last renewal (the grant, before the restart).
+        std::thread::sleep(Duration::from_millis(R1).saturating_sub(last.elapsed()));
+        last = Instant::now();
+        let before = unix_ms();
+        let renewed = s.renew(&slot);
+        assert_eq!(renewed.status, 200, "renewal {renewal}: {renewed:?}");
+        let deadline = renewed.json()["leaseDeadline"].as_u64().unwrap();
+        assert!(
+            deadline + 50 >= before + T1,
+            "renewal {renewal} extended by less than its term: {deadline} from {before}"
+        );
+        let second = s.acquire("", "");
+        assert_eq!(second.header("x-nthpool-deny-reason"), Some("concurrency"), "renewal {renewal}: {second:?}");
+    }
+    assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
+    assert_eq!(s.release(&slot, "").json()["released"], true);
+    assert_eq!(s.acquire("", "").json()["termMs"].as_u64(), Some(T2), "new grants take the new term");
+}
+
+#[test]
+fn a_lease_keeps_its_term_across_a_graceful_restart_after_a_reload_lowered_it() {
+    a_holder_renews_on_its_old_interval_across_a_restart(|s, lowered| {
+        reload(&s, lowered);
+        restart(&stop(s, "TERM"))
+    });
+}
+
 #[test]
 fn a_lost_secret_with_a_snapshot_left_still_opens_the_window() {
     // The snapshot says a process ran here: its holders get one term to be

@@ -55,6 +55,10 @@ pub struct HeldLease {
     pub request_deadline: u64,
     pub granted_at: u64,
     pub grant_seq: u64,
+    /// The term it was granted with, which its renewals extend it by.
+    /// `None` read from a file that does not carry it (format version 2):
+    /// its pool's term then.
+    pub term_ms: Option<u32>,
     pub epoch: u32,
     pub adopted: bool,
 }
@@ -127,6 +131,7 @@ impl<T: Copy> Governor<T> {
                 request_deadline: self.unix_ms(l.request_deadline),
                 granted_at: self.unix_ms(l.granted_at),
                 grant_seq: l.grant_seq,
+                term_ms: Some(l.term_ms),
                 epoch: l.epoch,
                 adopted: l.adopted,
             });
@@ -202,12 +207,15 @@ impl<T: Copy> Governor<T> {
             let pid = pids[l.pool as usize];
             let (lease_deadline, request_deadline) = (monotonic(l.lease_deadline), monotonic(l.request_deadline));
             let pool = &mut self.pools[pid.0 as usize];
+            // Its holder renews on the interval its grant named, whatever the
+            // pool's term is now (a reload or a deploy since may have lowered it).
+            let term_ms = l.term_ms.unwrap_or(pool.settings.term_ms as u32);
             // A holder that renews has a lease deadline within one term of its
             // last renewal, so this changes nothing for it. A lease the server
             // held to its request deadline (a proxied exchange, SPEC §12) had
             // its holder die with the process: it counts for one term, as the
             // upstream call may still run, and is then reclaimed by its term.
-            let lease_deadline = lease_deadline.min(now.saturating_add(pool.settings.term_ms));
+            let lease_deadline = lease_deadline.min(now.saturating_add(term_ms as Ms));
             if lease_deadline <= now {
                 restored.reclaimed += 1;
                 if lease_deadline >= request_deadline {
@@ -232,8 +240,7 @@ impl<T: Copy> Governor<T> {
                 text: l.id.encode(),
                 lease_deadline,
                 request_deadline,
-                // The file does not carry the term it was granted with: the pool's is used.
-                term_ms: pool.settings.term_ms as u32,
+                term_ms,
                 epoch: l.epoch,
                 granted_at: monotonic(l.granted_at),
                 grant_seq: l.grant_seq,
@@ -314,6 +321,20 @@ mod tests {
         let entropy = crate::governor::Entropy::seeded(epoch_base_ms);
         let mut g = Governor::new(&crate::api::pool_settings(&config), entropy);
         g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch_base_ms)));
+        g
+    }
+
+    /// Pool `p` of 2 slots with a term of `term` ms, renewed every third of it,
+    /// and `q` with the defaults; the process's Unix time starts at `epoch`.
+    fn with_term(term: u64, epoch: u64) -> Governor {
+        let json = format!(
+            r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":2,"termMs":{term},"renewIntervalMs":{}}},"q":{{"keys":["k"]}}}}}}"#,
+            term / 3
+        );
+        let config = Config::parse(json.as_bytes()).unwrap();
+        let mut g: Governor =
+            Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(term));
+        g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
         g
     }
 
@@ -478,17 +499,6 @@ mod tests {
 
     #[test]
     fn a_snapshot_refused_for_a_lowered_term_keeps_the_window_open_until_its_holders_renew() {
-        let with_term = |term: u64, epoch: u64| {
-            let json = format!(
-                r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":2,"termMs":{term},"renewIntervalMs":{}}},"q":{{"keys":["k"]}}}}}}"#,
-                term / 3
-            );
-            let config = Config::parse(json.as_bytes()).unwrap();
-            let mut g: Governor =
-                Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(term));
-            g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
-            g
-        };
         // The old process: a term of 10 s, its holder last renewed at 100.
         let mut old = with_term(10_000, BASE);
         let p = old.pool_id("p").unwrap();
@@ -511,6 +521,47 @@ mod tests {
         assert_eq!(new.pool(q).recovering_until, Some(q_term), "a pool with no holder: one term");
         new.advance(9_300);
         assert!(!new.pool(p).recovering(9_300));
+    }
+
+    #[test]
+    fn a_restored_lease_renews_by_the_term_it_was_granted_with() {
+        use crate::governor::idempotency::IdemKey;
+        let key = IdemKey::new(9, b"kept").unwrap();
+        // The old process: a term of 10 s, renewals every 3 333 ms.
+        let mut old = with_term(10_000, BASE);
+        let p = old.pool_id("p").unwrap();
+        let Ok(Admission::Granted(keyed)) = old.acquire_keyed(p, &key, 0, 1, 0) else { panic!("granted") };
+        let plain = grant(&mut old, "p", 0);
+        assert_eq!((plain.term_ms, plain.renew_interval_ms), (10_000, 3_333));
+        let snap = old.export(100);
+        assert!(snap.leases.iter().all(|l| l.term_ms == Some(10_000)));
+
+        // The successor, 200 ms of Unix time later, has a term of 1 s: its
+        // holders still renew every 3 333 ms, and each renewal gives them 10 s.
+        let mut new = with_term(1_000, BASE + 200);
+        assert_eq!(new.import(&snap, 0).unwrap().held, 2);
+        for at in [3_000, 6_333, 9_666, 12_999] {
+            new.advance(at);
+            assert_eq!(new.renew(p, &plain.text, at), Ok(at + 10_000), "at {at}");
+            assert_eq!(new.renew(p, &keyed.text, at), Ok(at + 10_000), "at {at}");
+        }
+        assert_eq!(new.pool(p).held, 2, "neither lapsed between two renewals");
+        let full = new.acquire(p, 0, 0, 12_999);
+        assert!(matches!(full, Admission::Denied(ref d) if d.reason == DenyReason::Concurrency), "{full:?}");
+        // A retry under the key answers the lease's term, and the pool's
+        // interval scaled to it, as before the restart.
+        let Ok(Admission::Granted(again)) = new.acquire_keyed(p, &key, 0, 2, 12_999) else { panic!("granted") };
+        assert_eq!((again.slot, again.term_ms, again.renew_interval_ms), (keyed.slot, 10_000, 3_330));
+        // New grants take the new term.
+        assert!(new.release(p, &plain.text, None, 13_000));
+        assert_eq!(grant(&mut new, "p", 13_000).term_ms, 1_000);
+
+        // A lease read from a file without terms (version 2) renews by the pool's.
+        let mut v2 = snap.clone();
+        v2.leases.iter_mut().for_each(|l| l.term_ms = None);
+        let mut new = with_term(1_000, BASE + 200);
+        assert_eq!(new.import(&v2, 0).unwrap().held, 2);
+        assert_eq!(new.renew(p, &plain.text, 500), Ok(1_500));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! | 14 | `nthpool-state\n`, the format's name |
 //! | 4 | its version (`VERSION`) |
 //! | 4 + n | the header's length, then the header: a JSON object naming the kind (stop or periodic), when it was written, the identities of the configuration's pools and of the slot secret, each pool's learned state and counters, and how many records follow |
-//! | 87 each | one record per held lease ([`LEASE_RECORD`]) |
+//! | 91 each | one record per held lease ([`LEASE_RECORD`]; 87 in version 2, without the term) |
 //! | 42 each | the ids of re-adopted slots since released (raw bytes) |
 //! | 13 + n each | `index u32, credential u64, length u8, key`: the `Idempotency-Key` of the held lease at `index` |
 //! | 32 | SHA-256 of every byte before it |
@@ -18,6 +18,10 @@
 //! (the JSON of version 1 included) is named as such; a file whose
 //! identities differ from the running ones is not used. It holds slot ids,
 //! so it is created with mode 0600, like the secret.
+//!
+//! Version 2 files are still read, so an upgrade keeps a graceful restart's
+//! leases: their records lack the term each lease was granted with, and the
+//! leases take their pool's current `termMs`, as version 2 builds did.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -28,6 +32,7 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::config::{MAX_DURATION_MS, MIN_TERM_MS};
 use crate::governor::idempotency::IdemKey;
 use crate::governor::learn::Learning;
 use crate::governor::lease::{SlotId, SLOT_ID_BYTES};
@@ -35,15 +40,22 @@ use crate::governor::snapshot::{HeldKey, HeldLease, PoolState, Snapshot};
 use crate::governor::{Governor, PoolStats};
 
 pub const FORMAT: &str = "nthpool-state";
-/// 1: JSON with a `sha256 <hex>` line; 2: this binary layout.
-pub const VERSION: u32 = 2;
+/// 1: JSON with a `sha256 <hex>` line; 2: this binary layout; 3: the same
+/// with each lease's term at the end of its record.
+pub const VERSION: u32 = 3;
+/// The oldest version this build reads.
+const OLDEST: u32 = 2;
 const MAGIC: &[u8; 14] = b"nthpool-state\n";
 /// How version 1 files begin: the JSON object's first two fields.
 const JSON_PREFIX: &[u8] = br#"{"format":"nthpool-state","version":"#;
 const DIGEST: usize = 32;
-/// `index u32, pool u32, epoch u32, adopted u8, slot id, lease deadline,
-/// request deadline, granted at (Unix ms, u64 each), grant sequence u64`.
-pub const LEASE_RECORD: usize = 4 + 4 + 4 + 1 + SLOT_ID_BYTES + 8 * 4;
+/// Version 2's lease record: `index u32, pool u32, epoch u32, adopted u8,
+/// slot id, lease deadline, request deadline, granted at (Unix ms, u64
+/// each), grant sequence u64`.
+const LEASE_RECORD_V2: usize = 4 + 4 + 4 + 1 + SLOT_ID_BYTES + 8 * 4;
+/// Version 3's: version 2's, then the term the lease was granted with
+/// (`termMs`, u32: at most a week), which its renewals extend it by.
+pub const LEASE_RECORD: usize = LEASE_RECORD_V2 + 4;
 
 /// Who wrote a snapshot: a graceful stop (the successor needs no window) or
 /// the periodic timer (grants made after it are unknown: the window opens).
@@ -178,9 +190,13 @@ pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity) -> Vec<u8> {
         record[12] = l.adopted as u8;
         record[13..13 + SLOT_ID_BYTES].copy_from_slice(&l.id.0);
         let times = [l.lease_deadline, l.request_deadline, l.granted_at, l.grant_seq];
-        for (at, n) in record[13 + SLOT_ID_BYTES..].chunks_exact_mut(8).zip(times) {
+        for (at, n) in record[13 + SLOT_ID_BYTES..LEASE_RECORD_V2].chunks_exact_mut(8).zip(times) {
             at.copy_from_slice(&n.to_le_bytes());
         }
+        // Every lease of a running governor knows its term; only one read
+        // from a version 2 file does not.
+        debug_assert!(l.term_ms.is_some());
+        record[LEASE_RECORD_V2..].copy_from_slice(&l.term_ms.unwrap_or(0).to_le_bytes());
         out.extend_from_slice(&record);
     }
     for id in &snap.dead_adopted {
@@ -259,9 +275,12 @@ pub const MISMATCHED: &str = "mismatched: the pools or their settings changed si
 /// or settings: the flag says whether they match.
 pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot, bool), String> {
     let version = version(bytes)?;
-    if version != VERSION {
-        return Err(format!("format {FORMAT:?} version {version}, this build reads {FORMAT:?} version {VERSION}"));
+    if !(OLDEST..=VERSION).contains(&version) {
+        return Err(format!(
+            "format {FORMAT:?} version {version}, this build reads {FORMAT:?} versions {OLDEST} to {VERSION}"
+        ));
     }
+    let record_len = if version == OLDEST { LEASE_RECORD_V2 } else { LEASE_RECORD };
     let Some(body_len) = bytes.len().checked_sub(DIGEST).filter(|&n| n >= MAGIC.len() + 8) else {
         return Err("corrupt: shorter than its header (a torn file)".into());
     };
@@ -276,9 +295,9 @@ pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Sna
         return Err("foreign: written under another slot secret".into());
     }
     let same_config = header.config_identity == identity.config;
-    let count = r.room(header.leases, LEASE_RECORD)?;
+    let count = r.room(header.leases, record_len)?;
     let mut leases = Vec::with_capacity(count);
-    for record in r.take(count * LEASE_RECORD)?.chunks_exact(LEASE_RECORD) {
+    for record in r.take(count * record_len)?.chunks_exact(record_len) {
         let mut r = Reader(record);
         let (index, pool, epoch) = (r.u32()?, r.u32()?, r.u32()?);
         let adopted = match r.array::<1>()? {
@@ -288,6 +307,15 @@ pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Sna
         };
         let id = SlotId(r.array()?);
         let (lease_deadline, request_deadline, granted_at, grant_seq) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        // A term no configuration allows would have renewals extend the
+        // lease by nothing, or for longer than any pool may.
+        let term_ms = match version {
+            OLDEST => None,
+            _ => match r.u32()? {
+                term if (MIN_TERM_MS..=MAX_DURATION_MS).contains(&u64::from(term)) => Some(term),
+                _ => return Err("corrupt: a lease's term is one no configuration allows".into()),
+            },
+        };
         leases.push(HeldLease {
             index,
             pool,
@@ -296,6 +324,7 @@ pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Sna
             request_deadline,
             granted_at,
             grant_seq,
+            term_ms,
             epoch,
             adopted,
         });
@@ -448,7 +477,7 @@ mod tests {
         let future = resealed(&bytes, |b| b[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&9u32.to_le_bytes()));
         assert_eq!(
             decode(&future, &identity).unwrap_err(),
-            r#"format "nthpool-state" version 9, this build reads "nthpool-state" version 2"#
+            r#"format "nthpool-state" version 9, this build reads "nthpool-state" versions 2 to 3"#
         );
         // What version 1 wrote: JSON, then a line with its SHA-256.
         let v1 = b"{\"format\":\"nthpool-state\",\"version\":1,\"kind\":\"stop\",\"leases\":[]}\nsha256 00\n";
@@ -481,8 +510,50 @@ mod tests {
         assert_eq!(record[..4], l.index.to_le_bytes());
         assert_eq!(record[12], 0, "not adopted");
         assert_eq!(record[13..13 + SLOT_ID_BYTES], l.id.0);
-        assert_eq!(record[LEASE_RECORD - 8..], l.grant_seq.to_le_bytes());
+        assert_eq!(record[LEASE_RECORD_V2 - 8..LEASE_RECORD_V2], l.grant_seq.to_le_bytes());
+        assert_eq!(record[LEASE_RECORD_V2..], 30_000u32.to_le_bytes(), "the term it was granted with");
         assert_eq!(decode(&bytes, &identity).unwrap().0, Kind::Periodic);
+    }
+
+    /// What a version 2 build wrote at stop for `setup(4)` after a keyed
+    /// acquire and a plain one at 0, exported at 5 (the records without a term).
+    const VERSION_2_FILE: &[u8] = include_bytes!("../../tests/data/state-v2.bin");
+
+    #[test]
+    fn a_version_2_file_still_loads_with_no_term_for_its_leases() {
+        let mut g = setup(4);
+        let p = g.pool_id("p").unwrap();
+        assert!(g.acquire_keyed(p, &IdemKey::new(77, b"order 42").unwrap(), 0, 0, 0).is_ok());
+        g.acquire(p, 0, 0, 0);
+        let mut expected = g.export(5);
+        for l in &mut expected.leases {
+            assert_eq!(l.term_ms, Some(30_000));
+            l.term_ms = None;
+        }
+        let identity = Identity::new(&g, &[3; 32]);
+        assert_eq!(VERSION_2_FILE[MAGIC.len()..MAGIC.len() + 4], 2u32.to_le_bytes());
+        assert_eq!(decode(VERSION_2_FILE, &identity).unwrap(), (Kind::Stop, expected));
+        // A record of version 2's length in a file that says 3 is refused.
+        let relabelled =
+            resealed(VERSION_2_FILE, |b| b[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&3u32.to_le_bytes()));
+        assert!(decode(&relabelled, &identity).unwrap_err().starts_with("corrupt"));
+    }
+
+    #[test]
+    fn a_term_no_configuration_allows_is_refused() {
+        let mut g = setup(4);
+        let p = g.pool_id("p").unwrap();
+        g.acquire(p, 0, 0, 0);
+        let identity = Identity::new(&g, &[3; 32]);
+        let bytes = encode(&g.export(5), Kind::Stop, &identity);
+        let term_at = bytes.len() - DIGEST - 4;
+        for (term, ok) in [(0, false), (9, false), (10, true), (604_800_000, true), (604_800_001, false)] {
+            let edited = resealed(&bytes, |b| b[term_at..term_at + 4].copy_from_slice(&u32::to_le_bytes(term)));
+            match decode(&edited, &identity) {
+                Ok((_, snap)) => assert!(ok && snap.leases[0].term_ms == Some(term), "{term}"),
+                Err(e) => assert!(!ok && e.contains("term"), "{term}: {e}"),
+            }
+        }
     }
 
     #[test]

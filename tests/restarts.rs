@@ -308,13 +308,15 @@ fn a_refused_snapshot_is_set_aside_and_never_loaded_by_a_later_start() {
 #[test]
 fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
     // Holders of the old process renew every 2 s (term 6 s); the new
-    // configuration's term is 1 s. Its window must last until the leases the
+    // configuration's term is 1 s, and it turns learning off, so the
+    // snapshot is refused. Its window must last until the leases the
     // refused snapshot holds would end, or their holders find a full pool.
     let old_pool = r#""concurrency":1,"termMs":6000,"renewIntervalMs":2000"#;
     let first = TestServer::start(&config(old_pool, ""));
     let slot = first.acquire("", "").slot();
     let kept = stop(first, "TERM");
-    std::fs::write(&kept.1, config(r#""concurrency":1,"termMs":1000,"renewIntervalMs":300"#, "")).unwrap();
+    let new_pool = r#""concurrency":1,"termMs":1000,"renewIntervalMs":300,"adaptive":false"#;
+    std::fs::write(&kept.1, config(new_pool, "")).unwrap();
     let s = restart(&kept);
     std::thread::sleep(Duration::from_millis(1300));
     let denied = s.acquire("", "");
@@ -371,6 +373,15 @@ fn a_lease_keeps_its_term_across_a_graceful_restart_after_a_reload_lowered_it() 
     a_holder_renews_on_its_old_interval_across_a_restart(|s, lowered| {
         reload(&s, lowered);
         restart(&stop(s, "TERM"))
+    });
+}
+
+#[test]
+fn a_lease_keeps_its_term_across_a_graceful_restart_into_a_configuration_that_lowers_it() {
+    a_holder_renews_on_its_old_interval_across_a_restart(|s, lowered| {
+        let kept = stop(s, "TERM");
+        std::fs::write(&kept.1, lowered).unwrap();
+        restart(&kept)
     });
 }
 

@@ -178,7 +178,7 @@ impl Persistence {
     /// periodic timer must be armed again (`interval_ms` changed). The slot
     /// secret stays the one read at start: the ids held now are signed with it.
     pub fn reconfigured<T: Copy>(&mut self, gov: &Governor<T>, config: &Config, config_path: &Path) -> bool {
-        self.identity.config = snapshot::config_identity(gov);
+        self.identity.reconfigured(gov);
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
         if self.secret_path.as_ref().is_some_and(|p| *p != secret_path) {
             warn!("reload: a new `slotSecretFile` takes effect at the next restart (held slots are signed with the current one)");

@@ -69,22 +69,39 @@ pub enum Kind {
 /// What a snapshot must match to be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    /// SHA-256 of every pool's name and governor settings.
+    /// SHA-256 of every pool's name and governor settings, as this version
+    /// writes it (`config_identity`).
     pub config: String,
+    /// The same as version 2 wrote it.
+    pub config_v2: String,
     /// A MAC under the slot secret: a file of another secret's ids is foreign.
     pub secret: String,
 }
 
 impl Identity {
     pub fn new<T: Copy>(gov: &Governor<T>, secret: &[u8; 32]) -> Identity {
-        Identity { config: config_identity(gov), secret: secret_identity(secret) }
+        Identity {
+            config: config_identity(gov, VERSION),
+            config_v2: config_identity(gov, OLDEST),
+            secret: secret_identity(secret),
+        }
+    }
+
+    /// A reload changed the pools or their settings; the secret stays.
+    pub fn reconfigured<T: Copy>(&mut self, gov: &Governor<T>) {
+        self.config = config_identity(gov, VERSION);
+        self.config_v2 = config_identity(gov, OLDEST);
     }
 }
 
 /// The governor's configured pools and the settings held leases and learned
-/// state depend on. Keys and access policies are not part of it: rotating a
-/// key keeps the snapshot.
-pub fn config_identity<T: Copy>(gov: &Governor<T>) -> String {
+/// state depend on, as a file of `version` holds it. Keys and access
+/// policies are not part of it: rotating a key keeps the snapshot. Nor,
+/// since version 3, are `termMs` and `renewIntervalMs`: each lease in the
+/// file keeps the term it was granted with, so a new term is for the grants
+/// that follow, as after a reload. A version 2 file's leases take their
+/// pool's term: they are used only under the term they were written with.
+pub fn config_identity<T: Copy>(gov: &Governor<T>, version: u32) -> String {
     let mut h = Sha256::new();
     // By name: a pool a reload added sits after the others in the governor,
     // where a start from the same configuration puts it in name order.
@@ -95,17 +112,9 @@ pub fn config_identity<T: Copy>(gov: &Governor<T>) -> String {
         let (rpm, burst) = s.rpm.unwrap_or((0, 0));
         h.update(pool.name.as_bytes());
         h.update([0]);
-        for n in [
-            s.concurrency as u64,
-            s.queue_size as u64,
-            s.queue_timeout_ms,
-            rpm as u64,
-            burst as u64,
-            s.term_ms,
-            s.renew_interval_ms,
-            s.request_timeout_ms,
-            s.adaptive as u64,
-        ] {
+        let limits = [s.concurrency as u64, s.queue_size as u64, s.queue_timeout_ms, rpm as u64, burst as u64];
+        let terms: &[u64] = if version == OLDEST { &[s.term_ms, s.renew_interval_ms] } else { &[] };
+        for n in limits.iter().chain(terms).chain(&[s.request_timeout_ms, s.adaptive as u64]) {
             h.update(n.to_le_bytes());
         }
     }
@@ -294,7 +303,8 @@ pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Sna
     if header.secret_identity != identity.secret {
         return Err("foreign: written under another slot secret".into());
     }
-    let same_config = header.config_identity == identity.config;
+    let config = if version == OLDEST { &identity.config_v2 } else { &identity.config };
+    let same_config = header.config_identity == *config;
     let count = r.room(header.leases, record_len)?;
     let mut leases = Vec::with_capacity(count);
     for record in r.take(count * record_len)?.chunks_exact(record_len) {
@@ -491,10 +501,14 @@ mod tests {
         let mut reloaded = setup(4);
         reloaded.reconfigure(&both, 0);
         let started = Governor::<()>::new(&both, crate::governor::Entropy::seeded(1));
-        assert_eq!(config_identity(&reloaded), config_identity(&started));
+        assert_eq!(Identity::new(&reloaded, &[3; 32]), Identity::new(&started, &[3; 32]));
         let only_p = r#"{"pools":{"p":{"keys":["k"],"concurrency":4}}}"#;
         reloaded.reconfigure(&crate::api::pool_settings(&Config::parse(only_p.as_bytes()).unwrap()), 0);
-        assert_eq!(config_identity(&reloaded), config_identity(&setup(4)), "a retired pool is left out");
+        assert_eq!(
+            Identity::new(&reloaded, &[3; 32]),
+            Identity::new(&setup(4), &[3; 32]),
+            "a retired pool is left out"
+        );
     }
 
     #[test]
@@ -537,6 +551,29 @@ mod tests {
         let relabelled =
             resealed(VERSION_2_FILE, |b| b[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&3u32.to_le_bytes()));
         assert!(decode(&relabelled, &identity).unwrap_err().starts_with("corrupt"));
+    }
+
+    #[test]
+    fn a_new_term_matches_a_version_3_file_but_not_a_version_2_one() {
+        let with = |settings: &str| {
+            let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":4{settings}}}}}}}"#);
+            let settings = crate::api::pool_settings(&Config::parse(json.as_bytes()).unwrap());
+            let mut g: Governor = Governor::new(&settings, crate::governor::Entropy::seeded(4));
+            g.set_identity(&[3; 32], crate::time::Epoch::at(crate::time::EpochMs(1_800_000_000_000)));
+            Identity::new(&g, &[3; 32])
+        };
+        let mut g = setup(4);
+        let p = g.pool_id("p").unwrap();
+        g.acquire(p, 0, 0, 0);
+        let bytes = encode(&g.export(5), Kind::Stop, &Identity::new(&g, &[3; 32]));
+        let new_term = with(r#","termMs":2000,"renewIntervalMs":700"#);
+        assert!(decode(&bytes, &new_term).is_ok(), "its leases keep their terms: a new one is a reload's change");
+        assert!(decode(VERSION_2_FILE, &with("")).is_ok());
+        assert_eq!(decode(VERSION_2_FILE, &new_term).unwrap_err(), MISMATCHED, "its leases would take the new term");
+        for other in [r#","requestTimeoutMs":90000"#, r#","adaptive":false"#, r#","queue":{"size":3}"#, r#","rpm":60"#]
+        {
+            assert_eq!(decode(&bytes, &with(other)).unwrap_err(), MISMATCHED, "{other}");
+        }
     }
 
     #[test]

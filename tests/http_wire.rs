@@ -819,6 +819,24 @@ fn an_absolute_form_target_without_a_path_is_the_root() {
     assert_eq!(exchange(&mut s.connect(), raw.as_bytes()).status, 200);
 }
 
+/// `OPTIONS *` (asterisk-form) and `CONNECT host:port` (authority-form) name
+/// no resource here: `400` and close, and the server goes on serving.
+#[test]
+fn asterisk_and_authority_form_targets_are_refused() {
+    let s = TestServer::start(&config("", ""));
+    for raw in
+        ["OPTIONS * HTTP/1.1\r\nHost: localhost\r\n\r\n", "CONNECT localhost:80 HTTP/1.1\r\nHost: localhost:80\r\n\r\n"]
+    {
+        let mut c = s.connect();
+        let r = exchange(&mut c, raw.as_bytes());
+        assert_error(&r, 400, "bad_request", raw);
+        assert_answer_closes(&mut c, &r, raw);
+    }
+    let raw =
+        format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(exchange(&mut s.connect(), raw.as_bytes()).status, 200);
+}
+
 #[test]
 fn a_later_http_1_minor_version_is_served_as_1_1() {
     let s = TestServer::start(&config("", ""));

@@ -14,11 +14,11 @@
 //! - A concurrency refusal cuts the limit to the evidence: the calls still in
 //!   flight when it arrives (never below half the limit per report, never
 //!   below 1). Its retry hint pauses the pool only when refusals go on after
-//!   a cut with no success in between.
+//!   a cut: of leases granted after it, with no success of one in between.
 //! - Successes grow the limit by one per `effective` successes while the pool
 //!   uses its limit, up to just under the last refused level; the step onto
 //!   that level (a probe) waits `probe_wait` such successes, which doubles on
-//!   every failed probe.
+//!   every refused probe.
 //! - Budget windows are told apart by their reset instant: within one window
 //!   `remaining` only goes down; a report of a later window replaces it; a
 //!   report of a window that already ended is ignored.
@@ -161,8 +161,8 @@ pub struct Reported {
 pub const PROBE_WAIT_MIN: u32 = 256;
 /// A probe that keeps failing waits at most this many successes.
 pub const PROBE_WAIT_MAX: u32 = 16_384;
-/// Concurrency refusals in a row (no success between) that make a retry hint
-/// pool-wide.
+/// Concurrency refusals in a row of leases granted after the last cut (no
+/// success of one between) that make a retry hint pool-wide.
 pub const POOL_WIDE_STREAK: u32 = 3;
 /// Calls granted this close together may reach the upstream in either
 /// order (they leave through different connections and threads), so a
@@ -253,11 +253,15 @@ pub struct Learning {
     pub refused_at: u32,
     /// Successes at full use needed before probing `refused_at`.
     pub probe_wait: u32,
+    /// Growth stepped onto `refused_at`: a refusal now is a refused probe.
+    #[serde(default)]
+    pub probe_out: bool,
     /// Bumped at every cut; leases remember the epoch they were granted in.
     pub epoch: u32,
     /// Successes counted towards the next step of growth.
     pub successes: u32,
-    /// Concurrency refusals since the last success.
+    /// Concurrency refusals of leases granted after the last cut, since the
+    /// last success of one.
     pub refusal_streak: u32,
     /// Grants made so far (orders reports against grants).
     pub grants: u64,
@@ -309,6 +313,7 @@ impl Learning {
             start: if ramps { Start::Pending } else { Start::Done },
             refused_at: 0,
             probe_wait: PROBE_WAIT_MIN,
+            probe_out: false,
             epoch: 0,
             successes: 0,
             refusal_streak: 0,
@@ -526,20 +531,21 @@ impl Learning {
     /// flight. Says whether the refusals have become pool-wide.
     fn on_refusal(&mut self, lease: Reported) -> bool {
         self.start = Start::Done;
-        if self.refusal_streak == 0 {
-            self.pattern.run_restore = (self.effective, self.refused_at, self.probe_wait);
-            self.pattern.run_low = u32::MAX;
-        }
-        self.pattern.run_low = self.pattern.run_low.min(lease.in_flight + 1);
-        self.refusal_streak = self.refusal_streak.saturating_add(1);
         let level = lease.in_flight + 1;
         let target = lease.in_flight.max(self.effective / 2).max(1);
-        let first_refused_at = self.refused_at;
         self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
         if lease.epoch == self.epoch {
+            // A lease granted since the last cut: the refusals go on.
+            if self.refusal_streak == 0 {
+                self.pattern.run_restore = (self.effective, self.refused_at, self.probe_wait);
+                self.pattern.run_began = level;
+                self.pattern.run_low = u32::MAX;
+            }
+            self.pattern.run_low = self.pattern.run_low.min(level);
+            self.refusal_streak = self.refusal_streak.saturating_add(1);
             // A new congestion window; a refused probe makes the next one
             // wait twice as long.
-            if first_refused_at != 0 && level >= first_refused_at {
+            if std::mem::take(&mut self.probe_out) {
                 self.probe_wait = (self.probe_wait.saturating_mul(2)).min(PROBE_WAIT_MAX);
             }
             self.epoch = self.epoch.wrapping_add(1);
@@ -569,9 +575,14 @@ impl Learning {
     fn on_window_open(&mut self, lease: Reported) {
         // Refused at under half the level the run began at: a spent window,
         // not too many at once (an upstream that halves its concurrency
-        // refuses above the half), so the run's cuts are undone.
+        // refuses above the half), so the run's cuts are undone. The level,
+        // not the limit: a pool that used less than its limit (few callers)
+        // was cut from a limit it never reached. A pool paced by a budget
+        // learned from refusals uses less than its limit for that reason:
+        // there, under half the limit.
         let (effective, refused_at, probe_wait) = self.pattern.run_restore;
-        if self.pattern.run_low.saturating_mul(2) < effective {
+        let low = self.pattern.run_low.saturating_mul(2);
+        if low < self.pattern.run_began || self.pattern.in_force && low < effective {
             self.effective = self.effective.max(effective).min(self.concurrency);
             self.refused_at = refused_at;
             self.probe_wait = probe_wait;
@@ -615,6 +626,7 @@ impl Learning {
                 self.probe_wait = (self.probe_wait / 2).max(PROBE_WAIT_MIN);
             }
             self.effective = (self.effective + 1).min(self.concurrency);
+            self.probe_out = self.refused_at != 0 && self.effective >= self.refused_at;
         }
     }
 
@@ -1095,6 +1107,65 @@ mod tests {
         assert_eq!(w, Wakeups::default());
         assert_eq!(l.effective(), 5);
         assert_eq!(l.pause(0), None);
+    }
+
+    fn hinted_429() -> Outcome {
+        Outcome { rate: RateInfo { retry_after_ms: Some(1000), ..RateInfo::default() }, ..concurrency_429() }
+    }
+
+    /// A fresh pool's first 16 calls meet an upstream that admits 5: the 11
+    /// refused ones were granted before the cut, so they do not show that
+    /// refusals go on after it. The probe above 5 later is refused once:
+    /// that pauses nothing (it paused the pool, and its run's undoing put
+    /// the limit back at 16, every second).
+    #[test]
+    fn a_burst_refused_before_the_cut_does_not_make_the_next_refusal_pool_wide() {
+        let mut l = Learning::new(64, true);
+        let leases: Vec<_> = (0..INITIAL_WINDOW).map(|_| grant(&mut l, 0)).collect();
+        let mut held = INITIAL_WINDOW;
+        for lease in &leases[5..] {
+            held -= 1;
+            let w = l.on_report(&hinted_429(), about(*lease, held), 2);
+            assert_eq!(w.cooldown_until, None);
+        }
+        assert_eq!(l.effective(), 5);
+        let probe = grant(&mut l, 3000);
+        let w = l.on_report(&hinted_429(), about(probe, 5), 3002);
+        assert_eq!(w.cooldown_until, None, "one refused probe pauses nothing");
+        assert_eq!(l.pause(3002), None);
+        assert_eq!(l.effective(), 5);
+    }
+
+    /// Ten callers on a pool of 64; the upstream drops to 5 in flight. The
+    /// refusals go on after each cut (the limit comes down from 64, which
+    /// the pool never used), so the run is pool-wide; but they came at the
+    /// level the pool ran at, not under half of it: too many at once, not a
+    /// spent window, so the cuts stay, and they were no refused probes.
+    /// (Compared with the limit, they were under half of it: the cuts were
+    /// undone, back to 64, at every run, and each doubled the probe wait.)
+    #[test]
+    fn a_pool_using_less_than_its_limit_keeps_the_cuts_of_a_run() {
+        let mut l = ramped(64);
+        let callers = 10;
+        for i in 0..POOL_WIDE_STREAK as Ms {
+            let lease = grant(&mut l, 10 + i);
+            l.on_report(&hinted_429(), about(lease, callers - 1), 10 + i);
+        }
+        assert!(matches!(l.pause(20), Some(Pause::Cooldown(_))), "refusals went on after the cuts");
+        assert_eq!(l.effective(), callers - 1);
+        assert_eq!(l.probe_wait, PROBE_WAIT_MIN, "a drop is no refused probe");
+        // The old calls have left; one granted after the last cut succeeds.
+        let lease = grant(&mut l, 1100);
+        l.on_report(&ok(), about(lease, 4), 1600);
+        assert_eq!(l.effective(), callers - 1, "not undone");
+        // Growth onto the refused level is a probe: refused, it doubles the wait.
+        while l.effective() < l.refused_at {
+            let lease = grant(&mut l, 2000);
+            l.on_report(&ok(), about(lease, l.effective() - 1), 2000);
+        }
+        let lease = grant(&mut l, 2000);
+        l.on_report(&concurrency_429(), about(lease, l.effective() - 1), 2000);
+        assert_eq!(l.probe_wait, 2 * PROBE_WAIT_MIN);
     }
 
     #[test]

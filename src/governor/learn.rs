@@ -14,11 +14,13 @@
 //! - A concurrency refusal cuts the limit to the evidence: the calls still in
 //!   flight when it arrives (never below half the limit per report, never
 //!   below 1). Its retry hint pauses the pool only when refusals go on after
-//!   a cut with no success in between.
+//!   a cut: of leases granted after it, with no success of one in between.
 //! - Successes grow the limit by one per `effective` successes while the pool
 //!   uses its limit, up to just under the last refused level; the step onto
 //!   that level (a probe) waits `probe_wait` such successes, which doubles on
-//!   every failed probe.
+//!   every refused probe. A probe that holds for two call times means the
+//!   upstream's limit rose: the limit climbs, one per success at full use,
+//!   until the next refusal.
 //! - Budget windows are told apart by their reset instant: within one window
 //!   `remaining` only goes down; a report of a later window replaces it; a
 //!   report of a window that already ended is ignored.
@@ -159,10 +161,12 @@ pub struct Reported {
 
 /// The first probe onto the last refused level waits this many successes.
 pub const PROBE_WAIT_MIN: u32 = 256;
-/// A probe that keeps failing waits at most this many successes.
-pub const PROBE_WAIT_MAX: u32 = 16_384;
-/// Concurrency refusals in a row (no success between) that make a retry hint
-/// pool-wide.
+/// A probe that keeps failing waits at most this many successes: probing
+/// costs at most one refusal in 256, at least one in 1024, and a limit the
+/// upstream raised is found within 1024 successes.
+pub const PROBE_WAIT_MAX: u32 = 1024;
+/// Concurrency refusals in a row of leases granted after the last cut (no
+/// success of one between) that make a retry hint pool-wide.
 pub const POOL_WIDE_STREAK: u32 = 3;
 /// Calls granted this close together may reach the upstream in either
 /// order (they leave through different connections and threads), so a
@@ -253,11 +257,20 @@ pub struct Learning {
     pub refused_at: u32,
     /// Successes at full use needed before probing `refused_at`.
     pub probe_wait: u32,
+    /// A probe held: the upstream allows more than it did, and how much
+    /// more is unknown. Every success at full use adds one until the next
+    /// concurrency refusal.
+    #[serde(default)]
+    pub climbing: bool,
+    /// Growth stepped onto `refused_at`: a refusal now is a refused probe.
+    #[serde(default)]
+    pub probe_out: bool,
     /// Bumped at every cut; leases remember the epoch they were granted in.
     pub epoch: u32,
     /// Successes counted towards the next step of growth.
     pub successes: u32,
-    /// Concurrency refusals since the last success.
+    /// Concurrency refusals of leases granted after the last cut, since the
+    /// last success of one.
     pub refusal_streak: u32,
     /// Grants made so far (orders reports against grants).
     pub grants: u64,
@@ -309,6 +322,8 @@ impl Learning {
             start: if ramps { Start::Pending } else { Start::Done },
             refused_at: 0,
             probe_wait: PROBE_WAIT_MIN,
+            climbing: false,
+            probe_out: false,
             epoch: 0,
             successes: 0,
             refusal_streak: 0,
@@ -526,20 +541,22 @@ impl Learning {
     /// flight. Says whether the refusals have become pool-wide.
     fn on_refusal(&mut self, lease: Reported) -> bool {
         self.start = Start::Done;
-        if self.refusal_streak == 0 {
-            self.pattern.run_restore = (self.effective, self.refused_at, self.probe_wait);
-            self.pattern.run_low = u32::MAX;
-        }
-        self.pattern.run_low = self.pattern.run_low.min(lease.in_flight + 1);
-        self.refusal_streak = self.refusal_streak.saturating_add(1);
+        self.climbing = false;
         let level = lease.in_flight + 1;
         let target = lease.in_flight.max(self.effective / 2).max(1);
-        let first_refused_at = self.refused_at;
         self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
         if lease.epoch == self.epoch {
+            // A lease granted since the last cut: the refusals go on.
+            if self.refusal_streak == 0 {
+                self.pattern.run_restore = (self.effective, self.refused_at, self.probe_wait);
+                self.pattern.run_began = level;
+                self.pattern.run_low = u32::MAX;
+            }
+            self.pattern.run_low = self.pattern.run_low.min(level);
+            self.refusal_streak = self.refusal_streak.saturating_add(1);
             // A new congestion window; a refused probe makes the next one
             // wait twice as long.
-            if first_refused_at != 0 && level >= first_refused_at {
+            if std::mem::take(&mut self.probe_out) {
                 self.probe_wait = (self.probe_wait.saturating_mul(2)).min(PROBE_WAIT_MAX);
             }
             self.epoch = self.epoch.wrapping_add(1);
@@ -569,9 +586,14 @@ impl Learning {
     fn on_window_open(&mut self, lease: Reported) {
         // Refused at under half the level the run began at: a spent window,
         // not too many at once (an upstream that halves its concurrency
-        // refuses above the half), so the run's cuts are undone.
+        // refuses above the half), so the run's cuts are undone. The level,
+        // not the limit: a pool that used less than its limit (few callers)
+        // was cut from a limit it never reached. A pool paced by a budget
+        // learned from refusals uses less than its limit for that reason:
+        // there, under half the limit.
         let (effective, refused_at, probe_wait) = self.pattern.run_restore;
-        if self.pattern.run_low.saturating_mul(2) < effective {
+        let low = self.pattern.run_low.saturating_mul(2);
+        if low < self.pattern.run_began || self.pattern.in_force && low < effective {
             self.effective = self.effective.max(effective).min(self.concurrency);
             self.refused_at = refused_at;
             self.probe_wait = probe_wait;
@@ -606,15 +628,29 @@ impl Learning {
         }
         self.successes += 1;
         let probing = self.refused_at != 0 && self.effective + 1 >= self.refused_at;
-        let needed = if probing { self.probe_wait.max(self.effective) } else { self.effective };
+        let needed = if self.climbing {
+            1
+        } else if self.probe_out {
+            // On the probed level: a refusal would come within a call
+            // time; two without one say it holds.
+            2 * self.effective
+        } else if probing {
+            self.probe_wait.max(self.effective)
+        } else {
+            self.effective
+        };
         if self.successes >= needed {
             self.successes = 0;
-            if probing && self.effective >= self.refused_at {
-                // The probed level held: the old refusal no longer binds.
-                self.refused_at = self.effective + 1;
+            if self.probe_out {
+                // The probed level held: the old refusal no longer binds,
+                // and how far the upstream's limit rose is unknown. Climb
+                // (double per call time) until it refuses again.
+                self.refused_at = 0;
+                self.climbing = true;
                 self.probe_wait = (self.probe_wait / 2).max(PROBE_WAIT_MIN);
             }
             self.effective = (self.effective + 1).min(self.concurrency);
+            self.probe_out = self.refused_at != 0 && self.effective >= self.refused_at;
         }
     }
 
@@ -1095,6 +1131,101 @@ mod tests {
         assert_eq!(w, Wakeups::default());
         assert_eq!(l.effective(), 5);
         assert_eq!(l.pause(0), None);
+    }
+
+    fn hinted_429() -> Outcome {
+        Outcome { rate: RateInfo { retry_after_ms: Some(1000), ..RateInfo::default() }, ..concurrency_429() }
+    }
+
+    /// A fresh pool's first 16 calls meet an upstream that admits 5: the 11
+    /// refused ones were granted before the cut, so they do not show that
+    /// refusals go on after it. The probe above 5 later is refused once:
+    /// that pauses nothing (it paused the pool, and its run's undoing put
+    /// the limit back at 16, every second).
+    #[test]
+    fn a_burst_refused_before_the_cut_does_not_make_the_next_refusal_pool_wide() {
+        let mut l = Learning::new(64, true);
+        let leases: Vec<_> = (0..INITIAL_WINDOW).map(|_| grant(&mut l, 0)).collect();
+        let mut held = INITIAL_WINDOW;
+        for lease in &leases[5..] {
+            held -= 1;
+            let w = l.on_report(&hinted_429(), about(*lease, held), 2);
+            assert_eq!(w.cooldown_until, None);
+        }
+        assert_eq!(l.effective(), 5);
+        let probe = grant(&mut l, 3000);
+        let w = l.on_report(&hinted_429(), about(probe, 5), 3002);
+        assert_eq!(w.cooldown_until, None, "one refused probe pauses nothing");
+        assert_eq!(l.pause(3002), None);
+        assert_eq!(l.effective(), 5);
+    }
+
+    /// Ten callers on a pool of 64; the upstream drops to 5 in flight. The
+    /// refusals go on after each cut (the limit comes down from 64, which
+    /// the pool never used), so the run is pool-wide; but they came at the
+    /// level the pool ran at, not under half of it: too many at once, not a
+    /// spent window, so the cuts stay, and they were no refused probes.
+    /// (Compared with the limit, they were under half of it: the cuts were
+    /// undone, back to 64, at every run, and each doubled the probe wait.)
+    #[test]
+    fn a_pool_using_less_than_its_limit_keeps_the_cuts_of_a_run() {
+        let mut l = ramped(64);
+        let callers = 10;
+        for i in 0..POOL_WIDE_STREAK as Ms {
+            let lease = grant(&mut l, 10 + i);
+            l.on_report(&hinted_429(), about(lease, callers - 1), 10 + i);
+        }
+        assert!(matches!(l.pause(20), Some(Pause::Cooldown(_))), "refusals went on after the cuts");
+        assert_eq!(l.effective(), callers - 1);
+        assert_eq!(l.probe_wait, PROBE_WAIT_MIN, "a drop is no refused probe");
+        // The old calls have left; one granted after the last cut succeeds.
+        let lease = grant(&mut l, 1100);
+        l.on_report(&ok(), about(lease, 4), 1600);
+        assert_eq!(l.effective(), callers - 1, "not undone");
+        // Growth onto the refused level is a probe: refused, it doubles the wait.
+        while l.effective() < l.refused_at {
+            let lease = grant(&mut l, 2000);
+            l.on_report(&ok(), about(lease, l.effective() - 1), 2000);
+        }
+        let lease = grant(&mut l, 2000);
+        l.on_report(&concurrency_429(), about(lease, l.effective() - 1), 2000);
+        assert_eq!(l.probe_wait, 2 * PROBE_WAIT_MIN);
+    }
+
+    /// The upstream raised its limit from 20 to 40 in flight. The probe onto
+    /// the refused level holds, and the limit climbs (one more per success
+    /// at full use) to the new limit, instead of one step per 256 successes
+    /// (5 000 successes, minutes at 33 calls a second).
+    #[test]
+    fn a_probe_that_holds_climbs_to_the_upstreams_new_limit() {
+        let mut l = ramped(64);
+        let leases: Vec<_> = (0..64).map(|_| grant(&mut l, 0)).collect();
+        for (i, lease) in leases[20..].iter().enumerate() {
+            l.on_report(&concurrency_429(), about(*lease, 63 - i as u32), 0);
+        }
+        assert_eq!((l.effective(), l.refused_at), (20, 21));
+        let upstream = 40;
+        // The pool at its limit, one call after another (`now` counts calls).
+        let at_full_use = |l: &mut Learning, from: Ms, calls: Ms| -> u32 {
+            let mut refused = 0;
+            for now in from..from + calls {
+                let lease = grant(l, now);
+                let in_flight = l.effective() - 1;
+                if in_flight >= upstream {
+                    refused += 1;
+                    l.on_report(&concurrency_429(), about(lease, in_flight), now);
+                } else {
+                    l.on_report(&ok(), about(lease, in_flight), now);
+                }
+            }
+            refused
+        };
+        let climb = PROBE_WAIT_MIN as Ms + 2 * 21 + 30;
+        assert_eq!(at_full_use(&mut l, 1, climb), 1, "the new limit found with one refusal");
+        assert_eq!((l.effective(), l.refused_at), (upstream, upstream + 1), "climbed to it");
+        // From there on, rare probes above it: after 256, then 512 successes.
+        assert_eq!(at_full_use(&mut l, 1 + climb, 1000), 2);
+        assert_eq!(l.effective(), upstream);
     }
 
     #[test]

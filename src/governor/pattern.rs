@@ -26,7 +26,9 @@ pub struct Pattern {
     /// run of refusals: a run that proves pool-wide was no evidence about
     /// concurrency.
     pub run_restore: (u32, u32, u32),
-    /// The lowest level refused in the current run.
+    /// The level of the run's first refusal, and the lowest level refused
+    /// in it since.
+    pub run_began: u32,
     pub run_low: u32,
     /// A pool-wide run without a retry hint: one call at a time probes the
     /// upstream until one succeeds.

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Runs the fleet simulator's standard scenarios against the release server
-# and prints one markdown table. Each scenario runs 100 workers with its own
-# server and upstream; FLEET_JOBS (default 3) scenarios run at once (the
-# simulator mostly sleeps), which keeps the whole under 10 minutes. The main
-# scenarios run FLEET_SECS (default 60) seconds, the dialects, the stamping
-# and window variants and the direct baseline DIALECT_SECS (default 40).
+# and prints one markdown table. Each scenario runs 100 workers (10 where
+# its name says so) with its own server and upstream; FLEET_JOBS (default 3)
+# scenarios run at once (the simulator mostly sleeps), which keeps the whole
+# under 10 minutes. The main scenarios run FLEET_SECS (default 60) seconds,
+# the raise RAISE_SECS (default 90), the dialects, the stamping and window
+# variants and the direct baseline DIALECT_SECS (default 40).
 #
 #   scripts/fleet.sh                 # build, run everything, print the table
 #   FLEET_OUT=dir scripts/fleet.sh   # where each run's JSON (timeline) goes
-#   FLEET_JOBS=1 scripts/fleet.sh    # one scenario at a time (about 13 min)
+#   FLEET_JOBS=1 scripts/fleet.sh    # one scenario at a time (about 18 min)
 #
 # Upstream (unless a row says otherwise): 20 calls in flight, 600 requests a
 # minute in fixed 6-s windows (60 per window), OpenAI headers stamped at
@@ -31,6 +32,7 @@ done
 SCRIPT=fleet.sh
 cd "$(dirname "$0")/.."
 FLEET_SECS=${FLEET_SECS:-60}
+RAISE_SECS=${RAISE_SECS:-90}
 DIALECT_SECS=${DIALECT_SECS:-40}
 FLEET_JOBS=${FLEET_JOBS:-3}
 OUT=${FLEET_OUT:-target/fleet}
@@ -51,6 +53,9 @@ SCENARIOS=(
     "b-proxy-wrong|--mode proxy $WRONG -d $FLEET_SECS"
     "c-proxy-wrong-concurrency-only|--mode proxy $WRONG --upstream-rpm 0 -d $FLEET_SECS"
     "d-proxy-wrong-halving|--mode proxy $WRONG $HALVING -d $FLEET_SECS"
+    "c-wrong-5-in-flight|$WRONG --upstream-rpm 0 --upstream-concurrency 5 -d $FLEET_SECS"
+    "f-wrong-raise-concurrency-only|$WRONG --upstream-rpm 0 --change 30s:concurrency=40 -d $RAISE_SECS"
+    "f-wrong-10-callers-drop|$WRONG -w 10 --upstream-rpm 0 --change 20s:concurrency=5 -d $FLEET_SECS"
     "b-direct|--mode direct -d $DIALECT_SECS"
     "b-wrong-stamp-response|$WRONG --stamp response -d $DIALECT_SECS"
     "b-wrong-sliding|$WRONG --window-kind sliding -d $DIALECT_SECS"

@@ -218,6 +218,42 @@ fn a_queued_acquire_over_http_1_0_keep_alive_is_answered_kept_alive() {
     assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
 }
 
+/// An HTTP/1.0 keep-alive acquire that must wait, from a client whose FIN
+/// is read with it, is withdrawn at once: its `504` keeps the connection for
+/// the answers pipelined behind it and says so, as when the FIN comes later.
+#[test]
+fn a_queued_acquire_over_http_1_0_keep_alive_withdrawn_with_its_fin_is_answered_kept_alive() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":4,"timeoutMs":10000}"#, ""));
+    let held = s.acquire("", "").slot();
+    let mut c = s.connect();
+    let body = r#"{"waitMs":5000}"#;
+    let mut raw = format!(
+        "POST {ACQUIRE} HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(
+        format!(
+            "POST {} HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n",
+            release_path(&held)
+        )
+        .as_bytes(),
+    );
+    // The server reads the requests and the FIN in one go.
+    s.signal("STOP");
+    wait_stopped(s.pid());
+    c.write_all(&raw).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    s.signal("CONT");
+    let r = read_response(&mut c).expect("the withdrawn acquire's answer");
+    assert_error(&r, 504, "queue_timeout", "withdrawn at the half-close");
+    assert_eq!(r.header("connection"), Some("keep-alive"), "its answer keeps the connection: {r:?}");
+    let r = read_response(&mut c).expect("the release pipelined behind it");
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
+    assert_closed(&mut c, "after the last answer to a half-closed client");
+}
+
 #[test]
 fn connection_close_on_1_1_closes_after_the_answer() {
     let s = TestServer::start(&config("", ""));

@@ -695,6 +695,36 @@ fn sigterm_answers_a_queued_waiter_with_503_before_exiting() {
     assert!(status.success(), "exit status {status}");
 }
 
+/// An HTTP/1.0 keep-alive waiter cut short by the stop, with a request
+/// pipelined behind it: its `503` keeps the connection for that answer and
+/// says so, as any answer to HTTP/1.0 that keeps the connection does.
+#[test]
+fn sigterm_answers_an_http_1_0_keep_alive_waiter_kept_alive_when_more_follows() {
+    let mut s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":60000}"#, ""));
+    let held = s.acquire("", "").slot();
+    let http10 = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut waiter = s.connect();
+    let mut raw = http10("/pools/p/lock/acquire", r#"{"waitMs":60000}"#);
+    raw.push_str(&http10(&format!("/pools/p/lock/{held}/release"), ""));
+    waiter.write_all(raw.as_bytes()).unwrap();
+    eventually(&s, "the waiter queued", |m| m.pool("nthpool_waiters", "p") == 1.0);
+
+    s.signal("TERM");
+    let r = read_response(&mut waiter).expect("the waiter is answered");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("connection"), Some("keep-alive"), "the release's answer follows: {r:?}");
+    let r = read_response(&mut waiter).expect("the release pipelined behind it is answered");
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    assert!(is_closed(&mut waiter), "and its connection closed");
+    let status = wait_for_exit(&mut s, Duration::from_secs(3));
+    assert!(status.success(), "exit status {status}");
+}
+
 // ---------------------------------------------------------------- start-up
 
 /// A start-up failure: non-zero exit and exactly one stderr line containing every `needle`.

@@ -656,6 +656,7 @@ impl Server {
         }
         self.process(id);
         while let Some(conn) = client_mut(&mut self.conns, id) {
+            let say_kept_alive = conn.waits_http10_keep_alive();
             let Some((queued, _)) = conn.stop_waiting() else {
                 break;
             };
@@ -663,7 +664,12 @@ impl Server {
             if conn.exchange.is_some() {
                 self.end_queued_exchange(id, &queued, WaitEnd::ShuttingDown, last);
             } else {
+                let answer_start = conn.output.len();
                 self.app.answer_shutdown(&mut conn.output, &queued, id, now, last);
+                // What was pipelined behind it is answered on this connection.
+                if say_kept_alive && !last {
+                    crate::http::response::say_kept_alive(&mut conn.output, answer_start);
+                }
             }
             self.process(id);
         }

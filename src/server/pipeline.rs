@@ -160,7 +160,13 @@ impl Server {
                 Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
                 // A half-closed client cannot wait: nothing it sends can follow.
                 Handled::Queued(q) if conn.peer_done_sending() => {
+                    let answer_start = conn.output.len();
                     app.withdraw(&mut conn.output, &q, id, now, ctx.close);
+                    // Its answer keeps the connection for what was pipelined
+                    // behind it, as when the half-close is read later.
+                    if http10_keep_alive {
+                        say_kept_alive(&mut conn.output, answer_start);
+                    }
                 }
                 Handled::Queued(q) => {
                     conn.wait(q, ctx.close, http10_keep_alive);

@@ -1462,9 +1462,7 @@ impl Run {
     fn drop_behind_close(&mut self, c: usize) -> Result<(), String> {
         for dropped in std::mem::take(&mut self.clients[c].pending) {
             if let Expect::Renew { id, limbo: true } | Expect::Release { id, limbo: true } = &dropped.expect {
-                if let Some(s) = self.slot_mut(c, id) {
-                    s.limbo -= 1;
-                }
+                self.out_of_limbo(c, id);
             }
             self.note(format!("c{c}:   dropped behind the close: {}", dropped.desc));
         }
@@ -1702,11 +1700,17 @@ impl Run {
         Ok(())
     }
 
+    /// A renew or release of client `c`'s slot `id` that might have ended it
+    /// was answered (or will never be read).
+    fn out_of_limbo(&mut self, c: usize, id: &str) {
+        if let Some(s) = self.slot_mut(c, id) {
+            s.limbo -= 1;
+        }
+    }
+
     fn resolve_renew(&mut self, c: usize, id: &str, limbo: bool, resp: &Resp, w: Win) -> Result<(), String> {
         if limbo {
-            if let Some(s) = self.slot_mut(c, id) {
-                s.limbo -= 1;
-            }
+            self.out_of_limbo(c, id);
         }
         let Some(s) = self.slot(c, id).cloned() else {
             return expect_error(resp, 404, "not_found");
@@ -1762,9 +1766,7 @@ impl Run {
 
     fn resolve_release(&mut self, c: usize, id: &str, limbo: bool, resp: &Resp, w: Win) -> Result<(), String> {
         if limbo {
-            if let Some(s) = self.slot_mut(c, id) {
-                s.limbo -= 1;
-            }
+            self.out_of_limbo(c, id);
         }
         let Some(s) = self.slot(c, id).cloned() else {
             return expect_released(resp, false);

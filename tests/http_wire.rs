@@ -163,6 +163,14 @@ fn a_request_written_one_byte_at_a_time_is_answered() {
     assert_open(&mut c, "after trickled requests");
 }
 
+/// An HTTP/1.0 POST to `path` that asks for keep-alive.
+fn http_1_0_keep_alive(path: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 #[test]
 fn http_1_0_closes_unless_it_asks_for_keep_alive() {
     let s = TestServer::start(&config("", ""));
@@ -172,9 +180,7 @@ fn http_1_0_closes_unless_it_asks_for_keep_alive() {
     assert_eq!(r.status, 200, "{r:?}");
     assert_answer_closes(&mut c, &r, "HTTP/1.0 without keep-alive");
 
-    let keep = format!(
-        "POST /pools/p/lock/x/release HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n"
-    );
+    let keep = http_1_0_keep_alive("/pools/p/lock/x/release", "");
     let mut c = s.connect();
     for _ in 0..2 {
         let r = exchange(&mut c, keep.as_bytes());
@@ -193,10 +199,7 @@ fn a_queued_acquire_over_http_1_0_keep_alive_is_answered_kept_alive() {
     let held = s.acquire("", "").slot();
     let mut c = s.connect();
     let body = r#"{"waitMs":5000}"#;
-    let queued = format!(
-        "POST {ACQUIRE} HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let queued = http_1_0_keep_alive(ACQUIRE, body);
     c.write_all(queued.as_bytes()).unwrap();
     // Once it waits in the queue (a fail-fast acquire sees the depth), the slot is released.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -209,10 +212,7 @@ fn a_queued_acquire_over_http_1_0_keep_alive_is_answered_kept_alive() {
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
     // And the connection is kept: its slot releases on it.
-    let release = format!(
-        "POST /pools/p/lock/{}/release HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n",
-        r.slot()
-    );
+    let release = http_1_0_keep_alive(&release_path(&r.slot()), "");
     let r = exchange(&mut c, release.as_bytes());
     assert_eq!(r.json()["released"], true, "{r:?}");
     assert_eq!(r.header("connection"), Some("keep-alive"), "{r:?}");
@@ -227,22 +227,11 @@ fn a_queued_acquire_over_http_1_0_keep_alive_withdrawn_with_its_fin_is_answered_
     let held = s.acquire("", "").slot();
     let mut c = s.connect();
     let body = r#"{"waitMs":5000}"#;
-    let mut raw = format!(
-        "POST {ACQUIRE} HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes();
-    raw.extend_from_slice(
-        format!(
-            "POST {} HTTP/1.0\r\nConnection: keep-alive\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n",
-            release_path(&held)
-        )
-        .as_bytes(),
-    );
+    let raw = http_1_0_keep_alive(ACQUIRE, body) + &http_1_0_keep_alive(&release_path(&held), "");
     // The server reads the requests and the FIN in one go.
     s.signal("STOP");
     wait_stopped(s.pid());
-    c.write_all(&raw).unwrap();
+    c.write_all(raw.as_bytes()).unwrap();
     c.shutdown(std::net::Shutdown::Write).unwrap();
     s.signal("CONT");
     let r = read_response(&mut c).expect("the withdrawn acquire's answer");

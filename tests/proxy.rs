@@ -317,15 +317,7 @@ fn an_answer_before_the_whole_upload_reaches_a_client_still_sending_it() {
     // The upstream refuses at the head and closes without reading the body:
     // the client, still writing it, must be able to finish and read the
     // answer (the lingering close drains what it sends) rather than be reset.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            read_request_head(&mut stream);
-            let _ = stream.write_all(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope");
-        }
-    });
+    let addr = answer_at_head(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope", false);
     let server = TestServer::start(&config(
         &format!(
             r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"],"maxRequestBytes":100000000}}"#

@@ -362,17 +362,8 @@ fn a_client_body_that_breaks_its_framing_mid_response_is_logged_as_the_clients_d
     // The upstream answers at the head and streams while the body comes; the
     // client then breaks its chunked framing: it is cut, and the log names its
     // error, not the upstream's.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            read_request_head(&mut stream);
-            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n");
-            // Takes what comes until the proxy closes the connection.
-            while stream.read(&mut [0u8; 4096]).unwrap_or(0) > 0 {}
-        }
-    });
+    // It takes what comes until the proxy closes the connection.
+    let addr = answer_at_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n", true);
     let server = TestServer::start(
         &config(&format!(r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"]}}"#), "")
             .replace(r#""accessLog":null"#, r#""accessLog":"access.log""#),

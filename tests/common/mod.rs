@@ -193,13 +193,30 @@ impl Response {
 
 /// What a test upstream reads of a request: the head, up to and with its
 /// empty line, or what came before the connection ended or failed.
-pub fn read_request_head(s: &mut impl Read) -> Vec<u8> {
+fn read_request_head(s: &mut impl Read) -> Vec<u8> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
         head.push(byte[0]);
     }
     head
+}
+
+/// A test upstream on `127.0.0.1:0` that writes `answer` on every
+/// connection as soon as the request head is in, without reading the body;
+/// with `drain`, it then reads whatever comes until the peer closes.
+pub fn answer_at_head(answer: &'static [u8], drain: bool) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            read_request_head(&mut stream);
+            let _ = stream.write_all(answer);
+            while drain && stream.read(&mut [0u8; 4096]).unwrap_or(0) > 0 {}
+        }
+    });
+    addr
 }
 
 /// Reads one response (head + Content-Length body). `None` on EOF before a head.

@@ -227,6 +227,19 @@ pub fn say_kept_alive(out: &mut Vec<u8>, start: usize) {
     }
 }
 
+/// Writes one answer into `out` with `write`; when `kept_alive` (an HTTP/1.0
+/// client that asked to keep the connection, and this answer keeps it), the
+/// answer then says so (`say_kept_alive`). For answers whose writer does not
+/// know the request's version: a queued acquire's, written when its wait ends.
+pub fn write_kept_alive<R>(out: &mut Vec<u8>, kept_alive: bool, write: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    let start = out.len();
+    let written = write(out);
+    if kept_alive {
+        say_kept_alive(out, start);
+    }
+    written
+}
+
 /// The last lines of a head before a JSON body of `len` bytes: its type, its
 /// length, `Connection: close` when `close`, and the empty line.
 pub fn json_head_end(out: &mut Vec<u8>, len: u64, close: bool) {

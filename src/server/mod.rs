@@ -61,6 +61,7 @@ use crate::api::proxy::WaitEnd;
 use crate::api::{ApiError, App, ConnId, Entropy, Event, PoolId, Wake};
 use crate::config::Config;
 use crate::http::request::MAX_HEAD_BYTES;
+use crate::http::response::write_kept_alive;
 use crate::proxy::Proxy;
 use crate::state;
 use crate::time::{Ms, Now};
@@ -664,12 +665,10 @@ impl Server {
             if conn.exchange.is_some() {
                 self.end_queued_exchange(id, &queued, WaitEnd::ShuttingDown, last);
             } else {
-                let answer_start = conn.output.len();
-                self.app.answer_shutdown(&mut conn.output, &queued, id, now, last);
                 // What was pipelined behind it is answered on this connection.
-                if say_kept_alive && !last {
-                    crate::http::response::say_kept_alive(&mut conn.output, answer_start);
-                }
+                write_kept_alive(&mut conn.output, say_kept_alive && !last, |out| {
+                    self.app.answer_shutdown(out, &queued, id, now, last)
+                });
             }
             self.process(id);
         }
@@ -899,19 +898,16 @@ impl Server {
         // any answer, not from the acquire that began the wait.
         conn.last_active = now.ms;
         conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
-        let answer_start = conn.output.len();
-        let granted = match answer {
+        let peer_done_sending = conn.peer_done_sending();
+        let granted = write_kept_alive(&mut conn.output, say_kept_alive, |out| match answer {
             // Granted in the turn its client's close was read, before that:
             // the slot goes back at once, and the client hears its wait ended.
-            crate::api::Answer::Granted(grant) if conn.peer_done_sending() => {
-                self.app.withdraw_granted(&mut conn.output, &grant, &queued, now, close);
+            crate::api::Answer::Granted(grant) if peer_done_sending => {
+                self.app.withdraw_granted(out, &grant, &queued, now, close);
                 None
             }
-            answer => self.app.answer_notice(&mut conn.output, answer, &queued, now, close),
-        };
-        if say_kept_alive {
-            crate::http::response::say_kept_alive(&mut conn.output, answer_start);
-        }
+            answer => self.app.answer_notice(out, answer, &queued, now, close),
+        });
         if let Some(slot) = granted {
             conn.undelivered.push((slot, conn.output.len()));
         }
@@ -933,11 +929,7 @@ impl Server {
             return;
         };
         let (close, say_kept_alive) = (conn.waits_to_close(), conn.waits_http10_keep_alive());
-        let answer_start = conn.output.len();
-        if self.app.withdraw(&mut conn.output, &queued, id, now, close) {
-            if say_kept_alive && conn.output.len() > answer_start {
-                crate::http::response::say_kept_alive(&mut conn.output, answer_start);
-            }
+        if write_kept_alive(&mut conn.output, say_kept_alive, |out| self.app.withdraw(out, &queued, id, now, close)) {
             conn.stop_waiting();
             self.mark_dirty(id);
         }

@@ -8,7 +8,7 @@ use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
     head_may_be_complete, header_storage, parse_head_on, serve_as_http11, BodyFraming, Head, HeadError, Method,
 };
-use crate::http::response::{say_kept_alive, CONTINUE};
+use crate::http::response::{say_kept_alive, write_kept_alive, CONTINUE};
 
 impl Server {
     /// Answers every complete request in the input, in order, until one
@@ -160,13 +160,11 @@ impl Server {
                 Handled::Granted(slot) => conn.undelivered.push((slot, conn.output.len())),
                 // A half-closed client cannot wait: nothing it sends can follow.
                 Handled::Queued(q) if conn.peer_done_sending() => {
-                    let answer_start = conn.output.len();
-                    app.withdraw(&mut conn.output, &q, id, now, ctx.close);
                     // Its answer keeps the connection for what was pipelined
                     // behind it, as when the half-close is read later.
-                    if http10_keep_alive {
-                        say_kept_alive(&mut conn.output, answer_start);
-                    }
+                    write_kept_alive(&mut conn.output, http10_keep_alive, |out| {
+                        app.withdraw(out, &q, id, now, ctx.close)
+                    });
                 }
                 Handled::Queued(q) => {
                     conn.wait(q, ctx.close, http10_keep_alive);

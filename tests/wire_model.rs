@@ -1923,7 +1923,11 @@ impl Run {
                 // A reload that changes nothing the pools do.
                 self.spin = !self.spin;
                 self.reloads += 1;
-                std::fs::write(&self.server.config_path, server_config(self.spin)).unwrap();
+                // Written aside and renamed into place, as an operator would:
+                // the server may still be reading the file for the reload before.
+                let aside = self.server.config_path.with_extension("json.new");
+                std::fs::write(&aside, server_config(self.spin)).unwrap();
+                std::fs::rename(&aside, &self.server.config_path).unwrap();
                 self.server.signal("HUP");
                 self.note("reload".into());
                 Ok(())

@@ -823,8 +823,19 @@ impl<T: Copy> Governor<T> {
         self.notices.push_back(Notice::TimedOut { owner: w.owner, denial });
     }
 
-    /// Grants queued acquires, in order, while slots are free.
+    /// Grants queued acquires, in order, while slots are free. Nobody
+    /// waits, usually: that case is this one look, inlined into every
+    /// caller (a release pays for no call setting up the loop).
     fn pump(&mut self, pid: PoolId, now: Ms) {
+        if self.pools[pid.0 as usize].queue.head().is_some() {
+            self.pump_queue(pid, now);
+        }
+    }
+
+    /// `pump` for a pool whose queue holds someone. Kept out of line (its
+    /// only caller would take it in, and grow too large to be inlined).
+    #[inline(never)]
+    fn pump_queue(&mut self, pid: PoolId, now: Ms) {
         loop {
             let pool = &mut self.pools[pid.0 as usize];
             let Some(head) = pool.queue.head() else {

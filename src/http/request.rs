@@ -44,6 +44,18 @@ pub enum Method {
     Other,
 }
 
+impl Method {
+    /// The name of a method other than `Other`, as sent (methods are case-sensitive).
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Method::Get => Some("GET"),
+            Method::Head => Some("HEAD"),
+            Method::Post => Some("POST"),
+            Method::Other => None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyFraming {
     /// No body: no framing header, or `Content-Length: 0`.
@@ -490,6 +502,10 @@ fn recalled<'b>(
 ) -> Result<Option<Head<'b>>, HeadError> {
     let text = memo.blocks.line_text(found.entry);
     let remembered_method = |spans: LineSpans| {
+        // A method the line was found to be is named by a constant.
+        if let Some(name) = spans.kind.name() {
+            return Ok(name);
+        }
         let method = spans.method.str_in(text);
         // The spans were taken from this very text.
         debug_assert!(method.is_some(), "a remembered request line without its spans");

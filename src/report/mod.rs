@@ -199,17 +199,17 @@ fn parse_flat(body: &[u8]) -> Option<Result<Outcome, BodyError>> {
     if !p.eat_if(b'}') {
         loop {
             p.eat(b'"')?;
-            let key_start = p.at;
-            while p.b.get(p.at).is_some_and(|&c| c.is_ascii_alphabetic()) {
-                p.at += 1;
-            }
-            let slot = match &p.b[key_start..p.at] {
-                b"status" => &mut status,
-                b"throttled" => &mut throttled,
-                b"retryAfterMs" => &mut retry,
-                _ => return None,
+            // Each key is taken with its closing quote: a longer or other
+            // key matches none of them.
+            let slot = if p.eat_text(b"status\"") {
+                &mut status
+            } else if p.eat_text(b"throttled\"") {
+                &mut throttled
+            } else if p.eat_text(b"retryAfterMs\"") {
+                &mut retry
+            } else {
+                return None;
             };
-            p.eat(b'"')?;
             p.ws();
             p.eat(b':')?;
             p.ws();
@@ -263,6 +263,13 @@ impl Scan<'_> {
     fn eat_if(&mut self, c: u8) -> bool {
         let hit = self.b.get(self.at) == Some(&c);
         self.at += usize::from(hit);
+        hit
+    }
+
+    /// Takes `text` when the body goes on with it.
+    fn eat_text(&mut self, text: &[u8]) -> bool {
+        let hit = self.b[self.at..].starts_with(text);
+        self.at += if hit { text.len() } else { 0 };
         hit
     }
 
@@ -348,6 +355,11 @@ mod tests {
             r#"{"status":200}x"#,
             r#"{"throttled":18446744073709551616}"#,
             r#"{"rate":{"remaining":1}}"#,
+            r#"{"statuses":200}"#,
+            r#"{"stat":200}"#,
+            r#"{"Status":200}"#,
+            r#"{"status"#,
+            r#"{"retryAfterMs":5,"throttled":1}"#,
         ] {
             let flat = parse_flat(body.as_bytes());
             let mut reference = body.to_string();
@@ -364,6 +376,9 @@ mod tests {
         assert!(parse_flat(br#"{"status":200}"#).is_some());
         assert!(parse_flat(br#"{"status":200,"status":200}"#).is_none());
         assert!(parse_flat(br#"{"rate":{}}"#).is_none());
+        for body in [&br#"{"statuses":200}"#[..], br#"{"stat":200}"#, br#"{"status"#, br#"{"status"200}"#] {
+            assert!(parse_flat(body).is_none(), "{}", String::from_utf8_lossy(body));
+        }
     }
 
     #[test]

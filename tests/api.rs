@@ -377,6 +377,29 @@ fn rpm_gate_denies_with_retry_after_to_the_next_token() {
 }
 
 #[test]
+fn rpm_remaining_counts_the_tokens_that_came_due_on_every_acquire_answer() {
+    // One token a second, one slot: the token comes back while the slot is held.
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"rpm":60,"rpmBurst":1,"adaptive":false,"queue":{"size":10,"timeoutMs":10000}"#,
+        "",
+    ));
+    let key = "Idempotency-Key: job-1\r\n";
+    let r = s.acquire(key, "");
+    assert_eq!(r.header_u64("x-nthpool-rpm-remaining"), 0);
+    thread::sleep(Duration::from_millis(1200));
+    // The same grant again, and a wait that ends without a slot: the bucket
+    // holds the token that came due meanwhile, as the metrics and a 429 say.
+    let replay = s.acquire(key, "");
+    assert_eq!((replay.status, replay.slot()), (200, r.slot()));
+    assert_eq!(replay.header_u64("x-nthpool-rpm-remaining"), 1, "{replay:?}");
+    let timed_out = s.acquire("", r#"{"waitMs":200}"#);
+    assert_eq!(timed_out.status, 504);
+    assert_eq!(timed_out.header_u64("x-nthpool-rpm-remaining"), 1, "{timed_out:?}");
+    let refused = s.acquire("", "");
+    assert_eq!((refused.status, refused.header_u64("x-nthpool-rpm-remaining")), (429, 1));
+}
+
+#[test]
 fn a_429_report_lowers_the_effective_limit() {
     let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
     let slot = s.acquire("", "").slot();

@@ -1,7 +1,7 @@
 //! The reactor: one thread, one `mio::Poll`, every socket and the clock.
 //!
 //! Each turn of the loop: wait for readiness (the timeout comes from the
-//! timer wheel), read and answer what arrived, fire due timers, hand queued
+//! timer wheel), fire due timers, read and answer what arrived, hand queued
 //! acquires their answers, then flush every connection with output — replies
 //! to pipelined requests go out in one write (Redis's `beforeSleep`).
 //!

@@ -575,7 +575,9 @@ fn bad_wait_budgets_are_400() {
     for wait in ["-1", "1.5", r#""100""#, "-1e20", "2.5e-3", "true", "{}", "1e400", &past_a_double] {
         cases.push((String::new(), format!(r#"{{"waitMs":{wait}}}"#)));
     }
-    for wait in ["-1", "1.5", "abc", "", "1 0", "+5", "0x10"] {
+    // White space around a field value is SP and HTAB only (RFC 9110 §5.5):
+    // a no-break or an em space beside the digits leaves them no number.
+    for wait in ["-1", "1.5", "abc", "", "1 0", "+5", "0x10", "5\u{a0}", "\u{2003}5", "5\u{3000}"] {
         cases.push((format!("X-Nthpool-Queue-Timeout-Ms: {wait}\r\n"), String::new()));
     }
     for (header, body) in &cases {

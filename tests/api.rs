@@ -377,6 +377,29 @@ fn rpm_gate_denies_with_retry_after_to_the_next_token() {
 }
 
 #[test]
+fn rpm_remaining_counts_the_tokens_that_came_due_on_every_acquire_answer() {
+    // One token a second, one slot: the token comes back while the slot is held.
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"rpm":60,"rpmBurst":1,"adaptive":false,"queue":{"size":10,"timeoutMs":10000}"#,
+        "",
+    ));
+    let key = "Idempotency-Key: job-1\r\n";
+    let r = s.acquire(key, "");
+    assert_eq!(r.header_u64("x-nthpool-rpm-remaining"), 0);
+    thread::sleep(Duration::from_millis(1200));
+    // The same grant again, and a wait that ends without a slot: the bucket
+    // holds the token that came due meanwhile, as the metrics and a 429 say.
+    let replay = s.acquire(key, "");
+    assert_eq!((replay.status, replay.slot()), (200, r.slot()));
+    assert_eq!(replay.header_u64("x-nthpool-rpm-remaining"), 1, "{replay:?}");
+    let timed_out = s.acquire("", r#"{"waitMs":200}"#);
+    assert_eq!(timed_out.status, 504);
+    assert_eq!(timed_out.header_u64("x-nthpool-rpm-remaining"), 1, "{timed_out:?}");
+    let refused = s.acquire("", "");
+    assert_eq!((refused.status, refused.header_u64("x-nthpool-rpm-remaining")), (429, 1));
+}
+
+#[test]
 fn a_429_report_lowers_the_effective_limit() {
     let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
     let slot = s.acquire("", "").slot();
@@ -531,6 +554,47 @@ fn a_waiter_granted_in_the_turn_its_half_close_is_read_is_answered_in_order() {
     assert_eq!(renew.status, 404, "{renew:?}");
     assert!(is_closed(&mut waiter));
     // The grant nobody could be handed went back at once.
+    assert_eq!(s.acquire("", "").status, 200);
+}
+
+#[test]
+fn an_acquire_read_after_a_lease_deadline_finds_the_slot_reclaimed() {
+    let s = TestServer::start(&config(r#""concurrency":1,"termMs":300,"renewIntervalMs":100"#, ""));
+    s.acquire("", "").slot();
+    let mut late = s.connect();
+    thread::sleep(Duration::from_millis(50));
+    // Freeze the server past the lease's deadline, so the acquire and the
+    // deadline fall in one turn: the reclaim is due before the acquire is read.
+    s.signal("STOP");
+    wait_stopped(s.pid());
+    thread::sleep(Duration::from_millis(500));
+    late.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
+    thread::sleep(Duration::from_millis(50));
+    s.signal("CONT");
+    let r = read_response(&mut late).unwrap();
+    assert_eq!(r.status, 200, "the holder's term had ended: {r:?}");
+    assert_eq!(r.header_u64("x-nthpool-remaining-slots"), 0);
+}
+
+#[test]
+fn a_waiter_whose_deadline_passed_is_not_granted_by_a_later_release() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let holder = s.acquire("", "").slot();
+    let mut waiter = queue_acquire(&s, 200);
+    thread::sleep(Duration::from_millis(50));
+    let mut releaser = s.connect();
+    // Freeze the server past the waiter's deadline; the release that comes
+    // meanwhile is read in the turn the deadline is due in.
+    s.signal("STOP");
+    wait_stopped(s.pid());
+    thread::sleep(Duration::from_millis(400));
+    releaser.write_all(&post(&format!("/pools/p/lock/{holder}/release"), KEY, "", "")).unwrap();
+    thread::sleep(Duration::from_millis(50));
+    s.signal("CONT");
+    let r = read_response(&mut waiter).unwrap();
+    assert_eq!((r.status, r.error_code().as_str()), (504, "queue_timeout"), "its budget had run out: {r:?}");
+    assert_eq!(read_response(&mut releaser).unwrap().json()["released"], true);
+    // The slot went nowhere: a newcomer gets it at once.
     assert_eq!(s.acquire("", "").status, 200);
 }
 

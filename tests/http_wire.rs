@@ -523,6 +523,9 @@ fn a_bad_release_body_is_400_and_releases_nothing() {
         r#"{"status":200,"rate":[10,0,60000]}"#,
         r#"{"headers":{"retry-after":5}}"#,
         "{}x",
+        // Beyond a double's range a number is no number (see README, The API).
+        r#"{"throttled":1e400}"#,
+        r#"{"rate":{"limit":1e999}}"#,
     ] {
         let mut c = s.connect();
         let r = exchange(&mut c, &post(&release_path(&slot), KEY, "", body));
@@ -568,10 +571,13 @@ fn nothing_after_an_answer_that_says_close_is_executed() {
 fn bad_wait_budgets_are_400() {
     let s = TestServer::start(&config(r#""concurrency":1"#, ""));
     let mut cases: Vec<(String, String)> = Vec::new();
-    for wait in ["-1", "1.5", r#""100""#, "-1e20", "2.5e-3", "true", "{}"] {
+    let past_a_double = "9".repeat(400);
+    for wait in ["-1", "1.5", r#""100""#, "-1e20", "2.5e-3", "true", "{}", "1e400", &past_a_double] {
         cases.push((String::new(), format!(r#"{{"waitMs":{wait}}}"#)));
     }
-    for wait in ["-1", "1.5", "abc", "", "1 0", "+5", "0x10"] {
+    // White space around a field value is SP and HTAB only (RFC 9110 §5.5):
+    // a no-break or an em space beside the digits leaves them no number.
+    for wait in ["-1", "1.5", "abc", "", "1 0", "+5", "0x10", "5\u{a0}", "\u{2003}5", "5\u{3000}"] {
         cases.push((format!("X-Nthpool-Queue-Timeout-Ms: {wait}\r\n"), String::new()));
     }
     for (header, body) in &cases {

@@ -283,6 +283,48 @@ fn metrics_count_grants_denials_reclaims_renewals_and_releases() {
 }
 
 #[test]
+fn metrics_count_queue_deadlines_departures_and_the_request_cap() {
+    // A term as long as the request cap: the lease stands at its request
+    // deadline from the grant, so a renew is `409 capped` and the reclaim is the cap's.
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"queue":{"size":1,"timeoutMs":5000},"termMs":3000,"renewIntervalMs":1000,
+        "requestTimeoutMs":3000,"adaptive":false"#,
+        "",
+    ));
+    let holder = s.acquire("", "").slot();
+    assert_eq!(s.renew(&holder).status, 409);
+    // A wait that runs out.
+    assert_eq!(s.acquire("", r#"{"waitMs":200}"#).status, 504);
+    // A full queue; its waiter half-closes and is answered 504 for it.
+    let mut half = queue_waiter(&s, 1.0);
+    let r = s.acquire("", r#"{"waitMs":100}"#);
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("queue_full")));
+    half.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(read_response(&mut half).unwrap().status, 504);
+    // A waiter that closes altogether.
+    drop(queue_waiter(&s, 1.0));
+    let m = eventually(&s, "the capped lease reclaimed", |m| {
+        m.value("nthpool_reclaims_total", &[("pool", "p"), ("cause", "cap")]) == 1.0
+    });
+    assert_eq!(m.pool("nthpool_grants_total", "p"), 1.0);
+    assert_eq!(m.pool("nthpool_queue_timeouts_total", "p"), 1.0, "only the wait that ran out");
+    assert_eq!(m.pool("nthpool_waiters_gone_total", "p"), 2.0, "the half-closed and the closed waiter");
+    assert_eq!(m.value("nthpool_denials_total", &[("pool", "p"), ("reason", "queue_full")]), 1.0);
+    assert_eq!(m.value("nthpool_denials_total", &[("pool", "p"), ("reason", "concurrency")]), 0.0, "no 429 for it");
+    assert_eq!(m.value("nthpool_renewals_total", &[("pool", "p"), ("outcome", "capped")]), 1.0);
+    assert_eq!(m.value("nthpool_renewals_total", &[("pool", "p"), ("outcome", "renewed")]), 0.0);
+    assert_eq!(m.value("nthpool_reclaims_total", &[("pool", "p"), ("cause", "term")]), 0.0);
+    assert_eq!(m.value("nthpool_rejections_total", &[("pool", "p"), ("code", "409")]), 1.0);
+    assert_eq!(m.value("nthpool_rejections_total", &[("pool", "p"), ("code", "429")]), 1.0);
+    assert_eq!(m.value("nthpool_rejections_total", &[("pool", "p"), ("code", "504")]), 3.0);
+    assert_eq!(m.pool("nthpool_slots_held", "p"), 0.0);
+    assert_eq!(m.pool("nthpool_waiters", "p"), 0.0);
+    // Every answered attempt is timed: the grant, the 429 and three 504s (a
+    // closed client's FIN reads as a half-close, so it is answered too).
+    assert_eq!(m.pool("nthpool_acquire_server_time_us_count", "p"), 5.0);
+}
+
+#[test]
 fn metrics_count_open_connections() {
     let s = TestServer::start(&config("", ""));
     let idle: Vec<TcpStream> = (0..2).map(|_| s.connect()).collect();

@@ -1071,11 +1071,14 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
     }
     if wait.is_none() {
         if let Some(value) = head.api.queue_timeout_ms {
-            let text = std::str::from_utf8(value).map_err(|_| BAD_WAIT)?.trim();
-            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+            // Only HTTP's white space (SP, HTAB) surrounds a value: any other
+            // byte, a Unicode space included, makes it no number.
+            let digits = crate::http::trim(value);
+            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
                 return Err(BAD_WAIT);
             }
             // Only digits: parsing fails only past u64::MAX.
+            let text = std::str::from_utf8(digits).map_err(|_| BAD_WAIT)?;
             wait = Some(text.parse::<u64>().unwrap_or(u64::MAX));
         }
     }

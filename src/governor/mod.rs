@@ -388,7 +388,9 @@ impl<T: Copy> Governor<T> {
             Some((_, Holder::Lease(idx))) => {
                 let lease = &self.leases[idx as usize];
                 if lease.lease_deadline > now {
-                    self.pools[pid.0 as usize].stats.idempotent_replays += 1;
+                    let pool = &mut self.pools[pid.0 as usize];
+                    pool.stats.idempotent_replays += 1;
+                    pool.refill_gate(now);
                     return Ok(Admission::Granted(self.grant_of(idx as usize, now)));
                 }
                 // Past its deadline, its wheel entry not run yet: reclaimed
@@ -562,9 +564,10 @@ impl<T: Copy> Governor<T> {
 
     /// The answer of a waiter of `pid` that left at `now` after `queued_ms`
     /// without a slot: why no slot is free now, and for how long.
-    pub fn left_queue(&self, pid: PoolId, queued_ms: u64, now: Ms) -> Denial {
-        let (reason, wait) =
-            self.pools[pid.0 as usize].blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
+    pub fn left_queue(&mut self, pid: PoolId, queued_ms: u64, now: Ms) -> Denial {
+        let pool = &mut self.pools[pid.0 as usize];
+        pool.refill_gate(now);
+        let (reason, wait) = pool.blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
         Denial { reason, retry_after_ms: wait, queued_ms, signals: self.signals(pid, now) }
     }
 
@@ -817,6 +820,7 @@ impl<T: Copy> Governor<T> {
             pool.idem.remove(w.idem);
         }
         pool.stats.queue_timeouts += 1;
+        pool.refill_gate(now);
         let (reason, wait) = pool.blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
         let denial =
             Denial { reason, retry_after_ms: wait, queued_ms: now - w.enqueued_at, signals: self.signals(pid, now) };

@@ -193,6 +193,15 @@ impl Pool {
         .reduce(|latest, next| if next.1 > latest.1 { next } else { latest })
     }
 
+    /// Adds the RPM tokens that came due by `now`: an answer that shows the
+    /// bucket (`x-nthpool-rpm-remaining`) off the grant path, which refills
+    /// it anyway, must not show a level from before them.
+    pub fn refill_gate(&mut self, now: Ms) {
+        if let Some(gate) = &mut self.gate {
+            gate.refill(now);
+        }
+    }
+
     pub fn rpm_remaining(&self) -> Option<u32> {
         self.gate.as_ref().map(TokenBucket::tokens)
     }

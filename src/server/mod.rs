@@ -1,7 +1,7 @@
 //! The reactor: one thread, one `mio::Poll`, every socket and the clock.
 //!
 //! Each turn of the loop: wait for readiness (the timeout comes from the
-//! timer wheel), read and answer what arrived, fire due timers, hand queued
+//! timer wheel), fire due timers, read and answer what arrived, hand queued
 //! acquires their answers, then flush every connection with output — replies
 //! to pipelined requests go out in one write (Redis's `beforeSleep`).
 //!
@@ -290,6 +290,12 @@ impl Server {
             self.now = self.clock.at(self.turn_started);
             self.app.begin_turn(self.now);
             crate::http::response::set_date(self.now.wall().0);
+            // Deadlines due by now come first: a lease whose term ended is
+            // reclaimed, and a waiter whose budget ran out is answered `504`,
+            // before any request of this turn is read, so none of them is
+            // answered from the state before (a 429 for a free slot, a grant
+            // for a wait that had ended). What they decide is delivered below.
+            self.app.advance(self.now.ms);
             let mut carried = std::mem::take(&mut self.ready_carry);
             let (mut accept_public, mut accept_admin) = (false, false);
             for event in events.iter() {
@@ -321,7 +327,6 @@ impl Server {
             self.ready.sort_unstable();
             self.ready.dedup();
             self.ready_carry = std::mem::replace(&mut self.ready, carried);
-            self.app.advance(self.now.ms);
             self.drain_events();
             if !self.stopping.is_empty() {
                 self.shut_down_stopping();

@@ -221,6 +221,34 @@ fn hmac_a_wider_tolerance_after_a_reload_does_not_reopen_replay() {
     assert_refused(&s.request(&captured), 401, "unauthorized", "replay inside the widened window");
 }
 
+/// Stops `s` with `signal`, waits for it to exit and starts a server again
+/// in its directory (configuration, slot secret, snapshot).
+fn restart(mut s: TestServer, signal: &str) -> TestServer {
+    s.signal(signal);
+    s.child.wait().unwrap();
+    // `Drop` removes `dir`; taken, it is empty and nothing is removed.
+    let dir = std::mem::take(&mut s.dir);
+    TestServer::start_with(dir, s.config_path.clone(), &[])
+}
+
+#[test]
+fn hmac_a_request_signed_before_a_restart_is_not_replayed_after_it() {
+    // The nonce store lives in memory only: a new process has never seen
+    // the nonces the last one spent, so it refuses what was signed before
+    // it started, after a graceful stop (snapshot) and a crash alike.
+    let mut s = TestServer::start(&config(&hmac_pool(""), ""));
+    for signal in ["TERM", "KILL"] {
+        let captured = signed(ACQUIRE, "");
+        assert_eq!(s.request(&captured).status, 200);
+        assert_refused(&s.request(&captured), 401, "unauthorized", "replay before the restart");
+        s = restart(s, signal);
+        assert_refused(&s.request(&captured), 401, "unauthorized", &format!("replay after SIG{signal}"));
+    }
+    // A request signed now passes (a crash's re-adoption window answers it, not the signature check).
+    let r = s.request(&signed(ACQUIRE, ""));
+    assert!(r.status == 200 || r.header("x-nthpool-deny-reason") == Some("recovering"), "{r:?}");
+}
+
 #[test]
 fn hmac_renew_and_release_need_the_signature_too() {
     let s = TestServer::start(&config(&hmac_pool(""), ""));

@@ -63,6 +63,33 @@ fn wait_for_reloads(s: &TestServer, n: u64) {
     }
 }
 
+// ---------------------------------------------------------------- keys
+
+#[test]
+fn a_key_digest_of_the_empty_key_is_refused_so_an_empty_key_never_passes() {
+    // `printf %s "$KEY" | sha256sum` with `KEY` unset gives the digest of
+    // nothing; a pool holding it would take `X-Nthpool-Key:` with no value.
+    let empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    let dir = scratch_dir();
+    let path = dir.join("config.json");
+    std::fs::write(&path, config(&format!(r#""keySha256":["{}"]"#, empty.to_uppercase()), "")).unwrap();
+    let path = path.to_str().unwrap();
+    for args in [vec!["--check-config", path], vec!["--config", path, "--listen", "127.0.0.1:0"]] {
+        let r = run(&dir, &args);
+        assert!(!r.status.success(), "{args:?} accepted the digest of an empty key");
+        assert!(r.stderr.contains("pools.p.keySha256: entry 1 is the SHA-256 of an empty key"), "{}", r.stderr);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // Nor does a reload bring it in: the empty key stays refused.
+    let s = TestServer::start(&config("", ""));
+    std::fs::write(&s.config_path, config(&format!(r#""keySha256":["{empty}"]"#), "")).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    assert_eq!(get_metric(&s, "nthpool_config_reload_failures_total"), 1);
+    let r = s.request(b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key:\r\n\r\n");
+    assert_refused(&r, 401, "unauthorized", "an empty X-Nthpool-Key");
+}
+
 // ---------------------------------------------------------------- HMAC
 
 const HMAC_SECRET: &str = "hmac-secret-0001";

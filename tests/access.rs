@@ -90,6 +90,37 @@ fn a_key_digest_of_the_empty_key_is_refused_so_an_empty_key_never_passes() {
     assert_refused(&r, 401, "unauthorized", "an empty X-Nthpool-Key");
 }
 
+/// Without a valid key the answer is one and the same whatever the pool has
+/// (every policy at once here) and whether it exists at all: nothing tells
+/// which pools exist or which policies they ask for. Only a caller whose
+/// key passed is told which policy refused it.
+#[test]
+fn without_a_valid_key_no_answer_tells_pools_or_policies_apart() {
+    let policies = format!(
+        r#""access":{{"ipAllow":["10.0.0.0/8"],"hmac":{{"secret":"{HMAC_SECRET}"}},"jwt":{{"hs256Secret":"0123456789abcdef0123"}}}}"#
+    );
+    let s = TestServer::start(&config(&policies, ""));
+    let answer = |path: &str, key: &str| {
+        let r = s.request(&post(path, key, "", ""));
+        let date = |h: &(String, String)| !h.0.eq_ignore_ascii_case("date");
+        (r.status, r.headers.into_iter().filter(date).collect::<Vec<_>>(), r.body)
+    };
+    let keyless = answer("/pools/nowhere/lock/acquire", "");
+    assert_eq!(keyless.0, 401);
+    for (path, key) in [
+        ("/pools/p/lock/acquire", ""),
+        ("/pools/p/lock/acquire", "wrong-key"),
+        ("/pools/p/lock/acquire", "other-key"),
+        ("/pools/nowhere/lock/acquire", KEY),
+        ("/pools/p/lock/AAAAAAAAAAB4Tr1rJvJgQr5ik6IBAP4Vx7qiAQAIJn3GXO4Yk5vl0IE1A0hd/renew", "wrong-key"),
+        ("/pools/other/lock/acquire", KEY),
+    ] {
+        assert_eq!(answer(path, key), keyless, "{path} with key {key:?}");
+    }
+    // With the key, the first policy that refuses is named: here the address.
+    assert_refused(&s.acquire("", ""), 403, "unauthorized", "the key passed, the address did not");
+}
+
 // ---------------------------------------------------------------- HMAC
 
 const HMAC_SECRET: &str = "hmac-secret-0001";

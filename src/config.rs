@@ -505,6 +505,11 @@ impl PoolConfig {
             if let Some(first) = digests.iter().position(|d| *d == digest) {
                 return fail(format!("keySha256: entry {} repeats entry {} (each digest once)", i + 1, first + 1));
             }
+            // What `sha256sum` prints for an unset `$KEY`: it would let an
+            // empty `X-Nthpool-Key` in, where `keys` takes no empty key.
+            if digest == EMPTY_KEY_SHA256 {
+                return fail(format!("keySha256: entry {} is the SHA-256 of an empty key", i + 1));
+            }
             digests.push(digest);
         }
         if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
@@ -620,6 +625,12 @@ pub fn is_dns_label(name: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+/// SHA-256 of no bytes at all.
+const EMPTY_KEY_SHA256: [u8; 32] = [
+    0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24, 0x27, 0xae, 0x41,
+    0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55,
+];
+
 pub fn parse_sha256_hex(s: &str) -> Option<[u8; 32]> {
     let b = s.as_bytes();
     if b.len() != 64 {
@@ -728,6 +739,14 @@ mod tests {
         assert!(e.starts_with("invalid configuration: pools.p1.upstream.setHeaders: duplicate header `X-A`"), "{e}");
         // The same key in two pools is allowed: the route names the pool.
         assert!(Config::parse(br#"{"pools":{"a":{"keys":["k"]},"b":{"keys":["k"]}}}"#).is_ok());
+    }
+
+    #[test]
+    fn the_digest_of_an_empty_key_is_refused() {
+        use sha2::Digest;
+        assert_eq!(EMPTY_KEY_SHA256, <[u8; 32]>::from(sha2::Sha256::digest(b"")));
+        let empty = r#","keySha256":["3b6c7f0e1c4e0b8f7f1e4b1b7e2a3e8f0d5c6b7a8f9e0d1c2b3a4f5e6d7c8b9a","e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"]"#;
+        assert_eq!(err(&pool_json(empty)), "pools.p1.keySha256: entry 2 is the SHA-256 of an empty key");
     }
 
     #[test]

@@ -63,6 +63,64 @@ fn wait_for_reloads(s: &TestServer, n: u64) {
     }
 }
 
+// ---------------------------------------------------------------- keys
+
+#[test]
+fn a_key_digest_of_the_empty_key_is_refused_so_an_empty_key_never_passes() {
+    // `printf %s "$KEY" | sha256sum` with `KEY` unset gives the digest of
+    // nothing; a pool holding it would take `X-Nthpool-Key:` with no value.
+    let empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    let dir = scratch_dir();
+    let path = dir.join("config.json");
+    std::fs::write(&path, config(&format!(r#""keySha256":["{}"]"#, empty.to_uppercase()), "")).unwrap();
+    let path = path.to_str().unwrap();
+    for args in [vec!["--check-config", path], vec!["--config", path, "--listen", "127.0.0.1:0"]] {
+        let r = run(&dir, &args);
+        assert!(!r.status.success(), "{args:?} accepted the digest of an empty key");
+        assert!(r.stderr.contains("pools.p.keySha256: entry 1 is the SHA-256 of an empty key"), "{}", r.stderr);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // Nor does a reload bring it in: the empty key stays refused.
+    let s = TestServer::start(&config("", ""));
+    std::fs::write(&s.config_path, config(&format!(r#""keySha256":["{empty}"]"#), "")).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    assert_eq!(get_metric(&s, "nthpool_config_reload_failures_total"), 1);
+    let r = s.request(b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key:\r\n\r\n");
+    assert_refused(&r, 401, "unauthorized", "an empty X-Nthpool-Key");
+}
+
+/// Without a valid key the answer is one and the same whatever the pool has
+/// (every policy at once here) and whether it exists at all: nothing tells
+/// which pools exist or which policies they ask for. Only a caller whose
+/// key passed is told which policy refused it.
+#[test]
+fn without_a_valid_key_no_answer_tells_pools_or_policies_apart() {
+    let policies = format!(
+        r#""access":{{"ipAllow":["10.0.0.0/8"],"hmac":{{"secret":"{HMAC_SECRET}"}},"jwt":{{"hs256Secret":"0123456789abcdef0123"}}}}"#
+    );
+    let s = TestServer::start(&config(&policies, ""));
+    let answer = |path: &str, key: &str| {
+        let r = s.request(&post(path, key, "", ""));
+        let date = |h: &(String, String)| !h.0.eq_ignore_ascii_case("date");
+        (r.status, r.headers.into_iter().filter(date).collect::<Vec<_>>(), r.body)
+    };
+    let keyless = answer("/pools/nowhere/lock/acquire", "");
+    assert_eq!(keyless.0, 401);
+    for (path, key) in [
+        ("/pools/p/lock/acquire", ""),
+        ("/pools/p/lock/acquire", "wrong-key"),
+        ("/pools/p/lock/acquire", "other-key"),
+        ("/pools/nowhere/lock/acquire", KEY),
+        ("/pools/p/lock/AAAAAAAAAAB4Tr1rJvJgQr5ik6IBAP4Vx7qiAQAIJn3GXO4Yk5vl0IE1A0hd/renew", "wrong-key"),
+        ("/pools/other/lock/acquire", KEY),
+    ] {
+        assert_eq!(answer(path, key), keyless, "{path} with key {key:?}");
+    }
+    // With the key, the first policy that refuses is named: here the address.
+    assert_refused(&s.acquire("", ""), 403, "unauthorized", "the key passed, the address did not");
+}
+
 // ---------------------------------------------------------------- HMAC
 
 const HMAC_SECRET: &str = "hmac-secret-0001";
@@ -219,6 +277,34 @@ fn hmac_a_wider_tolerance_after_a_reload_does_not_reopen_replay() {
     // check now lets the request through, so only the nonce can stop it.
     thread::sleep(Duration::from_millis(4500).saturating_sub(signed_at.elapsed()));
     assert_refused(&s.request(&captured), 401, "unauthorized", "replay inside the widened window");
+}
+
+/// Stops `s` with `signal`, waits for it to exit and starts a server again
+/// in its directory (configuration, slot secret, snapshot).
+fn restart(mut s: TestServer, signal: &str) -> TestServer {
+    s.signal(signal);
+    s.child.wait().unwrap();
+    // `Drop` removes `dir`; taken, it is empty and nothing is removed.
+    let dir = std::mem::take(&mut s.dir);
+    TestServer::start_with(dir, s.config_path.clone(), &[])
+}
+
+#[test]
+fn hmac_a_request_signed_before_a_restart_is_not_replayed_after_it() {
+    // The nonce store lives in memory only: a new process has never seen
+    // the nonces the last one spent, so it refuses what was signed before
+    // it started, after a graceful stop (snapshot) and a crash alike.
+    let mut s = TestServer::start(&config(&hmac_pool(""), ""));
+    for signal in ["TERM", "KILL"] {
+        let captured = signed(ACQUIRE, "");
+        assert_eq!(s.request(&captured).status, 200);
+        assert_refused(&s.request(&captured), 401, "unauthorized", "replay before the restart");
+        s = restart(s, signal);
+        assert_refused(&s.request(&captured), 401, "unauthorized", &format!("replay after SIG{signal}"));
+    }
+    // A request signed now passes (a crash's re-adoption window answers it, not the signature check).
+    let r = s.request(&signed(ACQUIRE, ""));
+    assert!(r.status == 200 || r.header("x-nthpool-deny-reason") == Some("recovering"), "{r:?}");
 }
 
 #[test]

@@ -73,6 +73,37 @@ fn the_sdk_key_headers_authenticate_and_are_not_forwarded() {
     assert_eq!(up.seen().len(), before);
 }
 
+/// `x-api-key` carrying the pool key is a one-value credential header, as
+/// `X-Nthpool-Key` and `Authorization` are: sent twice it is `400` naming
+/// it, and the connection closes, whichever copy holds the key.
+#[test]
+fn an_sdk_key_header_sent_twice_is_refused_and_never_forwarded() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = TestServer::start(&config(
+        &format!(r#""allowAuthorizationHeader":true,"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()),
+        "",
+    ));
+    for pair in [[KEY, "other"], ["other", KEY], [KEY, KEY]] {
+        let raw = format!(
+            "GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\nx-api-key: {}\r\nX-API-Key: {}\r\n\r\n",
+            pair[0], pair[1]
+        );
+        let mut c = server.connect();
+        c.write_all(raw.as_bytes()).unwrap();
+        let r = read_response(&mut c).expect("an answer");
+        assert_eq!((r.status, r.error_code().as_str()), (400, "bad_request"), "{pair:?}: {r:?}");
+        assert!(r.json()["message"].as_str().unwrap().contains("x-api-key"), "{r:?}");
+        assert!(is_closed(&mut c), "{pair:?}: the connection stays open");
+    }
+    assert!(up.seen().is_empty(), "a refused request reached the upstream");
+    // Once, it passes; and when the key came in X-Nthpool-Key the field is not read.
+    let once = format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\nx-api-key: {KEY}\r\n\r\n");
+    assert_eq!(exchange(&server, once.as_bytes()).status, 200);
+    let r = exchange(&server, &proxied("GET", "/v1/models", "x-api-key: a\r\nx-api-key: b\r\n", ""));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(up.seen().iter().all(|s| s.header("x-api-key").is_none()), "an x-api-key reached the upstream");
+}
+
 #[test]
 fn lock_routes_are_not_served_on_a_proxy_host_and_still_are_on_the_api_host() {
     let up = MockUpstream::start(|_| ok("from upstream", ""));

@@ -33,8 +33,10 @@ struct HmacPolicy {
     secret: Vec<u8>,
     tolerance_ms: u64,
     nonces: NonceStore,
-    /// Requests signed before this (epoch ms) are refused: set when a reload
-    /// widened the window, since their nonces may already have been forgotten.
+    /// Requests signed before this (epoch ms) are refused, since their
+    /// nonces may have been spent where this store cannot see them: set
+    /// when the store started empty (a start, a pool or policy a reload
+    /// adds) and when a reload widened the window.
     not_before_ms: u64,
 }
 
@@ -85,10 +87,12 @@ fn single<'b>(head: &Head<'b>, lower_case_name: &str, twice: &'static str) -> Re
 }
 
 impl PoolAccess {
-    /// Builds a pool's policies. On a reload, `previous` supplies the JWKS
-    /// keys that worked when the file is now broken; `carry_state_from`
-    /// then moves the nonce store over once the whole reload has succeeded.
-    pub fn build(config: &AccessConfig, previous: Option<&PoolAccess>) -> Result<PoolAccess, String> {
+    /// Builds a pool's policies at `now`. On a reload, `previous` supplies
+    /// the JWKS keys that worked when the file is now broken;
+    /// `carry_state_from` then moves the nonce store over once the whole
+    /// reload has succeeded. A new nonce store refuses requests signed
+    /// before `now`: it never saw their nonces.
+    pub fn build(config: &AccessConfig, previous: Option<&PoolAccess>, now: EpochMs) -> Result<PoolAccess, String> {
         let ip_allow = if config.ip_allow.is_empty() {
             None
         } else {
@@ -100,7 +104,7 @@ impl PoolAccess {
             secret: h.secret.as_bytes().to_vec(),
             tolerance_ms: h.tolerance_ms,
             nonces: NonceStore::new(h.nonce_capacity),
-            not_before_ms: 0,
+            not_before_ms: now.0,
         });
         let jwt = config.jwt.as_ref().map(|j| JwtPolicy {
             secret: j.hs256_secret.as_bytes().to_vec(),
@@ -144,6 +148,15 @@ impl PoolAccess {
         if new.tolerance_ms > old.tolerance_ms {
             new.nonces.extend_expiries(new.tolerance_ms - old.tolerance_ms);
             new.not_before_ms = new.not_before_ms.max(now_epoch_ms.saturating_sub(old.tolerance_ms));
+        }
+    }
+
+    /// The process started at `at` with empty nonce stores: a request
+    /// signed before then may have been accepted by the process before it
+    /// (its nonce spent there), so it is refused rather than replayed.
+    pub fn refuse_signed_before(&mut self, at: EpochMs) {
+        if let Some(policy) = &mut self.hmac {
+            policy.not_before_ms = policy.not_before_ms.max(at.0);
         }
     }
 

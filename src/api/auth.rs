@@ -16,6 +16,7 @@ pub struct PoolKeys {
 }
 
 const MISSING: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
+const API_KEY_TWICE: ApiError = ApiError::BadRequest("x-api-key is sent twice; send it once.");
 
 impl PoolKeys {
     pub fn new(config: &PoolConfig) -> PoolKeys {
@@ -47,12 +48,22 @@ impl PoolKeys {
     }
 
     /// Proxy mode: the key may also come in `x-api-key` (what SDKs send) when
-    /// `allowAuthorizationHeader` is on.
+    /// `allowAuthorizationHeader` is on. Read there, it is a one-value
+    /// credential header: sent twice, which copy counts would be a guess.
     pub fn check_proxied(&self, head: &Head) -> Result<(), ApiError> {
-        let key = self
-            .presented(head)
-            .or_else(|| self.allow_authorization_header.then(|| head.header("x-api-key").map(trim)).flatten());
-        self.check_key(key.ok_or(MISSING)?)
+        let key = match self.presented(head) {
+            Some(key) => key,
+            None if self.allow_authorization_header => {
+                let mut copies = head.headers.into_iter().filter(|h| h.name.eq_ignore_ascii_case(b"x-api-key"));
+                let first = copies.next().ok_or(MISSING)?;
+                if copies.next().is_some() {
+                    return Err(API_KEY_TWICE);
+                }
+                trim(first.value)
+            }
+            None => return Err(MISSING),
+        };
+        self.check_key(key)
     }
 
     /// Whether `Authorization` and `x-api-key` may carry the key.

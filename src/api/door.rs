@@ -79,13 +79,17 @@ impl App {
     /// Takes the slot secret and the Unix time of monotonic 0, then restores
     /// the last stop's snapshot or, without a usable one, opens the
     /// re-adoption window (`state::start` decides which). The reactor keeps
-    /// what it returns to write the next snapshot.
+    /// what it returns to write the next snapshot. No snapshot holds the
+    /// spent HMAC nonces, so requests signed before this start are refused.
     pub fn start_state(
         &mut self,
         config: &Config,
         config_path: Option<&std::path::Path>,
         epoch: Epoch,
     ) -> Result<Persistence, String> {
+        for creds in &mut self.creds {
+            creds.access.refuse_signed_before(epoch.wall(0));
+        }
         crate::state::start(config, config_path, &mut self.gov, 0, epoch)
     }
 

@@ -203,14 +203,15 @@ impl Rejections {
 
 /// Builds every pool's keys and access policies (JWKS files read and
 /// checked): the one step start-up, reload and `--check-config` share.
-/// `previous` gives a pool's running policies on a reload.
+/// `previous` gives a pool's running policies on a reload; `now` is when.
 fn credentials<'c, 'p>(
     config: &'c Config,
     previous: impl Fn(&str) -> Option<&'p PoolAccess>,
+    now: EpochMs,
 ) -> Result<BTreeMap<&'c str, Credentials>, String> {
     let mut fresh = BTreeMap::new();
     for (name, pool) in &config.pools {
-        let access = PoolAccess::build(&pool.access, previous(name)).map_err(|e| format!("pools.{name}.{e}"))?;
+        let access = PoolAccess::build(&pool.access, previous(name), now).map_err(|e| format!("pools.{name}.{e}"))?;
         let upstream = pool
             .upstream
             .as_ref()
@@ -225,7 +226,7 @@ fn credentials<'c, 'p>(
 /// Checks what start-up would check beyond the file itself (JWKS files),
 /// without opening anything else or serving.
 pub fn check(config: &Config) -> Result<(), String> {
-    credentials(config, |_| None).map(drop)
+    credentials(config, |_| None, EpochMs(0)).map(drop)
 }
 
 impl App {
@@ -263,8 +264,8 @@ impl App {
     pub fn reconfigure(&mut self, config: &Config, now: Now) -> Result<(), String> {
         // Everything that can fail comes first, so a failure leaves all as it was.
         let log = AccessLog::open(config.access_log.as_deref())?;
-        let mut fresh =
-            credentials(config, |name| self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access))?;
+        let previous = |name: &str| self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access);
+        let mut fresh = credentials(config, previous, now.wall())?;
         self.gov.reconfigure(&pool_settings(config), now.ms);
         self.generation += 1;
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());

@@ -258,8 +258,10 @@ fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
         let mut text = head.clone();
         if signed {
             // SPEC §8: HMAC-SHA256 over v1, method, path, time, nonce and the body's SHA-256.
+            // `date` has whole seconds everywhere: the time is rounded up, since a
+            // server refuses what was signed before it started (its nonces are gone).
             text.push_str(&format!(
-                "BODY='{}' TS=$(($(date +%s) * 1000)) NONCE=$(openssl rand -hex 16)\n\
+                "BODY='{}' TS=$((($(date +%s) + 1) * 1000)) NONCE=$(openssl rand -hex 16)\n\
                  SIG=$(printf 'v1\\nPOST\\n%s\\n%s\\n%s\\n%s' \"{lock_path}/{path}\" \"$TS\" \"$NONCE\" \\\n  \
                  \"$(printf '%s' \"$BODY\" | openssl dgst -sha256 -r | cut -d' ' -f1)\" \\\n  \
                  | openssl dgst -sha256 -hmac \"$POOL_HMAC_SECRET\" -r | cut -d' ' -f1)\n",

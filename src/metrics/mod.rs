@@ -357,9 +357,16 @@ pub fn render(m: &MetricsSnapshot) -> String {
     by_label(&mut t, pools, counter("nthpool_renewals_total", "Renew requests, by outcome."), "outcome", |p| {
         &p.renewals
     });
-    by_label(&mut t, pools, counter("nthpool_releases_total", "Release requests, by outcome."), "outcome", |p| {
-        &p.releases
-    });
+    by_label(
+        &mut t,
+        pools,
+        counter(
+            "nthpool_releases_total",
+            "Releases, by outcome (a grant whose answer could not be written counts as released).",
+        ),
+        "outcome",
+        |p| &p.releases,
+    );
     family(&mut t, "nthpool_acquire_server_time_us", "histogram", "Server time of acquire answers, in microseconds.");
     for p in pools {
         if let Some(h) = &p.acquire_us {

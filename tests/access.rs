@@ -4,6 +4,8 @@
 //! checked for its status and its `error` code, since callers branch on both.
 
 mod common;
+#[path = "common/upstream.rs"]
+mod upstream;
 
 use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +23,7 @@ use rsa::{Pkcs1v15Sign, RsaPrivateKey};
 use sha2::{Digest, Sha256, Sha384};
 
 use common::*;
+use upstream::{exchange, proxied, MockUpstream, HOST};
 
 fn epoch_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -539,6 +542,33 @@ fn cloudflare_tokens_of_either_published_key_pass_and_bad_ones_fail() {
         assert_refused(&s.acquire(&cf_header(token), ""), 401, "unauthorized", case);
     }
     assert_refused(&s.acquire("", ""), 401, "unauthorized", "no assertion header");
+}
+
+/// Proxy mode: the Access token reaches the upstream neither in its header
+/// nor in the `CF_Authorization` cookie Cloudflare sets with the same token;
+/// the client's other cookies do.
+#[test]
+fn a_proxied_cloudflare_pool_keeps_the_access_token_from_the_upstream() {
+    let [k1, ..] = rsa_keys();
+    let up = MockUpstream::start(|_| upstream::ok("fine", ""));
+    let dir = scratch_dir();
+    std::fs::write(dir.join("certs.json"), jwks(&[("k1", k1)])).unwrap();
+    let config_path = dir.join("config.json");
+    let pool = format!(r#"{CF_POOL},"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url());
+    std::fs::write(&config_path, config(&pool, "")).unwrap();
+    let s = TestServer::start_with(dir, config_path, &[]);
+    let token = rs256(k1, Some("k1"), &cf_good_claims());
+    let cookies = [
+        (format!("Cookie: theme=dark; CF_Authorization={token}; session=9\r\n"), vec!["theme=dark; session=9"]),
+        (format!("Cookie: CF_Authorization={token}\r\n"), vec![]),
+    ];
+    for (i, (cookie, forwarded)) in cookies.iter().enumerate() {
+        let r = exchange(&s, &proxied("GET", "/v1/models", &format!("{}{cookie}", cf_header(&token)), ""));
+        assert_eq!(r.status, 200, "{cookie}: {r:?}");
+        let seen = &up.seen()[i];
+        assert_eq!(seen.headers("cookie"), *forwarded, "{}", seen.head);
+        assert!(!seen.head.contains(&token), "the token reached the upstream: {}", seen.head);
+    }
 }
 
 #[test]

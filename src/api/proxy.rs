@@ -20,7 +20,8 @@ pub struct CredentialFields {
     pub authorization: bool,
     /// `x-api-key` may carry the pool key.
     pub api_key: bool,
-    /// `Cf-Access-Jwt-Assertion` is checked.
+    /// `Cf-Access-Jwt-Assertion` is checked (its token also rides in the
+    /// `CF_Authorization` cookie, which is dropped too).
     pub cf_access: bool,
 }
 

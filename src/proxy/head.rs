@@ -108,7 +108,12 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
             || (creds.cf_access && name.eq_ignore_ascii_case(b"cf-access-jwt-assertion"))
             || upstream.set_headers.iter().any(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
             || connection.lists(name, fields());
-        if !dropped {
+        if dropped {
+            continue;
+        }
+        if creds.cf_access && name.eq_ignore_ascii_case(b"cookie") {
+            push_cookie_without(out, name, h.value, CF_ACCESS_COOKIE);
+        } else {
             push_field(out, name, h.value);
         }
     }
@@ -123,6 +128,31 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
             out.extend_from_slice(b"\r\n");
         }
         RequestBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The cookie Cloudflare Access sets beside `Cf-Access-Jwt-Assertion`: the
+/// same token, so a pool that checks Access keeps it from the upstream too.
+const CF_ACCESS_COOKIE: &[u8] = b"CF_Authorization";
+
+/// A `Cookie` field without the cookies named `drop` (cookie names are
+/// case-sensitive, RFC 6265 §4.2.1); nothing at all when none is left.
+fn push_cookie_without(out: &mut Vec<u8>, name: &[u8], value: &[u8], drop: &[u8]) {
+    let kept = |pair: &&[u8]| {
+        let pair = trim(pair);
+        !pair.is_empty() && pair.split(|&b| b == b'=').next().map(trim) != Some(drop)
+    };
+    let mut pairs = value.split(|&b| b == b';').filter(kept).map(trim);
+    let Some(first) = pairs.next() else {
+        return;
+    };
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(first);
+    for pair in pairs {
+        out.extend_from_slice(b"; ");
+        out.extend_from_slice(pair);
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -381,6 +411,20 @@ mod tests {
             assert!(sent.contains(kept), "{kept} missing from {sent}");
         }
         assert!(sent.ends_with("\r\n\r\n"));
+    }
+
+    #[test]
+    fn the_access_cookie_is_kept_from_the_upstream_when_the_pool_checks_access() {
+        let raw = b"GET / HTTP/1.1\r\nHost: a\r\nCf-Access-Jwt-Assertion: t\r\n\
+            Cookie: theme=dark; CF_Authorization=t;session=9\r\nCookie: CF_Authorization=t\r\n\r\n";
+        let access = CredentialFields { cf_access: true, ..CredentialFields::default() };
+        let sent = forward(raw, access, RequestBody::None);
+        assert!(sent.contains("\r\nCookie: theme=dark; session=9\r\n"), "{sent}");
+        assert_eq!(sent.matches("Cookie").count(), 1, "a field of only the access cookie is dropped: {sent}");
+        assert!(!sent.contains("CF_Authorization") && !sent.contains("Cf-Access"), "{sent}");
+        // Without Access on the pool, the cookie is the client's business.
+        let sent = forward(raw, CredentialFields::default(), RequestBody::None);
+        assert!(sent.contains("Cookie: theme=dark; CF_Authorization=t;session=9\r\n"), "{sent}");
     }
 
     #[test]

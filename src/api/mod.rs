@@ -559,11 +559,11 @@ impl App {
         match lock {
             Lock::Acquire => {
                 // No body and no header: fail fast, the usual acquire, without a call.
-                let asked = !body.is_empty() || head.api.queue_timeout_ms.is_some();
+                let asked = !body.is_empty() || head.api.queue_timeout_ms().is_some();
                 let wait_ms = if asked { wait_budget(head, body)? } else { 0 };
                 let attempt = Attempt { pool: pid, client: addr, wait_ms, started: ctx.started };
                 let (owner, now) = (ctx.conn.owner(), ctx.now.ms);
-                let admission = match head.api.idempotency_key {
+                let admission = match head.api.idempotency_key() {
                     None => self.gov.acquire(pid, attempt.wait_ms, owner, now),
                     Some(raw) => {
                         let credential = fnv1a64(self.creds[pid.0 as usize].keys.presented(head).unwrap_or_default());
@@ -1070,7 +1070,7 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         }
     }
     if wait.is_none() {
-        if let Some(value) = head.api.queue_timeout_ms {
+        if let Some(value) = head.api.queue_timeout_ms() {
             let text = std::str::from_utf8(value).map_err(|_| BAD_WAIT)?.trim();
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(BAD_WAIT);
@@ -1080,7 +1080,7 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         }
     }
     let wait = wait.unwrap_or(0);
-    if head.api.no_queue {
+    if head.api.no_queue() {
         return Ok(0);
     }
     Ok(wait)

@@ -209,8 +209,8 @@ impl PoolAccess {
         }
         if let Some(policy) = &self.jwt {
             let token = single(head, "x-nthpool-jwt", "X-Nthpool-Jwt is sent twice; send it once.")?.or_else(|| {
-                head.api.key?;
-                let auth = head.api.authorization?;
+                head.api.key()?;
+                let auth = head.api.authorization()?;
                 crate::http::credentials(auth, "bearer")
             });
             let token = token.ok_or(denied(Denied::TOKEN_MISSING))?;

@@ -32,14 +32,14 @@ impl PoolKeys {
     pub fn presented<'h>(&self, head: &Head<'h>) -> Option<&'h [u8]> {
         // Field values come without the white space around them (httparse
         // strips it), so the key is taken as it is.
-        if let Some(key) = head.api.key {
+        if let Some(key) = head.api.key() {
             debug_assert_eq!(key, trim(key));
             return Some(key);
         }
         if !self.allow_authorization_header {
             return None;
         }
-        let value = head.api.authorization?;
+        let value = head.api.authorization()?;
         credentials(value, "bearer").or_else(|| credentials(value, "nthbouncer"))
     }
 

@@ -560,11 +560,11 @@ impl App {
         match lock {
             Lock::Acquire => {
                 // No body and no header: fail fast, the usual acquire, without a call.
-                let asked = !body.is_empty() || head.api.queue_timeout_ms.is_some();
+                let asked = !body.is_empty() || head.api.queue_timeout_ms().is_some();
                 let wait_ms = if asked { wait_budget(head, body)? } else { 0 };
                 let attempt = Attempt { pool: pid, client: addr, wait_ms, started: ctx.started };
                 let (owner, now) = (ctx.conn.owner(), ctx.now.ms);
-                let admission = match head.api.idempotency_key {
+                let admission = match head.api.idempotency_key() {
                     None => self.gov.acquire(pid, attempt.wait_ms, owner, now),
                     Some(raw) => {
                         let credential = fnv1a64(self.creds[pid.0 as usize].keys.presented(head).unwrap_or_default());
@@ -1071,7 +1071,7 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         }
     }
     if wait.is_none() {
-        if let Some(value) = head.api.queue_timeout_ms {
+        if let Some(value) = head.api.queue_timeout_ms() {
             // Only HTTP's white space (SP, HTAB) surrounds a value: any other
             // byte, a Unicode space included, makes it no number.
             let digits = crate::http::trim(value);
@@ -1084,7 +1084,7 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
         }
     }
     let wait = wait.unwrap_or(0);
-    if head.api.no_queue {
+    if head.api.no_queue() {
         return Ok(0);
     }
     Ok(wait)

@@ -141,8 +141,8 @@ impl App {
         if matches!(head.framing, BodyFraming::Length(n) if n > max_bytes) {
             return Err(ApiError::PayloadTooLarge);
         }
-        let wait_ms = match head.api.queue_timeout_ms {
-            None if head.api.no_queue => 0,
+        let wait_ms = match head.api.queue_timeout_ms() {
+            None if head.api.no_queue() => 0,
             None => default_wait,
             Some(_) => wait_budget(head, &[])?,
         };

@@ -92,7 +92,7 @@ impl Server {
                 close: !head.keep_alive,
                 started: *turn_started,
             };
-            if head.api.moved {
+            if head.api.moved() {
                 app.note_move(conn.listener_pool, &ctx, head);
             }
             if let Some(pid) = app.proxy_route(conn.listener_pool, head) {

@@ -608,3 +608,93 @@ fn a_waiter_that_hangs_up_at_once_is_never_granted() {
     let r = s.acquire("", "");
     assert_eq!(r.status, 200, "the freed slot went to the departed waiter: {r:?}");
 }
+
+/// One server-wide series of an admin scrape, e.g. `nthpool_bytes_sent_total`
+/// or `nthpool_waiters{pool="p"}`.
+fn metric(text: &str, series: &str) -> u64 {
+    let line = text.lines().find(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with(' ')));
+    line.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or_else(|| panic!("no {series} in the scrape"))
+}
+
+#[test]
+fn a_waiter_that_leaves_its_answers_unread_is_closed_at_the_write_timeout() {
+    // A client whose earlier answers fill the kernel and wait in the
+    // server, with an acquire queued behind them: the wait must not
+    // suspend writeTimeoutMs (it did, up to the queue's 30 s).
+    const WRITE_MS: u64 = 1000;
+    const BATCH: usize = 256;
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"queue":{"size":10,"timeoutMs":30000},"adaptive":false"#,
+        &format!(r#""writeTimeoutMs":{WRITE_MS}"#),
+    ));
+    let admin = s.admin.unwrap();
+    let holder = s.acquire("", "").slot();
+    // The length of one answer to `SMALL` (the `Date` header is fixed-width).
+    let mut one = connect(s.addr);
+    one.write_all(SMALL).unwrap();
+    let (bytes, _) = read_to_end(&mut one, Duration::from_millis(500));
+    let (_, rest) = parse_answer(&bytes).unwrap();
+    let answer_len = (bytes.len() - rest.len()) as u64;
+    drop(one);
+
+    // Bytes the server wrote so far, less its own earlier scrapes' answers.
+    let mut scraped = 0u64;
+    let mut scrape = || {
+        let text = admin_get(admin, "/metrics");
+        let sent = metric(&text, "nthpool_bytes_sent_total") - scraped;
+        scraped += text.len() as u64;
+        (text, sent)
+    };
+    let (text, sent0) = scrape();
+    let not_found0 = metric(&text, r#"nthpool_rejections_total{code="404"}"#);
+    let mut waiter = connect(s.addr);
+    let batch: Vec<u8> = SMALL.repeat(BATCH);
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let mut requests = 0u64;
+    loop {
+        assert!(Instant::now() < give_up, "the kernel never filled after {requests} requests");
+        waiter.write_all(&batch).unwrap();
+        requests += BATCH as u64;
+        // Every request answered (then one scrape more: the answers of the
+        // last turn are flushed before a later one).
+        while metric(&scrape().0, r#"nthpool_rejections_total{code="404"}"#) - not_found0 < requests {
+            assert!(Instant::now() < give_up, "the server stopped answering at {requests} requests");
+            thread::sleep(Duration::from_millis(5));
+        }
+        let (_, sent) = scrape();
+        if sent - sent0 < requests * answer_len {
+            break;
+        }
+    }
+    // Answers wait in the server (fewer than a batch's: below the output's
+    // high-water mark, so the acquire is read and queued).
+    waiter.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":30000}"#)).unwrap();
+    let queued = Instant::now();
+    loop {
+        let (text, _) = scrape();
+        if metric(&text, r#"nthpool_waiters{pool="p"}"#) == 1 {
+            break;
+        }
+        assert!(queued.elapsed() < Duration::from_secs(10), "the acquire was never queued");
+        thread::sleep(Duration::from_millis(20));
+    }
+    loop {
+        let (text, _) = scrape();
+        if metric(&text, r#"nthpool_waiters{pool="p"}"#) == 0 {
+            assert_eq!(metric(&text, r#"nthpool_waiters_gone_total{pool="p"}"#), 1, "{text}");
+            break;
+        }
+        assert!(
+            queued.elapsed() < Duration::from_millis(WRITE_MS + 8000),
+            "a waiter that reads nothing was kept {:?} (writeTimeoutMs {WRITE_MS})",
+            queued.elapsed()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+    let (_, end) = read_to_end(&mut waiter, Duration::from_secs(5));
+    assert_eq!(end, End::Closed, "the waiter's connection is still open");
+    // The queue is whole: the slot goes to the next caller, not to the
+    // departed waiter.
+    assert_eq!(s.release(&holder, "").json()["released"], true);
+    assert_eq!(s.acquire("", "").status, 200);
+}

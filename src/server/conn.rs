@@ -355,8 +355,11 @@ impl Conn {
     pub fn deadline(&self, t: &Timeouts) -> Ms {
         match self.phase {
             Phase::Lingering { until } => return until,
-            // The queue deadline answers it; the wheel holds that one.
-            Phase::Waiting { .. } => return NEVER,
+            // The queue deadline answers it; the wheel holds that one. A
+            // waiter that leaves earlier answers unread is still a client
+            // that does not read: the wait does not suspend `write_ms`.
+            Phase::Waiting { .. } if self.unsent() == 0 => return NEVER,
+            Phase::Waiting { .. } => return self.out_since + t.write_ms,
             Phase::Open | Phase::Closing => {}
         }
         // A proxied exchange has its own deadlines (upstream timeout, request cap).

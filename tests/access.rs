@@ -509,10 +509,15 @@ fn cf_header(token: &str) -> String {
 /// A server for the Cloudflare pool, with `certs` written as its JWKS file
 /// (read relative to the server's working directory) before it starts.
 fn start_cloudflare(certs: &str) -> TestServer {
+    start_cloudflare_pool(certs, "")
+}
+
+/// `start_cloudflare` with `extra` members in the pool.
+fn start_cloudflare_pool(certs: &str, extra: &str) -> TestServer {
     let dir = scratch_dir();
     std::fs::write(dir.join("certs.json"), certs).unwrap();
     let config_path = dir.join("config.json");
-    std::fs::write(&config_path, config(CF_POOL, "")).unwrap();
+    std::fs::write(&config_path, config(&format!("{CF_POOL}{extra}"), "")).unwrap();
     TestServer::start_with(dir, config_path, &[])
 }
 
@@ -551,12 +556,8 @@ fn cloudflare_tokens_of_either_published_key_pass_and_bad_ones_fail() {
 fn a_proxied_cloudflare_pool_keeps_the_access_token_from_the_upstream() {
     let [k1, ..] = rsa_keys();
     let up = MockUpstream::start(|_| upstream::ok("fine", ""));
-    let dir = scratch_dir();
-    std::fs::write(dir.join("certs.json"), jwks(&[("k1", k1)])).unwrap();
-    let config_path = dir.join("config.json");
-    let pool = format!(r#"{CF_POOL},"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url());
-    std::fs::write(&config_path, config(&pool, "")).unwrap();
-    let s = TestServer::start_with(dir, config_path, &[]);
+    let upstream = format!(r#","upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url());
+    let s = start_cloudflare_pool(&jwks(&[("k1", k1)]), &upstream);
     let token = rs256(k1, Some("k1"), &cf_good_claims());
     let cookies = [
         (format!("Cookie: theme=dark; CF_Authorization={token}; session=9\r\n"), vec!["theme=dark; session=9"]),

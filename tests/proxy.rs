@@ -45,13 +45,19 @@ fn forwarding_strips_credentials_and_hop_by_hop_headers_and_keeps_path_and_query
     }
 }
 
+/// A proxied pool whose key may also come as an SDK sends it
+/// (`Authorization: Bearer`, `x-api-key`).
+fn sdk_key_server(up: &MockUpstream) -> TestServer {
+    TestServer::start(&config(
+        &format!(r#""allowAuthorizationHeader":true,"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()),
+        "",
+    ))
+}
+
 #[test]
 fn the_sdk_key_headers_authenticate_and_are_not_forwarded() {
     let up = MockUpstream::start(|_| ok("fine", ""));
-    let server = TestServer::start(&config(
-        &format!(r#""allowAuthorizationHeader":true,"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()),
-        "",
-    ));
+    let server = sdk_key_server(&up);
     for header in [format!("Authorization: Bearer {KEY}"), format!("x-api-key: {KEY}")] {
         let raw = format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\n{header}\r\n\r\n");
         let r = exchange(&server, raw.as_bytes());
@@ -79,10 +85,7 @@ fn the_sdk_key_headers_authenticate_and_are_not_forwarded() {
 #[test]
 fn an_sdk_key_header_sent_twice_is_refused_and_never_forwarded() {
     let up = MockUpstream::start(|_| ok("fine", ""));
-    let server = TestServer::start(&config(
-        &format!(r#""allowAuthorizationHeader":true,"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()),
-        "",
-    ));
+    let server = sdk_key_server(&up);
     for pair in [[KEY, "other"], ["other", KEY], [KEY, KEY]] {
         let raw = format!(
             "GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\nx-api-key: {}\r\nX-API-Key: {}\r\n\r\n",

@@ -514,12 +514,10 @@ fn a_waiter_that_leaves_in_the_same_turn_as_a_release_is_not_granted() {
     thread::sleep(Duration::from_millis(100));
     let mut releaser = s.connect();
     // Freeze the server so the hang-up and the release land in one turn.
-    s.signal("STOP");
-    wait_stopped(s.pid());
-    waiter.shutdown(std::net::Shutdown::Write).unwrap();
-    releaser.write_all(&post(&format!("/pools/p/lock/{holder}/release"), KEY, "", "")).unwrap();
-    thread::sleep(Duration::from_millis(100));
-    s.signal("CONT");
+    s.while_stopped(|| {
+        waiter.shutdown(std::net::Shutdown::Write).unwrap();
+        releaser.write_all(&post(&format!("/pools/p/lock/{holder}/release"), KEY, "", "")).unwrap();
+    });
     assert_eq!(read_response(&mut releaser).unwrap().json()["released"], true);
     // The departed waiter is told its wait ended, never granted.
     let left = read_response(&mut waiter).expect("a half-closed client still reads");
@@ -538,14 +536,12 @@ fn a_waiter_granted_in_the_turn_its_half_close_is_read_is_answered_in_order() {
     thread::sleep(Duration::from_millis(100));
     // Freeze the server so that the release (read first) grants the waiter
     // in the same turn as the waiter's half-close is read.
-    s.signal("STOP");
-    wait_stopped(s.pid());
-    holder.write_all(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", "")).unwrap();
-    thread::sleep(Duration::from_millis(50));
-    waiter.write_all(&post("/pools/p/lock/x/renew", KEY, "", "")).unwrap();
-    waiter.shutdown(std::net::Shutdown::Write).unwrap();
-    thread::sleep(Duration::from_millis(100));
-    s.signal("CONT");
+    s.while_stopped(|| {
+        holder.write_all(&post(&format!("/pools/p/lock/{slot}/release"), KEY, "", "")).unwrap();
+        thread::sleep(Duration::from_millis(50));
+        waiter.write_all(&post("/pools/p/lock/x/renew", KEY, "", "")).unwrap();
+        waiter.shutdown(std::net::Shutdown::Write).unwrap();
+    });
     assert_eq!(read_response(&mut holder).unwrap().json()["released"], true);
     // The acquire is answered first, then the renew behind it.
     let left = read_response(&mut waiter).expect("the acquire's answer");
@@ -565,12 +561,10 @@ fn an_acquire_read_after_a_lease_deadline_finds_the_slot_reclaimed() {
     thread::sleep(Duration::from_millis(50));
     // Freeze the server past the lease's deadline, so the acquire and the
     // deadline fall in one turn: the reclaim is due before the acquire is read.
-    s.signal("STOP");
-    wait_stopped(s.pid());
-    thread::sleep(Duration::from_millis(500));
-    late.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
-    thread::sleep(Duration::from_millis(50));
-    s.signal("CONT");
+    s.while_stopped(|| {
+        thread::sleep(Duration::from_millis(500));
+        late.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
+    });
     let r = read_response(&mut late).unwrap();
     assert_eq!(r.status, 200, "the holder's term had ended: {r:?}");
     assert_eq!(r.header_u64("x-nthpool-remaining-slots"), 0);
@@ -585,12 +579,10 @@ fn a_waiter_whose_deadline_passed_is_not_granted_by_a_later_release() {
     let mut releaser = s.connect();
     // Freeze the server past the waiter's deadline; the release that comes
     // meanwhile is read in the turn the deadline is due in.
-    s.signal("STOP");
-    wait_stopped(s.pid());
-    thread::sleep(Duration::from_millis(400));
-    releaser.write_all(&post(&format!("/pools/p/lock/{holder}/release"), KEY, "", "")).unwrap();
-    thread::sleep(Duration::from_millis(50));
-    s.signal("CONT");
+    s.while_stopped(|| {
+        thread::sleep(Duration::from_millis(400));
+        releaser.write_all(&post(&format!("/pools/p/lock/{holder}/release"), KEY, "", "")).unwrap();
+    });
     let r = read_response(&mut waiter).unwrap();
     assert_eq!((r.status, r.error_code().as_str()), (504, "queue_timeout"), "its budget had run out: {r:?}");
     assert_eq!(read_response(&mut releaser).unwrap().json()["released"], true);

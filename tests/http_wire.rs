@@ -229,11 +229,10 @@ fn a_queued_acquire_over_http_1_0_keep_alive_withdrawn_with_its_fin_is_answered_
     let body = r#"{"waitMs":5000}"#;
     let raw = http_1_0_keep_alive(ACQUIRE, body) + &http_1_0_keep_alive(&release_path(&held), "");
     // The server reads the requests and the FIN in one go.
-    s.signal("STOP");
-    wait_stopped(s.pid());
-    c.write_all(raw.as_bytes()).unwrap();
-    c.shutdown(std::net::Shutdown::Write).unwrap();
-    s.signal("CONT");
+    s.while_stopped(|| {
+        c.write_all(raw.as_bytes()).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+    });
     let r = read_response(&mut c).expect("the withdrawn acquire's answer");
     assert_error(&r, 504, "queue_timeout", "withdrawn at the half-close");
     assert_eq!(r.header("connection"), Some("keep-alive"), "its answer keeps the connection: {r:?}");

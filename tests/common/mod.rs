@@ -140,6 +140,18 @@ impl TestServer {
         let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status().unwrap().success();
         assert!(ok, "kill -{sig} failed");
     }
+
+    /// Runs `send` while the server is stopped (`SIGSTOP`), then lets it go
+    /// on: what `send` writes, and the time it lets pass, reach the server
+    /// in one event-loop turn.
+    pub fn while_stopped(&self, send: impl FnOnce()) {
+        self.signal("STOP");
+        wait_stopped(self.pid());
+        send();
+        // Slack for the last bytes to reach the server's socket.
+        std::thread::sleep(Duration::from_millis(100));
+        self.signal("CONT");
+    }
 }
 
 impl Drop for TestServer {

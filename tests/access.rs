@@ -686,8 +686,7 @@ fn a_reader_of_standard_output_that_stalls_never_stalls_the_server() {
     // SPEC §9: writing the access log never blocks the event loop. Here its
     // lines go to a pipe nobody reads, which fills after 64 KiB; answers,
     // `/healthz` and a graceful SIGTERM must go on regardless.
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let (port, admin) = (free(), free());
+    let (port, admin) = (free_port(), free_port());
     let dir = scratch_dir();
     let config = dir.join("config.json");
     std::fs::write(

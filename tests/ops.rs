@@ -564,7 +564,7 @@ fn sighup_that_gives_a_pool_its_own_listener_logs_that_it_needs_a_restart() {
     // Listeners are bound at start only: a reload that adds one says so
     // instead of leaving the operator to find the port closed.
     let s = TestServer::start_logged(&config("", ""), "warn");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let with_listener =
         config(&format!(r#""upstream":{{"url":"http://127.0.0.1:9","listen":"127.0.0.1:{port}"}}"#), "");
     assert_eq!(reload_with(&s, &with_listener), (1.0, 0.0), "the rest of the configuration applies");

@@ -186,7 +186,7 @@ fn lock_grants_and_proxied_requests_draw_on_one_rpm_gate() {
 #[test]
 fn a_pools_own_listener_proxies_every_request() {
     let up = MockUpstream::start(|_| ok("via listener", ""));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let server =
         TestServer::start(&config(&format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:{port}"}}"#, up.url()), ""));
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -204,7 +204,7 @@ fn a_pools_own_listener_stays_bound_to_it_across_reloads() {
     // A bound listener is not moved by a reload (that waits for a restart):
     // it goes on serving its pool, with a 404 while the pool does not proxy.
     let up = MockUpstream::start(|_| ok("via listener", ""));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let section = format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:{port}"}}"#, up.url());
     let server = TestServer::start(&config(&section, ""));
     let get = || {

@@ -497,7 +497,7 @@ fn with_key(raw: &[u8]) -> Vec<u8> {
 #[test]
 fn framing_attacks_sent_to_the_proxy_never_reach_the_upstream_as_two_requests() {
     let up = MockUpstream::start(|_| ok("fine", ""));
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let _server = TestServer::start(&config(
         &format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:{port}","maxRequestBytes":1024}}"#, up.url()),
         "",

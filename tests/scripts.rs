@@ -127,7 +127,7 @@ fn the_scripts_run_the_binaries_cargo_built_in_cargo_target_dir() {
     for bin in ["nthpool", "nthpool-bench", "nthpool-fleet"] {
         stub(&target.join("release").join(bin), bin, &root.join("calls"), 1);
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let env = [("CARGO_TARGET_DIR", target.display().to_string()), ("SNAP_PORT", port.to_string())];
 
     let r = run(&root, "fleet.sh", &[], &env);

@@ -47,11 +47,6 @@ fn the_anthropic_sdk_works_against_the_mock_and_sends_its_key() {
     assert!(seen[1].body.contains("\"stream\":true"), "{}", seen[1].body);
 }
 
-/// A free loopback port for a pool's own listener.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// The SDK, unchanged but for its base URL and API key (the pool key),
 /// through the proxy to a TLS upstream that needs the managed key in
 /// `managed_header`.
@@ -69,7 +64,7 @@ fn through_the_proxy(script: &str, managed_header: &str, managed_value: &str) ->
     let dir = common::scratch_dir();
     let key_file = dir.join("managed.key");
     std::fs::write(&key_file, "sk-managed-5e2b\n").unwrap();
-    let listen = format!("127.0.0.1:{}", free_port());
+    let listen = format!("127.0.0.1:{}", common::free_port());
     let pool = format!(
         r#""allowAuthorizationHeader":true,"concurrency":2,"adaptive":false,
         "upstream":{{"url":"https://localhost:{}","listen":"{listen}","caFile":"{}",

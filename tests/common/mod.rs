@@ -214,6 +214,25 @@ fn read_request_head(s: &mut impl Read) -> Vec<u8> {
     head
 }
 
+/// A free loopback port for a listener the server binds itself (a pool's
+/// own listener, an admin listener), taken below Linux's ephemeral range
+/// (32768 and up): a port the kernel hands out for port 0 may be handed to
+/// another test's outgoing connection before the server binds it. Each
+/// call takes the next port of this process's run, starting at one its id
+/// picks, so tests in parallel never try the same one.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    const FIRST: usize = 20_000;
+    const PORTS: usize = 12_000;
+    let start = std::process::id() as usize * 97;
+    loop {
+        let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % PORTS) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// A test upstream on `127.0.0.1:0` that writes `answer` on every
 /// connection as soon as the request head is in, without reading the body;
 /// with `drain`, it then reads whatever comes until the peer closes.

@@ -386,6 +386,8 @@ impl App {
     }
 
     fn resolve<'h>(&self, head: &Head<'h>) -> Result<(Route<'h>, PoolId), ApiError> {
+        // A line read by comparison with a remembered one has its target checked here.
+        head.check_target()?;
         let route = route::route(head.path).ok_or(ApiError::RouteNotFound)?;
         // The host first: on another host the lock routes do not exist at all.
         if !self.on_public_host(head) {
@@ -422,6 +424,13 @@ impl App {
         let mut client = None;
         match self.dispatch(ctx, head, body, out, &mut client, verdicts) {
             Ok(handled) => handled,
+            // `OPTIONS *` asks what the server as a whole supports (RFC 9110 §9.3.7).
+            Err(ApiError::RouteNotFound) if head.path == b"*" => {
+                let mut w = Writer::start(out, Status::Ok);
+                w.header(b"Allow", b"POST");
+                w.finish(b"", ctx.close);
+                Handled::Done
+            }
             Err(e) => {
                 self.reject_from(ctx, head, e, client, out);
                 if e.closes() {

@@ -3,9 +3,10 @@
 //! to the caller's buffer.
 //!
 //! It owns the chunked framing rules of SPEC §4: strict size lines (hex digits,
-//! then optional extensions, then CRLF), CRLF after every chunk, a cap on size
-//! lines and trailers, and the body limit (`400` for one chunk beyond it, `413` for
-//! a sum beyond it, answered before the data is read). Trailers are read and
+//! then extensions to RFC 9112 §7.1.1's grammar, then CRLF), CRLF after every
+//! chunk, a cap on size lines and trailers, and the body limit (`413` for a chunk
+//! or a sum beyond it, answered before its data is read; a size past 64 bits is
+//! `400`). Trailers are read and
 //! dropped. It never allocates beyond growing `out`, never touches a socket, and
 //! never looks past the final CRLF: what follows is the next pipelined request.
 
@@ -33,8 +34,8 @@ enum State {
     Size,
     /// Spaces or tabs after the digits, allowed only before an extension.
     SizeSpace,
-    /// A chunk extension, up to the CR; its contents are ignored.
-    Extension,
+    /// A chunk extension, read to its grammar and then ignored.
+    Extension(Ext),
     /// The LF ending a size line.
     SizeLf,
     /// `size` bytes of chunk data still to come.
@@ -51,6 +52,31 @@ enum State {
     /// Sticky, so a caller that feeds again after an error gets the error again.
     Failed(ChunkError),
 }
+
+/// Where a size line's extensions are in RFC 9112 §7.1.1's
+/// `*( BWS ";" BWS name [ BWS "=" BWS value ] )`, a value a token or a
+/// quoted string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ext {
+    /// After a `;`: spaces, then the name's first byte.
+    BeforeName,
+    Name,
+    /// Spaces after a name: then `=` or `;`.
+    AfterName,
+    /// After `=`: spaces, then a token or a quoted string.
+    BeforeValue,
+    Token,
+    Quoted,
+    /// After a backslash in a quoted string.
+    QuotedEscape,
+    /// Right after a quoted string's closing quote.
+    QuotedEnd,
+    /// Spaces after a value: then `;`.
+    AfterValue,
+}
+
+const BAD_EXTENSION: ChunkError =
+    ChunkError::Malformed("A chunk extension must be ';' and a token, optionally '=' and a token or quoted string.");
 
 #[derive(Debug)]
 pub struct ChunkedDecoder {
@@ -118,7 +144,7 @@ impl ChunkedDecoder {
             let b = input[pos];
             pos += 1;
             self.state = match self.state {
-                State::Size | State::SizeSpace | State::Extension | State::SizeLf => {
+                State::Size | State::SizeSpace | State::Extension(_) | State::SizeLf => {
                     self.size_line_len += 1;
                     if self.size_line_len > MAX_SIZE_LINE {
                         return Err(ChunkError::Malformed("A chunk size line is too long."));
@@ -165,32 +191,27 @@ impl ChunkedDecoder {
                     b'0'..=b'9' => b - b'0',
                     _ => (b | 0x20) - b'a' + 10,
                 });
-                // Comparing with the limit at every digit also rules out overflow;
+                // A size past 64 bits is no size (400). One past the limit
+                // makes the body too large (413), told at the line's end;
                 // leading zeros never grow the size, and the line cap ends them.
-                // A chunk larger than the limit makes the body too large (413).
                 self.size = self
                     .size
                     .checked_mul(16)
                     .and_then(|s| s.checked_add(digit))
-                    .filter(|&s| s <= self.limit)
-                    .ok_or(ChunkError::TooLarge)?;
+                    .ok_or(ChunkError::Malformed("A chunk size is too large a number."))?;
                 self.seen_digit = true;
                 State::Size
             }
             (State::Size, b'\r') if self.seen_digit => State::SizeLf,
-            (State::Size, b';') if self.seen_digit => State::Extension,
+            (State::Size, b';') if self.seen_digit => State::Extension(Ext::BeforeName),
             // RFC 9112 allows whitespace before an extension's ';', not before CRLF.
             (State::Size, b' ' | b'\t') if self.seen_digit => State::SizeSpace,
             (State::SizeSpace, b' ' | b'\t') => State::SizeSpace,
-            (State::SizeSpace, b';') => State::Extension,
+            (State::SizeSpace, b';') => State::Extension(Ext::BeforeName),
             (State::Size | State::SizeSpace, b'\n') => return Err(BARE_LF),
             (State::Size | State::SizeSpace, _) => return Err(BAD_SIZE),
-            (State::Extension, b'\r') => State::SizeLf,
-            (State::Extension, b'\n') => return Err(BARE_LF),
-            (State::Extension, _) if b.is_ascii_control() && b != b'\t' => {
-                return Err(ChunkError::Malformed("A chunk extension contains a control character."))
-            }
-            (State::Extension, _) => State::Extension,
+            (State::Extension(_), b'\n') => return Err(BARE_LF),
+            (State::Extension(ext), _) => extension(ext, b)?,
             (State::SizeLf, b'\n') if self.size == 0 => State::TrailerStart,
             (State::SizeLf, b'\n') => {
                 if self.size > self.limit - self.total {
@@ -202,6 +223,32 @@ impl ChunkedDecoder {
             (other, _) => unreachable!("{other:?} is not a size-line state"),
         })
     }
+}
+
+/// One byte of a chunk extension in `ext`'s place: the next state, the
+/// size line's LF once a CR ends a name or value.
+fn extension(ext: Ext, b: u8) -> Result<State, ChunkError> {
+    let space = b == b' ' || b == b'\t';
+    let token = crate::http::is_tchar(b);
+    let next = match (ext, b) {
+        (Ext::BeforeName | Ext::AfterName | Ext::BeforeValue | Ext::AfterValue, _) if space => ext,
+        (Ext::BeforeName, _) if token => Ext::Name,
+        (Ext::Name, _) if token => Ext::Name,
+        (Ext::Name, _) if space => Ext::AfterName,
+        (Ext::Name | Ext::AfterName, b'=') => Ext::BeforeValue,
+        (Ext::BeforeValue, b'"') => Ext::Quoted,
+        (Ext::BeforeValue | Ext::Token, _) if token => Ext::Token,
+        (Ext::Token | Ext::QuotedEnd, _) if space => Ext::AfterValue,
+        (Ext::Quoted, b'"') => Ext::QuotedEnd,
+        (Ext::Quoted, b'\\') => Ext::QuotedEscape,
+        // qdtext and quoted-pair: tab, space, visible ASCII and obs-text.
+        (Ext::Quoted | Ext::QuotedEscape, _) if space || b >= 0x21 && b != 0x7f => Ext::Quoted,
+        (Ext::Name | Ext::AfterName | Ext::Token | Ext::QuotedEnd | Ext::AfterValue, b';') => Ext::BeforeName,
+        // Spaces may come before a `;` or `=`, not before the CR.
+        (Ext::Name | Ext::Token | Ext::QuotedEnd, b'\r') => return Ok(State::SizeLf),
+        _ => return Err(BAD_EXTENSION),
+    };
+    Ok(State::Extension(next))
 }
 
 #[cfg(test)]
@@ -264,6 +311,8 @@ mod tests {
         b"5;name=value\r\nhello\r\n0;last\r\n\r\n",
         b"5 ;a=\"b c\"\r\nhello\r\n0\r\n\r\n",
         b"5\t; x\r\nhello\r\n0\r\n\r\n",
+        b"5;a=\"q\\\"d\" ; b ; c = d\r\nhello\r\n0\r\n\r\n",
+        b"5;a=\"\"\r\nhello\r\n0\r\n\r\n",
         b"5\r\nhello\r\n0\r\nX-Trailer: yes\r\nX-Other: no\r\n\r\n",
         b"3\r\n\r\n\r\r\n0\r\n\r\n",
     ];
@@ -285,6 +334,18 @@ mod tests {
         b"5\r\nhello\r0\r\n\r\n",
         b"5;a\nb\r\nhello\r\n0\r\n\r\n",
         b"5;a\x00\r\nhello\r\n0\r\n\r\n",
+        // Extensions to RFC 9112 §7.1.1's grammar: a name that is a token, a
+        // value that is a token or a quoted string, spaces only before `;` or `=`.
+        b"5;\r\nhello\r\n0\r\n\r\n",
+        b"5; \r\nhello\r\n0\r\n\r\n",
+        b"5;bad[=x\r\nhello\r\n0\r\n\r\n",
+        b"5;a=\r\nhello\r\n0\r\n\r\n",
+        b"5;a=b c\r\nhello\r\n0\r\n\r\n",
+        b"5;a \r\nhello\r\n0\r\n\r\n",
+        b"5;a=\"b\"c\r\nhello\r\n0\r\n\r\n",
+        b"5;a=\"b\r\nhello\r\n0\r\n\r\n",
+        b"5;;a\r\nhello\r\n0\r\n\r\n",
+        b"5;=b\r\nhello\r\n0\r\n\r\n",
         b"5\r\nhello\r\n0\r\n\n",
         b"5\r\nhello\r\n0\r\n\rX",
         b"5\r\nhello\r\n0\r\nX: y\n\r\n",
@@ -376,7 +437,9 @@ mod tests {
         assert_eq!(whole(b"2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n", 5), done(b"hello", 20));
         // One chunk beyond the limit makes the body too large, answered at its size line.
         assert_eq!(whole(b"6\r\n", 5), Outcome::Failed(ChunkError::TooLarge));
-        assert_eq!(whole(b"ffffffffffffffffff\r\n", usize::MAX), Outcome::Failed(ChunkError::TooLarge));
+        // A size past 64 bits is no size at all.
+        assert!(malformed(b"ffffffffffffffffff\r\n", usize::MAX));
+        assert!(malformed(b"FFFFFFFFFFFFFFFF0\r\n", 5));
         // A sum beyond the limit is 413, answered before the data that breaks it.
         assert_eq!(whole(b"3\r\nhel\r\n3\r\n", 5), Outcome::Failed(ChunkError::TooLarge));
         assert_eq!(whole(b"1\r\n", 0), Outcome::Failed(ChunkError::TooLarge));

@@ -29,6 +29,12 @@ pub fn credentials<'v>(value: &'v [u8], scheme: &str) -> Option<&'v [u8]> {
     given.eq_ignore_ascii_case(scheme.as_bytes()).then(|| trim(rest))
 }
 
+/// A byte of a `token` (RFC 9110 §5.6.2): a method, a field name, a
+/// transfer coding, a chunk extension's name.
+pub fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
 const LO: u64 = 0x0101_0101_0101_0101;
 
 /// The high bit of every byte of `x` that is zero, and no other bit.

@@ -19,7 +19,7 @@ use std::mem::MaybeUninit;
 use httparse::{Header, Status};
 
 use super::memo::{BlockMemo, LineRecall, Recalled};
-use super::{bytes_equal, same_bytes, trim, words_equal};
+use super::{bytes_equal, is_tchar, same_bytes, trim, words_equal};
 
 /// Past this many bytes without a complete head the answer is `431`.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -71,8 +71,8 @@ pub struct Head<'b> {
     pub method: Method,
     /// The method as sent (`PATCH`, `DELETE`, ...): proxied and logged as is.
     pub method_name: &'b str,
-    /// The request target as sent, query string included; always starts with
-    /// `/`. Valid UTF-8 (httparse checked it, or every byte is printable
+    /// The request target as sent, query string included; starts with `/`,
+    /// or is `*` for `OPTIONS *` (RFC 9112 §3.2.4). Valid UTF-8 (httparse checked it, or every byte is printable
     /// ASCII), kept as bytes so a target read by comparison needs no second
     /// check: `path_str` gives the text.
     pub path: &'b [u8],
@@ -99,6 +99,11 @@ pub struct Head<'b> {
     /// header block was recalled: a verdict kept about that head holds for
     /// this one while the memo's entry keeps its version.
     pub recall: Option<HeadRecall<'b>>,
+    /// Whether the target's bytes were checked (`valid_target_bytes`): not
+    /// for a line read by comparison with a remembered one (`Line::Like`),
+    /// whose target is left to `check_target` by whoever reads it as more
+    /// than a comparison with a target that was checked.
+    target_checked: bool,
 }
 
 /// A head whose header block a connection remembered (see `Head::recall`).
@@ -173,6 +178,17 @@ impl std::fmt::Debug for ApiFields<'_> {
 }
 
 impl<'b> Head<'b> {
+    /// `400` for a target holding a byte no request target may: a fragment's
+    /// `#`, a `\`, a quote or angle bracket, a byte past ASCII (RFC 9112 §3.2,
+    /// RFC 3986 §3).
+    pub fn check_target(&self) -> Result<(), HeadError> {
+        if self.target_checked || valid_target_bytes(self.path) {
+            Ok(())
+        } else {
+            Err(BAD_TARGET_BYTE)
+        }
+    }
+
     /// The value of the first field named `lower_case_name`, compared without case.
     pub fn header(&self, lower_case_name: &str) -> Option<&'b [u8]> {
         debug_assert!(!lower_case_name.bytes().any(|b| b.is_ascii_uppercase()));
@@ -566,8 +582,8 @@ fn recalled<'b>(
         Line::Read(method, target, version) => RequestLine::check(method, target, version)?,
         Line::Like(spans, target) => {
             let method_name = remembered_method(spans)?;
-            let (path, authority) = split_target(target)?;
-            RequestLine { method: spans.kind, method_name, path, authority, http11: spans.version == 1 }
+            let (path, authority) = request_target(method_name, target)?;
+            RequestLine { method: spans.kind, method_name, path, authority, http11: spans.version == 1, checked: false }
         }
         Line::Remembered(spans) => RequestLine {
             method: spans.kind,
@@ -575,6 +591,7 @@ fn recalled<'b>(
             path: spans.path.of(text.as_bytes()),
             authority: spans.authority.map(|a| a.of(text.as_bytes())),
             http11: spans.version == 1,
+            checked: true,
         },
     };
     let head_len = found.line_len + found.block_len;
@@ -591,6 +608,8 @@ struct RequestLine<'b> {
     /// The authority of an absolute-form target.
     authority: Option<&'b [u8]>,
     http11: bool,
+    /// The target's bytes were checked (see `Head::target_checked`).
+    checked: bool,
 }
 
 impl<'b> RequestLine<'b> {
@@ -601,13 +620,16 @@ impl<'b> RequestLine<'b> {
             "POST" => Method::Post,
             _ => Method::Other,
         };
-        let (path, authority) = split_target(target)?;
+        let (path, authority) = request_target(method_name, target)?;
+        if !valid_target_bytes(path) {
+            return Err(BAD_TARGET_BYTE);
+        }
         let http11 = match version {
             1 => true,
             0 => false,
             _ => return Err(HeadError::Malformed("Only HTTP/1.0 and HTTP/1.1 are served.")),
         };
-        Ok(RequestLine { method, method_name, path, authority, http11 })
+        Ok(RequestLine { method, method_name, path, authority, http11, checked: true })
     }
 }
 
@@ -660,6 +682,7 @@ fn assemble<'b>(
         api: ApiFields { block, spans: f.api },
         headers,
         recall,
+        target_checked: line.checked,
     }))
 }
 
@@ -683,6 +706,34 @@ pub fn serve_as_http11(buf: &mut [u8]) -> bool {
         }
         None => false,
     }
+}
+
+/// The path of a request target in a form this server takes and, for the
+/// absolute form, its authority: the origin form (`/path?query`), the
+/// absolute form (`http://host[:port]/path`, RFC 9112 §3.2.2) and, for
+/// `OPTIONS` alone, the asterisk form (`*`, §3.2.4). `CONNECT` (the
+/// authority form) asks for a tunnel, which this server does not open.
+fn request_target<'b>(method: &str, target: &'b [u8]) -> Result<(&'b [u8], Option<&'b [u8]>), HeadError> {
+    match method {
+        "CONNECT" => Err(HeadError::NotImplemented("CONNECT is not implemented: this server opens no tunnels.")),
+        "OPTIONS" if target == b"*" => Ok((target, None)),
+        _ => split_target(target),
+    }
+}
+
+const BAD_TARGET_BYTE: HeadError = HeadError::Malformed(
+    "The request target holds a byte a URI may not (a '#' fragment, a backslash, a quote or angle bracket, or non-ASCII).",
+);
+
+/// Whether a target's path and query hold only bytes a request target may.
+/// httparse takes any visible byte and UTF-8 in a target; of those, a URI
+/// (RFC 3986 §2) has no `#` in a request (a fragment is the client's own,
+/// RFC 9112 §3.2), no `\`, `"`, `<`, `>` or `` ` ``, and nothing past
+/// ASCII. `{`, `}`, `|`, `^`, `[` and `]`, also outside the grammar, are
+/// let through: clients send them unencoded in queries, and they do not
+/// change how a path is read.
+fn valid_target_bytes(target: &[u8]) -> bool {
+    !target.iter().any(|&b| matches!(b, b'#' | b'\\' | b'"' | b'<' | b'>' | b'`') || !b.is_ascii())
 }
 
 /// The path of a request target and, for the absolute form
@@ -735,7 +786,10 @@ static REG_NAME: [bool; 256] = {
 /// address (unreserved, percent-encoded and sub-delimiter characters, but no
 /// comma: a list is not one host), or a bracketed IP literal (an IPv6
 /// address or an `IPvFuture`, RFC 3986 §3.2.2); an optional port of at most
-/// five digits up to 65535. Empty is valid (RFC 9112 §3.2).
+/// five digits up to 65535. An empty host is refused: an `http` URI with an
+/// empty host is invalid (RFC 9110 §4.2.1), and every client of this server
+/// knows the host it called (RFC 9112 §3.2 has an empty `Host` only for
+/// targets without an authority).
 pub fn valid_host(value: &[u8]) -> bool {
     let (name_ok, rest) = if let Some(literal) = value.strip_prefix(b"[") {
         match literal.iter().position(|&b| b == b']') {
@@ -754,7 +808,8 @@ pub fn valid_host(value: &[u8]) -> bool {
                 _ => return false,
             }
         }
-        (true, &value[end..])
+        // An empty name is no host (RFC 9110 §4.2.1), with or without a port.
+        (end > 0, &value[end..])
     };
     let port_ok = match rest {
         [] => true,
@@ -968,13 +1023,7 @@ fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(
                 }
                 let value = trim(h.value);
                 if !value.eq_ignore_ascii_case(b"chunked") {
-                    // A list of known form ending in chunked names a coding we
-                    // do not implement; anything else is malformed framing.
-                    let last = value.rsplit(|&b| b == b',').next().map(trim).unwrap_or_default();
-                    if value.contains(&b',') && last.eq_ignore_ascii_case(b"chunked") {
-                        return Err(HeadError::NotImplemented("Only the chunked transfer coding is implemented."));
-                    }
-                    return Err(HeadError::Malformed("Transfer-Encoding must be exactly 'chunked'."));
+                    return Err(other_transfer_codings(value));
                 }
                 f.chunked = true;
             }
@@ -982,6 +1031,23 @@ fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(
         }
     }
     Ok(())
+}
+
+/// The refusal of a `Transfer-Encoding` other than `chunked` alone. A list
+/// of codings, each a token and only the last `chunked`, names codings
+/// this server does not implement: `501` (RFC 9112 §6.1). Anything else is
+/// framing that cannot be read: chunked not last or applied twice (§6.1,
+/// §6.3), an empty member, a parameter, or no chunked at all: `400`.
+fn other_transfer_codings(value: &[u8]) -> HeadError {
+    let mut codings = value.split(|&b| b == b',').map(trim);
+    let last_is_chunked = codings.next_back().is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
+    let others_are_codings =
+        codings.all(|c| !c.is_empty() && c.iter().all(|&b| is_tchar(b)) && !c.eq_ignore_ascii_case(b"chunked"));
+    if value.contains(&b',') && last_is_chunked && others_are_codings {
+        HeadError::NotImplemented("Only the chunked transfer coding is implemented.")
+    } else {
+        HeadError::Malformed("Transfer-Encoding must be exactly 'chunked'.")
+    }
 }
 
 /// Takes the value of a field that may appear once; a second is refused
@@ -993,9 +1059,10 @@ fn once(slot: &mut Option<Span>, value: Span, why: &'static str) -> Result<(), H
     Ok(())
 }
 
-/// `1*DIGIT` around optional spaces or tabs; no sign, no list. A length past
-/// `u64::MAX` is read as `u64::MAX`: larger than any body limit, it is
-/// refused as such (`413`), not as malformed.
+/// `1*DIGIT` around optional spaces or tabs; no sign, no list. A number past
+/// `u64::MAX` is no length this server can frame a body by (RFC 9110 §8.6
+/// has the recipient guard against overflow): malformed, as a chunk size
+/// past it is.
 fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
     const BAD: HeadError = HeadError::Malformed("Content-Length must be a plain decimal number.");
     let digits = trim(value);
@@ -1007,7 +1074,10 @@ fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
         if !b.is_ascii_digit() {
             return Err(BAD);
         }
-        n = n.checked_mul(10).and_then(|n| n.checked_add(u64::from(b - b'0'))).unwrap_or(u64::MAX);
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(b - b'0')))
+            .ok_or(HeadError::Malformed("Content-Length is too large a number."))?;
     }
     Ok(n)
 }
@@ -1180,9 +1250,10 @@ mod tests {
         assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\ncontent-length:\t7 \r\n\r\n"), BodyFraming::Length(7));
         assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"), BodyFraming::None);
         assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 007\r\n\r\n"), BodyFraming::Length(7));
-        // Past u64: larger than any body limit, refused as too large by the caller.
-        let huge = f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551616\r\n\r\n");
-        assert_eq!(huge, BodyFraming::Length(u64::MAX));
+        // Past u64 is no length at all; u64::MAX itself is one (too large for
+        // any body limit, refused as such by the caller).
+        assert!(is_malformed(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551616\r\n\r\n"));
+        assert!(is_malformed(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 99999999999999999999999\r\n\r\n"));
         assert_eq!(
             f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551615\r\n\r\n"),
             BodyFraming::Length(u64::MAX)
@@ -1204,6 +1275,24 @@ mod tests {
         // A tab is optional whitespace like a space (RFC 9110 OWS), so it is not a
         // second reading of the field.
         assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: \tchunked\r\n\r\n"), BodyFraming::Chunked);
+        // Other codings before chunked are codings not implemented; chunked
+        // twice, an empty member or a parameter is framing that cannot be read.
+        let te =
+            |value: &str| error(format!("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: {value}\r\n\r\n").as_bytes());
+        for unimplemented in ["gzip, chunked", "gzip,deflate , chunked", "x-custom,chunked"] {
+            assert!(matches!(te(unimplemented), HeadError::NotImplemented(_)), "{unimplemented}");
+        }
+        for malformed in [
+            "chunked, chunked",
+            ", chunked",
+            "gzip,, chunked",
+            "gzip;q=1, chunked",
+            "chunked, gzip",
+            "gzip",
+            "g zip, chunked",
+        ] {
+            assert!(matches!(te(malformed), HeadError::Malformed(_)), "{malformed}");
+        }
     }
 
     #[test]
@@ -1337,7 +1426,6 @@ mod tests {
     #[test]
     fn host_values() {
         for good in [
-            "",
             "h",
             "127.0.0.1:7070",
             "[::1]",
@@ -1352,6 +1440,8 @@ mod tests {
             assert!(valid_host(good.as_bytes()), "{good}");
         }
         for bad in [
+            "",
+            ":80",
             "exa mple",
             "user@h",
             "h/p",
@@ -1398,8 +1488,22 @@ mod tests {
 
     #[test]
     fn request_line_rules() {
+        with_head(b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", |r| {
+            let h = r.unwrap().unwrap();
+            assert_eq!((h.method_name, h.path), ("OPTIONS", &b"*"[..]));
+        });
+        assert!(matches!(error(b"CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n"), HeadError::NotImplemented(_)));
+        for target in ["/a#b", "/a\\b", "/a?x=\"1\"", "/<a>", "/a`b", "/caf\u{e9}", "/x?#"] {
+            let raw = format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n");
+            assert!(is_malformed(raw.as_bytes()), "{target}");
+        }
+        for target in ["/a?b={c}|d^e[0]", "/%23%5C", "/a;b=c!$&'()*+,:@~"] {
+            let raw = format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n");
+            with_head(raw.as_bytes(), |r| assert_eq!(r.unwrap().unwrap().path, target.as_bytes()));
+        }
         for raw in [
-            &b"OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n"[..],
+            &b"GET * HTTP/1.1\r\nHost: h\r\n\r\n"[..],
+            b"OPTIONS *x HTTP/1.1\r\nHost: h\r\n\r\n",
             b"GET h/ HTTP/1.1\r\nHost: h\r\n\r\n",
             b"GET / HTTP/2.0\r\nHost: h\r\n\r\n",
             b"GET / HTTP/0.9\r\nHost: h\r\n\r\n",
@@ -1486,9 +1590,15 @@ mod tests {
     /// Everything a parse says (a head's fields included), owned, so two
     /// parses can be compared: all but where the head came from (`recall`).
     fn digest(r: Result<Option<Head<'_>>, HeadError>) -> String {
+        // A target whose check was left to the reader is checked here, as
+        // every reader of one does.
+        let r = r.and_then(|h| match h {
+            Some(h) => h.check_target().map(|()| Some(Head { recall: None, target_checked: true, ..h })),
+            None => Ok(None),
+        });
         // The fields read from the end too, as `X-Forwarded-For` is.
         let backwards = format!("{:?}", r.as_ref().map(|h| h.as_ref().map(|h| h.headers.rev().collect::<Vec<_>>())));
-        format!("{:?} {backwards}", r.map(|h| h.map(|h| Head { recall: None, ..h })))
+        format!("{r:?} {backwards}")
     }
 
     #[test]
@@ -1505,7 +1615,7 @@ mod tests {
         let long = format!("{}.example", "a".repeat(80));
         assert!(known.check(long.as_bytes()));
         assert!(!known.check(format!("{long} x").as_bytes()));
-        assert!(known.check(b""));
+        assert!(!known.check(b""));
     }
 
     #[test]
@@ -1590,6 +1700,11 @@ mod tests {
             b"?",
             b"/",
             b"#",
+            b"\\",
+            b"\"",
+            b"<",
+            b"`",
+            b"{",
             b" ",
             b"\t",
             b"\x7f",

@@ -108,6 +108,12 @@ impl Server {
 }
 
 pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool, now: Ms) {
+    // `OPTIONS *` asks what the server as a whole supports (RFC 9110 §9.3.7).
+    if head.path == b"*" {
+        let mut w = dashboard::start(out, Status::Ok);
+        w.header(b"Allow", b"GET, HEAD");
+        return w.finish(b"", close);
+    }
     let path = crate::api::proxy::path_without_query(head.path_str());
     let known = matches!(path, "/healthz" | "/metrics") || crate::dashboard::is_route(path);
     if known && !matches!(head.method, Method::Get | Method::Head) {

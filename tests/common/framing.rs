@@ -51,6 +51,9 @@ pub const FRAMING: &[(&str, &[u8], u16)] = &[
     ("missing Host on HTTP/1.1", b"POST /pools/p/lock/acquire HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400),
     ("duplicate Host", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400),
     ("two different Hosts", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", 400),
+    ("fragment in the target", b"POST /pools/p/lock/acquire#x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", 400),
+    ("non-ASCII target", b"POST /pools/p/lock/acquire?\xc3\xa9 HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", 400),
+    ("empty Host", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: \r\nContent-Length: 0\r\n\r\n", 400),
     ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
     (
         "bad chunk size line",
@@ -80,8 +83,40 @@ pub const FRAMING: &[(&str, &[u8], u16)] = &[
         413,
     ),
     (
-        "huge chunk size",
-        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n",
+        "largest chunk size",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\n",
         413,
+    ),
+    // A chunk size past 64 bits is no size at all (RFC 9112 §7.1: guard
+    // against overflow), as a Content-Length past 64 bits is no length.
+    (
+        "chunk size past 64 bits",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffff\r\n",
+        400,
+    ),
+    (
+        "Content-Length past 64 bits",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+        400,
+    ),
+    (
+        "TE chunked, chunked",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "TE with an empty member",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: , chunked\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "chunk extension without a name",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2;\r\n{}\r\n0\r\n\r\n",
+        400,
+    ),
+    (
+        "chunk extension with a bad value",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2;a=b c\r\n{}\r\n0\r\n\r\n",
+        400,
     ),
 ];

@@ -164,6 +164,11 @@ fn many_clients_never_hold_more_than_the_limit() {
 }
 
 /// Sends an acquire that will queue, on its own connection.
+/// A server whose pool has one slot and a queue of ten with 10 s waits.
+fn one_slot_with_a_queue() -> TestServer {
+    TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""))
+}
+
 fn queue_acquire(s: &TestServer, wait_ms: u64) -> std::net::TcpStream {
     let mut c = s.connect();
     c.write_all(&post("/pools/p/lock/acquire", KEY, "", &format!(r#"{{"waitMs":{wait_ms}}}"#))).unwrap();
@@ -172,7 +177,7 @@ fn queue_acquire(s: &TestServer, wait_ms: u64) -> std::net::TcpStream {
 
 #[test]
 fn waiters_are_granted_in_arrival_order() {
-    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let s = one_slot_with_a_queue();
     let mut holder = s.acquire("", "").slot();
     let mut waiters: Vec<_> = (0..5)
         .map(|_| {
@@ -194,7 +199,7 @@ fn waiters_are_granted_in_arrival_order() {
 
 #[test]
 fn a_waiter_that_disconnects_is_never_granted() {
-    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let s = one_slot_with_a_queue();
     let holder = s.acquire("", "").slot();
     let gone = queue_acquire(&s, 10_000);
     thread::sleep(Duration::from_millis(50));
@@ -213,7 +218,7 @@ fn a_waiter_that_disconnects_is_never_granted() {
 
 #[test]
 fn a_waiter_that_half_closes_leaves_the_queue() {
-    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let s = one_slot_with_a_queue();
     let holder = s.acquire("", "").slot();
     let half = queue_acquire(&s, 10_000);
     thread::sleep(Duration::from_millis(50));
@@ -226,7 +231,7 @@ fn a_waiter_that_half_closes_leaves_the_queue() {
 
 #[test]
 fn a_waiter_that_asked_to_close_and_half_closes_is_told_the_connection_closes() {
-    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let s = one_slot_with_a_queue();
     let holder = s.acquire("", "").slot();
     let mut waiter = s.connect();
     waiter.write_all(&post("/pools/p/lock/acquire", KEY, "Connection: close\r\n", r#"{"waitMs":10000}"#)).unwrap();
@@ -508,7 +513,7 @@ fn openai_headers_with_no_remaining_requests_block_until_the_reset() {
 
 #[test]
 fn a_waiter_that_leaves_in_the_same_turn_as_a_release_is_not_granted() {
-    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let s = one_slot_with_a_queue();
     let holder = s.acquire("", "").slot();
     let mut waiter = queue_acquire(&s, 10_000);
     thread::sleep(Duration::from_millis(100));
@@ -528,7 +533,7 @@ fn a_waiter_that_leaves_in_the_same_turn_as_a_release_is_not_granted() {
 
 #[test]
 fn a_waiter_granted_in_the_turn_its_half_close_is_read_is_answered_in_order() {
-    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let s = one_slot_with_a_queue();
     let mut holder = s.connect();
     holder.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
     let slot = read_response(&mut holder).unwrap().slot();
@@ -572,7 +577,7 @@ fn an_acquire_read_after_a_lease_deadline_finds_the_slot_reclaimed() {
 
 #[test]
 fn a_waiter_whose_deadline_passed_is_not_granted_by_a_later_release() {
-    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000}"#, ""));
+    let s = one_slot_with_a_queue();
     let holder = s.acquire("", "").slot();
     let mut waiter = queue_acquire(&s, 200);
     thread::sleep(Duration::from_millis(50));

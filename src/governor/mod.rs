@@ -341,9 +341,7 @@ impl<T: Copy> Governor<T> {
     /// caller in the notice that later answers a queued acquire.
     pub fn acquire(&mut self, pid: PoolId, wait_ms: u64, owner: u64, now: Ms) -> Admission {
         let pool = &mut self.pools[pid.0 as usize];
-        if let Some(gate) = &mut pool.gate {
-            gate.refill(now);
-        }
+        pool.refill_gate(now);
         let ramp = pool.learning.ramp(now);
         let blocked = pool.blocked(now);
         if pool.queue.is_empty() && blocked.is_none() {
@@ -565,9 +563,7 @@ impl<T: Copy> Governor<T> {
     /// The answer of a waiter of `pid` that left at `now` after `queued_ms`
     /// without a slot: why no slot is free now, and for how long.
     pub fn left_queue(&mut self, pid: PoolId, queued_ms: u64, now: Ms) -> Denial {
-        let pool = &mut self.pools[pid.0 as usize];
-        pool.refill_gate(now);
-        let (reason, wait) = pool.blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
+        let (reason, wait) = self.pools[pid.0 as usize].refusal(now);
         Denial { reason, retry_after_ms: wait, queued_ms, signals: self.signals(pid, now) }
     }
 
@@ -820,8 +816,7 @@ impl<T: Copy> Governor<T> {
             pool.idem.remove(w.idem);
         }
         pool.stats.queue_timeouts += 1;
-        pool.refill_gate(now);
-        let (reason, wait) = pool.blocked(now).unwrap_or((DenyReason::Concurrency, pool::UNKNOWN_WAIT_MS));
+        let (reason, wait) = pool.refusal(now);
         let denial =
             Denial { reason, retry_after_ms: wait, queued_ms: now - w.enqueued_at, signals: self.signals(pid, now) };
         self.notices.push_back(Notice::TimedOut { owner: w.owner, denial });
@@ -845,9 +840,7 @@ impl<T: Copy> Governor<T> {
             let Some(head) = pool.queue.head() else {
                 return;
             };
-            if let Some(gate) = &mut pool.gate {
-                gate.refill(now);
-            }
+            pool.refill_gate(now);
             let ramp = pool.learning.ramp(now);
             match pool.blocked(now) {
                 None => {

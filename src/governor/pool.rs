@@ -202,6 +202,15 @@ impl Pool {
         }
     }
 
+    /// Why a waiter leaving the queue at `now` has no slot, and for how
+    /// long: the gate refilled first, so the answer shows its level at `now`.
+    /// A slot that is free after all (its grant still to come) reads as the
+    /// concurrency limit, with no known wait.
+    pub fn refusal(&mut self, now: Ms) -> (DenyReason, u64) {
+        self.refill_gate(now);
+        self.blocked(now).unwrap_or((DenyReason::Concurrency, UNKNOWN_WAIT_MS))
+    }
+
     pub fn rpm_remaining(&self) -> Option<u32> {
         self.gate.as_ref().map(TokenBucket::tokens)
     }

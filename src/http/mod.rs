@@ -43,6 +43,13 @@ pub(crate) fn zero_bytes(x: u64) -> u64 {
     !(((x & LOW7) + LOW7) | x | LOW7)
 }
 
+/// The high bit of some byte of `x` when any byte is zero, else 0: fewer
+/// steps than `zero_bytes`, whose marks are exact byte by byte; here a
+/// borrow may mark bytes above a zero byte, but only when there is one.
+pub(crate) fn any_zero_byte(x: u64) -> u64 {
+    x.wrapping_sub(LO) & !x & (LO << 7)
+}
+
 /// The high bit of every byte of `word` equal to `byte`.
 pub(crate) fn bytes_equal(word: u64, byte: u8) -> u64 {
     zero_bytes(word ^ (LO * byte as u64))

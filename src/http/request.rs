@@ -19,7 +19,7 @@ use std::mem::MaybeUninit;
 use httparse::{Header, Status};
 
 use super::memo::{BlockMemo, LineRecall, Recalled};
-use super::{bytes_equal, is_tchar, same_bytes, trim, words_equal};
+use super::{any_zero_byte, bytes_equal, is_tchar, same_bytes, trim, words_equal, LO};
 
 /// Past this many bytes without a complete head the answer is `431`.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
@@ -735,20 +735,15 @@ const BAD_TARGET_BYTE: HeadError = HeadError::Malformed(
 ///
 /// Eight bytes at a time (a target is read on every request whose line is
 /// parsed): `"` and `#` differ only in bit 0 and `<` and `>` only in bit 1,
-/// so with those bits set one compare finds each pair; `(v - 1) & !v` per
-/// byte marks a zero byte, exactly as to whether the word has one (a
-/// borrow marks bytes above a zero byte only when there is one).
+/// so with those bits set one compare finds each pair.
 fn valid_target_bytes(target: &[u8]) -> bool {
-    const LO: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = LO << 7;
-    let has_zero = |v: u64| v.wrapping_sub(LO) & !v;
     let bad = |at: usize| {
         let w = u64::from_le_bytes(target[at..at + 8].try_into().expect("8 bytes"));
-        has_zero((w | LO) ^ (LO * 0x23))
-            | has_zero((w | (LO * 2)) ^ (LO * 0x3e))
-            | has_zero(w ^ (LO * u64::from(b'\\')))
-            | has_zero(w ^ (LO * u64::from(b'`')))
-            | w
+        any_zero_byte((w | LO) ^ (LO * 0x23))
+            | any_zero_byte((w | (LO * 2)) ^ (LO * 0x3e))
+            | any_zero_byte(w ^ (LO * u64::from(b'\\')))
+            | any_zero_byte(w ^ (LO * u64::from(b'`')))
+            | (w & (LO << 7))
     };
     let n = target.len();
     if n < 8 {
@@ -761,7 +756,7 @@ fn valid_target_bytes(target: &[u8]) -> bool {
         found |= bad(at);
         at += 8;
     }
-    found & HIGH == 0
+    found == 0
 }
 
 /// A byte `valid_target_bytes` refuses.

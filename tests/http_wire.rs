@@ -993,6 +993,44 @@ fn expect_continue_from_http_1_0_gets_no_interim_answer() {
     assert_eq!(r.status, 200, "{r:?}");
 }
 
+/// `100-continue` is the only expectation (RFC 9110 §10.1.1): any other
+/// member of `Expect` is `417` at once, before a body, and the request has
+/// no effect; on the admin listener too.
+#[test]
+fn an_expectation_other_than_100_continue_is_417_and_closes() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    for (what, expect, body) in [
+        ("unknown, no body", "200-ok", ""),
+        ("listed beside 100-continue, body not sent", "100-continue, x-later", r#"{"waitMs":0}"#),
+        ("100-continue with a parameter", "100-continue;q=1", ""),
+    ] {
+        let mut c = s.connect();
+        let head = format!(
+            "POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nExpect: {expect}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let r = exchange(&mut c, head.as_bytes());
+        assert_error(&r, 417, "expectation_failed", what);
+        assert_answer_closes(&mut c, &r, what);
+    }
+    // None of them took the pool's one slot; a list that is only
+    // 100-continue (empty members aside) is the known expectation.
+    let mut c = s.connect();
+    let head = format!(
+        "POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nExpect: 100-Continue,\r\nContent-Length: 2\r\n\r\n"
+    );
+    assert_eq!(exchange(&mut c, head.as_bytes()).status, 100);
+    let r = exchange(&mut c, b"{}");
+    assert_eq!(r.status, 200, "the one slot is still free: {r:?}");
+    r.slot();
+
+    let mut c = TcpStream::connect(s.admin.expect("the test configuration has an admin listener")).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let r = exchange(&mut c, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nExpect: 200-ok\r\n\r\n");
+    assert_error(&r, 417, "expectation_failed", "admin listener");
+    assert_answer_closes(&mut c, &r, "admin listener");
+}
+
 /// A connection remembers the header blocks it sent last (the head memo):
 /// the same fields after another request line, a changed field, a body
 /// length that differs, and a bad request line before a remembered block

@@ -241,6 +241,10 @@ fn expect_continue_interim_answers_and_upgrades() {
     let r = exchange(&server, &proxied("GET", "/ws", "Connection: Upgrade\r\nUpgrade: websocket\r\n", ""));
     assert_eq!((r.status, r.error_code().as_str()), (501, "not_implemented"), "{r:?}");
     assert_eq!(up.seen().len(), before);
+    // An expectation other than 100-continue is refused, never forwarded.
+    let r = exchange(&server, &proxied("GET", "/v1/models", "Expect: 200-ok\r\n", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (417, "expectation_failed"), "{r:?}");
+    assert_eq!(up.seen().len(), before);
 }
 
 #[test]

@@ -21,6 +21,8 @@ pub enum ApiError {
     HeadTooLarge,
     /// A transfer coding (or other framing feature) the server does not implement.
     NotImplemented(&'static str),
+    /// `Expect` named something other than `100-continue`.
+    ExpectationFailed,
     /// A retry with the same `Idempotency-Key` took this queued acquire's place.
     Superseded,
     /// Overloaded or shutting down; retry after the given seconds.
@@ -51,6 +53,7 @@ impl ApiError {
             ApiError::PayloadTooLarge => Status::PayloadTooLarge,
             ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
             ApiError::NotImplemented(_) => Status::NotImplemented,
+            ApiError::ExpectationFailed => Status::ExpectationFailed,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
             ApiError::UpstreamTimeout | ApiError::RequestCapped => Status::GatewayTimeout,
@@ -69,6 +72,7 @@ impl ApiError {
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::HeadTooLarge => "request_header_fields_too_large",
             ApiError::NotImplemented(_) => "not_implemented",
+            ApiError::ExpectationFailed => "expectation_failed",
             ApiError::Unavailable(..) => "unavailable",
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
             ApiError::UpstreamTimeout => "upstream_timeout",
@@ -91,6 +95,7 @@ impl ApiError {
             ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
             ApiError::Superseded => "A retry with the same Idempotency-Key took this acquire's place in the queue.",
             ApiError::PayloadTooLarge => "The request body is larger than this server accepts.",
+            ApiError::ExpectationFailed => "Only the 100-continue expectation is supported.",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
             ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
@@ -107,6 +112,7 @@ impl ApiError {
                 | ApiError::PayloadTooLarge
                 | ApiError::HeadTooLarge
                 | ApiError::NotImplemented(_)
+                | ApiError::ExpectationFailed
                 | ApiError::BodyTimeout
                 | ApiError::RequestCapped
         )
@@ -148,6 +154,7 @@ impl From<HeadError> for ApiError {
             HeadError::TooLarge => ApiError::HeadTooLarge,
             HeadError::Malformed(why) => ApiError::BadRequest(why),
             HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
+            HeadError::ExpectationFailed => ApiError::ExpectationFailed,
             HeadError::NewerMinorVersion => ApiError::BadRequest("Only HTTP/1.x is served."),
         }
     }

@@ -82,8 +82,8 @@ pub struct Head<'b> {
     /// with `Connection: keep-alive` (and no `close`).
     pub keep_alive: bool,
     pub framing: BodyFraming,
-    /// `Expect: 100-continue` was sent, whatever the framing; other expectations
-    /// are ignored.
+    /// `Expect: 100-continue` was sent, whatever the framing (any other
+    /// expectation is `HeadError::ExpectationFailed`).
     pub expect_continue: bool,
     /// The one `Host` value (always present on HTTP/1.1, optional on HTTP/1.0).
     pub host: Option<&'b [u8]>,
@@ -282,6 +282,8 @@ pub enum HeadError {
     TooLarge,
     /// `501` and close: a transfer coding this server does not implement.
     NotImplemented(&'static str),
+    /// `417` and close: an `Expect` member other than `100-continue`.
+    ExpectationFailed,
     /// `HTTP/1.x` with x > 1: call `serve_as_http11` on the buffer and parse again.
     NewerMinorVersion,
 }
@@ -1024,8 +1026,15 @@ fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(
             15 if name_is(name, b"idempotency-key") => {
                 once(&mut f.api.idempotency_key, value, "Idempotency-Key is sent twice; send it once.")?
             }
+            // `100-continue` is the only expectation there is (RFC 9110
+            // §10.1.1); a server cannot meet one it does not know: `417`.
             6 if name_is(name, b"expect") => {
-                f.expect_continue |= trim(h.value).eq_ignore_ascii_case(b"100-continue");
+                for member in h.value.split(|&b| b == b',').map(trim).filter(|m| !m.is_empty()) {
+                    if !member.eq_ignore_ascii_case(b"100-continue") {
+                        return Err(HeadError::ExpectationFailed);
+                    }
+                    f.expect_continue = true;
+                }
             }
             10 if name_is(name, b"connection") => {
                 for token in h.value.split(|&b| b == b',').map(trim) {
@@ -1328,8 +1337,14 @@ mod tests {
         let e = |raw: &[u8]| summary(raw).4;
         assert!(e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"));
         assert!(e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nexpect: 100-Continue\r\n\r\n"));
-        assert!(!e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 200-ok\r\n\r\n"));
+        assert!(e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: , 100-continue ,\r\n\r\n"));
+        assert!(!e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect:\r\n\r\n"));
         assert!(!e(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n"));
+        for other in ["200-ok", "100-continue, x", "100-continue;a=b", "continue"] {
+            let mut storage = header_storage();
+            let raw = format!("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: {other}\r\n\r\n");
+            assert!(matches!(parse_head(raw.as_bytes(), &mut storage), Err(HeadError::ExpectationFailed)), "{other}");
+        }
     }
 
     #[test]

@@ -72,12 +72,7 @@ impl Server {
                     break;
                 }
                 &Err(e) => {
-                    let error = match e {
-                        HeadError::TooLarge => ApiError::HeadTooLarge,
-                        HeadError::Malformed(why) => ApiError::BadRequest(why),
-                        HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
-                        HeadError::NewerMinorVersion => unreachable!("handled above"),
-                    };
+                    let error = ApiError::from(e);
                     app.refuse_head(data, conn.peer.ip(), *turn_started, now, error, &mut conn.output);
                     conn.close_after_flush();
                     break;

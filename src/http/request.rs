@@ -925,6 +925,8 @@ fn name_is(name: &[u8], lower: &[u8]) -> bool {
 pub struct FieldSpans {
     host: Option<Span>,
     content_length: Option<u64>,
+    /// The first `Content-Type`, to refuse a second one that differs.
+    content_type: Option<Span>,
     chunked: bool,
     close: bool,
     keep_alive: bool,
@@ -1052,6 +1054,15 @@ fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(
                 }
                 f.content_length = Some(n);
             }
+            // One value (RFC 9110 §8.3): two that differ leave the body's
+            // type to whoever reads it.
+            12 if name_is(name, b"content-type") => match f.content_type {
+                Some(first) if trim(first.of(block)) != trim(h.value) => {
+                    return Err(HeadError::Malformed("Content-Type is sent twice with different values."));
+                }
+                Some(_) => {}
+                None => f.content_type = Some(value),
+            },
             17 if name_is(name, b"transfer-encoding") => {
                 // One field holding exactly `chunked`: a list (even split over
                 // two fields) would make the body's framing depend on who reads it.
@@ -1105,6 +1116,11 @@ fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
     let digits = trim(value);
     if digits.is_empty() {
         return Err(BAD);
+    }
+    // `1*DIGIT` allows `007`, but a reader that takes a leading zero for
+    // octal frames the body differently: nobody sends one who means well.
+    if digits.len() > 1 && digits[0] == b'0' {
+        return Err(HeadError::Malformed("Content-Length has a leading zero."));
     }
     let mut n: u64 = 0;
     for &b in digits {
@@ -1286,7 +1302,10 @@ mod tests {
         assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 42\r\n\r\n"), BodyFraming::Length(42));
         assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\ncontent-length:\t7 \r\n\r\n"), BodyFraming::Length(7));
         assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"), BodyFraming::None);
-        assert_eq!(f(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 007\r\n\r\n"), BodyFraming::Length(7));
+        for zeros in ["00", "007", "0200", " 01 "] {
+            let raw = format!("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: {zeros}\r\n\r\n");
+            assert!(is_malformed(raw.as_bytes()), "{zeros}");
+        }
         // Past u64 is no length at all; u64::MAX itself is one (too large for
         // any body limit, refused as such by the caller).
         assert!(is_malformed(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551616\r\n\r\n"));
@@ -1302,6 +1321,15 @@ mod tests {
         );
         // HTTP/1.0 bodies are framed by Content-Length.
         assert_eq!(f(b"POST / HTTP/1.0\r\nContent-Length: 3\r\n\r\n"), BodyFraming::Length(3));
+    }
+
+    #[test]
+    fn a_second_content_type_must_say_the_same() {
+        let ct =
+            |a: &str, b: &str| format!("POST / HTTP/1.1\r\nHost: h\r\nContent-Type: {a}\r\ncontent-type:{b}\r\n\r\n");
+        assert!(is_malformed(ct("text/plain", "text/html").as_bytes()));
+        assert!(is_malformed(ct("application/json", "application/json; charset=utf-8").as_bytes()));
+        assert_eq!(summary(ct("application/json", " application/json ").as_bytes()).3, BodyFraming::None);
     }
 
     #[test]

@@ -43,6 +43,12 @@ pub const FRAMING: &[(&str, &[u8], u16)] = &[
     ("Content-Length +5", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n{}   ", 400),
     ("Content-Length -1", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", 400),
     ("Content-Length hex", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 0x2\r\n\r\n{}", 400),
+    ("Content-Length leading zero", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 02\r\n\r\n{}", 400),
+    (
+        "two different Content-Types",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Type: text/plain\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+    ),
     ("bare LF line endings", b"POST /pools/p/lock/acquire HTTP/1.1\nHost: a\nContent-Length: 0\n\n", 400),
     ("bare LF ending the head", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\n", 400),
     ("CR inside a header line", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nX-A: b\rc\r\n\r\n", 400),

@@ -229,6 +229,12 @@ fn expect_continue_interim_answers_and_upgrades() {
     let r = read_any(&mut s).unwrap();
     assert_eq!((r.status, r.body.as_slice()), (200, &b"got hello"[..]), "{r:?}");
     assert!(up.seen()[0].header("expect").is_none());
+    // A body sent with the head, not waiting for the 100, gets none.
+    let mut s = server.connect();
+    s.write_all(format!("POST /v1/upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello").as_bytes())
+        .unwrap();
+    let r = read_any(&mut s).unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"got hello"[..]), "{r:?}");
     // An interim 103 is relayed before the final answer.
     let mut s = server.connect();
     s.write_all(&proxied("GET", "/hints", "", "")).unwrap();

@@ -201,7 +201,9 @@ fn start(
     e.request_deadline = grant.request_deadline;
     e.deadline = (now.ms + upstream.timeout_ms).min(grant.request_deadline);
     conn.exchange_deadline = e.deadline;
-    if e.expect_continue && e.client_side.http11 {
+    // Body bytes already here (sent with the head, or while it queued) were
+    // not held back for the 100: it is omitted (RFC 9110 §10.1.1).
+    if e.expect_continue && e.client_side.http11 && conn.input.is_empty() {
         conn.output.extend_from_slice(CONTINUE);
     }
     attach(proxy, ex, upstream, now.ms, registry)

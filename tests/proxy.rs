@@ -24,7 +24,8 @@ fn forwarding_strips_credentials_and_hop_by_hop_headers_and_keeps_path_and_query
         r#""setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_PROXY_TEST_UPSTREAM_KEY}","X-Team":"core"}"#,
     );
     let extra = "Connection: keep-alive, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n\
-        X-Nthpool-Queue-Timeout-Ms: 100\r\nX-Team: client\r\nAuthorization: Bearer client-own\r\nAccept: */*\r\n";
+        X-Nthpool-Queue-Timeout-Ms: 100\r\nX-Team: client\r\nAuthorization: Bearer client-own\r\nAccept: */*\r\n\
+        Content_Length: 99\r\nTransfer_Encoding: chunked\r\nX_Team: client\r\nx_nthpool_key: k\r\nX_Trace_Id: t1\r\n";
     let r = exchange(&server, &proxied("POST", "/v1/chat/completions?model=gpt&q=a%20b", extra, "{\"x\":1}"));
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.body, b"{\"id\":1}");
@@ -43,6 +44,13 @@ fn forwarding_strips_credentials_and_hop_by_hop_headers_and_keeps_path_and_query
     for gone in ["x-nthpool-key", "x-nthpool-queue-timeout-ms", "x-hop", "keep-alive", "te", "connection"] {
         assert!(s.header(gone).is_none(), "{gone} reached the upstream: {}", s.head);
     }
+    // A dropped field spelled with `_` is dropped too (an upstream that maps
+    // names to CGI-style variables would take it for the real one); other
+    // names with `_` go up as sent.
+    for gone in ["content_length", "transfer_encoding", "x_team", "x_nthpool_key"] {
+        assert!(s.header(gone).is_none(), "{gone} reached the upstream: {}", s.head);
+    }
+    assert_eq!(s.header("x_trace_id").as_deref(), Some("t1"), "{}", s.head);
 }
 
 /// A proxied pool whose key may also come as an SDK sends it

@@ -96,9 +96,8 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
     out.extend_from_slice(b"\r\n");
     let fields = || head.headers.map(|f| (f.name, f.value));
     let connection = ConnectionTokens::of(fields());
-    for h in head.headers {
-        let name = h.name;
-        let dropped = is_hop_by_hop(name)
+    let dropped = |name: &[u8]| {
+        is_hop_by_hop(name)
             || name.eq_ignore_ascii_case(b"host")
             || name.eq_ignore_ascii_case(b"content-length")
             || name.eq_ignore_ascii_case(b"expect")
@@ -107,8 +106,12 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
             || (creds.api_key && name.eq_ignore_ascii_case(b"x-api-key"))
             || (creds.cf_access && name.eq_ignore_ascii_case(b"cf-access-jwt-assertion"))
             || upstream.set_headers.iter().any(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
-            || connection.lists(name, fields());
-        if dropped {
+            || connection.lists(name, fields())
+    };
+    let mut spelled = [0u8; DASHED_MAX];
+    for h in head.headers {
+        let name = h.name;
+        if dropped(name) || dashed(name, &mut spelled).is_some_and(dropped) {
             continue;
         }
         if creds.cf_access && name.eq_ignore_ascii_case(b"cookie") {
@@ -130,6 +133,26 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
         RequestBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// The longest name `dashed` spells out; no field dropped on the way up is
+/// longer (a `setHeaders` name past it is matched only as written).
+const DASHED_MAX: usize = 128;
+
+/// `name` with each `_` read as `-`, when it holds one: the field an
+/// upstream that maps names to CGI-style variables (`HTTP_CONTENT_LENGTH`)
+/// takes it for. A field dropped on the way up is dropped in that spelling
+/// too (`Content_Length`, `X_Nthpool_Key`, a `setHeaders` name), so no
+/// caller can pass one under the other.
+fn dashed<'s>(name: &[u8], spelled: &'s mut [u8; DASHED_MAX]) -> Option<&'s [u8]> {
+    if !name.contains(&b'_') || name.len() > DASHED_MAX {
+        return None;
+    }
+    let spelled = &mut spelled[..name.len()];
+    for (to, &b) in spelled.iter_mut().zip(name) {
+        *to = if b == b'_' { b'-' } else { b };
+    }
+    Some(spelled)
 }
 
 /// The cookie Cloudflare Access sets beside `Cf-Access-Jwt-Assertion`: the

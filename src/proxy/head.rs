@@ -105,7 +105,7 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
             || (creds.authorization && name.eq_ignore_ascii_case(b"authorization"))
             || (creds.api_key && name.eq_ignore_ascii_case(b"x-api-key"))
             || (creds.cf_access && name.eq_ignore_ascii_case(b"cf-access-jwt-assertion"))
-            || upstream.set_headers.iter().any(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
+            || upstream.set_headers.iter().any(|(n, _)| same_but_dashes(n.as_bytes(), name))
             || connection.lists(name, fields())
     };
     let mut spelled = [0u8; DASHED_MAX];
@@ -153,6 +153,14 @@ fn dashed<'s>(name: &[u8], spelled: &'s mut [u8; DASHED_MAX]) -> Option<&'s [u8]
         *to = if b == b'_' { b'-' } else { b };
     }
     Some(spelled)
+}
+
+/// Whether two field names are one when `_` is read as `-` (and case
+/// ignored): a `setHeaders` name written with `_` replaces the client's
+/// field in either spelling.
+fn same_but_dashes(a: &[u8], b: &[u8]) -> bool {
+    let fold = |c: u8| if c == b'_' { b'-' } else { c.to_ascii_lowercase() };
+    a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| fold(x) == fold(y))
 }
 
 /// The cookie Cloudflare Access sets beside `Cf-Access-Jwt-Assertion`: the
@@ -448,6 +456,34 @@ mod tests {
         // Without Access on the pool, the cookie is the client's business.
         let sent = forward(raw, CredentialFields::default(), RequestBody::None);
         assert!(sent.contains("Cookie: theme=dark; CF_Authorization=t;session=9\r\n"), "{sent}");
+    }
+
+    #[test]
+    fn a_dropped_field_spelled_with_underscores_is_dropped_too() {
+        let raw = b"POST / HTTP/1.1\r\nHost: a\r\nContent_Length: 99\r\nX_Nthpool_Key: k\r\nx_team: client\r\n\
+            X_Org: o\r\nX-Trace_Id: t\r\nContent-Length: 2\r\n\r\n";
+        let sent = forward(raw, CredentialFields::default(), RequestBody::Length(2));
+        for gone in ["Content_Length", "X_Nthpool_Key", "x_team", "client"] {
+            assert!(!sent.contains(gone), "{gone} in {sent}");
+        }
+        for kept in ["X_Org: o\r\n", "X-Trace_Id: t\r\n", "Content-Length: 2\r\n"] {
+            assert!(sent.contains(kept), "{kept} missing from {sent}");
+        }
+        // A `setHeaders` name written with `_` replaces the client's field in either spelling.
+        let mut storage = header_storage();
+        let head = parse_head(b"GET / HTTP/1.1\r\nHost: a\r\nX-Org: client\r\nx_org: client\r\n\r\n", &mut storage)
+            .unwrap()
+            .unwrap();
+        let mut out = Vec::new();
+        write_request(
+            &mut out,
+            &head,
+            &upstream(r#","setHeaders":{"X_Org":"core"}"#),
+            CredentialFields::default(),
+            RequestBody::None,
+        );
+        let sent = String::from_utf8(out).unwrap();
+        assert!(!sent.contains("client") && sent.contains("X_Org: core\r\n"), "{sent}");
     }
 
     #[test]

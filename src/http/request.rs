@@ -532,24 +532,25 @@ fn read_line_like<'b>(buf: &'b [u8], remembered: &str, spans: LineSpans) -> Opti
 /// sets it only in 0x7f (DEL), and adding 0x5f sets it in `!` and above,
 /// without a carry into the next byte.
 fn uri_ascii(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = ONES << 7;
-    let n = bytes.len();
-    if n < 8 {
+    if bytes.len() < 8 {
         return bytes.iter().all(|b| (b'!'..=b'~').contains(b));
     }
-    let bad = |at: usize| {
-        let x = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-        (x | x.wrapping_add(ONES) | !x.wrapping_add(0x5f * ONES)) & HIGH
-    };
-    // The last word overlaps the one before it.
-    let mut found = bad(n - 8);
+    or_over_words(bytes, |x| (x | x.wrapping_add(LO) | !x.wrapping_add(0x5f * LO)) & (LO << 7)) == 0
+}
+
+/// `mark` of every eight-byte word of `bytes` (at least eight long), OR-ed:
+/// the last word overlaps the one before it, so no byte is left out.
+#[inline(always)]
+fn or_over_words(bytes: &[u8], mark: impl Fn(u64) -> u64) -> u64 {
+    let n = bytes.len();
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let mut found = mark(word(n - 8));
     let mut at = 0;
     while at + 8 < n {
-        found |= bad(at);
+        found |= mark(word(at));
         at += 8;
     }
-    found == 0
+    found
 }
 
 /// The head at the start of `buf`, whose header block is the one `memo`
@@ -739,26 +740,17 @@ const BAD_TARGET_BYTE: HeadError = HeadError::Malformed(
 /// parsed): `"` and `#` differ only in bit 0 and `<` and `>` only in bit 1,
 /// so with those bits set one compare finds each pair.
 fn valid_target_bytes(target: &[u8]) -> bool {
-    let bad = |at: usize| {
-        let w = u64::from_le_bytes(target[at..at + 8].try_into().expect("8 bytes"));
+    if target.len() < 8 {
+        return !target.iter().any(|&b| outside_target(b));
+    }
+    let bad = |w: u64| {
         any_zero_byte((w | LO) ^ (LO * 0x23))
             | any_zero_byte((w | (LO * 2)) ^ (LO * 0x3e))
             | any_zero_byte(w ^ (LO * u64::from(b'\\')))
             | any_zero_byte(w ^ (LO * u64::from(b'`')))
             | (w & (LO << 7))
     };
-    let n = target.len();
-    if n < 8 {
-        return !target.iter().any(|&b| outside_target(b));
-    }
-    // The last word overlaps the one before it.
-    let mut found = bad(n - 8);
-    let mut at = 0;
-    while at + 8 < n {
-        found |= bad(at);
-        at += 8;
-    }
-    found == 0
+    or_over_words(target, bad) == 0
 }
 
 /// A byte `valid_target_bytes` refuses.

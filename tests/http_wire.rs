@@ -430,9 +430,7 @@ fn answers_to_head_requests_have_no_body() {
         assert!(head.starts_with("HTTP/1.1 405 ") || head.starts_with("HTTP/1.1 404 "), "{head}");
         assert_eq!(next, b"HTTP/1.1 ", "HEAD {target}: a body followed the head:\n{head}");
     }
-    let admin = s.admin.expect("the test configuration has an admin listener");
-    let mut c = TcpStream::connect(admin).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut c = s.connect_admin();
     let (head, next) = head_then_probe(&mut c, "/healthz", b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
     assert_eq!(next, b"HTTP/1.1 ", "HEAD /healthz: a body followed the head:\n{head}");
@@ -872,7 +870,7 @@ fn options_asterisk_is_answered_and_connect_is_not_implemented() {
     assert_answer_closes(&mut c, &r, "CONNECT");
     assert_eq!(exchange(&mut s.connect(), raw.as_bytes()).status, 200);
     // The admin listener serves GET and HEAD.
-    let mut c = TcpStream::connect(s.admin.expect("the test configuration has an admin listener")).unwrap();
+    let mut c = s.connect_admin();
     let r = exchange(&mut c, b"OPTIONS * HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert_eq!((r.status, r.header("allow"), r.header("content-length")), (200, Some("GET, HEAD"), Some("0")), "{r:?}");
     assert_eq!(exchange(&mut c, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").status, 200);
@@ -1024,8 +1022,7 @@ fn an_expectation_other_than_100_continue_is_417_and_closes() {
     assert_eq!(r.status, 200, "the one slot is still free: {r:?}");
     r.slot();
 
-    let mut c = TcpStream::connect(s.admin.expect("the test configuration has an admin listener")).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut c = s.connect_admin();
     let r = exchange(&mut c, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nExpect: 200-ok\r\n\r\n");
     assert_error(&r, 417, "expectation_failed", "admin listener");
     assert_answer_closes(&mut c, &r, "admin listener");

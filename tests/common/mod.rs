@@ -113,6 +113,14 @@ impl TestServer {
         s
     }
 
+    /// A connection to the admin listener, like `connect`'s.
+    pub fn connect_admin(&self) -> TcpStream {
+        let s = TcpStream::connect(self.admin.expect("the test configuration has an admin listener")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    }
+
     /// One request on a fresh connection.
     pub fn request(&self, raw: &[u8]) -> Response {
         let mut s = self.connect();

@@ -208,6 +208,44 @@ fn a_pools_own_listener_proxies_every_request() {
 }
 
 #[test]
+fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot() {
+    // One proxied request holds the pool's only slot (the upstream answers
+    // when the test says so), a second waits in the queue; a reload then
+    // takes the pool's `upstream` away. The waiter, granted afterwards, has
+    // no upstream left to go to: it gets a 503 and its slot is given back.
+    let answer = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let go = answer.clone();
+    let up = MockUpstream::start(move |_| {
+        let until = Instant::now() + PATIENCE;
+        while !go.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        ok("first", "")
+    });
+    let pool = r#""concurrency":1,"adaptive":false,"queue":{"size":10,"timeoutMs":30000}"#;
+    let server =
+        TestServer::start(&config(&format!(r#"{pool},"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()), ""));
+    let mut first = server.connect();
+    first.write_all(&proxied("GET", "/one", "", "")).unwrap();
+    eventually("the first request holds the slot", || up.seen().len() == 1);
+    let mut second = server.connect();
+    second.write_all(&proxied("GET", "/two", "", "")).unwrap();
+    eventually("the second request waits", || server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(1.0));
+
+    server.reload(&config(pool, ""));
+    answer.store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = read_any(&mut first).expect("the first answer");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"first"[..]), "{r:?}");
+    let r = read_any(&mut second).expect("the waiter is answered");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.error_code(), "unavailable", "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert_eq!(up.seen().len(), 1, "the waiter never reached the old upstream");
+    eventually("the slot is free again", || server.metric(r#"nthpool_slots_held{pool="p"}"#) == Some(0.0));
+    assert_eq!(server.acquire("", "").status, 200, "the server goes on serving");
+}
+
+#[test]
 fn a_pools_own_listener_stays_bound_to_it_across_reloads() {
     // A bound listener is not moved by a reload (that waits for a restart):
     // it goes on serving its pool, with a 404 while the pool does not proxy.

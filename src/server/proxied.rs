@@ -193,8 +193,8 @@ fn start(
 ) -> Result<(), ApiError> {
     let e = &mut proxy.exchanges[ex];
     app.hold_proxied(grant, &e.attempt, now);
-    let upstream = app.upstream(e.pool).expect("a proxy pool");
     e.slot = Some(grant.slot);
+    let upstream = app.upstream(e.pool).ok_or(NO_LONGER_PROXIED)?;
     e.queued_ms = grant.queued_ms;
     e.signals.clear();
     governor_headers(&mut e.signals, &grant.signals, grant.queued_ms);
@@ -208,6 +208,11 @@ fn start(
     }
     attach(proxy, ex, upstream, now.ms, registry)
 }
+
+/// A request admitted under a pool's `upstream` that a reload took away
+/// before the request reached it (queued, or waiting for the name).
+const NO_LONGER_PROXIED: ApiError =
+    ApiError::Unavailable("A configuration reload ended this pool's proxying before the request was sent.", 1);
 
 /// Attaches an upstream connection to the exchange, or leaves it waiting
 /// for its upstream's name.
@@ -311,8 +316,11 @@ impl Server {
             if client_mut(&mut self.conns, id).is_none_or(|c| c.exchange != Some(ex)) {
                 continue;
             }
-            let upstream = self.app.upstream(pool).expect("a proxy pool");
-            match attach(&mut self.proxy, ex, upstream, self.now.ms, self.poll.registry()) {
+            let attached = match self.app.upstream(pool) {
+                Some(upstream) => attach(&mut self.proxy, ex, upstream, self.now.ms, self.poll.registry()),
+                None => Err(NO_LONGER_PROXIED),
+            };
+            match attached {
                 Ok(()) => self.pump_exchange(id),
                 Err(err) => {
                     self.end_exchange(id, End::Answered(err));

@@ -121,6 +121,33 @@ impl TestServer {
         s
     }
 
+    /// A `GET` of `path` on the admin listener, on a connection of its own.
+    pub fn get_admin(&self, path: &str) -> Response {
+        let mut c = self.connect_admin();
+        c.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+        read_response(&mut c).expect("an answer")
+    }
+
+    /// The value of one sample in `/metrics`: `series` is the name with its
+    /// labels exactly as exposed (`nthpool_slots_held{pool="p"}`), so a name
+    /// that starts another series' name never matches it.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let r = self.get_admin("/metrics");
+        assert_eq!(r.status, 200, "{r:?}");
+        let text = String::from_utf8(r.body).unwrap();
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Writes `config_json` over the configuration, sends SIGHUP and waits
+    /// until the reload is applied.
+    pub fn reload(&self, config_json: &str) {
+        let applied = || self.metric("nthpool_config_reloads_total").expect("the reloads counter");
+        let before = applied();
+        std::fs::write(&self.config_path, config_json).unwrap();
+        self.signal("HUP");
+        eventually("the reload applied", || applied() > before);
+    }
+
     /// One request on a fresh connection.
     pub fn request(&self, raw: &[u8]) -> Response {
         let mut s = self.connect();
@@ -350,6 +377,18 @@ pub fn run(dir: &Path, args: &[&str]) -> Run {
     let mut stderr = String::new();
     child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
     Run { status, stdout, stderr }
+}
+
+/// Long enough for anything "eventually" on a loaded machine.
+pub const PATIENCE: Duration = Duration::from_secs(15);
+
+/// Polls `done` until it holds; fails the test after `PATIENCE`.
+pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// The whole answer, head and body, to a GET on `addr` (the admin listener).

@@ -1011,6 +1011,10 @@ fn an_expectation_other_than_100_continue_is_417_and_closes() {
         assert_error(&r, 417, "expectation_failed", what);
         assert_answer_closes(&mut c, &r, what);
     }
+    let counted = |series: &str| s.metric(series).unwrap_or_else(|| panic!("no {series}"));
+    let refused = counted(r#"nthpool_rejections_total{code="417"}"#)
+        + counted(r#"nthpool_rejections_total{pool="p",code="417"}"#);
+    assert_eq!(refused, 3.0, "every 417 is counted");
     // None of them took the pool's one slot; a list that is only
     // 100-continue (empty members aside) is the known expectation.
     let mut c = s.connect();

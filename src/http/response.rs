@@ -28,6 +28,27 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, so a table keyed by status can be checked against all of them.
+    pub const ALL: [Status; 17] = [
+        Status::Continue,
+        Status::Ok,
+        Status::BadRequest,
+        Status::Unauthorized,
+        Status::Forbidden,
+        Status::NotFound,
+        Status::MethodNotAllowed,
+        Status::Conflict,
+        Status::RequestTimeout,
+        Status::PayloadTooLarge,
+        Status::ExpectationFailed,
+        Status::TooManyRequests,
+        Status::HeaderFieldsTooLarge,
+        Status::NotImplemented,
+        Status::BadGateway,
+        Status::ServiceUnavailable,
+        Status::GatewayTimeout,
+    ];
+
     pub fn code(self) -> u16 {
         match self {
             Status::Continue => 100,

@@ -1103,7 +1103,7 @@ fn once(slot: &mut Option<Span>, value: Span, why: &'static str) -> Result<(), H
 /// `u64::MAX` is no length this server can frame a body by (RFC 9110 §8.6
 /// has the recipient guard against overflow): malformed, as a chunk size
 /// past it is.
-fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
+pub(crate) fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
     const BAD: HeadError = HeadError::Malformed("Content-Length must be a plain decimal number.");
     let digits = trim(value);
     if digits.is_empty() {

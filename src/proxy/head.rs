@@ -12,7 +12,7 @@
 use crate::api::proxy::CredentialFields;
 use crate::config::upstream::Upstream;
 use crate::governor::RateInfo;
-use crate::http::request::Head;
+use crate::http::request::{parse_content_length, Head};
 use crate::http::trim;
 use crate::report::ratelimit;
 
@@ -275,11 +275,9 @@ pub fn take_response(
                 other_coding |= !chunked;
             }
         } else if h.name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(trim(h.value))
-                .ok()
-                .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|t| t.parse::<u64>().ok())
-                .ok_or(ResponseError::Invalid("bad Content-Length"))?;
+            // The rules a request's length is read by: a leading zero the
+            // client might read otherwise is refused, not relayed.
+            let n = parse_content_length(h.value).map_err(|_| ResponseError::Invalid("bad Content-Length"))?;
             if length.is_some_and(|l| l != n) {
                 return Err(ResponseError::Invalid("two different Content-Lengths"));
             }
@@ -565,6 +563,8 @@ mod tests {
         for raw in [
             &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"[..],
             b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 007\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551616\r\n\r\n",
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
             b"SSH-2.0-OpenSSH\r\n\r\n",

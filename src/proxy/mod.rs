@@ -355,11 +355,6 @@ impl Proxy {
         b
     }
 
-    /// Gives back a head buffer that no exchange took.
-    pub fn spare_head(&mut self, head: Vec<u8>) {
-        self.spare.push(head);
-    }
-
     pub fn open(&mut self, new: NewExchange, head: Vec<u8>) -> usize {
         let signals = self.head_buffer();
         self.exchanges.insert(Exchange {

@@ -254,10 +254,6 @@ impl Conn {
         self.output.len() - self.out_pos
     }
 
-    pub fn phase(&self) -> &Phase {
-        &self.phase
-    }
-
     /// Whether requests may be answered now (not waiting, not closing).
     pub fn is_open(&self) -> bool {
         matches!(self.phase, Phase::Open)

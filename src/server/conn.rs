@@ -176,6 +176,9 @@ pub struct Conn {
     pub serial: u32,
     /// Accepted on the admin listener: only admin routes are served.
     pub admin: bool,
+    /// Accepted over its listener's budget: its only answer is the `503`
+    /// it was given, then it lingers and closes (counted apart).
+    pub refused: bool,
     /// Bytes read and written, for the server's counters.
     pub received: u64,
     pub sent: u64,
@@ -223,6 +226,7 @@ impl Conn {
             peer,
             serial,
             admin,
+            refused: false,
             received: 0,
             sent: 0,
             input: Input::new(input_limit),

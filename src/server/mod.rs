@@ -84,6 +84,11 @@ const SHUTDOWN_GRACE_MS: u64 = 800;
 /// Open connections on the admin listener: its own budget, so health checks
 /// and scrapes are answered however many public connections are open.
 pub const ADMIN_MAX_CONNECTIONS: usize = 16;
+/// Connections refused over a listener's budget that are kept for their
+/// lingering close (the `503` flushed, then what they sent drained): past
+/// this many at once, a refused connection is closed as soon as its `503`
+/// is written.
+const REFUSED_LINGERING_MAX: usize = 64;
 
 /// What lives behind a slab index: one variant per kind of connection.
 pub enum Entry {
@@ -153,6 +158,8 @@ pub struct Server {
     /// Open connections per listener, each against its own budget.
     open_public: usize,
     open_admin: usize,
+    /// Refused connections lingering (at most `REFUSED_LINGERING_MAX`).
+    open_refused: usize,
     /// The admin listener's connections (at most `ADMIN_MAX_CONNECTIONS`):
     /// where to find one to close when a health check finds it full.
     admin_conns: Vec<ConnId>,
@@ -248,6 +255,7 @@ impl Server {
             max_connections: config.max_connections,
             open_public: 0,
             open_admin: 0,
+            open_refused: 0,
             admin_conns: Vec::with_capacity(ADMIN_MAX_CONNECTIONS),
             timeouts: Timeouts::from(config),
             idle_spin: Duration::from_micros(config.idle_spin_us),
@@ -542,10 +550,35 @@ impl Server {
             self.over_capacity.clear();
             let headers: &[u8] = if admin { crate::dashboard::SECURITY_HEADERS } else { b"" };
             OVER_CAPACITY.write_with(&mut self.over_capacity, &mut Vec::new(), true, headers);
-            let _ = stream.write(&self.over_capacity);
+            if self.open_refused < REFUSED_LINGERING_MAX {
+                // Kept until its answer is flushed and what it sent is
+                // drained, so the close cannot reset the answer away.
+                if let Some(id) = self.insert_conn(stream, peer, admin) {
+                    let conn = client_mut(&mut self.conns, id).expect("just inserted");
+                    conn.refused = true;
+                    conn.output.extend_from_slice(&self.over_capacity);
+                    conn.close_after_flush();
+                    self.open_refused += 1;
+                    self.arm_timer(id);
+                    self.mark_dirty(id);
+                }
+            } else {
+                let _ = stream.write(&self.over_capacity);
+            }
             return None;
         }
         self.stats.connections_accepted += 1;
+        let id = self.insert_conn(stream, peer, admin)?;
+        *(if admin { &mut self.open_admin } else { &mut self.open_public }) += 1;
+        if admin {
+            self.admin_conns.push(id);
+        }
+        self.arm_timer(id);
+        Some(id)
+    }
+
+    /// Registers an accepted stream and gives it a connection entry.
+    fn insert_conn(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) -> Option<ConnId> {
         let _ = stream.set_nodelay(true);
         let entry = self.conns.vacant_entry();
         let token = entry.key();
@@ -556,13 +589,7 @@ impl Server {
         self.next_serial = serial.wrapping_add(1);
         // Registering reports readiness that already exists, so no read is tried here.
         entry.insert(Entry::Client(Conn::new(stream, peer, serial, admin, self.input_limit, self.now.ms)));
-        *(if admin { &mut self.open_admin } else { &mut self.open_public }) += 1;
-        let id = ConnId { index: token as u32, serial };
-        if admin {
-            self.admin_conns.push(id);
-        }
-        self.arm_timer(id);
-        Some(id)
+        Some(ConnId { index: token as u32, serial })
     }
 
     /// Closes the admin connection idle longest, if one is: nothing in
@@ -966,7 +993,13 @@ impl Server {
     }
 
     fn close_client(&mut self, id: ConnId, mut conn: Conn) {
-        *(if conn.admin { &mut self.open_admin } else { &mut self.open_public }) -= 1;
+        if conn.refused {
+            self.open_refused -= 1;
+        } else if conn.admin {
+            self.open_admin -= 1;
+        } else {
+            self.open_public -= 1;
+        }
         if conn.admin {
             self.admin_conns.retain(|&a| a != id);
         }

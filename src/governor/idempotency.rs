@@ -117,7 +117,19 @@ impl Store {
 
     /// Adds a key the caller found absent, the store not full; returns its entry.
     pub fn insert(&mut self, key: IdemKey, holder: Holder) -> u32 {
-        debug_assert!(!self.is_full() && !self.index.contains_key(&key));
+        debug_assert!(!self.is_full());
+        self.put(key, holder)
+    }
+
+    /// Takes back the key of a lease a snapshot holds: past a bound lowered
+    /// since, too, as a reload keeps it. A live key is never dropped, since
+    /// its caller's retry would take a second slot; new keys wait for room.
+    pub fn restore(&mut self, key: IdemKey, holder: Holder) -> u32 {
+        self.put(key, holder)
+    }
+
+    fn put(&mut self, key: IdemKey, holder: Holder) -> u32 {
+        debug_assert!(!self.index.contains_key(&key));
         if self.entries.capacity() == 0 {
             // Once, with room for the bound up to `RESERVED`: twice that in
             // the map keeps removals from ever making it grow (tombstones are

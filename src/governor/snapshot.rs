@@ -251,15 +251,15 @@ impl<T: Copy> Governor<T> {
             table.push((l.index as usize, lease));
         }
         self.leases = table.into_iter().collect();
-        // A reclaimed lease's key expires with it. A key the store already
-        // has, or one beyond a bound lowered since the stop, is left out: the
-        // lease is held, its retries take new slots.
+        // A reclaimed lease's key expires with it. Every held lease's key is
+        // taken back, past an `idempotencyKeys` lowered since the stop too:
+        // new keys wait until the store is under its bound again.
         for k in &snap.keys {
             let Some(lease) = self.leases.get_mut(k.index as usize) else { continue };
             let store = &mut self.pools[lease.pool.0 as usize].idem;
-            if store.find(&k.key).is_none() && !store.is_full() {
+            if store.find(&k.key).is_none() {
                 restored.keys += 1;
-                lease.idem = store.insert(k.key, Holder::Lease(k.index));
+                lease.idem = store.restore(k.key, Holder::Lease(k.index));
             }
         }
         for id in &snap.dead_adopted {
@@ -473,6 +473,40 @@ mod tests {
         assert!(new.release(p, &kept.text, None, 10));
         let Ok(Admission::Granted(fresh)) = new.acquire_keyed(p, &key("kept"), 0, 5, 10) else { panic!("granted") };
         assert_ne!(fresh.slot, kept.slot);
+    }
+
+    #[test]
+    fn every_held_key_comes_back_past_a_bound_lowered_since_the_stop() {
+        use crate::governor::idempotency::IdemKey;
+        let key = |text: &str| IdemKey::new(9, text.as_bytes()).unwrap();
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        let held: Vec<_> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, k)| match old.acquire_keyed(p, &key(k), 0, i as u64, 0) {
+                Ok(Admission::Granted(g)) => g,
+                _ => panic!("granted"),
+            })
+            .collect();
+        let snap = old.export(10);
+
+        let config = Config::parse(
+            br#"{"pools":{"p":{"keys":["k"],"concurrency":4,"termMs":1000,"renewIntervalMs":300,"rpm":600,
+                               "idempotencyKeys":1},
+                          "q":{"keys":["k"],"concurrency":2,"termMs":5000,"renewIntervalMs":1000}}}"#,
+        )
+        .unwrap();
+        let mut new: Governor =
+            Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(BASE + 100));
+        new.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(BASE + 100)));
+        assert_eq!(new.import(&snap, 0).unwrap().keys, 3, "none dropped for the lower bound");
+        assert!(new.release(p, &held[0].text, None, 10));
+        // Under the bound again only once two of the three are gone: `b`'s
+        // retry still names its slot, and a new key waits for room.
+        let Ok(Admission::Granted(again)) = new.acquire_keyed(p, &key("b"), 0, 3, 10) else { panic!("granted") };
+        assert_eq!((again.slot, new.pool(p).held), (held[1].slot, 2), "the same slot, no second one");
+        assert!(new.acquire_keyed(p, &key("new"), 0, 4, 10).is_err(), "the store is over its bound");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use log::{info, warn};
+use log::{error, info, warn};
 
 use crate::config::Config;
 use crate::governor::snapshot::HeldLease;
@@ -33,6 +33,9 @@ pub struct Persistence {
     /// The periodic snapshot being written, if one is; it hands its lease
     /// buffer back for the next one.
     writer: Option<JoinHandle<Vec<HeldLease>>>,
+    /// The state file this process restored and could not remove: until a
+    /// snapshot replaces it, a later start would restore it again.
+    unremoved: Option<PathBuf>,
 }
 
 /// Sets up the governor's identity from the slot secret, then restores the
@@ -56,12 +59,13 @@ pub fn start<T: Copy>(
     };
     gov.set_identity(&secret.bytes, epoch);
     let path = state_path(config, config_path);
-    let persistence = Persistence {
+    let mut persistence = Persistence {
         path,
         interval_ms: config.snapshot_interval_ms,
         secret_path,
         identity: Identity::new(gov, &secret.bytes),
         writer: None,
+        unremoved: None,
     };
     let window = match persistence.restore(gov, now, config_path) {
         Ok(Some(Kind::Stop)) => None,
@@ -85,14 +89,15 @@ pub fn start<T: Copy>(
 impl Persistence {
     /// Loads and removes the snapshot (it is used once). `Ok(None)`: there is none.
     fn restore<T: Copy>(
-        &self,
+        &mut self,
         gov: &mut Governor<T>,
         now: Ms,
         config_path: Option<&Path>,
     ) -> Result<Option<Kind>, String> {
-        let Some(path) = &self.path else {
+        let Some(path) = self.path.clone() else {
             return Ok(None);
         };
+        let path = &path;
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -121,7 +126,13 @@ impl Persistence {
             }
         };
         let restored = gov.import(&snap, now).map_err(|e| refused(format!("mismatched: {e}")))?;
-        snapshot::remove(path).map_err(|e| format!("state file {} loaded but not removed ({e})", path.display()))?;
+        if let Err(e) = snapshot::remove(path) {
+            self.unremoved = Some(path.clone());
+            return Err(format!(
+                "state file {} loaded but not removed ({e}); remove it before a later start, which would restore it again",
+                path.display()
+            ));
+        }
         info!(
             "restored the {} snapshot {} in {} ms: {} slots held ({} under an idempotency key), {} expired while stopped and reclaimed",
             if kind == Kind::Stop { "stop" } else { "periodic" },
@@ -257,6 +268,11 @@ impl Persistence {
                 copied.as_millis(),
                 (encoded - copied).as_millis(),
                 (started.elapsed() - encoded).as_millis()
+            ),
+            Err(e) if self.unremoved.as_ref() == Some(path) => error!(
+                "stop snapshot to {} failed ({e}); the file may still hold the snapshot this process restored \
+                 at its start, which the next start would restore as current: remove it before then",
+                path.display()
             ),
             Err(e) => warn!("stop snapshot to {} failed ({e}): the next start takes the crash path", path.display()),
         }

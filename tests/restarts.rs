@@ -439,6 +439,31 @@ fn a_graceful_restart_after_a_reload_added_a_pool_restores_with_no_window() {
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
 }
 
+#[test]
+fn a_graceful_restart_keeps_the_draining_slots_of_a_pool_a_reload_removed() {
+    // Pool `r` holds both its slots when a reload removes it; the server
+    // stops and starts on that configuration, then a reload names `r` again.
+    let r = r#""r":{"keys":["r-key"],"concurrency":2,"termMs":5000,"renewIntervalMs":1000}"#;
+    let with_r = config(POOL, "").replace(r#""pools":{"#, &format!(r#""pools":{{{r},"#));
+    let first = TestServer::start(&with_r);
+    let on_r = |s: &TestServer, route: &str| s.request(&post(&format!("/pools/r/lock/{route}"), "r-key", "", ""));
+    let slots: Vec<String> = (0..2).map(|_| on_r(&first, "acquire").slot()).collect();
+    reload(&first, &config(POOL, ""));
+    assert_eq!(on_r(&first, &format!("{}/renew", slots[0])).status, 200, "draining");
+    let s = restart(&stop(first, "TERM"));
+    assert_eq!(metric(&s, "nthpool_slots_held{pool=\"r\"}"), 2, "held, draining");
+    assert_eq!(metric(&s, "nthpool_retired{pool=\"r\"}"), 1);
+    // Its keys are not in the snapshot: no key opens `r` until a reload names it.
+    assert_eq!(on_r(&s, &format!("{}/renew", slots[0])).status, 401);
+
+    reload(&s, &with_r);
+    assert_eq!(on_r(&s, &format!("{}/renew", slots[0])).status, 200, "the restored slot renews again");
+    let full = on_r(&s, "acquire");
+    assert_eq!((full.status, full.header("x-nthpool-deny-reason")), (429, Some("concurrency")), "{full:?}");
+    assert_eq!(on_r(&s, &format!("{}/release", slots[1])).json()["released"], true);
+    assert_eq!(on_r(&s, "acquire").status, 200, "the freed slot is granted");
+}
+
 /// Waits up to 20 s for `done`.
 fn eventually(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);

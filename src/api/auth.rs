@@ -27,6 +27,11 @@ impl PoolKeys {
         }
     }
 
+    /// Keys of a pool no configuration names: none matches.
+    pub fn none() -> PoolKeys {
+        PoolKeys { plain: Vec::new(), hashed: Vec::new(), allow_authorization_header: false }
+    }
+
     /// The key the request presents: `X-Nthpool-Key`, else (when allowed)
     /// `Authorization: Bearer|Nthbouncer <key>`.
     pub fn presented<'h>(&self, head: &Head<'h>) -> Option<&'h [u8]> {

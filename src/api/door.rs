@@ -90,7 +90,9 @@ impl App {
         for creds in &mut self.creds {
             creds.access.refuse_signed_before(epoch.wall(0));
         }
-        crate::state::start(config, config_path, &mut self.gov, 0, epoch)
+        let state = crate::state::start(config, config_path, &mut self.gov, 0, epoch)?;
+        self.fit_retired_pools();
+        Ok(state)
     }
 
     /// The snapshot of a graceful stop, written before the process exits.

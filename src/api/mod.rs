@@ -297,6 +297,24 @@ impl App {
         Ok(())
     }
 
+    /// Pools the snapshot brought back retired, beyond the configured ones:
+    /// their keys and policies are not in it, so no key opens them. Their
+    /// leases count until they end; a reload that names a pool again gives
+    /// it its keys, and its holders renew and release as before.
+    fn fit_retired_pools(&mut self) {
+        let pools = self.gov.pools().count();
+        while self.creds.len() < pools {
+            self.creds.push(Credentials {
+                keys: PoolKeys::none(),
+                access: PoolAccess::build(&Default::default(), None, EpochMs(0)).expect("no policy to build"),
+                upstream: None,
+            });
+        }
+        self.latency.resize_with(pools, Histogram::acquire_us);
+        self.history.resize_with(pools, Default::default);
+        self.rejections.set_pools(pools);
+    }
+
     /// The current turn's time.
     pub fn turn(&self) -> Now {
         self.turn

@@ -28,6 +28,22 @@ pub struct PoolSettings {
     pub idempotency_keys: u32,
 }
 
+impl PoolSettings {
+    /// Those of a pool no configuration names: no slot, no queue, no rate.
+    /// Its leases renew by the terms they were granted with.
+    const RETIRED: PoolSettings = PoolSettings {
+        concurrency: 0,
+        queue_size: 0,
+        queue_timeout_ms: 0,
+        rpm: None,
+        term_ms: 1_000,
+        renew_interval_ms: 500,
+        request_timeout_ms: 0,
+        adaptive: false,
+        idempotency_keys: 0,
+    };
+}
+
 /// Why an acquire was not granted; the value of `x-nthpool-deny-reason`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DenyReason {
@@ -125,6 +141,15 @@ impl Pool {
             recovering_until: None,
             idem: Store::new(settings.idempotency_keys),
         }
+    }
+
+    /// A pool a snapshot names as retired and the configuration does not:
+    /// it grants nothing and holds its leases until they end, or until a
+    /// reload names it again and gives it settings.
+    pub fn retired(name: &str, seal: PoolSeal) -> Pool {
+        let mut pool = Pool::new(name, PoolSettings::RETIRED, seal);
+        pool.retired = true;
+        pool
     }
 
     /// Applies new settings; held slots, the queue and what was learned stay.

@@ -10,8 +10,8 @@
 use super::idempotency::{Holder, IdemKey, NO_KEY};
 use super::learn::Learning;
 use super::lease::{Lease, SlotId};
-use super::pool::PoolStats;
-use super::{Governor, Timer};
+use super::pool::{Pool, PoolStats};
+use super::{Governor, PoolId, Timer};
 use crate::time::Ms;
 
 /// A governor's state at one instant.
@@ -41,6 +41,10 @@ pub struct PoolState {
     pub stats: PoolStats,
     /// The end of an open re-adoption window, Unix ms.
     pub recovering_until: Option<u64>,
+    /// Retired by a reload, its leases draining: written while it holds
+    /// some, and taken back retired, so the reload that names it again
+    /// counts them.
+    pub retired: bool,
 }
 
 /// One held slot.
@@ -78,6 +82,8 @@ pub struct HeldKey {
 pub struct Restored {
     /// Leases held again.
     pub held: usize,
+    /// Of them, those of retired pools (their names no longer configured).
+    pub retired: usize,
     /// Leases whose deadline passed while no process held them: reclaimed now.
     pub reclaimed: usize,
     /// `Idempotency-Key`s of held leases taken back into their pools' stores.
@@ -90,9 +96,9 @@ impl<T: Copy> Governor<T> {
         self.epoch.wall(at).0
     }
 
-    /// Everything a successor needs, at `now`. Pools retired by a reload are
-    /// left out (their leases were draining). Costs one pass over the lease
-    /// table and copies it: call it rarely, and write the result elsewhere.
+    /// Everything a successor needs, at `now`. A pool retired by a reload is
+    /// in it while its leases drain. Costs one pass over the lease table and
+    /// copies it: call it rarely, and write the result elsewhere.
     pub fn export(&self, now: Ms) -> Snapshot {
         self.export_into(now, Vec::new())
     }
@@ -102,7 +108,7 @@ impl<T: Copy> Governor<T> {
     pub fn export_into(&self, now: Ms, mut leases: Vec<HeldLease>) -> Snapshot {
         let mut slot_of = vec![u32::MAX; self.pools.len()];
         let mut pools = Vec::new();
-        for (idx, pool) in self.pools.iter().enumerate().filter(|(_, p)| !p.retired) {
+        for (idx, pool) in self.pools.iter().enumerate().filter(|(_, p)| !p.retired || p.held > 0) {
             slot_of[idx] = pools.len() as u32;
             pools.push(PoolState {
                 name: pool.name.clone(),
@@ -113,6 +119,7 @@ impl<T: Copy> Governor<T> {
                 }),
                 stats: pool.stats,
                 recovering_until: pool.recovering_until.filter(|&until| until > now).map(|u| self.unix_ms(u)),
+                retired: pool.retired,
             });
         }
         leases.clear();
@@ -145,16 +152,27 @@ impl<T: Copy> Governor<T> {
 
     /// Takes back a snapshot at `now`, before anything was granted: leases
     /// whose deadline passed meanwhile are reclaimed at once, the rest are
-    /// held again under their ids. A snapshot that does not fit this
-    /// configuration (a pool unknown, a lease out of place) is refused whole
-    /// and changes nothing.
+    /// held again under their ids. A retired pool this configuration does
+    /// not name comes back retired, holding its leases until they end. A
+    /// snapshot that does not fit this configuration (a pool unknown, a
+    /// lease out of place) is refused whole and changes nothing.
     pub fn import(&mut self, snap: &Snapshot, now: Ms) -> Result<Restored, String> {
         if !self.leases.is_empty() {
             return Err("slots were granted before the snapshot was loaded".into());
         }
         let mut pids = Vec::with_capacity(snap.pools.len());
+        // Retired pools to add, numbered after the configured ones.
+        let mut added: Vec<&str> = Vec::new();
         for p in &snap.pools {
-            let pid = self.pool_id(p.name.as_bytes()).ok_or_else(|| format!("pool `{}` is not configured", p.name))?;
+            let pid = match self.pool_id(p.name.as_bytes()) {
+                Some(pid) => pid,
+                None if p.retired && !added.contains(&&*p.name) => {
+                    added.push(&p.name);
+                    PoolId((self.pools.len() + added.len() - 1) as u32)
+                }
+                None if p.retired => return Err(format!("pool `{}` appears twice", p.name)),
+                None => return Err(format!("pool `{}` is not configured", p.name)),
+            };
             if pids.contains(&pid) {
                 return Err(format!("pool `{}` appears twice", p.name));
             }
@@ -183,6 +201,10 @@ impl<T: Copy> Governor<T> {
         // never extended). A clock set forward cannot be told from downtime.
         let base = self.unix_ms(0) + snap.written_at.saturating_sub(self.unix_ms(now));
         let monotonic = |unix: u64| unix.saturating_sub(base);
+        for name in added {
+            self.names.insert(name.as_bytes().into(), PoolId(self.pools.len() as u32));
+            self.pools.push(Pool::retired(name, self.key.seal(name)));
+        }
         for (p, &pid) in snap.pools.iter().zip(&pids) {
             let pool = &mut self.pools[pid.0 as usize];
             pool.learning = p.learning.rebased(|unix| unix.saturating_sub(base));
@@ -230,6 +252,7 @@ impl<T: Copy> Governor<T> {
             }
             pool.held += 1;
             restored.held += 1;
+            restored.retired += usize::from(pool.retired);
             let timer = self.wheel.insert(lease_deadline, Timer::Lease(l.index));
             if l.adopted {
                 self.adopted.insert(l.id, Some(l.index as usize));
@@ -473,6 +496,34 @@ mod tests {
         assert!(new.release(p, &kept.text, None, 10));
         let Ok(Admission::Granted(fresh)) = new.acquire_keyed(p, &key("kept"), 0, 5, 10) else { panic!("granted") };
         assert_ne!(fresh.slot, kept.slot);
+    }
+
+    #[test]
+    fn a_retired_pools_leases_come_back_retired_and_count_when_it_is_named_again() {
+        let settings = |json: &str| crate::api::pool_settings(&Config::parse(json.as_bytes()).unwrap());
+        let both = r#"{"pools":{"p":{"keys":["k"],"concurrency":4},"r":{"keys":["k"],"concurrency":2}}}"#;
+        let only_p = r#"{"pools":{"p":{"keys":["k"],"concurrency":4}}}"#;
+        let mut old: Governor = Governor::new(&settings(both), crate::governor::Entropy::seeded(1));
+        old.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(BASE)));
+        let (a, b) = (grant(&mut old, "r", 0), grant(&mut old, "r", 0));
+        old.reconfigure(&settings(only_p), 0);
+        let snap = old.export(10);
+
+        let mut new: Governor = Governor::new(&settings(only_p), crate::governor::Entropy::seeded(2));
+        new.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(BASE + 100)));
+        let restored = new.import(&snap, 0).unwrap();
+        assert_eq!((restored.held, restored.retired), (2, 2));
+        let r = new.pool_id("r").expect("brought back");
+        assert!(new.pool(r).retired && new.pool(r).held == 2);
+        assert!(new.renew(r, &a.text, 10).is_ok(), "it drains as before the stop");
+        assert!(matches!(new.acquire(r, 0, 0, 10), Admission::Denied(_)), "a retired pool grants nothing");
+        assert_eq!(new.export(10).pools.len(), 2, "written again while it holds leases");
+
+        // Named again: its two leases fill its limit.
+        new.reconfigure(&settings(both), 20);
+        assert!(matches!(new.acquire(r, 0, 0, 20), Admission::Denied(_)), "held 2 of 2");
+        assert!(new.release(r, &b.text, None, 20));
+        assert!(matches!(new.acquire(r, 0, 0, 20), Admission::Granted(_)));
     }
 
     #[test]

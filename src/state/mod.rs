@@ -133,6 +133,13 @@ impl Persistence {
                 path.display()
             ));
         }
+        if restored.retired > 0 {
+            warn!(
+                "{} of the restored slots belong to pools no longer configured (removed by a reload before the stop): \
+                 they count until their lease deadlines, and a reload that names their pool again lets their holders renew",
+                restored.retired
+            );
+        }
         info!(
             "restored the {} snapshot {} in {} ms: {} slots held ({} under an idempotency key), {} expired while stopped and reclaimed",
             if kind == Kind::Stop { "stop" } else { "periodic" },

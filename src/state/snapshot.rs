@@ -8,7 +8,7 @@
 //! |---|---|
 //! | 14 | `nthpool-state\n`, the format's name |
 //! | 4 | its version (`VERSION`) |
-//! | 4 + n | the header's length, then the header: a JSON object naming the kind (stop or periodic), when it was written, the identities of the configuration's pools and of the slot secret, each pool's learned state and counters, and how many records follow |
+//! | 4 + n | the header's length, then the header: a JSON object naming the kind (stop or periodic), when it was written, the identities of the configuration's pools and of the slot secret, each pool's learned state and counters (a pool retired by a reload, marked so, while it holds leases), and how many records follow |
 //! | 91 each | one record per held lease ([`LEASE_RECORD`]; 87 in version 2, without the term) |
 //! | 42 each | the ids of re-adopted slots since released (raw bytes) |
 //! | 13 + n each | `index u32, credential u64, length u8, key`: the `Idempotency-Key` of the held lease at `index` |
@@ -153,6 +153,9 @@ struct FilePool {
     gate: Option<(u32, u64)>,
     stats: PoolStats,
     recovering_until: Option<u64>,
+    /// Retired by a reload, its leases draining (absent: configured).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    retired: bool,
 }
 
 /// The file's bytes for `snap`: one buffer, sized up front, one checksum.
@@ -171,6 +174,7 @@ pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity) -> Vec<u8> {
                 gate: p.gate,
                 stats: p.stats,
                 recovering_until: p.recovering_until,
+                retired: p.retired,
             })
             .collect(),
         leases: snap.leases.len() as u64,
@@ -362,6 +366,7 @@ pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Sna
             gate: p.gate,
             stats: p.stats,
             recovering_until: p.recovering_until,
+            retired: p.retired,
         })
         .collect();
     Ok((
@@ -591,6 +596,28 @@ mod tests {
                 Err(e) => assert!(!ok && e.contains("term"), "{term}: {e}"),
             }
         }
+    }
+
+    #[test]
+    fn a_retired_pool_holding_leases_round_trips_marked_and_leaves_the_identity_alone() {
+        let two = r#"{"pools":{"a":{"keys":["k"]},"p":{"keys":["k"],"concurrency":4}}}"#;
+        let mut g = setup(4);
+        g.reconfigure(&crate::api::pool_settings(&Config::parse(two.as_bytes()).unwrap()), 0);
+        let a = g.pool_id("a").unwrap();
+        g.acquire(a, 0, 0, 0);
+        g.reconfigure(
+            &crate::api::pool_settings(&Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":4}}}"#).unwrap()),
+            0,
+        );
+        let snap = g.export(5);
+        assert_eq!(snap.pools.iter().map(|p| (&*p.name, p.retired)).collect::<Vec<_>>(), [("p", false), ("a", true)]);
+        let identity = Identity::new(&g, &[3; 32]);
+        assert_eq!(identity, Identity::new(&setup(4), &[3; 32]), "the retired pool is not part of the configuration");
+        let bytes = encode(&snap, Kind::Stop, &identity);
+        assert_eq!(decode(&bytes, &identity).unwrap().1, snap);
+        // Drained, it is left out.
+        assert!(g.release(a, &g.export(5).leases[0].id.encode(), None, 6));
+        assert_eq!(g.export(6).pools.len(), 1);
     }
 
     #[test]

@@ -294,6 +294,44 @@ fn a_client_that_reads_late_still_gets_every_answer() {
 }
 
 #[test]
+fn a_deep_pipeline_read_slowly_but_steadily_is_not_cut() {
+    // Megabytes of answers pipelined ahead of a client that takes them at a
+    // few MB/s: the server holds back reading (its backpressure), and the
+    // kernel reports the socket writable only in large steps. Neither the
+    // head timeout of the requests held back nor the write timeout may cut
+    // a client that keeps reading; every answer arrives.
+    const REQUESTS: usize = 30_000;
+    let s = TestServer::start(&config("", r#""headTimeoutMs":400,"writeTimeoutMs":400"#));
+    let c = connect(s.addr);
+    socket2::SockRef::from(&c).set_recv_buffer_size(32 * 1024).unwrap();
+    let mut writer = c.try_clone().unwrap();
+    let one = post("/pools/p/lock/none/renew", KEY, "", "");
+    let sending = thread::spawn(move || {
+        let pipeline = one.repeat(1000);
+        (0..REQUESTS / 1000).all(|_| writer.write_all(&pipeline).is_ok())
+    });
+    let mut c = c;
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (mut answers, mut tail, mut buf) = (0, Vec::new(), vec![0u8; 16 * 1024]);
+    let started = Instant::now();
+    while answers < REQUESTS {
+        let n = match c.read(&mut buf) {
+            Ok(0) => panic!("closed after {answers} answers, {:?} in", started.elapsed()),
+            Ok(n) => n,
+            Err(e) => panic!("{e} after {answers} answers, {:?} in", started.elapsed()),
+        };
+        // Counted across read boundaries: the last 8 bytes are kept.
+        tail.extend_from_slice(&buf[..n]);
+        answers += tail.windows(9).filter(|w| w == b"HTTP/1.1 ").count();
+        tail.drain(..tail.len().saturating_sub(8));
+        // About 3 MB/s: slower than the server writes.
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(sending.join().unwrap(), "the server stopped taking the pipeline");
+    assert_eq!(answers, REQUESTS);
+}
+
+#[test]
 fn connections_over_the_cap_get_503_and_are_closed() {
     const CAP: usize = 20;
     let s = TestServer::start(&config("", &format!(r#""maxConnections":{CAP},"idleTimeoutMs":60000"#)));

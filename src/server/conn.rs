@@ -365,8 +365,12 @@ impl Conn {
         // A proxied exchange has its own deadlines (upstream timeout, request cap).
         let mut at = match self.request_started {
             _ if self.exchange.is_some() => self.exchange_deadline,
-            Some(started) => started + t.head_ms,
-            None => self.last_active + t.idle_ms,
+            // Answers past the high-water mark hold reading back, so a head
+            // can wait in the socket on the server: its time runs from the
+            // last write that made room, not from before the wait. Nor is a
+            // connection idle while the client takes its answers.
+            Some(started) => started.max(self.out_since) + t.head_ms,
+            None => self.last_active.max(self.out_since) + t.idle_ms,
         };
         if self.unsent() > 0 {
             at = at.min(self.out_since + t.write_ms);

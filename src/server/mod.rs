@@ -976,7 +976,25 @@ impl Server {
         if conn.exchange.is_some() && !conn.is_waiting() && conn.exchange_deadline <= now {
             self.exchange_timed_out(id);
         } else if conn.deadline(&self.timeouts) <= now {
-            debug!("closing {}: deadline passed", conn.peer);
+            if conn.unsent() > 0 {
+                // Writability lags what the client read (a full socket is
+                // reported writable only once a good part of it drained):
+                // a write is tried before the client is taken for one that
+                // stopped reading. A write that goes through moves the
+                // deadlines on.
+                self.flush(id);
+                match client_mut(&mut self.conns, id) {
+                    None => return,
+                    Some(conn) if conn.deadline(&self.timeouts) > now => {
+                        self.arm_timer(id);
+                        return;
+                    }
+                    Some(_) => {}
+                }
+            }
+            if let Some(conn) = client_mut(&mut self.conns, id) {
+                debug!("closing {}: deadline passed", conn.peer);
+            }
             self.close(id);
         } else {
             self.arm_timer(id);

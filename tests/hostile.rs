@@ -294,6 +294,31 @@ fn a_client_that_reads_late_still_gets_every_answer() {
 }
 
 #[test]
+fn a_burst_of_connections_while_the_server_is_busy_finds_room_in_the_backlog() {
+    // While the loop accepts nothing (here: the process stopped), the
+    // kernel completes handshakes up to the listen backlog. 500 clients
+    // arriving at once all connect at once and are all served: with the
+    // common default of 128, the rest would wait out a SYN retransmit.
+    const BURST: usize = 500;
+    let s = TestServer::start(&config("", ""));
+    let mut burst = Vec::new();
+    s.while_stopped(|| {
+        for i in 0..BURST {
+            let c = TcpStream::connect_timeout(&s.addr, Duration::from_millis(300))
+                .unwrap_or_else(|e| panic!("connection {i} of the burst: {e}"));
+            burst.push(c);
+        }
+    });
+    let probe = post("/pools/p/lock/none/release", KEY, "", "");
+    for (i, c) in burst.iter_mut().enumerate() {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(&probe).unwrap();
+        let r = read_response(c).unwrap_or_else(|| panic!("connection {i} of the burst was not served"));
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+}
+
+#[test]
 fn a_deep_pipeline_read_slowly_but_steadily_is_not_cut() {
     // Megabytes of answers pipelined ahead of a client that takes them at a
     // few MB/s: the server holds back reading (its backpressure), and the

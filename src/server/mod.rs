@@ -196,19 +196,32 @@ fn new_resolver(
     Ok(crate::net::resolve::Resolver::new(std::sync::Arc::new(waker), config.policy(), config.nameservers()))
 }
 
+/// Connections the kernel queues for `accept` per listener (capped by
+/// `net.core.somaxconn`), as nginx's 511 and more: a fleet reconnecting at
+/// once after a restart or failover finds room, where std's and mio's 128
+/// would drop SYNs and make clients wait out a one-second retransmit.
+const LISTEN_BACKLOG: i32 = 1024;
+
+/// A listener on `addr` with `LISTEN_BACKLOG`.
+fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+    let listener = TcpListener::bind(addr)?;
+    // Listening again on a listening socket sets its backlog (listen(2)).
+    socket2::SockRef::from(&listener).listen(LISTEN_BACKLOG)?;
+    Ok(listener)
+}
+
 impl Server {
     /// Binds the listeners; errors name the cause for a one-line start-up failure.
     pub fn bind(config: &Config, listen: SocketAddr, config_path: Option<PathBuf>) -> Result<Server, String> {
         let poll = Poll::new().map_err(|e| format!("cannot create the event loop: {e}"))?;
-        let mut listener = TcpListener::bind(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let mut listener = self::listen(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)
             .map_err(|e| format!("cannot register the listener: {e}"))?;
         let admin = match config.admin_addr() {
             None => None,
             Some(addr) => {
-                let mut l =
-                    TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr} (adminListen): {e}"))?;
+                let mut l = self::listen(addr).map_err(|e| format!("cannot listen on {addr} (adminListen): {e}"))?;
                 poll.registry()
                     .register(&mut l, ADMIN, Interest::READABLE)
                     .map_err(|e| format!("cannot register the admin listener: {e}"))?;

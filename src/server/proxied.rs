@@ -68,8 +68,8 @@ pub fn bind_listeners(config: &Config, app: &App, registry: &Registry) -> Result
         };
         let addr: SocketAddr = addr.parse().expect("validated");
         let pid = app.pool_id(name).expect("a configured pool");
-        let mut l = TcpListener::bind(addr)
-            .map_err(|e| format!("cannot listen on {addr} (pools.{name}.upstream.listen): {e}"))?;
+        let mut l =
+            super::listen(addr).map_err(|e| format!("cannot listen on {addr} (pools.{name}.upstream.listen): {e}"))?;
         registry
             .register(&mut l, Token(PROXY_LISTENER_BASE + listeners.len()), Interest::READABLE)
             .map_err(|e| format!("cannot register the proxy listener of pool {name}: {e}"))?;

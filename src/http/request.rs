@@ -422,7 +422,12 @@ fn parse_full<'b>(
         Err(httparse::Error::Version) if newer_minor_version(buf).is_some() => {
             return Err(HeadError::NewerMinorVersion)
         }
-        Err(e) => return Err(HeadError::Malformed(httparse_reason(e))),
+        Err(e) => {
+            // Line ends first, so a folded or bare-LF line is named as such
+            // whichever byte httparse stumbled on.
+            check_line_endings(buf)?;
+            return Err(HeadError::Malformed(httparse_reason(e)));
+        }
     };
     if head_len > MAX_HEAD_BYTES {
         return Err(HeadError::TooLarge);
@@ -1172,7 +1177,9 @@ fn httparse_reason(e: httparse::Error) -> &'static str {
     match e {
         httparse::Error::HeaderName => "A header name is invalid.",
         httparse::Error::HeaderValue => "A header value contains an invalid byte.",
-        httparse::Error::NewLine => "A line of the request head is not ended by CRLF.",
+        // The line ends are right (checked first): the request line goes on
+        // after its version (`HTTP/1.10`, `HTTP/1.1 x`).
+        httparse::Error::NewLine => "The request line goes on after its HTTP version.",
         httparse::Error::Version => "Only HTTP/1.0 and HTTP/1.1 are served.",
         httparse::Error::Token | httparse::Error::Status | httparse::Error::TooManyHeaders => {
             "The request line is invalid."
@@ -1184,6 +1191,20 @@ fn httparse_reason(e: httparse::Error) -> &'static str {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_malformed_head_is_named_for_what_is_wrong_with_it() {
+        for (raw, why) in [
+            (&b"POST / HTTP/1.10\r\nHost: h\r\n\r\n"[..], "The request line goes on after its HTTP version."),
+            (b"POST / HTTP/1.1 x\r\nHost: h\r\n\r\n", "The request line goes on after its HTTP version."),
+            (b"POST / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n b\r\n\r\n", "Obsolete line folding is not accepted."),
+            (b"POST / HTTP/2.0\r\nHost: h\r\n\r\n", "Only HTTP/1.0 and HTTP/1.1 are served."),
+        ] {
+            let mut storage = header_storage();
+            let got = parse_head(raw, &mut storage).map(|_| ());
+            assert_eq!(got, Err(HeadError::Malformed(why)), "{}", String::from_utf8_lossy(raw));
+        }
+    }
 
     #[test]
     fn field_names_match_without_case_and_only_whole() {

@@ -204,7 +204,7 @@ fn the_admin_listeners_refusals_carry_the_security_headers_and_are_no_lock_api_a
     let long = format!("GET /metrics HTTP/1.1\r\nHost: x\r\nX-Long: {}\r\n\r\n", "a".repeat(20_000));
     let cases: [(&str, &[u8], u16); 5] = [
         ("a bare LF", b"GET /healthz HTTP/1.1\nHost: x\n\n", 400),
-        ("a newer major version", b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 400),
+        ("a newer major version", b"GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505),
         ("a head too large", long.as_bytes(), 431),
         (
             "a body past the limit",

@@ -1105,7 +1105,7 @@ impl Run {
             0 | 1 => {
                 let usable: Vec<_> = framing::FRAMING.iter().filter(|(_, _, status)| *status != 501).collect();
                 let (name, raw, status) = usable[self.rng.below(usable.len() as u64) as usize];
-                let code = if *status == 413 { "payload_too_large" } else { "bad_request" };
+                let code = framing::code_of(*status);
                 let pending = Pending {
                     expect: Expect::Error { status: *status, code },
                     sent: 0,

@@ -39,6 +39,8 @@ pub enum ApiError {
     BodyTimeout,
     /// Proxy mode: the request reached `requestTimeoutMs` before the response head.
     RequestCapped,
+    /// A request line of an HTTP major version other than 1.
+    VersionNotSupported,
 }
 
 impl ApiError {
@@ -58,6 +60,7 @@ impl ApiError {
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
             ApiError::UpstreamTimeout | ApiError::RequestCapped => Status::GatewayTimeout,
             ApiError::BodyTimeout => Status::RequestTimeout,
+            ApiError::VersionNotSupported => Status::VersionNotSupported,
         }
     }
 
@@ -78,6 +81,7 @@ impl ApiError {
             ApiError::UpstreamTimeout => "upstream_timeout",
             ApiError::BodyTimeout => "body_timeout",
             ApiError::RequestCapped => "request_capped",
+            ApiError::VersionNotSupported => "http_version_not_supported",
         }
     }
 
@@ -101,6 +105,7 @@ impl ApiError {
             ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
             ApiError::BodyTimeout => "The request body did not arrive within the upstream's timeout.",
             ApiError::RequestCapped => "The request reached its pool's requestTimeoutMs before the upstream answered.",
+            ApiError::VersionNotSupported => "Only HTTP/1.0 and HTTP/1.1 are served.",
         }
     }
 
@@ -113,6 +118,7 @@ impl ApiError {
                 | ApiError::HeadTooLarge
                 | ApiError::NotImplemented(_)
                 | ApiError::ExpectationFailed
+                | ApiError::VersionNotSupported
                 | ApiError::BodyTimeout
                 | ApiError::RequestCapped
         )
@@ -156,6 +162,7 @@ impl From<HeadError> for ApiError {
             HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
             HeadError::ExpectationFailed => ApiError::ExpectationFailed,
             HeadError::NewerMinorVersion => ApiError::BadRequest("Only HTTP/1.x is served."),
+            HeadError::OtherMajorVersion => ApiError::VersionNotSupported,
         }
     }
 }

@@ -167,7 +167,7 @@ impl Rejections {
     /// Every code an acquire, renew, release or proxied request can be
     /// answered with by this server (and a request too malformed to route):
     /// the series exist from the start.
-    pub const CODES: [u16; 15] = [400, 401, 403, 404, 405, 408, 409, 413, 417, 429, 431, 501, 502, 503, 504];
+    pub const CODES: [u16; 16] = [400, 401, 403, 404, 405, 408, 409, 413, 417, 429, 431, 501, 502, 503, 504, 505];
 
     /// The column of `code` in a row: its place in `CODES`.
     fn column(code: u16) -> Option<usize> {

@@ -286,6 +286,8 @@ pub enum HeadError {
     ExpectationFailed,
     /// `HTTP/1.x` with x > 1: call `serve_as_http11` on the buffer and parse again.
     NewerMinorVersion,
+    /// `505` and close: a major version other than 1 (`HTTP/2.0`, `HTTP/0.9`).
+    OtherMajorVersion,
 }
 
 /// Whether `parse_head` could now return something other than `Ok(None)`, given
@@ -422,6 +424,7 @@ fn parse_full<'b>(
         Err(httparse::Error::Version) if newer_minor_version(buf).is_some() => {
             return Err(HeadError::NewerMinorVersion)
         }
+        Err(httparse::Error::Version) if other_major_version(buf) => return Err(HeadError::OtherMajorVersion),
         Err(e) => {
             // Line ends first, so a folded or bare-LF line is named as such
             // whichever byte httparse stumbled on.
@@ -702,6 +705,20 @@ fn newer_minor_version(buf: &[u8]) -> Option<usize> {
     let at = line.len().checked_sub(1)?;
     (line.len() > b" HTTP/1.x".len() && line[..at].ends_with(b" HTTP/1.") && (b'2'..=b'9').contains(&line[at]))
         .then_some(at)
+}
+
+/// Whether the request line ends in a well-formed `HTTP/d.d` of a major
+/// version other than 1 (RFC 9110 §15.6.6: `505`, where a malformed version
+/// is `400`).
+fn other_major_version(buf: &[u8]) -> bool {
+    let Some(line_end) = buf.iter().position(|&b| b == b'\n') else { return false };
+    let line = buf[..line_end].strip_suffix(b"\r").unwrap_or(&buf[..line_end]);
+    match line.len().checked_sub(b" HTTP/d.d".len()).map(|at| &line[at..]) {
+        Some([b' ', b'H', b'T', b'T', b'P', b'/', major, b'.', minor]) => {
+            major.is_ascii_digit() && minor.is_ascii_digit() && *major != b'1'
+        }
+        _ => false,
+    }
 }
 
 /// Rewrites a request line's `HTTP/1.x` (x > 1) to `HTTP/1.1` in place, after
@@ -1193,12 +1210,21 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn another_major_version_is_its_own_error() {
+        for raw in [&b"POST / HTTP/2.0\r\nHost: h\r\n\r\n"[..], b"GET / HTTP/0.9\r\n\r\n", b"GET / HTTP/3.0\r\n\r\n"] {
+            let mut storage = header_storage();
+            let got = parse_head(raw, &mut storage).map(|_| ());
+            assert_eq!(got, Err(HeadError::OtherMajorVersion), "{}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
     fn a_malformed_head_is_named_for_what_is_wrong_with_it() {
         for (raw, why) in [
             (&b"POST / HTTP/1.10\r\nHost: h\r\n\r\n"[..], "The request line goes on after its HTTP version."),
             (b"POST / HTTP/1.1 x\r\nHost: h\r\n\r\n", "The request line goes on after its HTTP version."),
             (b"POST / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n b\r\n\r\n", "Obsolete line folding is not accepted."),
-            (b"POST / HTTP/2.0\r\nHost: h\r\n\r\n", "Only HTTP/1.0 and HTTP/1.1 are served."),
+            (b"POST / HTTP/1.x\r\nHost: h\r\n\r\n", "Only HTTP/1.0 and HTTP/1.1 are served."),
         ] {
             let mut storage = header_storage();
             let got = parse_head(raw, &mut storage).map(|_| ());
@@ -1610,9 +1636,9 @@ mod tests {
             &b"GET * HTTP/1.1\r\nHost: h\r\n\r\n"[..],
             b"OPTIONS *x HTTP/1.1\r\nHost: h\r\n\r\n",
             b"GET h/ HTTP/1.1\r\nHost: h\r\n\r\n",
-            b"GET / HTTP/2.0\r\nHost: h\r\n\r\n",
-            b"GET / HTTP/0.9\r\nHost: h\r\n\r\n",
             b"GET / http/1.1\r\nHost: h\r\n\r\n",
+            b"GET / HTTP/2\r\nHost: h\r\n\r\n",
+            b"GET / HTTP/a.0\r\nHost: h\r\n\r\n",
             b"GET /\r\n\r\n",
             b"GET  / HTTP/1.1\r\nHost: h\r\n\r\n",
             b"GET / a HTTP/1.1\r\nHost: h\r\n\r\n",

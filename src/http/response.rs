@@ -25,11 +25,12 @@ pub enum Status {
     BadGateway,
     ServiceUnavailable,
     GatewayTimeout,
+    VersionNotSupported,
 }
 
 impl Status {
     /// Every status, so a table keyed by status can be checked against all of them.
-    pub const ALL: [Status; 17] = [
+    pub const ALL: [Status; 18] = [
         Status::Continue,
         Status::Ok,
         Status::BadRequest,
@@ -47,6 +48,7 @@ impl Status {
         Status::BadGateway,
         Status::ServiceUnavailable,
         Status::GatewayTimeout,
+        Status::VersionNotSupported,
     ];
 
     pub fn code(self) -> u16 {
@@ -68,6 +70,7 @@ impl Status {
             Status::BadGateway => 502,
             Status::ServiceUnavailable => 503,
             Status::GatewayTimeout => 504,
+            Status::VersionNotSupported => 505,
         }
     }
 
@@ -90,6 +93,7 @@ impl Status {
             Status::BadGateway => b"HTTP/1.1 502 Bad Gateway\r\n",
             Status::ServiceUnavailable => b"HTTP/1.1 503 Service Unavailable\r\n",
             Status::GatewayTimeout => b"HTTP/1.1 504 Gateway Timeout\r\n",
+            Status::VersionNotSupported => b"HTTP/1.1 505 HTTP Version Not Supported\r\n",
         }
     }
 }

@@ -1,6 +1,16 @@
 //! The framing attacks of SPEC §4 as a table, shared by the lock API's wire
 //! tests and the proxy's smuggling test.
 
+/// The `error` code of a `FRAMING` case's status.
+pub fn code_of(status: u16) -> &'static str {
+    match status {
+        413 => "payload_too_large",
+        501 => "not_implemented",
+        505 => "http_version_not_supported",
+        _ => "bad_request",
+    }
+}
+
 /// The framing attacks of SPEC §4, with the status each must get. The pool
 /// allows bodies of 1 KiB so a chunk size beyond the limit is short to write.
 pub const FRAMING: &[(&str, &[u8], u16)] = &[
@@ -60,7 +70,7 @@ pub const FRAMING: &[(&str, &[u8], u16)] = &[
     ("fragment in the target", b"POST /pools/p/lock/acquire#x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", 400),
     ("non-ASCII target", b"POST /pools/p/lock/acquire?\xc3\xa9 HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", 400),
     ("empty Host", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: \r\nContent-Length: 0\r\n\r\n", 400),
-    ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
+    ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
     (
         "bad chunk size line",
         b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",

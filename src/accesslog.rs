@@ -66,37 +66,65 @@ pub struct AccessLog {
 }
 
 /// From the milliseconds' `Z` to the `waitMs` key: the pool's name
-/// escaped, the client's address, and (for a grant) the constant status
-/// fields. A keep-alive caller's lines share it, so a line copies it whole.
+/// escaped, the client's address, and the status fields, in two versions:
+/// with a grant's constant status fields, and up to the status for any
+/// other answer. A keep-alive caller's lines share it, whatever they
+/// answer, so a line copies one of them whole.
 #[derive(Default)]
 struct Middle {
-    /// What `text` was built from: pool name, client, whether it is a grant's.
+    /// What the texts were built from: pool name and client.
     pool: Vec<u8>,
     client: Option<std::net::IpAddr>,
-    grant: bool,
-    text: Vec<u8>,
+    grant: Vec<u8>,
+    other: Vec<u8>,
 }
 
 impl Middle {
-    fn holds(&self, pool: &str, client: std::net::IpAddr, grant: bool) -> bool {
-        self.client == Some(client) && self.grant == grant && self.pool == pool.as_bytes()
+    fn holds(&self, pool: &str, client: std::net::IpAddr) -> bool {
+        self.client == Some(client) && self.pool == pool.as_bytes()
     }
 
-    fn build(&mut self, pool: &str, client: std::net::IpAddr, grant: bool) {
+    fn build(&mut self, pool: &str, client: std::net::IpAddr) {
         self.pool.clear();
         self.pool.extend_from_slice(pool.as_bytes());
         self.client = Some(client);
-        self.grant = grant;
-        let t = &mut self.text;
+        let t = &mut self.other;
         t.clear();
         t.extend_from_slice(b"Z\",\"pool\":");
         write_json_str(t, pool);
-        // An address formats without quotes or escapes.
-        let _ = write!(t, ",\"client\":\"{client}\"");
+        // An address needs no quotes or escapes.
+        t.extend_from_slice(b",\"client\":\"");
+        write_ip(t, client);
+        t.push(b'"');
+        self.grant.clear();
+        self.grant.extend_from_slice(t);
+        self.grant.extend_from_slice(GRANT_STATUS);
+        t.extend_from_slice(b",\"status\":");
+    }
+
+    fn text(&self, grant: bool) -> &[u8] {
         if grant {
-            t.extend_from_slice(GRANT_STATUS);
+            &self.grant
         } else {
-            t.extend_from_slice(b",\"status\":");
+            &self.other
+        }
+    }
+}
+
+/// An address as `Display` writes it: IPv4 by hand (most clients, and a
+/// busy server's lines alternate between them), IPv6 through `fmt`.
+fn write_ip(t: &mut Vec<u8>, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    t.push(b'.');
+                }
+                push_num(t, u64::from(octet));
+            }
+        }
+        std::net::IpAddr::V6(v6) => {
+            let _ = write!(t, "{v6}");
         }
     }
 }
@@ -251,9 +279,9 @@ impl AccessLog {
             return;
         }
         self.lines += 1;
-        // No `core::fmt` here: the time prefix and the middle (pool and
-        // client) are cached, numbers go through itoa, the slot reference is
-        // hex by table.
+        // No `core::fmt` here but for an IPv6 client new to the cached
+        // middle: the time prefix and the middle (pool and client) are
+        // cached, numbers go through itoa, the slot reference is hex by table.
         let secs = r.epoch_ms / 1000;
         if secs != self.time_secs {
             self.time_secs = secs;
@@ -263,8 +291,8 @@ impl AccessLog {
             self.time_prefix[TIME_PREFIX.len()..].copy_from_slice(&tmp[..20]);
         }
         let grant = (r.status, r.error, r.deny_reason) == (200, None, None);
-        if !self.middle.holds(r.pool, r.client, grant) {
-            self.middle.build(r.pool, r.client, grant);
+        if !self.middle.holds(r.pool, r.client) {
+            self.middle.build(r.pool, r.client);
         }
         let mut start = [0u8; TIME_PREFIX.len() + 23];
         start[..TIME_PREFIX.len() + 20].copy_from_slice(&self.time_prefix);
@@ -278,7 +306,7 @@ impl AccessLog {
         // One reservation covers a usual line (a long pool name or path may grow it).
         b.reserve(256);
         b.extend_from_slice(&start);
-        b.extend_from_slice(&self.middle.text);
+        b.extend_from_slice(self.middle.text(grant));
         if !grant {
             push_u64(b, r.status as u64);
             b.extend_from_slice(b",\"error\":");
@@ -538,13 +566,16 @@ mod tests {
     fn the_cached_middle_follows_pool_client_and_status() {
         let path = std::env::temp_dir().join(format!("nthpool-log-mid-{}.log", std::process::id()));
         let mut log = AccessLog::open(Some(path.to_str().unwrap())).unwrap();
-        let cases: [(&str, &str, u16, Option<&str>, u64); 6] = [
+        let cases: [(&str, &str, u16, Option<&str>, u64); 9] = [
             ("a", "127.0.0.1", 200, None, 0),
             ("b", "127.0.0.1", 200, None, 1_234),
             ("b", "::1", 429, Some("too_many_requests"), 7),
             ("b", "::1", 200, None, 12),
             ("ab", "::1", 200, None, 0),
             ("a", "127.0.0.1", 504, Some("queue_timeout"), 250),
+            ("a", "127.0.0.1", 200, None, 3),
+            ("a", "0.0.0.0", 429, Some("too_many_requests"), 0),
+            ("a", "255.10.9.100", 200, None, 0),
         ];
         for (i, (pool, client, status, error, wait_ms)) in cases.iter().enumerate() {
             log.record(&Record {
@@ -556,7 +587,7 @@ mod tests {
                 deny_reason: error.map(|_| "concurrency"),
                 wait_ms: *wait_ms,
                 queued_ms: i as u64,
-                server_us: 10_u64.pow(i as u32),
+                server_us: 10_u64.pow(i as u32 % 6),
                 slot_ref: (*status == 200).then_some(i as u32),
             });
         }
@@ -573,7 +604,7 @@ mod tests {
             assert_eq!(v["denyReason"].as_str(), error.map(|_| "concurrency"), "line {i}");
             assert_eq!(v["waitMs"], wait_ms, "line {i}");
             assert_eq!(v["queuedMs"], i, "line {i}");
-            assert_eq!(v["serverUs"], 10_u64.pow(i as u32), "line {i}");
+            assert_eq!(v["serverUs"], 10_u64.pow(i as u32 % 6), "line {i}");
             assert_eq!(v["slot"].is_null(), status != 200, "line {i}");
         }
         assert_eq!(lines[1]["time"], "2023-09-29T16:26:37.999Z");

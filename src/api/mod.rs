@@ -596,7 +596,10 @@ impl App {
                 let admission = match head.api.idempotency_key() {
                     None => self.gov.acquire(pid, attempt.wait_ms, owner, now),
                     Some(raw) => {
-                        let credential = fnv1a64(self.creds[pid.0 as usize].keys.presented(head).unwrap_or_default());
+                        // Scopes the key to the pool key that presented it (which
+                        // was checked: the hash only tells the pool's keys apart).
+                        let presented = self.creds[pid.0 as usize].keys.presented(head).unwrap_or_default();
+                        let credential = crate::governor::fnv1a(crate::governor::FNV_OFFSET, presented);
                         let key = IdemKey::new(credential, crate::http::trim(raw)).ok_or(BAD_IDEMPOTENCY_KEY)?;
                         self.gov.acquire_keyed(pid, &key, attempt.wait_ms, owner, now).map_err(|_| KEYS_FULL)?
                     }
@@ -1004,12 +1007,6 @@ fn queued_end_line(attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'s
         server_us: 0,
         slot_ref: None,
     }
-}
-
-/// Scopes an `Idempotency-Key` to the pool key that presented it (FNV-1a:
-/// the key was already checked, this only tells the pool's keys apart).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// The governor headers of every acquire answer. Each constant carries the

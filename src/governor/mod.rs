@@ -149,12 +149,16 @@ impl Hasher for Fnv {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
-        for &b in bytes {
-            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-        self.0 = h;
+        self.0 = fnv1a(if self.0 == 0 { FNV_OFFSET } else { self.0 }, bytes);
     }
+}
+
+/// FNV-1a's starting state.
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a of `bytes` from state `h` (`FNV_OFFSET` for a fresh hash).
+pub fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// The governor, with `T` the payload of the caller's own timers (what the

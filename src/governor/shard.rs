@@ -23,7 +23,7 @@ impl<T: Copy> Governor<T> {
 
 #[cfg(test)]
 mod tests {
-    use crate::governor::tests::{crashed_pair, denied, granted, id, queued};
+    use crate::governor::tests::{crashed_pair, denied, granted, granted_owners, id, queued};
     use crate::governor::{DenyReason, RenewError};
 
     const POOL: &str = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
@@ -40,16 +40,17 @@ mod tests {
         assert_eq!(new.renew(p, &id(&a), 5_000), Ok(6_000));
         let d = denied(new.acquire(p, 0, 3, 5_010));
         assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Recovering, 990));
-        let w = queued(new.acquire(p, 10_000, 4, 5_020));
+        queued(new.acquire(p, 10_000, 4, 5_020));
         assert!(new.release(p, &id(&b), None, 5_100));
         assert_eq!(new.renew(p, &id(&a), 5_500), Ok(6_500));
         assert_eq!(new.pool(p).stats.readopted, 2);
         // At the window's end the waiter takes the slot `b` freed; `a` holds the other.
+        assert!(granted_owners(&mut new).is_empty(), "nothing granted in the window");
         new.advance(6_000);
         assert!(!new.pool(p).recovering(6_000));
+        assert_eq!(granted_owners(&mut new), [4], "the waiter, at the window's end");
         assert_eq!(new.pool(p).held, 2);
         assert_eq!(denied(new.acquire(p, 0, 5, 6_001)).reason, DenyReason::Concurrency);
-        let _ = w;
     }
 
     #[test]

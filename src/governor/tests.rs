@@ -45,7 +45,7 @@ fn notices(g: &mut Governor) -> Vec<Notice> {
     std::iter::from_fn(|| g.pop_notice()).collect()
 }
 
-fn granted_owners(g: &mut Governor) -> Vec<u64> {
+pub(super) fn granted_owners(g: &mut Governor) -> Vec<u64> {
     notices(g)
         .into_iter()
         .map(|n| match n {

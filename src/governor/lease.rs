@@ -26,9 +26,8 @@
 //! once per pool and start (`PoolSeal`), so a tag is two block encryptions
 //! and three xors. With the CPU's AES instructions (detected at start; any
 //! x86-64 of the last decade has them) that is about 80 instructions per
-//! grant. SipHash-2-4-128, the MAC before it, took about 310 (four message
-//! rounds and eight finalisation rounds); HMAC-SHA256, before that, two
-//! SHA-256 compressions, about 8,000 without the CPU's SHA extensions.
+//! grant, against about 310 for SipHash-2-4-128 and 8,000 for HMAC-SHA256
+//! (two SHA-256 compressions without the CPU's SHA extensions).
 //! Without AES instructions the `aes` crate falls back to a constant-time
 //! software AES, slower but still correct. The 80-bit tag is what a forger
 //! must guess; the key comes from the secret through HMAC-SHA256, once per

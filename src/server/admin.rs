@@ -1,4 +1,6 @@
-//! The admin listener's routes: `GET /healthz` and `GET /metrics`.
+//! The admin listener's routes: `GET /healthz`, `GET /metrics`, the
+//! dashboard (`/`, its assets, `/api/pools` and `/api/pools/{pool}`, built
+//! by `dashboard`) and `OPTIONS *`.
 //!
 //! Served by the same event loop as the lock API but on its own listener;
 //! lock routes are not served here and these are not served there. The

@@ -1,9 +1,11 @@
 //! One client connection: its buffers, its request in progress, its phase,
 //! its per-turn budget and its deadline.
 //!
-//! Only byte-level state lives here; what a request means is `api`'s
-//! business, the loop that moves bytes is in `server/mod.rs`, and the
-//! requests are answered in `server/pipeline.rs`.
+//! What a request means is `api`'s business: a connection only carries
+//! what `api` hands it to keep (the verdicts of its last heads, its place
+//! in a queue) and the index of its proxied exchange. The loop that moves
+//! bytes is in `server/mod.rs`, and the requests are answered in
+//! `server/pipeline.rs`.
 //!
 //! A connection is in one [`Phase`] at a time:
 //!
@@ -165,7 +167,8 @@ pub enum Phase {
 
 /// A request whose head is complete but whose body is still arriving.
 pub struct PendingBody {
-    /// For chunked bodies: the decoder, the raw bytes it has eaten, the body so far.
+    /// For chunked bodies: the decoder and the raw bytes it has eaten (the
+    /// body so far is in `Conn::body`).
     pub chunked: Option<(ChunkedDecoder, usize)>,
     pub continue_sent: bool,
 }

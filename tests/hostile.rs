@@ -294,6 +294,36 @@ fn a_client_that_reads_late_still_gets_every_answer() {
 }
 
 #[test]
+fn a_client_reading_slower_than_the_kernel_reports_room_is_not_cut() {
+    // Answers fill the server's socket buffer (megabytes) far beyond what
+    // this client reads in `writeTimeoutMs`, and the kernel reports the
+    // socket writable only once a third of it drained: writability stays
+    // silent for longer than the write timeout though the client reads all
+    // along. The write the server tries at the deadline sees the progress.
+    let s = TestServer::start(&config("", r#""headTimeoutMs":1000,"writeTimeoutMs":1000"#));
+    let c = connect(s.addr);
+    socket2::SockRef::from(&c).set_recv_buffer_size(8 * 1024).unwrap();
+    let mut writer = c.try_clone().unwrap();
+    let one = post("/pools/p/lock/none/renew", KEY, "", "");
+    // Megabytes of answers; the writer stops when the test drops the connection.
+    thread::spawn(move || writer.write_all(&one.repeat(25_000)));
+    let mut c = c;
+    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = vec![0u8; 4 * 1024];
+    let (started, mut read) = (Instant::now(), 0);
+    while started.elapsed() < Duration::from_millis(2500) {
+        match c.read(&mut buf) {
+            Ok(0) => panic!("closed after {read} bytes in {:?}", started.elapsed()),
+            Ok(n) => read += n,
+            Err(e) => panic!("{e} after {read} bytes in {:?}", started.elapsed()),
+        }
+        // About 400 KB/s: well over what the kernel lets a write overshoot
+        // its buffer by (one segment), far under a third of the buffer.
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
 fn a_burst_of_connections_while_the_server_is_busy_finds_room_in_the_backlog() {
     // While the loop accepts nothing (here: the process stopped), the
     // kernel completes handshakes up to the listen backlog. 500 clients

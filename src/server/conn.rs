@@ -179,6 +179,10 @@ pub struct Conn {
     pub serial: u32,
     /// Accepted on the admin listener: only admin routes are served.
     pub admin: bool,
+    /// Its deadline passed with answers pending and a write was tried at
+    /// the end of that turn; the next check closes it unless the write went
+    /// through (`Server::on_conn_timer`).
+    pub write_probed: bool,
     /// Accepted over its listener's budget: its only answer is the `503`
     /// it was given, then it lingers and closes (counted apart).
     pub refused: bool,
@@ -230,6 +234,7 @@ impl Conn {
             serial,
             admin,
             refused: false,
+            write_probed: false,
             received: 0,
             sent: 0,
             input: Input::new(input_limit),

@@ -989,27 +989,23 @@ impl Server {
         if conn.exchange.is_some() && !conn.is_waiting() && conn.exchange_deadline <= now {
             self.exchange_timed_out(id);
         } else if conn.deadline(&self.timeouts) <= now {
-            if conn.unsent() > 0 {
+            if conn.unsent() > 0 && !conn.write_probed {
                 // Writability lags what the client read (a full socket is
-                // reported writable only once a good part of it drained):
-                // a write is tried before the client is taken for one that
-                // stopped reading. A write that goes through moves the
-                // deadlines on.
-                self.flush(id);
-                match client_mut(&mut self.conns, id) {
-                    None => return,
-                    Some(conn) if conn.deadline(&self.timeouts) > now => {
-                        self.arm_timer(id);
-                        return;
-                    }
-                    Some(_) => {}
-                }
+                // reported writable only once much of it drained): before a
+                // client with answers pending is taken for one that stopped
+                // reading, the end of this turn tries a write, and the
+                // connection is judged again a moment later. A write that
+                // goes through moves its deadlines on.
+                conn.write_probed = true;
+                mark_conn_dirty(&mut self.dirty, conn, id);
+                let again = now + 1;
+                conn.timer = Some((again, self.app.schedule(again, Wake::Conn(id))));
+                return;
             }
-            if let Some(conn) = client_mut(&mut self.conns, id) {
-                debug!("closing {}: deadline passed", conn.peer);
-            }
+            debug!("closing {}: deadline passed", conn.peer);
             self.close(id);
         } else {
+            conn.write_probed = false;
             self.arm_timer(id);
         }
     }

@@ -39,16 +39,7 @@ fn assert_refused(r: &Response, status: u16, code: &str, case: &str) {
 }
 
 fn get_metric(s: &TestServer, name: &str) -> u64 {
-    let admin = s.admin.expect("the harness enables the admin listener");
-    let mut c = std::net::TcpStream::connect(admin).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    std::io::Write::write_all(&mut c, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let r = read_response(&mut c).expect("a metrics answer");
-    let text = String::from_utf8(r.body).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+    s.metric(name).unwrap_or_else(|| panic!("no sample {name}")) as u64
 }
 
 /// Waits until the server has handled `n` SIGHUPs, applied or refused, so a

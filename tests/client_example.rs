@@ -6,7 +6,6 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
 
 use common::*;
 
@@ -31,11 +30,7 @@ fn client(s: &TestServer, wait_ms: u64, work_s: f64) -> serde_json::Value {
 }
 
 fn metric(s: &TestServer, sample: &str) -> f64 {
-    let mut c = std::net::TcpStream::connect(s.admin.unwrap()).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    std::io::Write::write_all(&mut c, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let text = String::from_utf8(read_response(&mut c).unwrap().body).unwrap();
-    text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok()).expect(sample)
+    s.metric(sample).expect(sample)
 }
 
 #[test]

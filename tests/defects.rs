@@ -11,38 +11,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Long enough for anything "eventually" on a loaded machine.
-const PATIENCE: Duration = Duration::from_secs(15);
-
 fn get(addr: SocketAddr, method: &str, path: &str) -> Response {
     let mut c = TcpStream::connect(addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     c.write_all(format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
         .unwrap();
     read_response(&mut c).expect("an answer")
-}
-
-/// The value of one sample (`name{labels}` exactly as exposed) in `/metrics`.
-fn metric(s: &TestServer, sample: &str) -> Option<f64> {
-    let r = get(s.admin.expect("admin listener"), "GET", "/metrics");
-    assert_eq!(r.status, 200, "{r:?}");
-    let text = String::from_utf8(r.body).unwrap();
-    text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {PATIENCE:?}: {what}");
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn reload(s: &TestServer, config_json: &str) {
-    let before = metric(s, "nthpool_config_reloads_total").unwrap();
-    std::fs::write(&s.config_path, config_json).unwrap();
-    s.signal("HUP");
-    eventually("the reload applied", || metric(s, "nthpool_config_reloads_total").unwrap() > before);
 }
 
 // ------------------------------------------------------------ 1: half-close
@@ -74,13 +48,13 @@ fn a_waiter_that_half_closes_later_is_answered_before_what_follows() {
     let held = s.acquire("", "").slot();
     let mut b = s.connect();
     b.write_all(&post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":10000}"#)).unwrap();
-    eventually("the waiter queued", || metric(&s, "nthpool_waiters{pool=\"p\"}") == Some(1.0));
+    eventually("the waiter queued", || s.metric("nthpool_waiters{pool=\"p\"}") == Some(1.0));
     b.write_all(&post(&format!("/pools/p/lock/{held}/renew"), KEY, "", "")).unwrap();
     b.shutdown(std::net::Shutdown::Write).unwrap();
     assert_eq!(read_response(&mut b).unwrap().status, 504);
     assert_eq!(read_response(&mut b).unwrap().status, 200, "the renew is executed");
     assert!(is_closed(&mut b));
-    assert_eq!(metric(&s, "nthpool_waiters{pool=\"p\"}"), Some(0.0));
+    assert_eq!(s.metric("nthpool_waiters{pool=\"p\"}"), Some(0.0));
 }
 
 // ------------------------------------------------------------ 2: reload rpm
@@ -94,7 +68,7 @@ fn a_reload_that_raises_rpm_applies_at_once() {
     assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("rate")), "{r:?}");
     assert!(r.header_u64("Retry-After") >= 20, "the old rate's token is ~30 s away: {r:?}");
 
-    reload(&s, &pool(600));
+    s.reload(&pool(600));
     // At 600 rpm a token comes every 100 ms; the old rate would need ~30 s.
     let started = Instant::now();
     loop {
@@ -151,7 +125,7 @@ fn health_and_metrics_answer_while_the_public_listener_is_full() {
     assert_eq!(r.status, 503, "{r:?}");
     let date = r.header("date").expect("a Date on the refusal");
     assert!(date == before || date == after, "Date {date:?}, the server's clock said {before:?} then {after:?}");
-    assert_eq!(metric(&s, "nthpool_rejections_total{code=\"503\"}"), Some(1.0), "counted as a rejection");
+    assert_eq!(s.metric("nthpool_rejections_total{code=\"503\"}"), Some(1.0), "counted as a rejection");
 }
 
 #[test]
@@ -165,7 +139,7 @@ fn a_connection_the_client_closed_stops_counting() {
         // The server lets go of it once it reads the close: the two held
         // connections and this admin request are all that stay open.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while metric(&s, "nthpool_connections_open") != Some(3.0) {
+        while s.metric("nthpool_connections_open") != Some(3.0) {
             assert!(Instant::now() < deadline, "round {round}: a closed connection still counts");
             thread::sleep(Duration::from_millis(5));
         }
@@ -218,10 +192,10 @@ fn check_config_reads_jwks_files_as_start_up_does() {
 fn rejections_by_code_are_in_the_metrics() {
     let s = TestServer::start(&config(r#""concurrency":1"#, ""));
     for code in [400, 401, 403, 404, 409, 413, 429, 503, 504] {
-        assert_eq!(metric(&s, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), Some(0.0), "{code}");
+        assert_eq!(s.metric(&format!("nthpool_rejections_total{{code=\"{code}\"}}")), Some(0.0), "{code}");
         for pool in ["p", "other"] {
             let series = format!("nthpool_rejections_total{{pool=\"{pool}\",code=\"{code}\"}}");
-            assert_eq!(metric(&s, &series), Some(0.0), "{series}");
+            assert_eq!(s.metric(&series), Some(0.0), "{series}");
         }
     }
     assert_eq!(s.request(&post("/pools/p/lock/acquire", "wrong", "", "")).status, 401);
@@ -238,14 +212,14 @@ fn rejections_by_code_are_in_the_metrics() {
     assert_eq!(s.request(&post("/pools/other/lock/acquire", "wrong", "", "")).status, 401);
     for (code, n) in [(401, 2.0), (400, 1.0), (404, 1.0), (429, 1.0), (413, 1.0), (403, 0.0)] {
         let series = format!("nthpool_rejections_total{{pool=\"p\",code=\"{code}\"}}");
-        assert_eq!(metric(&s, &series), Some(n), "{series}");
+        assert_eq!(s.metric(&series), Some(n), "{series}");
     }
     for (pool, code, n) in [("other", 401, 1.0), ("other", 404, 0.0)] {
         let series = format!("nthpool_rejections_total{{pool=\"{pool}\",code=\"{code}\"}}");
-        assert_eq!(metric(&s, &series), Some(n), "{series}");
+        assert_eq!(s.metric(&series), Some(n), "{series}");
     }
     for (code, n) in [(404, 1.0), (401, 1.0), (429, 0.0)] {
-        assert_eq!(metric(&s, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), Some(n), "{code}");
+        assert_eq!(s.metric(&format!("nthpool_rejections_total{{code=\"{code}\"}}")), Some(n), "{code}");
     }
 }
 
@@ -323,7 +297,7 @@ fn sigterm_answers_what_was_pipelined_behind_a_waiter() {
     let mut raw = post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":60000}"#);
     raw.extend(post(&format!("/pools/p/lock/{held}/renew"), KEY, "", ""));
     c.write_all(&raw).unwrap();
-    eventually("the waiter queued", || metric(&s, "nthpool_waiters{pool=\"p\"}") == Some(1.0));
+    eventually("the waiter queued", || s.metric("nthpool_waiters{pool=\"p\"}") == Some(1.0));
     s.signal("TERM");
     assert_eq!(read_response(&mut c).expect("the waiter's 503").status, 503);
     assert_eq!(read_response(&mut c).expect("the renew behind it is answered").status, 200);
@@ -368,7 +342,7 @@ fn a_reload_that_changes_a_key_applies_to_the_next_repeated_head() {
     let mut c = s.connect();
     let held = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", "")).slot();
     repeat_cycles(&mut c);
-    reload(&s, &config(FEW_FIXED, "").replace(KEY, "another-key-01"));
+    s.reload(&config(FEW_FIXED, "").replace(KEY, "another-key-01"));
     let acquire = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", ""));
     assert_eq!((acquire.status, acquire.error_code()), (401, "unauthorized".to_string()), "{acquire:?}");
     let release = exchange(&mut c, &post(&format!("/pools/p/lock/{held}/release"), KEY, "", r#"{"status":200}"#));
@@ -388,7 +362,7 @@ fn a_release_on_a_retired_pool_never_lets_a_head_like_it_acquire() {
     repeat_cycles(&mut c);
     let held = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", "")).slot();
     let without_p = r#"{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{"other":{"keys":["other-key"]}}}"#;
-    reload(&s, without_p);
+    s.reload(without_p);
     let again = exchange(&mut c, &post("/pools/p/lock/acquire", KEY, "", ""));
     assert_eq!(again.status, 401, "a retired pool grants nothing: {again:?}");
     let release_path = format!("/pools/p/lock/{held}/release");

@@ -14,12 +14,8 @@ fn keyed(s: &TestServer, key: &str, body: &str) -> Response {
 }
 
 fn metric(s: &TestServer, name: &str) -> u64 {
-    let mut c = std::net::TcpStream::connect(s.admin.unwrap()).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
-    let text = String::from_utf8(read_response(&mut c).unwrap().body).unwrap();
-    let start = format!("{name}{{pool=\"p\"}} ");
-    let line = text.lines().find(|l| l.starts_with(&start)).unwrap_or_else(|| panic!("no {start}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    let series = format!("{name}{{pool=\"p\"}}");
+    s.metric(&series).unwrap_or_else(|| panic!("no {series}")) as u64
 }
 
 fn held(s: &TestServer) -> u64 {

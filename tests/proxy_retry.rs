@@ -6,7 +6,6 @@ mod common;
 #[path = "common/upstream.rs"]
 mod upstream;
 
-use std::io::Write;
 use std::time::Duration;
 
 use upstream::{exchange, ok, proxied, proxy_server, MockUpstream, Reply};
@@ -18,11 +17,7 @@ fn kept_alive() -> Vec<u8> {
 }
 
 fn metric(server: &common::TestServer, name: &str) -> u64 {
-    let mut c = std::net::TcpStream::connect(server.admin.unwrap()).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
-    let text = String::from_utf8(common::read_response(&mut c).unwrap().body).unwrap();
-    let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    server.metric(name).unwrap_or_else(|| panic!("no {name}")) as u64
 }
 
 fn paths(up: &MockUpstream) -> Vec<(usize, String)> {

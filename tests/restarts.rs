@@ -15,22 +15,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{config, post, read_response, Response, TestServer, KEY};
+use common::{config, eventually, post, read_response, Response, TestServer, KEY};
 use upstream::{exchange, ok, proxied, MockUpstream, HOST};
 
 const POOL: &str = r#""concurrency":3,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
 
-fn get(addr: SocketAddr, path: &str) -> Response {
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-    read_response(&mut c).expect("an answer")
-}
-
-fn metric(s: &TestServer, line_start: &str) -> u64 {
-    let text = String::from_utf8(get(s.admin.unwrap(), "/metrics").body).unwrap();
-    let line = text.lines().find(|l| l.starts_with(line_start)).unwrap_or_else(|| panic!("no {line_start}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+/// The value of one sample (`name{labels}` exactly as exposed) in `/metrics`.
+fn metric(s: &TestServer, series: &str) -> u64 {
+    s.metric(series).unwrap_or_else(|| panic!("no {series}")) as u64
 }
 
 /// Stops `s` with `signal`, waits for it to exit, and keeps its directory
@@ -57,7 +49,7 @@ fn restart(kept: &(PathBuf, PathBuf)) -> TestServer {
 #[test]
 fn kill_9_readopts_renewing_holders_and_never_over_admits() {
     let first = TestServer::start(&config(POOL, ""));
-    assert_eq!(get(first.admin.unwrap(), "/healthz").json()["status"], "ok", "a first start opens no window");
+    assert_eq!(first.get_admin("/healthz").json()["status"], "ok", "a first start opens no window");
     let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
     let kept = kill_9(first);
     let s = restart(&kept);
@@ -68,7 +60,7 @@ fn kill_9_readopts_renewing_holders_and_never_over_admits() {
     assert_eq!(denied.status, 429, "{denied:?}");
     assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"));
     assert!((1..=2).contains(&denied.header_u64("Retry-After")), "{denied:?}");
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
     assert_eq!(metric(&s, "nthpool_recovering{pool=\"p\"}"), 1);
 
     // Two holders come back: one renews, one releases; the third vanished.
@@ -213,7 +205,7 @@ fn a_graceful_restart_keeps_held_slots_and_what_was_learned_with_no_window() {
 
     let s = restart(&kept);
     assert!(!kept.0.join("nthpool.state").exists(), "a snapshot is used once");
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "no window after a graceful stop");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "no window after a graceful stop");
     assert_eq!(metric(&s, "nthpool_recovering{pool=\"p\"}"), 0);
     // The two held slots are known at once (not re-adopted) and still count.
     let full = s.acquire("", "");
@@ -227,7 +219,7 @@ fn a_graceful_restart_keeps_held_slots_and_what_was_learned_with_no_window() {
     assert_eq!(s.acquire("", "").status, 200);
     // A crash now finds no snapshot: the window opens.
     let s = restart(&kill_9(s));
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
 }
 
 #[test]
@@ -275,7 +267,7 @@ fn a_corrupt_or_mismatched_snapshot_is_refused_and_the_crash_path_taken() {
             }
         }
         let s = restart(&kept);
-        assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering", "{spoil}");
+        assert_eq!(s.get_admin("/healthz").json()["status"], "recovering", "{spoil}");
         assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"), "{spoil}");
         // The holder is re-adopted from its id instead.
         assert_eq!(s.renew(&slot).status, 200, "{spoil}");
@@ -295,13 +287,13 @@ fn a_refused_snapshot_is_set_aside_and_never_loaded_by_a_later_start() {
     let state = kept.0.join("nthpool.state");
     std::fs::write(&kept.1, config(&POOL.replace("3", "4"), "")).unwrap();
     let deployed = restart(&kept);
-    assert_eq!(get(deployed.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert_eq!(deployed.get_admin("/healthz").json()["status"], "recovering");
     assert!(!state.exists(), "the refused snapshot was left where a later start finds it");
     assert!(kept.0.join("nthpool.state.refused").exists(), "kept aside for a look");
     let kept = kill_9(deployed);
     std::fs::write(&kept.1, config(POOL, "")).unwrap();
     let s = restart(&kept);
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering", "a crash takes the crash path");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering", "a crash takes the crash path");
     assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
 }
 
@@ -347,7 +339,7 @@ fn a_holder_renews_on_its_old_interval_across_a_restart(lower: impl FnOnce(TestS
     let slot = granted.slot();
     let mut last = Instant::now();
     let s = lower(first, &config(&new, ""));
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "restored from the snapshot: no window");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "restored from the snapshot: no window");
     for renewal in 0..4 {
         // Every R1 from the last renewal (the grant, before the restart).
         std::thread::sleep(Duration::from_millis(R1).saturating_sub(last.elapsed()));
@@ -371,7 +363,7 @@ fn a_holder_renews_on_its_old_interval_across_a_restart(lower: impl FnOnce(TestS
 #[test]
 fn a_lease_keeps_its_term_across_a_graceful_restart_after_a_reload_lowered_it() {
     a_holder_renews_on_its_old_interval_across_a_restart(|s, lowered| {
-        reload(&s, lowered);
+        s.reload(lowered);
         restart(&stop(s, "TERM"))
     });
 }
@@ -396,7 +388,7 @@ fn a_lost_secret_with_a_snapshot_left_still_opens_the_window() {
     std::fs::remove_file(kept.0.join("nthpool.secret")).unwrap();
     let s = restart(&kept);
     assert_eq!(std::fs::read(kept.0.join("nthpool.secret")).unwrap().len(), 32, "a new secret");
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
     assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
     assert_eq!(s.renew(&slot).status, 404, "signed under the lost secret");
 }
@@ -417,7 +409,7 @@ fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     // Let one more period pass so the snapshot has seen the release.
     std::thread::sleep(Duration::from_millis(1500));
     let s = restart(&kill_9(first));
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "recovering");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
     let denied = s.acquire("", "");
     assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"));
     assert_eq!(denied.header("x-nthpool-effective-limit"), Some("2"), "the learned limit is restored");
@@ -431,10 +423,10 @@ fn a_graceful_restart_after_a_reload_added_a_pool_restores_with_no_window() {
     // `a` sorts before `p`: a reload puts it after, a start before.
     let first = TestServer::start(&config(POOL, ""));
     let slot = first.acquire("", "").slot();
-    reload(&first, &config(POOL, "").replace(r#""pools":{"#, r#""pools":{"a":{"keys":["a-key"]},"#));
+    first.reload(&config(POOL, "").replace(r#""pools":{"#, r#""pools":{"a":{"keys":["a-key"]},"#));
     let kept = stop(first, "TERM");
     let s = restart(&kept);
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "restored: no window");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "restored: no window");
     assert_eq!(s.renew(&slot).status, 200);
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
 }
@@ -448,7 +440,7 @@ fn a_graceful_restart_keeps_the_draining_slots_of_a_pool_a_reload_removed() {
     let first = TestServer::start(&with_r);
     let on_r = |s: &TestServer, route: &str| s.request(&post(&format!("/pools/r/lock/{route}"), "r-key", "", ""));
     let slots: Vec<String> = (0..2).map(|_| on_r(&first, "acquire").slot()).collect();
-    reload(&first, &config(POOL, ""));
+    first.reload(&config(POOL, ""));
     assert_eq!(on_r(&first, &format!("{}/renew", slots[0])).status, 200, "draining");
     let s = restart(&stop(first, "TERM"));
     assert_eq!(metric(&s, "nthpool_slots_held{pool=\"r\"}"), 2, "held, draining");
@@ -456,30 +448,12 @@ fn a_graceful_restart_keeps_the_draining_slots_of_a_pool_a_reload_removed() {
     // Its keys are not in the snapshot: no key opens `r` until a reload names it.
     assert_eq!(on_r(&s, &format!("{}/renew", slots[0])).status, 401);
 
-    reload(&s, &with_r);
+    s.reload(&with_r);
     assert_eq!(on_r(&s, &format!("{}/renew", slots[0])).status, 200, "the restored slot renews again");
     let full = on_r(&s, "acquire");
     assert_eq!((full.status, full.header("x-nthpool-deny-reason")), (429, Some("concurrency")), "{full:?}");
     assert_eq!(on_r(&s, &format!("{}/release", slots[1])).json()["released"], true);
     assert_eq!(on_r(&s, "acquire").status, 200, "the freed slot is granted");
-}
-
-/// Waits up to 20 s for `done`.
-fn eventually(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "not within 20 s: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Writes `config_json` over the server's configuration, sends SIGHUP and
-/// waits until the reload is applied.
-fn reload(s: &TestServer, config_json: &str) {
-    let before = metric(s, "nthpool_config_reloads_total");
-    std::fs::write(&s.config_path, config_json).unwrap();
-    s.signal("HUP");
-    eventually("the reload applied", || metric(s, "nthpool_config_reloads_total") > before);
 }
 
 #[test]
@@ -493,7 +467,7 @@ fn a_reload_during_the_window_neither_ends_nor_extends_it_and_a_pool_it_adds_has
     assert!(recovering(&s.acquire("", "")));
     std::thread::sleep(Duration::from_millis(1000));
     let with_fresh = config(&pool(2), "").replace(r#""pools":{"#, r#""pools":{"fresh":{"keys":["fresh-key"]},"#);
-    reload(&s, &with_fresh);
+    s.reload(&with_fresh);
     let r = s.acquire("", "");
     assert!(recovering(&r), "the reload did not end the window: {r:?}");
     assert_eq!(r.header_u64("x-nthpool-limit"), 2, "and its limits apply");
@@ -521,12 +495,12 @@ fn a_reload_moves_the_snapshot_and_retimes_the_periodic_writer() {
     let (a, b) = (s.dir.join("a.state"), s.dir.join("b.state"));
 
     // An interval and a new path, without a restart: the writer starts.
-    reload(&s, &config(pool, r#""stateFile":"b.state","snapshotIntervalMs":1000"#));
+    s.reload(&config(pool, r#""stateFile":"b.state","snapshotIntervalMs":1000"#));
     eventually("a periodic snapshot at the new path", || b.exists());
     assert!(!a.exists(), "nothing at the old path");
 
     // The interval removed: the writer stops. Two of its periods pass with no file.
-    reload(&s, &config(pool, r#""stateFile":"b.state""#));
+    s.reload(&config(pool, r#""stateFile":"b.state""#));
     // A write already under way when the reload came may still land.
     std::thread::sleep(Duration::from_millis(1000));
     std::fs::remove_file(&b).unwrap();
@@ -537,7 +511,7 @@ fn a_reload_moves_the_snapshot_and_retimes_the_periodic_writer() {
     let kept = stop(s, "TERM");
     assert!(b.exists() && !a.exists(), "the stop snapshot is at the reloaded path");
     let s = restart(&kept);
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok", "restored: no window");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "restored: no window");
     assert_eq!(s.renew(&slot).status, 200);
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
 }
@@ -682,7 +656,7 @@ fn a_graceful_restart_under_load_has_no_refusal_window_and_keeps_the_learned_lim
     let kept = stop(first, "TERM");
     let s = restart(&kept);
     *target.0.lock().unwrap() = s.addr;
-    assert_eq!(get(s.admin.unwrap(), "/healthz").json()["status"], "ok");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "ok");
     wait_for_cycles(&seen, before + 12);
     halt.store(true, Ordering::SeqCst);
     for c in clients {
@@ -755,7 +729,7 @@ fn the_dashboard_history_shows_recovering_denials() {
     let s = restart(&kill_9(first));
     let denied = s.acquire("", "");
     assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"), "{denied:?}");
-    let v = get(s.admin.unwrap(), "/api/pools/p").json();
+    let v = s.get_admin("/api/pools/p").json();
     assert_eq!(v["pool"]["status"], "recovering", "{v}");
     assert_eq!(metric(&s, "nthpool_denials_total{pool=\"p\",reason=\"recovering\"}"), 1);
     // The history takes a sample once a second has ended.
@@ -769,7 +743,7 @@ fn the_dashboard_history_shows_recovering_denials() {
             .sum()
     };
     loop {
-        let v = get(s.admin.unwrap(), "/api/pools/p").json();
+        let v = s.get_admin("/api/pools/p").json();
         if sum(&v, "deniedRecovering") == 1 {
             let others = ["deniedConcurrency", "deniedRate", "deniedCooldown", "deniedQueueFull"];
             assert_eq!(others.iter().map(|k| sum(&v, k)).sum::<u64>(), 0, "{v}");

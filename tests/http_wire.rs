@@ -161,6 +161,13 @@ fn a_request_written_one_byte_at_a_time_is_answered() {
     let r = read_response(&mut c).expect("answer to a trickled chunked release");
     assert_eq!(r.json()["released"], true, "{r:?}");
     assert_open(&mut c, "after trickled requests");
+    // The admin listener too, twice on one connection.
+    let mut c = s.connect_admin();
+    for _ in 0..2 {
+        trickle(&mut c, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        let r = read_response(&mut c).expect("answer to a trickled health check");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
 }
 
 /// An HTTP/1.0 POST to `path` that asks for keep-alive.

@@ -13,7 +13,9 @@ use super::pipeline::{adapt_answer, end_if_incomplete_forever, settle, take_body
 use super::{client_mut, Server};
 use crate::api::{ApiError, App, ConnId, Handled};
 use crate::dashboard;
-use crate::http::request::{header_storage, parse_head, serve_as_http11, Head, HeadError, Method};
+use crate::http::request::{
+    head_may_be_complete, header_storage, parse_head, serve_as_http11, Head, HeadError, Method,
+};
 use crate::http::response::{error_body, Status, CONTINUE};
 pub use crate::metrics::ServerStats;
 use crate::time::Ms;
@@ -36,11 +38,19 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
+            // As on the lock listener: after a partial parse, only new bytes
+            // that could end the head (or break it) trigger another.
+            if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
+                conn.head_scanned = data.len();
+                end_if_incomplete_forever(conn);
+                break;
+            }
             let input_full = conn.input_full();
             let mut storage = header_storage();
             let head = match parse_head(data, &mut storage) {
                 Ok(Some(head)) => head,
                 Ok(None) => {
+                    conn.head_scanned = data.len();
                     end_if_incomplete_forever(conn);
                     break;
                 }
@@ -97,6 +107,7 @@ impl Server {
             conn.budget(turn).requests -= 1;
             conn.input.consume(consumed);
             conn.pending = None;
+            conn.head_scanned = 0;
             conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
             if close {
                 conn.close_after_flush();

@@ -9,7 +9,7 @@
 //! renders it.
 
 use super::conn::{self, PendingBody};
-use super::pipeline::{adapt_answer, end_if_incomplete_forever, settle, take_body, Answer, Body};
+use super::pipeline::{adapt_answer, after_answers, end_if_incomplete_forever, take_body, Answer, Body};
 use super::{client_mut, Server};
 use crate::api::{ApiError, App, ConnId, Handled};
 use crate::dashboard;
@@ -116,7 +116,7 @@ impl Server {
         if before == 0 && conn.unsent() > 0 {
             conn.out_since = now.ms;
         }
-        settle(dirty, app, timeouts, conn, id);
+        after_answers(dirty, app, timeouts, conn, id);
     }
 }
 

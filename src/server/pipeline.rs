@@ -97,7 +97,7 @@ impl Server {
                 conn.input.consume(head_len);
                 conn.head_scanned = 0;
                 conn.request_started = None;
-                proxied = proxied::settle(app, proxy, poll.registry(), conn, begun, now);
+                proxied = proxied::enter(app, proxy, poll.registry(), conn, begun, now);
                 break;
             }
             let (body, consumed) = match take_body(head, data, &mut conn.pending, &mut conn.body, app.max_body) {
@@ -175,12 +175,12 @@ impl Server {
         }
         match proxied {
             // The common case: the connection is still in hand.
-            proxied::After::Nothing => return settle(dirty, app, timeouts, conn, id),
+            proxied::After::Nothing => return after_answers(dirty, app, timeouts, conn, id),
             proxied::After::Pump => self.pump_exchange(id),
             proxied::After::Fail(err) => self.end_exchange(id, proxied::End::Answered(err)),
         }
         if let Some(conn) = client_mut(&mut self.conns, id) {
-            settle(&mut self.dirty, &mut self.app, &self.timeouts, conn, id);
+            after_answers(&mut self.dirty, &mut self.app, &self.timeouts, conn, id);
         }
     }
 }
@@ -188,7 +188,7 @@ impl Server {
 /// After answering: the connection goes on the flush list when it has
 /// something to write or to close (the flush at the end of the turn then
 /// arms its timer), else its timer follows its deadline now.
-pub(super) fn settle(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
+pub(super) fn after_answers(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
     if conn.unsent() > 0 || conn.closes_after_flush() || conn.read_closed {
         mark_conn_dirty(dirty, conn, id);
         return;

@@ -99,7 +99,7 @@ pub enum After {
 
 /// The request head `head` is proxy traffic for `pid`: admits it and, unless refused, opens its
 /// exchange. Refusals are written to `output`. The caller consumes the head
-/// (`head.head_len` bytes) and then calls `settle`.
+/// (`head.head_len` bytes) and then calls `enter`.
 #[allow(clippy::too_many_arguments)]
 pub fn begin(
     app: &mut App,
@@ -156,7 +156,7 @@ pub fn begin(
 }
 
 /// Puts the connection into the state `begun` says, once its head is consumed.
-pub fn settle(app: &mut App, proxy: &mut Proxy, registry: &Registry, conn: &mut Conn, begun: Begun, now: Now) -> After {
+pub fn enter(app: &mut App, proxy: &mut Proxy, registry: &Registry, conn: &mut Conn, begun: Begun, now: Now) -> After {
     match begun {
         Begun::Answered { close } => {
             if close {

@@ -82,7 +82,7 @@ pub const UNKNOWN_WAIT_MS: u64 = 1000;
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolStats {
     pub grants: u64,
-    pub denied: [u64; 5],
+    pub denied: [u64; DenyReason::ALL.len()],
     pub queue_timeouts: u64,
     pub waiters_gone: u64,
     pub reclaimed_term: u64,

@@ -239,10 +239,23 @@ impl AccessLog {
         Ok(())
     }
 
-    /// Writes what is buffered and leaves standard output blocking again,
-    /// as the terminal or pipe it is open on was found (at shutdown).
-    pub fn close(&mut self) {
+    /// Writes what is buffered, waiting until `until` for a pipe or
+    /// standard output whose reader is slow, and leaves standard output
+    /// blocking again, as the terminal or pipe it is open on was found (at
+    /// shutdown). What a reader has not taken by then is dropped, counted and
+    /// reported (its first line may be cut short where the reader stopped).
+    pub fn close(&mut self, until: std::time::Instant) {
         self.flush();
+        while !self.buf.is_empty() && !self.failing && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            self.flush();
+        }
+        if !self.buf.is_empty() {
+            let lines = count_lines(&self.buf);
+            self.dropped += lines;
+            warn!("access log: {lines} lines were not taken by its reader before the stop and are lost");
+            self.buf.clear();
+        }
         self.restore_blocking();
     }
 

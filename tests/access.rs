@@ -1063,6 +1063,73 @@ fn a_named_pipe_whose_reader_left_never_blocks_a_sighup_or_a_stop() {
     assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
 }
 
+#[test]
+fn a_pipe_reader_that_fell_behind_gets_the_backlog_without_traffic_and_at_the_stop() {
+    // A log shipper on a named pipe that stopped reading while hundreds of
+    // KiB of lines piled up: once it reads again the backlog comes every
+    // 200 ms with no traffic to push it, and a stop waits (up to 0.95 s
+    // from its signal) for a reader to take what is buffered.
+    const LINES: usize = 2500;
+    let dir = scratch_dir();
+    let fifo = dir.join("access.fifo");
+    match std::process::Command::new("mkfifo").arg(&fifo).status() {
+        Ok(status) if status.success() => {}
+        other => {
+            eprintln!("skipped: `mkfifo` is not available here ({other:?})");
+            return;
+        }
+    }
+    let config_path = dir.join("config.json");
+    let config = config("", "").replacen(r#""accessLog":null"#, r#""accessLog":"access.fifo""#, 1);
+    std::fs::write(&config_path, config).unwrap();
+    let mut s = TestServer::start_with(dir, config_path, &[]);
+    let mut c = s.connect();
+    for _ in 0..LINES {
+        c.write_all(&post(ACQUIRE, "wrong-key", "", "")).unwrap();
+        assert_eq!(read_response(&mut c).unwrap().status, 401);
+    }
+    // The reader comes back; no request follows.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader_fifo = fifo.clone();
+    thread::spawn(move || {
+        let mut pipe = std::fs::File::open(reader_fifo).unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = std::io::Read::read(&mut pipe, &mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count_lines(&got) < LINES {
+        assert!(Instant::now() < deadline, "{} of {LINES} lines came without traffic", count_lines(&got));
+        if let Ok(piece) = rx.recv_timeout(Duration::from_millis(100)) {
+            got.extend(piece);
+        }
+    }
+    // Another backlog, written as fast as the server takes it, then a stop
+    // at once: the stop waits for the reader to take it all.
+    let mut pipelined = Vec::new();
+    for _ in 0..LINES {
+        pipelined.extend(post(ACQUIRE, "wrong-key", "", ""));
+    }
+    c.write_all(&pipelined).unwrap();
+    for _ in 0..LINES {
+        assert_eq!(read_response(&mut c).unwrap().status, 401);
+    }
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
+    while let Ok(piece) = rx.recv_timeout(Duration::from_secs(2)) {
+        got.extend(piece);
+    }
+    assert_eq!(count_lines(&got), 2 * LINES, "every line reached the reader by the stop");
+}
+
+fn count_lines(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|&&b| b == b'\n').count()
+}
+
 /// A credential header sent twice is refused as a one-value control header
 /// is (`400` naming it), whatever the copies say: which one counts would be
 /// a guess. Sent once, the same values pass.

@@ -248,20 +248,23 @@ impl App {
     }
 
     /// Work done once a turn's sockets are served: the access log is written
-    /// when its buffer is full, or within `FLUSH_INTERVAL_MS` of its first line.
+    /// when its buffer is full, and within `FLUSH_INTERVAL_MS` of any line
+    /// still buffered (a pipe or standard output that took only part of it
+    /// gets the rest then, traffic or none).
     pub fn end_turn(&mut self, now: Ms) {
-        let buffered = self.log.buffered();
-        if buffered >= accesslog::WRITE_THRESHOLD {
+        if self.log.buffered() >= accesslog::WRITE_THRESHOLD {
             self.log.flush();
-        } else if buffered > 0 && !self.log_timer_armed {
+        }
+        if self.log.buffered() > 0 && !self.log_timer_armed {
             self.log_timer_armed = true;
             self.gov.schedule(now + accesslog::FLUSH_INTERVAL_MS, Timer::FlushLog);
         }
     }
 
-    /// Writes out the access log (at shutdown).
-    pub fn flush_log(&mut self) {
-        self.log.close();
+    /// Writes out the access log (at shutdown), waiting until `until` at most
+    /// for a slow reader of standard output or a pipe.
+    pub fn flush_log(&mut self, until: std::time::Instant) {
+        self.log.close(until);
     }
 
     /// Counts a connection refused over `maxConnections` (answered `503`).

@@ -81,6 +81,10 @@ const ACCEPT_PAUSE_MS: u64 = 100;
 const LINGER_MS: u64 = 1000;
 /// Graceful shutdown finishes within this, whatever clients do.
 const SHUTDOWN_GRACE_MS: u64 = 800;
+/// From the stop's signal, how long the access log may wait for a slow
+/// reader of standard output or a pipe (SPEC §2: the stop takes at most a
+/// second, the snapshot aside).
+const STOP_LOG_UNTIL_MS: u64 = 950;
 /// Open connections on the admin listener: its own budget, so health checks
 /// and scrapes are answered however many public connections are open.
 pub const ADMIN_MAX_CONNECTIONS: usize = 16;
@@ -369,7 +373,10 @@ impl Server {
             if let Some(at) = self.shutdown_at {
                 if self.conns.is_empty() || self.clock.now_ms() >= at {
                     self.cut_exchanges();
-                    self.app.flush_log();
+                    // A slow reader of the log gets what is left of the stop's second.
+                    let began = at - SHUTDOWN_GRACE_MS;
+                    let left = (began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
+                    self.app.flush_log(Instant::now() + Duration::from_millis(left));
                     self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
                     info!("shut down ({} connections cut at the deadline)", self.conns.len());
                     return Ok(());

@@ -25,7 +25,8 @@ fn forwarding_strips_credentials_and_hop_by_hop_headers_and_keeps_path_and_query
     );
     let extra = "Connection: keep-alive, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n\
         X-Nthpool-Queue-Timeout-Ms: 100\r\nX-Team: client\r\nAuthorization: Bearer client-own\r\nAccept: */*\r\n\
-        Content_Length: 99\r\nTransfer_Encoding: chunked\r\nX_Team: client\r\nx_nthpool_key: k\r\nX_Trace_Id: t1\r\n";
+        Content_Length: 99\r\nTransfer_Encoding: chunked\r\nX_Team: client\r\nx_nthpool_key: k\r\nX_Trace_Id: t1\r\n\
+        Proxy-Client-IP: 10.0.0.1\r\nProxy-Authorization: Basic eA==\r\nProxy_Foo: y\r\n";
     let r = exchange(&server, &proxied("POST", "/v1/chat/completions?model=gpt&q=a%20b", extra, "{\"x\":1}"));
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.body, b"{\"id\":1}");
@@ -50,7 +51,24 @@ fn forwarding_strips_credentials_and_hop_by_hop_headers_and_keeps_path_and_query
     for gone in ["content_length", "transfer_encoding", "x_team", "x_nthpool_key"] {
         assert!(s.header(gone).is_none(), "{gone} reached the upstream: {}", s.head);
     }
+    // Every `Proxy-*` field is hop-by-hop, in either spelling.
+    for gone in ["proxy-client-ip", "proxy-authorization", "proxy_foo"] {
+        assert!(s.header(gone).is_none(), "{gone} reached the upstream: {}", s.head);
+    }
     assert_eq!(s.header("x_trace_id").as_deref(), Some("t1"), "{}", s.head);
+}
+
+#[test]
+fn an_empty_body_goes_up_framed_as_the_client_framed_it() {
+    // `Content-Length: 0` goes up as sent (an upstream may answer a POST
+    // without it 411); no framing header stays none.
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = proxy_server(&up, 4, "");
+    assert_eq!(exchange(&server, &proxied("POST", "/empty", "", "")).status, 200);
+    assert_eq!(exchange(&server, &proxied("GET", "/none", "", "")).status, 200);
+    let seen = up.seen();
+    assert_eq!(seen[0].headers("content-length"), ["0"], "{}", seen[0].head);
+    assert!(seen[1].header("content-length").is_none() && seen[1].header("transfer-encoding").is_none());
 }
 
 /// A proxied pool whose key may also come as an SDK sends it

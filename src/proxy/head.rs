@@ -20,18 +20,11 @@ use crate::report::ratelimit;
 pub const MAX_RESPONSE_HEAD: usize = 32 * 1024;
 const MAX_RESPONSE_HEADERS: usize = 128;
 
-/// Fields that describe one connection, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
+/// Fields that describe one connection, never forwarded (RFC 9110 §7.6.1),
+/// with every `Proxy-*` field (`is_hop_by_hop`): `Proxy-Authorization` and
+/// the like are for a proxy on the way, and names such as `Proxy-Client-IP`
+/// are trusted by some upstreams, so a client must not set them.
+const HOP_BY_HOP: [&str; 6] = ["connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"];
 
 /// How the request body goes to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +35,8 @@ pub enum RequestBody {
 }
 
 fn is_hop_by_hop(name: &[u8]) -> bool {
-    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
+    (name.len() > 6 && name[..6].eq_ignore_ascii_case(b"proxy-"))
+        || HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
 /// `X-Nthpool-*`: this server's own fields, never passed between client and upstream.
@@ -109,8 +103,11 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
             || connection.lists(name, fields())
     };
     let mut spelled = [0u8; DASHED_MAX];
+    // `Content-Length: 0` has no body to frame, and goes up as sent.
+    let mut client_length = false;
     for h in head.headers {
         let name = h.name;
+        client_length |= name.eq_ignore_ascii_case(b"content-length");
         if dropped(name) || dashed(name, &mut spelled).is_some_and(dropped) {
             continue;
         }
@@ -124,6 +121,7 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
         push_field(out, name.as_bytes(), value.expose().as_bytes());
     }
     match body {
+        RequestBody::None if client_length => out.extend_from_slice(b"Content-Length: 0\r\n"),
         RequestBody::None => {}
         RequestBody::Length(n) => {
             out.extend_from_slice(b"Content-Length: ");

@@ -782,10 +782,30 @@ fn the_request_cap_before_any_response_head_is_answered_and_logged_as_such() {
     assert_eq!((r.status, r.error_code().as_str()), (504, "request_capped"), "{r:?}");
     assert_eq!(r.header("connection"), Some("close"), "{r:?}");
     assert!(is_closed(&mut s));
+    // The cap comes while the client is still sending its body, a byte
+    // every 100 ms (never idle for the upstream's timeoutMs): the cap is
+    // what ran out, not the client's body.
+    let mut s = server.connect();
+    let head =
+        format!("POST /uploading HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 20\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    std::thread::spawn(move || {
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(100));
+            if writer.write_all(b"x").is_err() {
+                return;
+            }
+        }
+    });
+    let r = read_any(&mut s).expect("an answer, not an EOF");
+    assert_eq!((r.status, r.error_code().as_str()), (504, "request_capped"), "{r:?}");
     server.signal("TERM");
     let lines = final_access_log(&mut server);
-    let line = lines.iter().find(|l| l["path"] == "/capped").unwrap_or_else(|| panic!("{lines:?}"));
-    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(504), Some("request_capped")), "{line}");
+    for path in ["/capped", "/uploading"] {
+        let line = lines.iter().find(|l| l["path"] == path).unwrap_or_else(|| panic!("{lines:?}"));
+        assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(504), Some("request_capped")), "{line}");
+    }
 }
 
 #[test]

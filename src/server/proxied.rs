@@ -446,14 +446,16 @@ impl Server {
         let Some(ex) = client_mut(&mut self.conns, id).and_then(|c| c.exchange) else {
             return;
         };
+        // The request cap, when it is what ran out, is named as such, also
+        // while the body is still coming: the client kept sending.
+        let capped = self.now.ms >= self.proxy.exchanges[ex].request_deadline;
         if let Some(why) = self.proxy.handshake_expired(ex, self.now.ms) {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
-        } else if self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
+        } else if !capped && self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
             self.end_exchange(id, End::Answered(ApiError::BodyTimeout));
         } else if self.proxy.exchanges[ex].phase != Phase::Relaying {
             // No response head yet (nor, its name still being looked up, an
             // upstream connection): the client is told which limit ran out.
-            let capped = self.now.ms >= self.proxy.exchanges[ex].request_deadline;
             let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout };
             self.end_exchange(id, End::Answered(err));
         } else {

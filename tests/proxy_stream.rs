@@ -247,6 +247,11 @@ fn expect_continue_interim_answers_and_upgrades() {
     let r = exchange(&server, &proxied("GET", "/ws", "Connection: Upgrade\r\nUpgrade: websocket\r\n", ""));
     assert_eq!((r.status, r.error_code().as_str()), (501, "not_implemented"), "{r:?}");
     assert_eq!(up.seen().len(), before);
+    // So is TRACE, which an upstream answers by echoing what it got,
+    // managed credentials included.
+    let r = exchange(&server, &proxied("TRACE", "/echo", "", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (501, "not_implemented"), "{r:?}");
+    assert_eq!(up.seen().len(), before);
     // An expectation other than 100-continue is refused, never forwarded.
     let r = exchange(&server, &proxied("GET", "/v1/models", "Expect: 200-ok\r\n", ""));
     assert_eq!((r.status, r.error_code().as_str()), (417, "expectation_failed"), "{r:?}");

@@ -139,6 +139,11 @@ impl App {
         if head.header("upgrade").is_some() {
             return Err(ApiError::NotImplemented("Protocol upgrades are not relayed by the proxy."));
         }
+        // An upstream answering TRACE echoes the request it got, `setHeaders`
+        // credentials included (RFC 9110 §9.3.8): it is not relayed.
+        if head.method_name.eq_ignore_ascii_case("TRACE") {
+            return Err(ApiError::NotImplemented("TRACE is not relayed by the proxy."));
+        }
         if matches!(head.framing, BodyFraming::Length(n) if n > max_bytes) {
             return Err(ApiError::PayloadTooLarge);
         }

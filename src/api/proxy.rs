@@ -242,7 +242,7 @@ impl App {
             reason: line.deny_reason,
             wait_ms: attempt.wait_ms,
             queued_ms: line.queued_ms,
-            server_us: attempt.started.elapsed().as_micros() as u64,
+            server_us: crate::time::micros(attempt.started.elapsed()),
             slot_ref: line.slot_ref,
         };
         let record = super::record_of(&self.gov.pool(attempt.pool).name, attempt.client, &attempt_line);

@@ -602,12 +602,12 @@ impl Server {
             End::Stopped => (upstream_status.unwrap_or(0), Some("shutdown_cut")),
             End::Capped => (upstream_status.unwrap_or(0), Some("request_capped")),
         };
-        let upstream_ms = e.sent_at.map(|t| t.elapsed().as_millis() as u64);
+        let upstream_ms = e.sent_at.map(|t| crate::time::millis(t.elapsed()));
         self.proxy.stats.count(e.pool.0 as usize, upstream_status, upstream_ms, e.bytes_up, e.bytes_down);
         // Never granted: it was queued all along.
         let queued_ms = match e.slot {
             Some(_) => e.queued_ms,
-            None => e.attempt.started.elapsed().as_millis() as u64,
+            None => crate::time::millis(e.attempt.started.elapsed()),
         };
         let (method, path) = e.method_and_path();
         let line = ProxiedLine {

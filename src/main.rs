@@ -93,6 +93,9 @@ fn main() -> ExitCode {
     };
     let listen = args.listen.unwrap_or_else(|| config.listen_addr());
     let embedded = args.config.is_none();
+    // With the access log on standard output, that stream holds JSON lines
+    // only (a log shipper parses each): the banner goes to standard error.
+    let banner_to_stderr = config.access_log.as_deref() == Some("-");
     let result = server::serve(&config, listen, args.config.clone(), |addr, admin| {
         // Not `println!`: standard output may be the access log's, written
         // without blocking, and a full pipe must not end the server.
@@ -108,7 +111,11 @@ fn main() -> ExitCode {
             banner +=
                 &format!("try: curl -sS -X POST http://{addr}/pools/{name}/lock/acquire -H 'X-Nthpool-Key: {key}'\n");
         }
-        let _ = std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes());
+        let _ = if banner_to_stderr {
+            std::io::Write::write_all(&mut std::io::stderr(), banner.as_bytes())
+        } else {
+            std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes())
+        };
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -673,6 +673,49 @@ fn wait_for_exit(s: &mut TestServer, within: Duration) -> std::process::ExitStat
 }
 
 #[test]
+fn with_the_log_on_standard_output_that_stream_holds_json_lines_only() {
+    // A log shipper parses every line of standard output; the start-up
+    // lines go to standard error.
+    let (port, dir) = (free_port(), scratch_dir());
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"listen":"127.0.0.1:{port}","adminListen":"127.0.0.1:0","accessLog":"-","pools":{{"p":{{"keys":["{KEY}"]}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        .arg("--config")
+        .arg(&config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut c = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "the server did not listen: {e}"),
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();
+    assert_eq!(read_response(&mut c).unwrap().status, 200);
+    let ok = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+    assert!(ok.success());
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(stderr.contains("nthpool listening on http://"), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(line["status"], 200, "{line}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_reader_of_standard_output_that_stalls_never_stalls_the_server() {
     // SPEC §9: writing the access log never blocks the event loop. Here its
     // lines go to a pipe nobody reads, which fills after 64 KiB; answers,

@@ -1062,24 +1062,34 @@ fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
     }
 }
 
-#[test]
-fn a_named_pipe_whose_reader_left_never_blocks_a_sighup_or_a_stop() {
-    // SPEC §9: writing the access log never blocks the event loop. A log
-    // shipper reading a named pipe may go away; the SIGHUP of a log rotation
-    // must then not wait for it to come back (opening a pipe for writing
-    // waits for a reader), and the lines wait in the pipe for the next one.
+/// A scratch directory holding a named pipe, `access.fifo`, and a
+/// configuration that logs to it: (directory, pipe, configuration file).
+/// `None`, with a note, where `mkfifo` is not available.
+fn fifo_log_setup() -> Option<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)> {
     let dir = scratch_dir();
     let fifo = dir.join("access.fifo");
     match std::process::Command::new("mkfifo").arg(&fifo).status() {
         Ok(status) if status.success() => {}
         other => {
             eprintln!("skipped: `mkfifo` is not available here ({other:?})");
-            return;
+            return None;
         }
     }
     let config_path = dir.join("config.json");
     let config = config("", "").replacen(r#""accessLog":null"#, r#""accessLog":"access.fifo""#, 1);
     std::fs::write(&config_path, config).unwrap();
+    Some((dir, fifo, config_path))
+}
+
+#[test]
+fn a_named_pipe_whose_reader_left_never_blocks_a_sighup_or_a_stop() {
+    // SPEC §9: writing the access log never blocks the event loop. A log
+    // shipper reading a named pipe may go away; the SIGHUP of a log rotation
+    // must then not wait for it to come back (opening a pipe for writing
+    // waits for a reader), and the lines wait in the pipe for the next one.
+    let Some((dir, fifo, config_path)) = fifo_log_setup() else {
+        return;
+    };
     // Reads the pipe until it has a line, then closes it (the reader leaves).
     let read_a_line = |fifo: std::path::PathBuf| {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -1113,18 +1123,9 @@ fn a_pipe_reader_that_fell_behind_gets_the_backlog_without_traffic_and_at_the_st
     // 200 ms with no traffic to push it, and a stop waits (up to 0.95 s
     // from its signal) for a reader to take what is buffered.
     const LINES: usize = 2500;
-    let dir = scratch_dir();
-    let fifo = dir.join("access.fifo");
-    match std::process::Command::new("mkfifo").arg(&fifo).status() {
-        Ok(status) if status.success() => {}
-        other => {
-            eprintln!("skipped: `mkfifo` is not available here ({other:?})");
-            return;
-        }
-    }
-    let config_path = dir.join("config.json");
-    let config = config("", "").replacen(r#""accessLog":null"#, r#""accessLog":"access.fifo""#, 1);
-    std::fs::write(&config_path, config).unwrap();
+    let Some((dir, fifo, config_path)) = fifo_log_setup() else {
+        return;
+    };
     let mut s = TestServer::start_with(dir, config_path, &[]);
     let mut c = s.connect();
     for _ in 0..LINES {

@@ -9,13 +9,11 @@
 //! renders it.
 
 use super::conn::{self, PendingBody};
-use super::pipeline::{adapt_answer, after_answers, end_if_incomplete_forever, take_body, Answer, Body};
+use super::pipeline::{adapt_answer, after_answers, head_cannot_be_complete, head_incomplete, take_body, Answer, Body};
 use super::{client_mut, Server};
 use crate::api::{ApiError, App, ConnId, Handled};
 use crate::dashboard;
-use crate::http::request::{
-    head_may_be_complete, header_storage, parse_head, serve_as_http11, Head, HeadError, Method,
-};
+use crate::http::request::{header_storage, parse_head, serve_as_http11, Head, HeadError, Method};
 use crate::http::response::{error_body, Status, CONTINUE};
 pub use crate::metrics::ServerStats;
 use crate::time::Ms;
@@ -38,11 +36,9 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            // As on the lock listener: after a partial parse, only new bytes
-            // that could end the head (or break it) trigger another.
-            if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
-                conn.head_scanned = data.len();
-                end_if_incomplete_forever(conn);
+            if head_cannot_be_complete(conn, data) {
+                let scanned = data.len();
+                head_incomplete(conn, scanned);
                 break;
             }
             let input_full = conn.input_full();
@@ -50,8 +46,8 @@ impl Server {
             let head = match parse_head(data, &mut storage) {
                 Ok(Some(head)) => head,
                 Ok(None) => {
-                    conn.head_scanned = data.len();
-                    end_if_incomplete_forever(conn);
+                    let scanned = data.len();
+                    head_incomplete(conn, scanned);
                     break;
                 }
                 Err(HeadError::NewerMinorVersion) => {

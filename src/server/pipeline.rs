@@ -43,11 +43,9 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            // A head usually arrives whole and is parsed at once; after a partial
-            // parse, only new bytes that could end it (or break it) trigger another.
-            if conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned) {
-                conn.head_scanned = data.len();
-                end_if_incomplete_forever(conn);
+            if head_cannot_be_complete(conn, data) {
+                let scanned = data.len();
+                head_incomplete(conn, scanned);
                 break;
             }
             let input_full = conn.input_full();
@@ -58,8 +56,8 @@ impl Server {
             let head = match &parsed {
                 Ok(Some(head)) => head,
                 Ok(None) => {
-                    conn.head_scanned = data.len();
-                    end_if_incomplete_forever(conn);
+                    let scanned = data.len();
+                    head_incomplete(conn, scanned);
                     break;
                 }
                 Err(HeadError::NewerMinorVersion) => {
@@ -196,11 +194,21 @@ pub(super) fn after_answers(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &T
     arm_conn_timer(app, timeouts, conn, id);
 }
 
-/// The request at the front of the input is incomplete: when the client
-/// has sent all it will (its FIN was read), it never will be, and the
-/// connection closes once what was answered before it is written.
+/// Whether the head at the front of the input (`data`) cannot be complete
+/// yet: a head usually arrives whole and is parsed at once; after a partial
+/// parse, only new bytes that could end it (or break it) trigger another.
 #[inline]
-pub(super) fn end_if_incomplete_forever(conn: &mut Conn) {
+pub(super) fn head_cannot_be_complete(conn: &Conn, data: &[u8]) -> bool {
+    conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned)
+}
+
+/// The head at the front of the input is incomplete, its first `scanned`
+/// bytes looked at. When the client has sent all it will (its FIN was
+/// read), it never will be, and the connection closes once what was
+/// answered before it is written.
+#[inline]
+pub(super) fn head_incomplete(conn: &mut Conn, scanned: usize) {
+    conn.head_scanned = scanned;
     if conn.read_closed {
         conn.close_after_flush();
     }

@@ -672,6 +672,21 @@ fn wait_for_exit(s: &mut TestServer, within: Duration) -> std::process::ExitStat
     }
 }
 
+/// A connection to a server started by hand on `port`, once it listens
+/// (within 10 s), with a 10 s read timeout.
+fn connect_when_listening(port: u16) -> std::net::TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(c) => break c,
+            Err(e) => assert!(Instant::now() < deadline, "the server did not listen: {e}"),
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c
+}
+
 #[test]
 fn with_the_log_on_standard_output_that_stream_holds_json_lines_only() {
     // A log shipper parses every line of standard output; the start-up
@@ -692,15 +707,7 @@ fn with_the_log_on_standard_output_that_stream_holds_json_lines_only() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut c = loop {
-        match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(c) => break c,
-            Err(e) => assert!(Instant::now() < deadline, "the server did not listen: {e}"),
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut c = connect_when_listening(port);
     c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();
     assert_eq!(read_response(&mut c).unwrap().status, 200);
     let ok = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
@@ -751,15 +758,7 @@ fn a_reader_of_standard_output_that_stalls_never_stalls_the_server() {
     let child = &mut server.0;
     // Held open and never read.
     let _unread = child.stdout.take();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut c = loop {
-        match std::net::TcpStream::connect(("127.0.0.1", port)) {
-            Ok(c) => break c,
-            Err(e) => assert!(Instant::now() < deadline, "the server did not listen: {e}"),
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut c = connect_when_listening(port);
     // About 200 bytes of log each: ten times what the pipe holds.
     for i in 0..3_000 {
         c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();

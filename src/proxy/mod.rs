@@ -707,151 +707,10 @@ impl Proxy {
             return Step::Pending;
         };
         let up = &mut self.ups[idx];
-        if !up.connected {
-            match connect_result(&mut up.transport) {
-                Ok(true) => up.connected = true,
-                Ok(false) => return Step::Pending,
-                Err(err) => {
-                    self.stats.connect_error(up.pool.0 as usize);
-                    up.dial.failed(up.addr, err);
-                    if up.dial.has_next() {
-                        return Step::Retry;
-                    }
-                    return Step::BadGateway("connect failed");
-                }
-            }
-        }
-        loop {
-            // The request: the client's body onto the upstream's output, then out.
-            if !e.request.is_done() && up.unsent() < UP_OUTPUT_HIGH {
-                let input = &client.input[client.consumed..];
-                let room = (UP_OUTPUT_HIGH - up.unsent()).min(input.len());
-                let before = up.output.len();
-                match e.request.pump(&input[..room], &mut up.output) {
-                    Ok(n) => client.consumed += n,
-                    Err(err) => return Step::BadBody(err),
-                }
-                e.bytes_up += (up.output.len() - before) as u64;
-            }
-            let written_before = up.written;
-            if !up.handshake_noted && up.transport.handshake_deadline().is_none() {
-                // The TLS handshake is over (or there was none): counted once.
-                up.handshake_noted = true;
-                self.stats.tls_resumed += u64::from(up.transport.resumed());
-            }
-            if let Err(err) = flush(up) {
-                if up.may_retry() {
-                    debug!("reused upstream connection failed before the request: {err}");
-                    return Step::Retry;
-                }
-                if let Some(tls) = TlsError::of(&err) {
-                    return self.tls_failed(ex, tls.clone());
-                }
-                return self.upstream_failed(ex, "write failed");
-            }
-            let wrote = up.written > written_before;
-            if wrote && e.sent_at.is_none() {
-                // `upstreamMs` runs from the first byte sent: none when nothing was.
-                e.sent_at = Some(Instant::now());
-            }
-            // The response: what arrived goes to the client.
-            let mut progressed = false;
-            if e.phase == Phase::Sending && !up.input.is_empty() {
-                match head::take_response(up.input.data(), e.client_side, &e.signals, now_epoch_ms, client.output) {
-                    Ok(None) => {}
-                    Ok(Some((rh, to_client))) => {
-                        up.input.consume(rh.len);
-                        progressed = true;
-                        if rh.status >= 200 {
-                            let chunked_out = to_client == ClientBody::Chunked;
-                            let framing = match rh.body {
-                                ResponseBody::None => Framing::Length(0),
-                                ResponseBody::Length(n) => Framing::Length(n),
-                                ResponseBody::Chunked => {
-                                    Framing::Chunked(crate::http::chunked::ChunkedDecoder::new(usize::MAX))
-                                }
-                                ResponseBody::Close => Framing::Close,
-                            };
-                            e.response = Some(Relay::new(framing, chunked_out));
-                            e.close_client |= to_client == ClientBody::Close || !e.client_side.keep_alive;
-                            e.response_head = Some(rh);
-                            e.phase = Phase::Relaying;
-                            e.deadline = e.request_deadline;
-                        }
-                    }
-                    Err(head::ResponseError::Invalid(why)) => return self.upstream_failed(ex, why),
-                }
-            }
-            if e.phase == Phase::Relaying && !up.input.is_empty() && client.has_room() {
-                let relay = e.response.as_mut().expect("relaying has a relay");
-                let before = client.output.len();
-                match relay.pump(up.input.data(), client.output) {
-                    Ok(n) => {
-                        up.input.consume(n);
-                        progressed |= n > 0;
-                    }
-                    Err(_) => return self.upstream_failed(ex, "bad chunked framing from the upstream"),
-                }
-                e.bytes_down += (client.output.len() - before) as u64;
-            }
-            if e.phase == Phase::Relaying && e.response.as_ref().is_some_and(Relay::is_done) {
-                let rh = e.response_head.expect("relaying has a head");
-                let reusable = rh.keep_alive && e.request.is_done() && !up.eof;
-                if !e.request.is_done() {
-                    // The upstream answered before taking the whole body: the
-                    // rest of it cannot be told from a next request.
-                    e.close_client = true;
-                }
-                let close_client = e.close_client;
-                if !reusable {
-                    up.eof = true;
-                }
-                return Step::Complete { close_client };
-            }
-            if up.eof {
-                if e.phase == Phase::Relaying {
-                    let relay = e.response.as_mut().expect("relaying has a relay");
-                    let before = client.output.len();
-                    if up.unclean_eof && relay.close_delimited() {
-                        return Step::Broken(
-                            "the upstream reset the connection, or ended TLS without close_notify, inside a close-delimited body",
-                        );
-                    }
-                    if relay.end_of_input(client.output) {
-                        e.bytes_down += (client.output.len() - before) as u64;
-                        continue;
-                    }
-                    return Step::Broken("the upstream closed mid-response");
-                }
-                return self.upstream_failed(ex, "the upstream closed before answering");
-            }
-            // Read more only while the client keeps up.
-            if !client.has_room() || up.input.is_full() {
-                return Step::Pending;
-            }
-            match up.read_input() {
-                Ok(0) => up.eof = true,
-                Ok(n) => up.input.commit(n),
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {
-                    // More of the body may fit now that some was written.
-                    let more_body = wrote && !e.request.is_done();
-                    if !more_body && !progressed {
-                        return Step::Pending;
-                    }
-                }
-                Err(_) if up.may_retry() => return Step::Retry,
-                Err(err) if TlsError::of(&err).is_some() => {
-                    let tls = TlsError::of(&err).expect("checked").clone();
-                    return self.tls_failed(ex, tls);
-                }
-                Err(err) => {
-                    // A reset, or TLS ended without `close_notify`: not the
-                    // clean close that ends a close-delimited body.
-                    debug!("reading from the upstream failed: {err}");
-                    up.eof = true;
-                    up.unclean_eof = true;
-                }
-            }
+        match relay(e, up, &mut self.stats, client, now_epoch_ms) {
+            Ok(step) | Err(Halt::Now(step)) => step,
+            Err(Halt::Tls(err)) => self.tls_failed(ex, err),
+            Err(Halt::Upstream(why)) => self.upstream_failed(ex, why),
         }
     }
 
@@ -889,6 +748,215 @@ impl Proxy {
             (Some(rh), None) => Some(Outcome { status: Some(rh.status), throttled: 0, rate: rh.rate }),
             (None, None) => None,
         }
+    }
+}
+
+/// Why a pump stops before its sockets would block.
+enum Halt {
+    /// This is the pump's step.
+    Now(Step),
+    /// The TLS session with the upstream failed (`Proxy::tls_failed`).
+    Tls(TlsError),
+    /// The upstream failed (`Proxy::upstream_failed`), for this reason.
+    Upstream(&'static str),
+}
+
+/// The pump's loop: request bytes up, response bytes down, until a side
+/// must wait or the exchange ends.
+fn relay(
+    e: &mut Exchange,
+    up: &mut UpConn,
+    stats: &mut ProxyStats,
+    client: &mut ClientIo,
+    now_epoch_ms: u64,
+) -> Result<Step, Halt> {
+    up.finish_connect(stats)?;
+    loop {
+        let wrote = e.send(up, stats, client)?;
+        let mut progressed = e.take_head(up, client, now_epoch_ms)?;
+        progressed |= e.relay_body(up, client)?;
+        if let Some(step) = e.completed(up) {
+            return Ok(step);
+        }
+        if up.eof {
+            e.end_of_input(up, client)?;
+            continue;
+        }
+        // Read more only while the client keeps up.
+        if !client.has_room() || up.input.is_full() {
+            return Ok(Step::Pending);
+        }
+        // More of the body may fit now that some was written.
+        let more_body = wrote && !e.request.is_done();
+        if !up.fill()? && !more_body && !progressed {
+            return Ok(Step::Pending);
+        }
+    }
+}
+
+impl UpConn {
+    /// Completes the TCP connect; a failed one goes on to the next address.
+    fn finish_connect(&mut self, stats: &mut ProxyStats) -> Result<(), Halt> {
+        if self.connected {
+            return Ok(());
+        }
+        match connect_result(&mut self.transport) {
+            Ok(true) => {
+                self.connected = true;
+                Ok(())
+            }
+            Ok(false) => Err(Halt::Now(Step::Pending)),
+            Err(err) => {
+                stats.connect_error(self.pool.0 as usize);
+                self.dial.failed(self.addr, err);
+                Err(Halt::Now(if self.dial.has_next() { Step::Retry } else { Step::BadGateway("connect failed") }))
+            }
+        }
+    }
+
+    /// One read of what the upstream sent; `false` when nothing was there.
+    fn fill(&mut self) -> Result<bool, Halt> {
+        match self.read_input() {
+            Ok(0) => self.eof = true,
+            Ok(n) => self.input.commit(n),
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {
+                return Ok(false)
+            }
+            Err(_) if self.may_retry() => return Err(Halt::Now(Step::Retry)),
+            Err(err) => {
+                if let Some(tls) = TlsError::of(&err) {
+                    return Err(Halt::Tls(tls.clone()));
+                }
+                // A reset, or TLS ended without `close_notify`: not the
+                // clean close that ends a close-delimited body.
+                debug!("reading from the upstream failed: {err}");
+                self.eof = true;
+                self.unclean_eof = true;
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl Exchange {
+    /// The client's body onto the upstream's output, then out; `true` when
+    /// bytes reached the upstream.
+    fn send(&mut self, up: &mut UpConn, stats: &mut ProxyStats, client: &mut ClientIo) -> Result<bool, Halt> {
+        if !self.request.is_done() && up.unsent() < UP_OUTPUT_HIGH {
+            let input = &client.input[client.consumed..];
+            let room = (UP_OUTPUT_HIGH - up.unsent()).min(input.len());
+            let before = up.output.len();
+            match self.request.pump(&input[..room], &mut up.output) {
+                Ok(n) => client.consumed += n,
+                Err(err) => return Err(Halt::Now(Step::BadBody(err))),
+            }
+            self.bytes_up += (up.output.len() - before) as u64;
+        }
+        let written_before = up.written;
+        if !up.handshake_noted && up.transport.handshake_deadline().is_none() {
+            // The TLS handshake is over (or there was none): counted once.
+            up.handshake_noted = true;
+            stats.tls_resumed += u64::from(up.transport.resumed());
+        }
+        if let Err(err) = flush(up) {
+            if up.may_retry() {
+                debug!("reused upstream connection failed before the request: {err}");
+                return Err(Halt::Now(Step::Retry));
+            }
+            if let Some(tls) = TlsError::of(&err) {
+                return Err(Halt::Tls(tls.clone()));
+            }
+            return Err(Halt::Upstream("write failed"));
+        }
+        let wrote = up.written > written_before;
+        if wrote && self.sent_at.is_none() {
+            // `upstreamMs` runs from the first byte sent: none when nothing was.
+            self.sent_at = Some(Instant::now());
+        }
+        Ok(wrote)
+    }
+
+    /// Takes the response head once all of it has arrived, its client
+    /// version going out; `true` when a head (interim or final) was taken.
+    fn take_head(&mut self, up: &mut UpConn, client: &mut ClientIo, now_epoch_ms: u64) -> Result<bool, Halt> {
+        if self.phase != Phase::Sending || up.input.is_empty() {
+            return Ok(false);
+        }
+        let taken = head::take_response(up.input.data(), self.client_side, &self.signals, now_epoch_ms, client.output);
+        let (rh, to_client) = match taken {
+            Ok(None) => return Ok(false),
+            Ok(Some(taken)) => taken,
+            Err(head::ResponseError::Invalid(why)) => return Err(Halt::Upstream(why)),
+        };
+        up.input.consume(rh.len);
+        if rh.status >= 200 {
+            let framing = match rh.body {
+                ResponseBody::None => Framing::Length(0),
+                ResponseBody::Length(n) => Framing::Length(n),
+                ResponseBody::Chunked => Framing::Chunked(crate::http::chunked::ChunkedDecoder::new(usize::MAX)),
+                ResponseBody::Close => Framing::Close,
+            };
+            self.response = Some(Relay::new(framing, to_client == ClientBody::Chunked));
+            self.close_client |= to_client == ClientBody::Close || !self.client_side.keep_alive;
+            self.response_head = Some(rh);
+            self.phase = Phase::Relaying;
+            self.deadline = self.request_deadline;
+        }
+        Ok(true)
+    }
+
+    /// What arrived of the response body, to the client while it has room;
+    /// `true` when any was taken.
+    fn relay_body(&mut self, up: &mut UpConn, client: &mut ClientIo) -> Result<bool, Halt> {
+        if self.phase != Phase::Relaying || up.input.is_empty() || !client.has_room() {
+            return Ok(false);
+        }
+        let relay = self.response.as_mut().expect("relaying has a relay");
+        let before = client.output.len();
+        let n = relay
+            .pump(up.input.data(), client.output)
+            .map_err(|_| Halt::Upstream("bad chunked framing from the upstream"))?;
+        up.input.consume(n);
+        self.bytes_down += (client.output.len() - before) as u64;
+        Ok(n > 0)
+    }
+
+    /// `Complete` once the response is relayed whole, the connection
+    /// marked for closing unless it can carry the pool's next request.
+    fn completed(&mut self, up: &mut UpConn) -> Option<Step> {
+        if self.phase != Phase::Relaying || !self.response.as_ref().is_some_and(Relay::is_done) {
+            return None;
+        }
+        let rh = self.response_head.expect("relaying has a head");
+        if !self.request.is_done() {
+            // The upstream answered before taking the whole body: the
+            // rest of it cannot be told from a next request.
+            self.close_client = true;
+        }
+        if !(rh.keep_alive && self.request.is_done() && !up.eof) {
+            up.eof = true;
+        }
+        Some(Step::Complete { close_client: self.close_client })
+    }
+
+    /// The upstream's input has ended: the end of a close-delimited body
+    /// (`Ok`, the response is then complete), or a failure.
+    fn end_of_input(&mut self, up: &UpConn, client: &mut ClientIo) -> Result<(), Halt> {
+        if self.phase != Phase::Relaying {
+            return Err(Halt::Upstream("the upstream closed before answering"));
+        }
+        let relay = self.response.as_mut().expect("relaying has a relay");
+        if up.unclean_eof && relay.close_delimited() {
+            return Err(Halt::Now(Step::Broken(
+                "the upstream reset the connection, or ended TLS without close_notify, inside a close-delimited body",
+            )));
+        }
+        let before = client.output.len();
+        if !relay.end_of_input(client.output) {
+            return Err(Halt::Now(Step::Broken("the upstream closed mid-response")));
+        }
+        self.bytes_down += (client.output.len() - before) as u64;
+        Ok(())
     }
 }
 

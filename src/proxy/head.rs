@@ -262,31 +262,8 @@ pub fn take_response(
         Err(_) => return Err(ResponseError::Invalid("malformed response head")),
     };
     let status = resp.code.unwrap_or(0);
-    let http11 = resp.version == Some(1);
     let headers: &[httparse::Header] = resp.headers;
-    let (mut chunked, mut other_coding, mut length, mut close, mut keep) = (false, false, None, false, false);
-    for h in headers {
-        if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            for coding in h.value.split(|&b| b == b',').map(trim).filter(|c| !c.is_empty()) {
-                // Only a final `chunked` frames the body; anything after it does not.
-                chunked = coding.eq_ignore_ascii_case(b"chunked");
-                other_coding |= !chunked;
-            }
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            // The rules a request's length is read by: a leading zero the
-            // client might read otherwise is refused, not relayed.
-            let n = parse_content_length(h.value).map_err(|_| ResponseError::Invalid("bad Content-Length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(ResponseError::Invalid("two different Content-Lengths"));
-            }
-            length = Some(n);
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            for token in h.value.split(|&b| b == b',').map(trim) {
-                close |= token.eq_ignore_ascii_case(b"close");
-                keep |= token.eq_ignore_ascii_case(b"keep-alive");
-            }
-        }
-    }
+    let framing = FramingFields::read(headers)?;
     if !(100..=599).contains(&status) {
         return Err(ResponseError::Invalid("status out of range"));
     }
@@ -294,27 +271,11 @@ pub fn take_response(
         return Err(ResponseError::Invalid("the upstream switched protocols, which is not relayed"));
     }
     let interim = status < 200;
-    let body = if interim || client.head_request || status == 204 || status == 304 {
-        ResponseBody::None
-    } else if chunked {
-        // Framed by the final `chunked`; codings before it (`gzip, chunked`)
-        // are the client's to undo, and are named to it as they came.
-        ResponseBody::Chunked
-    } else if other_coding {
-        // A transfer coding this proxy cannot frame by: relayed to the close.
-        ResponseBody::Close
-    } else {
-        match length {
-            Some(n) => ResponseBody::Length(n),
-            None => ResponseBody::Close,
-        }
-    };
-    if other_coding && body != ResponseBody::None && !(chunked && client.http11) {
+    let body = framing.body(status, client.head_request);
+    if framing.other_coding && body != ResponseBody::None && !(framing.chunked && client.http11) {
         // Unframed, or for an HTTP/1.0 client, which takes no transfer coding.
         return Err(ResponseError::Invalid("a transfer coding other than chunked"));
     }
-    // `gzip, chunked` to an HTTP/1.1 client: its `Transfer-Encoding` passes as it came.
-    let codings_pass = other_coding && body == ResponseBody::Chunked;
     let to_client = match body {
         ResponseBody::None => ClientBody::None,
         ResponseBody::Length(n) => ClientBody::Length(n),
@@ -326,6 +287,94 @@ pub fn take_response(
         let head = ResponseHead { status, len, body, keep_alive: true, rate: RateInfo::default() };
         return Ok(Some((head, to_client)));
     }
+    // `gzip, chunked` to an HTTP/1.1 client: its `Transfer-Encoding` passes as it came.
+    let codings_pass = framing.other_coding && body == ResponseBody::Chunked;
+    write_client_head(out, &resp, ToClient { body: to_client, codings_pass, side: client }, extra);
+    let rate = if interim {
+        RateInfo::default()
+    } else {
+        let fields = headers.iter().filter_map(|h| Some((h.name, std::str::from_utf8(h.value).ok()?)));
+        ratelimit::parse_headers(fields, now_epoch_ms)
+    };
+    let keep_alive = !framing.close && (resp.version == Some(1) || framing.keep);
+    Ok(Some((ResponseHead { status, len, body, keep_alive, rate }, to_client)))
+}
+
+/// What a response head's framing and connection fields say.
+#[derive(Default)]
+struct FramingFields {
+    /// The last transfer coding is `chunked`.
+    chunked: bool,
+    /// A transfer coding other than `chunked` is named.
+    other_coding: bool,
+    length: Option<u64>,
+    /// `Connection: close`, and `keep-alive` (which an HTTP/1.0 upstream needs).
+    close: bool,
+    keep: bool,
+}
+
+impl FramingFields {
+    fn read(headers: &[httparse::Header]) -> Result<FramingFields, ResponseError> {
+        let mut f = FramingFields::default();
+        for h in headers {
+            if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                for coding in h.value.split(|&b| b == b',').map(trim).filter(|c| !c.is_empty()) {
+                    // Only a final `chunked` frames the body; anything after it does not.
+                    f.chunked = coding.eq_ignore_ascii_case(b"chunked");
+                    f.other_coding |= !f.chunked;
+                }
+            } else if h.name.eq_ignore_ascii_case("content-length") {
+                // The rules a request's length is read by: a leading zero the
+                // client might read otherwise is refused, not relayed.
+                let n = parse_content_length(h.value).map_err(|_| ResponseError::Invalid("bad Content-Length"))?;
+                if f.length.is_some_and(|l| l != n) {
+                    return Err(ResponseError::Invalid("two different Content-Lengths"));
+                }
+                f.length = Some(n);
+            } else if h.name.eq_ignore_ascii_case("connection") {
+                for token in h.value.split(|&b| b == b',').map(trim) {
+                    f.close |= token.eq_ignore_ascii_case(b"close");
+                    f.keep |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+        }
+        Ok(f)
+    }
+
+    /// How the body of a `status` answer arrives (RFC 9112 §6.3).
+    fn body(&self, status: u16, head_request: bool) -> ResponseBody {
+        if status < 200 || head_request || status == 204 || status == 304 {
+            ResponseBody::None
+        } else if self.chunked {
+            // Framed by the final `chunked`; codings before it (`gzip, chunked`)
+            // are the client's to undo, and are named to it as they came.
+            ResponseBody::Chunked
+        } else if self.other_coding {
+            // A transfer coding this proxy cannot frame by: relayed to the close.
+            ResponseBody::Close
+        } else {
+            match self.length {
+                Some(n) => ResponseBody::Length(n),
+                None => ResponseBody::Close,
+            }
+        }
+    }
+}
+
+/// How the client is sent the body.
+struct ToClient {
+    body: ClientBody,
+    /// The upstream's `Transfer-Encoding` is relayed as it came.
+    codings_pass: bool,
+    side: ClientSide,
+}
+
+/// The client's head of the upstream's answer `resp`: its status and
+/// fields less the hop-by-hop ones, `Date` when it had none, the framing
+/// chosen for the client and `extra` (the governor headers).
+fn write_client_head(out: &mut Vec<u8>, resp: &httparse::Response, to: ToClient, extra: &[u8]) {
+    let status = resp.code.unwrap_or(0);
+    let interim = status < 200;
     out.extend_from_slice(b"HTTP/1.1 ");
     crate::http::response::push_u64(out, status as u64);
     out.push(b' ');
@@ -333,16 +382,16 @@ pub fn take_response(
     out.extend_from_slice(b"\r\n");
     // A HEAD or 304 answer names the framing a full answer would have; a 1xx
     // or 204 must name none (RFC 9110 §8.6, RFC 9112 §6.1), whatever the upstream sent.
-    let framing_passes = to_client == ClientBody::None && !interim && status != 204;
-    let fields = || headers.iter().map(|h| (h.name.as_bytes(), h.value));
+    let framing_passes = to.body == ClientBody::None && !interim && status != 204;
+    let fields = || resp.headers.iter().map(|h| (h.name.as_bytes(), h.value));
     let connection = ConnectionTokens::of(fields());
     let mut dated = false;
-    for h in headers {
+    for h in resp.headers.iter() {
         dated |= h.name.eq_ignore_ascii_case("date");
         let forwarded = if h.name.eq_ignore_ascii_case("content-length") {
             framing_passes
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            framing_passes || codings_pass
+            framing_passes || to.codings_pass
         } else {
             // The governor headers are this server's own: an upstream's are not relayed.
             !is_hop_by_hop(h.name.as_bytes())
@@ -353,39 +402,29 @@ pub fn take_response(
             push_field(out, h.name.as_bytes(), h.value);
         }
     }
-    let closes = !client.keep_alive || to_client == ClientBody::Close;
     if !interim {
         if !dated {
             // A proxy adds the `Date` an upstream left out (RFC 9110 §6.6.1).
             out.extend_from_slice(&crate::http::response::date_line_now());
         }
-        match to_client {
+        match to.body {
             ClientBody::Length(n) => {
                 out.extend_from_slice(b"Content-Length: ");
                 crate::http::response::push_u64(out, n);
                 out.extend_from_slice(b"\r\n");
             }
-            ClientBody::Chunked if !codings_pass => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
-            ClientBody::Chunked => {}
-            ClientBody::None | ClientBody::Close => {}
+            ClientBody::Chunked if !to.codings_pass => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+            ClientBody::Chunked | ClientBody::None | ClientBody::Close => {}
         }
         out.extend_from_slice(extra);
-        if closes {
+        if !to.side.keep_alive || to.body == ClientBody::Close {
             out.extend_from_slice(b"Connection: close\r\n");
-        } else if !client.http11 {
+        } else if !to.side.http11 {
             // An HTTP/1.0 connection is kept only when the answer says so (RFC 9112 §C.2.2).
             out.extend_from_slice(b"Connection: keep-alive\r\n");
         }
     }
     out.extend_from_slice(b"\r\n");
-    let rate = if interim {
-        RateInfo::default()
-    } else {
-        let fields = headers.iter().filter_map(|h| Some((h.name, std::str::from_utf8(h.value).ok()?)));
-        ratelimit::parse_headers(fields, now_epoch_ms)
-    };
-    let keep_alive = !close && (http11 || keep);
-    Ok(Some((ResponseHead { status, len, body, keep_alive, rate }, to_client)))
 }
 
 #[cfg(test)]

@@ -644,6 +644,20 @@ fn every_forwarded_for_line_counts_however_many() {
 }
 
 #[test]
+fn a_forwarded_entry_that_is_no_address_is_refused_not_read_as_the_proxy() {
+    // The proxy is inside the allowlist, as in the README's example: were
+    // `unknown` read as the proxy's own address, these would be granted.
+    let s = TestServer::start(&config(r#""access":{"ipAllow":["127.0.0.0/8"],"trustedProxies":["127.0.0.1/32"]}"#, ""));
+    for value in ["10.0.0.1, unknown", "garbage", "garbage, 127.0.0.1", "127.0.0.5,,"] {
+        let r = s.acquire(&with_forwarded(value), "");
+        assert_refused(&r, 403, "unauthorized", value);
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains("X-Forwarded-For"), "{value}: the message names the cause: {message}");
+    }
+    assert_eq!(s.acquire(&with_forwarded("127.0.0.5"), "").status, 200, "a forwarded allowed address");
+}
+
+#[test]
 fn without_trusted_proxies_a_forged_forwarded_for_changes_nothing() {
     let s = TestServer::start(&config(r#""access":{"ipAllow":["203.0.113.0/24"]}"#, ""));
     assert_refused(&s.acquire(&with_forwarded("203.0.113.9"), ""), 403, "unauthorized", "forged X-Forwarded-For");

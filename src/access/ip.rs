@@ -15,7 +15,7 @@
 //! - Whitespace, zone ids (`fe80::1%eth0`) and anything else are rejected.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
 /// One CIDR rule, normalised into the IPv6 space.
@@ -153,6 +153,12 @@ impl CidrSet {
     }
 }
 
+/// The client of a request whose trusted proxy named no address for it in
+/// `X-Forwarded-For` (`unknown`, an obfuscated name, garbage): no socket
+/// peer is ever the unspecified address, so it stands for "not known" (logs
+/// show `0.0.0.0`) and `ipAllow` refuses it.
+pub const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+
 /// The address the access policies judge: the socket peer, or, when the peer is
 /// a trusted proxy, the right-most `X-Forwarded-For` entry that is not itself a
 /// trusted proxy.
@@ -162,9 +168,10 @@ impl CidrSet {
 /// trusted hop appended the address it saw, so walking from the right and
 /// stopping at the first untrusted entry yields the last address a trusted party
 /// vouched for; anything further left was written by the client and is ignored.
-/// An unparseable entry (`unknown`, garbage, an empty element) stops the walk and
-/// the last good address is used, since nothing left of it can be trusted. When
-/// every entry is a trusted proxy, the left-most one is the answer.
+/// An unparseable entry (`unknown`, garbage, an empty element) stops the walk:
+/// the client is then `UNKNOWN_CLIENT`, which no `ipAllow` admits (the proxy
+/// that wrote the entry is not the client, and nothing left of it can be
+/// trusted). When every entry is a trusted proxy, the left-most one is the answer.
 ///
 /// The result is canonical: an IPv4-mapped IPv6 address comes back as IPv4, so
 /// logs show `10.0.0.1`, not `::ffff:10.0.0.1`.
@@ -182,7 +189,7 @@ pub fn client_addr<'a>(peer: IpAddr, newest_first: impl Iterator<Item = &'a [u8]
                         return addr;
                     }
                 }
-                None => return addr,
+                None => return UNKNOWN_CLIENT,
             }
         }
     }
@@ -326,14 +333,17 @@ mod tests {
     }
 
     #[test]
-    fn unparseable_entry_stops_at_last_good() {
+    fn an_unparseable_entry_makes_the_client_unknown() {
         let trusted = set(&["10.0.0.0/8"]);
-        let got = client_addr(ip("10.0.0.2"), &[b"1.1.1.1, unknown, 10.0.0.5"], &trusted);
-        assert_eq!(got, ip("10.0.0.5"));
-        let got = client_addr(ip("10.0.0.2"), &[b"1.1.1.1,,"], &trusted);
-        assert_eq!(got, ip("10.0.0.2"));
-        let got = client_addr(ip("10.0.0.2"), &[b"1.1.1.1, \xff"], &trusted);
-        assert_eq!(got, ip("10.0.0.2"));
+        for value in
+            [&b"1.1.1.1, unknown, 10.0.0.5"[..], b"1.1.1.1,,", b"1.1.1.1, \xff", b"garbage", b"garbage, 10.0.0.5"]
+        {
+            assert_eq!(client_addr(ip("10.0.0.2"), &[value], &trusted), UNKNOWN_CLIENT, "{value:?}");
+        }
+        // Left of the first untrusted address nothing is read, parseable or not.
+        assert_eq!(client_addr(ip("10.0.0.2"), &[b"unknown, 1.1.1.1, 10.0.0.5"], &trusted), ip("1.1.1.1"));
+        // An untrusted peer's header is not read at all.
+        assert_eq!(client_addr(ip("1.1.1.1"), &[b"unknown"], &trusted), ip("1.1.1.1"));
     }
 
     #[test]

@@ -61,8 +61,9 @@ pub struct PoolAccess {
 /// Why a policy refused a request; `api` turns it into the answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AccessError {
-    /// The client address is outside the pool's `ipAllow`.
-    Forbidden,
+    /// The client address is outside the pool's `ipAllow`, or a trusted
+    /// proxy's `X-Forwarded-For` entry did not name one; the sentence says which.
+    Forbidden(&'static str),
     /// A signature, token or nonce was refused.
     Denied(Denied),
     /// The nonce store is full of live entries: retry after this many seconds.
@@ -203,8 +204,13 @@ impl PoolAccess {
     pub fn check_head(&self, head: &Head, client: IpAddr, now: EpochMs) -> Result<(), AccessError> {
         let now_epoch_ms = now.0;
         if let Some(allow) = &self.ip_allow {
+            if client == ip::UNKNOWN_CLIENT {
+                return Err(AccessError::Forbidden(
+                    "Your proxy's X-Forwarded-For entry is not an address, so your address cannot be checked.",
+                ));
+            }
             if !allow.contains(client) {
-                return Err(AccessError::Forbidden);
+                return Err(AccessError::Forbidden("Your address is not allowed to use this pool."));
             }
         }
         if let Some(policy) = &self.jwt {

@@ -11,8 +11,9 @@ pub enum ApiError {
     BadRequest(&'static str),
     /// Missing or wrong key, unknown pool, failed signature/token, nonce replay.
     Unauthorized(&'static str),
-    /// The client address is outside the pool's `ipAllow`.
-    Forbidden,
+    /// The client address is outside the pool's `ipAllow`, or cannot be
+    /// told; the sentence says which.
+    Forbidden(&'static str),
     NotFound,
     RouteNotFound,
     MethodNotAllowed,
@@ -48,7 +49,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => Status::BadRequest,
             ApiError::Unauthorized(_) => Status::Unauthorized,
-            ApiError::Forbidden => Status::Forbidden,
+            ApiError::Forbidden(_) => Status::Forbidden,
             ApiError::NotFound | ApiError::RouteNotFound => Status::NotFound,
             ApiError::MethodNotAllowed => Status::MethodNotAllowed,
             ApiError::Capped | ApiError::Superseded => Status::Conflict,
@@ -67,7 +68,7 @@ impl ApiError {
     pub fn code(self) -> &'static str {
         match self {
             ApiError::BadRequest(_) => "bad_request",
-            ApiError::Unauthorized(_) | ApiError::Forbidden => "unauthorized",
+            ApiError::Unauthorized(_) | ApiError::Forbidden(_) => "unauthorized",
             ApiError::NotFound | ApiError::RouteNotFound => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Capped => "capped",
@@ -89,10 +90,10 @@ impl ApiError {
         match self {
             ApiError::BadRequest(why)
             | ApiError::Unauthorized(why)
+            | ApiError::Forbidden(why)
             | ApiError::NotImplemented(why)
             | ApiError::BadGatewayBecause(why)
             | ApiError::Unavailable(why, _) => why,
-            ApiError::Forbidden => "Your address is not allowed to use this pool.",
             ApiError::NotFound => "The slot was already released or reclaimed.",
             ApiError::RouteNotFound => "No such route.",
             ApiError::MethodNotAllowed => "Lock routes accept POST only.",
@@ -170,7 +171,7 @@ impl From<HeadError> for ApiError {
 impl From<AccessError> for ApiError {
     fn from(e: AccessError) -> ApiError {
         match e {
-            AccessError::Forbidden => ApiError::Forbidden,
+            AccessError::Forbidden(why) => ApiError::Forbidden(why),
             AccessError::Denied(d) => ApiError::Unauthorized(d.reason()),
             AccessError::Busy { retry_after_s } => {
                 ApiError::Unavailable("Too many signed requests in flight; retry shortly.", retry_after_s)

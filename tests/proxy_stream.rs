@@ -94,16 +94,24 @@ fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
     s.write_all(&proxied("GET", "/big", "", "")).unwrap();
     let head = read_head(&mut s);
     assert!(String::from_utf8_lossy(&head).contains(&format!("Content-Length: {TOTAL}\r\n")));
-    // Slow: 64 KiB every 20 ms for two seconds (about 6 MB), watching the server.
+    // Slow: 64 KiB a millisecond, far below what the upstream sends, so the
+    // server's output to this client never empties, for 64 MB (or at most
+    // eight seconds), watching the server; memory that grew with each byte
+    // relayed would show here.
     let mut buf = vec![0u8; 64 * 1024];
     let mut received = 0usize;
     let mut peak = baseline;
-    let slow_until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < slow_until {
+    let mut next_sample = 0;
+    let slow_until = Instant::now() + Duration::from_secs(8);
+    while received < 64 * MB && Instant::now() < slow_until {
         received += s.read(&mut buf).unwrap();
-        peak = peak.max(rss_kib(server.pid()));
-        std::thread::sleep(Duration::from_millis(20));
+        if received >= next_sample {
+            next_sample += 4 * MB;
+            peak = peak.max(rss_kib(server.pid()));
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
+    let slow = received;
     // Then as fast as it goes, to the end of the body.
     let mut big = vec![0u8; MB];
     let mut next_sample = received + 16 * MB;
@@ -117,12 +125,67 @@ fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
         }
     }
     let grown_mib = peak.saturating_sub(baseline) / 1024;
-    println!("server RSS: baseline {baseline} KiB, peak {peak} KiB while relaying {TOTAL} bytes");
+    println!(
+        "server RSS: baseline {baseline} KiB, peak {peak} KiB while relaying {TOTAL} bytes, {slow} of them slowly"
+    );
     assert!(
-        grown_mib < 32,
-        "server memory grew by {grown_mib} MiB relaying 200 MB (baseline {baseline} KiB, peak {peak} KiB)"
+        grown_mib < 16,
+        "server memory grew by {grown_mib} MiB relaying 200 MB, {slow} bytes to a slow reader (baseline {baseline} KiB, peak {peak} KiB)"
     );
     slot_comes_back(&server);
+}
+
+#[test]
+fn a_64_mb_upload_to_a_slow_upstream_keeps_server_memory_bounded() {
+    const MB: usize = 1024 * 1024;
+    const TOTAL: usize = 64 * MB;
+    // The upstream reads 64 KiB a millisecond, far below what the client
+    // sends, so the server's output to it never empties; then it answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let upstream = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        // Bytes read, and those of the head once its end is seen.
+        let (mut head, mut head_len, mut read) = (Vec::new(), None, 0usize);
+        while head_len.is_none_or(|h| read - h < TOTAL) {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "the upload ended after {read} bytes");
+            read += n;
+            if head_len.is_none() {
+                head.extend_from_slice(&buf[..n]);
+                head_len = head.windows(4).position(|w| w == b"\r\n\r\n").map(|end| end + 4);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let body = read - head_len.unwrap();
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").unwrap();
+        body
+    });
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":2,"adaptive":false,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"],"maxRequestBytes":{TOTAL}}}"#
+        ),
+        "",
+    ));
+    let baseline = rss_kib(server.pid());
+    let mut s = server.connect();
+    let head =
+        format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {TOTAL}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let piece = vec![b'u'; MB];
+    let mut peak = baseline;
+    for _ in 0..TOTAL / MB {
+        s.write_all(&piece).unwrap();
+        peak = peak.max(rss_kib(server.pid()));
+    }
+    let answer = read_head(&mut s);
+    assert!(answer.starts_with(b"HTTP/1.1 200 "), "{}", String::from_utf8_lossy(&answer));
+    assert_eq!(upstream.join().unwrap(), TOTAL);
+    let grown_mib = peak.saturating_sub(baseline) / 1024;
+    println!("server RSS: baseline {baseline} KiB, peak {peak} KiB while relaying a {TOTAL}-byte upload");
+    assert!(grown_mib < 16, "server memory grew by {grown_mib} MiB relaying a 64 MB upload to a slow upstream");
 }
 
 /// Everything the server sends on `s` until it closes the connection.

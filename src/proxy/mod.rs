@@ -989,9 +989,12 @@ fn flush(up: &mut UpConn) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    // A request that may still be retried stays whole for the retry.
-    if up.out_pos == up.output.len() && !up.may_retry() {
-        up.output.clear();
+    // A request that may still be retried stays whole for the retry. A
+    // body sent to a slower upstream never empties the buffer: the sent part
+    // is dropped once it outweighs the rest (each byte moved at most once).
+    let sent = up.out_pos;
+    if sent > 0 && sent >= up.output.len() - sent && !up.may_retry() {
+        up.output.drain(..sent);
         up.out_pos = 0;
     }
     match up.transport.flush() {

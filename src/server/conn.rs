@@ -448,6 +448,17 @@ impl Conn {
             Ok(Flush::Done)
         } else {
             self.undelivered.retain(|&(_, end)| end > sent);
+            if sent >= self.output.len() - sent {
+                // A stream relayed to a slower reader never empties the
+                // buffer: the sent part is dropped once it outweighs the
+                // rest, so the buffer stays within twice what is unsent and
+                // each byte is moved at most once.
+                self.output.drain(..sent);
+                self.out_pos = 0;
+                for (_, end) in &mut self.undelivered {
+                    *end -= sent;
+                }
+            }
             Ok(Flush::Pending)
         }
     }

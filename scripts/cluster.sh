@@ -27,7 +27,7 @@
 #
 # FILE is an nthpool configuration without `listen`, `adminListen` and
 # `slotSecretFile` (the script sets them per instance, and adds HAProxy's
-# address, 127.0.0.1/32, to every pool's `access.trustedProxies`: an instance
+# address, 127.0.0.2/32, to every pool's `access.trustedProxies`: an instance
 # honours `X-Nthpool-Moved` only from a trusted proxy); without --config a demo
 # with pools team-a … team-f (key cluster-demo-key) is used.
 #
@@ -56,6 +56,10 @@ DIR=/tmp/nthpool-cluster
 PORT=7070
 BIN=
 CHECK_MS=1000
+# HAProxy connects to the instances from this loopback address, the only one
+# the pools trust as a proxy: a local client reaching an instance directly
+# comes from 127.0.0.1, so its X-Nthpool-Moved and X-Forwarded-For are ignored.
+PROXY_SOURCE=127.0.0.2
 STICK_MS=
 ACTION=start
 DURATION=10
@@ -178,7 +182,7 @@ backend nthpool
 EOF
     check_s="inter ${CHECK_MS}ms fall 2 rise 2"
     for i in $(seq 1 "$N"); do
-        echo "    server n$i 127.0.0.1:$((PORT + 10 + i)) id $i check port $((PORT + 20 + i)) $check_s on-marked-down shutdown-sessions"
+        echo "    server n$i 127.0.0.1:$((PORT + 10 + i)) id $i source $PROXY_SOURCE check port $((PORT + 20 + i)) $check_s on-marked-down shutdown-sessions"
     done
     cat <<EOF
 
@@ -360,7 +364,7 @@ if [ -z "$CONFIG" ]; then
     CONFIG=$DIR/pools.json
     jq -n '{accessLog: null, pools: ([range(0; 6)] | map({key: ("team-" + ([97 + .] | implode)),
         value: {keys: ["cluster-demo-key"], concurrency: 8, termMs: 10000, renewIntervalMs: 3000,
-                access: {trustedProxies: ["127.0.0.1/32"]}}}) | from_entries)}' >"$CONFIG"
+                access: {trustedProxies: [$proxy]}}}) | from_entries)}' --arg proxy "$PROXY_SOURCE/32" >"$CONFIG"
 fi
 for field in listen adminListen slotSecretFile; do
     [ "$(jq "has(\"$field\")" "$CONFIG")" = false ] || die "$CONFIG sets $field; the script sets it per instance"
@@ -373,10 +377,12 @@ if [ ! -f "$DIR/nthpool.secret" ]; then
 fi
 for i in $(seq 1 "$N"); do
     mkdir -p "$DIR/n$i"
-    # HAProxy reaches the instances from 127.0.0.1: each pool trusts it, so
-    # its X-Forwarded-For names the caller and its X-Nthpool-Moved is honoured.
-    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" '. + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}
-        | .pools |= map_values(.access.trustedProxies |= ((. // []) + ["127.0.0.1/32"] | unique))' \
+    # HAProxy reaches the instances from $PROXY_SOURCE: each pool trusts it,
+    # so its X-Forwarded-For names the caller and its X-Nthpool-Moved is
+    # honoured, and from no other address.
+    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" --arg proxy "$PROXY_SOURCE/32" \
+        '. + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}
+        | .pools |= map_values(.access.trustedProxies |= ((. // []) + [$proxy] | unique))' \
         "$CONFIG" >"$DIR/n$i/config.json"
     start_instance "n$i"
 done

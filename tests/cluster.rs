@@ -13,7 +13,7 @@ mod upstream;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -158,6 +158,17 @@ fn pools_json(names: &[String], settings: &str) -> String {
     format!("{{{}}}", pools.join(","))
 }
 
+/// A connection to `to` from the loopback address `from` (as HAProxy's
+/// `source` makes its own).
+fn connect_from(from: Ipv4Addr, to: SocketAddr) -> TcpStream {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    socket.connect(&to.into()).unwrap();
+    let stream = TcpStream::from(socket);
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+}
+
 fn names(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
 }
@@ -245,23 +256,33 @@ fn every_request_of_a_pool_lands_on_one_instance() {
     assert!(used.len() >= 2, "8 pools all on one instance: {served_by:?}");
 
     // A client cannot say a pool moved: HAProxy drops its X-Nthpool-Moved, so
-    // the pool grants as usual; the header sent straight to the instance from
-    // HAProxy's address (a trusted proxy of every pool the script runs, as
-    // the README says to configure) opens the pool's window there.
+    // the pool grants as usual; sent straight to the instance from the
+    // client's own address it is ignored too; from HAProxy's address (the
+    // one trusted proxy of every pool the script runs, as the README says to
+    // configure) it opens the pool's window there.
     for n in 1..=3 {
         let config = std::fs::read_to_string(cluster.dir.join(format!("n{n}/config.json"))).unwrap();
         let config: serde_json::Value = serde_json::from_str(&config).unwrap();
         for (pool, settings) in config["pools"].as_object().unwrap() {
             let trusted = &settings["access"]["trustedProxies"];
-            assert_eq!(*trusted, serde_json::json!(["127.0.0.1/32"]), "n{n}'s {pool} does not trust HAProxy");
+            assert_eq!(*trusted, serde_json::json!(["127.0.0.2/32"]), "n{n}'s {pool} trusts other than HAProxy");
         }
     }
     let (pool, owner) = served_by.iter().next().unwrap();
     let forged = post(&format!("/pools/{pool}/lock/acquire"), KEY, "X-Nthpool-Moved: n1\r\n", "");
     assert_eq!(cluster.request(&forged).status, 200, "a client's X-Nthpool-Moved passed HAProxy");
     let n: u16 = owner[1..].parse().unwrap();
-    let mut direct = TcpStream::connect(("127.0.0.1", cluster.port + 10 + n)).unwrap();
-    direct.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let instance = SocketAddr::from(([127, 0, 0, 1], cluster.port + 10 + n));
+    let mut local = TcpStream::connect(instance).unwrap();
+    local.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    local.write_all(&forged).unwrap();
+    let answered = read_response(&mut local).unwrap();
+    assert_ne!(
+        answered.header("x-nthpool-deny-reason"),
+        Some("recovering"),
+        "a local client's X-Nthpool-Moved opened a window: {answered:?}"
+    );
+    let mut direct = connect_from(Ipv4Addr::new(127, 0, 0, 2), instance);
     direct.write_all(&forged).unwrap();
     let denied = read_response(&mut direct).unwrap();
     assert_eq!((denied.status, denied.header("x-nthpool-deny-reason")), (429, Some("recovering")), "{denied:?}");

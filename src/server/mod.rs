@@ -164,6 +164,9 @@ pub struct Server {
     open_admin: usize,
     /// Refused connections lingering (at most `REFUSED_LINGERING_MAX`).
     open_refused: usize,
+    /// Connections of either budget whose answers are all written and which
+    /// only drain what the client still sends: a stop does not wait for them.
+    lingering: usize,
     /// The admin listener's connections (at most `ADMIN_MAX_CONNECTIONS`):
     /// where to find one to close when a health check finds it full.
     admin_conns: Vec<ConnId>,
@@ -273,6 +276,7 @@ impl Server {
             open_public: 0,
             open_admin: 0,
             open_refused: 0,
+            lingering: 0,
             admin_conns: Vec::with_capacity(ADMIN_MAX_CONNECTIONS),
             timeouts: Timeouts::from(config),
             idle_spin: Duration::from_micros(config.idle_spin_us),
@@ -371,14 +375,21 @@ impl Server {
             self.settle_answers();
             self.app.end_turn(self.now.ms);
             if let Some(at) = self.shutdown_at {
-                if self.conns.is_empty() || self.clock.now_ms() >= at {
+                // Lingering connections have had every answer: an idle
+                // keep-alive connection (HAProxy keeps some) ends the stop's
+                // wait as soon as its FIN is sent.
+                if self.conns.len() == self.lingering || self.clock.now_ms() >= at {
                     self.cut_exchanges();
                     // A slow reader of the log gets what is left of the stop's second.
                     let began = at - SHUTDOWN_GRACE_MS;
                     let left = (began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
                     self.app.flush_log(Instant::now() + Duration::from_millis(left));
                     self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
-                    info!("shut down ({} connections cut at the deadline)", self.conns.len());
+                    info!(
+                        "shut down ({} connections cut at the deadline, {} closed while draining after their last answer)",
+                        self.conns.len() - self.lingering,
+                        self.lingering
+                    );
                     return Ok(());
                 }
             }
@@ -894,6 +905,7 @@ impl Server {
                     // Close our side, then drain what the client still sends.
                     let _ = conn.stream.shutdown(std::net::Shutdown::Write);
                     conn.linger(now.ms + LINGER_MS);
+                    self.lingering += 1;
                     conn.input.consume(conn.input.end - conn.input.start);
                     self.arm_timer(id);
                     self.read_and_process(id);
@@ -1027,6 +1039,9 @@ impl Server {
     }
 
     fn close_client(&mut self, id: ConnId, mut conn: Conn) {
+        if conn.is_lingering() {
+            self.lingering -= 1;
+        }
         if conn.refused {
             self.open_refused -= 1;
         } else if conn.admin {

@@ -586,6 +586,16 @@ fn cloudflare_keys_are_reloaded_on_sighup_and_a_broken_file_keeps_the_old_ones()
     wait_for_reloads(&s, 2);
     assert_eq!(s.acquire(&cf_header(&new), "").status, 200, "a broken JWKS keeps the keys loaded before");
     assert_refused(&s.acquire(&cf_header(&old), ""), 401, "unauthorized", "and brings no old key back");
+
+    // A file newly named must be readable, as at start-up: the reload is
+    // refused whole (the next start would refuse that configuration).
+    let config_path = s.dir.join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, config.replace("certs.json", "absent.json")).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 3);
+    assert_eq!(get_metric(&s, "nthpool_config_reload_failures_total"), 1, "a reload naming an absent jwksFile");
+    assert_eq!(s.acquire(&cf_header(&new), "").status, 200, "the running keys stay");
 }
 
 // ---------------------------------------------------------------- IP policy

@@ -41,6 +41,8 @@ struct HmacPolicy {
 }
 
 struct CloudflarePolicy {
+    /// The file the keys were read from (`jwksFile`), as configured.
+    jwks_file: String,
     jwks: Jwks,
     audience: String,
     issuer: String,
@@ -88,12 +90,19 @@ fn single<'b>(head: &Head<'b>, lower_case_name: &str, twice: &'static str) -> Re
 }
 
 impl PoolAccess {
-    /// Builds a pool's policies at `now`. On a reload, `previous` supplies
-    /// the JWKS keys that worked when the file is now broken;
+    /// Builds the policies of the pool `name` at `now`. On a reload,
+    /// `previous` supplies the JWKS keys that worked when the same file is
+    /// now broken (a rotation caught half-written); a file newly named must
+    /// be readable, as at start-up;
     /// `carry_state_from` then moves the nonce store over once the whole
     /// reload has succeeded. A new nonce store refuses requests signed
     /// before `now`: it never saw their nonces.
-    pub fn build(config: &AccessConfig, previous: Option<&PoolAccess>, now: EpochMs) -> Result<PoolAccess, String> {
+    pub fn build(
+        name: &str,
+        config: &AccessConfig,
+        previous: Option<&PoolAccess>,
+        now: EpochMs,
+    ) -> Result<PoolAccess, String> {
         let ip_allow = if config.ip_allow.is_empty() {
             None
         } else {
@@ -119,15 +128,22 @@ impl PoolAccess {
                 let loaded = std::fs::read(&cf.jwks_file)
                     .map_err(|e| format!("cannot read {}: {e}", cf.jwks_file))
                     .and_then(|bytes| Jwks::from_json(&bytes).map_err(|e| format!("{}: {e}", cf.jwks_file)));
-                let jwks = match (loaded, previous.and_then(|p| p.cloudflare.as_ref())) {
+                let same_file =
+                    previous.and_then(|p| p.cloudflare.as_ref()).filter(|old| old.jwks_file == cf.jwks_file);
+                let jwks = match (loaded, same_file) {
                     (Ok(jwks), _) => jwks,
                     (Err(e), Some(old)) => {
-                        warn!("access.cloudflareAccess.jwksFile: {e}; keeping the keys loaded before");
+                        warn!("pools.{name}.access.cloudflareAccess.jwksFile: {e}; keeping the keys loaded before");
                         old.jwks.clone()
                     }
                     (Err(e), None) => return Err(format!("access.cloudflareAccess.jwksFile: {e}")),
                 };
-                Some(CloudflarePolicy { jwks, audience: cf.audience.clone(), issuer: cf.issuer.clone() })
+                Some(CloudflarePolicy {
+                    jwks_file: cf.jwks_file.clone(),
+                    jwks,
+                    audience: cf.audience.clone(),
+                    issuer: cf.issuer.clone(),
+                })
             }
         };
         Ok(PoolAccess { ip_allow, trusted_proxies, hmac, jwt, cloudflare })

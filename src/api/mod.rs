@@ -213,7 +213,8 @@ fn credentials<'c, 'p>(
 ) -> Result<BTreeMap<&'c str, Credentials>, String> {
     let mut fresh = BTreeMap::new();
     for (name, pool) in &config.pools {
-        let access = PoolAccess::build(&pool.access, previous(name), now).map_err(|e| format!("pools.{name}.{e}"))?;
+        let access =
+            PoolAccess::build(name, &pool.access, previous(name), now).map_err(|e| format!("pools.{name}.{e}"))?;
         let upstream = pool
             .upstream
             .as_ref()
@@ -306,7 +307,7 @@ impl App {
         while self.creds.len() < pools {
             self.creds.push(Credentials {
                 keys: PoolKeys::none(),
-                access: PoolAccess::build(&Default::default(), None, EpochMs(0)).expect("no policy to build"),
+                access: PoolAccess::build("", &Default::default(), None, EpochMs(0)).expect("no policy to build"),
                 upstream: None,
             });
         }

@@ -141,6 +141,24 @@ impl<T> Wheel<T> {
         }
     }
 
+    /// The deadline of the earliest entry, exactly (`next_deadline` may be
+    /// early): the earliest slot's entries are walked, so this costs that
+    /// slot's length; for rare answers such as a retry hint, not for polling.
+    pub fn earliest_deadline(&self) -> Option<u64> {
+        if self.pending_head != NIL {
+            return Some(self.entries[self.pending_head as usize].deadline);
+        }
+        let (level, slot, _) = self.next_expiration()?;
+        let mut idx = self.levels[level].heads[slot];
+        let mut earliest = u64::MAX;
+        while idx != NIL {
+            let entry = &self.entries[idx as usize];
+            earliest = earliest.min(entry.deadline);
+            idx = entry.next;
+        }
+        Some(earliest)
+    }
+
     /// Hands out one payload whose deadline is `<= now`, or `None` once no
     /// more are due. Call repeatedly until `None`.
     pub fn poll(&mut self, now: u64) -> Option<T> {
@@ -336,6 +354,22 @@ mod tests {
             let nd = w.next_deadline().unwrap();
             assert!(nd <= d, "next {nd} after {d}");
         }
+    }
+
+    #[test]
+    fn earliest_deadline_is_exact_at_every_level() {
+        let mut w = Wheel::new();
+        assert_eq!(w.earliest_deadline(), None);
+        for d in [300_000u64, 4_100, 70, 1 << 30, 4_097] {
+            w.insert(d, d);
+        }
+        assert_eq!(w.earliest_deadline(), Some(70));
+        assert_eq!(w.poll(70), Some(70));
+        // Level 1 now: the slot of 4096..8191 holds 4097 and 4100.
+        assert_eq!(w.earliest_deadline(), Some(4_097));
+        assert!(w.next_deadline().unwrap() <= 4_097);
+        assert_eq!(w.poll(4_098), Some(4_097));
+        assert_eq!(w.earliest_deadline(), Some(4_100));
     }
 
     #[test]

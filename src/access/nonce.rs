@@ -38,8 +38,9 @@ pub const PURGE_PER_INSERT: usize = 2;
 pub enum NonceError {
     /// Seen before and not yet expired: the request is a replay (`401`).
     Replay,
-    /// Every slot holds an unexpired nonce (`503`); one frees in about
-    /// `retry_after_ms` (at least 1, never later than the earliest expiry).
+    /// Every slot holds an unexpired nonce (`503`); the first frees in
+    /// `retry_after_ms` (at least 1): the earliest expiry, so a client that
+    /// waits that long finds room.
     Full { retry_after_ms: u64 },
 }
 
@@ -130,8 +131,8 @@ impl NonceStore {
         if !known && self.expiries.len() >= self.capacity {
             self.purge(now_ms, usize::MAX);
             if self.expiries.len() >= self.capacity {
-                // The wheel's next deadline is never later than the earliest expiry.
-                let next = self.wheel.next_deadline().unwrap_or(now_ms + 1);
+                // Every entry left is live (the purge took the expired ones).
+                let next = self.wheel.earliest_deadline().unwrap_or(now_ms + 1);
                 return Err(NonceError::Full { retry_after_ms: next.saturating_sub(now_ms).max(1) });
             }
         }
@@ -210,10 +211,9 @@ mod tests {
         let mut s = NonceStore::new(2);
         assert_eq!(s.insert(b"a", 0, 300), Ok(()));
         assert_eq!(s.insert(b"b", 10, 200), Ok(()));
-        // The earliest expiry is b's at 200, not a's, though a came first: the
-        // hint never points past it.
-        let Err(NonceError::Full { retry_after_ms }) = s.insert(b"c", 50, 400) else { panic!("not full") };
-        assert!((1..=150).contains(&retry_after_ms), "{retry_after_ms}");
+        // The earliest expiry is b's at 200, not a's, though a came first:
+        // the hint is exactly the wait until it.
+        assert_eq!(s.insert(b"c", 50, 400), Err(NonceError::Full { retry_after_ms: 150 }));
         // A replay is still reported as a replay when full.
         assert_eq!(s.insert(b"a", 50, 400), Err(NonceError::Replay));
         assert_eq!(s.insert(b"c", 199, 400), Err(NonceError::Full { retry_after_ms: 1 }));
@@ -303,13 +303,7 @@ mod tests {
             for (nonce, step, life) in ops {
                 now += step;
                 let key = [nonce];
-                match (store.insert(&key, now, now + life), model.insert(cap, &key, now, now + life)) {
-                    // The store's hint may be earlier than the exact earliest expiry, never later.
-                    (Err(NonceError::Full { retry_after_ms: got }), Err(NonceError::Full { retry_after_ms: exact })) => {
-                        prop_assert!(got >= 1 && got <= exact, "{} > {}", got, exact);
-                    }
-                    (got, expected) => prop_assert_eq!(got, expected),
-                }
+                prop_assert_eq!(store.insert(&key, now, now + life), model.insert(cap, &key, now, now + life));
             }
         }
     }

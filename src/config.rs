@@ -93,6 +93,52 @@ pub struct Config {
     pub pools: BTreeMap<String, PoolConfig>,
 }
 
+/// The only places a configuration holds arrays, as paths (`*`: any pool
+/// name). Anywhere else an array would be read as a struct's fields in
+/// order (serde takes `"queue": [5, 1000]` for `{"size": 5, "timeoutMs":
+/// 1000}`), which bypasses the named fields: it is refused instead. A new
+/// list-valued field is added here.
+const ARRAY_FIELDS: [&[&str]; 6] = [
+    &["resolver", "nameservers"],
+    &["pools", "*", "keys"],
+    &["pools", "*", "keySha256"],
+    &["pools", "*", "access", "ipAllow"],
+    &["pools", "*", "access", "trustedProxies"],
+    &["pools", "*", "upstream", "hosts"],
+];
+
+/// Refuses an array anywhere but at `ARRAY_FIELDS`, naming its path
+/// (`path` is the members walked to `value`).
+fn refuse_positional<'v>(value: &'v serde_json::Value, path: &mut Vec<&'v str>) -> Result<(), ConfigError> {
+    use serde_json::Value;
+    match value {
+        Value::Array(_) if path.is_empty() => fail("invalid configuration: it must be a JSON object of named fields"),
+        Value::Array(_) => {
+            let listed = ARRAY_FIELDS.iter().any(|pattern| {
+                pattern.len() == path.len() && pattern.iter().zip(path.iter()).all(|(p, name)| *p == "*" || p == name)
+            });
+            if listed {
+                return Ok(());
+            }
+            fail(format!(
+                "invalid configuration: {}: an array where named fields or a single value go; \
+                 only resolver.nameservers and a pool's keys, keySha256, access.ipAllow, \
+                 access.trustedProxies and upstream.hosts are lists",
+                path.join(".")
+            ))
+        }
+        Value::Object(members) => {
+            for (name, member) in members {
+                path.push(name);
+                refuse_positional(member, path)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The `pools` object, refusing a pool name given twice: a map would keep the
 /// last and silently drop the first pool's keys and limits.
 fn unique_pools<'de, D: serde::Deserializer<'de>>(de: D) -> Result<BTreeMap<String, PoolConfig>, D::Error> {
@@ -319,6 +365,10 @@ impl Config {
     }
 
     pub fn parse(text: &[u8]) -> Result<Config, ConfigError> {
+        // Broken JSON is left to the typed pass below, which says where.
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(text) {
+            refuse_positional(&value, &mut Vec::new())?;
+        }
         // The path names the field of a wrongly typed value (`pools.p.queue.timeoutMs`).
         let mut de = serde_json::Deserializer::from_slice(text);
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -661,6 +711,25 @@ mod tests {
     fn a_pool_named_twice_is_refused() {
         let e = err(r#"{"pools":{"p":{"keys":["k1"]},"p":{"keys":["k2"]}}}"#);
         assert!(e.contains("duplicate pool `p`"), "{e}");
+    }
+
+    #[test]
+    fn objects_given_as_arrays_of_their_fields_are_refused() {
+        let e = err(&pool_json(r#","queue":[5,1000]"#));
+        assert!(e.contains("pools.p1.queue: an array where named fields"), "{e}");
+        let e = err(&pool_json(r#","access":{"hmac":["sekrit",1000,10]}"#));
+        assert!(e.contains("pools.p1.access.hmac: an array"), "{e}");
+        assert!(err(r#"{"pools":{"p":["k"]}}"#).contains("pools.p: an array"));
+        for root in ["[]", r#"["127.0.0.1:7070"]"#] {
+            assert!(err(root).contains("must be a JSON object of named fields"), "{root}: {}", err(root));
+        }
+        // The lists stay lists, also in a pool named like one of them.
+        let lists = r#"{"pools":{"keys":{"keys":["k"],"keySha256":[],"access":{"ipAllow":["10.0.0.0/8"],
+            "trustedProxies":[]},"upstream":{"url":"http://127.0.0.1:9","hosts":["a.test"]}}}}"#;
+        assert!(Config::parse(lists.as_bytes()).is_ok(), "{:?}", Config::parse(lists.as_bytes()).err());
+        assert!(
+            err(r#"{"pools":{"p":{"keys":["k"],"access":{"keys":["x"]}}}}"#).contains("pools.p.access.keys: an array")
+        );
     }
 
     #[test]

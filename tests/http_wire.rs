@@ -516,7 +516,7 @@ fn a_bad_release_body_is_400_and_releases_nothing() {
         r#"{"retryAfterMs":1.5}"#,
         r#"{"rate":[]}"#,
         r#"{"status":200,"rate":[10,0,60000]}"#,
-        r#"{"headers":{"retry-after":5}}"#,
+        r#"{"headers":"retry-after: 5"}"#,
         "{}x",
         // Beyond a double's range a number is no number (see README, The API).
         r#"{"throttled":1e400}"#,
@@ -544,6 +544,68 @@ fn a_bad_acquire_body_is_400_and_takes_no_slot() {
         assert_answer_closes(&mut c, &r, body);
     }
     assert_eq!(s.acquire("", "").header_u64("x-nthpool-remaining-slots"), 1);
+}
+
+/// `post` with a body of any bytes.
+fn post_bytes(path: &str, body: &[u8]) -> Vec<u8> {
+    let mut raw = post(path, KEY, "", "");
+    let head = String::from_utf8(raw).unwrap().replace("Content-Length: 0", &format!("Content-Length: {}", body.len()));
+    raw = head.into_bytes();
+    raw.extend_from_slice(body);
+    raw
+}
+
+#[test]
+fn a_body_that_is_not_utf_8_is_400_on_every_route_and_changes_nothing() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = s.acquire("", "").slot();
+    let bodies: [&[u8]; 3] = [b"{\"a\xff\":1}", b"{\"note\":\"\xff\"}", b"{\"status\":200,\"x\":\"\xc3\"}"];
+    for path in [ACQUIRE.to_string(), format!("/pools/p/lock/{slot}/renew"), release_path(&slot)] {
+        for body in bodies {
+            let what = format!("{path} {}", String::from_utf8_lossy(body));
+            let mut c = s.connect();
+            let r = exchange(&mut c, &post_bytes(&path, body));
+            assert_error(&r, 400, "bad_request", &what);
+            assert!(r.json()["message"].as_str().unwrap().contains("UTF-8"), "{what}: {r:?}");
+        }
+    }
+    // Nothing was granted, renewed away or released: the pool is still full.
+    assert_eq!(s.acquire("", "").status, 429);
+    assert_eq!(s.release(&slot, "").status, 200);
+}
+
+#[test]
+fn a_field_given_twice_is_named_as_such() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let r = s.request(&post(ACQUIRE, KEY, "", r#"{"waitMs":0,"waitMs":100}"#));
+    assert_error(&r, 400, "bad_request", "waitMs twice");
+    assert!(r.json()["message"].as_str().unwrap().contains("twice"), "{r:?}");
+    let slot = s.acquire("", "").slot();
+    let r = s.request(&post(&release_path(&slot), KEY, "", r#"{"status":200,"status":429}"#));
+    assert_error(&r, 400, "bad_request", "status twice");
+    assert!(r.json()["message"].as_str().unwrap().contains("twice"), "{r:?}");
+    // A header may repeat: each value is a field line, as upstreams send them.
+    let r = s.release(&slot, r#"{"status":200,"headers":{"x-a":"1","x-a":"2"}}"#);
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
+#[test]
+fn header_values_a_client_library_typed_are_read_or_ignored_never_refused() {
+    let s = TestServer::start(&config(r#""concurrency":1,"adaptive":true"#, ""));
+    for headers in [
+        r#"{"set-cookie":["a=1","b=2"],"x-ratelimit-limit":[60]}"#,
+        r#"{"retry-after":null,"x-flag":true,"x-obj":{"a":1}}"#,
+        r#"[["x-ratelimit-limit",60],["x-none",null]]"#,
+        // Read as the strings they stand for: the budget is spent for 30 s.
+        r#"{"x-ratelimit-remaining":0,"x-ratelimit-reset":30}"#,
+    ] {
+        let slot = s.acquire("", "").slot();
+        let r = s.release(&slot, &format!(r#"{{"status":200,"headers":{headers}}}"#));
+        assert_eq!(r.status, 200, "{headers}: {r:?}");
+    }
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("rate")), "{r:?}");
+    assert!((20..=30).contains(&r.header_u64("retry-after")), "{r:?}");
 }
 
 #[test]

@@ -1090,8 +1090,13 @@ pub(crate) fn wait_budget(head: &Head, body: &[u8]) -> Result<u64, ApiError> {
             #[serde(default)]
             wait_ms: Option<serde_json::Number>,
         }
-        let parsed: AcquireBody = serde_json::from_slice(body)
-            .map_err(|_| ApiError::BadRequest("The acquire body is not valid JSON with a numeric `waitMs`."))?;
+        let parsed: AcquireBody = serde_json::from_slice(body).map_err(|e| {
+            ApiError::BadRequest(if crate::report::is_duplicate_field(&e) {
+                "The acquire body gives `waitMs` twice; send it once."
+            } else {
+                "The acquire body is not valid JSON with a numeric `waitMs`."
+            })
+        })?;
         if let Some(n) = parsed.wait_ms {
             // Past 64 bits it is surely past any queue timeout.
             wait = Some(crate::report::integral_or_huge(&n).ok_or(BAD_WAIT)?);

@@ -62,9 +62,58 @@ fn object_or_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Resul
     d.deserialize_any(V(std::marker::PhantomData))
 }
 
-/// Raw upstream headers: an object of name → string, or an array of
-/// `[name, value]` pairs (the only way to send a header twice).
+/// Raw upstream headers: an object of name → value, or an array of
+/// `[name, value]` pairs (the only way to send a header twice). A value is
+/// a string, or what clients turn header strings into: a number (taken as
+/// its text) or an array of values (each one a field line). Any other
+/// value (`null`, `true`, an object) says nothing and is ignored: SPEC §7
+/// has unparseable header values ignored, never an error.
 struct RawHeaders(Vec<(String, String)>);
+
+/// The field lines one header value stands for.
+struct HeaderValues(Vec<String>);
+
+impl<'de> Deserialize<'de> for HeaderValues {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = HeaderValues;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a header value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HeaderValues, E> {
+                Ok(HeaderValues(vec![v.to_owned()]))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<HeaderValues, E> {
+                Ok(HeaderValues(vec![v.to_string()]))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<HeaderValues, E> {
+                Ok(HeaderValues(vec![v.to_string()]))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<HeaderValues, E> {
+                Ok(HeaderValues(vec![v.to_string()]))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<HeaderValues, E> {
+                Ok(HeaderValues(Vec::new()))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<HeaderValues, E> {
+                Ok(HeaderValues(Vec::new()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<HeaderValues, A::Error> {
+                let mut out = Vec::new();
+                while let Some(HeaderValues(values)) = seq.next_element()? {
+                    out.extend(values);
+                }
+                Ok(HeaderValues(out))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HeaderValues, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(HeaderValues(Vec::new()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
 
 impl<'de> Deserialize<'de> for RawHeaders {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -72,19 +121,19 @@ impl<'de> Deserialize<'de> for RawHeaders {
         impl<'de> Visitor<'de> for V {
             type Value = RawHeaders;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object of header strings or an array of [name, value] pairs")
+                f.write_str("an object of header values or an array of [name, value] pairs")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeaders, A::Error> {
                 let mut out = Vec::new();
-                while let Some((name, value)) = map.next_entry::<String, String>()? {
-                    out.push((name, value));
+                while let Some((name, HeaderValues(values))) = map.next_entry::<String, HeaderValues>()? {
+                    out.extend(values.into_iter().map(|v| (name.clone(), v)));
                 }
                 Ok(RawHeaders(out))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawHeaders, A::Error> {
                 let mut out = Vec::new();
-                while let Some(pair) = seq.next_element::<(String, String)>()? {
-                    out.push(pair);
+                while let Some((name, HeaderValues(values))) = seq.next_element::<(String, HeaderValues)>()? {
+                    out.extend(values.into_iter().map(|v| (name.clone(), v)));
                 }
                 Ok(RawHeaders(out))
             }
@@ -102,12 +151,20 @@ pub fn is_blank(body: &[u8]) -> bool {
     body.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
 }
 
-/// Bodies must be JSON objects (serde would also accept an array for a struct).
+/// Bodies must be JSON objects (serde would also accept an array for a
+/// struct) in UTF-8 (RFC 8259 §8.1; serde checks only the strings it reads,
+/// so a body's verdict would depend on which of its strings a route reads).
 pub fn check_object(body: &[u8]) -> Result<(), BodyError> {
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => Ok(()),
+        Some(b'{') if std::str::from_utf8(body).is_ok() => Ok(()),
+        Some(b'{') => Err("The request body is not valid UTF-8."),
         _ => Err("The request body must be a JSON object."),
     }
+}
+
+/// Whether serde refused a body for a member given twice.
+pub fn is_duplicate_field(e: &serde_json::Error) -> bool {
+    e.is_data() && e.to_string().starts_with("duplicate field")
 }
 
 /// A JSON number that is a whole, non-negative value: `300`, and also
@@ -152,8 +209,12 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
         return flat.map(Some);
     }
     check_object(body)?;
-    let parsed: ReleaseBody = serde_json::from_slice(body).map_err(|_| {
-        "The release body is not valid: fields must be numbers, `rate` an object and `headers` strings."
+    let parsed: ReleaseBody = serde_json::from_slice(body).map_err(|e| {
+        if is_duplicate_field(&e) {
+            "A field of the release body is given twice; send each once."
+        } else {
+            "The release body is not valid: fields must be numbers, `rate` an object and `headers` header values."
+        }
     })?;
     const ANY: u64 = u64::MAX;
     let status = whole(&parsed.status, 599, "`status` must be a whole number from 100 to 599.")?;
@@ -413,8 +474,8 @@ mod tests {
             r#"{"rate":{"remaining":-3}}"#,
             r#"{"rate":5}"#,
             r#"{"status":200,"rate":[10,0,60000]}"#,
-            r#"{"headers":{"retry-after":3}}"#,
             r#"{"headers":[["a"]]}"#,
+            r#"{"headers":"retry-after: 3"}"#,
             r#"{"status":200"#,
         ] {
             bad(body);

@@ -280,6 +280,13 @@ fn the_admin_token_guards_every_route_but_health() {
     let shell = get(admin(&s), "/", "");
     assert_eq!(shell.status, 200);
     assert!(String::from_utf8_lossy(&shell.body).contains(r#"id="login-form""#));
+    // So is the tab's icon, which the page names: a browser then asks for no
+    // `/favicon.ico`, which would be refused (an error in its console).
+    assert!(String::from_utf8_lossy(&shell.body)
+        .contains(r#"<link rel="icon" type="image/svg+xml" href="/assets/icon.svg">"#));
+    let icon = get(admin(&s), "/assets/icon.svg", "");
+    assert_eq!((icon.status, icon.header("content-type")), (200, Some("image/svg+xml")), "{icon:?}");
+    assert!(icon.body.starts_with(b"<svg"));
     // A pool's page is the same shell whether the pool exists or not: without
     // the token it tells nothing; with it, an unknown pool is 404.
     let known = get(admin(&s), "/pools/demo", "");

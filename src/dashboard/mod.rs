@@ -22,6 +22,9 @@ use crate::http::response::{error_body, Status, Writer};
 const INDEX_HTML: &[u8] = include_bytes!("assets/index.html");
 const APP_JS: &[u8] = include_bytes!("assets/app.js");
 const APP_CSS: &[u8] = include_bytes!("assets/app.css");
+/// The tab's icon, named by the page, so the browser asks for no `/favicon.ico`
+/// (which a token-guarded listener would refuse, an error in its console).
+const ICON_SVG: &[u8] = include_bytes!("assets/icon.svg");
 
 /// The security headers every admin answer carries, its refusals included.
 pub const SECURITY_HEADERS: &[u8] =
@@ -73,6 +76,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         "/" => Some((&b"text/html; charset=utf-8"[..], INDEX_HTML)),
         "/assets/app.js" => Some((&b"text/javascript; charset=utf-8"[..], APP_JS)),
         "/assets/app.css" => Some((&b"text/css; charset=utf-8"[..], APP_CSS)),
+        "/assets/icon.svg" => Some((&b"image/svg+xml"[..], ICON_SVG)),
         "/healthz" => return false,
         _ => None,
     };
@@ -289,7 +293,7 @@ fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
 
 /// Whether `path` is one of the dashboard's routes (for the method check).
 pub fn is_route(path: &str) -> bool {
-    matches!(path, "/" | "/assets/app.js" | "/assets/app.css" | "/api/pools")
+    matches!(path, "/" | "/assets/app.js" | "/assets/app.css" | "/assets/icon.svg" | "/api/pools")
         || pool_name(path, "/pools/").is_some()
         || pool_name(path, "/api/pools/").is_some()
 }

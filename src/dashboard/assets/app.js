@@ -253,6 +253,8 @@ function showNotFound(r) {
 }
 
 function showLogin(message) {
+  // The page is emptied: whatever signs in next draws the examples again.
+  stillKey = null;
   document.getElementById("login").hidden = false;
   document.getElementById("view").replaceChildren();
   document.getElementById("login-error").textContent = message || "";

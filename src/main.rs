@@ -30,6 +30,11 @@ OPTIONS:
 
 ENVIRONMENT:
     RUST_LOG              log filter for env_logger, e.g. RUST_LOG=debug (default: info)
+
+SIGNALS:
+    SIGTERM, SIGINT, SIGQUIT   graceful stop: answer what was read, write the snapshot, exit 0
+    SIGHUP                     reload the configuration file and reopen the access log
+    SIGUSR1                    reopen the access log (log rotation)
 ";
 
 struct Args {

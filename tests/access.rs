@@ -836,6 +836,28 @@ fn a_refused_sighup_still_reopens_the_access_log() {
 }
 
 #[test]
+fn sigusr1_reopens_the_access_log_sigusr2_is_ignored_and_sigquit_stops_gracefully() {
+    let mut s = TestServer::start_logged(&config_with_access_log(""), "info");
+    s.acquire("", "").slot();
+    std::fs::rename(s.dir.join("access.log"), s.dir.join("access.log.1")).unwrap();
+    s.signal("USR1");
+    s.signal("USR2");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !s.log().contains("SIGUSR2 means nothing") {
+        assert!(Instant::now() < deadline, "SIGUSR2 was never handled: {}", s.log());
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(s.log().contains("SIGUSR1: reopening the access log"), "{}", s.log());
+    assert_eq!(s.acquire("", "").status, 200, "alive after USR1 and USR2");
+    // SIGQUIT is a graceful stop: exit 0, the held slots in the snapshot.
+    s.signal("QUIT");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    assert!(s.log().contains("stop snapshot of 2 slots"), "{}", s.log());
+    let lines = |name: &str| std::fs::read_to_string(s.dir.join(name)).unwrap_or_default().lines().count();
+    assert_eq!((lines("access.log.1"), lines("access.log")), (1, 1), "one line before the SIGUSR1, one after");
+}
+
+#[test]
 fn a_logged_server_time_is_within_what_the_client_waited_for_its_answer() {
     // `serverUs` runs from the turn that read the request to the one that
     // wrote its answer: never longer than the client's own round trip.

@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use log::{debug, error, info, warn};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGXFSZ};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGXFSZ};
 use signal_hook_mio::v1_0::Signals;
 use slab::Slab;
 
@@ -235,8 +235,8 @@ impl Server {
                 Some(l)
             }
         };
-        let mut signals =
-            Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| format!("cannot install signal handlers: {e}"))?;
+        let mut signals = Signals::new([SIGTERM, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2])
+            .map_err(|e| format!("cannot install signal handlers: {e}"))?;
         // A write past a file size limit (`ulimit -f`, systemd's
         // `LimitFSIZE=`) raises SIGXFSZ, whose default ends the process: with
         // a handler the write fails with EFBIG instead, and the access log
@@ -423,6 +423,15 @@ impl Server {
         for signal in pending {
             match signal {
                 SIGHUP => self.reload(),
+                // As nginx reads them: USR1 reopens the log files (what
+                // logrotate recipes send), QUIT stops gracefully; USR2 (nginx's
+                // binary upgrade) has no meaning here. None of them may end
+                // the process by default, which would leave no snapshot.
+                SIGUSR1 => {
+                    info!("SIGUSR1: reopening the access log");
+                    self.reopen_access_log();
+                }
+                SIGUSR2 => warn!("SIGUSR2 means nothing to this server; ignored"),
                 _ => self.begin_shutdown(),
             }
         }
@@ -490,7 +499,7 @@ impl Server {
     /// depend on the configuration file's fate.
     fn reopen_access_log(&mut self) {
         if let Err(e) = self.app.log.reopen() {
-            warn!("SIGHUP: {e}; access log lines go on to the file open before");
+            warn!("reopening the access log: {e}; lines go on to the file open before");
         }
     }
 

@@ -478,7 +478,9 @@ fn public_host_limits_lock_routes_to_one_host() {
         let r = exchange(&mut c, with_host(host, "POST").as_bytes());
         assert_error(&r, 404, "not_found", host);
     }
-    for host in ["api.example.com", "api.example.com:7070", "API.Example.COM:443"] {
+    for host in
+        ["api.example.com", "api.example.com:7070", "API.Example.COM:443", "api.example.com.", "api.example.com.:80"]
+    {
         let r = exchange(&mut c, with_host(host, "POST").as_bytes());
         r.slot();
         assert!(r.header("connection").is_none(), "{r:?}");

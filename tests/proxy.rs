@@ -140,9 +140,13 @@ fn lock_routes_are_not_served_on_a_proxy_host_and_still_are_on_the_api_host() {
     let r = exchange(&server, &proxied("POST", "/pools/p/lock/acquire", "", ""));
     assert_eq!((r.status, r.body.as_slice()), (200, &b"from upstream"[..]), "{r:?}");
     assert_eq!(up.seen()[0].request_line(), "POST /pools/p/lock/acquire HTTP/1.1");
+    // The absolute form of the name (a final dot) is the same host.
+    let dotted = String::from_utf8(proxied("GET", "/v1", "", "")).unwrap().replace(HOST, &format!("{HOST}."));
+    let r = exchange(&server, dotted.as_bytes());
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"from upstream"[..]), "{r:?}");
     let lock = server.acquire("", "");
     assert_eq!(lock.status, 200, "{lock:?}");
-    assert_eq!(up.seen().len(), 1);
+    assert_eq!(up.seen().len(), 2);
 }
 
 /// "The lock API never emits managed upstream credentials": on a pool whose

@@ -428,7 +428,7 @@ impl App {
     /// host unless `publicHost` is set).
     fn on_public_host(&self, head: &Head) -> bool {
         self.public_host.as_ref().is_none_or(|public| {
-            let name = host_without_port(head.host.unwrap_or_default());
+            let name = host_name(head.host.unwrap_or_default());
             name.eq_ignore_ascii_case(public)
         })
     }
@@ -1060,7 +1060,10 @@ pub(crate) fn governor_headers_after_remaining(out: &mut Vec<u8>, s: &crate::gov
     out.extend_from_slice(b"\r\n");
 }
 
-pub(crate) fn host_without_port(host: &[u8]) -> &[u8] {
+/// The name a `Host` value gives: without its port, an IPv6 literal without
+/// its brackets, and a name without the dot that makes it absolute
+/// (`api.example.com.` is `api.example.com`, RFC 1034 §3.1).
+pub(crate) fn host_name(host: &[u8]) -> &[u8] {
     if host.first() == Some(&b'[') {
         // An IPv6 literal: keep the brackets' content only.
         return match host.iter().position(|&b| b == b']') {
@@ -1068,10 +1071,11 @@ pub(crate) fn host_without_port(host: &[u8]) -> &[u8] {
             None => host,
         };
     }
-    match host.iter().rposition(|&b| b == b':') {
+    let name = match host.iter().rposition(|&b| b == b':') {
         Some(colon) => &host[..colon],
         None => host,
-    }
+    };
+    name.strip_suffix(b".").filter(|n| !n.is_empty()).unwrap_or(name)
 }
 
 /// The caller's wait budget: body `waitMs`, else `X-Nthpool-Queue-Timeout-Ms`;
@@ -1140,10 +1144,13 @@ mod tests {
     }
 
     #[test]
-    fn host_port_is_ignored() {
-        assert_eq!(host_without_port(b"api.example.com:443"), b"api.example.com");
-        assert_eq!(host_without_port(b"api.example.com"), b"api.example.com");
-        assert_eq!(host_without_port(b"[::1]:7070"), b"::1");
+    fn host_port_and_the_absolute_names_dot_are_ignored() {
+        assert_eq!(host_name(b"api.example.com:443"), b"api.example.com");
+        assert_eq!(host_name(b"api.example.com"), b"api.example.com");
+        assert_eq!(host_name(b"api.example.com."), b"api.example.com");
+        assert_eq!(host_name(b"api.example.com.:443"), b"api.example.com");
+        assert_eq!(host_name(b"[::1]:7070"), b"::1");
+        assert_eq!(host_name(b"."), b".");
     }
 
     #[test]

@@ -88,12 +88,12 @@ impl App {
 
     /// The pool a request is proxy traffic for: the pool whose own listener
     /// it came in on, or on the main listener the pool whose `hosts` holds
-    /// its `Host` (port ignored, case-insensitive).
+    /// its `Host` (port and an absolute name's final dot ignored, case-insensitive).
     pub fn proxy_route(&self, listener_pool: Option<PoolId>, head: &Head) -> Option<PoolId> {
         if listener_pool.is_some() || self.proxy_hosts.is_empty() {
             return listener_pool;
         }
-        let name = super::host_without_port(head.host?);
+        let name = super::host_name(head.host?);
         let mut lower = [0u8; 253];
         let lower = lower.get_mut(..name.len())?;
         for (l, b) in lower.iter_mut().zip(name) {

@@ -51,7 +51,9 @@ impl Denied {
     pub const TOKEN_TYP_REFUSED: Denied = Denied::new("The token's typ must be JWT.");
     pub const TOKEN_KEY_UNKNOWN: Denied = Denied::new("The token names a signing key that is not configured.");
     pub const TOKEN_SIGNATURE_INVALID: Denied = Denied::new("The token signature does not verify.");
-    pub const TOKEN_CLAIMS_INVALID: Denied = Denied::new("The token claims are not valid JSON.");
+    pub const TOKEN_CLAIMS_INVALID: Denied = Denied::new(
+        "The token claims are not a JSON object with iss a string, aud a string or a list of strings, and exp and nbf numbers.",
+    );
     pub const TOKEN_EXP_MISSING: Denied = Denied::new("The token has no exp claim.");
     pub const TOKEN_EXP_INVALID: Denied = Denied::new("The token's exp claim is not a NumericDate.");
     pub const TOKEN_NBF_INVALID: Denied = Denied::new("The token's nbf claim is not a NumericDate.");

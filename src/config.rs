@@ -93,6 +93,31 @@ pub struct Config {
     pub pools: BTreeMap<String, PoolConfig>,
 }
 
+/// serde's message with the Rust type it expected said in words: an
+/// operator reads `expected a whole number from 0 to 4294967295`, not
+/// `expected u32` (the field's own range is checked after, in words too).
+fn plain_types(message: &str) -> String {
+    const WORDS: [(&str, &str); 6] = [
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        ("expected u32", "expected a whole number from 0 to 4294967295"),
+        ("expected u64", "expected a whole number from 0 to 18446744073709551615"),
+        ("expected usize", "expected a whole number from 0 to 18446744073709551615"),
+        ("expected f64", "expected a number"),
+    ];
+    let mut out = message.to_owned();
+    for (rust, words) in WORDS {
+        // Only the whole word: `expected u32` is not `expected u32x`.
+        if let Some(at) = out.find(rust) {
+            let end = at + rust.len();
+            if !out[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
+                out.replace_range(at..end, words);
+            }
+        }
+    }
+    out
+}
+
 /// The only places a configuration holds arrays, as paths (`*`: any pool
 /// name). Anywhere else an array would be read as a struct's fields in
 /// order (serde takes `"queue": [5, 1000]` for `{"size": 5, "timeoutMs":
@@ -383,9 +408,9 @@ impl Config {
             } else if inner.is_syntax() || inner.is_eof() {
                 ConfigError(format!("invalid configuration: JSON syntax error: {inner}"))
             } else if path == "." {
-                ConfigError(format!("invalid configuration: {inner}"))
+                ConfigError(format!("invalid configuration: {}", plain_types(&inner.to_string())))
             } else {
-                ConfigError(format!("invalid configuration: {path}: {inner}"))
+                ConfigError(format!("invalid configuration: {path}: {}", plain_types(&inner.to_string())))
             }
         })?;
         // One object and nothing after it but whitespace.
@@ -711,6 +736,15 @@ mod tests {
     fn a_pool_named_twice_is_refused() {
         let e = err(r#"{"pools":{"p":{"keys":["k1"]},"p":{"keys":["k2"]}}}"#);
         assert!(e.contains("duplicate pool `p`"), "{e}");
+    }
+
+    #[test]
+    fn type_errors_say_the_expected_number_in_words() {
+        let e = err(&pool_json(r#","concurrency":4294967296"#));
+        assert!(e.ends_with("pools.p1.concurrency: invalid value: integer `4294967296`, expected a whole number from 0 to 4294967295 at line 1 column 53"), "{e}");
+        let e = err(&pool_json(r#","termMs":"soon""#));
+        assert!(e.contains(r#"pools.p1.termMs: invalid type: string "soon", expected a whole number from 0 to 18446744073709551615"#), "{e}");
+        assert!(!err(&pool_json(r#","concurrency":-1"#)).contains("u32"));
     }
 
     #[test]

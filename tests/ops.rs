@@ -400,13 +400,18 @@ fn sighup_adds_a_pool_and_retires_a_removed_one() {
     let r = s.request(&post("/pools/other/lock/acquire", "other-key", "", ""));
     assert_eq!(r.status, 401, "a removed pool grants nothing: {r:?}");
     assert_eq!(r.error_code(), "unauthorized");
+    let m = metrics(&s);
+    assert_eq!((m.pool("nthpool_retired", "other"), m.pool("nthpool_slots_held", "other")), (1.0, 1.0), "draining");
+    assert_eq!(m.pool("nthpool_retired", "fresh"), 0.0);
     let r = s.request(&post(&format!("/pools/other/lock/{kept}/release"), "other-key", "", ""));
     assert_eq!(r.status, 200, "its held slot can still be released: {r:?}");
     assert_eq!(r.json()["released"], true);
+    // Drained, it is shown no more: no series in the metrics, not on the dashboard.
     let m = metrics(&s);
-    assert_eq!(m.pool("nthpool_retired", "other"), 1.0);
-    assert_eq!(m.pool("nthpool_slots_held", "other"), 0.0);
-    assert_eq!(m.pool("nthpool_retired", "fresh"), 0.0);
+    assert!(!m.samples.iter().any(|sample| sample.labels.get("pool").is_some_and(|p| p == "other")), "{m:?}");
+    let list = s.get_admin("/api/pools").json();
+    assert!(list["pools"].as_array().unwrap().iter().all(|p| p["name"] != "other"), "{list}");
+    assert_eq!(s.get_admin("/api/pools/other").status, 404);
     assert_eq!(s.acquire("", "").status, 200, "the untouched pool carries on");
 }
 

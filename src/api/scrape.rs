@@ -16,6 +16,7 @@ impl App {
         let pools = gov
             .pools()
             .enumerate()
+            .filter(|(_, (_, p))| !p.drained_away())
             .map(|(i, (pid, p))| {
                 let mut m = pool_metrics(p, now, gov.advanced_to(), self.latency.get(i).copied());
                 m.rejections = self.rejections.by_code(Some(pid));

@@ -90,7 +90,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         // An unknown pool's page is the shell too, as a 404: its script
         // finds the pool missing and says so in the page.
         let status =
-            if authorized(head, app) && app.governor().pool_id(name).is_none() { Status::NotFound } else { Status::Ok };
+            if authorized(head, app) && shown_pool(app, name).is_none() { Status::NotFound } else { Status::Ok };
         let mut w = start(out, status);
         w.header(b"Content-Type", b"text/html; charset=utf-8");
         w.finish(INDEX_HTML, close);
@@ -108,7 +108,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
     }
     let body = match path {
         "/api/pools" => pools_json(app),
-        _ => match pool_name(path, "/api/pools/").map(|name| app.governor().pool_id(name)) {
+        _ => match pool_name(path, "/api/pools/").map(|name| shown_pool(app, name)) {
             Some(Some(pid)) => pool_json(app, pid),
             Some(None) => {
                 error(out, Status::NotFound, "not_found", "No such pool.", close);
@@ -156,9 +156,16 @@ fn summary(app: &App, pool: &Pool) -> Value {
     })
 }
 
+/// The pool named `name`, unless it is unknown or a removed pool with
+/// nothing left to drain (`Pool::drained_away`).
+fn shown_pool(app: &App, name: &str) -> Option<PoolId> {
+    app.governor().pool_id(name).filter(|&pid| !app.governor().pool(pid).drained_away())
+}
+
 fn pools_json(app: &App) -> Value {
     let epoch_now = app.turn().wall().0;
-    let pools: Vec<Value> = app.governor().pools().map(|(_, p)| summary(app, p)).collect();
+    let pools: Vec<Value> =
+        app.governor().pools().filter(|(_, p)| !p.drained_away()).map(|(_, p)| summary(app, p)).collect();
     json!({ "serverTime": epoch_now, "pools": pools })
 }
 

@@ -174,6 +174,13 @@ impl Pool {
         self.recovering_until.is_some_and(|until| now < until)
     }
 
+    /// A pool a reload removed that has nothing left to drain: no slot held
+    /// (lock or proxied), no waiter. It is kept (a reload may name it again)
+    /// but no longer shown in the metrics or on the dashboard.
+    pub fn drained_away(&self) -> bool {
+        self.retired && self.held == 0 && self.queue.is_empty()
+    }
+
     pub fn effective_limit(&self) -> u32 {
         self.learning.effective()
     }

@@ -7,6 +7,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{read_response, Response, TestServer};
@@ -454,6 +455,51 @@ fn a_real_browser_shows_an_unknown_pool_as_a_404_page() {
     assert!(page.contains("<title>nthpool · no such pool</title>"), "{page}");
 }
 
+/// The head of the request `client` sends (read with a 30 s limit) and its
+/// path; `None` if the connection ends first.
+fn read_request_head(client: &mut TcpStream) -> Option<(String, String)> {
+    use std::io::Read;
+    let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match client.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let path = text.split(' ').nth(1).unwrap_or("").to_owned();
+    Some((text, path))
+}
+
+/// The admin listener's whole answer to the request head `text`, sent on a
+/// connection of its own that closes after it.
+fn forward(admin: SocketAddr, text: &str) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let request: String = text
+        .split("\r\n")
+        .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    let mut upstream = TcpStream::connect(admin).ok()?;
+    let _ = upstream.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = upstream.write_all(format!("{request}Connection: close\r\n\r\n").as_bytes());
+    let mut answer = Vec::new();
+    let _ = upstream.read_to_end(&mut answer);
+    Some(answer)
+}
+
+/// Writes an answer of `head` (its `Content-Length` replaced) and `body`.
+fn write_with_body(client: &mut TcpStream, head: &str, body: &str) {
+    let head: String = head
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
+        .map(|l| format!("{l}\r\n"))
+        .collect();
+    let _ = client.write_all(format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+}
+
 /// A proxy in front of the admin listener that leaves the first
 /// `/api/` request unanswered on an open connection (a network that went
 /// silent) and forwards everything else, one request per connection. It
@@ -461,7 +507,6 @@ fn a_real_browser_shows_an_unknown_pool_as_a_404_page() {
 /// after `load_ms` of real time, not of virtual time (which stands still
 /// while a fetch is pending).
 fn silent_once_proxy(admin: SocketAddr, load_ms: u64) -> SocketAddr {
-    use std::io::Read;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -472,17 +517,7 @@ fn silent_once_proxy(admin: SocketAddr, load_ms: u64) -> SocketAddr {
             let Ok(mut client) = client else { return };
             let stalled = stalled.clone();
             std::thread::spawn(move || {
-                let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match client.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let text = String::from_utf8_lossy(&head).into_owned();
-                let path = text.split(' ').nth(1).unwrap_or("").to_owned();
+                let Some((text, path)) = read_request_head(&mut client) else { return };
                 if path.starts_with("/api/") && !stalled.swap(true, Ordering::SeqCst) {
                     // Held open, never answered, for longer than the page lives.
                     std::thread::sleep(Duration::from_millis(load_ms + 10_000));
@@ -494,25 +529,11 @@ fn silent_once_proxy(admin: SocketAddr, load_ms: u64) -> SocketAddr {
                         client.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
                     return;
                 }
-                let request: String = text
-                    .split("\r\n")
-                    .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
-                    .map(|l| format!("{l}\r\n"))
-                    .collect();
-                let Ok(mut upstream) = TcpStream::connect(admin) else { return };
-                let _ = upstream.set_read_timeout(Some(Duration::from_secs(10)));
-                let _ = upstream.write_all(format!("{request}Connection: close\r\n\r\n").as_bytes());
-                let mut answer = Vec::new();
-                let _ = upstream.read_to_end(&mut answer);
+                let Some(answer) = forward(admin, &text) else { return };
                 let Some(split) = answer.windows(4).position(|w| w == b"\r\n\r\n") else { return };
                 let (head, body) = (String::from_utf8_lossy(&answer[..split]).into_owned(), &answer[split + 4..]);
                 let body = String::from_utf8_lossy(body).replace("</body>", r#"<img src="/slow-load" alt=""></body>"#);
-                let head: String = head
-                    .split("\r\n")
-                    .filter(|l| !l.to_ascii_lowercase().starts_with("content-length:"))
-                    .map(|l| format!("{l}\r\n"))
-                    .collect();
-                let _ = client.write_all(format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+                write_with_body(&mut client, &head, &body);
             });
         }
     });
@@ -530,6 +551,134 @@ fn a_real_browser_recovers_when_the_connection_goes_silent() {
     // Real time: the DOM is dumped when the slow image ends the page's load.
     let page = chromium(&bin, &["--dump-dom"], &format!("http://{proxy}/pools/demo"));
     assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "the page never got past the silent request: {page}");
+}
+
+/// The page's script tag, ahead of which `rotation_proxy` puts the test's own.
+const APP_JS_TAG: &str = r#"<script src="/assets/app.js" defer>"#;
+
+/// A proxy in front of the admin listener that forwards every request, one
+/// per connection, with two additions of its own. The page gets
+/// `/test/helper.js` (`helper_js`, served from the same origin so the
+/// page's CSP lets it run) as a plain script ahead of the deferred app.js,
+/// so it runs first. And `GET /test/rotate` is the helper's way to ask the
+/// test to rotate the token: the proxy says so on the returned receiver,
+/// and answers only once the test says it is done on the returned sender
+/// (or after a minute). The browser's virtual time stands still while that
+/// fetch is pending, so the page polls nothing in between.
+fn rotation_proxy(admin: SocketAddr, helper_js: String) -> (SocketAddr, mpsc::Receiver<()>, mpsc::Sender<()>) {
+    use std::sync::{Arc, Mutex};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (asked_tx, asked_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let done_rx = Arc::new(Mutex::new(done_rx));
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            let (helper_js, asked_tx, done_rx) = (helper_js.clone(), asked_tx.clone(), done_rx.clone());
+            std::thread::spawn(move || {
+                let Some((text, path)) = read_request_head(&mut client) else { return };
+                let own = |content_type: &str, body: &str| {
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nCache-Control: no-store\r\n\
+                         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                if path == "/test/helper.js" {
+                    let _ = client.write_all(own("text/javascript", &helper_js).as_bytes());
+                    return;
+                }
+                if path == "/test/rotate" {
+                    let _ = asked_tx.send(());
+                    let _ = done_rx.lock().unwrap().recv_timeout(Duration::from_secs(60));
+                    let _ = client.write_all(own("text/plain", "rotated").as_bytes());
+                    return;
+                }
+                let Some(answer) = forward(admin, &text) else { return };
+                // Only the page is rewritten; everything else passes as it came.
+                let page = std::str::from_utf8(&answer).ok().filter(|t| t.contains(APP_JS_TAG));
+                let Some((head, body)) = page.and_then(|t| t.split_once("\r\n\r\n")) else {
+                    let _ = client.write_all(&answer);
+                    return;
+                };
+                let body =
+                    body.replace(APP_JS_TAG, &format!("<script src=\"/test/helper.js\"></script>\n{APP_JS_TAG}"));
+                write_with_body(&mut client, head, &body);
+            });
+        }
+    });
+    (addr, asked_rx, done_tx)
+}
+
+#[test]
+fn a_real_browser_signs_in_again_after_the_token_rotates_and_sees_the_examples() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    const ROTATED: &str = "admin-token-rotated-9876543210";
+    let with_token = |token: &str| demo_config(&format!(r#","adminToken":"{token}""#));
+    let s = TestServer::start(&with_token(TOKEN));
+    // The helper plays the operator: the tab already holds the first token
+    // (set before app.js runs); once the Examples are drawn it asks for the
+    // rotation; once the login form shows again it types the new token and
+    // submits the form the way its button does. It leaves what it saw on
+    // <html> for the dumped DOM: the form's message, and that it signed in.
+    let helper_js = format!(
+        r#""use strict";
+sessionStorage.setItem("nthpool-admin-token", {first});
+let phase = "signed-in";
+const step = setInterval(async () => {{
+  if (phase === "signed-in" && document.getElementById("example-acquire")) {{
+    phase = "rotating";
+    await fetch("/test/rotate", {{ cache: "no-store" }});
+    phase = "rotated";
+  }} else if (phase === "rotated" && !document.getElementById("login").hidden) {{
+    phase = "done";
+    clearInterval(step);
+    const html = document.documentElement;
+    html.dataset.loginError = document.getElementById("login-error").textContent;
+    document.getElementById("token").value = {rotated};
+    document.getElementById("login-form").requestSubmit();
+    html.dataset.signedInAgain = "yes";
+  }}
+}}, 50);
+"#,
+        first = serde_json::to_string(TOKEN).unwrap(),
+        rotated = serde_json::to_string(ROTATED).unwrap(),
+    );
+    let (proxy, asked, rotated) = rotation_proxy(admin(&s), helper_js);
+    // The virtual time covers the refresh that meets the 401 (one second
+    // after the rotation) and the sign-in after it, with room to spare.
+    let url = format!("http://{proxy}/pools/demo");
+    let browser = std::thread::spawn(move || dump_dom(&bin, &url));
+
+    // The SIGHUP reload rotates the adminToken, as an operator would; the
+    // Examples do not change with it (they are the same JSON before and
+    // after), which is what kept the page from drawing them again.
+    asked.recv_timeout(Duration::from_secs(60)).expect("the page never drew the Examples with the first token");
+    std::fs::write(&s.config_path, with_token(ROTATED)).unwrap();
+    s.signal("HUP");
+    let until = Instant::now() + Duration::from_secs(20);
+    while get(admin(&s), "/api/pools", &format!("Authorization: Bearer {TOKEN}\r\n")).status != 401 {
+        assert!(Instant::now() < until, "the reload never rotated the token");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(get(admin(&s), "/api/pools", &format!("Authorization: Bearer {ROTATED}\r\n")).status, 200);
+    rotated.send(()).unwrap();
+
+    let page = browser.join().expect("the browser's thread");
+    // The page did meet the 401 and was signed in again through its form...
+    assert!(page.contains(r#"data-login-error="That token was not accepted.""#), "no 401 was shown: {page}");
+    assert!(page.contains(r#"data-signed-in-again="yes""#), "the login form never came back: {page}");
+    // ...which is hidden again, over a page drawn in full: Examples included.
+    let login = page.split(r#"<section id="login""#).nth(1).unwrap_or_else(|| panic!("no login section: {page}"));
+    assert!(login.split('>').next().unwrap().contains("hidden"), "the login form is still shown: {page}");
+    assert!(page.contains(r#"<dd data-field="held">0</dd>"#), "the live state is not drawn: {page}");
+    for id in ["acquire", "acquire-queued", "renew", "release", "release-throttled"] {
+        assert!(page.contains(&format!(r#"id="example-{id}""#)), "example {id} not drawn again: {page}");
+    }
+    assert_eq!(page.matches("Copy</button>").count(), 5, "{page}");
 }
 
 /// Runs `text` (an Example as the page shows it) in bash with `env`, and

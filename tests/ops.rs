@@ -931,3 +931,28 @@ fn help_explains_the_flags() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn out_of_descriptors_a_health_check_is_accepted_first_once_some_are_free() {
+    let s = TestServer::start(&config("", ""));
+    // Few descriptors for the running server (util-linux's prlimit).
+    let limited = std::process::Command::new("prlimit")
+        .arg(format!("--pid={}", s.pid()))
+        .arg("--nofile=48:48")
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(limited, "prlimit could not lower the server's descriptor limit");
+    // More public connections than it can take: the rest wait in the backlog,
+    // and accepting pauses (EMFILE) instead of spinning.
+    let mut public: Vec<TcpStream> = (0..80).map(|_| s.connect()).collect();
+    thread::sleep(Duration::from_millis(300));
+    let mut health = TcpStream::connect(admin(&s)).unwrap();
+    health.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    health.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    thread::sleep(Duration::from_millis(300));
+    // Ten descriptors come free; the public backlog holds many more than ten
+    // connections, but the health check is taken before them.
+    public.drain(..10);
+    let r = read_response(&mut health).expect("the health check was never accepted");
+    assert_eq!(r.status, 200, "{r:?}");
+}

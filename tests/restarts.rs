@@ -753,3 +753,40 @@ fn the_dashboard_history_shows_recovering_denials() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_stop_releases_the_grants_a_client_never_took_before_its_snapshot() {
+    // A client that pipelines acquires and never reads, with a small receive
+    // window: most of its grants are still in the server's output when the
+    // stop's grace ends. Those were never delivered, so they are released
+    // (SPEC §5), not written into the snapshot as held.
+    let first = TestServer::start(&config(
+        r#""concurrency":100000,"adaptive":false,"termMs":60000,"renewIntervalMs":10000"#,
+        "",
+    ));
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&first.addr.into()).unwrap();
+    let mut greedy = std::net::TcpStream::from(socket);
+    // As much of a burst as the server takes in two seconds.
+    let burst =
+        format!("POST /pools/p/lock/acquire HTTP/1.1\r\nHost: x\r\nX-Nthpool-Key: {KEY}\r\n\r\n").repeat(20_000);
+    let burst = burst.as_bytes();
+    greedy.set_nonblocking(true).unwrap();
+    let (mut sent, until) = (0, Instant::now() + Duration::from_secs(2));
+    while sent < burst.len() && Instant::now() < until {
+        match greedy.write(&burst[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let granted = metric(&first, "nthpool_grants_total{pool=\"p\"}");
+    assert!(granted > 1000, "only {granted} grants: the server's output never filled");
+    let s = restart(&stop(first, "TERM"));
+    let held = metric(&s, "nthpool_slots_held{pool=\"p\"}");
+    assert!(held < granted, "all {granted} grants came back held after the stop: none was released");
+    // Connected (and not reading) until the stop.
+    drop(greedy);
+}

@@ -418,10 +418,13 @@ impl Conn {
     }
 
     /// One write of the pending output, whatever it takes: the last words
-    /// of a connection the stop is about to close.
+    /// of a connection the stop is about to close (what it took counts as
+    /// sent, so the grants left unsent are known).
     #[cold]
     pub fn write_last(&mut self) {
-        let _ = self.stream.write(&self.output[self.out_pos..]);
+        if let Ok(n) = self.stream.write(&self.output[self.out_pos..]) {
+            self.out_pos += n;
+        }
     }
 
     /// Writes as much pending output as the socket takes.
@@ -449,17 +452,23 @@ impl Conn {
         } else {
             self.undelivered.retain(|&(_, end)| end > sent);
             if sent >= self.output.len() - sent {
-                // A stream relayed to a slower reader never empties the
-                // buffer: the sent part is dropped once it outweighs the
-                // rest, so the buffer stays within twice what is unsent and
-                // each byte is moved at most once.
-                self.output.drain(..sent);
-                self.out_pos = 0;
-                for (_, end) in &mut self.undelivered {
-                    *end -= sent;
-                }
+                self.drop_sent();
             }
             Ok(Flush::Pending)
+        }
+    }
+
+    /// A stream relayed to a slower reader never empties the buffer: the
+    /// sent part is dropped once it outweighs the rest, so the buffer stays
+    /// within twice what is unsent and each byte is moved at most once.
+    #[cold]
+    #[inline(never)]
+    fn drop_sent(&mut self) {
+        let sent = self.out_pos;
+        self.output.drain(..sent);
+        self.out_pos = 0;
+        for (_, end) in &mut self.undelivered {
+            *end -= sent;
         }
     }
 }

@@ -380,19 +380,34 @@ impl Server {
                 // wait as soon as its FIN is sent.
                 if self.conns.len() == self.lingering || self.clock.now_ms() >= at {
                     self.cut_exchanges();
+                    let (cut, draining) = (self.conns.len() - self.lingering, self.lingering);
+                    self.close_all();
                     // A slow reader of the log gets what is left of the stop's second.
                     let began = at - SHUTDOWN_GRACE_MS;
                     let left = (began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
                     self.app.flush_log(Instant::now() + Duration::from_millis(left));
                     self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
                     info!(
-                        "shut down ({} connections cut at the deadline, {} closed while draining after their last answer)",
-                        self.conns.len() - self.lingering,
-                        self.lingering
+                        "shut down ({cut} connections cut at the deadline, {draining} closed while draining after their last answer)"
                     );
                     return Ok(());
                 }
             }
+        }
+    }
+
+    /// The stop's end: every connection still open gets one last write and
+    /// is closed, so the grants that never left its output are released
+    /// (SPEC §5) before the snapshot would keep them as held.
+    #[cold]
+    fn close_all(&mut self) {
+        let ids: Vec<ConnId> =
+            self.conns.iter().map(|(t, entry)| ConnId { index: t as u32, serial: entry.serial() }).collect();
+        for id in ids {
+            if let Some(conn) = client_mut(&mut self.conns, id) {
+                conn.write_last();
+            }
+            self.close(id);
         }
     }
 
@@ -563,17 +578,19 @@ impl Server {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    // EMFILE and friends: the pending connection stays in the
-                    // backlog and the listener would fire again at once, so stop
-                    // accepting for a moment instead of spinning.
-                    warn!("accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms");
-                    self.accept_paused = true;
-                    self.app.schedule(self.now.ms + ACCEPT_PAUSE_MS, Wake::Accept);
-                    return;
-                }
+                Err(e) => return self.pause_accepts(&e),
             }
         }
+    }
+
+    /// EMFILE and friends: the pending connection stays in the backlog and
+    /// the listener would fire again at once, so every listener stops
+    /// accepting for a moment instead of spinning; `Wake::Accept` resumes
+    /// them all, the admin listener first.
+    pub(super) fn pause_accepts(&mut self, e: &io::Error) {
+        warn!("accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms");
+        self.accept_paused = true;
+        self.app.schedule(self.now.ms + ACCEPT_PAUSE_MS, Wake::Accept);
     }
 
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) -> Option<ConnId> {
@@ -685,9 +702,14 @@ impl Server {
             match event {
                 Event::Answer(id, answer) => self.deliver(id, answer),
                 Event::Wake(Wake::Accept) => {
+                    // Descriptors freed since the pause go to health checks
+                    // and scrapes first: the public backlog would take them all.
                     self.accept_paused = false;
-                    self.accept(false);
                     self.accept(true);
+                    self.accept(false);
+                    for i in 0..self.proxy_listeners.len() {
+                        self.accept_proxy(i);
+                    }
                 }
                 Event::Wake(Wake::Conn(id)) => self.dispatch(id, Signal::Deadline),
                 Event::Wake(Wake::UpstreamIdle) => self.sweep_idle_upstreams(),

@@ -10,7 +10,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use log::{debug, warn};
+use log::debug;
 use mio::event::Event;
 use mio::net::TcpListener;
 use mio::{Interest, Registry, Token};
@@ -249,6 +249,9 @@ fn restart_timer(proxy: &mut Proxy, app: &App, ex: usize, now: Ms, body_progress
 impl Server {
     /// Accepts on a pool's own proxy listener.
     pub(super) fn accept_proxy(&mut self, i: usize) {
+        if self.accept_paused {
+            return;
+        }
         loop {
             let Some((listener, pid)) = self.proxy_listeners.get(i) else {
                 return;
@@ -262,10 +265,7 @@ impl Server {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    warn!("accept on a proxy listener failed: {e}");
-                    return;
-                }
+                Err(e) => return self.pause_accepts(&e),
             }
         }
     }

@@ -397,14 +397,18 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
 
 /// Replaces `path` with `bytes` atomically: a temporary file beside it,
 /// synced, renamed over it, and the directory synced so the rename lasts.
+/// A write that fails (a full disk) removes its temporary file: a partial
+/// one would keep the space the next write needs.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = temporary(path);
     let tmp = tmp.as_path();
     let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_all());
     drop(file);
-    std::fs::rename(tmp, path)?;
+    if let Err(e) = written.and_then(|()| std::fs::rename(tmp, path)) {
+        let _ = std::fs::remove_file(tmp);
+        return Err(e);
+    }
     sync_dir(path)
 }
 
@@ -654,6 +658,11 @@ mod tests {
         assert!(!dir.join("nthpool.state.tmp").exists());
         remove(&path).unwrap();
         assert!(!path.exists());
+        // A write that fails leaves no temporary file (here the rename: a
+        // directory stands where the snapshot goes).
+        std::fs::create_dir_all(&path).unwrap();
+        assert!(write_atomic(&path, b"third").is_err());
+        assert!(!dir.join("nthpool.state.tmp").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1007,6 +1007,11 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     };
     drop(queue(&s));
     queue(&s).shutdown(std::net::Shutdown::Write).unwrap();
+    // One that resets: nothing can be written to it, so it is gone (499).
+    let reset = socket2::Socket::from(queue(&s));
+    reset.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(reset);
+    thread::sleep(Duration::from_millis(100));
     let framing = [
         format!(
             "POST {ACQUIRE} HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
@@ -1037,6 +1042,7 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
             (200, "-"),
             (504, "client_gone"),
             (504, "client_gone"),
+            (499, "client_gone"),
             (400, "bad_request"),
             (400, "bad_request"),
             (400, "bad_request"),
@@ -1044,13 +1050,13 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
         ],
         "one line per acquire attempt:\n{text}"
     );
-    for l in [&lines[1], &lines[2]] {
+    for l in [&lines[1], &lines[2], &lines[3]] {
         assert_eq!(l["waitMs"], 5000, "{l}");
         assert!(l["queuedMs"].as_u64().unwrap() >= 100, "a gone waiter's line shows its wait: {l}");
     }
-    assert!(lines[6]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[6]);
-    assert!(lines[3..5].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
-    assert_eq!(lines[5]["pool"], "p\u{fffd}\\\"", "{text}");
+    assert!(lines[7]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[7]);
+    assert!(lines[4..6].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
+    assert_eq!(lines[6]["pool"], "p\u{fffd}\\\"", "{text}");
 }
 
 #[test]

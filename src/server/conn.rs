@@ -54,8 +54,11 @@ pub enum Io {
     Drained,
     /// The kernel has nothing more (or no room); wait for readiness.
     WouldBlock,
-    /// The peer closed (EOF on read); a reset is a close too, not an error.
+    /// The peer closed (EOF on read).
     Closed,
+    /// The peer reset the connection: what it sent is still answered in
+    /// effect (a release still releases), but nothing can be written to it.
+    Reset,
 }
 
 /// What a flush came to.
@@ -207,6 +210,8 @@ pub struct Conn {
     pub undelivered: Vec<(SlotId, usize)>,
     /// The peer sent its FIN (or reset): nothing more will arrive.
     pub read_closed: bool,
+    /// The peer reset the connection (`Io::Reset`).
+    pub reset: bool,
     /// The socket may hold unread input (edge-triggered readiness, remembered
     /// until a read finds it empty).
     pub readable: bool,
@@ -249,6 +254,7 @@ impl Conn {
             budget: Budget::new(0),
             undelivered: Vec::new(),
             read_closed: false,
+            reset: false,
             readable: false,
             dirty: false,
             hangup: false,
@@ -401,7 +407,7 @@ impl Conn {
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Io::WouldBlock),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Io::Continue),
-            Err(e) if is_reset(&e) => Ok(Io::Closed),
+            Err(e) if is_reset(&e) => Ok(Io::Reset),
             Err(e) => Err(e),
         }
     }

@@ -830,8 +830,9 @@ impl Server {
                     }
                 }
                 Ok(Io::WouldBlock) => conn.readable = false,
-                Ok(Io::Closed) => {
+                Ok(io @ (Io::Closed | Io::Reset)) => {
                     conn.read_closed = true;
+                    conn.reset |= io == Io::Reset;
                     conn.readable = false;
                 }
                 Err(e) => {
@@ -887,7 +888,7 @@ impl Server {
                     conn.readable = false;
                     return;
                 }
-                Ok(Io::Closed) | Err(_) => {
+                Ok(Io::Closed | Io::Reset) | Err(_) => {
                     self.close(id);
                     return;
                 }
@@ -1023,6 +1024,13 @@ impl Server {
         let Some(queued) = conn.queued().copied().filter(|_| conn.read_closed || conn.exchange.is_none()) else {
             return;
         };
+        if conn.reset && conn.exchange.is_none() {
+            // Nothing can reach a client that reset: it is gone (`499`), as
+            // when its connection closes while it waits.
+            conn.stop_waiting();
+            self.app.waiter_gone(&queued, id, now);
+            return;
+        }
         let (close, say_kept_alive) = (conn.waits_to_close(), conn.waits_http10_keep_alive());
         if write_kept_alive(&mut conn.output, say_kept_alive, |out| self.app.withdraw(out, &queued, id, now, close)) {
             conn.stop_waiting();

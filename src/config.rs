@@ -145,11 +145,12 @@ fn refuse_positional<'v>(value: &'v serde_json::Value, path: &mut Vec<&'v str>) 
             if listed {
                 return Ok(());
             }
+            let lists: Vec<String> =
+                ARRAY_FIELDS.iter().map(|pattern| pattern.join(".").replace('*', "<pool>")).collect();
             fail(format!(
-                "invalid configuration: {}: an array where named fields or a single value go; \
-                 only resolver.nameservers and a pool's keys, keySha256, access.ipAllow, \
-                 access.trustedProxies and upstream.hosts are lists",
-                path.join(".")
+                "invalid configuration: {}: an array where named fields or a single value go; only {} are lists",
+                path.join("."),
+                lists.join(", ")
             ))
         }
         Value::Object(members) => {

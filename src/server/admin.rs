@@ -36,9 +36,8 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            if head_cannot_be_complete(conn, data) {
-                let scanned = data.len();
-                head_incomplete(conn, scanned);
+            if head_cannot_be_complete(conn) {
+                head_incomplete(conn);
                 break;
             }
             let input_full = conn.input_full();
@@ -46,8 +45,7 @@ impl Server {
             let head = match parse_head(data, &mut storage) {
                 Ok(Some(head)) => head,
                 Ok(None) => {
-                    let scanned = data.len();
-                    head_incomplete(conn, scanned);
+                    head_incomplete(conn);
                     break;
                 }
                 Err(HeadError::NewerMinorVersion) => {

@@ -396,14 +396,17 @@ impl Server {
         }
     }
 
+    /// Every open connection's id (for a pass that may close some).
+    fn conn_ids(&self) -> Vec<ConnId> {
+        self.conns.iter().map(|(t, entry)| ConnId { index: t as u32, serial: entry.serial() }).collect()
+    }
+
     /// The stop's end: every connection still open gets one last write and
     /// is closed, so the grants that never left its output are released
     /// (SPEC §5) before the snapshot would keep them as held.
     #[cold]
     fn close_all(&mut self) {
-        let ids: Vec<ConnId> =
-            self.conns.iter().map(|(t, entry)| ConnId { index: t as u32, serial: entry.serial() }).collect();
-        for id in ids {
+        for id in self.conn_ids() {
             if let Some(conn) = client_mut(&mut self.conns, id) {
                 conn.write_last();
             }
@@ -542,9 +545,7 @@ impl Server {
         for (mut l, _) in self.proxy_listeners.drain(..) {
             let _ = self.poll.registry().deregister(&mut l);
         }
-        let ids: Vec<ConnId> =
-            self.conns.iter().map(|(t, entry)| ConnId { index: t as u32, serial: entry.serial() }).collect();
-        for id in ids {
+        for id in self.conn_ids() {
             self.dispatch(id, Signal::Shutdown);
         }
     }

@@ -43,9 +43,8 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            if head_cannot_be_complete(conn, data) {
-                let scanned = data.len();
-                head_incomplete(conn, scanned);
+            if head_cannot_be_complete(conn) {
+                head_incomplete(conn);
                 break;
             }
             let input_full = conn.input_full();
@@ -56,8 +55,7 @@ impl Server {
             let head = match &parsed {
                 Ok(Some(head)) => head,
                 Ok(None) => {
-                    let scanned = data.len();
-                    head_incomplete(conn, scanned);
+                    head_incomplete(conn);
                     break;
                 }
                 Err(HeadError::NewerMinorVersion) => {
@@ -194,21 +192,22 @@ pub(super) fn after_answers(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &T
     arm_conn_timer(app, timeouts, conn, id);
 }
 
-/// Whether the head at the front of the input (`data`) cannot be complete
-/// yet: a head usually arrives whole and is parsed at once; after a partial
-/// parse, only new bytes that could end it (or break it) trigger another.
+/// Whether the head at the front of the input cannot be complete yet: a
+/// head usually arrives whole and is parsed at once; after a partial parse,
+/// only new bytes that could end it (or break it) trigger another.
 #[inline]
-pub(super) fn head_cannot_be_complete(conn: &Conn, data: &[u8]) -> bool {
+pub(super) fn head_cannot_be_complete(conn: &Conn) -> bool {
+    let data = &conn.input.buf[conn.input.start..conn.input.end];
     conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned)
 }
 
-/// The head at the front of the input is incomplete, its first `scanned`
-/// bytes looked at. When the client has sent all it will (its FIN was
-/// read), it never will be, and the connection closes once what was
-/// answered before it is written.
+/// The head at the front of the input is incomplete, all of the input
+/// looked at. When the client has sent all it will (its FIN was read), it
+/// never will be, and the connection closes once what was answered before
+/// it is written.
 #[inline]
-pub(super) fn head_incomplete(conn: &mut Conn, scanned: usize) {
-    conn.head_scanned = scanned;
+pub(super) fn head_incomplete(conn: &mut Conn) {
+    conn.head_scanned = conn.input.end - conn.input.start;
     if conn.read_closed {
         conn.close_after_flush();
     }

@@ -11,6 +11,7 @@
 use super::{App, Queued};
 use crate::accesslog;
 use crate::config::Config;
+use crate::governor::history::Attempts;
 use crate::governor::lease::SlotId;
 use crate::governor::{Denial, Grant, Notice, PoolId};
 use crate::http::response::Status;
@@ -133,8 +134,14 @@ impl App {
             return;
         }
         self.history_second = Some(now.ms / 1000);
-        for ((_, pool), (h, _)) in self.gov.pools().zip(&mut self.history) {
-            h.sample(pool, now.ms);
+        for ((_, pool), (h, attempts)) in self.gov.pools().zip(&mut self.history) {
+            if pool.drained_away() {
+                // Nobody is shown it any more: give its memory back.
+                h.forget();
+                *attempts = Attempts::default();
+            } else {
+                h.sample(pool, now.ms);
+            }
         }
     }
 
@@ -302,6 +309,30 @@ mod tests {
         let mut deadlines: Vec<u64> = snap.leases.iter().map(|l| l.lease_deadline).collect();
         deadlines.sort_unstable();
         assert_eq!(deadlines, [1_700_000_601_010, 1_700_000_602_000]);
+    }
+
+    #[test]
+    fn a_removed_pool_gives_its_history_back_once_drained() {
+        use crate::governor::{Admission, Entropy};
+        use crate::time::EpochMs;
+        let both = br#"{"accessLog":null,"pools":{"p":{"keys":["k"]},"q":{"keys":["k"]}}}"#;
+        let config = Config::parse(both).unwrap();
+        let mut app = App::new(&config, Entropy::seeded(3)).unwrap();
+        let epoch = Epoch::at(EpochMs(1_700_000_000_000));
+        app.start_state(&config, None, epoch).unwrap();
+        let (p, q) = (app.pool_id("p").unwrap(), app.pool_id("q").unwrap());
+        let Admission::Granted(held) = app.gov.acquire(q, 0, 1, 0) else { panic!("q grants") };
+        for second in 0..3 {
+            app.begin_turn(Now { ms: second * 1000, epoch });
+        }
+        let only_q = Config::parse(br#"{"accessLog":null,"pools":{"r":{"keys":["k"]}}}"#).unwrap();
+        app.reconfigure(&only_q, Now { ms: 3000, epoch }).unwrap();
+        app.begin_turn(Now { ms: 3000, epoch });
+        let samples = |app: &App, pid: PoolId| app.history[pid.0 as usize].0.iter().count();
+        assert_eq!((samples(&app, p), samples(&app, q)), (0, 3), "q still holds a slot: it is still shown");
+        assert!(app.gov.release_id(q, &held.slot, None, 3500));
+        app.begin_turn(Now { ms: 4000, epoch });
+        assert_eq!(samples(&app, q), 0);
     }
 
     #[test]

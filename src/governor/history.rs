@@ -27,26 +27,16 @@ pub struct Sample {
     pub queue: u32,
 }
 
+#[derive(Default)]
 pub struct History {
-    samples: Box<[Sample; SECONDS]>,
-    /// Where the next sample goes.
+    /// A ring of at most `SECONDS` samples, allocated whole at the first one
+    /// and freed by `forget`, so a pool a reload removed costs none of it.
+    samples: Vec<Sample>,
+    /// Where the next sample goes once the ring is full.
     next: usize,
-    len: usize,
     /// The second (of monotonic time) the last sample stands for.
     second: Option<u64>,
     seen: PoolStats,
-}
-
-impl Default for History {
-    fn default() -> Self {
-        History {
-            samples: Box::new([Sample::default(); SECONDS]),
-            next: 0,
-            len: 0,
-            second: None,
-            seen: PoolStats::default(),
-        }
-    }
 }
 
 fn delta(now: u64, then: u64) -> u32 {
@@ -86,20 +76,32 @@ impl History {
     }
 
     fn push(&mut self, sample: Sample) {
-        self.samples[self.next] = sample;
+        if self.samples.len() < SECONDS {
+            self.samples.reserve_exact(SECONDS);
+            self.samples.push(sample);
+        } else {
+            self.samples[self.next] = sample;
+        }
         self.next = (self.next + 1) % SECONDS;
-        self.len = (self.len + 1).min(SECONDS);
     }
 
     /// The samples, oldest first.
     pub fn iter(&self) -> impl Iterator<Item = &Sample> {
-        let start = (self.next + SECONDS - self.len) % SECONDS;
-        (0..self.len).map(move |i| &self.samples[(start + i) % SECONDS])
+        // Until the ring is full its samples lie in order from the start.
+        let split = if self.samples.len() == SECONDS { self.next } else { 0 };
+        let (newer, older) = self.samples.split_at(split);
+        older.iter().chain(newer)
     }
 
     /// The second of monotonic time the newest sample stands for.
     pub fn last_second(&self) -> Option<u64> {
-        self.second.filter(|_| self.len > 0)
+        self.second.filter(|_| !self.samples.is_empty())
+    }
+
+    /// Drops every sample and the memory that held them: the next `sample`
+    /// starts over, as for a new pool.
+    pub fn forget(&mut self) {
+        *self = History::default();
     }
 }
 
@@ -189,6 +191,26 @@ mod tests {
         assert_eq!(h.iter().count(), SECONDS);
         h.sample(&p, 10_001_000);
         assert_eq!(h.iter().count(), SECONDS);
+    }
+
+    #[test]
+    fn a_full_ring_keeps_the_newest_seconds_in_order_and_forget_frees_it() {
+        let mut p = pool();
+        let mut h = History::default();
+        h.sample(&p, 0);
+        let total = SECONDS as u32 + 7;
+        for second in 1..=total {
+            p.held = second;
+            h.sample(&p, u64::from(second) * 1000);
+        }
+        let held: Vec<u32> = h.iter().map(|s| s.held).collect();
+        assert_eq!(held, (8..=total).collect::<Vec<_>>());
+        assert_eq!(h.last_second(), Some(u64::from(total)));
+        h.forget();
+        assert_eq!((h.iter().count(), h.samples.capacity(), h.last_second()), (0, 0, None));
+        h.sample(&p, 2_000_000);
+        h.sample(&p, 2_001_000);
+        assert_eq!(h.iter().map(|s| s.held).collect::<Vec<_>>(), vec![total], "it starts over");
     }
 
     #[test]

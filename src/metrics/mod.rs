@@ -7,8 +7,6 @@
 //! the request path in O(1), without allocating or formatting; the text is
 //! built only when scraped.
 
-use std::fmt::Write as _;
-
 /// Upper bounds of the acquire server-time buckets, in µs.
 pub const ACQUIRE_US: [u64; 12] = [10, 25, 50, 100, 250, 500, 1000, 2500, 10_000, 100_000, 1_000_000, 10_000_000];
 /// Upper bounds of the proxied upstream-time buckets, in ms.
@@ -239,11 +237,32 @@ impl ProxyStats {
 
 /// One metric family: its `# HELP` and `# TYPE` lines.
 fn family(t: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(t, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for part in ["# HELP ", name, " ", help, "\n# TYPE ", name, " ", kind, "\n"] {
+        t.push_str(part);
+    }
+}
+
+/// One sample line: `name{label="value",…} number`, its name given in parts
+/// (`["x", "_bucket"]`). Written without the formatter: a scrape of
+/// thousands of pools is tens of megabytes of these. Label values are pool
+/// names and fixed words, which need no escaping.
+fn sample(t: &mut String, name: &[&str], labels: &[(&str, &str)], value: impl itoa::Integer) {
+    for part in name {
+        t.push_str(part);
+    }
+    for (i, (label, text)) in labels.iter().enumerate() {
+        t.push_str(if i == 0 { "{" } else { "," });
+        for part in [label, "=\"", text, "\""] {
+            t.push_str(part);
+        }
+    }
+    t.push_str(if labels.is_empty() { " " } else { "} " });
+    t.push_str(itoa::Buffer::new().format(value));
+    t.push('\n');
 }
 
 /// One family with a sample per pool.
-fn per_pool<V: std::fmt::Display>(
+fn per_pool<V: itoa::Integer>(
     t: &mut String,
     pools: &[PoolMetrics],
     (name, kind, help): (&str, &str, &str),
@@ -251,7 +270,7 @@ fn per_pool<V: std::fmt::Display>(
 ) {
     family(t, name, kind, help);
     for p in pools {
-        let _ = writeln!(t, "{name}{{pool=\"{}\"}} {}", p.name, value(p));
+        sample(t, &[name], &[("pool", &p.name)], value(p));
     }
 }
 
@@ -265,15 +284,17 @@ fn by_label(
 ) {
     family(t, name, kind, help);
     for p in pools {
-        for (value, n) in values(p) {
-            let _ = writeln!(t, "{name}{{pool=\"{}\",{label}=\"{value}\"}} {n}", p.name);
+        for &(value, n) in values(p) {
+            sample(t, &[name], &[("pool", &p.name), (label, value)], n);
         }
     }
 }
 
-/// The Prometheus text exposition of `m`.
-pub fn render(m: &MetricsSnapshot) -> String {
-    let mut t = String::with_capacity(8192);
+/// Writes the Prometheus text exposition of `m` into `t`, which is
+/// cleared first (the caller keeps it between scrapes, so a large exposition
+/// is not grown and faulted in anew each time).
+pub fn render(t: &mut String, m: &MetricsSnapshot) {
+    t.clear();
     let pools = &m.pools;
     type PoolValue = fn(&PoolMetrics) -> u64;
     let plain: [(&str, &str, &str, PoolValue); 10] = [
@@ -293,72 +314,73 @@ pub fn render(m: &MetricsSnapshot) -> String {
         ("nthpool_retired", "gauge", "1 when the pool was removed by a reload and is draining.", |p| p.retired as u64),
     ];
     for (name, kind, help, value) in plain {
-        per_pool(&mut t, pools, (name, kind, help), value);
+        per_pool(t, pools, (name, kind, help), value);
     }
     let gauge = |name, help| (name, "gauge", help);
     per_pool(
-        &mut t,
+        t,
         pools,
         gauge("nthpool_budget_remaining", "Grants left in the learned upstream budget (-1: none)."),
         |p| p.budget_remaining,
     );
-    render_learning(&mut t, pools);
-    family(&mut t, "nthpool_rpm_tokens", "gauge", "Tokens in the requests-per-minute bucket.");
+    render_learning(t, pools);
+    family(t, "nthpool_rpm_tokens", "gauge", "Tokens in the requests-per-minute bucket.");
     for p in pools {
         if let Some(tokens) = p.rpm_tokens {
-            let _ = writeln!(t, "nthpool_rpm_tokens{{pool=\"{}\"}} {tokens}", p.name);
+            sample(t, &["nthpool_rpm_tokens"], &[("pool", &p.name)], tokens);
         }
     }
-    per_pool(&mut t, pools, gauge("nthpool_recovering", "1 while the pool's re-adoption window is open."), |p| {
+    per_pool(t, pools, gauge("nthpool_recovering", "1 while the pool's re-adoption window is open."), |p| {
         p.recovering as u8
     });
     let counter = |name, help| (name, "counter", help);
     per_pool(
-        &mut t,
+        t,
         pools,
         counter("nthpool_readopted_total", "Slots held before a restart and re-adopted in the window."),
         |p| p.readopted,
     );
-    per_pool(&mut t, pools, gauge("nthpool_idempotency_keys", "Live Idempotency-Keys in the pool's store."), |p| {
+    per_pool(t, pools, gauge("nthpool_idempotency_keys", "Live Idempotency-Keys in the pool's store."), |p| {
         p.idempotency_keys
     });
     per_pool(
-        &mut t,
+        t,
         pools,
         counter("nthpool_idempotent_replays_total", "Acquires answered with the grant their key held."),
         |p| p.idempotent_replays,
     );
     per_pool(
-        &mut t,
+        t,
         pools,
         counter("nthpool_superseded_total", "Queued acquires whose place a retry with their key took."),
         |p| p.superseded,
     );
-    by_label(&mut t, pools, counter("nthpool_denials_total", "Acquires answered 429, by reason."), "reason", |p| {
-        &p.denials
-    });
+    by_label(t, pools, counter("nthpool_denials_total", "Acquires answered 429, by reason."), "reason", |p| &p.denials);
     family(
-        &mut t,
+        t,
         "nthpool_rejections_total",
         "counter",
         "Lock API and proxy answers of 400 and above, by pool and status code (no pool label: the pool is unknown or not yet resolved).",
     );
     for p in pools {
-        for (code, n) in &p.rejections {
-            let _ = writeln!(t, "nthpool_rejections_total{{pool=\"{}\",code=\"{code}\"}} {n}", p.name);
+        for &(code, n) in &p.rejections {
+            sample(
+                t,
+                &["nthpool_rejections_total"],
+                &[("pool", &p.name), ("code", itoa::Buffer::new().format(code))],
+                n,
+            );
         }
     }
-    for (code, n) in &m.rejections {
-        let _ = writeln!(t, "nthpool_rejections_total{{code=\"{code}\"}} {n}");
+    for &(code, n) in &m.rejections {
+        sample(t, &["nthpool_rejections_total"], &[("code", itoa::Buffer::new().format(code))], n);
     }
     let reclaims =
         counter("nthpool_reclaims_total", "Leases reclaimed, by cause (term: not renewed; cap: request deadline).");
-    by_label(&mut t, pools, reclaims, "cause", |p| &p.reclaims);
-    by_label(&mut t, pools, counter("nthpool_renewals_total", "Renew requests, by outcome."), "outcome", |p| {
-        &p.renewals
-    });
+    by_label(t, pools, reclaims, "cause", |p| &p.reclaims);
+    by_label(t, pools, counter("nthpool_renewals_total", "Renew requests, by outcome."), "outcome", |p| &p.renewals);
     by_label(
-        &mut t,
+        t,
         pools,
         counter(
             "nthpool_releases_total",
@@ -367,10 +389,10 @@ pub fn render(m: &MetricsSnapshot) -> String {
         "outcome",
         |p| &p.releases,
     );
-    family(&mut t, "nthpool_acquire_server_time_us", "histogram", "Server time of acquire answers, in microseconds.");
+    family(t, "nthpool_acquire_server_time_us", "histogram", "Server time of acquire answers, in microseconds.");
     for p in pools {
         if let Some(h) = &p.acquire_us {
-            histogram(&mut t, "nthpool_acquire_server_time_us", &format!("pool=\"{}\",", p.name), h);
+            histogram(t, "nthpool_acquire_server_time_us", Some(&p.name), h);
         }
     }
     let (s, log) = (&m.server, &m.access_log);
@@ -396,10 +418,9 @@ pub fn render(m: &MetricsSnapshot) -> String {
             log.dropped,
         ),
     ];
-    unlabelled(&mut t, &server);
-    render_proxy(&mut t, &s.proxy);
-    render_proxy_pools(&mut t, pools, &s.proxy.pools);
-    t
+    unlabelled(t, &server);
+    render_proxy(t, &s.proxy);
+    render_proxy_pools(t, pools, &s.proxy.pools);
 }
 
 /// What limits each pool now, and what it learned of the upstream's limits.
@@ -407,7 +428,7 @@ fn render_learning(t: &mut String, pools: &[PoolMetrics]) {
     family(t, "nthpool_limited_by", "gauge", "1 for the reason a pool cannot grant now (concurrency, rate, cooldown).");
     for p in pools {
         for (reason, now) in p.limited_by {
-            let _ = writeln!(t, "nthpool_limited_by{{pool=\"{}\",reason=\"{reason}\"}} {}", p.name, u8::from(now));
+            sample(t, &["nthpool_limited_by"], &[("pool", &p.name), ("reason", reason)], u8::from(now));
         }
     }
     type Learned = fn(&PoolMetrics) -> i64;
@@ -440,7 +461,7 @@ fn render_proxy(t: &mut String, p: &ProxyStats) {
         "Proxied exchanges ended, by upstream status class (none: no upstream answer).",
     );
     for (class, n) in CLASSES.iter().zip(p.total.by_class) {
-        let _ = writeln!(t, "nthpool_proxy_requests_total{{class=\"{class}\"}} {n}");
+        sample(t, &["nthpool_proxy_requests_total"], &[("class", class)], n);
     }
     family(
         t,
@@ -448,7 +469,7 @@ fn render_proxy(t: &mut String, p: &ProxyStats) {
         "histogram",
         "From sending a request upstream to the end of its exchange, in ms.",
     );
-    histogram(t, "nthpool_proxy_upstream_time_ms", "", &p.total.upstream_ms);
+    histogram(t, "nthpool_proxy_upstream_time_ms", None, &p.total.upstream_ms);
     let plain: [(&str, &str, &str, u64); 9] = [
         ("nthpool_proxy_bytes_up_total", "counter", "Request bytes relayed to upstreams.", p.total.bytes_up),
         ("nthpool_proxy_bytes_down_total", "counter", "Response bytes relayed to clients.", p.total.bytes_down),
@@ -504,12 +525,12 @@ fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]
     );
     for (i, p) in pools.iter().enumerate() {
         for (class, n) in CLASSES.iter().zip(of(i).by_class) {
-            let _ = writeln!(t, "nthpool_proxy_pool_requests_total{{pool=\"{}\",class=\"{class}\"}} {n}", p.name);
+            sample(t, &["nthpool_proxy_pool_requests_total"], &[("pool", &p.name), ("class", class)], n);
         }
     }
     family(t, "nthpool_proxy_pool_upstream_time_ms", "histogram", "A pool's upstream time per exchange, in ms.");
     for (i, p) in pools.iter().enumerate() {
-        histogram(t, "nthpool_proxy_pool_upstream_time_ms", &format!("pool=\"{}\",", p.name), &of(i).upstream_ms);
+        histogram(t, "nthpool_proxy_pool_upstream_time_ms", Some(&p.name), &of(i).upstream_ms);
     }
     type Value = fn(&Traffic) -> u64;
     let plain: [(&str, &str, &str, Value); 4] = [
@@ -530,7 +551,7 @@ fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]
     for (name, kind, help, value) in plain {
         family(t, name, kind, help);
         for (i, p) in pools.iter().enumerate() {
-            let _ = writeln!(t, "{name}{{pool=\"{}\"}} {}", p.name, value(of(i)));
+            sample(t, &[name], &[("pool", &p.name)], value(of(i)));
         }
     }
 }
@@ -539,24 +560,28 @@ fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]
 fn unlabelled(t: &mut String, rows: &[(&str, &str, &str, u64)]) {
     for (name, kind, help, v) in rows {
         family(t, name, kind, help);
-        let _ = writeln!(t, "{name} {v}");
+        sample(t, &[name], &[], *v);
     }
 }
 
-/// The samples of one histogram: cumulative buckets, sum and count.
-/// `labels` is empty or ends in `,`.
-fn histogram(t: &mut String, name: &str, labels: &str, h: &Histogram) {
+/// The samples of one histogram: cumulative buckets, sum and count, of
+/// one pool's or of all.
+fn histogram(t: &mut String, name: &str, pool: Option<&str>, h: &Histogram) {
+    let pool_label = pool.map(|p| [("pool", p)]);
+    let pool_only = pool_label.as_ref().map_or(&[][..], |label| &label[..]);
+    let bucket = |t: &mut String, le: &str, n: u64| match pool {
+        Some(p) => sample(t, &[name, "_bucket"], &[("pool", p), ("le", le)], n),
+        None => sample(t, &[name, "_bucket"], &[("le", le)], n),
+    };
     let mut cumulative = 0;
-    for (le, n) in h.bounds.iter().zip(h.counts()) {
+    for (&le, n) in h.bounds.iter().zip(h.counts()) {
         cumulative += n;
-        let _ = writeln!(t, "{name}_bucket{{{labels}le=\"{le}\"}} {cumulative}");
+        bucket(t, itoa::Buffer::new().format(le), cumulative);
     }
     cumulative += h.counts[h.bounds.len()];
-    let _ = writeln!(t, "{name}_bucket{{{labels}le=\"+Inf\"}} {cumulative}");
-    let bare = labels.trim_end_matches(',');
-    let braces = |inner: &str| if inner.is_empty() { String::new() } else { format!("{{{inner}}}") };
-    let _ = writeln!(t, "{name}_sum{} {}", braces(bare), h.sum);
-    let _ = writeln!(t, "{name}_count{} {cumulative}", braces(bare));
+    bucket(t, "+Inf", cumulative);
+    sample(t, &[name, "_sum"], pool_only, h.sum);
+    sample(t, &[name, "_count"], pool_only, cumulative);
 }
 
 #[cfg(test)]
@@ -588,14 +613,14 @@ mod tests {
             h.observe(v);
         }
         let mut t = String::new();
-        histogram(&mut t, "x", "pool=\"p\",", &h);
+        histogram(&mut t, "x", Some("p"), &h);
         assert_eq!(
             t,
             "x_bucket{pool=\"p\",le=\"1\"} 1\nx_bucket{pool=\"p\",le=\"5\"} 2\nx_bucket{pool=\"p\",le=\"+Inf\"} 3\n\
              x_sum{pool=\"p\"} 13\nx_count{pool=\"p\"} 3\n"
         );
         let mut t = String::new();
-        histogram(&mut t, "y", "", &Histogram::new(&[]));
+        histogram(&mut t, "y", None, &Histogram::new(&[]));
         assert_eq!(t, "y_bucket{le=\"+Inf\"} 0\ny_sum 0\ny_count 0\n");
     }
 }

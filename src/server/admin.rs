@@ -24,7 +24,7 @@ impl Server {
     /// cannot be framed is refused with the admin answers' headers, and
     /// counts as no lock API answer.
     pub(super) fn process_admin(&mut self, id: ConnId) {
-        let Server { conns, app, now, turn, stats, ready, proxy, dirty, timeouts, .. } = self;
+        let Server { conns, app, now, turn, stats, metrics_text, ready, proxy, dirty, timeouts, .. } = self;
         let (now, turn) = (*now, *turn);
         let Some(conn) = client_mut(conns, id) else {
             return;
@@ -94,7 +94,7 @@ impl Server {
             let close = !head.keep_alive;
             let start = conn.output.len();
             proxy.stats_into(&mut stats.proxy);
-            handle(&head, app, stats, &mut conn.output, close, now.ms);
+            handle(&head, app, (stats, metrics_text), &mut conn.output, close, now.ms);
             if head.method == Method::Head || !head.http11 {
                 adapt_answer(&mut conn.output, &head, Answer { start, handled: &Handled::Done, close });
             }
@@ -114,7 +114,9 @@ impl Server {
     }
 }
 
-pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, close: bool, now: Ms) {
+/// Answers one admin request into `out`; `metrics` are the reactor's
+/// counters and the text of the last scrape, written over by this one.
+pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut String), out: &mut Vec<u8>, close: bool, now: Ms) {
     // `OPTIONS *` asks what the server as a whole supports (RFC 9110 §9.3.7).
     if head.path == b"*" {
         let mut w = dashboard::start(out, Status::Ok);
@@ -144,7 +146,9 @@ pub fn handle(head: &Head, app: &App, stats: &ServerStats, out: &mut Vec<u8>, cl
         }
         "/healthz" => dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
         "/metrics" => {
-            let text = crate::metrics::render(&app.metrics(now, stats.clone()));
+            let (stats, text) = metrics;
+            crate::metrics::render(text, &app.metrics(now, stats.clone()));
+            out.reserve_exact(text.len() + 256);
             let mut w = dashboard::start(out, Status::Ok);
             w.header(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8");
             w.finish(text.as_bytes(), close);

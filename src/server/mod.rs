@@ -144,6 +144,9 @@ pub struct Server {
     /// What is sent, best effort, to a connection over the `maxConnections` cap.
     over_capacity: Vec<u8>,
     stats: ServerStats,
+    /// The last `/metrics` text, kept so the next scrape writes into memory
+    /// already grown and mapped.
+    metrics_text: String,
     /// Set when SIGTERM/SIGINT arrived: exit once every connection is done, or at this time.
     shutdown_at: Option<Ms>,
     app: App,
@@ -263,6 +266,7 @@ impl Server {
             conns: Slab::with_capacity(1024),
             over_capacity: Vec::new(),
             stats: ServerStats::default(),
+            metrics_text: String::new(),
             shutdown_at: None,
             app,
             persistence,

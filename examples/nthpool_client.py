@@ -59,7 +59,10 @@ class Slot:
 
     def __exit__(self, *_):
         self.done.set()  # no report (the upstream never answered): release without one
-        self._post(f"/{self.slot}/release", self.outcome, 10)
+        try:
+            self._post(f"/{self.slot}/release", self.outcome, 10)
+        except OSError:  # nthpool unreachable: the slot comes back at the end of its term
+            self.lost.set()
 
 
 if __name__ == "__main__":  # python3 nthpool_client.py BASE POOL KEY WAIT_MS WORK_SECONDS

@@ -42,9 +42,7 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
     let (s, l) = (&p.stats, &p.learning);
     let (budget, pace) = l.budget_at(learned_at);
     let gauge = |v: u64| v.min(i64::MAX as u64) as i64;
-    let blocked = p.blocked(learned_at).map(|(reason, _)| reason);
-    let limited_by = [DenyReason::Concurrency, DenyReason::Rate, DenyReason::Cooldown]
-        .map(|reason| (reason.as_str(), blocked == Some(reason)));
+    let limited_by = p.limited_by(learned_at).map(|(reason, on)| (reason.as_str(), on));
     PoolMetrics {
         name: p.name.to_string(),
         held: p.held as u64,

@@ -424,6 +424,16 @@ impl Learning {
     /// goes to the cool-down.
     pub fn pause(&self, now: Ms) -> Option<Pause> {
         let cooldown = self.cooldown_until.saturating_sub(now);
+        let wait = self.budget_wait(now);
+        if cooldown > 0 && cooldown >= wait {
+            return Some(Pause::Cooldown(cooldown));
+        }
+        (wait > 0).then_some(Pause::Budget(wait))
+    }
+
+    /// How long the learned budget (a spent window, a token block, pacing)
+    /// holds the pool from `now`; 0 when it does not.
+    pub fn budget_wait(&self, now: Ms) -> u64 {
         let mut wait = self.token_block_until.saturating_sub(now);
         if let Some(b) = self.budget {
             if b.remaining == 0 && b.reset_at > now {
@@ -433,10 +443,7 @@ impl Learning {
         if let Some(p) = self.pace {
             wait = wait.max(p.next_at().saturating_sub(now));
         }
-        if cooldown > 0 && cooldown >= wait {
-            return Some(Pause::Cooldown(cooldown));
-        }
-        (wait > 0).then_some(Pause::Budget(wait))
+        wait
     }
 
     /// The grants the learned budget still allows at `now`, while there is

@@ -225,6 +225,18 @@ impl Pool {
         .reduce(|latest, next| if next.1 > latest.1 { next } else { latest })
     }
 
+    /// Every gate that holds the pool at `now`, each on its own (a cool-down
+    /// and a spent budget may hold it together), for the metrics; `blocked`
+    /// names the one that opens last.
+    pub fn limited_by(&self, now: Ms) -> [(DenyReason, bool); 3] {
+        let rate = self.gate.as_ref().is_some_and(|g| g.wait_ms(now) > 0) || self.learning.budget_wait(now) > 0;
+        [
+            (DenyReason::Concurrency, self.retired || self.held >= self.effective_limit()),
+            (DenyReason::Rate, rate),
+            (DenyReason::Cooldown, self.learning.cooldown_until > now),
+        ]
+    }
+
     /// Adds the RPM tokens that came due by `now`: an answer that shows the
     /// bucket (`x-nthpool-rpm-remaining`) off the grant path, which refills
     /// it anyway, must not show a level from before them.

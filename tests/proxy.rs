@@ -388,6 +388,13 @@ fn an_unreachable_upstream_is_a_502_and_frees_the_slot() {
     ));
     let r = exchange(&server, &proxied("GET", "/", "", ""));
     assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "{r:?}");
+    // Granted, then failed: the answer carries its grant's governor headers,
+    // as a relayed one would.
+    assert_eq!(r.header_u64("x-nthpool-remaining-slots"), 0, "{r:?}");
+    assert_eq!(r.header_u64("x-nthpool-effective-limit"), 1, "{r:?}");
+    assert_eq!(r.header_u64("x-nthpool-limit"), 1, "{r:?}");
+    assert_eq!(r.header_u64("x-nthpool-queued-ms"), 0, "{r:?}");
+    assert_eq!(r.header_u64("x-nthpool-queue-depth"), 0, "{r:?}");
     slot_comes_back(&server);
 }
 

@@ -130,7 +130,8 @@ impl ApiError {
     }
 
     /// `write`, with `headers` (whole header lines) after the status line:
-    /// the admin listener's security headers.
+    /// the admin listener's security headers, a proxied exchange's governor
+    /// headers.
     pub fn write_with(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool, headers: &[u8]) {
         scratch.clear();
         error_body(scratch, self.code(), self.message());

@@ -871,13 +871,21 @@ impl App {
     /// An error answer written by the reactor (framing errors, limits),
     /// before any pool is known.
     pub fn write_error(&mut self, out: &mut Vec<u8>, error: ApiError, close: bool) {
-        self.write_error_of(None, out, error, close);
+        self.write_error_of(None, out, error, close, b"");
     }
 
-    /// An error answer about `pool`'s request (`None`: no pool known yet).
-    pub fn write_error_of(&mut self, pool: Option<PoolId>, out: &mut Vec<u8>, error: ApiError, close: bool) {
+    /// An error answer about `pool`'s request (`None`: no pool known yet),
+    /// with `headers` (whole lines: a granted exchange's governor headers).
+    pub fn write_error_of(
+        &mut self,
+        pool: Option<PoolId>,
+        out: &mut Vec<u8>,
+        error: ApiError,
+        close: bool,
+        headers: &[u8],
+    ) {
         self.rejections.count(pool, error.status());
-        error.write(out, &mut self.scratch, close);
+        error.write_with(out, &mut self.scratch, close, headers);
     }
 }
 

@@ -258,7 +258,7 @@ impl App {
     /// A proxied request refused before admission (key, policies, limits):
     /// answered into `out`, counted, and logged with its method and path.
     pub fn refuse_proxied(&mut self, ctx: &Ctx, pid: PoolId, head: &Head, error: ApiError, out: &mut Vec<u8>) {
-        self.write_error_of(Some(pid), out, error, ctx.close);
+        self.write_error_of(Some(pid), out, error, ctx.close, b"");
         let attempt = Attempt { pool: pid, client: ctx.peer, wait_ms: 0, started: ctx.started };
         let line = ProxiedLine::refused(method_and_path(head), error.status().code(), error.code(), 0);
         self.log_proxied(&attempt, ctx.now.wall(), &line);

@@ -505,7 +505,9 @@ impl Server {
             End::Answered(err) => {
                 let close = !body_done || !e.client_side.keep_alive || err.closes();
                 let start = conn.output.len();
-                self.app.write_error_of(Some(e.pool), &mut conn.output, err, close);
+                // A granted exchange's answer, from the upstream or not,
+                // carries the governor headers of its grant.
+                self.app.write_error_of(Some(e.pool), &mut conn.output, err, close, &e.signals);
                 say_if_kept(&mut conn.output, start, close, e.client_side.http11);
                 close
             }

@@ -157,6 +157,8 @@ pub struct Reported {
     pub grant_seq: u64,
     /// Leases of the pool still held, the reported one not counted.
     pub in_flight: u32,
+    /// Successes reported while it was held: calls that ran beside it.
+    pub oks_beside: u32,
 }
 
 /// The first probe onto the last refused level waits this many successes.
@@ -274,6 +276,10 @@ pub struct Learning {
     pub refusal_streak: u32,
     /// Grants made so far (orders reports against grants).
     pub grants: u64,
+    /// Successes reported so far (wrapping): a lease keeps the count at its
+    /// grant, so its report knows how many calls succeeded beside it.
+    #[serde(default)]
+    pub oks: u32,
     /// Instants of this process's grants: not saved (a restored pool places
     /// reports by each lease's own grant count until it has new marks).
     #[serde(skip)]
@@ -328,6 +334,7 @@ impl Learning {
             successes: 0,
             refusal_streak: 0,
             grants: 0,
+            oks: 0,
             marks: GrantMarks::default(),
             stamp_votes: 0,
             cooldown_until: 0,
@@ -544,13 +551,18 @@ impl Learning {
         wake
     }
 
-    /// A concurrency refusal: the upstream allows about the calls still in
-    /// flight. Says whether the refusals have become pool-wide.
+    /// A concurrency refusal: the upstream allows about the calls that ran
+    /// beside the refused one: those still in flight, or those that
+    /// succeeded while it was held (reported first, they are no longer in
+    /// flight), whichever says more. Says whether the refusals have become
+    /// pool-wide.
     fn on_refusal(&mut self, lease: Reported) -> bool {
         self.start = Start::Done;
         self.climbing = false;
-        let level = lease.in_flight + 1;
-        let target = lease.in_flight.max(self.effective / 2).max(1);
+        let beside = lease.in_flight.max(lease.oks_beside.min(self.effective));
+        let level = beside + 1;
+        // At most a halving per report.
+        let target = beside.max(self.effective / 2).max(1);
         self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
         if lease.epoch == self.epoch {
             // A lease granted since the last cut: the refusals go on.
@@ -620,6 +632,7 @@ impl Learning {
     }
 
     fn on_success(&mut self, lease: Reported) {
+        self.oks = self.oks.wrapping_add(1);
         // Only a call granted since the last cut shows that the cut helped;
         // the calls admitted before it finishing say nothing about it.
         if lease.epoch == self.epoch {
@@ -783,7 +796,7 @@ mod tests {
     }
 
     fn about((epoch, granted_at, grant_seq): (u32, Ms, u64), in_flight: u32) -> Reported {
-        Reported { epoch, granted_at, grant_seq, in_flight }
+        Reported { epoch, granted_at, grant_seq, in_flight, oks_beside: 0 }
     }
 
     /// Cause 1: one per-request concurrency 429 with a retry hint stopped

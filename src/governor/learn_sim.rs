@@ -123,6 +123,8 @@ struct Call {
     epoch: u32,
     granted_at: Ms,
     grant_seq: u64,
+    /// `Learning::oks` at its grant.
+    oks_seq: u32,
     /// The headers, as stamped at admission (or `None` until the response).
     admitted: Option<(u32, Ms)>,
     /// When the upstream admitted or refused it.
@@ -206,7 +208,13 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
             };
             let status = if c.ok { 200 } else { 429 };
             let o = Outcome { status: Some(status), throttled: (!c.ok) as u64, rate };
-            let lease = Reported { epoch: c.epoch, granted_at: c.granted_at, grant_seq: c.grant_seq, in_flight: held };
+            let lease = Reported {
+                epoch: c.epoch,
+                granted_at: c.granted_at,
+                grant_seq: c.grant_seq,
+                in_flight: held,
+                oks_beside: l.oks.wrapping_sub(c.oks_seq),
+            };
             l.on_report(&o, lease, now);
         }
         let _ = l.on_budget_reset(now);
@@ -218,6 +226,7 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
                 epoch: l.epoch(),
                 granted_at: now,
                 grant_seq: l.grants,
+                oks_seq: l.oks,
                 admitted: None,
                 arrived_at: 0,
                 ok: false,
@@ -807,8 +816,8 @@ pub mod anchors {
     const CONCURRENCY_HALVED_AT_30S: &[Change] = &[Change { at: 30_000, concurrency: 10, budget: None }];
 
     /// A call in flight: finish, granted at, in flight at its grant, admitted,
-    /// epoch, grant sequence.
-    type Pending = (Ms, Ms, u32, bool, u32, u64);
+    /// epoch, grant sequence, successes reported before its grant.
+    type Pending = (Ms, Ms, u32, bool, u32, u64, u32);
 
     /// Endless demand against an upstream that only limits calls in flight
     /// (and its `changes`); refusals answer after 2 ms.
@@ -816,17 +825,18 @@ pub mod anchors {
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mut r = Run::default();
         let mut done: BinaryHeap<Reverse<Pending>> = BinaryHeap::new();
-        let (mut in_flight, mut held) = (0u32, 0u32);
+        let (mut in_flight, mut held, mut oks) = (0u32, 0u32, 0u32);
         for now in 0..duration {
             let conc = up.limits_at(now).0;
-            while let Some(&Reverse((at, granted_at, at_grant, ok, epoch, grant_seq))) = done.peek() {
+            while let Some(&Reverse((at, granted_at, at_grant, ok, epoch, grant_seq, oks_seq))) = done.peek() {
                 if at > now {
                     break;
                 }
                 done.pop();
                 in_flight -= u32::from(ok);
                 held -= 1;
-                let lease = Reported { epoch, granted_at, grant_seq, in_flight: held };
+                let lease = Reported { epoch, granted_at, grant_seq, in_flight: held, oks_beside: oks - oks_seq };
+                oks += u32::from(ok);
                 rule.sample(at - granted_at, at_grant, !ok, lease, now);
             }
             rule.tick(now);
@@ -836,7 +846,7 @@ pub mod anchors {
                 in_flight += u32::from(ok);
                 let finish = now + if ok { rng.service_ms() } else { 2 };
                 rule.on_grant(now);
-                done.push(Reverse((finish, now, held, ok, rule.epoch(), rule.grants())));
+                done.push(Reverse((finish, now, held, ok, rule.epoch(), rule.grants(), oks)));
                 if finish < duration {
                     r.count(ok, up.late_from().is_some_and(|t| now >= t));
                 }

@@ -337,6 +337,9 @@ pub struct Lease {
     /// is placed among the grants by these.
     pub granted_at: Ms,
     pub grant_seq: u64,
+    /// `Learning::oks` at its grant: its report tells how many calls
+    /// succeeded while it was held.
+    pub oks_seq: u32,
     /// The wheel entry that reclaims the lease. Renew does not move it: the
     /// entry fires at the old deadline, sees the newer one and re-arms.
     pub timer: TimerKey,
@@ -523,6 +526,7 @@ mod tests {
             epoch: 0,
             granted_at: 0,
             grant_seq: 0,
+            oks_seq: 0,
             timer: crate::wheel::Wheel::<()>::new().insert(0, ()),
             adopted: false,
             idem: super::super::idempotency::NO_KEY,

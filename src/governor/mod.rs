@@ -92,10 +92,12 @@ struct Removed {
     pool: PoolId,
     timer: TimerKey,
     capped: bool,
-    /// Its congestion epoch, grant time and grant count, for a report.
+    /// Its congestion epoch, grant time, grant count and success count at
+    /// grant, for a report.
     epoch: u32,
     granted_at: Ms,
     grant_seq: u64,
+    oks_seq: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -492,6 +494,7 @@ impl<T: Copy> Governor<T> {
                 granted_at: lease.granted_at,
                 grant_seq: lease.grant_seq,
                 in_flight: pool.held,
+                oks_beside: pool.learning.oks.wrapping_sub(lease.oks_seq),
             };
             let wake = pool.learning.on_report(o, reported, now);
             if wake.cooldown_until.is_some() {
@@ -650,7 +653,7 @@ impl<T: Copy> Governor<T> {
         let text = id.encode();
         let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
         let epoch = pool.learning.epoch();
-        let grant_seq = pool.learning.grants;
+        let (grant_seq, oks_seq) = (pool.learning.grants, pool.learning.oks);
         let inserted = self.leases.insert(Lease {
             pool: pid,
             id,
@@ -661,6 +664,7 @@ impl<T: Copy> Governor<T> {
             epoch,
             granted_at: now,
             grant_seq,
+            oks_seq,
             timer,
             adopted: false,
             idem: NO_KEY,
@@ -742,7 +746,7 @@ impl<T: Copy> Governor<T> {
         let epoch = pool.learning.epoch();
         // Its real grant instant is unknown: counting it as granted now keeps
         // its report from vouching for a budget window it may predate.
-        let grant_seq = pool.learning.grants;
+        let (grant_seq, oks_seq) = (pool.learning.grants, pool.learning.oks);
         self.leases.insert(Lease {
             pool: pid,
             id,
@@ -754,6 +758,7 @@ impl<T: Copy> Governor<T> {
             epoch,
             granted_at: now,
             grant_seq,
+            oks_seq,
             timer,
             adopted: true,
             idem: NO_KEY,
@@ -775,6 +780,7 @@ impl<T: Copy> Governor<T> {
             epoch: lease.epoch,
             granted_at: lease.granted_at,
             grant_seq: lease.grant_seq,
+            oks_seq: lease.oks_seq,
         };
         if lease.idem != NO_KEY {
             self.pools[lease.pool.0 as usize].idem.remove(lease.idem);

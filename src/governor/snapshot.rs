@@ -267,6 +267,8 @@ impl<T: Copy> Governor<T> {
                 epoch: l.epoch,
                 granted_at: monotonic(l.granted_at),
                 grant_seq: l.grant_seq,
+                // Successes before the restart are not known to have run beside it.
+                oks_seq: self.pools[pid.0 as usize].learning.oks,
                 timer,
                 adopted: l.adopted,
                 idem: NO_KEY,

@@ -716,3 +716,29 @@ fn pool_names_resolve_to_their_own_pool_in_any_order_and_after_a_reload() {
     assert_eq!(g.pool_id("other"), Some(other));
     assert_eq!(g.pool_id(""), None);
 }
+
+/// Of eight calls granted together four succeeded and four were refused,
+/// the successes reported first: the upstream allows about four, not one
+/// (SPEC §7: cut to the evidence, at most once per congestion window).
+#[test]
+fn refusals_reported_after_the_successes_beside_them_cut_to_those_successes() {
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let slots: Vec<Grant> = (0..8).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+    assert_eq!(g.pool(p).effective_limit(), 8);
+    for s in &slots[..4] {
+        assert!(g.release(p, &id(s), Some(&OK), 100));
+    }
+    let refused = Outcome { status: Some(429), throttled: 1, ..OK };
+    for (i, s) in slots[4..].iter().enumerate() {
+        assert!(g.release(p, &id(s), Some(&refused), 110 + i as u64));
+        assert_eq!(g.pool(p).effective_limit(), 4, "after refusal {i}");
+    }
+    // Refusals reported while the calls beside them still run follow those
+    // calls down, as before.
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let slots: Vec<Grant> = (0..8).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+    for (i, s) in slots[3..].iter().enumerate() {
+        assert!(g.release(p, &id(s), Some(&refused), 10 + i as u64));
+    }
+    assert_eq!(g.pool(p).effective_limit(), 3, "three calls still running");
+}

@@ -32,13 +32,26 @@ pub fn ephemeral() -> SlotSecret {
     SlotSecret { bytes, created: true }
 }
 
-/// What `load_or_create` would refuse at `path`, without creating it: an
-/// existing file that is not exactly 32 bytes.
+/// What `load_or_create` would refuse at `path`, without creating it: a
+/// directory, a link to nothing, an existing file that is not exactly 32 bytes.
 pub fn check(path: &Path) -> Result<(), String> {
     match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(is_directory(path)),
         Ok(m) if m.len() != SECRET_BYTES as u64 => Err(wrong_size(path, m.len())),
+        Err(e) if e.kind() == ErrorKind::NotFound && std::fs::symlink_metadata(path).is_ok() => Err(dangling(path)),
         _ => Ok(()),
     }
+}
+
+fn is_directory(path: &Path) -> String {
+    format!("the slot secret {} is a directory, not a file of {SECRET_BYTES} bytes", path.display())
+}
+
+fn dangling(path: &Path) -> String {
+    format!(
+        "the slot secret {} is a symbolic link to nothing: point it at a file, or remove it to have one created",
+        path.display()
+    )
 }
 
 fn wrong_size(path: &Path, len: u64) -> String {
@@ -48,19 +61,29 @@ fn wrong_size(path: &Path, len: u64) -> String {
 /// Reads the secret at `path`, or creates it there if there is none.
 pub fn load_or_create(path: &Path) -> Result<SlotSecret, String> {
     match File::open(path) {
-        Ok(mut file) => {
-            let mut bytes = [0u8; SECRET_BYTES];
-            let mut rest = Vec::new();
-            file.read_to_end(&mut rest).map_err(|e| format!("cannot read the slot secret {}: {e}", path.display()))?;
-            if rest.len() != SECRET_BYTES {
-                return Err(wrong_size(path, rest.len() as u64));
-            }
-            bytes.copy_from_slice(&rest);
-            Ok(SlotSecret { bytes, created: false })
-        }
+        Ok(file) => read(path, file),
         Err(e) if e.kind() == ErrorKind::NotFound => create(path),
-        Err(e) => Err(format!("cannot open the slot secret {}: {e}", path.display())),
+        Err(e) => Err(cannot_open(path, e)),
     }
+}
+
+fn cannot_open(path: &Path, e: std::io::Error) -> String {
+    format!("cannot open the slot secret {}: {e}", path.display())
+}
+
+/// The secret in `file`, opened at `path`.
+fn read(path: &Path, mut file: File) -> Result<SlotSecret, String> {
+    if file.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(is_directory(path));
+    }
+    let mut bytes = [0u8; SECRET_BYTES];
+    let mut rest = Vec::new();
+    file.read_to_end(&mut rest).map_err(|e| format!("cannot read the slot secret {}: {e}", path.display()))?;
+    if rest.len() != SECRET_BYTES {
+        return Err(wrong_size(path, rest.len() as u64));
+    }
+    bytes.copy_from_slice(&rest);
+    Ok(SlotSecret { bytes, created: false })
 }
 
 fn create(path: &Path) -> Result<SlotSecret, String> {
@@ -84,7 +107,15 @@ fn create(path: &Path) -> Result<SlotSecret, String> {
     let _ = std::fs::remove_file(&tmp);
     match linked {
         Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => return load_or_create(path),
+        // Another instance created it first: read theirs. Once only: a
+        // name that exists but opens as nothing is a link to nothing.
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            return match File::open(path) {
+                Ok(file) => read(path, file),
+                Err(e) if e.kind() == ErrorKind::NotFound => Err(dangling(path)),
+                Err(e) => Err(cannot_open(path, e)),
+            };
+        }
         Err(e) => return Err(fail(e)),
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -119,6 +150,26 @@ mod tests {
         assert_eq!(again.bytes, first.bytes);
         std::fs::write(&path, b"short").unwrap();
         assert!(load_or_create(&path).err().unwrap().contains("5 bytes"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_link_to_nothing_or_a_directory_is_refused_with_its_cause() {
+        let dir = std::env::temp_dir().join(format!("nthpool-secret-odd-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("link.secret");
+        std::os::unix::fs::symlink(dir.join("missing/x"), &link).unwrap();
+        for e in [load_or_create(&link).err().unwrap(), check(&link).err().unwrap()] {
+            assert!(e.contains("symbolic link to nothing"), "{e}");
+        }
+        let sub = dir.join("sub.secret");
+        std::fs::create_dir(&sub).unwrap();
+        for e in [load_or_create(&sub).err().unwrap(), check(&sub).err().unwrap()] {
+            assert!(e.contains("is a directory"), "{e}");
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 2, "no temporary file is left behind: {left:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

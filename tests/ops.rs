@@ -666,7 +666,7 @@ fn sighup_cannot_drop_the_admin_token_of_a_listener_bound_beyond_loopback() {
 }
 
 #[test]
-fn sighup_cannot_send_snapshots_over_the_slot_secret() {
+fn sighup_cannot_send_snapshots_over_the_slot_secret_or_where_none_can_be_written() {
     let with = |state: &str| config("", &format!(r#""stateFile":"{state}""#));
     let mut s = TestServer::start_logged(&with("x.state"), "info");
     let secret_file = s.dir.join("nthpool.secret");
@@ -675,6 +675,20 @@ fn sighup_cannot_send_snapshots_over_the_slot_secret() {
     std::fs::write(&s.config_path, with("./nthpool.secret")).unwrap();
     let line = reload_outcome(&s);
     assert!(line.contains("reload refused") && line.contains("stateFile"), "{line}");
+    // Nor to where no snapshot can be written, which start-up refuses too.
+    for (refused_before, nowhere) in [(1, "no-such-directory/x.state"), (2, ".")] {
+        std::fs::write(&s.config_path, with(nowhere)).unwrap();
+        s.signal("HUP");
+        let deadline = Instant::now() + PATIENCE;
+        let line = loop {
+            if let Some(line) = s.log().lines().filter(|l| l.contains("reload refused")).nth(refused_before) {
+                break line.to_string();
+            }
+            assert!(Instant::now() < deadline, "the reload was never refused: {}", s.log());
+            thread::sleep(Duration::from_millis(20));
+        };
+        assert!(line.contains("cannot write a snapshot"), "{nowhere}: {line}");
+    }
     // The stop snapshot goes where it went before; the secret is untouched.
     let slot = s.acquire("", "").slot();
     s.signal("TERM");

@@ -181,13 +181,20 @@ impl Persistence {
     }
 
     /// What a reload to `config` must not do: send snapshots over the slot
-    /// secret in use or over the configuration file (however spelled).
+    /// secret in use or over the configuration file (however spelled), or to
+    /// a new `stateFile` no snapshot can be written to (start-up refuses it
+    /// too; applied, it would lose the next stop's snapshot).
     pub fn check_reload(&self, config: &Config, config_path: &Path) -> Result<(), String> {
         let Some(path) = state_path(config, Some(config_path)) else {
             return Ok(());
         };
         let secret = self.secret_path.as_deref().map(|p| (p, "the slot secret's file"));
-        state_file_apart(&path, secret.into_iter().chain([(config_path, "the configuration file")]))
+        state_file_apart(&path, secret.into_iter().chain([(config_path, "the configuration file")]))?;
+        if self.path.as_ref() == Some(&path) {
+            return Ok(());
+        }
+        snapshot::check_writable(&path)
+            .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))
     }
 
     /// A reload applied `config`: the next snapshot is of its pools, goes to

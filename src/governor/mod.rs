@@ -458,13 +458,15 @@ impl<T: Copy> Governor<T> {
     /// is the id's text as the caller sent it (anything but an id is not
     /// found, like any other unknown slot).
     pub fn renew(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Result<Ms, RenewError> {
-        let Some(idx) = self.find(pid, slot, now) else {
+        let Some((idx, readopted)) = self.find(pid, slot, now) else {
             self.pools[pid.0 as usize].stats.renew_not_found += 1;
             return Err(RenewError::NotFound);
         };
         let pool = &mut self.pools[pid.0 as usize];
         let lease = &mut self.leases[idx];
-        if lease.is_capped() {
+        // A renew that re-adopted the lease is its first renewal here: it
+        // extends it to its cap, as it would have before the restart.
+        if lease.is_capped() && !readopted {
             pool.stats.renew_capped += 1;
             return Err(RenewError::Capped);
         }
@@ -476,7 +478,7 @@ impl<T: Copy> Governor<T> {
     /// Releases a lease of `pid`; `true` only the first time. The outcome
     /// report is applied only when the release was real. `slot` as for `renew`.
     pub fn release(&mut self, pid: PoolId, slot: &[u8], outcome: Option<&Outcome>, now: Ms) -> bool {
-        let Some(idx) = self.find(pid, slot, now) else {
+        let Some((idx, _)) = self.find(pid, slot, now) else {
             self.pools[pid.0 as usize].stats.release_gone += 1;
             return false;
         };
@@ -687,10 +689,11 @@ impl<T: Copy> Governor<T> {
         Denial { reason, retry_after_ms: wait, queued_ms: 0, signals: self.signals(pid, now) }
     }
 
-    /// The live lease `slot` names in `pid`. A lease past its deadline whose
-    /// wheel entry has not run yet is reclaimed here, so "renew after expiry
-    /// fails" holds to the millisecond.
-    fn find(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Option<usize> {
+    /// The live lease `slot` names in `pid`, and whether it was re-adopted
+    /// just now. A lease past its deadline whose wheel entry has not run yet
+    /// is reclaimed here, so "renew after expiry fails" holds to the
+    /// millisecond.
+    fn find(&mut self, pid: PoolId, slot: &[u8], now: Ms) -> Option<(usize, bool)> {
         let text: &SlotText = slot.try_into().ok()?;
         let direct = text_index(text).map(|i| i as usize);
         let idx = match direct.and_then(|i| self.leases.get(i).map(|lease| (i, lease))) {
@@ -700,7 +703,7 @@ impl<T: Copy> Governor<T> {
                 match self.adopted.get(&id) {
                     Some(&Some(idx)) => idx,
                     Some(None) => return None,
-                    None => return self.readopt(pid, id, now),
+                    None => return self.readopt(pid, id, now).map(|idx| (idx, true)),
                 }
             }
         };
@@ -714,7 +717,7 @@ impl<T: Copy> Governor<T> {
             self.reclaim(idx, now);
             return None;
         }
-        Some(idx)
+        Some((idx, false))
     }
 
     /// Adopts a slot this process does not know, if `pid` is in its

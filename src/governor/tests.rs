@@ -659,6 +659,21 @@ fn a_readopted_slot_is_held_no_longer_than_its_request_cap_whatever_the_clocks_s
     assert_eq!(new.pool(p).stats.reclaimed_cap, 1);
 }
 
+/// Less than a term before its request deadline, the renew that re-adopts
+/// a slot is answered as the same renew before the crash would have been:
+/// extended to the cap. Only the next one is `capped`.
+#[test]
+fn a_renew_that_readopts_a_slot_near_its_cap_extends_it_to_the_cap() {
+    let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":2000"#;
+    let (mut old, mut new, p) = crashed_pair(json, 1_000_000);
+    let a = granted(old.acquire(p, 0, 1, 0));
+    // The successor started 1 s after the grant: its window runs to 2 s.
+    new.open_recovery_window(1_000);
+    assert_eq!(new.renew(p, &id(&a), 1_500), Ok(2_000));
+    assert_eq!(new.renew(p, &id(&a), 1_600), Err(RenewError::Capped));
+    assert_eq!(new.pool(p).stats.readopted, 1);
+}
+
 #[test]
 fn outside_a_window_unknown_slots_are_not_found_and_readopted_ones_are_reclaimed() {
     let (mut new, p, a, b) = two_held_then_crash();

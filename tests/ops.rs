@@ -790,6 +790,37 @@ fn sigterm_answers_an_http_1_0_keep_alive_waiter_kept_alive_when_more_follows() 
     assert!(status.success(), "exit status {status}");
 }
 
+/// A request whose head came before the stop and whose body comes during
+/// its grace is answered (then the connection closes), not dropped: a
+/// release the caller sent is done, and counted as answered, not cut.
+#[test]
+fn sigterm_answers_a_request_still_arriving_when_it_completes_within_the_grace() {
+    let mut s = TestServer::start_logged(&config(r#""concurrency":1"#, ""), "info");
+    let held = s.acquire("", "").slot();
+    let body = r#"{"status":200}"#;
+    let request = post(&format!("/pools/p/lock/{held}/release"), KEY, "", body);
+    let (first, rest) = request.split_at(request.len() - 5);
+    let mut c = s.connect();
+    c.write_all(first).unwrap();
+    eventually(&s, "the head read", |m| m.value("nthpool_connections_open", &[]) == 2.0);
+    thread::sleep(Duration::from_millis(50));
+    s.signal("TERM");
+    let deadline = Instant::now() + PATIENCE;
+    while !s.log().contains("shutting down") {
+        assert!(Instant::now() < deadline, "the stop never began: {}", s.log());
+        thread::sleep(Duration::from_millis(10));
+    }
+    c.write_all(rest).unwrap();
+    let r = read_response(&mut c).expect("the release is answered");
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut c));
+    let status = wait_for_exit(&mut s, Duration::from_secs(3));
+    assert!(status.success(), "exit status {status}");
+    let log = s.log();
+    assert!(log.contains("shut down (0 connections cut at the deadline"), "{log}");
+}
+
 // ---------------------------------------------------------------- start-up
 
 /// A start-up failure: non-zero exit and exactly one stderr line containing every `needle`.

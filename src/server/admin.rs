@@ -91,7 +91,7 @@ impl Server {
                     break;
                 }
             };
-            let close = !head.keep_alive;
+            let close = !head.keep_alive || conn.last_request;
             let start = conn.output.len();
             proxy.stats_into(&mut stats.proxy);
             handle(&head, app, (stats, metrics_text), &mut conn.output, close, now.ms);

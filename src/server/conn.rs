@@ -220,6 +220,10 @@ pub struct Conn {
     /// The peer's FIN was reported: read to EOF even after a short read.
     pub hangup: bool,
     pub request_started: Option<Ms>,
+    /// A stop began while a request of it was arriving: that request is
+    /// answered (with `Connection: close`) if it completes within the
+    /// grace, and the connection then closes.
+    pub last_request: bool,
     pub last_active: Ms,
     pub out_since: Ms,
     pub timer: Option<(Ms, TimerKey)>,
@@ -259,6 +263,7 @@ impl Conn {
             dirty: false,
             hangup: false,
             request_started: None,
+            last_request: false,
             last_active: now,
             out_since: now,
             timer: None,

@@ -777,6 +777,11 @@ impl Server {
                 // behind it, its response head says the connection closes.
                 Some(ex) if conn.input.is_empty() => self.proxy.exchanges[ex].client_side.keep_alive = false,
                 Some(_) => {}
+                // A request still arriving: answered if it completes within
+                // the grace, then the connection closes.
+                None if conn.request_started.is_some() && conn.unsent() <= conn::OUTPUT_HIGH_WATER => {
+                    conn.last_request = true
+                }
                 None => conn.close_after_flush(),
             }
             self.mark_dirty(id);

@@ -80,7 +80,7 @@ impl Server {
                 peer: conn.peer.ip(),
                 // A half-closed client still gets every answer; the connection
                 // closes once they are written (see `flush_dirty`).
-                close: !head.keep_alive,
+                close: !head.keep_alive || conn.last_request,
                 started: *turn_started,
             };
             if head.api.moved() {

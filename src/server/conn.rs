@@ -43,6 +43,9 @@ pub struct Timeouts {
 }
 /// Above this much unsent output, no more requests are read from the client.
 pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
+/// The most a stop reads and drops from one connection before closing it
+/// (`Conn::discard_input`): a client still sending past it gets a reset.
+const DISCARD_AT_CLOSE: usize = 4 << 20;
 const INITIAL_INPUT: usize = 4096;
 
 /// What one socket operation came to (sozu's `SocketResult`, trimmed).
@@ -435,6 +438,25 @@ impl Conn {
     pub fn write_last(&mut self) {
         if let Ok(n) = self.stream.write(&self.output[self.out_pos..]) {
             self.out_pos += n;
+        }
+    }
+
+    /// Reads and drops what the client sent that will never be answered (at
+    /// most `DISCARD_AT_CLOSE` bytes), so that closing sends a FIN: closed
+    /// with unread input, the socket would send a reset, and the client's
+    /// kernel would drop the answers it already holds, grants included,
+    /// which the stop's snapshot counts as delivered.
+    #[cold]
+    pub fn discard_input(&mut self) {
+        let mut scratch = [0u8; 16 * 1024];
+        let mut left = DISCARD_AT_CLOSE;
+        while left > 0 {
+            match self.stream.read(&mut scratch) {
+                Ok(0) => break,
+                Ok(n) => left = left.saturating_sub(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
         }
     }
 

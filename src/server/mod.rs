@@ -407,12 +407,15 @@ impl Server {
 
     /// The stop's end: every connection still open gets one last write and
     /// is closed, so the grants that never left its output are released
-    /// (SPEC §5) before the snapshot would keep them as held.
+    /// (SPEC §5) before the snapshot would keep them as held. What it sent
+    /// and was never read is dropped first: the close is a FIN, and what
+    /// the kernel took of its answers still reaches it.
     #[cold]
     fn close_all(&mut self) {
         for id in self.conn_ids() {
             if let Some(conn) = client_mut(&mut self.conns, id) {
                 conn.write_last();
+                conn.discard_input();
             }
             self.close(id);
         }

@@ -665,6 +665,42 @@ fn a_half_closed_client_gets_answers_beyond_one_turns_budget() {
 }
 
 #[test]
+fn bodies_larger_than_a_turns_read_are_read_whole_over_several_turns() {
+    // A connection is read at most 16 KiB per turn, so no client's backlog
+    // makes every other client wait for it. Bodies several times that, sent
+    // pipelined on several connections at once, are still read whole and
+    // answered in order.
+    let s = TestServer::start(&config("", r#""maxBodyBytes":262144,"idleTimeoutMs":30000"#));
+    let body = format!("{{\"status\":200{}}}", " ".repeat(200_000));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = s.addr;
+            let body = body.clone();
+            thread::spawn(move || {
+                let mut c = connect(addr);
+                let batch: Vec<u8> = (0..5).flat_map(|_| post("/pools/p/lock/x/release", KEY, "", &body)).collect();
+                let writer = {
+                    let mut c = c.try_clone().unwrap();
+                    thread::spawn(move || {
+                        c.write_all(&batch).unwrap();
+                        c.shutdown(Shutdown::Write).unwrap();
+                    })
+                };
+                let (got, end) = read_to_end(&mut c, Duration::from_secs(20));
+                writer.join().unwrap();
+                (got, end)
+            })
+        })
+        .collect();
+    for client in clients {
+        let (got, end) = client.join().unwrap();
+        assert_eq!(count_answers(&got), 5, "{}", String::from_utf8_lossy(&got));
+        assert_eq!(got.windows(18).filter(|w| w == b"{\"released\":false}").count(), 5);
+        assert_eq!(end, End::Closed);
+    }
+}
+
+#[test]
 fn a_waiter_that_closes_behind_a_full_input_buffer_is_never_granted() {
     // With maxBodyBytes 1024 a connection buffers 16 KiB + 2 KiB + 64 KiB of
     // input. The departed waiter sent more than that behind its acquire, so

@@ -126,6 +126,11 @@ impl Input {
 
 /// Reads per connection per turn before the others get their go.
 pub const READ_BUDGET: u32 = 8;
+/// Bytes read per connection per turn: a turn's length does not grow with
+/// what each client has waiting in its socket (hundreds of clients sending
+/// large bodies would otherwise each be read megabytes at a time, and every
+/// other client, health checks included, would wait for all of it).
+pub const READ_BYTES_BUDGET: usize = 16 * 1024;
 /// Requests answered per connection per turn before the others get their
 /// go: a client pipelining thousands of requests is served this many, then
 /// waits for the next turn like everyone else.
@@ -139,11 +144,12 @@ pub struct Budget {
     turn: u64,
     pub reads: u32,
     pub requests: u32,
+    pub bytes: usize,
 }
 
 impl Budget {
     fn new(turn: u64) -> Budget {
-        Budget { turn, reads: READ_BUDGET, requests: REQUEST_BUDGET }
+        Budget { turn, reads: READ_BUDGET, requests: REQUEST_BUDGET, bytes: READ_BYTES_BUDGET }
     }
 
     /// Whether this turn's requests are spent.
@@ -400,12 +406,13 @@ impl Conn {
         at
     }
 
-    /// Reads once into the input buffer.
-    pub fn read_once(&mut self) -> io::Result<Io> {
+    /// Reads once into the input buffer, at most `max` bytes.
+    pub fn read_once(&mut self, max: usize) -> io::Result<Io> {
         let Some(room) = self.input.room() else {
             return Ok(Io::WouldBlock);
         };
-        let room_len = room.len();
+        let room_len = room.len().min(max);
+        let room = &mut room[..room_len];
         match self.stream.read(room) {
             Ok(0) => Ok(Io::Closed),
             Ok(n) => {

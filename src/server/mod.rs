@@ -824,14 +824,18 @@ impl Server {
         let mut failed = false;
         while conn.may_read() {
             let budget = conn.budget(turn);
-            if budget.reads == 0 {
+            if budget.reads == 0 || budget.bytes == 0 {
                 // Fairness: the rest waits for the next turn.
                 self.ready.push(id);
                 break;
             }
             budget.reads -= 1;
+            let max = budget.bytes;
             let was_empty = conn.input.is_empty();
-            match conn.read_once() {
+            let received = conn.received;
+            let io = conn.read_once(max);
+            conn.budget(turn).bytes -= (conn.received - received) as usize;
+            match io {
                 Ok(io @ (Io::Continue | Io::Drained)) => {
                     conn.last_active = now.ms;
                     if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
@@ -872,7 +876,8 @@ impl Server {
         self.process(id);
         // Answering may have made room for input still in the socket.
         if let Some(conn) = client_mut(&mut self.conns, id) {
-            if conn.budget(turn).reads > 0 && conn.may_read() {
+            // (Listed twice when its budget also ran out: the list is deduplicated.)
+            if conn.may_read() {
                 self.ready.push(id);
             }
         }
@@ -892,7 +897,7 @@ impl Server {
                 return;
             }
             budget.reads -= 1;
-            let io = conn.read_once();
+            let io = conn.read_once(usize::MAX);
             conn.input.consume(conn.input.end - conn.input.start);
             match io {
                 Ok(Io::Continue) => {}

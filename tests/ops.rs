@@ -977,6 +977,28 @@ fn help_explains_the_flags() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// With fewer descriptors than `maxConnections` needs, the cap is lowered to
+/// what they allow, and said so: a client over it gets the `503` of the cap,
+/// and health checks are still answered, instead of the server running out
+/// of descriptors.
+#[test]
+fn a_descriptor_limit_under_max_connections_lowers_the_cap_instead_of_running_out() {
+    let s = TestServer::start_with_fd_limit(&config("", ""), 300);
+    let log = s.log();
+    assert!(log.contains("maxConnections is 10000, but 300 open descriptors allow about 156"), "{log}");
+    let mut held: Vec<TcpStream> = (0..156).map(|_| s.connect()).collect();
+    eventually(&s, "every allowed connection accepted", |m| m.value("nthpool_connections_open", &[]) >= 157.0);
+    let mut over = s.connect();
+    over.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
+    let r = read_response(&mut over).expect("the connection over the cap is answered");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(s.get_admin("/healthz").status, 200);
+    // The connections within the cap are served as ever.
+    let c = held.last_mut().unwrap();
+    c.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
+    assert_eq!(read_response(c).expect("an answer").status, 200);
+}
+
 #[test]
 fn out_of_descriptors_a_health_check_is_accepted_first_once_some_are_free() {
     let s = TestServer::start(&config("", ""));

@@ -41,6 +41,7 @@
 pub mod admin;
 pub mod clock;
 pub mod conn;
+mod fds;
 mod idle;
 mod pipeline;
 pub mod proxied;
@@ -161,7 +162,10 @@ pub struct Server {
     /// When the current reactor turn began: the start of every request's server time.
     turn_started: Instant,
     next_serial: u32,
+    /// `maxConnections`, or fewer when the open-descriptor limit allows fewer.
     max_connections: usize,
+    /// The open-descriptor limit, raised at start to the hard limit.
+    fd_limit: Option<u64>,
     /// Open connections per listener, each against its own budget.
     open_public: usize,
     open_admin: usize,
@@ -192,6 +196,11 @@ pub struct Server {
     /// While stopping: connections whose proxied exchange ended since the
     /// last turn, to be shut down (what they pipelined answered, then closed).
     stopping: Vec<ConnId>,
+}
+
+/// Whether any pool proxies (each proxied exchange holds two descriptors).
+fn proxies(config: &Config) -> bool {
+    config.pools.values().any(|p| p.upstream.is_some())
 }
 
 /// The resolver, whose thread (the only thread besides the loop, started
@@ -253,6 +262,7 @@ impl Server {
         let mut app = App::new(config, Entropy::from_fn(state::os_random))?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
+        let fd_limit = fds::raise_limit();
         let resolver = new_resolver(&poll, &config.resolver)?;
         let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
         let snapshot_timer = persistence.interval_ms().map(|every| app.schedule(every, Wake::Snapshot));
@@ -276,7 +286,8 @@ impl Server {
             turn: 0,
             turn_started: Instant::now(),
             next_serial: 0,
-            max_connections: config.max_connections,
+            max_connections: fds::connection_cap(config.max_connections, fd_limit, proxies(config)),
+            fd_limit,
             open_public: 0,
             open_admin: 0,
             open_refused: 0,
@@ -483,7 +494,7 @@ impl Server {
         });
         match result {
             Ok(config) => {
-                self.max_connections = config.max_connections;
+                self.max_connections = fds::connection_cap(config.max_connections, self.fd_limit, proxies(&config));
                 self.timeouts = Timeouts::from(&config);
                 self.idle_spin = Duration::from_micros(config.idle_spin_us);
                 self.input_limit = input_limit(&config);

@@ -62,6 +62,18 @@ impl TestServer {
         Self::spawn(dir, config_path, &[], Stdio::from(log), log_level)
     }
 
+    /// `start_logged`, the server started with at most `nofile` open
+    /// descriptors (soft and hard: util-linux's `prlimit`).
+    pub fn start_with_fd_limit(config_json: &str, nofile: u64) -> TestServer {
+        let dir = scratch_dir();
+        let config_path = dir.join("config.json");
+        std::fs::write(&config_path, config_json).unwrap();
+        let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        let mut command = Command::new("prlimit");
+        command.arg(format!("--nofile={nofile}:{nofile}")).arg(env!("CARGO_BIN_EXE_nthpool"));
+        Self::spawn_command(command, dir, config_path, &[], Stdio::from(log), "info")
+    }
+
     /// What the server logged so far (servers started with `start_logged`).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
@@ -73,7 +85,19 @@ impl TestServer {
     }
 
     fn spawn(dir: PathBuf, config_path: PathBuf, extra_args: &[&str], stderr: Stdio, log_level: &str) -> TestServer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        let command = Command::new(env!("CARGO_BIN_EXE_nthpool"));
+        Self::spawn_command(command, dir, config_path, extra_args, stderr, log_level)
+    }
+
+    fn spawn_command(
+        mut command: Command,
+        dir: PathBuf,
+        config_path: PathBuf,
+        extra_args: &[&str],
+        stderr: Stdio,
+        log_level: &str,
+    ) -> TestServer {
+        let mut child = command
             .arg("--config")
             .arg(&config_path)
             .arg("--listen")

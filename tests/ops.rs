@@ -977,6 +977,39 @@ fn help_explains_the_flags() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A slot secret others can read (whoever reads it can forge ids that a
+/// successor re-adopts) is used, with a warning naming the fix.
+#[test]
+fn a_slot_secret_readable_by_others_is_warned_about() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch_dir();
+    let secret = dir.join("nthpool.secret");
+    std::fs::write(&secret, [7u8; 32]).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(dir.join("config.json"), config("", "")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        .args(["--config", "config.json", "--listen", "127.0.0.1:0"])
+        .current_dir(&dir)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stderr).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(PATIENCE).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(line.contains("can be read by others (mode 644)") && line.contains("chmod 600"), "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// With fewer descriptors than `maxConnections` needs, the cap is lowered to
 /// what they allow, and said so: a client over it gets the `503` of the cap,
 /// and health checks are still answered, instead of the server running out

@@ -7,7 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub const SECRET_BYTES: usize = 32;
@@ -73,8 +73,15 @@ fn cannot_open(path: &Path, e: std::io::Error) -> String {
 
 /// The secret in `file`, opened at `path`.
 fn read(path: &Path, mut file: File) -> Result<SlotSecret, String> {
-    if file.metadata().is_ok_and(|m| m.is_dir()) {
+    let metadata = file.metadata();
+    if metadata.as_ref().is_ok_and(|m| m.is_dir()) {
         return Err(is_directory(path));
+    }
+    if let Ok(mode) = metadata.map(|m| m.permissions().mode() & 0o777) {
+        if mode & 0o077 != 0 {
+            // Whoever reads it can forge slot ids that re-adopt after a crash.
+            log::warn!("the slot secret {} can be read by others (mode {mode:o}): `chmod 600` it", path.display());
+        }
     }
     let mut bytes = [0u8; SECRET_BYTES];
     let mut rest = Vec::new();

@@ -989,6 +989,24 @@ mod tests {
         assert_eq!(l.refused_at, 21, "the lowest level refused in the burst");
     }
 
+    /// The same burst with the 20 successes reported first: the refusals,
+    /// reported after them, count them as the calls that ran beside them.
+    #[test]
+    fn a_burst_whose_successes_report_first_still_cuts_to_them() {
+        let mut l = ramped(64);
+        let leases: Vec<_> = (0..64).map(|_| grant(&mut l, 0)).collect();
+        let mut held = 64;
+        for lease in &leases[..20] {
+            held -= 1;
+            l.on_report(&ok(), about(*lease, held), 5);
+        }
+        for lease in &leases[20..] {
+            held -= 1;
+            l.on_report(&concurrency_429(), Reported { oks_beside: 20, ..about(*lease, held) }, 6);
+        }
+        assert_eq!(l.effective(), 20);
+    }
+
     /// Cause 4: the additive probe past the learned limit cost one 429 in
     /// every window. An upstream that allows 20, a pool that always has
     /// demand: probing alone stays well under 1 % of calls.

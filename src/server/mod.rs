@@ -843,9 +843,9 @@ impl Server {
             budget.reads -= 1;
             let max = budget.bytes;
             let was_empty = conn.input.is_empty();
-            let received = conn.received;
+            let before_read = conn.received;
             let io = conn.read_once(max);
-            conn.budget(turn).bytes -= (conn.received - received) as usize;
+            conn.budget(turn).bytes -= (conn.received - before_read) as usize;
             match io {
                 Ok(io @ (Io::Continue | Io::Drained)) => {
                     conn.last_active = now.ms;

@@ -304,6 +304,13 @@ pub struct Learning {
     /// not yet said by a report of its window: the first one replaces it.
     #[serde(default)]
     pub reset_guessed: bool,
+    /// The budget's window cannot end before this: the latest of the
+    /// earliest ends its reports allow (0: no report said it yet).
+    #[serde(default)]
+    pub budget_not_before: Ms,
+    /// The newest lease (its grant count) whose report said the budget.
+    #[serde(default)]
+    pub budget_seq: u64,
     pub token_block_until: Ms,
     /// The budget learned from refusals when the upstream sends no rate
     /// headers (`pattern`).
@@ -344,6 +351,8 @@ impl Learning {
             window_ms: 0,
             ended_reset_at: 0,
             reset_guessed: false,
+            budget_not_before: 0,
+            budget_seq: 0,
             token_block_until: 0,
             pattern: Pattern::default(),
         }
@@ -366,6 +375,7 @@ impl Learning {
             cooldown_until: at(self.cooldown_until),
             budget: self.budget.map(|b| Budget { reset_at: at(b.reset_at), ..b }),
             ended_reset_at: at(self.ended_reset_at),
+            budget_not_before: at(self.budget_not_before),
             token_block_until: at(self.token_block_until),
             start: match self.start {
                 Start::Since(t) => Start::Since(at(t)),
@@ -495,6 +505,7 @@ impl Learning {
     pub fn on_budget_reset(&mut self, now: Ms) -> Option<Ms> {
         let b = self.budget.filter(|b| b.reset_at <= now)?;
         self.ended_reset_at = b.reset_at;
+        (self.budget_not_before, self.budget_seq) = (0, 0);
         self.budget = match (self.budget_limit, self.window_ms) {
             (Some(limit), w) if w > 0 => {
                 let mut reset_at = b.reset_at + w;
@@ -536,11 +547,7 @@ impl Learning {
                 wake.cooldown_until = Some(until);
             }
         }
-        // A concurrency refusal's `remaining` was stamped before the refused
-        // calls of its burst left; the calls that ran say it better.
-        if evidence != Evidence::Concurrency {
-            wake.budget_reset_at = self.learn_budget(&o.rate, lease, now);
-        }
+        wake.budget_reset_at = self.learn_budget(&o.rate, lease, now, evidence == Evidence::Concurrency);
         if let (Some(0), Some(reset)) = (o.rate.token_remaining, o.rate.token_reset_ms) {
             let until = now + reset.min(MAX_BUDGET_WINDOW_MS);
             if until > self.token_block_until {
@@ -628,6 +635,7 @@ impl Learning {
         self.budget_limit = Some(per_window);
         self.window_ms = window_ms;
         self.budget = Some(Budget { remaining: per_window.saturating_sub(granted), reset_at: from + window_ms });
+        (self.budget_not_before, self.budget_seq) = (0, 0);
         self.pace = Some(Pace { from, per_window, window_ms, granted });
     }
 
@@ -696,8 +704,11 @@ impl Learning {
     }
 
     /// Learns the request budget from `remaining` and its reset; returns the
-    /// instant to wake at when it set one.
-    fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms) -> Option<Ms> {
+    /// instant to wake at when it set one. A concurrency refusal's
+    /// `remaining` (`refused`) was stamped before the refused calls of its
+    /// burst left, and those may not count upstream: it is taken as it is,
+    /// a bound the budget never exceeds, not less the grants made since.
+    fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms, refused: bool) -> Option<Ms> {
         if rate.limit.is_some() || rate.remaining.is_some() {
             // The upstream says its budget: what refusals taught gives way.
             self.pattern.in_force = false;
@@ -730,14 +741,24 @@ impl Learning {
         }
         let _ = self.on_budget_reset(now);
         let same_window = self.budget.is_some_and(|b| earliest <= b.reset_at);
+        // A window that ends before the budget's can is another, earlier
+        // one. Said by a call admitted before the newest one that said the
+        // budget (a slow call reporting late), it is an older view: it never
+        // moves the reset earlier, which would re-open at that reset a budget
+        // the newer report closed.
+        if same_window && latest < self.budget_not_before && lease.grant_seq < self.budget_seq {
+            return None;
+        }
         // Whole seconds cannot tell a service time from a rounding; a date
         // reads the same whenever it was stamped.
-        if same_window && !coarse {
+        if same_window && !coarse && !refused {
             self.vote_stamp(latest);
         }
-        let left = remaining.saturating_sub(self.unseen_grants(lease, now));
+        let left = if refused { remaining } else { remaining.saturating_sub(self.unseen_grants(lease, now)) };
         match &mut self.budget {
             Some(b) if same_window => {
+                self.budget_not_before = self.budget_not_before.max(earliest);
+                self.budget_seq = self.budget_seq.max(lease.grant_seq);
                 // The same window: `remaining` only goes down; its end is the
                 // earliest one a report put it at (the refill's guess, made
                 // with a window length learned from resets that were all
@@ -756,6 +777,8 @@ impl Learning {
                     self.ended_reset_at = b.reset_at;
                 }
                 self.budget = Some(Budget { remaining: left, reset_at: latest });
+                self.budget_not_before = earliest;
+                self.budget_seq = lease.grant_seq;
                 self.reset_guessed = false;
                 self.pace = None;
                 Some(latest)
@@ -848,6 +871,49 @@ mod tests {
         // A late report of the window that ended is ignored.
         l.on_report(&with_budget(ok(), 0, 1000), about(b, 0), 5500);
         assert_eq!(l.budget().unwrap().remaining, 40);
+    }
+
+    /// A late report of a call admitted earlier, whose window ends before
+    /// the closed budget's can, is an older view: it does not move the reset
+    /// earlier, where the budget would re-open.
+    #[test]
+    fn an_older_report_of_an_earlier_reset_does_not_reopen_a_closed_budget() {
+        let mut l = Learning::new(8, true);
+        let older = grant(&mut l, 0);
+        let newer = grant(&mut l, 200);
+        let spent = Outcome { rate: RateInfo { limit: Some(10), ..with_budget(ok(), 0, 5000).rate }, ..ok() };
+        l.on_report(&spent, about(newer, 1), 250);
+        assert_eq!(l.budget(), Some(Budget { remaining: 0, reset_at: 5250 }));
+        for remaining in [5, 0] {
+            l.on_report(&with_budget(ok(), remaining, 1000), about(older, 0), 550);
+            assert_eq!(l.budget(), Some(Budget { remaining: 0, reset_at: 5250 }), "remaining {remaining}");
+        }
+        assert_eq!(l.on_budget_reset(1550), None, "nothing ends before the newer report's reset");
+        assert!(matches!(l.pause(2000), Some(Pause::Budget(_))), "still closed");
+        // A call admitted after the one that closed it is newer word.
+        let newest = grant(&mut l, 5300);
+        l.on_report(&with_budget(ok(), 7, 5000), about(newest, 0), 5400);
+        assert_eq!(l.budget().unwrap().remaining, 7);
+    }
+
+    /// A concurrency refusal's `remaining` is a bound the budget never
+    /// exceeds: the upstream said so few are left, whatever refused the call.
+    #[test]
+    fn a_refusal_that_shows_fewer_left_lowers_the_budget() {
+        let mut l = Learning::new(8, true);
+        let a = grant(&mut l, 0);
+        let b = grant(&mut l, 100);
+        l.on_report(&with_budget(ok(), 10, 10_000), about(a, 1), 150);
+        assert_eq!(l.budget().unwrap().remaining, 9, "less the call still in flight");
+        let refused = with_budget(concurrency_429(), 2, 9_900);
+        assert_eq!(refused.evidence(), Evidence::Concurrency);
+        l.on_report(&refused, about(b, 0), 160);
+        assert_eq!(l.budget().unwrap().remaining, 2);
+        // With no budget yet, a refusal that shows one sets it.
+        let mut fresh = Learning::new(8, true);
+        let c = grant(&mut fresh, 0);
+        fresh.on_report(&with_budget(concurrency_429(), 5, 3000), about(c, 0), 50);
+        assert_eq!(fresh.budget(), Some(Budget { remaining: 5, reset_at: 3050 }));
     }
 
     /// The refill guessed the next window's end early (one window after the

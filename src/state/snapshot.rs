@@ -553,6 +553,10 @@ mod tests {
             assert_eq!(l.term_ms, Some(30_000));
             l.term_ms = None;
         }
+        // Nor what learning has kept since (read as its default).
+        for p in &mut expected.pools {
+            p.learning.budget_not_before = 0;
+        }
         let identity = Identity::new(&g, &[3; 32]);
         assert_eq!(VERSION_2_FILE[MAGIC.len()..MAGIC.len() + 4], 2u32.to_le_bytes());
         assert_eq!(decode(VERSION_2_FILE, &identity).unwrap(), (Kind::Stop, expected));

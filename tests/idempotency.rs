@@ -10,7 +10,11 @@ use std::io::Write;
 use common::{config, post, read_response, Response, TestServer, KEY};
 
 fn keyed(s: &TestServer, key: &str, body: &str) -> Response {
-    s.acquire(&format!("Idempotency-Key: {key}\r\n"), body)
+    keyed_with(s, key, "", body)
+}
+
+fn keyed_with(s: &TestServer, key: &str, headers: &str, body: &str) -> Response {
+    s.acquire(&format!("Idempotency-Key: {key}\r\n{headers}"), body)
 }
 
 fn metric(s: &TestServer, name: &str) -> u64 {
@@ -80,6 +84,15 @@ fn a_retry_while_queued_takes_the_place_of_the_first_attempt() {
     while queued() < 2 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // A retry that fails fast does not wait, so it takes no place: it is
+    // denied like any fail-fast acquire behind a queue.
+    for (headers, body) in [("", ""), ("X-Nthpool-No-Queue: 1\r\n", wait)] {
+        let r = keyed_with(&s, "job-7", headers, body);
+        assert_eq!((r.status, r.error_code()), (429, "too_many_requests".to_string()), "{headers:?} {body:?}: {r:?}");
+        assert_eq!(r.header("x-nthpool-deny-reason"), Some("concurrency"));
+    }
+    assert_eq!(queued(), 2, "the first attempt is still queued");
+    assert_eq!(metric(&s, "nthpool_superseded_total"), 0);
     let mut retry = s.connect();
     retry.write_all(&post("/pools/p/lock/acquire", KEY, "Idempotency-Key: job-7\r\n", wait)).unwrap();
     let superseded = read_response(&mut first).expect("the first attempt's answer");

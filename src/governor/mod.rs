@@ -379,7 +379,9 @@ impl<T: Copy> Governor<T> {
     /// grant is held, the same grant is answered again (same slot, current
     /// deadlines); while its acquire is queued, this one takes its place
     /// (same position and deadline) and the earlier owner hears
-    /// `Notice::Superseded`. A new key in a full store is refused.
+    /// `Notice::Superseded`, unless this one fails fast (`wait_ms` 0): then
+    /// it is refused as any fail-fast acquire behind a queue is, and the
+    /// queued one keeps its place. A new key in a full store is refused.
     pub fn acquire_keyed(
         &mut self,
         pid: PoolId,
@@ -403,6 +405,8 @@ impl<T: Copy> Governor<T> {
                 self.wheel.cancel(timer);
                 self.reclaim(idx as usize, now);
             }
+            // A queued acquire means no slot is free: this one is denied.
+            Some((_, Holder::Waiter(_))) if wait_ms == 0 => return Ok(self.acquire(pid, 0, owner, now)),
             Some((_, Holder::Waiter(waiter))) => {
                 let w = self.waiters.get_mut(waiter).expect("a key names a live waiter");
                 let previous = std::mem::replace(&mut w.owner, owner);

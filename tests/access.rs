@@ -685,6 +685,18 @@ fn config_with_access_log(pool_extra: &str) -> String {
     c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1)
 }
 
+/// The access log's text and its lines.
+fn access_log(s: &TestServer) -> (String, Vec<serde_json::Value>) {
+    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+    let lines = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    (text, lines)
+}
+
+/// Each line's status and error code (`-` for none).
+fn status_and_error(lines: &[serde_json::Value]) -> Vec<(u64, &str)> {
+    lines.iter().map(|l| (l["status"].as_u64().unwrap(), l["error"].as_str().unwrap_or("-"))).collect()
+}
+
 fn wait_for_exit(s: &mut TestServer, within: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + within;
     loop {
@@ -1032,10 +1044,8 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     assert_eq!(r.status, 503, "{r:?}");
     assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
 
-    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
-    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let summary: Vec<(u64, &str)> =
-        lines.iter().map(|l| (l["status"].as_u64().unwrap(), l["error"].as_str().unwrap_or("-"))).collect();
+    let (text, lines) = access_log(&s);
+    let summary = status_and_error(&lines);
     assert_eq!(
         summary,
         [
@@ -1057,6 +1067,49 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     assert!(lines[7]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[7]);
     assert!(lines[4..6].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
     assert_eq!(lines[6]["pool"], "p\u{fffd}\\\"", "{text}");
+}
+
+/// An acquire that never completes gets no answer (SPEC §4: the connection
+/// closes), but it was an attempt: one line says how it ended. A renew cut
+/// short is not logged, as no renew is.
+#[test]
+fn access_log_counts_acquires_cut_short_before_they_were_complete() {
+    let json = config_with_access_log("").replacen(r#""accessLog""#, r#""headTimeoutMs":1500,"accessLog""#, 1);
+    let mut s = TestServer::start(&json);
+    let partial =
+        format!("POST {ACQUIRE} HTTP/1.1\r\nHost: h\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 10\r\n\r\n{{\"wa");
+    let send = |raw: &str| {
+        let mut c = s.connect();
+        std::io::Write::write_all(&mut c, raw.as_bytes()).unwrap();
+        c
+    };
+    // Its deadline passes: closed unanswered, logged 408.
+    let mut timed_out = send(&partial);
+    timed_out.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(std::io::Read::read(&mut timed_out, &mut buf).unwrap(), 0, "closed without an answer");
+    // Its client half-closes mid-body, or resets mid-head: 499.
+    send(&partial).shutdown(std::net::Shutdown::Write).unwrap();
+    let reset = socket2::Socket::from(send(&format!("POST {ACQUIRE} HTTP/1.1\r\nHost: h\r\n")));
+    thread::sleep(Duration::from_millis(100));
+    reset.set_linger(Some(Duration::ZERO)).unwrap();
+    drop(reset);
+    drop(send("POST /pools/p/lock/AAAA/renew HTTP/1.1\r\nHost: h\r\n"));
+    thread::sleep(Duration::from_millis(200));
+    // Still arriving when the stop's grace ends: 503.
+    let _arriving = send(&partial);
+    thread::sleep(Duration::from_millis(100));
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+
+    let (text, lines) = access_log(&s);
+    let summary = status_and_error(&lines);
+    assert_eq!(
+        summary,
+        [(408, "request_timeout"), (499, "client_gone"), (499, "client_gone"), (503, "unavailable")],
+        "one line per acquire cut short:\n{text}"
+    );
+    assert!(lines.iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
 }
 
 #[test]

@@ -784,15 +784,39 @@ impl App {
         out: &mut Vec<u8>,
     ) {
         self.write_error(out, error, true);
+        self.log_by_request_line(input, peer, started, now, error.status().code(), error.code());
+    }
+
+    /// An acquire at the start of `input` that will get no answer: its
+    /// connection closes before it was complete or read (`status` and
+    /// `code` say why; neither is sent). Logged, like a refused head, by its
+    /// request line.
+    pub fn log_unanswered(
+        &mut self,
+        input: &[u8],
+        peer: IpAddr,
+        started: Instant,
+        now: Now,
+        (status, code): (u16, &'static str),
+    ) {
+        self.log_by_request_line(input, peer, started, now, status, code);
+    }
+
+    /// The access-log line of an acquire known only by its request line.
+    fn log_by_request_line(
+        &mut self,
+        input: &[u8],
+        peer: IpAddr,
+        started: Instant,
+        now: Now,
+        status: u16,
+        code: &'static str,
+    ) {
         let Some(Route::Acquire { pool }) = request_target(input).and_then(route::route) else {
             return;
         };
-        let line = history::Attempt {
-            epoch_ms: now.wall().0,
-            status: error.status().code(),
-            error: Some(error.code()),
-            ..history::Attempt::default()
-        };
+        let line =
+            history::Attempt { epoch_ms: now.wall().0, status, error: Some(code), ..history::Attempt::default() };
         // No pool is looked up: the line is the access log's only. A name
         // that is not UTF-8 (a refused request line) is logged all the
         // same, its stray bytes as U+FFFD.
@@ -926,6 +950,14 @@ impl<'h> Lock<'h> {
 /// The status an access-log line shows for a waiter that went away unanswered
 /// (nginx's "client closed request"); never sent on the wire.
 pub const CLIENT_GONE_STATUS: u16 = 499;
+
+/// How an access-log line names an acquire whose client went away before
+/// it was complete.
+pub const UNANSWERED_CLIENT_GONE: (u16, &str) = (CLIENT_GONE_STATUS, "client_gone");
+/// ... whose connection reached its deadline before it was complete.
+pub const UNANSWERED_TIMEOUT: (u16, &str) = (408, "request_timeout");
+/// ... still arriving when a stop's grace ended.
+pub const UNANSWERED_STOPPED: (u16, &str) = (503, "unavailable");
 
 /// The path of the request line at the start of `input`, origin or absolute
 /// form, if the line is there.

@@ -310,6 +310,20 @@ impl Conn {
         matches!(self.phase, Phase::Lingering { .. })
     }
 
+    /// A lock API request of it is arriving, or waits to be read, with no
+    /// answer written or decided for it: what closing it now leaves
+    /// unanswered (an acquire among them is logged as such).
+    pub fn has_unanswered_request(&self) -> bool {
+        self.request_started.is_some()
+            && !self.input.is_empty()
+            && !self.closes_after_flush()
+            && !self.is_lingering()
+            && !self.admin
+            && !self.refused
+            && self.listener_pool.is_none()
+            && self.exchange.is_none()
+    }
+
     /// Open → Waiting: an acquire was queued.
     pub fn wait(&mut self, queued: Queued, close: bool, http10_keep_alive: bool) {
         debug_assert!(self.is_open(), "only an open connection queues an acquire: {:?}", self.phase);

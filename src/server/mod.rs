@@ -430,6 +430,8 @@ impl Server {
             }
             self.close(id);
         }
+        // The lines of requests cut short (`log_unanswered`) reach the log's last flush.
+        self.settle_answers();
     }
 
     /// Hands a signal to the connection `id` names, by its kind; nothing
@@ -1106,7 +1108,25 @@ impl Server {
         }
     }
 
+    /// Logs the acquire that closing `conn` now leaves unanswered, if one
+    /// is: cut by the stop, by its deadline, or by its client going away.
+    fn log_unanswered(&mut self, conn: &Conn) {
+        if !conn.has_unanswered_request() {
+            return;
+        }
+        let why = if self.shutdown_at.is_some() {
+            crate::api::UNANSWERED_STOPPED
+        } else if conn.deadline(&self.timeouts) <= self.now.ms {
+            crate::api::UNANSWERED_TIMEOUT
+        } else {
+            crate::api::UNANSWERED_CLIENT_GONE
+        };
+        let input = &conn.input.buf[conn.input.start..conn.input.end];
+        self.app.log_unanswered(input, conn.peer.ip(), self.turn_started, self.now, why);
+    }
+
     fn close_client(&mut self, id: ConnId, mut conn: Conn) {
+        self.log_unanswered(&conn);
         if conn.is_lingering() {
             self.lingering -= 1;
         }

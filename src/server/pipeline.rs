@@ -9,6 +9,8 @@ use crate::http::request::{
     head_may_be_complete, header_storage, parse_head_on, serve_as_http11, BodyFraming, Head, HeadError, Method,
 };
 use crate::http::response::{say_kept_alive, write_kept_alive, CONTINUE};
+use crate::time::Now;
+use std::time::Instant;
 
 impl Server {
     /// Answers every complete request in the input, in order, until one
@@ -44,6 +46,7 @@ impl Server {
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
             if head_cannot_be_complete(conn) {
+                log_if_gone(app, conn, *turn_started, now);
                 head_incomplete(conn);
                 break;
             }
@@ -55,6 +58,7 @@ impl Server {
             let head = match &parsed {
                 Ok(Some(head)) => head,
                 Ok(None) => {
+                    log_if_gone(app, conn, *turn_started, now);
                     head_incomplete(conn);
                     break;
                 }
@@ -108,6 +112,7 @@ impl Server {
                 }
                 // The client sent all it will: the body never completes.
                 Body::Incomplete if conn.read_closed => {
+                    log_if_gone(app, conn, *turn_started, now);
                     conn.close_after_flush();
                     break;
                 }
@@ -190,6 +195,16 @@ pub(super) fn after_answers(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &T
         return;
     }
     arm_conn_timer(app, timeouts, conn, id);
+}
+
+/// When the client sent all it will, the request at the front of the input
+/// never completes: an acquire there is logged, its client gone.
+#[cold]
+fn log_if_gone(app: &mut App, conn: &Conn, started: Instant, now: Now) {
+    if conn.read_closed && conn.has_unanswered_request() {
+        let input = &conn.input.buf[conn.input.start..conn.input.end];
+        app.log_unanswered(input, conn.peer.ip(), started, now, crate::api::UNANSWERED_CLIENT_GONE);
+    }
 }
 
 /// Whether the head at the front of the input cannot be complete yet: a

@@ -431,7 +431,9 @@ fn jwt_every_bad_token_is_refused() {
     for (case, token) in &cases {
         assert_refused(&s.acquire(&jwt_header(token), ""), 401, "unauthorized", case);
     }
-    assert_refused(&s.acquire("", ""), 401, "unauthorized", "no token");
+    let r = s.acquire("", "");
+    assert_refused(&r, 401, "unauthorized", "no token");
+    assert!(r.json()["message"].as_str().unwrap().contains("X-Nthpool-Jwt"), "names where the token goes: {r:?}");
     // The token never stands in for the pool key.
     let no_key = post(ACQUIRE, "", &format!("Authorization: Bearer {}\r\n", good_jwt()), "");
     assert_refused(&s.request(&no_key), 401, "unauthorized", "token without a key");
@@ -537,7 +539,9 @@ fn cloudflare_tokens_of_either_published_key_pass_and_bad_ones_fail() {
     for (case, token) in &cases {
         assert_refused(&s.acquire(&cf_header(token), ""), 401, "unauthorized", case);
     }
-    assert_refused(&s.acquire("", ""), 401, "unauthorized", "no assertion header");
+    let r = s.acquire("", "");
+    assert_refused(&r, 401, "unauthorized", "no assertion header");
+    assert!(r.json()["message"].as_str().unwrap().contains("Cf-Access-Jwt-Assertion"), "names the header: {r:?}");
 }
 
 /// Proxy mode: the Access token reaches the upstream neither in its header

@@ -41,8 +41,12 @@ impl Denied {
     pub const SIGNATURE_MISMATCH: Denied = Denied::new("The request signature does not match.");
 
     // Bearer tokens (SPEC §8 `jwt` and `cloudflareAccess`).
-    /// For the caller to use when the policy is configured but no token was sent.
-    pub const TOKEN_MISSING: Denied = Denied::new("No token was presented.");
+    /// The `jwt` policy is configured but no token was sent.
+    pub const JWT_MISSING: Denied =
+        Denied::new("No JWT was presented: send it in X-Nthpool-Jwt (or Authorization: Bearer beside X-Nthpool-Key).");
+    /// The `cloudflareAccess` policy is configured but no token was sent.
+    pub const CF_TOKEN_MISSING: Denied =
+        Denied::new("No Cloudflare Access token was presented: send it in Cf-Access-Jwt-Assertion.");
     pub const TOKEN_TOO_LARGE: Denied = Denied::new("The token is larger than allowed.");
     pub const TOKEN_MALFORMED: Denied = Denied::new("The token is not a compact JWS of three base64url parts.");
     pub const TOKEN_HEADER_INVALID: Denied = Denied::new("The token header is not valid JSON.");

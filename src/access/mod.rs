@@ -235,12 +235,12 @@ impl PoolAccess {
                 let auth = head.api.authorization()?;
                 crate::http::credentials(auth, "bearer")
             });
-            let token = token.ok_or(denied(Denied::TOKEN_MISSING))?;
+            let token = token.ok_or(denied(Denied::JWT_MISSING))?;
             policy.verify(trim(token), now_epoch_ms).map_err(denied)?;
         }
         if let Some(cf) = &self.cloudflare {
             let twice = "Cf-Access-Jwt-Assertion is sent twice; send it once.";
-            let token = single(head, "cf-access-jwt-assertion", twice)?.ok_or(denied(Denied::TOKEN_MISSING))?;
+            let token = single(head, "cf-access-jwt-assertion", twice)?.ok_or(denied(Denied::CF_TOKEN_MISSING))?;
             cloudflare::verify(trim(token), &cf.jwks, &cf.audience, &cf.issuer, now_epoch_ms, CF_LEEWAY_MS)
                 .map_err(denied)?;
         }

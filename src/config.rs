@@ -441,6 +441,13 @@ impl Config {
         Ok(())
     }
 
+    /// `--listen` in place of `listen`: refused where the file's `listen`
+    /// would be (the admin or a pool's listener on that address).
+    pub fn check_listen_override(&self, listen: SocketAddr) -> Result<(), ConfigError> {
+        let with = Config { listen: listen.to_string(), ..self.clone() };
+        with.validate().map_err(|e| ConfigError(format!("--listen {listen}: {}", e.0)))
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         if self.listen.parse::<SocketAddr>().is_err() {
             return fail(format!("listen: {:?} is not an address like 127.0.0.1:7070", self.listen));
@@ -502,8 +509,10 @@ impl Config {
             return fail(format!("idleSpinUs must be between 0 and {MAX_IDLE_SPIN_US}"));
         }
         if let Some(host) = &self.public_host {
-            if host.is_empty() || host.bytes().any(|b| !b.is_ascii_graphic() || b == b':') {
-                return fail("publicHost must be a host name without port, like api.example.com");
+            if !is_host_name(host) {
+                return fail(format!(
+                    "publicHost: {host:?} is not a host name without port, like api.example.com (or an IP address, an IPv6 one in brackets)"
+                ));
             }
         }
         self.resolver.validate()?;
@@ -701,6 +710,22 @@ pub fn is_dns_label(name: &str) -> bool {
         && b[b.len() - 1] != b'-'
 }
 
+/// A host name as a `Host` header names it, without port: dot-separated
+/// labels of letters, digits and `-` (an IPv4 address is one), at most 253
+/// characters, or an IPv6 address in brackets.
+fn is_host_name(host: &str) -> bool {
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return inner.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    let label = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    (1..=253).contains(&host.len()) && host.split('.').all(label)
+}
+
 /// SHA-256 of no bytes at all.
 const EMPTY_KEY_SHA256: [u8; 32] = [
     0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24, 0x27, 0xae, 0x41,
@@ -765,6 +790,37 @@ mod tests {
         assert!(
             err(r#"{"pools":{"p":{"keys":["k"],"access":{"keys":["x"]}}}}"#).contains("pools.p.access.keys: an array")
         );
+    }
+
+    #[test]
+    fn public_host_is_a_host_name_without_port() {
+        let with = |host: &str| {
+            format!(r#"{{"publicHost":{},"pools":{{"p":{{"keys":["k"]}}}}}}"#, serde_json::Value::from(host))
+        };
+        for good in ["api.example.com", "API.Example.com", "localhost", "127.0.0.1", "[::1]", "a-b.c0"] {
+            assert!(
+                Config::parse(with(good).as_bytes()).is_ok(),
+                "{good}: {:?}",
+                Config::parse(with(good).as_bytes()).err()
+            );
+        }
+        for bad in
+            ["", "api.example.com/v1", "host:443", "<script>", "a\"b", "a..b", ".a", "-a.com", "a b", "[::1", "[zz]"]
+        {
+            let e = err(&with(bad));
+            assert!(e.contains("publicHost") && e.contains("not a host name without port"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_listen_override_is_checked_as_the_file_listen_would_be() {
+        let c = Config::parse(
+            br#"{"listen":"127.0.0.1:7070","adminListen":"127.0.0.1:7071","pools":{"p":{"keys":["k"]}}}"#,
+        )
+        .unwrap();
+        assert!(c.check_listen_override("127.0.0.1:7072".parse().unwrap()).is_ok());
+        let e = c.check_listen_override("127.0.0.1:7071".parse().unwrap()).unwrap_err().0;
+        assert_eq!(e, "--listen 127.0.0.1:7071: adminListen: 127.0.0.1:7071 is the lock API's `listen` address too");
     }
 
     #[test]

@@ -96,6 +96,12 @@ fn main() -> ExitCode {
         },
         None => Config::embedded(),
     };
+    if let Some(listen) = args.listen {
+        if let Err(e) = config.check_listen_override(listen) {
+            eprintln!("nthpool: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let listen = args.listen.unwrap_or_else(|| config.listen_addr());
     let embedded = args.config.is_none();
     // With the access log on standard output, that stream holds JSON lines

@@ -66,52 +66,71 @@ fn object_or_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Resul
 /// `[name, value]` pairs (the only way to send a header twice). A value is
 /// a string, or what clients turn header strings into: a number (taken as
 /// its text) or an array of values (each one a field line). Any other
-/// value (`null`, `true`, an object) says nothing and is ignored: SPEC §7
-/// has unparseable header values ignored, never an error.
+/// value (`null`, `true`, an object, an array inside the array) says nothing
+/// and is ignored: SPEC §7 has unparseable header values ignored, never an
+/// error.
 struct RawHeaders(Vec<(String, String)>);
 
 /// The field lines one header value stands for.
 struct HeaderValues(Vec<String>);
 
+/// A value inside a header value's array: one field line, or, for an array
+/// or object, nothing (skipped without recursion, however deep).
+struct FieldLine(Vec<String>);
+
+/// Reads a header value; `ARRAY`: an array is a list of field lines (only
+/// at the top: deeper arrays say nothing).
+struct Values<const ARRAY: bool>;
+
+impl<'de, const ARRAY: bool> Visitor<'de> for Values<ARRAY> {
+    type Value = Vec<String>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a header value")
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Vec<String>, E> {
+        Ok(vec![v.to_owned()])
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Vec<String>, E> {
+        Ok(vec![v.to_string()])
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Vec<String>, E> {
+        Ok(vec![v.to_string()])
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Vec<String>, E> {
+        Ok(vec![v.to_string()])
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Vec<String>, E> {
+        Ok(Vec::new())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Vec<String>, E> {
+        Ok(Vec::new())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        let mut out = Vec::new();
+        if ARRAY {
+            while let Some(FieldLine(values)) = seq.next_element()? {
+                out.extend(values);
+            }
+        } else {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        }
+        Ok(out)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
+        while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Vec::new())
+    }
+}
+
 impl<'de> Deserialize<'de> for HeaderValues {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = HeaderValues;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a header value")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<HeaderValues, E> {
-                Ok(HeaderValues(vec![v.to_owned()]))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<HeaderValues, E> {
-                Ok(HeaderValues(vec![v.to_string()]))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<HeaderValues, E> {
-                Ok(HeaderValues(vec![v.to_string()]))
-            }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<HeaderValues, E> {
-                Ok(HeaderValues(vec![v.to_string()]))
-            }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<HeaderValues, E> {
-                Ok(HeaderValues(Vec::new()))
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<HeaderValues, E> {
-                Ok(HeaderValues(Vec::new()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<HeaderValues, A::Error> {
-                let mut out = Vec::new();
-                while let Some(HeaderValues(values)) = seq.next_element()? {
-                    out.extend(values);
-                }
-                Ok(HeaderValues(out))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HeaderValues, A::Error> {
-                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-                Ok(HeaderValues(Vec::new()))
-            }
-        }
-        d.deserialize_any(V)
+        d.deserialize_any(Values::<true>).map(HeaderValues)
+    }
+}
+
+impl<'de> Deserialize<'de> for FieldLine {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Values::<false>).map(FieldLine)
     }
 }
 
@@ -398,6 +417,13 @@ mod tests {
         let o = ok(r#"{"headers":{"retry-after":"soon","x-ratelimit-remaining":"lots"}}"#);
         assert_eq!(o.rate.retry_after_ms, None);
         assert_eq!(o.rate.remaining, None);
+        // Arrays inside a value's array say nothing, however deep.
+        let deep = format!(
+            r#"{{"headers":{{"a":{}1{}, "x-ratelimit-remaining":["7",["8"]]}}}}"#,
+            "[".repeat(5000),
+            "]".repeat(5000)
+        );
+        assert_eq!(ok(&deep).rate.remaining, Some(7));
     }
 
     #[test]

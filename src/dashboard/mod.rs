@@ -109,7 +109,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
     let body = match path {
         "/api/pools" => pools_json(app),
         _ => match pool_name(path, "/api/pools/").map(|name| shown_pool(app, name)) {
-            Some(Some(pid)) => pool_json(app, pid),
+            Some(Some(pid)) => pool_json(app, pid, head.host),
             Some(None) => {
                 error(out, Status::NotFound, "not_found", "No such pool.", close);
                 return true;
@@ -171,14 +171,33 @@ fn pools_json(app: &App) -> Value {
 
 /// Where the lock API of this server is reached: `https://<publicHost>` or
 /// the public listener's address.
-fn public_url(app: &App) -> String {
-    match app.public_host() {
-        Some(host) => format!("https://{}", String::from_utf8_lossy(host)),
-        None => app.listen_addr.map_or_else(|| "http://127.0.0.1:7070".into(), |a| format!("http://{a}")),
+/// The lock API's address as its callers reach it: `publicHost`, else the
+/// public listener's address (`listener_url`).
+fn public_url(app: &App, reached_as: Option<&[u8]>) -> String {
+    match (app.public_host(), app.listen_addr) {
+        (Some(host), _) => format!("https://{}", String::from_utf8_lossy(host)),
+        (None, Some(addr)) => listener_url(addr, reached_as),
+        (None, None) => "http://127.0.0.1:7070".into(),
     }
 }
 
-fn pool_json(app: &App, pid: PoolId) -> Value {
+/// The listener's address, unless it is a wildcard (`0.0.0.0`, `[::]`),
+/// which is no address to call: then the host this page was reached by
+/// (`reached_as`, a valid `host[:port]`) stands in, with the listener's port.
+fn listener_url(addr: std::net::SocketAddr, reached_as: Option<&[u8]>) -> String {
+    match reached_as.filter(|_| addr.ip().is_unspecified()) {
+        Some(host) => {
+            let name_end = match host.first() {
+                Some(b'[') => host.iter().position(|&b| b == b']').map_or(host.len(), |at| at + 1),
+                _ => host.iter().position(|&b| b == b':').unwrap_or(host.len()),
+            };
+            format!("http://{}:{}", String::from_utf8_lossy(&host[..name_end]), addr.port())
+        }
+        None => format!("http://{addr}"),
+    }
+}
+
+fn pool_json(app: &App, pid: PoolId, reached_as: Option<&[u8]>) -> Value {
     let pool = app.governor().pool(pid);
     let (now, epoch_now) = (app.turn().ms, app.turn().wall().0);
     let (history, attempts) = &app.history[pid.0 as usize];
@@ -206,7 +225,7 @@ fn pool_json(app: &App, pid: PoolId) -> Value {
         })
         .collect();
     let lock_path = format!("/pools/{}/lock", pool.name);
-    let lock_api = format!("{}{lock_path}", public_url(app));
+    let lock_api = format!("{}{lock_path}", public_url(app, reached_as));
     json!({
         "serverTime": epoch_now,
         "pool": summary(app, pool),
@@ -308,4 +327,19 @@ pub fn is_route(path: &str) -> bool {
 /// The `{pool}` of `<prefix>{pool}`: one non-empty path segment.
 fn pool_name<'p>(path: &'p str, prefix: &str) -> Option<&'p str> {
     path.strip_prefix(prefix).filter(|name| !name.is_empty() && !name.contains('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listener_url;
+
+    #[test]
+    fn a_wildcard_listener_is_shown_as_the_host_the_page_was_reached_by() {
+        let at = |addr: &str, host: Option<&[u8]>| listener_url(addr.parse().unwrap(), host);
+        assert_eq!(at("127.0.0.1:7070", Some(b"admin.example:7071")), "http://127.0.0.1:7070");
+        assert_eq!(at("0.0.0.0:7070", Some(b"gate.example:7071")), "http://gate.example:7070");
+        assert_eq!(at("[::]:7070", Some(b"[2001:db8::1]:7071")), "http://[2001:db8::1]:7070");
+        assert_eq!(at("0.0.0.0:7070", Some(b"10.0.0.5")), "http://10.0.0.5:7070");
+        assert_eq!(at("0.0.0.0:7070", None), "http://0.0.0.0:7070", "no Host (HTTP/1.0): the address as it is");
+    }
 }

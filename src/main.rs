@@ -42,6 +42,10 @@ struct Args {
     listen: Option<SocketAddr>,
 }
 
+fn given_twice(flag: &str) -> String {
+    format!("{flag} is given twice; give it once")
+}
+
 fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args { config: None, listen: None };
     let mut it = std::env::args().skip(1);
@@ -56,6 +60,8 @@ fn parse_args() -> Result<Option<Args>, String> {
                 println!("nthpool {}", env!("CARGO_PKG_VERSION"));
                 return Ok(None);
             }
+            "--config" if args.config.is_some() => return Err(given_twice(&arg)),
+            "--listen" if args.listen.is_some() => return Err(given_twice(&arg)),
             "--config" => args.config = Some(value("--config")?.into()),
             "--listen" => {
                 let v = value("--listen")?;

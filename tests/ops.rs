@@ -977,6 +977,21 @@ fn help_explains_the_flags() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Flags that would silently override each other, or a `--listen` the file
+/// already gives its admin listener, stop the start with a clear message.
+#[test]
+fn a_flag_given_twice_or_a_clashing_listen_is_refused() {
+    let dir = scratch_dir();
+    let path = write_config(&dir, &config("", "").replace("127.0.0.1:0", "127.0.0.1:7999"));
+    let r = run(&dir, &["--config", &path, "--config", &path]);
+    assert_fails_with(&r, &["--config is given twice"]);
+    let r = run(&dir, &["--listen", "127.0.0.1:0", "--config", &path, "--listen", "127.0.0.1:1"]);
+    assert_fails_with(&r, &["--listen is given twice"]);
+    let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:7999"]);
+    assert_fails_with(&r, &["--listen 127.0.0.1:7999", "adminListen", "`listen` address too"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A slot secret others can read (whoever reads it can forge ids that a
 /// successor re-adopts) is used, with a warning naming the fix.
 #[test]

@@ -81,17 +81,26 @@ async function api(path) {
 
 // ---- pools at a glance ----
 
-function renderIndex(data) {
-  const rows = data.pools.map((p) =>
-    el("tr", { "data-pool": p.name },
-      el("th", { scope: "row" }, el("a", { href: "/pools/" + encodeURIComponent(p.name) }, p.name)),
-      el("td", {}, statusBadge(p.status)),
-      el("td", { class: "num", "data-field": "held" }, p.held),
-      el("td", { class: "num", "data-field": "effectiveLimit" }, p.effectiveLimit),
-      el("td", { class: "num", "data-field": "limit" }, p.limit),
-      el("td", { class: "num", "data-field": "queueDepth" }, p.queueDepth + " / " + p.queueSize),
-      el("td", { class: "num" }, orDash(p.rpmTokens)),
-      el("td", { class: "num" }, p.cooldownMs > 0 ? fmtMs(p.cooldownMs) : "—")));
+// The index is built once per set of pools and then updated cell by cell:
+// with thousands of pools, rebuilding the table every second would cost the
+// tab most of a core.
+let indexView = null;
+
+// The eight cells of a pool's row, as text (the status as its key).
+function indexCells(p) {
+  return [p.status, p.held, p.effectiveLimit, p.limit, p.queueDepth + " / " + p.queueSize, orDash(p.rpmTokens),
+    p.cooldownMs > 0 ? fmtMs(p.cooldownMs) : "—"];
+}
+
+function buildIndex(pools, names) {
+  const rows = new Map();
+  const fields = [null, "held", "effectiveLimit", "limit", "queueDepth", null, null];
+  const trs = pools.map((p) => {
+    const cells = fields.map((field, i) => el("td", { class: i > 0 ? "num" : null, "data-field": field }));
+    rows.set(p.name, { cells, shown: [] });
+    return el("tr", { "data-pool": p.name },
+      el("th", { scope: "row" }, el("a", { href: "/pools/" + encodeURIComponent(p.name) }, p.name)), ...cells);
+  });
   const table = el("table", { id: "pools" },
     el("caption", { class: "muted" }, "Live state, refreshed every second."),
     el("thead", {}, el("tr", {},
@@ -99,8 +108,23 @@ function renderIndex(data) {
       el("th", { scope: "col", class: "num" }, "Held"), el("th", { scope: "col", class: "num" }, "Effective limit"),
       el("th", { scope: "col", class: "num" }, "Configured limit"), el("th", { scope: "col", class: "num" }, "Queue"),
       el("th", { scope: "col", class: "num" }, "RPM tokens"), el("th", { scope: "col", class: "num" }, "Cool-down left"))),
-    el("tbody", {}, ...rows));
-  return [el("h1", {}, "Pools"), el("div", { class: "table-wrap" }, table)];
+    el("tbody", {}, ...trs));
+  return { names, rows, nodes: [el("h1", {}, "Pools"), el("div", { class: "table-wrap" }, table)] };
+}
+
+function renderIndex(data) {
+  const names = data.pools.map((p) => p.name).join("\n");
+  if (!indexView || indexView.names !== names) indexView = buildIndex(data.pools, names);
+  for (const p of data.pools) {
+    const row = indexView.rows.get(p.name);
+    indexCells(p).forEach((text, i) => {
+      if (row.shown[i] === text) return;
+      row.shown[i] = text;
+      if (i === 0) row.cells[0].replaceChildren(statusBadge(text));
+      else row.cells[i].textContent = String(text);
+    });
+  }
+  return indexView.nodes;
 }
 
 // ---- one pool's Overview ----
@@ -276,7 +300,11 @@ async function tick(r) {
       view.replaceChildren(live, still);
     }
     document.title = r.title;
-    live.replaceChildren(...r.render(data));
+    const nodes = r.render(data);
+    // A view updated in place is already there.
+    if (nodes.length !== live.childNodes.length || nodes.some((n, i) => live.childNodes[i] !== n)) {
+      live.replaceChildren(...nodes);
+    }
     if (r.still) {
       const key = JSON.stringify(data.examples);
       if (stillKey !== key) {

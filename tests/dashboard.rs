@@ -101,6 +101,13 @@ fn pools_json_shows_live_state_and_status() {
     let other = pools.iter().find(|p| p["name"] == "other").unwrap();
     assert_eq!((other["status"].as_str(), other["rpmTokens"].as_u64()), (Some("ok"), Some(10)));
     assert!(v["serverTime"].as_u64().unwrap() > 1_600_000_000_000);
+
+    // A pool a reload adds is listed in its place by name, as at start.
+    let with_alpha = demo_config("").replacen(r#""pools":{"#, r#""pools":{"alpha":{"keys":["alpha-key-0001"]},"#, 1);
+    s.reload(&with_alpha);
+    let names: Vec<String> =
+        get_json(&s, "/api/pools")["pools"].as_array().unwrap().iter().map(|p| p["name"].to_string()).collect();
+    assert_eq!(names, [r#""alpha""#, r#""demo""#, r#""other""#]);
 }
 
 #[test]

@@ -164,13 +164,13 @@ fn shown_pool(app: &App, name: &str) -> Option<PoolId> {
 
 fn pools_json(app: &App) -> Value {
     let epoch_now = app.turn().wall().0;
-    let pools: Vec<Value> =
-        app.governor().pools().filter(|(_, p)| !p.drained_away()).map(|(_, p)| summary(app, p)).collect();
+    // By name, as at start: a reload adds its new pools at the governor's end.
+    let mut shown: Vec<&Pool> = app.governor().pools().map(|(_, p)| p).filter(|p| !p.drained_away()).collect();
+    shown.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    let pools: Vec<Value> = shown.into_iter().map(|p| summary(app, p)).collect();
     json!({ "serverTime": epoch_now, "pools": pools })
 }
 
-/// Where the lock API of this server is reached: `https://<publicHost>` or
-/// the public listener's address.
 /// The lock API's address as its callers reach it: `publicHost`, else the
 /// public listener's address (`listener_url`).
 fn public_url(app: &App, reached_as: Option<&[u8]>) -> String {

@@ -2182,7 +2182,9 @@ impl Run {
     }
 
     /// A retry with the key of client `c`'s waiting acquire, on a new
-    /// connection: it takes the waiter's place, and the first is answered `409`.
+    /// connection: it takes the waiter's place, and the first is answered
+    /// `409`. The retry waits too: one that fails fast takes no place (it is
+    /// denied, the waiter stays; `tests/idempotency.rs`).
     fn supersede(&mut self, c: usize) -> Result<(), String> {
         let Some(Expect::Waiter(id)) = self.clients[c].pending.front().map(|p| p.expect.clone()) else {
             return self.collect(c);
@@ -2194,7 +2196,7 @@ impl Run {
         };
         let old = self.clients[c].conn.take().unwrap();
         let old_pending = std::mem::take(&mut self.clients[c].pending);
-        let wait = if self.rng.chance(50) { 0 } else { 50 + self.rng.below(300) };
+        let wait = 50 + self.rng.below(300);
         let req = self.acquire_req(c, wait, Some(key.clone()));
         self.conns_opened += 1;
         let mut fresh = Conn::open(self.server.addr, self.conns_opened);

@@ -20,6 +20,7 @@ impl App {
             .map(|(i, (pid, p))| {
                 let mut m = pool_metrics(p, now, gov.advanced_to(), self.latency.get(i).copied());
                 m.rejections = self.rejections.by_code(Some(pid));
+                m.proxied = self.creds[pid.0 as usize].upstream.is_some();
                 m
             })
             .collect();
@@ -45,6 +46,7 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
     let limited_by = p.limited_by(learned_at).map(|(reason, on)| (reason.as_str(), on));
     PoolMetrics {
         name: p.name.to_string(),
+        proxied: false,
         held: p.held as u64,
         waiters: p.queue.len() as u64,
         limit: p.settings.concurrency as u64,

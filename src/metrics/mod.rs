@@ -80,6 +80,9 @@ pub struct MetricsSnapshot {
 #[derive(Debug, Clone)]
 pub struct PoolMetrics {
     pub name: String,
+    /// It names an upstream (proxy mode): a pool has the
+    /// `nthpool_proxy_pool_*` series when it does, or once proxied.
+    pub proxied: bool,
     pub held: u64,
     pub waiters: u64,
     pub limit: u64,
@@ -195,6 +198,12 @@ impl Default for Traffic {
 }
 
 impl Traffic {
+    /// Whether anything was counted (an exchange, a failed connection, an
+    /// idle connection).
+    fn any(&self) -> bool {
+        self.by_class.iter().any(|&n| n > 0) || self.connect_errors > 0 || self.idle > 0
+    }
+
     fn count(&mut self, upstream_status: Option<u16>, upstream_ms: Option<u64>, bytes_up: u64, bytes_down: u64) {
         let class = upstream_status.map_or(0, |s| (s / 100).clamp(1, 5) as usize);
         self.by_class[class] += 1;
@@ -517,19 +526,23 @@ const CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
 fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]) {
     let none = Traffic::default();
     let of = |i: usize| traffic.get(i).unwrap_or(&none);
+    // A pool that never proxied has no proxy series: most pools of a server
+    // with many do not proxy, and these would be a third of the scrape.
+    let proxying: Vec<(usize, &PoolMetrics)> =
+        pools.iter().enumerate().filter(|&(i, p)| p.proxied || of(i).any()).collect();
     family(
         t,
         "nthpool_proxy_pool_requests_total",
         "counter",
         "Proxied exchanges ended, by pool and upstream status class.",
     );
-    for (i, p) in pools.iter().enumerate() {
+    for &(i, p) in &proxying {
         for (class, n) in CLASSES.iter().zip(of(i).by_class) {
             sample(t, &["nthpool_proxy_pool_requests_total"], &[("pool", &p.name), ("class", class)], n);
         }
     }
     family(t, "nthpool_proxy_pool_upstream_time_ms", "histogram", "A pool's upstream time per exchange, in ms.");
-    for (i, p) in pools.iter().enumerate() {
+    for &(i, p) in &proxying {
         histogram(t, "nthpool_proxy_pool_upstream_time_ms", Some(&p.name), &of(i).upstream_ms);
     }
     type Value = fn(&Traffic) -> u64;
@@ -550,7 +563,7 @@ fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]
     ];
     for (name, kind, help, value) in plain {
         family(t, name, kind, help);
-        for (i, p) in pools.iter().enumerate() {
+        for &(i, p) in &proxying {
             sample(t, &[name], &[("pool", &p.name)], value(of(i)));
         }
     }

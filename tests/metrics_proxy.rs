@@ -113,3 +113,31 @@ fn proxied_refusals_count_under_their_pool() {
         assert_eq!(sample(&m, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), 0, "{code}");
     }
 }
+
+/// A pool removed by a reload leaves the list once drained; the pools after
+/// it keep their own proxy counters, and a lock-only pool still has none.
+#[test]
+fn a_removed_pool_leaves_every_other_pools_proxy_series_its_own() {
+    let fine = MockUpstream::start(|_| ok("fine", ""));
+    let pool = |host: &str| {
+        format!(r#"{{"keys":["{KEY}"],"adaptive":false,"upstream":{{"url":"{}","hosts":["{host}"]}}}}"#, fine.url())
+    };
+    let json = |with_a: bool| {
+        let a = if with_a { format!(r#""a":{},"#, pool("a.proxy.test")) } else { String::new() };
+        format!(
+            r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{{a}"b":{{"keys":["{KEY}"]}},"c":{}}}}}"#,
+            pool("c.proxy.test")
+        )
+    };
+    let server = TestServer::start(&json(true));
+    for _ in 0..3 {
+        assert_eq!(to_pool(&server, "a.proxy.test").status, 200);
+    }
+    assert_eq!(to_pool(&server, "c.proxy.test").status, 200);
+    server.reload(&json(false));
+    let m = metrics(&server);
+    let twos = |p: &str| sample(&m, &format!("nthpool_proxy_pool_requests_total{{pool=\"{p}\",class=\"2xx\"}}"));
+    assert_eq!(twos("c"), 1, "{m}");
+    assert!(m.lines().filter(|l| l.starts_with("nthpool_proxy_pool_")).all(|l| !l.contains("pool=\"b\"")), "{m}");
+    assert!(!m.contains("pool=\"a\""), "the drained pool is gone: {m}");
+}

@@ -21,6 +21,7 @@ impl App {
                 let mut m = pool_metrics(p, now, gov.advanced_to(), self.latency.get(i).copied());
                 m.rejections = self.rejections.by_code(Some(pid));
                 m.proxied = self.creds[pid.0 as usize].upstream.is_some();
+                m.index = i;
                 m
             })
             .collect();
@@ -47,6 +48,7 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
     PoolMetrics {
         name: p.name.to_string(),
         proxied: false,
+        index: 0,
         held: p.held as u64,
         waiters: p.queue.len() as u64,
         limit: p.settings.concurrency as u64,

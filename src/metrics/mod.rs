@@ -80,6 +80,9 @@ pub struct MetricsSnapshot {
 #[derive(Debug, Clone)]
 pub struct PoolMetrics {
     pub name: String,
+    /// Its index among the governor's pools (`PoolId`): what the proxy's
+    /// per-pool counters are indexed by (a drained pool is not listed).
+    pub index: usize,
     /// It names an upstream (proxy mode): a pool has the
     /// `nthpool_proxy_pool_*` series when it does, or once proxied.
     pub proxied: bool,
@@ -529,7 +532,7 @@ fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]
     // A pool that never proxied has no proxy series: most pools of a server
     // with many do not proxy, and these would be a third of the scrape.
     let proxying: Vec<(usize, &PoolMetrics)> =
-        pools.iter().enumerate().filter(|&(i, p)| p.proxied || of(i).any()).collect();
+        pools.iter().map(|p| (p.index, p)).filter(|&(i, p)| p.proxied || of(i).any()).collect();
     family(
         t,
         "nthpool_proxy_pool_requests_total",

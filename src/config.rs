@@ -711,19 +711,21 @@ pub fn is_dns_label(name: &str) -> bool {
 }
 
 /// A host name as a `Host` header names it, without port: dot-separated
-/// labels of letters, digits and `-` (an IPv4 address is one), at most 253
-/// characters, or an IPv6 address in brackets.
+/// labels of letters, digits, `-` and `_` (an IPv4 address is one), at most
+/// 253 characters and an optional trailing dot, or an IPv6 address in
+/// brackets.
 fn is_host_name(host: &str) -> bool {
     if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         return inner.parse::<std::net::Ipv6Addr>().is_ok();
     }
+    let name = host.strip_suffix('.').unwrap_or(host);
     let label = |l: &str| {
         (1..=63).contains(&l.len())
-            && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+            && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
             && !l.starts_with('-')
             && !l.ends_with('-')
     };
-    (1..=253).contains(&host.len()) && host.split('.').all(label)
+    (1..=253).contains(&name.len()) && name.split('.').all(label)
 }
 
 /// SHA-256 of no bytes at all.
@@ -797,7 +799,9 @@ mod tests {
         let with = |host: &str| {
             format!(r#"{{"publicHost":{},"pools":{{"p":{{"keys":["k"]}}}}}}"#, serde_json::Value::from(host))
         };
-        for good in ["api.example.com", "API.Example.com", "localhost", "127.0.0.1", "[::1]", "a-b.c0"] {
+        let good =
+            ["api.example.com", "API.Example.com", "api.example.com.", "my_service", "127.0.0.1", "[::1]", "a-b.c0"];
+        for good in good {
             assert!(
                 Config::parse(with(good).as_bytes()).is_ok(),
                 "{good}: {:?}",

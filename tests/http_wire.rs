@@ -490,6 +490,19 @@ fn public_host_limits_lock_routes_to_one_host() {
     let raw = format!("POST {ACQUIRE} HTTP/1.0\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
     let r = exchange(&mut c, raw.as_bytes());
     assert_error(&r, 404, "not_found", "HTTP/1.0 without Host");
+
+    // An IPv6 publicHost is written in brackets, and a name may end in a dot:
+    // each matches the `Host` forms that name it.
+    for (public, hosts) in
+        [("[::1]", ["[::1]", "[::1]:7070"]), ("api.example.com.", ["api.example.com", "API.example.com.:1"])]
+    {
+        let s = TestServer::start(&config("", &format!(r#""publicHost":"{public}""#)));
+        let mut c = s.connect();
+        for host in hosts {
+            exchange(&mut c, with_host(host, "POST").as_bytes()).slot();
+        }
+        assert_error(&exchange(&mut c, with_host("localhost", "POST").as_bytes()), 404, "not_found", public);
+    }
 }
 
 #[test]

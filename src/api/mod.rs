@@ -116,6 +116,9 @@ pub struct App {
     /// Indexed by `PoolId`, like the governor's pools.
     creds: Vec<Credentials>,
     public_host: Option<Box<[u8]>>,
+    /// `public_host` as a request's `Host` is compared with it: an IPv6
+    /// address without its brackets, a name without a trailing dot.
+    public_host_name: Option<Box<[u8]>>,
     pub max_body: usize,
     pub log: AccessLog,
     /// Acquire server time per pool, indexed by `PoolId`.
@@ -239,6 +242,7 @@ impl App {
             gov: Governor::new(&BTreeMap::new(), entropy),
             creds: Vec::new(),
             public_host: None,
+            public_host_name: None,
             max_body: config.max_body_bytes,
             log: AccessLog::open(config.access_log.as_deref())?,
             latency: Vec::new(),
@@ -272,6 +276,7 @@ impl App {
         self.gov.reconfigure(&pool_settings(config), now.ms);
         self.generation += 1;
         self.public_host = config.public_host.as_ref().map(|h| h.as_bytes().into());
+        self.public_host_name = self.public_host.as_deref().map(|h| host_name(h).into());
         self.max_body = config.max_body_bytes;
         self.log.flush();
         self.log.replace_sink(log);
@@ -427,7 +432,7 @@ impl App {
     /// Whether `head` is for the host the lock routes are served on (any
     /// host unless `publicHost` is set).
     fn on_public_host(&self, head: &Head) -> bool {
-        self.public_host.as_ref().is_none_or(|public| {
+        self.public_host_name.as_ref().is_none_or(|public| {
             let name = host_name(head.host.unwrap_or_default());
             name.eq_ignore_ascii_case(public)
         })

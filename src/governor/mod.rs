@@ -379,7 +379,8 @@ impl<T: Copy> Governor<T> {
     /// grant is held, the same grant is answered again (same slot, current
     /// deadlines); while its acquire is queued, this one takes its place
     /// (same position and deadline) and the earlier owner hears
-    /// `Notice::Superseded`, unless this one fails fast (`wait_ms` 0): then
+    /// `Notice::Superseded`, unless this one fails fast (no wait budget,
+    /// once clamped to the pool's queue timeout): then
     /// it is refused as any fail-fast acquire behind a queue is, and the
     /// queued one keeps its place. A new key in a full store is refused.
     pub fn acquire_keyed(
@@ -390,6 +391,7 @@ impl<T: Copy> Governor<T> {
         owner: u64,
         now: Ms,
     ) -> Result<Admission, KeyStoreFull> {
+        let fails_fast = wait_ms.min(self.pools[pid.0 as usize].settings.queue_timeout_ms) == 0;
         match self.pools[pid.0 as usize].idem.find(key) {
             Some((_, Holder::Lease(idx))) => {
                 let lease = &self.leases[idx as usize];
@@ -406,7 +408,7 @@ impl<T: Copy> Governor<T> {
                 self.reclaim(idx as usize, now);
             }
             // A queued acquire means no slot is free: this one is denied.
-            Some((_, Holder::Waiter(_))) if wait_ms == 0 => return Ok(self.acquire(pid, 0, owner, now)),
+            Some((_, Holder::Waiter(_))) if fails_fast => return Ok(self.acquire(pid, 0, owner, now)),
             Some((_, Holder::Waiter(waiter))) => {
                 let w = self.waiters.get_mut(waiter).expect("a key names a live waiter");
                 let previous = std::mem::replace(&mut w.owner, owner);

@@ -532,6 +532,25 @@ fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
     assert_eq!(g.renew(p, &id(&b), 750), Ok(850));
 }
 
+/// A keyed retry that cannot wait takes no queued acquire's place: with no
+/// wait budget, or with one the pool's queue timeout clamps to nothing (a
+/// reload set it to 0 while the first waited).
+#[test]
+fn a_keyed_retry_that_cannot_wait_leaves_the_queued_one_in_place() {
+    let (mut g, p) = governor(r#","concurrency":1"#);
+    let key = crate::governor::idempotency::IdemKey::new(7, b"job").unwrap();
+    granted(g.acquire(p, 0, 1, 0));
+    assert!(matches!(g.acquire_keyed(p, &key, 5000, 2, 0), Ok(Admission::Queued(_))));
+    assert!(matches!(g.acquire_keyed(p, &key, 0, 3, 10), Ok(Admission::Denied(_))), "no wait budget");
+    let no_queue = Config::parse(
+        br#"{"pools":{"p":{"keys":["k"],"concurrency":1,"queue":{"timeoutMs":0}},"other":{"keys":["k2"]}}}"#,
+    )
+    .unwrap();
+    g.reconfigure(&pool_settings(&no_queue), 20);
+    assert!(matches!(g.acquire_keyed(p, &key, 5000, 4, 30), Ok(Admission::Denied(_))), "clamped to nothing");
+    assert!(notices(&mut g).iter().all(|n| !matches!(n, Notice::Superseded { .. })), "nothing superseded");
+}
+
 #[test]
 fn a_reload_that_turns_learning_or_the_rate_gate_off_and_on_starts_them_afresh() {
     let with = |extra: &str| {

@@ -901,14 +901,15 @@ mod tests {
     #[test]
     fn a_refusal_that_shows_fewer_left_lowers_the_budget() {
         let mut l = Learning::new(8, true);
-        let a = grant(&mut l, 0);
-        let b = grant(&mut l, 100);
-        l.on_report(&with_budget(ok(), 10, 10_000), about(a, 1), 150);
-        assert_eq!(l.budget().unwrap().remaining, 9, "less the call still in flight");
-        let refused = with_budget(concurrency_429(), 2, 9_900);
+        let [a, b, _, _] = [0, 100, 200, 300].map(|at| grant(&mut l, at));
+        l.on_report(&with_budget(ok(), 10, 10_000), about(a, 3), 350);
+        assert_eq!(l.budget().unwrap().remaining, 7, "less the three calls still in flight");
+        // Refused with two calls still in flight: its `remaining` as it is,
+        // not less those (refused, they might not count upstream).
+        let refused = with_budget(concurrency_429(), 5, 9_800);
         assert_eq!(refused.evidence(), Evidence::Concurrency);
-        l.on_report(&refused, about(b, 0), 160);
-        assert_eq!(l.budget().unwrap().remaining, 2);
+        l.on_report(&refused, about(b, 2), 360);
+        assert_eq!(l.budget().unwrap().remaining, 5);
         // With no budget yet, a refusal that shows one sets it.
         let mut fresh = Learning::new(8, true);
         let c = grant(&mut fresh, 0);

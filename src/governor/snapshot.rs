@@ -410,6 +410,29 @@ mod tests {
     }
 
     #[test]
+    fn what_placed_the_learned_budget_among_reports_is_restored_in_the_successors_time() {
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        let _held = grant(&mut old, "p", 100);
+        let reported = grant(&mut old, "p", 200);
+        let spent = Outcome {
+            status: Some(200),
+            rate: RateInfo { remaining: Some(5), reset_ms: Some(10_000), ..RateInfo::default() },
+            ..Outcome::default()
+        };
+        assert!(old.release(p, &reported.text, Some(&spent), 300));
+        let learned = old.pool(p).learning.clone();
+        assert!(learned.budget_not_before > 0 && learned.budget_seq > 0, "{learned:?}");
+        let snap = old.export(400);
+        let mut new = governor(BASE + 1500);
+        new.import(&snap, 0).unwrap();
+        let restored = &new.pool(new.pool_id("p").unwrap()).learning;
+        assert_eq!(restored.budget_not_before, learned.budget_not_before - 1500);
+        assert_eq!(restored.budget_seq, learned.budget_seq);
+        assert_eq!(restored.budget.map(|b| b.reset_at), learned.budget.map(|b| b.reset_at - 1500));
+    }
+
+    #[test]
     fn a_wall_clock_set_back_between_stop_and_start_extends_no_deadline() {
         let mut old = governor(BASE);
         let p = old.pool_id("p").unwrap();

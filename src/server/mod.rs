@@ -428,7 +428,7 @@ impl Server {
                 conn.write_last();
                 conn.discard_input();
             }
-            self.close(id);
+            self.close_for(id, crate::api::UNANSWERED_STOPPED);
         }
         // The lines of requests cut short (`log_unanswered`) reach the log's last flush.
         self.settle_answers();
@@ -449,10 +449,16 @@ impl Server {
         }
     }
 
-    /// Removes the connection `id` names (which must exist), by its kind.
+    /// Removes the connection `id` names (which must exist), by its kind:
+    /// its client went away, or has had all it will get.
     fn close(&mut self, id: ConnId) {
+        self.close_for(id, crate::api::UNANSWERED_CLIENT_GONE);
+    }
+
+    /// `close`, saying why for an acquire it leaves unanswered (`log_unanswered`).
+    fn close_for(&mut self, id: ConnId, why: (u16, &'static str)) {
         match self.conns.remove(id.index as usize) {
-            Entry::Client(conn) => self.close_client(id, conn),
+            Entry::Client(conn) => self.close_client(id, conn, why),
         }
     }
 
@@ -798,7 +804,15 @@ impl Server {
                 None if conn.request_started.is_some() && conn.unsent() <= conn::OUTPUT_HIGH_WATER => {
                     conn.last_request = true
                 }
-                None => conn.close_after_flush(),
+                None => {
+                    // Behind answers it does not read: what it sent is never read.
+                    if conn.has_unanswered_request() {
+                        let input = &conn.input.buf[conn.input.start..conn.input.end];
+                        let (peer, started, now) = (conn.peer.ip(), self.turn_started, self.now);
+                        self.app.log_unanswered(input, peer, started, now, crate::api::UNANSWERED_STOPPED);
+                    }
+                    conn.close_after_flush();
+                }
             }
             self.mark_dirty(id);
         }
@@ -1092,7 +1106,7 @@ impl Server {
                 return;
             }
             debug!("closing {}: deadline passed", conn.peer);
-            self.close(id);
+            self.close_for(id, crate::api::UNANSWERED_TIMEOUT);
         } else {
             conn.write_probed = false;
             self.arm_timer(id);
@@ -1109,24 +1123,17 @@ impl Server {
     }
 
     /// Logs the acquire that closing `conn` now leaves unanswered, if one
-    /// is: cut by the stop, by its deadline, or by its client going away.
-    fn log_unanswered(&mut self, conn: &Conn) {
-        if !conn.has_unanswered_request() {
-            return;
+    /// is, with `why` (`crate::api::UNANSWERED_*`). Only the first request
+    /// of its input is looked at.
+    fn log_unanswered(&mut self, conn: &Conn, why: (u16, &'static str)) {
+        if conn.has_unanswered_request() {
+            let input = &conn.input.buf[conn.input.start..conn.input.end];
+            self.app.log_unanswered(input, conn.peer.ip(), self.turn_started, self.now, why);
         }
-        let why = if self.shutdown_at.is_some() {
-            crate::api::UNANSWERED_STOPPED
-        } else if conn.deadline(&self.timeouts) <= self.now.ms {
-            crate::api::UNANSWERED_TIMEOUT
-        } else {
-            crate::api::UNANSWERED_CLIENT_GONE
-        };
-        let input = &conn.input.buf[conn.input.start..conn.input.end];
-        self.app.log_unanswered(input, conn.peer.ip(), self.turn_started, self.now, why);
     }
 
-    fn close_client(&mut self, id: ConnId, mut conn: Conn) {
-        self.log_unanswered(&conn);
+    fn close_client(&mut self, id: ConnId, mut conn: Conn, why: (u16, &'static str)) {
+        self.log_unanswered(&conn, why);
         if conn.is_lingering() {
             self.lingering -= 1;
         }

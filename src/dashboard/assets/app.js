@@ -86,7 +86,7 @@ async function api(path) {
 // tab most of a core.
 let indexView = null;
 
-// The eight cells of a pool's row, as text (the status as its key).
+// The seven cells of a pool's row after its name, as text (the status as its key).
 function indexCells(p) {
   return [p.status, p.held, p.effectiveLimit, p.limit, p.queueDepth + " / " + p.queueSize, orDash(p.rpmTokens),
     p.cooldownMs > 0 ? fmtMs(p.cooldownMs) : "—"];

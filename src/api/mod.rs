@@ -789,13 +789,12 @@ impl App {
         out: &mut Vec<u8>,
     ) {
         self.write_error(out, error, true);
-        self.log_by_request_line(input, peer, started, now, error.status().code(), error.code());
+        self.log_unanswered(input, peer, started, now, (error.status().code(), error.code()));
     }
 
-    /// An acquire at the start of `input` that will get no answer: its
-    /// connection closes before it was complete or read (`status` and
-    /// `code` say why; neither is sent). Logged, like a refused head, by its
-    /// request line.
+    /// The access-log line of an acquire known only by its request line, at
+    /// the start of `input`: a refused head, or one its connection closes on
+    /// before it was complete or read (`UNANSWERED_*`: neither is sent).
     pub fn log_unanswered(
         &mut self,
         input: &[u8],
@@ -803,19 +802,6 @@ impl App {
         started: Instant,
         now: Now,
         (status, code): (u16, &'static str),
-    ) {
-        self.log_by_request_line(input, peer, started, now, status, code);
-    }
-
-    /// The access-log line of an acquire known only by its request line.
-    fn log_by_request_line(
-        &mut self,
-        input: &[u8],
-        peer: IpAddr,
-        started: Instant,
-        now: Now,
-        status: u16,
-        code: &'static str,
     ) {
         let Some(Route::Acquire { pool }) = request_target(input).and_then(route::route) else {
             return;

@@ -430,7 +430,7 @@ impl Server {
             }
             self.close_for(id, crate::api::UNANSWERED_STOPPED);
         }
-        // The lines of requests cut short (`log_unanswered`) reach the log's last flush.
+        // The lines of requests cut short (`pipeline::log_unanswered`) reach the log's last flush.
         self.settle_answers();
     }
 
@@ -455,7 +455,7 @@ impl Server {
         self.close_for(id, crate::api::UNANSWERED_CLIENT_GONE);
     }
 
-    /// `close`, saying why for an acquire it leaves unanswered (`log_unanswered`).
+    /// `close`, saying why for an acquire it leaves unanswered (`pipeline::log_unanswered`).
     fn close_for(&mut self, id: ConnId, why: (u16, &'static str)) {
         match self.conns.remove(id.index as usize) {
             Entry::Client(conn) => self.close_client(id, conn, why),
@@ -806,11 +806,8 @@ impl Server {
                 }
                 None => {
                     // Behind answers it does not read: what it sent is never read.
-                    if conn.has_unanswered_request() {
-                        let input = &conn.input.buf[conn.input.start..conn.input.end];
-                        let (peer, started, now) = (conn.peer.ip(), self.turn_started, self.now);
-                        self.app.log_unanswered(input, peer, started, now, crate::api::UNANSWERED_STOPPED);
-                    }
+                    let why = crate::api::UNANSWERED_STOPPED;
+                    pipeline::log_unanswered(&mut self.app, conn, self.turn_started, self.now, why);
                     conn.close_after_flush();
                 }
             }
@@ -1122,18 +1119,8 @@ impl Server {
         }
     }
 
-    /// Logs the acquire that closing `conn` now leaves unanswered, if one
-    /// is, with `why` (`crate::api::UNANSWERED_*`). Only the first request
-    /// of its input is looked at.
-    fn log_unanswered(&mut self, conn: &Conn, why: (u16, &'static str)) {
-        if conn.has_unanswered_request() {
-            let input = &conn.input.buf[conn.input.start..conn.input.end];
-            self.app.log_unanswered(input, conn.peer.ip(), self.turn_started, self.now, why);
-        }
-    }
-
     fn close_client(&mut self, id: ConnId, mut conn: Conn, why: (u16, &'static str)) {
-        self.log_unanswered(&conn, why);
+        pipeline::log_unanswered(&mut self.app, &conn, self.turn_started, self.now, why);
         if conn.is_lingering() {
             self.lingering -= 1;
         }

@@ -201,9 +201,19 @@ pub(super) fn after_answers(dirty: &mut Vec<ConnId>, app: &mut App, timeouts: &T
 /// never completes: an acquire there is logged, its client gone.
 #[cold]
 fn log_if_gone(app: &mut App, conn: &Conn, started: Instant, now: Now) {
-    if conn.read_closed && conn.has_unanswered_request() {
+    if conn.read_closed {
+        log_unanswered(app, conn, started, now, crate::api::UNANSWERED_CLIENT_GONE);
+    }
+}
+
+/// Logs the acquire that closing `conn` now leaves unanswered, if one is,
+/// with `why` (`crate::api::UNANSWERED_*`). Only the first request of its
+/// input is looked at.
+#[cold]
+pub(super) fn log_unanswered(app: &mut App, conn: &Conn, started: Instant, now: Now, why: (u16, &'static str)) {
+    if conn.has_unanswered_request() {
         let input = &conn.input.buf[conn.input.start..conn.input.end];
-        app.log_unanswered(input, conn.peer.ip(), started, now, crate::api::UNANSWERED_CLIENT_GONE);
+        app.log_unanswered(input, conn.peer.ip(), started, now, why);
     }
 }
 

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{read_response, Response, TestServer};
+use common::{read_response, ReadSome, Response, TestServer};
 use serde_json::Value;
 
 const DEMO_KEY: &str = "demo-secret-key-0001";
@@ -470,12 +470,11 @@ fn a_real_browser_shows_an_unknown_pool_as_a_404_page() {
 /// The head of the request `client` sends (read with a 30 s limit) and its
 /// path; `None` if the connection ends first.
 fn read_request_head(client: &mut TcpStream) -> Option<(String, String)> {
-    use std::io::Read;
     let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match client.read(&mut buf) {
+        match client.read_some(&mut buf) {
             Ok(0) | Err(_) => return None,
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }

@@ -56,7 +56,7 @@ fn read_to_end(c: &mut TcpStream, quiet: Duration) -> (Vec<u8>, End) {
     let mut got = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        match c.read(&mut buf) {
+        match c.read_some(&mut buf) {
             Ok(0) => return (got, End::Closed),
             Ok(n) => got.extend_from_slice(&buf[..n]),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return (got, End::StillOpen),
@@ -172,7 +172,7 @@ fn slowloris_heads_are_cut_at_the_head_deadline_while_others_are_served() {
     while lorises.iter().any(|l| l.closed.is_none()) && Instant::now() < give_up {
         for l in lorises.iter_mut().filter(|l| l.closed.is_none()) {
             let now = Instant::now();
-            match l.c.read(&mut buf) {
+            match l.c.read_some(&mut buf) {
                 Ok(0) => l.closed = Some(now),
                 // An answer (a 408, say) is allowed before the close.
                 Ok(_) => {}
@@ -276,7 +276,7 @@ fn a_client_that_reads_late_still_gets_every_answer() {
     let mut buf = vec![0u8; 256 * 1024];
     let give_up = Instant::now() + Duration::from_secs(30);
     while answered < REQUESTS && Instant::now() < give_up {
-        match reader.read(&mut buf) {
+        match reader.read_some(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
                 // Status lines may straddle reads: keep the last few bytes.
@@ -312,7 +312,7 @@ fn a_client_reading_slower_than_the_kernel_reports_room_is_not_cut() {
     let mut buf = vec![0u8; 4 * 1024];
     let (started, mut read) = (Instant::now(), 0);
     while started.elapsed() < Duration::from_millis(2500) {
-        match c.read(&mut buf) {
+        match c.read_some(&mut buf) {
             Ok(0) => panic!("closed after {read} bytes in {:?}", started.elapsed()),
             Ok(n) => read += n,
             Err(e) => panic!("{e} after {read} bytes in {:?}", started.elapsed()),
@@ -370,7 +370,7 @@ fn a_deep_pipeline_read_slowly_but_steadily_is_not_cut() {
     let (mut answers, mut tail, mut buf) = (0, Vec::new(), vec![0u8; 16 * 1024]);
     let started = Instant::now();
     while answers < REQUESTS {
-        let n = match c.read(&mut buf) {
+        let n = match c.read_some(&mut buf) {
             Ok(0) => panic!("closed after {answers} answers, {:?} in", started.elapsed()),
             Ok(n) => n,
             Err(e) => panic!("{e} after {answers} answers, {:?} in", started.elapsed()),
@@ -558,7 +558,7 @@ fn idle_admin_connections_never_keep_a_health_check_out() {
     }
     // The longest idle went first (then answered checks still lingering).
     let mut byte = [0u8; 1];
-    assert!(matches!(idle[0].read(&mut byte), Ok(0)), "the longest idle connection is still open");
+    assert!(matches!(idle[0].read_some(&mut byte), Ok(0)), "the longest idle connection is still open");
     // A connection in the middle of a request is not idle: once 16 of them
     // were read (one accepted before a read may still make way for the next),
     // the listener is full and says so.

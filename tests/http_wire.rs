@@ -32,7 +32,7 @@ fn exchange(c: &mut TcpStream, raw: &[u8]) -> Response {
 fn closed_by_server(c: &mut TcpStream) -> bool {
     c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 256];
-    match c.read(&mut buf) {
+    match c.read_some(&mut buf) {
         Ok(0) => true,
         Ok(n) => panic!("expected the connection to end, got {:?}", String::from_utf8_lossy(&buf[..n])),
         Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => false,
@@ -417,7 +417,7 @@ fn head_then_probe(c: &mut TcpStream, target: &str, probe: &[u8]) -> (String, Ve
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(c.read(&mut byte).unwrap(), 1, "closed inside the HEAD answer");
+        assert_eq!(c.read_some(&mut byte).unwrap(), 1, "closed inside the HEAD answer");
         head.push(byte[0]);
     }
     let mut next = vec![0u8; 9];
@@ -1065,7 +1065,7 @@ fn expect_continue_from_http_1_0_gets_no_interim_answer() {
     // an HTTP/1.0 client (RFC 9110 §10.1.1).
     c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let mut buf = [0u8; 64];
-    match c.read(&mut buf) {
+    match c.read_some(&mut buf) {
         Ok(n) => panic!("the server answered before the body: {:?}", String::from_utf8_lossy(&buf[..n])),
         Err(e) => assert!(matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut), "{e}"),
     }

@@ -427,7 +427,12 @@ fn queue_waiter(s: &TestServer, depth: f64) -> TcpStream {
 /// Whether an answer is waiting to be read on `c`, looking for `wait`.
 fn has_answer(c: &TcpStream, wait: Duration) -> bool {
     c.set_read_timeout(Some(wait)).unwrap();
-    let ready = c.peek(&mut [0u8; 1]).is_ok();
+    let ready = loop {
+        match c.peek(&mut [0u8; 1]) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            peeked => break peeked.is_ok(),
+        }
+    };
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     ready
 }

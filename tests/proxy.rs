@@ -503,7 +503,7 @@ fn a_client_that_leaves_mid_stream_frees_its_slot_at_once() {
     let mut s = server.connect();
     s.write_all(&proxied("GET", "/v1/stream", "", "")).unwrap();
     let mut first = [0u8; 64];
-    assert!(s.read(&mut first).unwrap() > 0);
+    assert!(s.read_some(&mut first).unwrap() > 0);
     let held = server.acquire("", "");
     assert_eq!(held.status, 429, "the stream holds the only slot: {held:?}");
     drop(s);
@@ -612,7 +612,7 @@ fn a_response_still_streaming_when_the_grace_ends_is_cut_and_logged_shutdown_cut
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        match s.read(&mut buf) {
+        match s.read_some(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
@@ -756,7 +756,7 @@ fn a_gzip_then_chunked_response_is_relayed() {
     let mut rest = Vec::new();
     let mut buf = [0u8; 64];
     while !rest.ends_with(b"0\r\n\r\n") {
-        let n = s.read(&mut buf).unwrap();
+        let n = s.read_some(&mut buf).unwrap();
         assert!(n > 0, "the body ended early: {rest:?}");
         rest.extend_from_slice(&buf[..n]);
     }

@@ -40,7 +40,7 @@ fn server_sent_events_reach_the_client_one_by_one() {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     while !String::from_utf8_lossy(&got).contains("data: 0\n\n") {
-        let n = s.read(&mut buf).unwrap();
+        let n = s.read_some(&mut buf).unwrap();
         assert!(n > 0, "the stream ended before its first event");
         got.extend_from_slice(&buf[..n]);
     }
@@ -66,7 +66,7 @@ fn read_head(s: &mut TcpStream) -> Vec<u8> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).unwrap(), 1, "the connection ended inside a head");
+        assert_eq!(s.read_some(&mut byte).unwrap(), 1, "the connection ended inside a head");
         head.push(byte[0]);
     }
     head
@@ -104,7 +104,7 @@ fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
     let mut next_sample = 0;
     let slow_until = Instant::now() + Duration::from_secs(8);
     while received < 64 * MB && Instant::now() < slow_until {
-        received += s.read(&mut buf).unwrap();
+        received += s.read_some(&mut buf).unwrap();
         if received >= next_sample {
             next_sample += 4 * MB;
             peak = peak.max(rss_kib(server.pid()));
@@ -116,7 +116,7 @@ fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
     let mut big = vec![0u8; MB];
     let mut next_sample = received + 16 * MB;
     while received < TOTAL {
-        let n = s.read(&mut big[..MB.min(TOTAL - received)]).unwrap();
+        let n = s.read_some(&mut big[..MB.min(TOTAL - received)]).unwrap();
         assert!(n > 0, "the body ended after {received} of {TOTAL} bytes");
         received += n;
         if received >= next_sample {
@@ -150,7 +150,7 @@ fn a_64_mb_upload_to_a_slow_upstream_keeps_server_memory_bounded() {
         // Bytes read, and those of the head once its end is seen.
         let (mut head, mut head_len, mut read) = (Vec::new(), None, 0usize);
         while head_len.is_none_or(|h| read - h < TOTAL) {
-            let n = s.read(&mut buf).unwrap();
+            let n = s.read_some(&mut buf).unwrap();
             assert!(n > 0, "the upload ended after {read} bytes");
             read += n;
             if head_len.is_none() {
@@ -194,7 +194,7 @@ fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
     let mut all = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        match s.read(&mut buf) {
+        match s.read_some(&mut buf) {
             Ok(0) => return all,
             Ok(n) => all.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return all,
@@ -685,7 +685,7 @@ fn a_reload_keeps_exchanges_in_flight_and_applies_new_headers_to_new_ones() {
     let mut s = server.connect();
     s.write_all(&proxied("GET", "/stream", "", "")).unwrap();
     let mut first = [0u8; 64];
-    assert!(s.read(&mut first).unwrap() > 0);
+    assert!(s.read_some(&mut first).unwrap() > 0);
     std::fs::write(&server.config_path, pool("after")).unwrap();
     server.signal("HUP");
     std::thread::sleep(Duration::from_millis(200));

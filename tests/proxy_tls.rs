@@ -204,7 +204,7 @@ fn server_sent_events_over_tls_arrive_event_by_event() {
         &ca.leaf(&["localhost"]),
         Arc::new(move |stream: &mut TlsServerStream| {
             let mut buf = [0u8; 4096];
-            let _ = stream.read(&mut buf);
+            let _ = stream.read_some(&mut buf);
             let _ = stream.write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
                   d\r\ndata: first\n\n\r\n",
@@ -237,7 +237,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn read_until(c: &mut TcpStream, got: &mut Vec<u8>, needle: &[u8]) {
     let mut buf = [0u8; 4096];
     while !contains(got, needle) {
-        let n = c.read(&mut buf).expect("the proxy kept the stream open");
+        let n = c.read_some(&mut buf).expect("the proxy kept the stream open");
         assert!(
             n > 0,
             "the stream ended before {:?}: {}",
@@ -419,7 +419,7 @@ fn upstream_reporting_its_close(leaf: &Leaf) -> (TlsServer, mpsc::Receiver<Resul
             let mut input = Vec::new();
             let mut buf = [0u8; 4096];
             let end = loop {
-                match stream.read(&mut buf) {
+                match stream.read_some(&mut buf) {
                     Ok(0) => break Ok(()),
                     Ok(n) => input.extend_from_slice(&buf[..n]),
                     Err(e) => break Err(format!("{:?}: {e}", e.kind())),

@@ -27,7 +27,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -40,7 +40,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use common::{config, post, scratch_dir, TestServer, KEY};
+use common::{config, post, scratch_dir, ReadSome, TestServer, KEY};
 
 const CONCURRENCY: u64 = 20;
 const TERM_MS: u64 = 300;
@@ -311,7 +311,7 @@ impl Conn {
                 return Some(answer);
             }
             assert!(started.elapsed() < ANSWER_DEADLINE, "no answer within {ANSWER_DEADLINE:?}");
-            match self.stream.read(&mut chunk) {
+            match self.stream.read_some(&mut chunk) {
                 Ok(0) => {
                     assert!(self.buf.is_empty(), "connection closed in the middle of an answer");
                     return None;

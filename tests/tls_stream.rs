@@ -51,7 +51,10 @@ impl Client {
         let mut buf = vec![0u8; 8192];
         while got.len() < want || sent < out.len() {
             assert!(Instant::now() < deadline, "exchange stalled: sent {sent}, got {}", got.len());
-            self.poll.poll(&mut self.events, Some(Duration::from_millis(50))).unwrap();
+            // A stop and continue of this process ends a wait with EINTR.
+            if let Err(e) = self.poll.poll(&mut self.events, Some(Duration::from_millis(50))) {
+                assert_eq!(e.kind(), io::ErrorKind::Interrupted, "poll: {e}");
+            }
             while sent < out.len() {
                 match self.stream.write(&out[sent..]) {
                     Ok(n) => sent += n,
@@ -82,7 +85,10 @@ impl Client {
         let mut buf = [0u8; 64];
         while self.stream.is_handshaking() {
             assert!(Instant::now() < deadline, "handshake stalled");
-            self.poll.poll(&mut self.events, Some(Duration::from_millis(50))).unwrap();
+            // A stop and continue of this process ends a wait with EINTR.
+            if let Err(e) = self.poll.poll(&mut self.events, Some(Duration::from_millis(50))) {
+                assert_eq!(e.kind(), io::ErrorKind::Interrupted, "poll: {e}");
+            }
             match self.stream.flush() {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

@@ -51,12 +51,12 @@ mod common;
 mod framing;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{TestServer, KEY};
+use common::{ReadSome, TestServer, KEY};
 
 const CONCURRENCY: u64 = 3;
 const QUEUE_SIZE: u64 = 2;
@@ -375,7 +375,7 @@ impl Conn {
             }
             self.stream.set_read_timeout(Some(until - now)).unwrap();
             let mut chunk = [0u8; 16384];
-            match self.stream.read(&mut chunk) {
+            match self.stream.read_some(&mut chunk) {
                 Ok(0) if self.buf.is_empty() => return Ok(Got::Eof),
                 Ok(0) => {
                     return Err(format!(

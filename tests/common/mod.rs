@@ -267,7 +267,7 @@ impl Response {
 fn read_request_head(s: &mut impl Read) -> Vec<u8> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+    while !head.ends_with(b"\r\n\r\n") && s.read_some(&mut byte).unwrap_or(0) == 1 {
         head.push(byte[0]);
     }
     head
@@ -303,10 +303,29 @@ pub fn answer_at_head(answer: &'static [u8], drain: bool) -> SocketAddr {
             let Ok(mut stream) = stream else { return };
             read_request_head(&mut stream);
             let _ = stream.write_all(answer);
-            while drain && stream.read(&mut [0u8; 4096]).unwrap_or(0) > 0 {}
+            while drain && stream.read_some(&mut [0u8; 4096]).unwrap_or(0) > 0 {}
         }
     });
     addr
+}
+
+/// One `read` that is tried again when it fails with `EINTR`. Linux fails a
+/// blocking socket read that has a timeout with `EINTR` when this process is
+/// stopped and continued, even with no signal handler; a test must not take
+/// that for the server's answer or its close.
+pub trait ReadSome {
+    fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize>;
+}
+
+impl<R: Read + ?Sized> ReadSome for R {
+    fn read_some(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            match self.read(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => return other,
+            }
+        }
+    }
 }
 
 /// Reads one response (head + Content-Length body). `None` on EOF before a head.
@@ -314,7 +333,7 @@ pub fn read_response(s: &mut impl Read) -> Option<Response> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
+        match s.read_some(&mut byte) {
             Ok(0) => return None,
             Ok(_) => head.push(byte[0]),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
@@ -345,7 +364,7 @@ pub fn read_response(s: &mut impl Read) -> Option<Response> {
 /// True when the server closed the connection (EOF or reset) within the read timeout.
 pub fn is_closed(s: &mut TcpStream) -> bool {
     let mut buf = [0u8; 64];
-    matches!(s.read(&mut buf), Ok(0) | Err(_))
+    matches!(s.read_some(&mut buf), Ok(0) | Err(_))
 }
 
 /// Waits until the process is stopped (state `T` in `/proc/PID/stat`).

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::common::{config, read_response, Response, TestServer, KEY};
+use crate::common::{config, read_response, ReadSome, Response, TestServer, KEY};
 
 /// One request as the upstream received it.
 #[derive(Debug, Clone)]
@@ -199,7 +199,7 @@ fn reset(stream: TcpStream) {
 
 fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
     let mut chunk = [0u8; 16 * 1024];
-    match stream.read(&mut chunk) {
+    match stream.read_some(&mut chunk) {
         Ok(0) | Err(_) => false,
         Ok(n) => {
             buf.extend_from_slice(&chunk[..n]);
@@ -309,7 +309,7 @@ fn read_line(s: &mut TcpStream) -> String {
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     while !line.ends_with(b"\r\n") {
-        assert_eq!(s.read(&mut byte).unwrap(), 1, "the stream ended inside a chunk-size line");
+        assert_eq!(s.read_some(&mut byte).unwrap(), 1, "the stream ended inside a chunk-size line");
         line.push(byte[0]);
     }
     String::from_utf8(line).unwrap()

@@ -177,6 +177,7 @@ pub fn echo() -> Handler {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match stream.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
                     if stream.write_all(&buf[..n]).is_err() {

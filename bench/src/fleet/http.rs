@@ -67,7 +67,11 @@ impl Conn {
                 return Ok(answer);
             }
             let mut chunk = [0u8; 4096];
-            let n = s.read(&mut chunk)?;
+            let n = match s.read(&mut chunk) {
+                // A stop and continue of this process ends a read that has a timeout with EINTR.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                read => read?,
+            };
             if n == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed before the answer"));
             }

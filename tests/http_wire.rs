@@ -366,6 +366,26 @@ fn a_head_over_16_kib_gets_431() {
     let r = exchange(&mut c, many.as_bytes());
     assert_error(&r, 431, "request_header_fields_too_large", "100 header fields");
     assert_answer_closes(&mut c, &r, "431 fields");
+    // Whatever follows the head (a body, the next request) and however the
+    // head is split into writes, the verdict is the head's.
+    let mut head = format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n");
+    for i in 0..62 {
+        head.push_str(&format!("X-F{i}: v\r\n"));
+    }
+    for body in ["{}\n", "\r\n {}", "{\r}", "{}"] {
+        let raw = format!("{head}Content-Length: {}\r\n\r\n{body}", body.len());
+        let r = exchange(&mut s.connect(), raw.as_bytes());
+        assert_error(&r, 431, "request_header_fields_too_large", &format!("65 fields, body {body:?}"));
+        // Cut inside the fields, and after the 65th with the empty line to come.
+        for cut in [head.len() - 20, raw.find("\r\n\r\n").unwrap() + 2] {
+            let mut c = s.connect();
+            c.write_all(&raw.as_bytes()[..cut]).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            let r = exchange(&mut c, &raw.as_bytes()[cut..]);
+            let what = format!("65 fields cut at {cut}, body {body:?}");
+            assert_error(&r, 431, "request_header_fields_too_large", &what);
+        }
+    }
 
     // Just under the limit is served.
     let mut c = s.connect();
@@ -1037,6 +1057,23 @@ fn a_later_http_1_minor_version_is_served_as_1_1() {
     let mut c = s.connect();
     let r = exchange(&mut c, format!("POST {ACQUIRE} HTTP/2.0\r\nHost: localhost\r\n\r\n").as_bytes());
     assert_error(&r, 505, "http_version_not_supported", "HTTP/2.0");
+    // The verdict waits for the whole request line: the same bytes get the
+    // same answer however they were split into writes.
+    let split = |line: &str, cut: usize| {
+        let raw = format!("{line}\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 0\r\n\r\n");
+        let mut c = s.connect();
+        c.write_all(&raw.as_bytes()[..cut]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        exchange(&mut c, &raw.as_bytes()[cut..])
+    };
+    for line in [format!("POST {ACQUIRE} HTTP/3.0"), format!("POST {ACQUIRE} HTTP/2.0"), "PRI * HTTP/2.0".into()] {
+        let r = split(&line, line.len() - 2);
+        assert_error(&r, 505, "http_version_not_supported", &format!("{line} cut before its last two bytes"));
+    }
+    let line = format!("POST {ACQUIRE} HTTP/1.2");
+    let r = split(&line, line.len());
+    assert_eq!(r.status, 200, "HTTP/1.2 cut before its CRLF: {r:?}");
+    s.release(&r.slot(), "");
 }
 
 #[test]

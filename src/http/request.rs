@@ -408,27 +408,26 @@ fn parse_full<'b>(
     let mut req = httparse::Request::new(&mut []);
     let head_len = match req.parse_with_uninit_headers(buf, storage) {
         Ok(Status::Complete(n)) => n,
-        Ok(Status::Partial) => {
-            check_line_endings(buf)?;
-            if buf.len() > MAX_HEAD_BYTES {
-                return Err(HeadError::TooLarge);
-            }
-            return Ok(None);
-        }
+        Ok(Status::Partial) => return partial(buf),
+        // Too many fields, or a version other than 1.0 and 1.1, can be told
+        // before the head (or its request line) is complete; the verdict waits
+        // for it, so that it does not depend on how the head was split into
+        // reads, and bare line ends in it are named first, as in any head.
         Err(httparse::Error::TooManyHeaders) => {
-            // Bare line ends are judged first, so the verdict does not depend on
-            // how much of the head arrived in one read.
-            check_line_endings(buf)?;
+            let Some(head) = complete_head(buf) else { return partial(buf) };
+            check_line_endings(head)?;
             return Err(HeadError::TooLarge);
         }
+        Err(httparse::Error::Version) if !buf.contains(&b'\n') => return partial(buf),
         Err(httparse::Error::Version) if newer_minor_version(buf).is_some() => {
             return Err(HeadError::NewerMinorVersion)
         }
         Err(httparse::Error::Version) if other_major_version(buf) => return Err(HeadError::OtherMajorVersion),
         Err(e) => {
             // Line ends first, so a folded or bare-LF line is named as such
-            // whichever byte httparse stumbled on.
-            check_line_endings(buf)?;
+            // whichever byte httparse stumbled on; only the head's, as the
+            // bytes after it are not part of it.
+            check_line_endings(complete_head(buf).unwrap_or(buf))?;
             return Err(HeadError::Malformed(httparse_reason(e)));
         }
     };
@@ -476,6 +475,23 @@ fn parse_full<'b>(
     }
     let headers = HeaderFields { fields: FieldList::Parsed(headers) };
     assemble(line, head_len, block, &fields, headers, None)
+}
+
+/// A head not complete yet: what came of it is judged for its line ends and
+/// size, and more is awaited.
+fn partial<'b>(buf: &[u8]) -> Result<Option<Head<'b>>, HeadError> {
+    check_line_endings(buf)?;
+    if buf.len() > MAX_HEAD_BYTES {
+        return Err(HeadError::TooLarge);
+    }
+    Ok(None)
+}
+
+/// The head at the start of `buf`, up to and with its empty line, when that
+/// has come: what follows it (a body, the next request) is none of its bytes.
+fn complete_head(buf: &[u8]) -> Option<&[u8]> {
+    let searched = &buf[..buf.len().min(MAX_HEAD_BYTES + 4)];
+    searched.windows(4).position(|w| w == b"\r\n\r\n").map(|at| &buf[..at + 4])
 }
 
 /// `<target>` is followed by ` HTTP/1.x\r\n` in a request line.
@@ -1216,6 +1232,41 @@ mod tests {
             let got = parse_head(raw, &mut storage).map(|_| ());
             assert_eq!(got, Err(HeadError::OtherMajorVersion), "{}", String::from_utf8_lossy(raw));
         }
+    }
+
+    #[test]
+    fn a_version_verdict_waits_for_the_whole_request_line() {
+        for line in
+            [&b"GET / HTTP/3.0"[..], b"PRI * HTTP/2.0", b"GET / HTTP/0.9", b"POST / HTTP/1.2", b"POST / HTTP/1.x"]
+        {
+            for cut in 1..=line.len() {
+                let mut storage = header_storage();
+                let got = parse_head(&line[..cut], &mut storage).map(|h| h.is_some());
+                assert_eq!(got, Ok(false), "{} cut at {cut}", String::from_utf8_lossy(line));
+            }
+        }
+    }
+
+    #[test]
+    fn too_many_fields_is_judged_on_the_head_alone_once_it_is_whole() {
+        let mut head = b"POST / HTTP/1.1\r\nHost: h\r\n".to_vec();
+        for i in 0..80 {
+            head.extend_from_slice(format!("X-F{i}: v\r\n").as_bytes());
+        }
+        let mut storage = header_storage();
+        assert_eq!(parse_head(&head, &mut storage).map(|h| h.is_some()), Ok(false), "the empty line is still to come");
+        head.extend_from_slice(b"\r\n");
+        for after in [&b""[..], b"{}\n", b"\r\n x", b"{\r}", b"GET / HTTP/1.1\n\n"] {
+            let raw = [&head[..], after].concat();
+            let mut storage = header_storage();
+            let got = parse_head(&raw, &mut storage).map(|_| ());
+            assert_eq!(got, Err(HeadError::TooLarge), "followed by {:?}", String::from_utf8_lossy(after));
+        }
+        // A bare LF inside such a head is named, as in any head.
+        let mut bare = head.clone();
+        bare[20] = b'\n';
+        let mut storage = header_storage();
+        assert!(matches!(parse_head(&bare, &mut storage), Err(HeadError::Malformed(_))));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! then extensions to RFC 9112 §7.1.1's grammar, then CRLF), CRLF after every
 //! chunk, a cap on size lines and trailers, and the body limit (`413` for a chunk
 //! or a sum beyond it, answered before its data is read; a size past 64 bits is
-//! `400`). Trailers are read and
+//! `400`). Trailers are read to the field-line grammar and
 //! dropped. It never allocates beyond growing `out`, never touches a socket, and
 //! never looks past the final CRLF: what follows is the next pipelined request.
 
@@ -27,6 +27,8 @@ const BARE_LF: ChunkError = ChunkError::Malformed("Chunked framing lines must en
 const BAD_SIZE: ChunkError =
     ChunkError::Malformed("A chunk size must be hexadecimal digits, optionally followed by ';'.");
 const NO_CRLF_AFTER_DATA: ChunkError = ChunkError::Malformed("A chunk's data must be followed by CRLF.");
+const BAD_TRAILER: ChunkError =
+    ChunkError::Malformed("A chunked trailer line must be a header field: a name, a colon and a value.");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -44,6 +46,9 @@ enum State {
     DataLf,
     /// The start of a trailer line, or the CR of the final empty line.
     TrailerStart,
+    /// A trailer field's name, up to its `:`.
+    TrailerName,
+    /// A trailer field's value, up to its CR.
     Trailer,
     TrailerLf,
     /// The LF of the final empty line.
@@ -158,7 +163,7 @@ impl ChunkedDecoder {
                     State::Size
                 }
                 State::DataCr | State::DataLf => return Err(NO_CRLF_AFTER_DATA),
-                State::TrailerStart | State::Trailer | State::TrailerLf | State::EndLf => {
+                State::TrailerStart | State::TrailerName | State::Trailer | State::TrailerLf | State::EndLf => {
                     self.trailer_len += 1;
                     if self.trailer_len > MAX_TRAILERS {
                         return Err(ChunkError::Malformed("The chunked trailer section is too long."));
@@ -171,8 +176,16 @@ impl ChunkedDecoder {
                         (State::TrailerLf, b'\n') => State::TrailerStart,
                         (State::EndLf | State::TrailerLf, _) | (_, b'\n') => return Err(BARE_LF),
                         (State::TrailerStart, b'\r') => State::EndLf,
-                        (_, b'\r') => State::TrailerLf,
-                        _ => State::Trailer,
+                        // A trailer line is a field line (RFC 9112 §7.1.2):
+                        // a token, a colon, a value; no folding.
+                        (State::TrailerStart | State::TrailerName, _) if crate::http::is_tchar(b) => State::TrailerName,
+                        (State::TrailerName, b':') => State::Trailer,
+                        (State::TrailerStart | State::TrailerName, _) => return Err(BAD_TRAILER),
+                        (State::Trailer, b'\r') => State::TrailerLf,
+                        // field-vchar, space and tab; no other control byte.
+                        (State::Trailer, _) if b == b'\t' || b >= 0x20 && b != 0x7f => State::Trailer,
+                        (State::Trailer, _) => return Err(BAD_TRAILER),
+                        (other, _) => unreachable!("{other:?} is not a trailer state"),
                     }
                 }
                 State::Data | State::Done | State::Failed(_) => {
@@ -315,6 +328,7 @@ mod tests {
         b"5;a=\"\"\r\nhello\r\n0\r\n\r\n",
         b"5\r\nhello\r\n0\r\nX-Trailer: yes\r\nX-Other: no\r\n\r\n",
         b"3\r\n\r\n\r\r\n0\r\n\r\n",
+        b"5\r\nhello\r\n0\r\nX-Empty:\r\nX-Tab:\ta\tb \r\nX-Obs: \xe9t\xe9\r\n\r\n",
     ];
 
     const INVALID: &[&[u8]] = &[
@@ -351,6 +365,15 @@ mod tests {
         b"5\r\nhello\r\n0\r\nX: y\n\r\n",
         b"5\r\nhello\r\n0\r\nX: y\rZ\r\n\r\n",
         b"5\r\nhello\r\n0\n\r\n",
+        // Trailer lines are field lines: a token name, a colon, a value of
+        // visible bytes, spaces and tabs.
+        b"5\r\nhello\r\n0\r\nbadtrailer\r\n\r\n",
+        b"5\r\nhello\r\n0\r\n: no name\r\n\r\n",
+        b"5\r\nhello\r\n0\r\nX y: z\r\n\r\n",
+        b"5\r\nhello\r\n0\r\nX : z\r\n\r\n",
+        b"5\r\nhello\r\n0\r\nX: y\r\n folded\r\n\r\n",
+        b"5\r\nhello\r\n0\r\nX: a\x01b\r\n\r\n",
+        b"5\r\nhello\r\n0\r\nX: a\x7fb\r\n\r\n",
     ];
 
     #[test]

@@ -72,6 +72,16 @@ pub const FRAMING: &[(&str, &[u8], u16)] = &[
     ("empty Host", b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: \r\nContent-Length: 0\r\n\r\n", 400),
     ("HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
     (
+        "chunked trailer line without a colon",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nbadtrailer\r\n\r\n",
+        400,
+    ),
+    (
+        "folded chunked trailer line",
+        b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX: a\r\n b\r\n\r\n",
+        400,
+    ),
+    (
         "bad chunk size line",
         b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         400,

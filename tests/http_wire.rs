@@ -1024,6 +1024,29 @@ fn a_target_with_a_byte_no_uri_holds_is_400_and_closes() {
         assert_error(&r, 400, "bad_request", &what);
         assert_answer_closes(&mut c, &r, &what);
     }
+    // A release or renew read by comparison with the one before on its
+    // connection (only its slot id differs) gets the same 400 for such a byte.
+    for (route, byte) in [("release", b'<'), ("renew", b'`'), ("release", b'"'), ("renew", b'\\')] {
+        let what = format!("a {route} whose slot id holds {:?}", byte as char);
+        let slots: Vec<String> = (0..3).map(|_| s.request(&post(ACQUIRE, KEY, "", "")).slot()).collect();
+        let path = |slot: &str| format!("/pools/p/lock/{slot}/{route}");
+        // Two good ones first: the second is read by comparison with the
+        // first, and what it was found to be is kept for the third.
+        let mut c = s.connect();
+        for slot in &slots[..2] {
+            assert_eq!(exchange(&mut c, &post(&path(slot), KEY, "", "")).status, 200, "{what}");
+        }
+        let mut bad = slots[2].clone().into_bytes();
+        bad[10] = byte;
+        let raw = [b"POST ".as_slice(), path(&String::from_utf8(bad).unwrap()).as_bytes(), &post("", KEY, "", "")[5..]]
+            .concat();
+        let r = exchange(&mut c, &raw);
+        assert_error(&r, 400, "bad_request", &what);
+        assert_answer_closes(&mut c, &r, &what);
+        for slot in &slots {
+            s.release(slot, "");
+        }
+    }
     // Bytes outside the URI grammar that clients send unencoded in queries pass.
     let r = s.request(&acquire(b"/pools/p/lock/acquire?a={b}|c^d[0]"));
     assert_eq!(r.status, 200, "{r:?}");

@@ -633,13 +633,24 @@ impl App {
                         Writer::start(out, Status::Ok).finish_json(&self.scratch, ctx.close);
                         Ok(Handled::Done)
                     }
-                    Err(RenewError::NotFound) => Err(ApiError::NotFound),
+                    Err(RenewError::NotFound) => {
+                        // A slot id holds none of the bytes a target may not:
+                        // only a line read by comparison (whose target was not
+                        // checked) can get here with one, and it gets the `400`
+                        // its bytes would get in any other head.
+                        head.check_target()?;
+                        Err(ApiError::NotFound)
+                    }
                     Err(RenewError::Capped) => Err(ApiError::Capped),
                 }
             }
             Lock::Release(slot) => {
                 let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
                 let released = self.gov.release(pid, slot, outcome.as_ref(), ctx.now.ms);
+                if !released {
+                    // As for a renew: an unchecked target is checked when it names no slot.
+                    head.check_target()?;
+                }
                 Writer::start(out, Status::Ok).raw(released_rest(released, ctx.close));
                 Ok(Handled::Done)
             }

@@ -82,10 +82,22 @@ impl TokenBucket {
     }
 
     /// Takes one token; the caller checked `has_token`.
+    ///
+    /// Taking from a full bucket starts the refills again. When it filled
+    /// less than an interval ago, no token has overflowed since, and the
+    /// next comes one interval after the one that filled it, as it would
+    /// have: a waiter that takes each token at the (whole-millisecond) tick
+    /// after it came due does not push every later token back by that
+    /// delay. A bucket full for longer restarts from now.
     pub fn take(&mut self, now: Ms) {
         debug_assert!(self.tokens > 0);
         if self.is_full() {
-            self.next_refill_us = now * 1000 + self.interval_us;
+            // While full, `next_refill_us` is where the refill that filled it
+            // left the schedule (0 for a bucket that started full).
+            let now_us = now * 1000;
+            if self.next_refill_us <= now_us {
+                self.next_refill_us = now_us + self.interval_us;
+            }
         }
         self.tokens -= 1;
     }
@@ -164,6 +176,46 @@ mod tests {
         assert_eq!(b.tokens(), 6);
         b.refill(60_000);
         assert_eq!(b.tokens(), 7);
+    }
+
+    #[test]
+    fn a_bucket_of_one_taken_at_each_tick_keeps_its_rate() {
+        // 700 rpm, burst 1: a token every 85.714 ms. A waiter takes each one
+        // at the first whole millisecond it is due (the wheel's tick), or a
+        // millisecond later: a minute still gives 700, the one it starts
+        // with and the 699 due before the minute ends.
+        for late in [0, 1] {
+            let mut b = TokenBucket::new(700, 1);
+            let (mut now, mut taken) = (0, 0);
+            while now < 60_000 {
+                b.refill(now);
+                if b.has_token() {
+                    b.take(now);
+                    taken += 1;
+                }
+                now = b.next_refill_ms().expect("emptied") + late;
+            }
+            assert_eq!(taken, 700, "late by {late} ms");
+        }
+    }
+
+    #[test]
+    fn a_bucket_full_for_longer_than_an_interval_restarts_from_now() {
+        let mut b = TokenBucket::new(60, 2);
+        b.take(0);
+        b.refill(1000);
+        assert!(b.is_full());
+        // Taken within the interval after it filled: the schedule goes on.
+        let mut soon = b.clone();
+        soon.take(1500);
+        assert_eq!(soon.next_refill_ms(), Some(2000));
+        // Full since 1000 and idle past 2000: a token overflowed; from now.
+        b.take(2500);
+        assert_eq!(b.next_refill_ms(), Some(3500));
+        // A bucket that started full restarts from now too.
+        let mut fresh = TokenBucket::new(60, 1);
+        fresh.take(7);
+        assert_eq!(fresh.next_refill_ms(), Some(1007));
     }
 
     #[test]

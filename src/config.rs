@@ -41,6 +41,11 @@ pub const MAX_BODY_LIMIT: usize = 16 * 1024 * 1024;
 pub const MAX_CONNECTIONS: usize = 1_000_000;
 /// The longest `idleSpinUs`: a spin is a pause in sleeping, not a busy loop.
 pub const MAX_IDLE_SPIN_US: u64 = 1_000;
+/// The most keys (and, apart, key digests) one pool takes: each request's
+/// key is compared with every one of them, in constant time.
+pub const MAX_KEYS: usize = 1_000;
+/// The largest configuration file read.
+pub const MAX_CONFIG_BYTES: u64 = 64 * 1024 * 1024;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -382,7 +387,13 @@ fn fail<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read(path).map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        use std::io::Read;
+        let cannot = |e: std::io::Error| ConfigError(format!("cannot read {}: {e}", path.display()));
+        let mut text = Vec::new();
+        std::fs::File::open(path).and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut text)).map_err(cannot)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return fail(format!("{}: larger than {} MiB", path.display(), MAX_CONFIG_BYTES >> 20));
+        }
         Config::parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
     }
 
@@ -537,13 +548,14 @@ impl Config {
         let mut listens: Vec<(&str, SocketAddr)> = Vec::new();
         for (name, upstream) in self.pools.iter().filter_map(|(n, p)| Some((n, p.upstream.as_ref()?))) {
             for host in &upstream.hosts {
-                // Proxy hosts take their requests before any lock route is looked at.
-                if self.public_host.as_ref().is_some_and(|public| public.eq_ignore_ascii_case(host)) {
+                // Proxy hosts take their requests before any lock route is
+                // looked at; both are matched without case or a final dot.
+                if self.public_host.as_ref().is_some_and(|public| host_key(public) == host_key(host)) {
                     return fail(format!(
                         "pools.{name}.upstream.hosts: {host} is publicHost, where the lock API is served"
                     ));
                 }
-                if let Some(other) = hosts.insert(host.to_ascii_lowercase(), name) {
+                if let Some(other) = hosts.insert(host_key(host), name) {
                     return fail(format!("pools.{name}.upstream.hosts: {host} is already routed to pool {other}"));
                 }
             }
@@ -573,21 +585,27 @@ impl PoolConfig {
         if self.keys.is_empty() && self.key_sha256.is_empty() {
             return fail("keys: a pool needs at least one key in keys or keySha256");
         }
+        for (field, count) in [("keys", self.keys.len()), ("keySha256", self.key_sha256.len())] {
+            if count > MAX_KEYS {
+                return fail(format!("{field}: at most {MAX_KEYS} entries (this pool has {count})"));
+            }
+        }
+        let mut keys = std::collections::HashMap::with_capacity(self.keys.len());
         for (i, key) in self.keys.iter().enumerate() {
             if key.is_empty() || key.len() > 512 || key.bytes().any(|b| !b.is_ascii_graphic()) {
                 return fail("keys: a key must be 1-512 printable ASCII characters without spaces");
             }
             // Named by place, never by text: a key is a secret.
-            if let Some(first) = self.keys[..i].iter().position(|k| k == key) {
+            if let Some(first) = keys.insert(key.as_str(), i) {
                 return fail(format!("keys: entry {} repeats entry {} (each key once)", i + 1, first + 1));
             }
         }
-        let mut digests = Vec::with_capacity(self.key_sha256.len());
+        let mut digests = std::collections::HashMap::with_capacity(self.key_sha256.len());
         for (i, digest) in self.key_sha256.iter().enumerate() {
             let Some(digest) = parse_sha256_hex(digest) else {
                 return fail("keySha256: each entry must be 64 hex digits (the SHA-256 of a key)");
             };
-            if let Some(first) = digests.iter().position(|d| *d == digest) {
+            if let Some(first) = digests.insert(digest, i) {
                 return fail(format!("keySha256: entry {} repeats entry {} (each digest once)", i + 1, first + 1));
             }
             // What `sha256sum` prints for an unset `$KEY`: it would let an
@@ -595,7 +613,6 @@ impl PoolConfig {
             if digest == EMPTY_KEY_SHA256 {
                 return fail(format!("keySha256: entry {} is the SHA-256 of an empty key", i + 1));
             }
-            digests.push(digest);
         }
         if self.concurrency == 0 || self.concurrency > MAX_CONCURRENCY {
             return fail(format!("concurrency must be between 1 and {MAX_CONCURRENCY}"));
@@ -726,6 +743,11 @@ fn is_host_name(host: &str) -> bool {
             && !l.ends_with('-')
     };
     (1..=253).contains(&name.len()) && name.split('.').all(label)
+}
+
+/// A host name as requests are routed by it: without case or a final dot.
+pub(crate) fn host_key(host: &str) -> String {
+    host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase()
 }
 
 /// SHA-256 of no bytes at all.
@@ -889,6 +911,52 @@ mod tests {
             &format!(r#""p":{{"keys":["k"],{hosts}}},"q":{{"keys":["k"],{}}}"#, hosts.replace("a.ex", "A.Ex")),
         );
         assert!(e.starts_with("pools.q.upstream.hosts: A.Example is already routed to pool p"), "{e}");
+        // Requests are routed without a host's final dot, so the checks are too.
+        let e = with(
+            "",
+            &format!(r#""p":{{"keys":["k"],{hosts}}},"q":{{"keys":["k"],{}}}"#, hosts.replace("e\"]", "e.\"]")),
+        );
+        assert!(e.starts_with("pools.q.upstream.hosts: a.example. is already routed to pool p"), "{e}");
+        for (public, host) in [("api.example", "api.example."), ("API.EXAMPLE.", "api.example")] {
+            let e = with(
+                &format!(r#""publicHost":"{public}","#),
+                &format!(r#""p":{{"keys":["k"],{}}}"#, hosts.replace("a.example", host)),
+            );
+            assert_eq!(e, format!("pools.p.upstream.hosts: {host} is publicHost, where the lock API is served"));
+        }
+    }
+
+    #[test]
+    fn proxy_hosts_are_kept_as_requests_are_routed_by_them() {
+        let json =
+            r#"{"pools":{"p":{"keys":["k"],"upstream":{"url":"http://127.0.0.1:9","hosts":["A.Example.","b"]}}}}"#;
+        let config = Config::parse(json.as_bytes()).unwrap();
+        let upstream = upstream::Upstream::build(config.pools["p"].upstream.as_ref().unwrap()).unwrap();
+        assert_eq!(upstream.hosts, [b"a.example".to_vec().into(), b"b".to_vec().into()]);
+        assert!(err(&json.replace("\"b\"", "\".\"")).contains("upstream.hosts"), "a lone dot names no host");
+    }
+
+    #[test]
+    fn a_pool_takes_at_most_max_keys_of_each_kind() {
+        let keys: Vec<String> = (0..=MAX_KEYS).map(|i| format!("key-{i}")).collect();
+        let list = |n: usize| serde_json::to_string(&keys[..n]).unwrap();
+        assert!(Config::parse(format!(r#"{{"pools":{{"p":{{"keys":{}}}}}}}"#, list(MAX_KEYS)).as_bytes()).is_ok());
+        let e = err(&format!(r#"{{"pools":{{"p":{{"keys":{}}}}}}}"#, list(MAX_KEYS + 1)));
+        assert_eq!(e, format!("pools.p.keys: at most {MAX_KEYS} entries (this pool has {})", MAX_KEYS + 1));
+        let digests: Vec<String> = (0..=MAX_KEYS).map(|i| format!("{:064x}", i + 1)).collect();
+        let e = err(&format!(r#"{{"pools":{{"p":{{"keySha256":{}}}}}}}"#, serde_json::to_string(&digests).unwrap()));
+        assert!(e.starts_with("pools.p.keySha256: at most"), "{e}");
+    }
+
+    #[test]
+    fn a_configuration_file_past_the_size_limit_is_refused_unread() {
+        let path = std::env::temp_dir().join(format!("nthpool-config-size-{}.json", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        // Sparse: no 64 MiB are written, but that many are there to read.
+        file.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        let e = Config::load(&path).unwrap_err().0;
+        std::fs::remove_file(&path).unwrap();
+        assert!(e.ends_with("larger than 64 MiB"), "{e}");
     }
 
     #[test]

@@ -159,6 +159,7 @@ impl UpstreamConfig {
         }
         for host in &self.hosts {
             if host.is_empty()
+                || host == "."
                 || host.len() > 253
                 || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
             {
@@ -172,7 +173,9 @@ impl UpstreamConfig {
             if name.is_empty() || !name.bytes().all(is_token_byte) {
                 return Err(field("setHeaders", format!("{name:?} is not a header name")));
             }
-            let lower = name.to_ascii_lowercase();
+            // `Transfer_Encoding` too: an upstream that maps names to
+            // CGI-style variables would take it for the real one.
+            let lower = name.to_ascii_lowercase().replace('_', "-");
             if RESERVED_HEADERS.contains(&lower.as_str()) || lower.starts_with("x-nthpool-") {
                 return Err(field("setHeaders", format!("{name} is set by the proxy itself and cannot be configured")));
             }
@@ -237,7 +240,8 @@ impl Upstream {
             target,
             tls,
             listen: config.listen.as_ref().map(|l| l.parse().expect("validated")),
-            hosts: config.hosts.iter().map(|h| h.to_ascii_lowercase().into_bytes().into()).collect(),
+            // As requests are routed: without case or a final dot.
+            hosts: config.hosts.iter().map(|h| crate::config::host_key(h).into_bytes().into()).collect(),
             set_headers,
             wait_ms: config.wait_ms,
             timeout_ms: config.timeout_ms,
@@ -441,6 +445,11 @@ mod tests {
             (r#","hosts":["a.example:80"]"#, "upstream.hosts"),
             (r#","setHeaders":{"Host":"x"}"#, "upstream.setHeaders"),
             (r#","setHeaders":{"X-Nthpool-Key":"x"}"#, "upstream.setHeaders"),
+            // The `_` spellings a CGI-style upstream would take for the real ones.
+            (r#","setHeaders":{"Transfer_Encoding":"chunked"}"#, "upstream.setHeaders"),
+            (r#","setHeaders":{"content_length":"9"}"#, "upstream.setHeaders"),
+            (r#","setHeaders":{"X_Nthpool_Key":"x"}"#, "upstream.setHeaders"),
+            (r#","hosts":["."]"#, "upstream.hosts"),
             (r#","setHeaders":{"bad name":"x"}"#, "upstream.setHeaders"),
             (r#","setHeaders":{"A":"x","a":"y"}"#, "upstream.setHeaders"),
             (r#","timeoutMs":0"#, "upstream.timeoutMs"),

@@ -354,6 +354,44 @@ fn refusals_are_answered_like_the_lock_api() {
     assert!(r.header_u64("x-nthpool-queued-ms") > 0, "{r:?}");
 }
 
+/// One answer's head, up to and with its empty line, left unparsed.
+fn head_only(s: &mut TcpStream) -> String {
+    String::from_utf8(read_through(s, b"\r\n\r\n", "a head")).unwrap()
+}
+
+/// The proxy's own answers (a refusal, a 502) to a `HEAD` have no body, as
+/// the lock API's do: the next answer on the connection is read whole.
+#[test]
+fn the_proxys_own_answers_to_head_have_no_body() {
+    let up = MockUpstream::start(|seen| {
+        if seen.request_line().contains("/broken") {
+            Reply::RawThenClose(b"HTTP/1.1 200 OK\r\nContent-Le".to_vec())
+        } else {
+            ok("fine", "")
+        }
+    });
+    let server = proxy_server(&up, 1, r#""waitMs":0"#);
+    let no_key = format!("HEAD /v1/models HTTP/1.1\r\nHost: {HOST}\r\n\r\n");
+    let cases: [(&str, Vec<u8>, &str); 2] =
+        [("401", no_key.into_bytes(), "HTTP/1.1 401 "), ("502", proxied("HEAD", "/broken", "", ""), "HTTP/1.1 502 ")];
+    for (what, head_request, status_line) in cases {
+        let mut s = server.connect();
+        s.write_all(&[head_request, proxied("GET", "/v1/models", "", "")].concat()).unwrap();
+        let head = head_only(&mut s);
+        assert!(head.starts_with(status_line), "{what}: {head}");
+        let next = read_any(&mut s).expect("the answer pipelined behind");
+        assert_eq!((next.status, next.body.as_slice()), (200, &b"fine"[..]), "{what}: {next:?}");
+    }
+    // Refused for want of a slot: the same.
+    let held = server.acquire("", "");
+    let mut s = server.connect();
+    s.write_all(&[proxied("HEAD", "/v1/models", "", ""), proxied("GET", "/v1/models", "", "")].concat()).unwrap();
+    assert!(head_only(&mut s).starts_with("HTTP/1.1 429 "));
+    let next = read_any(&mut s).expect("the answer pipelined behind");
+    assert_eq!((next.status, next.error_code().as_str()), (429, "too_many_requests"), "{next:?}");
+    server.release(&held.slot(), "");
+}
+
 #[test]
 fn proxied_429s_with_openai_headers_teach_the_pool() {
     let up = MockUpstream::start(|_| {

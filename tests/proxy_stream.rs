@@ -73,13 +73,7 @@ fn read_to_last_chunk(s: &mut TcpStream, got: &mut Vec<u8>) {
 
 /// The bytes of a response head, up to and with its empty line.
 fn read_head(s: &mut TcpStream) -> Vec<u8> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read_some(&mut byte).unwrap(), 1, "the connection ended inside a head");
-        head.push(byte[0]);
-    }
-    head
+    read_through(s, b"\r\n\r\n", "a head")
 }
 
 /// Resident memory of a process, in KiB (Linux `/proc`).

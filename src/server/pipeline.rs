@@ -265,7 +265,7 @@ pub(super) fn adapt_answer(output: &mut Vec<u8>, head: &Head, answer: Answer) ->
 
 /// A `HEAD` answer is the answer without its body (RFC 9110 §9.3.2); the
 /// head, `Content-Length` included, stays.
-fn strip_body(output: &mut Vec<u8>, answer_start: usize) {
+pub(super) fn strip_body(output: &mut Vec<u8>, answer_start: usize) {
     if let Some(end) = output[answer_start..].windows(4).position(|w| w == b"\r\n\r\n") {
         output.truncate(answer_start + end + 4);
     }

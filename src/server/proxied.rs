@@ -16,6 +16,7 @@ use mio::net::TcpListener;
 use mio::{Interest, Registry, Token};
 
 use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
+use super::pipeline::strip_body;
 use super::{client_mut, Server};
 use crate::api::proxy::{ProxiedLine, WaitEnd};
 use crate::api::{
@@ -112,7 +113,9 @@ pub fn begin(
 ) -> Begun {
     let has_body = head.framing != BodyFraming::None;
     let start = output.len();
-    let say_kept = |output: &mut Vec<u8>, close: bool| say_if_kept(output, start, close, head.http11);
+    let head_request = head.method == Method::Head;
+    let say_kept =
+        |output: &mut Vec<u8>, close: bool| adapt_own_answer(output, start, close, head.http11, head_request);
     // A refusal leaves the body unread: its answer closes the connection.
     let admitted = match app.admit_proxied(&Ctx { close: ctx.close || has_body, ..*ctx }, pid, head, output) {
         Ok(admitted) => admitted,
@@ -428,7 +431,7 @@ impl Server {
         let close = close || !e.client_side.keep_alive || !e.request_done();
         let start = conn.output.len();
         self.app.end_proxied_wait(&mut conn.output, end, queued, id, self.now, close, e.method_and_path());
-        say_if_kept(&mut conn.output, start, close, e.client_side.http11);
+        adapt_own_answer(&mut conn.output, start, close, e.client_side.http11, e.client_side.head_request);
         self.end_exchange(id, End::Refused);
         if close {
             if let Some(conn) = client_mut(&mut self.conns, id) {
@@ -508,7 +511,7 @@ impl Server {
                 // A granted exchange's answer, from the upstream or not,
                 // carries the governor headers of its grant.
                 self.app.write_error_of(Some(e.pool), &mut conn.output, err, close, &e.signals);
-                say_if_kept(&mut conn.output, start, close, e.client_side.http11);
+                adapt_own_answer(&mut conn.output, start, close, e.client_side.http11, e.client_side.head_request);
                 close
             }
             End::Cut | End::BodyBroken(_) | End::Capped | End::ClientGone | End::Stopped => true,
@@ -627,10 +630,15 @@ impl Server {
     }
 }
 
-/// An HTTP/1.0 connection is kept only when the answer says so (RFC 9112
-/// §C.2.2): the answer from `start` says it when it keeps such a client's
-/// connection.
-fn say_if_kept(output: &mut Vec<u8>, start: usize, close: bool, http11: bool) {
+/// An answer the proxy writes itself (a refusal, a `502`/`504`), from
+/// `start`, adapted to its request as the lock API's are: a `HEAD` request's
+/// has no body (RFC 9110 §9.3.2), or a client that reads none would take it
+/// for the next answer; and an HTTP/1.0 connection is kept only when the
+/// answer says so (RFC 9112 §C.2.2).
+fn adapt_own_answer(output: &mut Vec<u8>, start: usize, close: bool, http11: bool, head_request: bool) {
+    if head_request {
+        strip_body(output, start);
+    }
     if !close && !http11 {
         say_kept_alive(output, start);
     }

@@ -306,13 +306,19 @@ pub fn read_any(s: &mut TcpStream) -> Option<Response> {
 }
 
 fn read_line(s: &mut TcpStream) -> String {
-    let mut line = Vec::new();
+    String::from_utf8(read_through(s, b"\r\n", "a chunk-size line")).unwrap()
+}
+
+/// The bytes up to and with the first `end`, read one at a time so nothing
+/// after it is taken; panics if the stream ends inside `what`.
+pub fn read_through(s: &mut TcpStream, end: &[u8], what: &str) -> Vec<u8> {
+    let mut got = Vec::new();
     let mut byte = [0u8; 1];
-    while !line.ends_with(b"\r\n") {
-        assert_eq!(s.read_some(&mut byte).unwrap(), 1, "the stream ended inside a chunk-size line");
-        line.push(byte[0]);
+    while !got.ends_with(end) {
+        assert_eq!(s.read_some(&mut byte).unwrap(), 1, "the stream ended inside {what}");
+        got.push(byte[0]);
     }
-    String::from_utf8(line).unwrap()
+    got
 }
 
 pub fn exchange(server: &TestServer, raw: &[u8]) -> Response {

@@ -892,7 +892,7 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
         (&absolute, &["stateFile", "slot secret"]),
         (r#""stateFile":"config.json""#, &["stateFile", "configuration file"]),
         (r#""slotSecretFile":"./config.json","stateFile":null"#, &["slotSecretFile", "configuration file"]),
-        (r#""slotSecretFile":"short.secret""#, &["short.secret", "31 bytes"]),
+        (r#""slotSecretFile":"short.secret""#, &["slotSecretFile", "short.secret", "31 bytes"]),
         (r#""stateFile":"no-such-directory/x.state""#, &["stateFile", "no-such-directory/x.state"]),
     ];
     for (top, needles) in cases {

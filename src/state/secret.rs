@@ -44,18 +44,21 @@ pub fn check(path: &Path) -> Result<(), String> {
 }
 
 fn is_directory(path: &Path) -> String {
-    format!("the slot secret {} is a directory, not a file of {SECRET_BYTES} bytes", path.display())
+    format!("slotSecretFile: the slot secret {} is a directory, not a file of {SECRET_BYTES} bytes", path.display())
 }
 
 fn dangling(path: &Path) -> String {
     format!(
-        "the slot secret {} is a symbolic link to nothing: point it at a file, or remove it to have one created",
+        "slotSecretFile: the slot secret {} is a symbolic link to nothing: point it at a file, or remove it to have one created",
         path.display()
     )
 }
 
 fn wrong_size(path: &Path, len: u64) -> String {
-    format!("the slot secret {} holds {len} bytes, not {SECRET_BYTES}: refusing to sign slots under it", path.display())
+    format!(
+        "slotSecretFile: the slot secret {} holds {len} bytes, not {SECRET_BYTES}: refusing to sign slots under it",
+        path.display()
+    )
 }
 
 /// Reads the secret at `path`, or creates it there if there is none.
@@ -68,7 +71,7 @@ pub fn load_or_create(path: &Path) -> Result<SlotSecret, String> {
 }
 
 fn cannot_open(path: &Path, e: std::io::Error) -> String {
-    format!("cannot open the slot secret {}: {e}", path.display())
+    format!("slotSecretFile: cannot open the slot secret {}: {e}", path.display())
 }
 
 /// The secret in `file`, opened at `path`.
@@ -85,7 +88,8 @@ fn read(path: &Path, mut file: File) -> Result<SlotSecret, String> {
     }
     let mut bytes = [0u8; SECRET_BYTES];
     let mut rest = Vec::new();
-    file.read_to_end(&mut rest).map_err(|e| format!("cannot read the slot secret {}: {e}", path.display()))?;
+    file.read_to_end(&mut rest)
+        .map_err(|e| format!("slotSecretFile: cannot read the slot secret {}: {e}", path.display()))?;
     if rest.len() != SECRET_BYTES {
         return Err(wrong_size(path, rest.len() as u64));
     }
@@ -94,7 +98,7 @@ fn read(path: &Path, mut file: File) -> Result<SlotSecret, String> {
 }
 
 fn create(path: &Path) -> Result<SlotSecret, String> {
-    let fail = |e: std::io::Error| format!("cannot create the slot secret {}: {e}", path.display());
+    let fail = |e: std::io::Error| format!("slotSecretFile: cannot create the slot secret {}: {e}", path.display());
     let secret = ephemeral();
     // Written and synced under a name of this process's own, then linked to
     // `path`: the secret appears there whole or not at all, so an instance

@@ -530,6 +530,24 @@ fn keep_alive_connections_to_the_upstream_are_reused() {
     assert_eq!(up.seen().len(), 5);
 }
 
+/// After a `HEAD` the upstream connection is not reused: a body its answer
+/// announced, sent late by a broken upstream, would be read as the next
+/// request's answer.
+#[test]
+fn an_upstream_connection_is_not_reused_after_a_head() {
+    let up = MockUpstream::start(|seen| match seen.request_line().starts_with("HEAD") {
+        true => Reply::Raw(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n".to_vec()),
+        false => ok(&format!("n{}", seen.conn), ""),
+    });
+    let server = proxy_server(&up, 4, "");
+    let mut s = server.connect();
+    s.write_all(&proxied("HEAD", "/", "", "")).unwrap();
+    assert!(read_through(&mut s, b"\r\n\r\n", "a head").starts_with(b"HTTP/1.1 200 "));
+    let r = exchange(&server, &proxied("GET", "/", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"n1"[..]), "a fresh connection: {r:?}");
+    assert_eq!(up.connections(), 2);
+}
+
 #[test]
 fn a_client_that_leaves_mid_stream_frees_its_slot_at_once() {
     let events: Vec<(u64, Vec<u8>)> =

@@ -481,7 +481,11 @@ impl Server {
         if let Some((queued, _)) = conn.stop_waiting() {
             self.app.waiter_gone(&queued, id, self.now);
         }
-        let reusable = matches!(end, End::Complete { .. });
+        // Not after a `HEAD`: its answer announces a body that must not
+        // come, and one a broken upstream sends late would be read as the
+        // answer to the next request sent on the connection, another
+        // client's perhaps.
+        let reusable = matches!(end, End::Complete { .. }) && !self.proxy.exchanges[ex].client_side.head_request;
         let e = self.finish_exchange(ex, reusable);
         let failure = match end {
             End::Answered(

@@ -731,7 +731,7 @@ pub fn is_dns_label(name: &str) -> bool {
 /// labels of letters, digits, `-` and `_` (an IPv4 address is one), at most
 /// 253 characters and an optional trailing dot, or an IPv6 address in
 /// brackets.
-fn is_host_name(host: &str) -> bool {
+pub(crate) fn is_host_name(host: &str) -> bool {
     if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         return inner.parse::<std::net::Ipv6Addr>().is_ok();
     }
@@ -745,9 +745,14 @@ fn is_host_name(host: &str) -> bool {
     (1..=253).contains(&name.len()) && name.split('.').all(label)
 }
 
-/// A host name as requests are routed by it: without case or a final dot.
+/// A host name as requests are routed by it: without case, a final dot or an
+/// IPv6 address's brackets (as `api::host_name` takes it from a `Host`).
 pub(crate) fn host_key(host: &str) -> String {
-    host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase()
+    let name = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(inner) => inner,
+        None => host.strip_suffix('.').unwrap_or(host),
+    };
+    name.to_ascii_lowercase()
 }
 
 /// SHA-256 of no bytes at all.

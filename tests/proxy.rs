@@ -149,6 +149,22 @@ fn lock_routes_are_not_served_on_a_proxy_host_and_still_are_on_the_api_host() {
     assert_eq!(up.seen().len(), 2);
 }
 
+/// A proxy host may be an IPv6 literal, written as a `Host` carries it (in
+/// brackets); a request naming it, with any port, is proxy traffic.
+#[test]
+fn an_ipv6_literal_proxy_host_routes_in_brackets() {
+    let up = MockUpstream::start(|_| ok("from upstream", ""));
+    let server = TestServer::start(&config(
+        &format!(r#""adaptive":false,"upstream":{{"url":"{}","hosts":["[::1]"]}}"#, up.url()),
+        "",
+    ));
+    let raw = format!("GET /v1 HTTP/1.1\r\nHost: [::1]:{}\r\nX-Nthpool-Key: {KEY}\r\n\r\n", server.addr.port());
+    let r = exchange(&server, raw.as_bytes());
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"from upstream"[..]), "{r:?}");
+    assert_eq!(server.acquire("", "").status, 200, "the lock API is still served on other hosts");
+    assert_eq!(up.seen().len(), 1);
+}
+
 /// "The lock API never emits managed upstream credentials": on a pool whose
 /// upstream has them, no lock answer (grant, renew, release, refusal)
 /// carries them, in its head or its body.

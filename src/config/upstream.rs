@@ -158,11 +158,7 @@ impl UpstreamConfig {
             }
         }
         for host in &self.hosts {
-            if host.is_empty()
-                || host == "."
-                || host.len() > 253
-                || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-            {
+            if !crate::config::is_host_name(host) {
                 return Err(field(
                     "hosts",
                     format!("{host:?} is not a host name without port, like acme.nthpool.local"),
@@ -450,6 +446,8 @@ mod tests {
             (r#","setHeaders":{"content_length":"9"}"#, "upstream.setHeaders"),
             (r#","setHeaders":{"X_Nthpool_Key":"x"}"#, "upstream.setHeaders"),
             (r#","hosts":["."]"#, "upstream.hosts"),
+            (r#","hosts":["a..example"]"#, "upstream.hosts"),
+            (r#","hosts":["-a.example"]"#, "upstream.hosts"),
             (r#","setHeaders":{"bad name":"x"}"#, "upstream.setHeaders"),
             (r#","setHeaders":{"A":"x","a":"y"}"#, "upstream.setHeaders"),
             (r#","timeoutMs":0"#, "upstream.timeoutMs"),

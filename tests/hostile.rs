@@ -831,3 +831,32 @@ fn a_waiter_that_leaves_its_answers_unread_is_closed_at_the_write_timeout() {
     assert_eq!(s.release(&holder, "").json()["released"], true);
     assert_eq!(s.acquire("", "").status, 200);
 }
+
+/// The server's peak resident memory (`VmHWM`), in KiB.
+fn peak_kib(server: &TestServer) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A release report's `headers` cost memory by the body's size, not by its
+/// shape: a long header name with thousands of values (each a field line)
+/// once took hundreds of MB for a 64 KB body, and stalled every client.
+#[test]
+fn a_report_with_a_long_name_and_many_values_costs_its_size() {
+    let server = TestServer::start(&config("", r#""maxBodyBytes":1048576"#));
+    let before = peak_kib(&server);
+    let many = vec!["0"; 200_000].join(",");
+    for body in [
+        format!(r#"{{"status":200,"headers":{{"{}":[{many}]}}}}"#, "a".repeat(500_000)),
+        format!(r#"{{"status":200,"headers":[["{}",[{many}]]]}}"#, "a".repeat(500_000)),
+        format!(r#"{{"status":200,"headers":{{"retry-after":[{many}]}}}}"#),
+    ] {
+        let slot = server.acquire("", "").slot();
+        let r = server.release(&slot, &body);
+        assert_eq!((r.status, r.body.as_slice()), (200, &br#"{"released":true}"#[..]), "{r:?}");
+    }
+    let grown = peak_kib(&server).saturating_sub(before);
+    // The bodies are 0.9 MB each; 64 MB leaves room for any allocator.
+    assert!(grown < 64 * 1024, "peak memory grew by {grown} KiB");
+}

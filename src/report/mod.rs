@@ -6,7 +6,7 @@ pub mod ratelimit;
 
 use std::fmt;
 
-use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserializer, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use crate::governor::{Outcome, RateInfo};
@@ -69,7 +69,15 @@ fn object_or_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Resul
 /// value (`null`, `true`, an object, an array inside the array) says nothing
 /// and is ignored: SPEC §7 has unparseable header values ignored, never an
 /// error.
-struct RawHeaders(Vec<(String, String)>);
+///
+/// Only the headers the dialects read are kept, and of those the first
+/// `MAX_FIELD_LINES` field lines, so what a report holds stays within its
+/// body's size whatever its shape (a long name with many values is not
+/// copied once per value).
+struct RawHeaders(Vec<(&'static str, String)>);
+
+/// Field lines of read headers kept from one report; later ones are ignored.
+const MAX_FIELD_LINES: usize = 256;
 
 /// The field lines one header value stands for.
 struct HeaderValues(Vec<String>);
@@ -109,7 +117,9 @@ impl<'de, const ARRAY: bool> Visitor<'de> for Values<ARRAY> {
         let mut out = Vec::new();
         if ARRAY {
             while let Some(FieldLine(values)) = seq.next_element()? {
-                out.extend(values);
+                if out.len() < MAX_FIELD_LINES {
+                    out.extend(values);
+                }
             }
         } else {
             while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
@@ -134,6 +144,47 @@ impl<'de> Deserialize<'de> for FieldLine {
     }
 }
 
+/// One header of a report: its name as the dialects spell it when they read
+/// it (`None`: a header no dialect reads, its value skipped unread), and the
+/// field lines its value stands for.
+struct Header(Option<&'static str>, Vec<String>);
+
+/// A `[name, value]` pair, exactly two elements.
+impl<'de> Deserialize<'de> for Header {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Header;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a [name, value] pair")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Header, A::Error> {
+                let pair = &"a [name, value] pair";
+                let name: String = seq.next_element()?.ok_or_else(|| Error::invalid_length(0, pair))?;
+                let known = ratelimit::name_of(&name);
+                let values = match known {
+                    Some(_) => seq.next_element::<HeaderValues>()?.map(|v| v.0),
+                    None => seq.next_element::<IgnoredAny>()?.map(|_| Vec::new()),
+                };
+                let values = values.ok_or_else(|| Error::invalid_length(1, pair))?;
+                match seq.next_element::<IgnoredAny>()? {
+                    None => Ok(Header(known, values)),
+                    Some(_) => Err(Error::invalid_length(3, pair)),
+                }
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+impl RawHeaders {
+    fn keep(&mut self, Header(name, values): Header) {
+        let Some(name) = name else { return };
+        let room = MAX_FIELD_LINES.saturating_sub(self.0.len());
+        self.0.extend(values.into_iter().take(room).map(|v| (name, v)));
+    }
+}
+
 impl<'de> Deserialize<'de> for RawHeaders {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
@@ -143,18 +194,23 @@ impl<'de> Deserialize<'de> for RawHeaders {
                 f.write_str("an object of header values or an array of [name, value] pairs")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeaders, A::Error> {
-                let mut out = Vec::new();
-                while let Some((name, HeaderValues(values))) = map.next_entry::<String, HeaderValues>()? {
-                    out.extend(values.into_iter().map(|v| (name.clone(), v)));
+                let mut out = RawHeaders(Vec::new());
+                while let Some(name) = map.next_key::<String>()? {
+                    let known = ratelimit::name_of(&name);
+                    let values = match known {
+                        Some(_) => map.next_value::<HeaderValues>()?.0,
+                        None => map.next_value::<IgnoredAny>().map(|_| Vec::new())?,
+                    };
+                    out.keep(Header(known, values));
                 }
-                Ok(RawHeaders(out))
+                Ok(out)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawHeaders, A::Error> {
-                let mut out = Vec::new();
-                while let Some((name, HeaderValues(values))) = seq.next_element::<(String, HeaderValues)>()? {
-                    out.extend(values.into_iter().map(|v| (name.clone(), v)));
+                let mut out = RawHeaders(Vec::new());
+                while let Some(header) = seq.next_element::<Header>()? {
+                    out.keep(header);
                 }
-                Ok(RawHeaders(out))
+                Ok(out)
             }
         }
         d.deserialize_any(V)
@@ -247,7 +303,7 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
     const RATE_ERR: BodyError = "`rate` fields must be whole numbers of at least 0 (or null).";
     let from_headers = parsed
         .headers
-        .map(|h| ratelimit::parse_headers(h.0.iter().map(|(n, v)| (n.as_str(), v.as_str())), now_epoch_ms))
+        .map(|h| ratelimit::parse_headers(h.0.iter().map(|(n, v)| (*n, v.as_str())), now_epoch_ms))
         .unwrap_or_default();
     // `rate` wins over `headers` field by field; `retryAfterMs` over any header hint.
     Ok(Some(Outcome {
@@ -412,6 +468,29 @@ mod tests {
         assert_eq!(o.rate.retry_after_ms, Some(10));
     }
 
+    /// What a report keeps is bounded by its body's size, whatever its
+    /// shape: a long name with many values is not copied once per value.
+    #[test]
+    fn only_read_headers_are_kept_and_only_so_many_lines() {
+        let keep = |body: &str| serde_json::from_str::<ReleaseBody>(body).unwrap().headers.unwrap().0;
+        let many = vec!["0"; 20_000].join(",");
+        for body in [
+            format!(r#"{{"headers":{{"{}":[{many}]}}}}"#, "a".repeat(30_000)),
+            format!(r#"{{"headers":[["{}",[{many}]]]}}"#, "a".repeat(30_000)),
+        ] {
+            assert!(keep(&body).is_empty());
+        }
+        let read = format!(r#"{{"headers":{{"Retry-After":[{many}],"x-ratelimit-remaining":"3"}}}}"#);
+        let kept = keep(&read);
+        assert_eq!(kept.len(), MAX_FIELD_LINES);
+        assert!(kept.iter().all(|(name, value)| *name == "retry-after" && value == "0"), "{:?}", &kept[..3]);
+        // Past the bound, later lines are ignored, not refused.
+        assert_eq!(ok(&read).rate.retry_after_ms, Some(0));
+        let pairs = format!(r#"{{"headers":[["x-ratelimit-remaining",[{many}]],["x-ratelimit-limit","60"]]}}"#);
+        assert_eq!(keep(&pairs).len(), MAX_FIELD_LINES);
+        assert_eq!(ok(r#"{"headers":[["x-ratelimit-remaining","7"],["other",[1,2]]]}"#).rate.remaining, Some(7));
+    }
+
     #[test]
     fn unparseable_header_values_are_ignored() {
         let o = ok(r#"{"headers":{"retry-after":"soon","x-ratelimit-remaining":"lots"}}"#);
@@ -501,6 +580,11 @@ mod tests {
             r#"{"rate":5}"#,
             r#"{"status":200,"rate":[10,0,60000]}"#,
             r#"{"headers":[["a"]]}"#,
+            r#"{"headers":[["retry-after"]]}"#,
+            r#"{"headers":[["retry-after","1","2"]]}"#,
+            r#"{"headers":[["a","1","2"]]}"#,
+            r#"{"headers":[[1,"2"]]}"#,
+            r#"{"headers":[[]]}"#,
             r#"{"headers":"retry-after: 3"}"#,
             r#"{"status":200"#,
         ] {

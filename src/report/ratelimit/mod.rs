@@ -187,6 +187,14 @@ const NAMES: &[(&str, Slot)] = &[
     ("retry-after", Slot::RetryAfter),
 ];
 
+/// The header `name` (in any case, around white space) as `parse_headers`
+/// knows it, if it reads it: a report's reader keeps only the values that
+/// can say something.
+pub fn name_of(name: &str) -> Option<&'static str> {
+    let name = name.trim();
+    NAMES.iter().find(|(known, _)| known.eq_ignore_ascii_case(name)).map(|&(known, _)| known)
+}
+
 fn lookup(name: &str) -> Option<Slot> {
     let name = name.trim();
     NAMES.iter().find(|(known, _)| known.eq_ignore_ascii_case(name)).map(|&(_, slot)| slot)

@@ -306,6 +306,45 @@ fn the_admin_token_guards_every_route_but_health() {
     assert_eq!(get(admin(&s), "/pools/no-such-pool", &bearer).status, 404);
 }
 
+/// Without `adminToken` the listener is loopback-only, but a page of another
+/// site can reach it from a browser on this machine once its name resolves
+/// to 127.0.0.1 (DNS rebinding). Its requests name that site in `Host`: the
+/// routes with data refuse them, and a pool's page does not tell whether
+/// the pool exists.
+#[test]
+fn without_a_token_the_admin_data_answers_only_this_machines_names() {
+    let s = TestServer::start(&demo_config(""));
+    let host = |name: &str| format!("Host: {name}\r\n");
+    let get_as = |path: &str, name: &str| {
+        let mut c = TcpStream::connect(admin(&s)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\n{}Connection: close\r\n\r\n", host(name));
+        c.write_all(req.as_bytes()).unwrap();
+        read_response(&mut c).expect("an answer")
+    };
+    for path in ["/api/pools", "/api/pools/demo", "/metrics"] {
+        for name in ["evil.example", "evil.example:7071", "127.0.0.1.evil.example", "localhost.evil.example"] {
+            let r = get_as(path, name);
+            assert_eq!((r.status, r.error_code().as_str()), (403, "forbidden_host"), "{path} as {name}: {r:?}");
+            assert!(r.json()["message"].as_str().unwrap().contains("adminToken"), "{r:?}");
+        }
+        for name in ["localhost", "LocalHost:7071", "dash.localhost", "127.0.0.1:7071", "[::1]:7071", "10.0.0.7"] {
+            assert_eq!(get_as(path, name).status, 200, "{path} as {name}");
+        }
+    }
+    assert_eq!(get_as("/healthz", "evil.example").status, 200);
+    let (known, unknown) = (get_as("/pools/demo", "evil.example"), get_as("/pools/nope", "evil.example"));
+    assert_eq!((known.status, unknown.status), (200, 200));
+    assert_eq!(get_as("/pools/nope", "localhost").status, 404);
+    // With a token, the token decides, whatever the name.
+    let t = TestServer::start(&demo_config(&format!(r#","adminToken":"{TOKEN}""#)));
+    let mut c = TcpStream::connect(admin(&t)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let req = format!("GET /api/pools HTTP/1.1\r\nHost: dash.example.com\r\nAuthorization: Bearer {TOKEN}\r\n\r\n");
+    c.write_all(req.as_bytes()).unwrap();
+    assert_eq!(read_response(&mut c).expect("an answer").status, 200);
+}
+
 #[test]
 fn a_non_loopback_admin_listener_without_token_refuses_to_start() {
     let dir = common::scratch_dir();

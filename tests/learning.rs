@@ -14,7 +14,7 @@ const POOL: &str = r#""concurrency":64,"queue":{"size":10,"timeoutMs":5000}"#;
 fn metrics(s: &TestServer) -> String {
     let mut c = TcpStream::connect(s.admin.expect("admin listener")).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
     let mut text = String::new();
     c.read_to_string(&mut text).unwrap();
     text

@@ -16,7 +16,7 @@ use upstream::*;
 fn metrics(server: &TestServer) -> String {
     let mut c = TcpStream::connect(server.admin.unwrap()).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
     String::from_utf8(read_response(&mut c).unwrap().body).unwrap()
 }
 

@@ -411,7 +411,7 @@ fn the_access_log_and_metrics_describe_proxied_requests() {
     assert!(!log.contains("secret-in-query") && !log.contains(KEY), "{log}");
     let mut c = TcpStream::connect(server.admin.unwrap()).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
     let metrics = String::from_utf8(read_response(&mut c).unwrap().body).unwrap();
     for sample in [
         "nthpool_proxy_requests_total{class=\"2xx\"} 1",

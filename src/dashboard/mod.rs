@@ -50,13 +50,44 @@ fn error(out: &mut Vec<u8>, status: Status, code: &str, message: &str, close: bo
     w.finish_json(&body, close);
 }
 
-/// Whether the request carries the admin token (always true without one).
-fn authorized(head: &Head, app: &App) -> bool {
+/// What a request may see of the admin routes that hold data.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Granted,
+    /// An `adminToken` is configured and the request does not carry it.
+    NoToken,
+    /// No `adminToken` (so a loopback listener), and the request is
+    /// addressed to a host name other than `localhost`.
+    ForeignHost,
+}
+
+/// Whether the request carries the admin token or, without one, is
+/// addressed to this machine. A listener without a token is loopback-only,
+/// yet a page of another site can reach it from a browser on this machine
+/// by pointing its own name at 127.0.0.1 (DNS rebinding): such a request
+/// names that site in its `Host`, so without the token only an IP address,
+/// `localhost` or a `*.localhost` name is answered.
+fn access(head: &Head, app: &App) -> Access {
     let Some(token) = app.admin_token.as_deref() else {
-        return true;
+        return match head.host.map(crate::api::host_name) {
+            Some(name) if !names_this_machine(name) => Access::ForeignHost,
+            _ => Access::Granted,
+        };
     };
     let given = head.header("authorization").and_then(|v| crate::http::credentials(v, "bearer")).unwrap_or_default();
-    secret_eq(given, token.as_bytes())
+    if secret_eq(given, token.as_bytes()) {
+        Access::Granted
+    } else {
+        Access::NoToken
+    }
+}
+
+/// An IP address, `localhost`, or a name under `localhost.` (RFC 6761 §6.3).
+fn names_this_machine(name: &[u8]) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower == b"localhost"
+        || lower.ends_with(b".localhost")
+        || std::str::from_utf8(name).is_ok_and(|n| n.parse::<std::net::IpAddr>().is_ok())
 }
 
 /// Answers the dashboard's routes and refuses what the token does not
@@ -89,22 +120,29 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         // so the page does not tell who may not see the pools which exist.
         // An unknown pool's page is the shell too, as a 404: its script
         // finds the pool missing and says so in the page.
-        let status =
-            if authorized(head, app) && shown_pool(app, name).is_none() { Status::NotFound } else { Status::Ok };
+        let status = if access(head, app) == Access::Granted && shown_pool(app, name).is_none() {
+            Status::NotFound
+        } else {
+            Status::Ok
+        };
         let mut w = start(out, status);
         w.header(b"Content-Type", b"text/html; charset=utf-8");
         w.finish(INDEX_HTML, close);
         return true;
     }
-    if !authorized(head, app) {
-        error(
-            out,
-            Status::Unauthorized,
-            "unauthorized",
-            "This admin route needs Authorization: Bearer <adminToken>.",
-            close,
-        );
-        return true;
+    match access(head, app) {
+        Access::Granted => {}
+        Access::NoToken => {
+            let message = "This admin route needs Authorization: Bearer <adminToken>.";
+            error(out, Status::Unauthorized, "unauthorized", message, close);
+            return true;
+        }
+        Access::ForeignHost => {
+            let message = "Without adminToken the admin listener answers requests addressed to localhost or an IP \
+                address only; set adminToken to reach it under a host name.";
+            error(out, Status::Forbidden, "forbidden_host", message, close);
+            return true;
+        }
     }
     let body = match path {
         "/api/pools" => pools_json(app),

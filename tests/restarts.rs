@@ -768,21 +768,31 @@ fn a_stop_releases_the_grants_a_client_never_took_before_its_snapshot() {
     socket.set_recv_buffer_size(4096).unwrap();
     socket.connect(&first.addr.into()).unwrap();
     let mut greedy = std::net::TcpStream::from(socket);
-    // As much of a burst as the server takes in two seconds.
+    // A burst whose grants (about 16 MB) are more than the kernel's buffers
+    // hold, sent until the server stops taking requests: its own output is
+    // then full. A fixed time would not do: a slow (loaded) server is still
+    // granting when the count is read, and then more come back held.
     let burst =
-        format!("POST /pools/p/lock/acquire HTTP/1.1\r\nHost: x\r\nX-Nthpool-Key: {KEY}\r\n\r\n").repeat(20_000);
+        format!("POST /pools/p/lock/acquire HTTP/1.1\r\nHost: x\r\nX-Nthpool-Key: {KEY}\r\n\r\n").repeat(40_000);
     let burst = burst.as_bytes();
     greedy.set_nonblocking(true).unwrap();
-    let (mut sent, until) = (0, Instant::now() + Duration::from_secs(2));
-    while sent < burst.len() && Instant::now() < until {
-        match greedy.write(&burst[sent..]) {
-            Ok(n) => sent += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => panic!("{e}"),
+    let (mut sent, mut granted, deadline) = (0, 0, Instant::now() + Duration::from_secs(30));
+    loop {
+        while sent < burst.len() {
+            match greedy.write(&burst[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
         }
+        std::thread::sleep(Duration::from_millis(300));
+        let now = metric(&first, "nthpool_grants_total{pool=\"p\"}");
+        if now == granted && now > 0 {
+            break;
+        }
+        granted = now;
+        assert!(Instant::now() < deadline, "{granted} grants, the server still taking requests");
     }
-    std::thread::sleep(Duration::from_millis(500));
-    let granted = metric(&first, "nthpool_grants_total{pool=\"p\"}");
     assert!(granted > 1000, "only {granted} grants: the server's output never filled");
     let kept = stop(first, "TERM");
     // What the server had handed to the kernel still reaches the client

@@ -51,10 +51,12 @@ impl TokenBucket {
         (self.tokens, self.next_refill_us)
     }
 
-    /// Puts back a level from `level` (never above the bucket's size).
-    pub fn restore_level(&mut self, tokens: u32, next_refill_us: u64) {
+    /// Puts back a level from `level` at `now`: never above the bucket's
+    /// size, and the next token no later than one interval away (what a
+    /// saved level can say, whatever the file holds).
+    pub fn restore_level(&mut self, tokens: u32, next_refill_us: u64, now: Ms) {
         self.tokens = tokens.min(self.burst);
-        self.next_refill_us = next_refill_us;
+        self.next_refill_us = next_refill_us.min(now.saturating_mul(1000).saturating_add(self.interval_us));
     }
 
     /// The tokens there will be at `now` once refilled, without refilling:

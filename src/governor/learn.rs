@@ -388,6 +388,35 @@ impl Learning {
         }
     }
 
+    /// The state a file restored, within what this pool could have learned
+    /// by `now`: its configured limit and mode, and every instant no further
+    /// ahead than its cap. A file passes a digest check, which says it is
+    /// whole, not that its numbers are sane; a learned limit above the
+    /// configured one would over-admit, an instant years ahead shut the pool.
+    pub fn bounded(self, now: Ms, concurrency: u32, adaptive: bool) -> Learning {
+        let horizon = now.saturating_add(MAX_BUDGET_WINDOW_MS);
+        Learning {
+            adaptive,
+            concurrency,
+            effective: self.effective.clamp(1, concurrency.max(1)),
+            start: match self.start {
+                Start::Since(t) => Start::Since(t.min(now)),
+                other => other,
+            },
+            refused_at: self.refused_at.min(concurrency),
+            probe_wait: self.probe_wait.clamp(PROBE_WAIT_MIN, PROBE_WAIT_MAX),
+            stamp_votes: self.stamp_votes.clamp(-STAMP_VOTES, STAMP_VOTES),
+            cooldown_until: self.cooldown_until.min(now.saturating_add(MAX_COOLDOWN_MS)),
+            budget: self.budget.map(|b| Budget { reset_at: b.reset_at.min(horizon), ..b }),
+            pace: self.pace.filter(|p| p.per_window > 0 && p.window_ms <= MAX_BUDGET_WINDOW_MS && p.from <= now),
+            window_ms: self.window_ms.min(MAX_BUDGET_WINDOW_MS),
+            ended_reset_at: self.ended_reset_at.min(horizon),
+            budget_not_before: self.budget_not_before.min(horizon),
+            token_block_until: self.token_block_until.min(horizon),
+            ..self
+        }
+    }
+
     pub fn epoch(&self) -> u32 {
         self.epoch
     }

@@ -9,7 +9,7 @@
 
 use super::idempotency::{Holder, IdemKey, NO_KEY};
 use super::learn::Learning;
-use super::lease::{Lease, SlotId};
+use super::lease::{Lease, PoolSeal, SlotId};
 use super::pool::{Pool, PoolStats};
 use super::{Governor, PoolId, Timer};
 use crate::time::Ms;
@@ -183,14 +183,40 @@ impl<T: Copy> Governor<T> {
         if indices.windows(2).any(|w| w[0] == w[1]) {
             return Err("two leases claim one place in the lease table".into());
         }
+        // The file's digest says it is whole, not that its numbers are sane:
+        // every id must be one this server signed for its pool, so a lease's
+        // place is one the writing process really gave out (and the table
+        // built from them no larger than it had).
+        let seals: Vec<PoolSeal> = (snap.pools.iter().zip(&pids))
+            .map(|(p, pid)| self.pools.get(pid.0 as usize).map_or_else(|| self.key.seal(&p.name), |pool| pool.seal))
+            .collect();
         for l in &snap.leases {
             if l.pool as usize >= pids.len() || l.lease_deadline > l.request_deadline {
                 return Err("a lease names no pool of the snapshot or outlives its request deadline".into());
+            }
+            if self.key.verify(seals[l.pool as usize], &l.id).is_none() {
+                return Err("a lease's id is not one this server signed for its pool".into());
             }
             if !l.adopted && l.id.index() != l.index {
                 return Err("a lease is not at the place its id names".into());
             }
         }
+        // A re-adopted lease sat wherever the writing process had room, a
+        // place its id does not name: it is given the first place no other
+        // lease's id names, and its idempotency key follows it there.
+        let mut named: Vec<u32> = snap.leases.iter().filter(|l| !l.adopted).map(|l| l.index).collect();
+        named.sort_unstable();
+        let mut room = (0..=u32::MAX).filter(|i| named.binary_search(i).is_err());
+        let mut moved = std::collections::HashMap::new();
+        let mut place = |l: &HeldLease| {
+            if !l.adopted {
+                return l.index;
+            }
+            let place = room.next().expect("fewer leases than places");
+            moved.insert(l.index, place);
+            place
+        };
+        let places: Vec<u32> = snap.leases.iter().map(&mut place).collect();
         if snap.keys.iter().any(|k| indices.binary_search(&k.index).is_err()) {
             return Err("an idempotency key names no held lease".into());
         }
@@ -199,7 +225,7 @@ impl<T: Copy> Governor<T> {
         // back since: the snapshot is read as if no time had passed since it
         // was written, so no deadline gains the step (a request deadline is
         // never extended). A clock set forward cannot be told from downtime.
-        let base = self.unix_ms(0) + snap.written_at.saturating_sub(self.unix_ms(now));
+        let base = self.unix_ms(0).saturating_add(snap.written_at.saturating_sub(self.unix_ms(now)));
         let monotonic = |unix: u64| unix.saturating_sub(base);
         for name in added {
             self.names.insert(name.as_bytes().into(), PoolId(self.pools.len() as u32));
@@ -207,9 +233,10 @@ impl<T: Copy> Governor<T> {
         }
         for (p, &pid) in snap.pools.iter().zip(&pids) {
             let pool = &mut self.pools[pid.0 as usize];
-            pool.learning = p.learning.rebased(|unix| unix.saturating_sub(base));
+            let (concurrency, adaptive) = (pool.settings.concurrency, pool.settings.adaptive);
+            pool.learning = p.learning.rebased(|unix| unix.saturating_sub(base)).bounded(now, concurrency, adaptive);
             if let (Some(gate), Some((tokens, next_us))) = (&mut pool.gate, p.gate) {
-                gate.restore_level(tokens, next_us.saturating_sub(base * 1000));
+                gate.restore_level(tokens, next_us.saturating_sub(base.saturating_mul(1000)), now);
             }
             pool.stats = p.stats;
             let until = p.recovering_until.map(|u| u.saturating_sub(base)).filter(|&u| u > now);
@@ -225,7 +252,7 @@ impl<T: Copy> Governor<T> {
             now.saturating_add(self.pools.iter().map(|p| p.settings.request_timeout_ms).max().unwrap_or(0));
         let mut restored = Restored::default();
         let mut table = Vec::with_capacity(snap.leases.len());
-        for l in &snap.leases {
+        for (l, &place) in snap.leases.iter().zip(&places) {
             let pid = pids[l.pool as usize];
             let (lease_deadline, request_deadline) = (monotonic(l.lease_deadline), monotonic(l.request_deadline));
             let pool = &mut self.pools[pid.0 as usize];
@@ -253,9 +280,9 @@ impl<T: Copy> Governor<T> {
             pool.held += 1;
             restored.held += 1;
             restored.retired += usize::from(pool.retired);
-            let timer = self.wheel.insert(lease_deadline, Timer::Lease(l.index));
+            let timer = self.wheel.insert(lease_deadline, Timer::Lease(place));
             if l.adopted {
-                self.adopted.insert(l.id, Some(l.index as usize));
+                self.adopted.insert(l.id, Some(place as usize));
             }
             let lease = Lease {
                 pool: pid,
@@ -273,18 +300,19 @@ impl<T: Copy> Governor<T> {
                 adopted: l.adopted,
                 idem: NO_KEY,
             };
-            table.push((l.index as usize, lease));
+            table.push((place as usize, lease));
         }
         self.leases = table.into_iter().collect();
         // A reclaimed lease's key expires with it. Every held lease's key is
         // taken back, past an `idempotencyKeys` lowered since the stop too:
         // new keys wait until the store is under its bound again.
         for k in &snap.keys {
-            let Some(lease) = self.leases.get_mut(k.index as usize) else { continue };
+            let place = moved.get(&k.index).copied().unwrap_or(k.index);
+            let Some(lease) = self.leases.get_mut(place as usize) else { continue };
             let store = &mut self.pools[lease.pool.0 as usize].idem;
             if store.find(&k.key).is_none() {
                 restored.keys += 1;
-                lease.idem = store.restore(k.key, Holder::Lease(k.index));
+                lease.idem = store.restore(k.key, Holder::Lease(place));
             }
         }
         for id in &snap.dead_adopted {
@@ -672,6 +700,75 @@ mod tests {
         let mut new = with_term(1_000, BASE + 200);
         assert_eq!(new.import(&v2, 0).unwrap().held, 2);
         assert_eq!(new.renew(p, &plain.text, 500), Ok(1_500));
+    }
+
+    /// A file passes its digest when whole, sane or not: ids this server
+    /// did not sign for their pool are refused whole, and learned numbers
+    /// come back within what the pool could have learned.
+    #[test]
+    fn a_file_restores_nothing_this_server_could_not_have_written() {
+        let mut old = governor(BASE);
+        let p = old.pool_id("p").unwrap();
+        grant(&mut old, "p", 0);
+        let mut new = governor(BASE);
+        let mut forged = old.export(0);
+        forged.leases[0].id.0[20] ^= 1;
+        assert!(new.import(&forged, 0).unwrap_err().contains("signed"));
+        let mut moved = old.export(0);
+        moved.leases[0].pool = 1;
+        assert!(new.import(&moved, 0).unwrap_err().contains("signed"), "an id of another pool");
+        assert_eq!(new.held_total(), 0);
+
+        let mut wild = old.export(0);
+        let learning = &mut wild.pools[0].learning;
+        (learning.effective, learning.concurrency, learning.cooldown_until) = (1_000_000, 1_000_000, u64::MAX);
+        learning.budget = Some(crate::governor::learn::Budget { remaining: 0, reset_at: u64::MAX });
+        wild.pools[0].gate = Some((5, u64::MAX));
+        assert_eq!(new.import(&wild, 0).unwrap().held, 1);
+        let pool = new.pool(p);
+        assert_eq!((pool.effective_limit(), pool.learning.concurrency), (4, 4), "the configured limit bounds it");
+        assert_eq!(pool.learning.cooldown_until, 120_000);
+        assert_eq!(pool.learning.budget.unwrap().reset_at, 3_600_000);
+        assert_eq!(pool.gate.as_ref().unwrap().level(), (5, 100_000), "the next token one interval (100 ms) away");
+
+        // A file written at the end of time (the wall clock there was wrong):
+        // every deadline has passed, and nothing overflows.
+        let mut late = old.export(0);
+        late.written_at = u64::MAX;
+        let mut new = governor(BASE);
+        assert_eq!(new.import(&late, 0).unwrap().reclaimed, 1);
+    }
+
+    #[test]
+    fn a_re_adopted_lease_takes_a_free_place_whatever_place_the_file_names() {
+        use crate::governor::idempotency::IdemKey;
+        let mut old = with_term(10_000, BASE);
+        let p = old.pool_id("p").unwrap();
+        let held = grant(&mut old, "p", 0);
+        let crashed = old.export(0);
+        let mut adopter = with_term(10_000, BASE + 100);
+        adopter.await_refused_holders(&crashed, 0);
+        adopter.open_recovery_window(0);
+        assert_eq!(adopter.renew(p, &held.text, 0), Ok(10_000), "re-adopted");
+        assert_eq!(adopter.renew(p, &held.text, 9_000), Ok(19_000));
+        adopter.advance(10_001);
+        let plain = grant(&mut adopter, "p", 10_001);
+        let mut snap = adopter.export(10_001);
+        let adopted = snap.leases.iter_mut().find(|l| l.adopted).unwrap();
+        // A place no table this size had (a file's number, not the id's).
+        adopted.index = u32::MAX - 3;
+        let key = IdemKey::new(9, b"follows").unwrap();
+        snap.keys.push(super::HeldKey { index: u32::MAX - 3, key });
+
+        let mut new = with_term(10_000, BASE + 100 + 10_001);
+        assert_eq!(new.import(&snap, 0).unwrap().held, 2);
+        assert!(new.leases.capacity() < 1024, "a table of {} places", new.leases.capacity());
+        let Ok(Admission::Granted(again)) = new.acquire_keyed(p, &key, 0, 1, 10) else { panic!("the key's lease") };
+        assert_eq!(again.slot, held.slot, "the key followed its lease to its new place");
+        assert_eq!(new.renew(p, &held.text, 20), Ok(10_020));
+        assert_eq!(new.renew(p, &plain.text, 20), Ok(10_020));
+        assert!(new.release(p, &held.text, None, 30) && new.release(p, &plain.text, None, 30));
+        assert_eq!(new.pool(p).held, 0);
     }
 
     #[test]

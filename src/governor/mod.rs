@@ -735,6 +735,14 @@ impl<T: Copy> Governor<T> {
         if !pool.recovering(now) {
             return None;
         }
+        // The crashed process held no more than its limit, so neither does
+        // this one: an id it had seen released, or reclaimed by its term,
+        // whose holder renews anyway, is otherwise indistinguishable from a
+        // live one. Past the limit, renewals are refused as unknown (the
+        // limit holds even if the one refused is a live holder).
+        if pool.held >= pool.settings.concurrency {
+            return None;
+        }
         let fields = self.key.verify(pool.seal, &id)?;
         // No request has more than its cap left: a wall clock behind the
         // granting process's (set back since, or another host's) would

@@ -639,6 +639,33 @@ fn a_valid_unknown_slot_is_readopted_in_the_window_and_fail_fast_acquires_wait()
     let _ = w;
 }
 
+/// A holder whose slot was released or reclaimed by its term before a
+/// crash, and that renews anyway, is indistinguishable from a live one;
+/// the window re-adopts up to the pool's limit and no further, so a crash
+/// never leaves more slots held than the limit.
+#[test]
+fn the_window_readopts_no_more_than_the_limit() {
+    let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
+    let (mut old, mut new, p) = crashed_pair(json, 1_000_500);
+    let released = granted(old.acquire(p, 0, 1, 0));
+    let lapsed = granted(old.acquire(p, 0, 2, 0));
+    assert!(old.release(p, &id(&released), None, 10));
+    old.advance(1000);
+    assert_eq!(old.pool(p).held, 0, "the second lapsed by its term");
+    let live = [granted(old.acquire(p, 0, 3, 1000)), granted(old.acquire(p, 0, 4, 1000))];
+    new.open_recovery_window(0);
+    assert_eq!(new.renew(p, &id(&released), 100), Ok(1100), "indistinguishable from a live one");
+    assert_eq!(new.renew(p, &id(&live[0]), 110), Ok(1110));
+    assert_eq!(new.renew(p, &id(&lapsed), 120), Err(RenewError::NotFound), "the pool holds its limit");
+    assert_eq!(new.renew(p, &id(&live[1]), 130), Err(RenewError::NotFound));
+    assert!(!new.release(p, &id(&live[1]), None, 140));
+    assert_eq!((new.pool(p).held, new.pool(p).stats.readopted), (2, 2));
+    // A place freed in the window can be taken by the next one that renews.
+    assert!(new.release(p, &id(&released), None, 150));
+    assert_eq!(new.renew(p, &id(&live[1]), 160), Ok(1160));
+    assert_eq!(new.pool(p).held, 2);
+}
+
 #[test]
 fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
     let json = r#","concurrency":2,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":2000"#;

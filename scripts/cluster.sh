@@ -369,6 +369,11 @@ fi
 for field in listen adminListen slotSecretFile; do
     [ "$(jq "has(\"$field\")" "$CONFIG")" = false ] || die "$CONFIG sets $field; the script sets it per instance"
 done
+# A relative stateFile is one per instance (each config is in its own
+# directory); an absolute one would be shared, and the second start refused.
+[ "$(jq -r '.stateFile // "" | startswith("/")' "$CONFIG")" = false ] ||
+    die "$CONFIG sets an absolute stateFile: every instance would share it; use a relative one"
+
 jq -r '.pools | to_entries[] | .key as $pool | (.value.upstream.hosts // [])[] | "\(ascii_downcase) \($pool)"' \
     "$CONFIG" >"$DIR/hosts.map"
 

@@ -811,3 +811,58 @@ fn a_stop_releases_the_grants_a_client_never_took_before_its_snapshot() {
     // cut short by the close may show its id but is released).
     assert!(held <= received && received <= held + 1, "{held} held after the restart, {received} received");
 }
+
+/// Two processes with one `stateFile` would write over each other's
+/// snapshots, and one would restore the other's slots as its own while its
+/// own holders' slots were lost: the second is refused at start, a reload
+/// onto a state file in use is refused, and once the first has stopped the
+/// file is free.
+#[test]
+fn a_state_file_another_running_process_uses_is_refused() {
+    let first = TestServer::start(&config(POOL, ""));
+    let slot = first.acquire("", "").slot();
+    let shared = first.dir.join("nthpool.state");
+    let secret = first.dir.join("nthpool.secret");
+    let on_shared =
+        config(POOL, &format!(r#""stateFile":"{}","slotSecretFile":"{}""#, shared.display(), secret.display()));
+    let dir = common::scratch_dir();
+    std::fs::write(dir.join("config.json"), &on_shared).unwrap();
+    let second = common::run(&dir, &["--config", "config.json", "--listen", "127.0.0.1:0"]);
+    assert!(!second.status.success());
+    assert!(second.stderr.contains("is in use by another running nthpool"), "{}", second.stderr);
+    // Checking the file of a running instance is no conflict.
+    assert!(common::run(&dir, &["--check-config", "config.json"]).status.success());
+
+    let other = TestServer::start(&config(POOL, ""));
+    let failed = || other.metric("nthpool_config_reload_failures_total").unwrap();
+    std::fs::write(&other.config_path, &on_shared).unwrap();
+    other.signal("HUP");
+    eventually("the reload refused", || failed() == 1.0);
+
+    let kept = stop(first, "TERM");
+    let s = TestServer::start_with(dir.clone(), dir.join("config.json"), &[]);
+    assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "the stop snapshot restored, no window");
+    assert_eq!(s.renew(&slot).status, 200, "the first process's slot, held");
+    drop(s);
+    let _ = std::fs::remove_dir_all(kept.0);
+}
+
+/// A device or a pipe named as the state file (`/dev/null` meant as "none")
+/// is refused at start and by `--check-config`, never read (a pipe blocks)
+/// nor renamed out of the way as a refused snapshot.
+#[test]
+fn a_state_file_that_is_not_a_regular_file_is_refused() {
+    let dir = common::scratch_dir();
+    let fifo = dir.join("state.fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // (Not `/dev/null` itself: a regression would take it from the machine.)
+    std::fs::write(dir.join("config.json"), config(POOL, r#""stateFile":"state.fifo""#)).unwrap();
+    for args in [&["--check-config", "config.json"][..], &["--config", "config.json", "--listen", "127.0.0.1:0"]] {
+        let r = common::run(&dir, args);
+        assert!(!r.status.success(), "{args:?}");
+        assert!(r.stderr.contains("not a regular file"), "{args:?}: {}", r.stderr);
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the pipe is where it was");
+    let _ = std::fs::remove_dir_all(dir);
+}

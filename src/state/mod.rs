@@ -36,6 +36,10 @@ pub struct Persistence {
     /// The state file this process restored and could not remove: until a
     /// snapshot replaces it, a later start would restore it again.
     unremoved: Option<PathBuf>,
+    /// The lock on `<stateFile>.lock`, held while this process writes
+    /// there: another process with the same `stateFile` would write over
+    /// its snapshots, and restore one of them as its own.
+    lock: Option<std::fs::File>,
 }
 
 /// Sets up the governor's identity from the slot secret, then restores the
@@ -59,6 +63,7 @@ pub fn start<T: Copy>(
     };
     gov.set_identity(&secret.bytes, epoch);
     let path = state_path(config, config_path);
+    let lock = path.as_deref().map(lock).transpose()?;
     let mut persistence = Persistence {
         path,
         interval_ms: config.snapshot_interval_ms,
@@ -66,6 +71,7 @@ pub fn start<T: Copy>(
         identity: Identity::new(gov, &secret.bytes),
         writer: None,
         unremoved: None,
+        lock,
     };
     let window = match persistence.restore(gov, now, config_path) {
         Ok(Some(Kind::Stop)) => None,
@@ -162,8 +168,9 @@ impl Persistence {
         let mut aside = path.as_os_str().to_owned();
         aside.push(".refused");
         let aside = PathBuf::from(aside);
-        // Only a file: a directory named as the state file is the operator's.
-        if !std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_dir()) {
+        // Only a file: a directory or a device named as the state file is
+        // the operator's (start-up refuses them; this guards the rename).
+        if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
             return why;
         }
         let free = !self.secret_path.as_deref().into_iter().chain(config_path).any(|other| same_file(&aside, other));
@@ -194,7 +201,8 @@ impl Persistence {
             return Ok(());
         }
         snapshot::check_writable(&path)
-            .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))
+            .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))?;
+        lock(&path).map(drop)
     }
 
     /// A reload applied `config`: the next snapshot is of its pools, goes to
@@ -210,6 +218,8 @@ impl Persistence {
         }
         let path = state_path(config, Some(config_path));
         if path != self.path {
+            // `check_reload` found it free; the old one is let go.
+            self.lock = path.as_deref().and_then(|p| lock(p).map_err(|e| warn!("reload: {e}")).ok());
             match &path {
                 Some(p) => match snapshot::check_writable(p) {
                     Ok(()) => info!("reload: snapshots go to {} from the next one", p.display()),
@@ -312,6 +322,32 @@ pub fn check_files(config: &Config, config_path: &Path) -> Result<(), String> {
     state_file_apart(&path, [(&*secret_path, "the slot secret's file"), (config_path, "the configuration file")])?;
     snapshot::check_writable(&path)
         .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))
+}
+
+/// Takes the lock on `<path>.lock` (created if need be) for as long as the
+/// returned file is open; refused when another process holds it.
+fn lock(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let cannot = |e: &dyn std::fmt::Display| format!("stateFile: cannot lock {} ({e})", lock_path.display());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| cannot(&e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "stateFile: {} is in use by another running nthpool (it holds {}); give each instance its own stateFile",
+            path.display(),
+            lock_path.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(cannot(&e)),
+    }
 }
 
 /// Refuses a state file `path` that is one of `others` (each named by what it is).

@@ -387,8 +387,16 @@ fn temporary(path: &Path) -> PathBuf {
 /// created there and removed again (a missing or read-only directory fails),
 /// and `path` is no directory (a rename cannot replace one).
 pub fn check_writable(path: &Path) -> std::io::Result<()> {
-    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-        return Err(std::io::Error::other("it is a directory"));
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return Err(std::io::Error::other("it is a directory")),
+        // A device or a pipe (`/dev/null` to mean "none"): reading it could
+        // block, and a refused snapshot is renamed out of the way.
+        Ok(m) if !m.is_file() => {
+            return Err(std::io::Error::other(
+                "it is not a regular file (a device, pipe or socket); `null` writes no snapshot",
+            ))
+        }
+        _ => {}
     }
     let tmp = temporary(path);
     OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;

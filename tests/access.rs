@@ -1310,3 +1310,34 @@ fn a_credential_header_sent_twice_is_refused_naming_it() {
     assert_refused(&s.acquire(&format!("{token}{token}"), ""), 400, "bad_request", "Cf-Access-Jwt-Assertion twice");
     assert_eq!(s.acquire(&token, "").status, 200);
 }
+
+/// On a dual-stack listener an IPv4 client arrives as `::ffff:127.0.0.1`;
+/// the log, `ipAllow` and `trustedProxies` see it as `127.0.0.1`, as on an
+/// IPv4 listener, whatever the pool's policies.
+#[test]
+fn a_dual_stack_listener_logs_and_matches_ipv4_clients_as_ipv4() {
+    if std::net::TcpListener::bind("[::]:0").is_err() {
+        eprintln!("SKIPPED: no IPv6 on this machine, so no dual-stack listener");
+        return;
+    }
+    let dir = scratch_dir();
+    let pools = r#""pools":{"p":{"keys":["test-key-0001"],"access":{"ipAllow":["127.0.0.0/8"]}},"#;
+    let json = config_with_access_log("").replacen(r#""pools":{"p":{"keys":["test-key-0001"]},"#, pools, 1);
+    assert!(json.contains("ipAllow"), "{json}");
+    std::fs::write(dir.join("config.json"), &json).unwrap();
+    let mut s = TestServer::start_with(dir.clone(), dir.join("config.json"), &["--listen", "[::]:0"]);
+    let v4 = std::net::SocketAddr::from(([127, 0, 0, 1], s.addr.port()));
+    for pool in ["p", "other"] {
+        let key = if pool == "p" { KEY } else { "other-key" };
+        let mut c = std::net::TcpStream::connect(v4).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(&post(&format!("/pools/{pool}/lock/acquire"), key, "", "")).unwrap();
+        let r = read_response(&mut c).expect("an answer");
+        assert_eq!(r.status, 200, "{pool}: {r:?}");
+    }
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let (text, lines) = access_log(&s);
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines.iter().all(|l| l["client"] == "127.0.0.1"), "{text}");
+}

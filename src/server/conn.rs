@@ -187,6 +187,8 @@ pub struct PendingBody {
 
 pub struct Conn {
     pub stream: TcpStream,
+    /// The peer's address, an IPv4-mapped one (a dual-stack listener's) as
+    /// IPv4: logs, `ipAllow` and `trustedProxies` see one spelling.
     pub peer: SocketAddr,
     pub serial: u32,
     /// Accepted on the admin listener: only admin routes are served.
@@ -248,7 +250,7 @@ impl Conn {
     pub fn new(stream: TcpStream, peer: SocketAddr, serial: u32, admin: bool, input_limit: usize, now: Ms) -> Conn {
         Conn {
             stream,
-            peer,
+            peer: SocketAddr::new(peer.ip().to_canonical(), peer.port()),
             serial,
             admin,
             refused: false,

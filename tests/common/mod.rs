@@ -97,11 +97,12 @@ impl TestServer {
         stderr: Stdio,
         log_level: &str,
     ) -> TestServer {
+        command.arg("--config").arg(&config_path);
+        // A fresh loopback port, unless the test names the listener.
+        if !extra_args.contains(&"--listen") {
+            command.arg("--listen").arg("127.0.0.1:0");
+        }
         let mut child = command
-            .arg("--config")
-            .arg(&config_path)
-            .arg("--listen")
-            .arg("127.0.0.1:0")
             .args(extra_args)
             .current_dir(&dir)
             .env("RUST_LOG", log_level)

@@ -111,6 +111,12 @@ fn plain_types(message: &str) -> String {
         ("expected f64", "expected a number"),
     ];
     let mut out = message.to_owned();
+    // A nested section (`expected struct QueueConfig`) is a JSON object.
+    if let Some(at) = out.find("expected struct ") {
+        let name = at + "expected struct ".len();
+        let end = out[name..].find(|c: char| !c.is_ascii_alphanumeric()).map_or(out.len(), |n| name + n);
+        out.replace_range(at..end, "expected an object");
+    }
     for (rust, words) in WORDS {
         // Only the whole word: `expected u32` is not `expected u32x`.
         if let Some(at) = out.find(rust) {
@@ -800,6 +806,11 @@ mod tests {
         let e = err(&pool_json(r#","termMs":"soon""#));
         assert!(e.contains(r#"pools.p1.termMs: invalid type: string "soon", expected a whole number from 0 to 18446744073709551615"#), "{e}");
         assert!(!err(&pool_json(r#","concurrency":-1"#)).contains("u32"));
+        for (field, value) in [("queue", "null"), ("access", "null"), ("upstream", "5")] {
+            let e = err(&pool_json(&format!(r#","{field}":{value}"#)));
+            assert!(e.contains(&format!("pools.p1.{field}: invalid type: ")), "{e}");
+            assert!(e.contains(", expected an object at line 1"), "{e}");
+        }
     }
 
     #[test]

@@ -89,6 +89,9 @@ const STOP_LOG_UNTIL_MS: u64 = 950;
 /// Open connections on the admin listener: its own budget, so health checks
 /// and scrapes are answered however many public connections are open.
 pub const ADMIN_MAX_CONNECTIONS: usize = 16;
+/// An admin request still arriving after this long makes way for a new
+/// connection when the admin listener is full.
+const ADMIN_SLOW_REQUEST_MS: Ms = 1000;
 /// Connections refused over a listener's budget that are kept for their
 /// lingering close (the `503` flushed, then what they sent drained): past
 /// this many at once, a refused connection is closed as soon as its `503`
@@ -677,19 +680,33 @@ impl Server {
     }
 
     /// Closes the admin connection idle longest, if one is: nothing in
-    /// progress (no input, no body, nothing unsent), or else one done and
-    /// lingering (closing that one may cut its last answer short: it goes
-    /// last). Returns whether one was closed.
+    /// progress (no input, no body, nothing unsent); else the one whose
+    /// request has been arriving longest, for `ADMIN_SLOW_REQUEST_MS` or
+    /// more (on loopback a request arrives at once: a client sending it that
+    /// slowly, on purpose or not, must not keep health checks out); else
+    /// one done and lingering (closing that one may cut its last answer
+    /// short: it goes last). Returns whether one was closed.
     fn close_idlest_admin(&mut self) -> bool {
+        let now = self.now.ms;
         let idlest = self
             .admin_conns
             .iter()
             .filter_map(|&id| {
                 let Some(Entry::Client(conn)) = self.conns.get(id.index as usize) else { return None };
                 debug_assert_eq!(conn.serial, id.serial, "admin_conns lists the connections open");
-                let quiet = conn.unsent() == 0 && conn.input.is_empty() && conn.pending.is_none();
-                let idle = conn.is_lingering() || conn.is_open() && quiet && conn.request_started.is_none();
-                idle.then_some(((conn.is_lingering(), conn.last_active), id))
+                if conn.is_lingering() {
+                    return Some(((2, conn.last_active), id));
+                }
+                let open = conn.is_open() && conn.unsent() == 0;
+                match conn.request_started {
+                    None if open && conn.input.is_empty() && conn.pending.is_none() => {
+                        Some(((0, conn.last_active), id))
+                    }
+                    Some(started) if open && now.saturating_sub(started) >= ADMIN_SLOW_REQUEST_MS => {
+                        Some(((1, started), id))
+                    }
+                    _ => None,
+                }
             })
             .min_by_key(|&(order, _)| order);
         let Some((_, id)) = idlest else {

@@ -182,11 +182,17 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IgnoredAny>, D::Err
     IgnoredAny::deserialize(d).map(Some)
 }
 
+/// `Some` for any value, `null` included: `"nbf": null` is a claim that is
+/// not a NumericDate, not an absent one.
+fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
 #[derive(Deserialize)]
 struct Claims<'a> {
     #[serde(default)]
     exp: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present_value")]
     nbf: Option<Value>,
     #[serde(default, borrow)]
     iss: Option<Cow<'a, str>>,
@@ -366,6 +372,7 @@ mod tests {
         assert_eq!(claims_result(&c((secs + 30).to_string())), Ok(()));
         assert_eq!(claims_result(&c((secs + 31).to_string())), Err(Denied::TOKEN_NOT_YET_VALID));
         assert_eq!(claims_result(&c(r#""soon""#.into())), Err(Denied::TOKEN_NBF_INVALID));
+        assert_eq!(claims_result(&c("null".into())), Err(Denied::TOKEN_NBF_INVALID));
     }
 
     #[test]

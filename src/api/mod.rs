@@ -814,7 +814,7 @@ impl App {
         now: Now,
         (status, code): (u16, &'static str),
     ) {
-        let Some(Route::Acquire { pool }) = request_target(input).and_then(route::route) else {
+        let Some(Route::Acquire { pool }) = logged_path(input).and_then(route::route) else {
             return;
         };
         let line =
@@ -962,17 +962,11 @@ pub const UNANSWERED_TIMEOUT: (u16, &str) = (408, "request_timeout");
 pub const UNANSWERED_STOPPED: (u16, &str) = (503, "unavailable");
 
 /// The path of the request line at the start of `input`, origin or absolute
-/// form, if the line is there.
-fn request_target(input: &[u8]) -> Option<&[u8]> {
+/// form read as the head parser reads them, if the line is there.
+fn logged_path(input: &[u8]) -> Option<&[u8]> {
     let line = &input[..input.iter().position(|&b| b == b'\n').unwrap_or(input.len())];
     let target = line.split(|&b| b == b' ').nth(1)?;
-    match target.windows(3).position(|w| w == b"://") {
-        Some(at) => {
-            let rest = &target[at + 3..];
-            rest.iter().position(|&b| b == b'/').map(|i| &rest[i..])
-        }
-        None => Some(target),
-    }
+    crate::http::request::split_target(target).ok().map(|(path, _)| path)
 }
 
 /// The credentials a pool's access policies ask for besides its key.

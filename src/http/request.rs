@@ -798,7 +798,7 @@ fn outside_target(b: u8) -> bool {
 
 /// The path of a request target and, for the absolute form
 /// (`http://host[:port]/path`), its authority.
-fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
+pub(crate) fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
     if target.starts_with(b"/") {
         return Ok((target, None));
     }

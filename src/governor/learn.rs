@@ -136,9 +136,10 @@ impl Pace {
 
 /// What a report set that has an end: a cool-down, a budget window's reset,
 /// a token block. The governor reads `cooldown_until` only, to count
-/// cool-downs; the instants themselves come back through `Learning::pause`,
-/// and a queue held back by them is woken by the pool's one wake-up entry,
-/// armed when the queue is pumped.
+/// cool-downs (the other two say what the report did, for the tests); the
+/// instants themselves come back through `Learning::pause`, and a queue held
+/// back by them is woken by the pool's one wake-up entry, armed when the
+/// queue is pumped.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Wakeups {
     pub cooldown_until: Option<Ms>,
@@ -529,8 +530,9 @@ impl Learning {
         }
     }
 
-    /// A wheel entry set by `Wakeups::budget_reset_at` fired: a window that
-    /// ended is refilled to the known limit for one more window, or lifted.
+    /// Moves on from a budget window that ended by `now` (called lazily, on a
+    /// grant, a report or a read of the budget; no timer of its own): it is
+    /// refilled to the known limit for one more window, or lifted.
     pub fn on_budget_reset(&mut self, now: Ms) -> Option<Ms> {
         let b = self.budget.filter(|b| b.reset_at <= now)?;
         self.ended_reset_at = b.reset_at;

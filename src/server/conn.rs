@@ -367,8 +367,8 @@ impl Conn {
         Some((queued, close))
     }
 
-    /// Open or Waiting → Closing: the answer just written is the last.
-    /// Closing again is harmless; a waiting acquire must be taken first.
+    /// Open → Closing: the answer just written is the last. Closing again
+    /// is harmless; a waiting acquire is taken first (`stop_waiting`).
     pub fn close_after_flush(&mut self) {
         debug_assert!(!self.is_waiting(), "a waiting acquire is answered before closing: {:?}", self.phase);
         if !self.is_closing() {

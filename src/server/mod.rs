@@ -22,12 +22,13 @@
 //! (slab index and serial) names one in timers, in the flush and carry
 //! lists and in the governor's queues. Everything the reactor tells a
 //! connection — readiness, a resumed budget, its deadline, shutdown — goes
-//! through [`Server::dispatch`] as a [`Signal`], and `dispatch` and `close`
-//! are the only `match`es on the kind. A new kind that wants these services
-//! (a budget per turn, a deadline on the wheel as `Wake::Conn`) is a new
-//! `Entry` variant, registered under its slab index, with one arm in
-//! `dispatch` handing its signals to its own handler module and one arm in
-//! `close`. The flush list is the client connections' alone: the end of a
+//! through [`Server::dispatch`] as a [`Signal`]. The `match`es on the kind
+//! are `Entry::serial`, `Server::signal_entry` (behind `dispatch`),
+//! `Server::close_for` (behind `close`) and `client_mut`. A new kind that
+//! wants these services (a budget per turn, a deadline on the wheel as
+//! `Wake::Conn`) is a new `Entry` variant, registered under its slab index,
+//! with an arm in each: its serial, its signals handed to its own handler
+//! module, its close, and none in `client_mut`. The flush list is the client connections' alone: the end of a
 //! turn writes each one's output directly, as every answer passes there
 //! (a new kind with output of its own would get a list of its own).
 //!

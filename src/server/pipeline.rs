@@ -83,7 +83,7 @@ impl Server {
                 conn: id,
                 peer: conn.peer.ip(),
                 // A half-closed client still gets every answer; the connection
-                // closes once they are written (see `flush_dirty`).
+                // closes once they are written (see `Server::flush`).
                 close: !head.keep_alive || conn.last_request,
                 started: *turn_started,
             };

@@ -395,7 +395,7 @@ impl Proxy {
         base: usize,
     ) -> Attached {
         let pool = self.exchanges[ex].pool;
-        if let Some(idx) = self.take_idle(pool, target) {
+        if let Some(idx) = self.take_idle(pool, target, registry) {
             self.attach_to(ex, idx, true, None);
             return Attached::Yes;
         }
@@ -561,11 +561,11 @@ impl Proxy {
         Some(err.sentence())
     }
 
-    /// The most recently used idle connection of `pool` to `addr` that has
-    /// not been closed by the upstream meanwhile.
-    fn take_idle(&mut self, pool: PoolId, target: &Target) -> Option<usize> {
-        let list = self.idle.get_mut(pool.0 as usize)?;
-        while let Some(idx) = list.pop() {
+    /// The most recently used idle connection of `pool` to `target` that
+    /// has not been closed by the upstream meanwhile; the dead ones found on
+    /// the way are closed.
+    fn take_idle(&mut self, pool: PoolId, target: &Target, registry: &mio::Registry) -> Option<usize> {
+        while let Some(idx) = self.idle.get_mut(pool.0 as usize)?.pop() {
             let up = &mut self.ups[idx];
             let mut probe = [0u8; 1];
             let alive = up.target == *target
@@ -575,8 +575,8 @@ impl Proxy {
                 up.readable = false;
                 return Some(idx);
             }
-            let mut dead = self.ups.remove(idx);
-            let _ = dead.transport.tcp().shutdown(std::net::Shutdown::Both);
+            let _ = up.transport.tcp().shutdown(std::net::Shutdown::Both);
+            self.close_up(idx, registry);
         }
         None
     }

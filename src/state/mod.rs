@@ -247,7 +247,7 @@ impl Persistence {
             warn!("periodic snapshot skipped: the previous one is still being written");
             return;
         }
-        let spare = self.writer.take().and_then(|w| w.join().ok()).unwrap_or_default();
+        let spare = self.writer.take().map(joined).unwrap_or_default();
         let started = Instant::now();
         let snap = gov.export_into(now, spare);
         let copied = started.elapsed();
@@ -272,7 +272,7 @@ impl Persistence {
     /// The snapshot of a graceful stop, written before the process exits.
     pub fn write_stop<T: Copy>(&mut self, gov: &Governor<T>, now: Ms) {
         if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
+            joined(writer);
         }
         let Some(path) = &self.path else {
             return;
@@ -301,6 +301,15 @@ impl Persistence {
             Err(e) => warn!("stop snapshot to {} failed ({e}): the next start takes the crash path", path.display()),
         }
     }
+}
+
+/// The lease buffer a periodic snapshot's thread hands back; a thread that
+/// panicked wrote no snapshot, and says so.
+fn joined(writer: JoinHandle<Vec<HeldLease>>) -> Vec<HeldLease> {
+    writer.join().unwrap_or_else(|_| {
+        error!("the periodic snapshot's thread panicked: that snapshot was not written");
+        Vec::new()
+    })
 }
 
 /// What start-up would find wrong with the files of `config` (read from

@@ -349,11 +349,16 @@ pub struct Lease {
     pub idem: u32,
 }
 
+/// A lease's deadline granted, renewed or re-adopted at `now`: one term
+/// away, and never past its request deadline.
+pub fn lease_deadline(now: Ms, term_ms: Ms, request_deadline: Ms) -> Ms {
+    now.saturating_add(term_ms).min(request_deadline)
+}
+
 impl Lease {
-    /// The renewed deadline: one of its own terms from `now`; a lease never
-    /// outlives its request deadline.
+    /// The renewed deadline: one of its own terms from `now`.
     pub fn renewed_deadline(&self, now: Ms) -> Ms {
-        now.saturating_add(self.term_ms as Ms).min(self.request_deadline)
+        lease_deadline(now, self.term_ms as Ms, self.request_deadline)
     }
 
     pub fn is_capped(&self) -> bool {

@@ -648,7 +648,7 @@ impl<T: Copy> Governor<T> {
         debug_assert!(pool.held <= pool.effective_limit());
         let s = pool.settings;
         let request_deadline = now + s.request_timeout_ms;
-        let lease_deadline = (now + s.term_ms).min(request_deadline);
+        let lease_deadline = lease::lease_deadline(now, s.term_ms, request_deadline);
         let id = self.key.sign(
             pool.seal,
             &SlotFields {
@@ -754,7 +754,7 @@ impl<T: Copy> Governor<T> {
         if request_deadline <= now {
             return None;
         }
-        let lease_deadline = (now + pool.settings.term_ms).min(request_deadline);
+        let lease_deadline = lease::lease_deadline(now, pool.settings.term_ms, request_deadline);
         let idx = self.leases.vacant_key();
         let timer = self.wheel.insert(lease_deadline, Timer::Lease(idx as u32));
         let pool = &mut self.pools[pid.0 as usize];

@@ -667,11 +667,7 @@ impl App {
         queued_ms: u64,
         slot_ref: Option<u32>,
     ) {
-        let code = match status {
-            Status::Ok => None,
-            Status::GatewayTimeout => Some("queue_timeout"),
-            _ => Some("too_many_requests"),
-        };
+        let code = (status != Status::Ok).then(|| denial_code(status));
         self.log_acquire(attempt, epoch_now, status, code, reason, queued_ms, slot_ref);
     }
 
@@ -855,25 +851,21 @@ impl App {
     /// pool removed by a reload: a retired pool has no waiters left, as they
     /// are all answered the moment it is retired).
     fn write_denial(&mut self, out: &mut Vec<u8>, denial: &Denial, status: Status, pool: PoolId, close: bool) {
-        let (code, message) = if status == Status::GatewayTimeout {
+        let message = if status == Status::GatewayTimeout {
             match self.gov.pool(pool).retired {
-                false => ("queue_timeout", "No slot opened within the wait budget."),
-                true => ("queue_timeout", "The pool was removed from the configuration while this request waited."),
+                false => "No slot opened within the wait budget.",
+                true => "The pool was removed from the configuration while this request waited.",
             }
         } else {
             match denial.reason {
-                crate::governor::DenyReason::QueueFull => ("too_many_requests", "The pool's wait queue is full."),
-                crate::governor::DenyReason::Rate => ("too_many_requests", "The pool's rate budget is spent for now."),
-                crate::governor::DenyReason::Cooldown => {
-                    ("too_many_requests", "The pool is cooling down after the upstream asked to slow down.")
-                }
-                crate::governor::DenyReason::Concurrency => ("too_many_requests", "No free slot in this pool."),
-                crate::governor::DenyReason::Recovering => {
-                    ("too_many_requests", "The pool is re-adopting the slots held before a restart.")
-                }
+                DenyReason::QueueFull => "The pool's wait queue is full.",
+                DenyReason::Rate => "The pool's rate budget is spent for now.",
+                DenyReason::Cooldown => "The pool is cooling down after the upstream asked to slow down.",
+                DenyReason::Concurrency => "No free slot in this pool.",
+                DenyReason::Recovering => "The pool is re-adopting the slots held before a restart.",
             }
         };
-        self.write_denial_as(out, denial, status, code, message, close);
+        self.write_denial_as(out, denial, status, denial_code(status), message, close);
     }
 
     fn write_denial_as(
@@ -960,6 +952,14 @@ pub const UNANSWERED_CLIENT_GONE: (u16, &str) = (CLIENT_GONE_STATUS, "client_gon
 pub const UNANSWERED_TIMEOUT: (u16, &str) = (408, "request_timeout");
 /// ... still arriving when a stop's grace ended.
 pub const UNANSWERED_STOPPED: (u16, &str) = (503, "unavailable");
+
+/// The error code of a denied acquire: `504` when its wait ran out, else `429`.
+fn denial_code(status: Status) -> &'static str {
+    match status {
+        Status::GatewayTimeout => "queue_timeout",
+        _ => "too_many_requests",
+    }
+}
 
 /// The path of the request line at the start of `input`, origin or absolute
 /// form read as the head parser reads them, if the line is there.

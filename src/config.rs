@@ -46,6 +46,17 @@ pub const MAX_IDLE_SPIN_US: u64 = 1_000;
 pub const MAX_KEYS: usize = 1_000;
 /// The largest configuration file read.
 pub const MAX_CONFIG_BYTES: u64 = 64 * 1024 * 1024;
+/// The longest connection timeout (`headTimeoutMs`, `idleTimeoutMs`,
+/// `writeTimeoutMs`) and the widest clock allowance (`access.hmac.toleranceMs`,
+/// `access.jwt.leewayMs`): an hour.
+pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
+/// The longest key, in bytes.
+pub const MAX_KEY_LEN: usize = 512;
+/// The fastest rate gate: a million grants a second.
+pub const MAX_RPM: u32 = 60_000_000;
+/// The largest `rpmBurst`, `idempotencyKeys` and `access.hmac.nonceCapacity`
+/// (each a count of things held in memory, as a queue's places are).
+pub const MAX_HELD_COUNT: u32 = 10_000_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -518,8 +529,8 @@ impl Config {
             ("idleTimeoutMs", self.idle_timeout_ms),
             ("writeTimeoutMs", self.write_timeout_ms),
         ] {
-            if !(10..=3_600_000).contains(&value) {
-                return fail(format!("{name} must be between 10 and 3600000"));
+            if !(10..=MAX_TIMEOUT_MS).contains(&value) {
+                return fail(format!("{name} must be between 10 and {MAX_TIMEOUT_MS}"));
             }
         }
         if self.idle_spin_us > MAX_IDLE_SPIN_US {
@@ -598,8 +609,8 @@ impl PoolConfig {
         }
         let mut keys = std::collections::HashMap::with_capacity(self.keys.len());
         for (i, key) in self.keys.iter().enumerate() {
-            if key.is_empty() || key.len() > 512 || key.bytes().any(|b| !b.is_ascii_graphic()) {
-                return fail("keys: a key must be 1-512 printable ASCII characters without spaces");
+            if key.is_empty() || key.len() > MAX_KEY_LEN || key.bytes().any(|b| !b.is_ascii_graphic()) {
+                return fail(format!("keys: a key must be 1-{MAX_KEY_LEN} printable ASCII characters without spaces"));
             }
             // Named by place, never by text: a key is a secret.
             if let Some(first) = keys.insert(key.as_str(), i) {
@@ -631,16 +642,16 @@ impl PoolConfig {
         }
         match (self.rpm, self.rpm_burst) {
             (Some(0), _) => return fail("rpm must be at least 1 (or null for no gate)"),
-            (Some(rpm), _) if rpm > 60_000_000 => return fail("rpm must be at most 60000000"),
+            (Some(rpm), _) if rpm > MAX_RPM => return fail(format!("rpm must be at most {MAX_RPM}")),
             (None, Some(_)) => return fail("rpmBurst needs rpm to be set"),
             (Some(_), Some(0)) => return fail("rpmBurst must be at least 1"),
-            (Some(_), Some(burst)) if burst > MAX_QUEUE_SIZE => {
-                return fail(format!("rpmBurst must be at most {MAX_QUEUE_SIZE}"))
+            (Some(_), Some(burst)) if burst > MAX_HELD_COUNT => {
+                return fail(format!("rpmBurst must be at most {MAX_HELD_COUNT}"))
             }
             _ => {}
         }
-        if self.idempotency_keys == 0 || self.idempotency_keys > MAX_QUEUE_SIZE {
-            return fail(format!("idempotencyKeys must be between 1 and {MAX_QUEUE_SIZE}"));
+        if self.idempotency_keys == 0 || self.idempotency_keys > MAX_HELD_COUNT {
+            return fail(format!("idempotencyKeys must be between 1 and {MAX_HELD_COUNT}"));
         }
         if self.term_ms < MIN_TERM_MS || self.term_ms > MAX_DURATION_MS {
             return fail(format!("termMs must be between {MIN_TERM_MS} and {MAX_DURATION_MS}"));
@@ -664,11 +675,11 @@ impl PoolConfig {
             if hmac.secret.is_empty() {
                 return fail("access.hmac.secret must not be empty");
             }
-            if hmac.tolerance_ms == 0 || hmac.tolerance_ms > 3_600_000 {
-                return fail("access.hmac.toleranceMs must be between 1 and 3600000");
+            if hmac.tolerance_ms == 0 || hmac.tolerance_ms > MAX_TIMEOUT_MS {
+                return fail(format!("access.hmac.toleranceMs must be between 1 and {MAX_TIMEOUT_MS}"));
             }
-            if hmac.nonce_capacity == 0 || hmac.nonce_capacity > 10_000_000 {
-                return fail("access.hmac.nonceCapacity must be between 1 and 10000000");
+            if hmac.nonce_capacity == 0 || hmac.nonce_capacity > MAX_HELD_COUNT as usize {
+                return fail(format!("access.hmac.nonceCapacity must be between 1 and {MAX_HELD_COUNT}"));
             }
         }
         if let Some(cf) = &self.access.cloudflare_access {
@@ -696,8 +707,8 @@ impl PoolConfig {
                     return fail(format!("access.jwt.{name} must not be empty (null: not checked)"));
                 }
             }
-            if jwt.leeway_ms > 3_600_000 {
-                return fail("access.jwt.leewayMs must be at most 3600000");
+            if jwt.leeway_ms > MAX_TIMEOUT_MS {
+                return fail(format!("access.jwt.leewayMs must be at most {MAX_TIMEOUT_MS}"));
             }
         }
         Ok(())

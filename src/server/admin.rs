@@ -98,11 +98,7 @@ impl Server {
             if head.method == Method::Head || !head.http11 {
                 adapt_answer(&mut conn.output, &head, Answer { start, handled: &Handled::Done, close });
             }
-            conn.budget(turn).requests -= 1;
-            conn.input.consume(consumed);
-            conn.pending = None;
-            conn.head_scanned = 0;
-            conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
+            conn.request_answered(turn, consumed, now.ms);
             if close {
                 conn.close_after_flush();
             }

@@ -390,6 +390,18 @@ impl Conn {
         &mut self.budget
     }
 
+    /// A request of `consumed` bytes (head and body) was answered this
+    /// turn: it leaves the input and the turn's budget, and the next one, if
+    /// any of it has arrived, started arriving `now`.
+    #[inline]
+    pub fn request_answered(&mut self, turn: u64, consumed: usize, now: Ms) {
+        self.budget(turn).requests -= 1;
+        self.input.consume(consumed);
+        self.pending = None;
+        self.head_scanned = 0;
+        self.request_started = (!self.input.is_empty()).then_some(now);
+    }
+
     /// No request limit for the rest of this turn (shutdown answers all that was read).
     pub fn lift_budget(&mut self, turn: u64) {
         self.budget(turn).requests = u32::MAX;

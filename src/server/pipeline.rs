@@ -93,6 +93,8 @@ impl Server {
             if let Some(pid) = app.proxy_route(conn.listener_pool, head) {
                 let head_len = head.head_len;
                 let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, head, pid);
+                // Only its head is taken here: its body (if any) streams up
+                // with the exchange, which owns the input from now on.
                 conn.budget(turn).requests -= 1;
                 conn.input.consume(head_len);
                 conn.head_scanned = 0;
@@ -145,11 +147,7 @@ impl Server {
                 let answer = Answer { start: answer_start, handled: &handled, close: ctx.close };
                 http10_keep_alive = adapt_answer(&mut conn.output, head, answer);
             }
-            conn.budget(turn).requests -= 1;
-            conn.input.consume(consumed);
-            conn.pending = None;
-            conn.head_scanned = 0;
-            conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
+            conn.request_answered(turn, consumed, now.ms);
             let closes = ctx.close || matches!(handled, Handled::Close);
             match handled {
                 Handled::Done | Handled::Close => {}

@@ -843,9 +843,7 @@ impl<T: Copy> Governor<T> {
             pool.idem.remove(w.idem);
         }
         pool.stats.queue_timeouts += 1;
-        let (reason, wait) = pool.refusal(now);
-        let denial =
-            Denial { reason, retry_after_ms: wait, queued_ms: now - w.enqueued_at, signals: self.signals(pid, now) };
+        let denial = self.left_queue(pid, now - w.enqueued_at, now);
         self.notices.push_back(Notice::TimedOut { owner: w.owner, denial });
     }
 

@@ -107,11 +107,20 @@ fn proxied_refusals_count_under_their_pool() {
     let no_queue =
         format!("GET /v1/x HTTP/1.1\r\nHost: a.proxy.test\r\nX-Nthpool-Key: {KEY}\r\nX-Nthpool-No-Queue: 1\r\n\r\n");
     assert_eq!(exchange(&server, no_queue.as_bytes()).status, 429);
+    // Queued, then out of time: a 504 with no upstream answer either.
+    let short = format!(
+        "GET /v1/x HTTP/1.1\r\nHost: a.proxy.test\r\nX-Nthpool-Key: {KEY}\r\nX-Nthpool-Queue-Timeout-Ms: 50\r\n\r\n"
+    );
+    assert_eq!(exchange(&server, short.as_bytes()).status, 504);
     let m = metrics(&server);
-    for (code, n) in [(401, 1), (429, 1), (404, 0)] {
+    for (code, n) in [(401, 1), (429, 1), (504, 1), (404, 0)] {
         assert_eq!(sample(&m, &format!("nthpool_rejections_total{{pool=\"a\",code=\"{code}\"}}")), n, "{code}");
         assert_eq!(sample(&m, &format!("nthpool_rejections_total{{code=\"{code}\"}}")), 0, "{code}");
     }
+    // Each is a proxied request that ended with no upstream answer.
+    assert_eq!(sample(&m, "nthpool_proxy_pool_requests_total{pool=\"a\",class=\"none\"}"), 3, "{m}");
+    assert_eq!(sample(&m, "nthpool_proxy_requests_total{class=\"none\"}"), 3, "{m}");
+    assert_eq!(sample(&m, "nthpool_proxy_pool_requests_total{pool=\"a\",class=\"2xx\"}"), 0, "{m}");
 }
 
 /// A pool removed by a reload leaves the list once drained; the pools after

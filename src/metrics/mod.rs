@@ -240,6 +240,12 @@ impl ProxyStats {
         self.pool(pool).count(upstream_status, upstream_ms, bytes_up, bytes_down);
     }
 
+    /// A proxied request of `pool` refused before it reached the upstream
+    /// (by its pool's limits or access rules): no upstream status.
+    pub fn refused(&mut self, pool: usize) {
+        self.count(pool, None, None, 0, 0);
+    }
+
     /// An upstream connection of `pool` that failed to open.
     pub fn connect_error(&mut self, pool: usize) {
         self.total.connect_errors += 1;

@@ -123,6 +123,7 @@ pub fn begin(
             // The body is not read: nothing after it could be told apart.
             let close = ctx.close || has_body || e.closes();
             app.refuse_proxied(&Ctx { close, ..*ctx }, pid, head, e, output);
+            proxy.stats.refused(pid.0 as usize);
             say_kept(output, close);
             return Begun::Answered { close };
         }
@@ -149,6 +150,7 @@ pub fn begin(
     match admitted.admission {
         // Answered by `admit_proxied`.
         Admission::Denied(_) => {
+            proxy.stats.refused(pid.0 as usize);
             let close = has_body || ctx.close;
             say_kept(output, close);
             Begun::Answered { close }
@@ -600,6 +602,8 @@ impl Server {
     /// The access-log line and the metrics of an ended exchange.
     fn note_exchange(&mut self, e: &Exchange, end: End) {
         let upstream_status = e.response_head.map(|h| h.status);
+        let upstream_ms = e.sent_at.map(|t| crate::time::millis(t.elapsed()));
+        self.proxy.stats.count(e.pool.0 as usize, upstream_status, upstream_ms, e.bytes_up, e.bytes_down);
         let (status, error) = match end {
             // Its queue wait ended in a refusal, logged as it was answered.
             End::Refused => return,
@@ -611,8 +615,6 @@ impl Server {
             End::Stopped => (upstream_status.unwrap_or(0), Some("shutdown_cut")),
             End::Capped => (upstream_status.unwrap_or(0), Some("request_capped")),
         };
-        let upstream_ms = e.sent_at.map(|t| crate::time::millis(t.elapsed()));
-        self.proxy.stats.count(e.pool.0 as usize, upstream_status, upstream_ms, e.bytes_up, e.bytes_down);
         // Never granted: it was queued all along.
         let queued_ms = match e.slot {
             Some(_) => e.queued_ms,

@@ -702,3 +702,34 @@ fn a_reload_keeps_exchanges_in_flight_and_applies_new_headers_to_new_ones() {
     let teams: Vec<Option<String>> = up.seen().iter().map(|s| s.header("x-team")).collect();
     assert_eq!(teams, [Some("before".to_string()), Some("after".to_string())]);
 }
+
+/// A client that stops reading a relayed response is closed at
+/// `writeTimeoutMs`, its slot freed, and its line says so as a lock API
+/// acquire's would: `408 request_timeout` (the status is never sent), not
+/// that the client left.
+#[test]
+fn a_client_that_stops_reading_a_relayed_response_is_logged_as_timed_out() {
+    let big = "x".repeat(32 * 1024 * 1024);
+    let up = MockUpstream::start(move |_| ok(&big, ""));
+    let server = TestServer::start(
+        &config(&format!(r#""concurrency":1,"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()), "")
+            .replace(r#""accessLog":null"#, r#""accessLog":"access.log","writeTimeoutMs":300"#),
+    );
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&server.addr.into()).unwrap();
+    let mut stalled = TcpStream::from(socket);
+    stalled.write_all(&proxied("GET", "/v1/big", "", "")).unwrap();
+    // Never read: the server's output fills and the deadline closes it.
+    eventually("the exchange holds the slot", || server.acquire("", "").status == 429);
+    slot_comes_back(&server);
+    let mut line = None;
+    eventually("the exchange's line", || {
+        line = access_log(&server, 1).into_iter().find(|l| l["path"] == "/v1/big");
+        line.is_some()
+    });
+    let line = line.unwrap();
+    assert_eq!((line["status"].as_u64(), line["error"].as_str()), (Some(408), Some("request_timeout")), "{line}");
+    assert_eq!(line["upstreamStatus"], 200, "{line}");
+    drop(stalled);
+}

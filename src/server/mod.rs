@@ -1165,7 +1165,7 @@ impl Server {
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
         if let Some(ex) = conn.exchange {
-            self.abandon_exchange(ex);
+            self.abandon_exchange(ex, why);
         }
     }
 }

@@ -19,10 +19,7 @@ use super::conn::{Conn, NEVER, OUTPUT_HIGH_WATER};
 use super::pipeline::strip_body;
 use super::{client_mut, Server};
 use crate::api::proxy::{ProxiedLine, WaitEnd};
-use crate::api::{
-    governor_headers, Admission, ApiError, App, ConnId, Ctx, Grant, PoolId, Queued, Wake, CLIENT_GONE_STATUS,
-    SHUTTING_DOWN,
-};
+use crate::api::{governor_headers, Admission, ApiError, App, ConnId, Ctx, Grant, PoolId, Queued, Wake, SHUTTING_DOWN};
 use crate::config::upstream::Upstream;
 use crate::config::Config;
 use crate::http::chunked::ChunkError;
@@ -51,8 +48,10 @@ pub enum End {
     BodyBroken(ApiError),
     /// The request cap was reached mid-response: the client's connection is closed.
     Capped,
-    /// The client went away.
-    ClientGone,
+    /// The client's connection ended, for this reason (as `close_for`
+    /// says it: `client_gone` when the client left, `request_timeout` when
+    /// it stopped reading for `writeTimeoutMs`, `unavailable` at a stop).
+    Closed((u16, &'static str)),
     /// The server stopped with the response under way (its head sent): the
     /// client's connection is closed.
     Stopped,
@@ -346,7 +345,7 @@ impl Server {
         };
         if conn.read_closed {
             // A client that closes mid-exchange is gone: its slot is freed now.
-            self.end_exchange(id, End::ClientGone);
+            self.end_exchange(id, End::Closed(crate::api::UNANSWERED_CLIENT_GONE));
             return;
         }
         if self.proxy.exchanges[ex].up.is_none() {
@@ -520,7 +519,7 @@ impl Server {
                 adapt_own_answer(&mut conn.output, start, close, e.client_side.http11, e.client_side.head_request);
                 close
             }
-            End::Cut | End::BodyBroken(_) | End::Capped | End::ClientGone | End::Stopped => true,
+            End::Cut | End::BodyBroken(_) | End::Capped | End::Closed(_) | End::Stopped => true,
             // The request body was never read.
             End::Refused => !body_done,
         };
@@ -588,14 +587,14 @@ impl Server {
         }
     }
 
-    /// The client connection is closing while in an exchange.
-    pub(super) fn abandon_exchange(&mut self, ex: usize) {
+    /// The client connection is closing while in an exchange, for `why`.
+    pub(super) fn abandon_exchange(&mut self, ex: usize, why: (u16, &'static str)) {
         let e = self.finish_exchange(ex, false);
         if let Some(slot) = &e.slot {
             let outcome = Proxy::outcome(&e, None);
             self.app.release_proxied(e.pool, slot, outcome.as_ref(), self.now.ms);
         }
-        self.note_exchange(&e, End::ClientGone);
+        self.note_exchange(&e, End::Closed(why));
         self.proxy.retire(e);
     }
 
@@ -611,7 +610,7 @@ impl Server {
             End::Answered(err) => (err.status().code(), Some(err.code())),
             End::Cut => (upstream_status.unwrap_or(ApiError::BadGateway.status().code()), Some("upstream_cut")),
             End::BodyBroken(err) => (upstream_status.unwrap_or(err.status().code()), Some(err.code())),
-            End::ClientGone => (CLIENT_GONE_STATUS, Some("client_gone")),
+            End::Closed((status, code)) => (status, Some(code)),
             End::Stopped => (upstream_status.unwrap_or(0), Some("shutdown_cut")),
             End::Capped => (upstream_status.unwrap_or(0), Some("request_capped")),
         };

@@ -196,12 +196,32 @@ fn tcp_exchange(server: SocketAddr, query: &[u8], deadline: Instant) -> io::Resu
     message.extend_from_slice(query);
     stream.write_all(&message)?;
     let mut length = [0u8; 2];
-    stream.set_read_timeout(Some(left(())?))?;
-    stream.read_exact(&mut length)?;
+    read_by(&mut stream, &mut length, deadline)?;
     let mut answer = vec![0u8; usize::from(u16::from_be_bytes(length))];
-    stream.set_read_timeout(Some(left(())?))?;
-    stream.read_exact(&mut answer)?;
+    read_by(&mut stream, &mut answer, deadline)?;
     Ok(answer)
+}
+
+/// Fills `buf` from `stream` by `deadline`: each read waits only for the
+/// time left, so a server that trickles its answer a byte at a time cannot
+/// hold the lookup past it (`read_exact` under one read timeout would wait
+/// that long again for every byte).
+fn read_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer over TCP in time"));
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -328,5 +348,43 @@ mod tests {
             }
         });
         assert_eq!(servers(addr).lookup("api.test").unwrap().ips, vec![IpAddr::from([10, 0, 0, 8])]);
+    }
+
+    /// A server that trickles its TCP answer a byte at a time, each within
+    /// the timeout, still has only the lookup's deadline in all.
+    #[test]
+    fn a_tcp_answer_trickled_byte_by_byte_ends_at_the_deadline() {
+        let (udp, tcp) = (0..100)
+            .find_map(|_| {
+                let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+                let tcp = TcpListener::bind(udp.local_addr().unwrap()).ok()?;
+                Some((udp, tcp))
+            })
+            .expect("a loopback port free for both UDP and TCP");
+        let addr = udp.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            for _ in 0..2 {
+                let (n, from) = udp.recv_from(&mut buf).unwrap();
+                udp.send_to(&reply(&buf[..n], true, 0, &[]), from).unwrap();
+            }
+        });
+        std::thread::spawn(move || {
+            let (mut s, _) = tcp.accept().unwrap();
+            let _ = s.write_all(&60_000u16.to_be_bytes());
+            // A byte every 100 ms, for at most 10 s, until the client hangs up.
+            for _ in 0..100 {
+                std::thread::sleep(Duration::from_millis(100));
+                if s.write_all(&[0]).is_err() {
+                    break;
+                }
+            }
+        });
+        let ns = Nameservers { servers: vec![addr], timeout: Duration::from_millis(500), attempts: 1 };
+        let started = Instant::now();
+        let err = ns.lookup("api.test").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        // Not the 60 000 reads of up to 500 ms each that a per-read timeout allows.
+        assert!(started.elapsed() < Duration::from_secs(5), "ended after {:?}", started.elapsed());
     }
 }

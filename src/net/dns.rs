@@ -251,7 +251,7 @@ pub fn parse_answer(packet: &[u8], id: u16, name: &str, qtype: u16) -> Result<An
     // Follow the CNAME chain from the name asked.
     let mut current = asked;
     let mut ttl_s = u32::MAX;
-    for _ in 0..=MAX_CNAMES {
+    for _ in 0..MAX_CNAMES {
         let Some(link) = records.iter().find(|r| r.rtype == TYPE_CNAME && r.owner.as_bytes() == current.as_bytes())
         else {
             break;
@@ -373,6 +373,28 @@ mod tests {
         let r = r.raw_record(TYPE_A, 100, &[10, 0, 0, 3]);
         let answer = parse_answer(&r.bytes, 9, "api.test", TYPE_A).unwrap();
         assert_eq!(answer, Answer { ips: vec![v4([10, 0, 0, 3])], ttl_s: Some(20) });
+    }
+
+    /// `api.test` CNAME `c0.test` … CNAME `c{links-1}.test`, which has an A record.
+    fn chain(links: usize) -> Reply {
+        let name = |i: usize| wire_name(&format!("c{i}.test"));
+        let mut r = Reply::to(9, "api.test", TYPE_A, 0, links as u16 + 1).record(TYPE_CNAME, 20, &name(0));
+        for i in 1..links {
+            r.bytes.extend_from_slice(&name(i - 1));
+            r = r.raw_record(TYPE_CNAME, 20, &name(i));
+        }
+        r.bytes.extend_from_slice(&name(links - 1));
+        r.raw_record(TYPE_A, 100, &[10, 0, 0, 4])
+    }
+
+    #[test]
+    fn a_cname_chain_of_at_most_eight_links_is_followed() {
+        for links in 1..=MAX_CNAMES {
+            let answer = parse_answer(&chain(links).bytes, 9, "api.test", TYPE_A);
+            assert_eq!(answer.map(|a| a.ips), Ok(vec![v4([10, 0, 0, 4])]), "{links} links");
+        }
+        let nine = parse_answer(&chain(MAX_CNAMES + 1).bytes, 9, "api.test", TYPE_A);
+        assert_eq!(nine, Err(DnsError::Malformed("a CNAME chain longer than 8 links")));
     }
 
     #[test]

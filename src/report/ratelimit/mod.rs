@@ -210,8 +210,10 @@ struct Window {
     remaining: Option<u64>,
     reset: Option<u64>,
     reset_fallback: Option<u64>,
-    /// Azure sends `-1` limits and remaining with a `0` reset for windows it does
-    /// not meter; the whole window is a placeholder and says nothing.
+    /// A count was `-1`, which says it is unknown. Azure sends `-1` limits and
+    /// remaining with a `0` reset for windows it does not meter: a window
+    /// with no count that is known is a placeholder, its reset included, and
+    /// says nothing; a known count beside a `-1` one still counts.
     placeholder: bool,
 }
 
@@ -229,7 +231,7 @@ impl Window {
     }
 
     fn budget(&self) -> Budget {
-        if self.placeholder {
+        if self.placeholder && self.limit.is_none() && self.remaining.is_none() {
             return Budget::default();
         }
         Budget { limit: self.limit, remaining: self.remaining, reset: self.reset.or(self.reset_fallback) }
@@ -498,6 +500,14 @@ mod tests {
         );
         assert_eq!((info.limit, info.reset_ms), (None, None));
         assert_eq!((info.token_remaining, info.token_reset_ms), (Some(0), Some(0)));
+        // Only the limit unknown: the window's remaining and reset are real.
+        for (limit, remaining, reset) in [
+            ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"),
+            ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+        ] {
+            let info = parse_headers([(limit, "-1"), (remaining, "0"), (reset, "5s")], NOW);
+            assert_eq!((info.limit, info.remaining, info.reset_ms), (None, Some(0), Some(5000)), "{limit}");
+        }
     }
 
     #[test]

@@ -102,8 +102,14 @@ fn a_fresh_pool_grants_its_initial_window_then_ramps() {
     assert!((16..64).contains(&limit), "{r:?}");
     if r.status == 429 {
         assert_eq!(r.header("x-nthpool-deny-reason"), Some("concurrency"));
-        assert_eq!(gauge(&metrics(&s), r#"nthpool_learning_starting{pool="p"}"#), "1");
     }
+    // With no grant since, the ramp still moves on in what reads it: the
+    // metrics show the limit the next grant finds, not the one the last found.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let m = metrics(&s);
+    assert_eq!(gauge(&m, r#"nthpool_effective_limit{pool="p"}"#), "64", "{m}");
+    assert_eq!(gauge(&m, r#"nthpool_learning_starting{pool="p"}"#), "0", "{m}");
+    assert_eq!(gauge(&m, r#"nthpool_limited_by{pool="p",reason="concurrency"}"#), "0", "{m}");
     // Waiters are granted as the limit grows, with no release.
     let more: Vec<String> = (0..20).map(|_| s.acquire("", r#"{"waitMs":5000}"#).slot()).collect();
     assert_eq!(slots.len() + more.len(), 36);

@@ -3,7 +3,6 @@
 //! `metrics::render` writes the text.
 
 use super::App;
-use crate::governor::learn::Start;
 use crate::governor::{DenyReason, Pool};
 use crate::metrics::{AccessLogCounters, Histogram, MetricsSnapshot, PoolMetrics, ServerStats};
 use crate::time::Ms;
@@ -52,7 +51,7 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
         held: p.held as u64,
         waiters: p.queue.len() as u64,
         limit: p.settings.concurrency as u64,
-        effective_limit: p.effective_limit() as u64,
+        effective_limit: p.effective_limit_at(learned_at) as u64,
         grants: s.grants,
         queue_timeouts: s.queue_timeouts,
         waiters_gone: s.waiters_gone,
@@ -65,7 +64,7 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
         budget_limit: l.budget_limit.map_or(-1, gauge),
         budget_reset_ms: budget.map_or(-1, |b| gauge(b.reset_at.saturating_sub(learned_at))),
         cooldown_ms: gauge(l.cooldown_until.saturating_sub(learned_at)),
-        learning_starting: l.start != Start::Done,
+        learning_starting: l.starting_at(learned_at),
         budget_paced_next_ms: pace.map_or(-1, |pace| gauge(pace.next_at().saturating_sub(learned_at))),
         rpm_tokens: p.rpm_tokens_at(now),
         recovering: p.recovering(now),

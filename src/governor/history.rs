@@ -61,7 +61,7 @@ impl History {
             grants: delta(s.grants, self.seen.grants),
             denied: DenyReason::ALL.map(|r| delta(s.denied[r as usize], self.seen.denied[r as usize])),
             throttled: delta(s.reports_throttled, self.seen.reports_throttled),
-            effective: pool.effective_limit(),
+            effective: pool.effective_limit_at(now),
             limit: pool.settings.concurrency,
             held: pool.held,
             queue: pool.queue.len(),

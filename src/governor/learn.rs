@@ -368,6 +368,37 @@ impl Learning {
         }
     }
 
+    /// The limit in force at `now`: `effective`, with the start's ramp
+    /// carried to `now`. Only a grant carries it (`ramp`); what reads the
+    /// limit between grants (the governor headers, the metrics, the
+    /// dashboard, the gates) sees where the ramp is, as the next grant would.
+    pub fn effective_at(&self, now: Ms) -> u32 {
+        match self.start {
+            Start::Since(since) if !self.pattern.probing => self.effective.max(self.ramp_cap(since, now)),
+            _ => self.effective(),
+        }
+    }
+
+    /// Whether the start still ramps at `now` (see `effective_at`).
+    pub fn starting_at(&self, now: Ms) -> bool {
+        match self.start {
+            Start::Done => false,
+            Start::Pending => true,
+            Start::Since(since) => self.effective.max(self.ramp_cap(since, now)) < self.concurrency,
+        }
+    }
+
+    /// The start's limit `now`, for a ramp begun at `since`: the initial
+    /// window, doubled every `RAMP_DOUBLING_MS` (linearly between), at most
+    /// `concurrency`.
+    fn ramp_cap(&self, since: Ms, now: Ms) -> u32 {
+        let elapsed = now.saturating_sub(since);
+        let doublings = (elapsed / RAMP_DOUBLING_MS).min(31) as u32;
+        let base = (INITIAL_WINDOW as u64) << doublings;
+        let cap = base + base * (elapsed % RAMP_DOUBLING_MS) / RAMP_DOUBLING_MS;
+        cap.min(self.concurrency as u64) as u32
+    }
+
     /// The same state with every instant passed through `at` (a snapshot
     /// moves them from one process's clock to another's). Every field that
     /// is an instant is listed here.
@@ -453,11 +484,7 @@ impl Learning {
             }
             Start::Since(t) => t,
         };
-        let elapsed = now.saturating_sub(since);
-        let doublings = (elapsed / RAMP_DOUBLING_MS).min(31) as u32;
-        let base = (INITIAL_WINDOW as u64) << doublings;
-        let cap = base + base * (elapsed % RAMP_DOUBLING_MS) / RAMP_DOUBLING_MS;
-        self.effective = self.effective.max(cap.min(self.concurrency as u64) as u32);
+        self.effective = self.effective.max(self.ramp_cap(since, now));
         if self.effective >= self.concurrency {
             self.start = Start::Done;
             return None;
@@ -1178,6 +1205,22 @@ mod tests {
         assert_eq!(ramped(64).effective(), 64);
         assert_eq!(Learning::new(INITIAL_WINDOW, true).effective(), INITIAL_WINDOW);
         assert_eq!(Learning::new(64, false).effective(), 64);
+    }
+
+    /// Between grants the ramp stands still, but what reads the limit sees
+    /// where it is: the next grant would find it there.
+    #[test]
+    fn readers_see_the_ramp_where_a_grant_would_find_it() {
+        let mut l = Learning::new(64, true);
+        assert!(l.starting_at(0));
+        assert_eq!(l.effective_at(5_000), INITIAL_WINDOW, "no grant yet: no ramp");
+        l.ramp(1000);
+        assert_eq!(l.effective_at(1000 + RAMP_DOUBLING_MS), 2 * INITIAL_WINDOW);
+        assert_eq!(l.effective_at(1000 + 10 * RAMP_DOUBLING_MS), 64);
+        assert!(!l.starting_at(1000 + 10 * RAMP_DOUBLING_MS));
+        assert_eq!(l.effective(), INITIAL_WINDOW, "reading carried nothing");
+        l.ramp(1000 + 10 * RAMP_DOUBLING_MS);
+        assert_eq!((l.effective(), l.start), (64, Start::Done));
     }
 
     #[test]

@@ -327,7 +327,7 @@ impl<T: Copy> Governor<T> {
     /// budget) still allow; `None` when it has neither.
     pub fn signals(&self, pid: PoolId, now: Ms) -> Signals {
         let p = self.pool(pid);
-        let effective = p.effective_limit();
+        let effective = p.effective_limit_at(now);
         let mut rpm_remaining = p.rpm_remaining();
         if let Some(left) = p.learning.budget_remaining(now) {
             let left = left.min(u32::MAX as u64) as u32;

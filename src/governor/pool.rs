@@ -185,6 +185,12 @@ impl Pool {
         self.learning.effective()
     }
 
+    /// The limit in force at `now`, the start's ramp carried there
+    /// (`Learning::effective_at`): what a grant at `now` would find.
+    pub fn effective_limit_at(&self, now: Ms) -> u32 {
+        self.learning.effective_at(now)
+    }
+
     /// Why a grant cannot happen at `now`, with the known wait in ms, or
     /// `None` when a slot is free. The caller refilled the gate first.
     /// When several gates block, the one that opens last decides both the
@@ -199,7 +205,7 @@ impl Pool {
         }
         let pause = self.learning.pause(now);
         let rate_wait = self.gate.as_ref().map_or(0, |g| g.wait_ms(now));
-        let free = self.held < self.effective_limit();
+        let free = self.held < self.effective_limit_at(now);
         if pause.is_none() && rate_wait == 0 && free {
             // Nothing blocks: the usual case, decided without weighing the gates.
             return None;
@@ -231,7 +237,7 @@ impl Pool {
     pub fn limited_by(&self, now: Ms) -> [(DenyReason, bool); 3] {
         let rate = self.gate.as_ref().is_some_and(|g| g.wait_ms(now) > 0) || self.learning.budget_wait(now) > 0;
         [
-            (DenyReason::Concurrency, self.retired || self.held >= self.effective_limit()),
+            (DenyReason::Concurrency, self.retired || self.held >= self.effective_limit_at(now)),
             (DenyReason::Rate, rate),
             (DenyReason::Cooldown, self.learning.cooldown_until > now),
         ]

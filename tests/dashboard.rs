@@ -157,9 +157,14 @@ fn unknown_pools_and_methods_are_refused() {
     let s = TestServer::start(&demo_config(""));
     let r = get(admin(&s), "/api/pools/nope", "");
     assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"));
-    let page = get(admin(&s), "/pools/nope", "");
+    // A browser (asking for HTML) gets a page that says so; any other
+    // client the JSON error body every admin refusal has.
+    let page = get(admin(&s), "/pools/nope", "Accept: text/html,application/xhtml+xml,*/*;q=0.8\r\n");
     assert_eq!(page.status, 404);
     assert!(page.header("content-type").unwrap().starts_with("text/html"), "a page for the browser: {page:?}");
+    let r = get(admin(&s), "/pools/nope", "");
+    assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"), "{r:?}");
+    assert!(r.header("content-type").unwrap().starts_with("application/json"), "{r:?}");
     let mut c = TcpStream::connect(admin(&s)).unwrap();
     c.write_all(b"POST /api/pools HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
     let r = read_response(&mut c).unwrap();

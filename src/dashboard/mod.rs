@@ -121,6 +121,12 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         // An unknown pool's page is the shell too, as a 404: its script
         // finds the pool missing and says so in the page.
         let status = if access(head, app) == Access::Granted && shown_pool(app, name).is_none() {
+            // A browser gets the page, which says so; any other client the
+            // JSON error every other admin refusal is.
+            if !accepts_html(head) {
+                error(out, Status::NotFound, "not_found", "No such pool.", close);
+                return true;
+            }
             Status::NotFound
         } else {
             Status::Ok
@@ -159,6 +165,15 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
     true
 }
 
+/// Whether the client asks for HTML (`Accept: text/html`, as a browser
+/// navigating to a page does).
+fn accepts_html(head: &Head) -> bool {
+    head.headers
+        .into_iter()
+        .filter(|h| h.name.eq_ignore_ascii_case(b"accept"))
+        .any(|h| h.value.windows(9).any(|w| w.eq_ignore_ascii_case(b"text/html")))
+}
+
 /// The status word of a pool: what stops its next grant, if anything.
 /// `recovering`: the pool is in its re-adoption window after a restart.
 fn status(pool: &Pool, now: u64) -> &'static str {
@@ -185,7 +200,7 @@ fn summary(app: &App, pool: &Pool) -> Value {
         "name": &*pool.name,
         "status": status(pool, now),
         "held": pool.held,
-        "effectiveLimit": pool.effective_limit(),
+        "effectiveLimit": pool.effective_limit_at(now),
         "limit": pool.settings.concurrency,
         "queueDepth": pool.queue.len(),
         "queueSize": pool.settings.queue_size,

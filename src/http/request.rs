@@ -873,11 +873,12 @@ pub fn valid_host(value: &[u8]) -> bool {
     };
     let port_ok = match rest {
         [] => true,
-        [b':', port @ ..] if port.len() <= 5 => {
-            // Digits and value in one pass.
+        [b':', port @ ..] => {
+            // Digits and value in one pass: any number of digits (RFC 3986
+            // §3.2.3, `000080` is 80), the value held at 65 536 once past.
             let mut n = 0u32;
             port.iter().all(|&d| {
-                n = n * 10 + u32::from(d.wrapping_sub(b'0'));
+                n = (n * 10 + u32::from(d.wrapping_sub(b'0'))).min(65_536);
                 d.is_ascii_digit()
             }) && n <= 65_535
         }
@@ -1618,6 +1619,8 @@ mod tests {
             "x:",
             "%41b%2fc",
             "a%2F:80",
+            "a:000080",
+            "a:0000000000000000000065535",
         ] {
             assert!(valid_host(good.as_bytes()), "{good}");
         }
@@ -1635,6 +1638,7 @@ mod tests {
             "[::1]x",
             "x:65536",
             "x:123456",
+            "x:99999999999999999999999",
             "[1]",
             "[:::::]",
             "[1.2.3.4]",

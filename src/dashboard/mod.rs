@@ -84,9 +84,9 @@ fn access(head: &Head, app: &App) -> Access {
 
 /// An IP address, `localhost`, or a name under `localhost.` (RFC 6761 §6.3).
 fn names_this_machine(name: &[u8]) -> bool {
-    let lower = name.to_ascii_lowercase();
-    lower == b"localhost"
-        || lower.ends_with(b".localhost")
+    const SUFFIX: &[u8] = b".localhost";
+    name.eq_ignore_ascii_case(&SUFFIX[1..])
+        || name.len() > SUFFIX.len() && name[name.len() - SUFFIX.len()..].eq_ignore_ascii_case(SUFFIX)
         || std::str::from_utf8(name).is_ok_and(|n| n.parse::<std::net::IpAddr>().is_ok())
 }
 

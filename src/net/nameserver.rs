@@ -182,15 +182,8 @@ fn udp_exchange(server: SocketAddr, queries: &mut [Question], deadline: Instant)
 /// The same query over TCP (RFC 1035 §4.2.2: each message after its
 /// two-byte length), for an answer that did not fit in a datagram.
 fn tcp_exchange(server: SocketAddr, query: &[u8], deadline: Instant) -> io::Result<Vec<u8>> {
-    let left = |_: ()| {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match left.is_zero() {
-            true => Err(io::Error::new(io::ErrorKind::TimedOut, "no answer over TCP in time")),
-            false => Ok(left),
-        }
-    };
-    let mut stream = TcpStream::connect_timeout(&server, left(())?)?;
-    stream.set_write_timeout(Some(left(())?))?;
+    let mut stream = TcpStream::connect_timeout(&server, time_left(deadline)?)?;
+    stream.set_write_timeout(Some(time_left(deadline)?))?;
     let mut message = Vec::with_capacity(query.len() + 2);
     message.extend_from_slice(&(query.len() as u16).to_be_bytes());
     message.extend_from_slice(query);
@@ -202,6 +195,15 @@ fn tcp_exchange(server: SocketAddr, query: &[u8], deadline: Instant) -> io::Resu
     Ok(answer)
 }
 
+/// The time left until `deadline`; `TimedOut` once none is.
+fn time_left(deadline: Instant) -> io::Result<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    match left.is_zero() {
+        true => Err(io::Error::new(io::ErrorKind::TimedOut, "no answer over TCP in time")),
+        false => Ok(left),
+    }
+}
+
 /// Fills `buf` from `stream` by `deadline`: each read waits only for the
 /// time left, so a server that trickles its answer a byte at a time cannot
 /// hold the lookup past it (`read_exact` under one read timeout would wait
@@ -209,11 +211,7 @@ fn tcp_exchange(server: SocketAddr, query: &[u8], deadline: Instant) -> io::Resu
 fn read_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, "no answer over TCP in time"));
-        }
-        stream.set_read_timeout(Some(left))?;
+        stream.set_read_timeout(Some(time_left(deadline)?))?;
         match stream.read(&mut buf[filled..]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => filled += n,
@@ -317,8 +315,9 @@ mod tests {
         assert_eq!(ns.lookup("api.test").unwrap().ips, vec![IpAddr::from([10, 0, 0, 7])]);
     }
 
-    #[test]
-    fn a_truncated_answer_is_asked_again_over_tcp() {
+    /// A server whose UDP side answers both questions truncated (TC set),
+    /// so they are asked again over TCP: its address, and its TCP listener.
+    fn truncating_server() -> (SocketAddr, TcpListener) {
         // A UDP port the system picks may be taken for TCP: try until one is free for both.
         let (udp, tcp) = (0..100)
             .find_map(|_| {
@@ -335,6 +334,12 @@ mod tests {
                 udp.send_to(&reply(&buf[..n], true, 0, &[]), from).unwrap();
             }
         });
+        (addr, tcp)
+    }
+
+    #[test]
+    fn a_truncated_answer_is_asked_again_over_tcp() {
+        let (addr, tcp) = truncating_server();
         std::thread::spawn(move || {
             for _ in 0..2 {
                 let (mut s, _) = tcp.accept().unwrap();
@@ -354,21 +359,7 @@ mod tests {
     /// the timeout, still has only the lookup's deadline in all.
     #[test]
     fn a_tcp_answer_trickled_byte_by_byte_ends_at_the_deadline() {
-        let (udp, tcp) = (0..100)
-            .find_map(|_| {
-                let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
-                let tcp = TcpListener::bind(udp.local_addr().unwrap()).ok()?;
-                Some((udp, tcp))
-            })
-            .expect("a loopback port free for both UDP and TCP");
-        let addr = udp.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 512];
-            for _ in 0..2 {
-                let (n, from) = udp.recv_from(&mut buf).unwrap();
-                udp.send_to(&reply(&buf[..n], true, 0, &[]), from).unwrap();
-            }
-        });
+        let (addr, tcp) = truncating_server();
         std::thread::spawn(move || {
             let (mut s, _) = tcp.accept().unwrap();
             let _ = s.write_all(&60_000u16.to_be_bytes());

@@ -28,9 +28,10 @@
 //! wants these services (a budget per turn, a deadline on the wheel as
 //! `Wake::Conn`) is a new `Entry` variant, registered under its slab index,
 //! with an arm in each: its serial, its signals handed to its own handler
-//! module, its close, and none in `client_mut`. The flush list is the client connections' alone: the end of a
-//! turn writes each one's output directly, as every answer passes there
-//! (a new kind with output of its own would get a list of its own).
+//! module, its close, and none in `client_mut`. The flush list is the
+//! client connections' alone: the end of a turn writes each one's output
+//! directly, as every answer passes there (a new kind with output of its
+//! own would get a list of its own).
 //!
 //! Proxy mode's outbound connections to upstreams (`crate::proxy`,
 //! `proxied.rs`) are kept by the proxy in a slab of its own, registered at

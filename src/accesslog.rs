@@ -224,6 +224,33 @@ impl AccessLog {
         }
         self.path = other.path;
         self.failing = false;
+        if let Some(end) = self.torn_at {
+            if file_end(&self.sink) != Some(end) {
+                self.drop_torn_rest();
+            }
+        }
+        self.end_foreign_line();
+    }
+
+    /// A file left in the middle of a line (by a process stopped or killed
+    /// while a full disk tore its line, or by another writer) gets the
+    /// newline that ends it, so that the next line starts on its own. Not
+    /// while the rest of this log's own torn line waits to finish it.
+    fn end_foreign_line(&mut self) {
+        use std::os::unix::fs::FileExt;
+        let (Sink::File(f), Some(path), None) = (&mut self.sink, &self.path, self.torn_at) else {
+            return;
+        };
+        let Some(len) = f.metadata().ok().filter(|m| m.is_file()).map(|m| m.len()) else {
+            return;
+        };
+        // The log is opened for appending only; its last byte is read apart.
+        let mut last = [b'\n'];
+        if len > 0 && File::open(path).and_then(|r| r.read_at(&mut last, len - 1)).is_ok() && last[0] != b'\n' {
+            if let Err(e) = f.write_all(b"\n") {
+                warn!("access log: cannot end the line {path} was left in: {e}");
+            }
+        }
     }
 
     /// Opens its file again by name, so a SIGHUP after a rotation writes to
@@ -255,6 +282,13 @@ impl AccessLog {
             self.dropped += lines;
             warn!("access log: {lines} lines were not taken by its reader before the stop and are lost");
             self.buf.clear();
+            // The rest of a torn line is gone with them: its line is ended
+            // if the file takes a newline now (else the next start ends it).
+            if self.torn_at.take().is_some() {
+                if let Sink::File(f) = &mut self.sink {
+                    let _ = f.write_all(b"\n");
+                }
+            }
         }
         self.restore_blocking();
     }

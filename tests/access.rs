@@ -1077,6 +1077,34 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     assert_eq!(lines[6]["pool"], "p\u{fffd}\\\"", "{text}");
 }
 
+/// A log file an earlier run left in the middle of a line (a full disk or a
+/// file size limit tore its last line, then it stopped or was killed) gets
+/// the newline that ends it before this run's first line: no line runs into
+/// another, across runs too.
+#[test]
+fn a_log_file_left_in_the_middle_of_a_line_is_ended_before_the_next_run_writes() {
+    let dir = scratch_dir();
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, config_with_access_log("")).unwrap();
+    let torn = r#"{"time":"2026-12-05T21:37"#;
+    std::fs::write(dir.join("access.log"), torn).unwrap();
+    let mut s = TestServer::start_with(dir, config_path, &[]);
+    assert_eq!(s.acquire("", "").status, 200);
+    // A reload reopens the file, which now ends a line: nothing is added.
+    s.signal("HUP");
+    assert_eq!(s.acquire("", "").status, 200);
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[0], torn, "{text}");
+    for line in &lines[1..] {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(line["status"], 200, "{text}");
+    }
+}
+
 /// An acquire that never completes gets no answer (SPEC §4: the connection
 /// closes), but it was an attempt: one line says how it ended. A renew cut
 /// short is not logged, as no renew is.

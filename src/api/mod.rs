@@ -962,11 +962,12 @@ fn denial_code(status: Status) -> &'static str {
 }
 
 /// The path of the request line at the start of `input`, origin or absolute
-/// form read as the head parser reads them, if the line is there.
+/// form cut as the head parser cuts them (an absolute target refused for
+/// its authority still names its route), if the line is there.
 fn logged_path(input: &[u8]) -> Option<&[u8]> {
     let line = &input[..input.iter().position(|&b| b == b'\n').unwrap_or(input.len())];
     let target = line.split(|&b| b == b' ').nth(1)?;
-    crate::http::request::split_target(target).ok().map(|(path, _)| path)
+    crate::http::request::target_parts(target).ok().map(|(path, _)| path)
 }
 
 /// The credentials a pool's access policies ask for besides its key.

@@ -799,6 +799,19 @@ fn outside_target(b: u8) -> bool {
 /// The path of a request target and, for the absolute form
 /// (`http://host[:port]/path`), its authority.
 pub(crate) fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
+    let (path, authority) = target_parts(target)?;
+    if let Some(authority) = authority {
+        if authority.is_empty() || !valid_host(authority) {
+            return Err(HeadError::Malformed("The request target's authority is not a valid host[:port]."));
+        }
+    }
+    Ok((path, authority))
+}
+
+/// A request target cut into its path and, for the absolute form, its
+/// authority, which is not checked: the access log reads the path of a
+/// target refused for its authority this way.
+pub(crate) fn target_parts(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
     if target.starts_with(b"/") {
         return Ok((target, None));
     }
@@ -810,18 +823,17 @@ pub(crate) fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), Head
         return Err(HeadError::Malformed("The request target must be a path starting with '/'."));
     };
     let rest = &target[scheme_len..];
-    let (authority, path) = match rest.iter().position(|b| matches!(b, b'/' | b'?' | b'#')) {
-        Some(i) if rest[i] == b'/' => rest.split_at(i),
-        Some(_) => return Err(HeadError::Malformed("An absolute request target needs a path.")),
+    match rest.iter().position(|b| matches!(b, b'/' | b'?' | b'#')) {
+        Some(i) if rest[i] == b'/' => {
+            let (authority, path) = rest.split_at(i);
+            Ok((path, Some(authority)))
+        }
+        Some(_) => Err(HeadError::Malformed("An absolute request target needs a path.")),
         // No path is the path `/` (RFC 9112 §3.2.2): the scheme's own `/`,
         // so that the path, like every part of a head, lies within its
         // buffer (a remembered head keeps it as an offset there).
-        None => (rest, &target[scheme_len - 1..scheme_len]),
-    };
-    if authority.is_empty() || !valid_host(authority) {
-        return Err(HeadError::Malformed("The request target's authority is not a valid host[:port]."));
+        None => Ok((&target[scheme_len - 1..scheme_len], Some(rest))),
     }
-    Ok((path, Some(authority)))
 }
 
 /// The bytes of a registered name or IPv4 address in `Host`: unreserved

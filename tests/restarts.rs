@@ -217,6 +217,9 @@ fn a_graceful_restart_keeps_held_slots_and_what_was_learned_with_no_window() {
     assert_eq!(s.release(&slots[2], "").json()["released"], false, "a slot released before the stop stays released");
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0);
     assert_eq!(s.acquire("", "").status, 200);
+    // The counters go on from where the stop left them.
+    assert_eq!(metric(&s, "nthpool_grants_total{pool=\"p\"}"), 4);
+    assert_eq!(metric(&s, "nthpool_denials_total{pool=\"p\",reason=\"concurrency\"}"), 2);
     // A crash now finds no snapshot: the window opens.
     let s = restart(&kill_9(s));
     assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
@@ -416,6 +419,10 @@ fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2, "the slots the snapshot knew are held");
     assert_eq!(s.renew(&slots[0]).status, 200);
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot, not re-adopted");
+    // Its counters are older than the last scrape may have been: they start
+    // again from zero (a reset), never from a smaller count.
+    assert_eq!(metric(&s, "nthpool_grants_total{pool=\"p\"}"), 0);
+    assert_eq!(metric(&s, "nthpool_renewals_total{pool=\"p\",outcome=\"renewed\"}"), 1);
 }
 
 #[test]

@@ -345,6 +345,9 @@ pub struct Lease {
     pub timer: TimerKey,
     /// Taken back from an id another process granted (SPEC §11).
     pub adopted: bool,
+    /// Restored from a snapshot taken while running, and neither renewed
+    /// nor released since (see `Pool::unconfirmed`).
+    pub unconfirmed: bool,
     /// Its `Idempotency-Key`'s entry in the pool's store, or `NO_KEY`.
     pub idem: u32,
 }
@@ -534,6 +537,7 @@ mod tests {
             oks_seq: 0,
             timer: crate::wheel::Wheel::<()>::new().insert(0, ()),
             adopted: false,
+            unconfirmed: false,
             idem: super::super::idempotency::NO_KEY,
         };
         assert_eq!(lease.renewed_deadline(90), 120);

@@ -470,6 +470,10 @@ impl<T: Copy> Governor<T> {
         };
         let pool = &mut self.pools[pid.0 as usize];
         let lease = &mut self.leases[idx];
+        if lease.unconfirmed {
+            lease.unconfirmed = false;
+            pool.unconfirmed -= 1;
+        }
         // A renew that re-adopted the lease is its first renewal here: it
         // extends it to its cap, as it would have before the restart.
         if lease.is_capped() && !readopted {
@@ -675,6 +679,7 @@ impl<T: Copy> Governor<T> {
             oks_seq,
             timer,
             adopted: false,
+            unconfirmed: false,
             idem: NO_KEY,
         });
         debug_assert_eq!(inserted, idx);
@@ -739,8 +744,11 @@ impl<T: Copy> Governor<T> {
         // this one: an id it had seen released, or reclaimed by its term,
         // whose holder renews anyway, is otherwise indistinguishable from a
         // live one. Past the limit, renewals are refused as unknown (the
-        // limit holds even if the one refused is a live holder).
-        if pool.held >= pool.settings.concurrency {
+        // limit holds even if the one refused is a live holder). A lease a
+        // running process's snapshot restored counts once its holder shows:
+        // it may have been released after the snapshot, its place taken by
+        // a grant the snapshot never saw, whose holder is renewing now.
+        if pool.held - pool.unconfirmed >= pool.settings.concurrency {
             return None;
         }
         let fields = self.key.verify(pool.seal, &id)?;
@@ -778,6 +786,7 @@ impl<T: Copy> Governor<T> {
             oks_seq,
             timer,
             adopted: true,
+            unconfirmed: false,
             idem: NO_KEY,
         });
         self.adopted.insert(id, Some(idx));
@@ -799,9 +808,11 @@ impl<T: Copy> Governor<T> {
             grant_seq: lease.grant_seq,
             oks_seq: lease.oks_seq,
         };
+        let pool = &mut self.pools[lease.pool.0 as usize];
         if lease.idem != NO_KEY {
-            self.pools[lease.pool.0 as usize].idem.remove(lease.idem);
+            pool.idem.remove(lease.idem);
         }
+        pool.unconfirmed -= u32::from(lease.unconfirmed);
         if lease.adopted {
             let (id, request_deadline) = (lease.id, lease.request_deadline);
             self.bury(id, request_deadline);

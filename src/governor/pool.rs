@@ -111,6 +111,10 @@ pub struct Pool {
     /// A pool dropped by a reload: it grants nothing more, its leases drain.
     pub retired: bool,
     pub held: u32,
+    /// Of `held`, the leases a snapshot taken while running restored that
+    /// no holder has renewed or released since: some may have ended after
+    /// it was taken, so they do not count against re-adoptions.
+    pub unconfirmed: u32,
     pub queue: Queue,
     pub gate: Option<TokenBucket>,
     pub learning: Learning,
@@ -133,6 +137,7 @@ impl Pool {
             settings,
             retired: false,
             held: 0,
+            unconfirmed: 0,
             queue: Queue::default(),
             gate: settings.rpm.map(|(rpm, burst)| TokenBucket::new(rpm, burst)),
             learning: Learning::new(settings.concurrency, settings.adaptive),

@@ -14,6 +14,22 @@ use super::pool::{Pool, PoolStats};
 use super::{Governor, PoolId, Timer};
 use crate::time::Ms;
 
+/// When a snapshot was taken, which says how far its leases are the ones
+/// held when the process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// At a stop, after the last request: its leases and counters are the
+    /// process's last.
+    AtStop,
+    /// While running (periodically): leases may have been granted, renewed
+    /// or released after it. Its leases are held unconfirmed until their
+    /// holders renew or release them, one that looks expired is dropped but
+    /// not kept dead (its holder may have renewed it since and can be
+    /// re-adopted), and its counters, older than the last scrape may be,
+    /// start again from zero.
+    WhileRunning,
+}
+
 /// A governor's state at one instant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
@@ -156,7 +172,7 @@ impl<T: Copy> Governor<T> {
     /// not name comes back retired, holding its leases until they end. A
     /// snapshot that does not fit this configuration (a pool unknown, a
     /// lease out of place) is refused whole and changes nothing.
-    pub fn import(&mut self, snap: &Snapshot, now: Ms) -> Result<Restored, String> {
+    pub fn import(&mut self, snap: &Snapshot, taken: Taken, now: Ms) -> Result<Restored, String> {
         if !self.leases.is_empty() {
             return Err("slots were granted before the snapshot was loaded".into());
         }
@@ -238,7 +254,9 @@ impl<T: Copy> Governor<T> {
             if let (Some(gate), Some((tokens, next_us))) = (&mut pool.gate, p.gate) {
                 gate.restore_level(tokens, next_us.saturating_sub(base.saturating_mul(1000)), now);
             }
-            pool.stats = p.stats;
+            if taken == Taken::AtStop {
+                pool.stats = p.stats;
+            }
             let until = p.recovering_until.map(|u| u.saturating_sub(base)).filter(|&u| u > now);
             pool.recovering_until = until;
             if let Some(until) = until {
@@ -272,12 +290,14 @@ impl<T: Copy> Governor<T> {
                 } else {
                     pool.stats.reclaimed_term += 1;
                 }
-                if l.adopted {
+                if l.adopted && taken == Taken::AtStop {
                     self.bury(l.id, dead_until);
                 }
                 continue;
             }
             pool.held += 1;
+            let unconfirmed = taken == Taken::WhileRunning;
+            pool.unconfirmed += u32::from(unconfirmed);
             restored.held += 1;
             restored.retired += usize::from(pool.retired);
             let timer = self.wheel.insert(lease_deadline, Timer::Lease(place));
@@ -298,6 +318,7 @@ impl<T: Copy> Governor<T> {
                 oks_seq: self.pools[pid.0 as usize].learning.oks,
                 timer,
                 adopted: l.adopted,
+                unconfirmed,
                 idem: NO_KEY,
             };
             table.push((place as usize, lease));
@@ -359,6 +380,7 @@ impl<T: Copy> Governor<T> {
 
 #[cfg(test)]
 mod tests {
+    use super::Taken;
     use crate::config::Config;
     use crate::governor::{Admission, DenyReason, Governor, Outcome, RateInfo};
 
@@ -420,7 +442,7 @@ mod tests {
         // The successor starts 1.5 s of Unix time later: `short` (deadline at
         // 1100) expired while nobody held it; `kept` was renewed to 1900.
         let mut new = governor(BASE + 1500);
-        let restored = new.import(&snap, 0).unwrap();
+        let restored = new.import(&snap, Taken::AtStop, 0).unwrap();
         assert_eq!((restored.held, restored.reclaimed), (2, 1));
         let p = new.pool_id("p").unwrap();
         assert_eq!(new.pool(p).held, 1);
@@ -453,7 +475,7 @@ mod tests {
         assert!(learned.budget_not_before > 0 && learned.budget_seq > 0, "{learned:?}");
         let snap = old.export(400);
         let mut new = governor(BASE + 1500);
-        new.import(&snap, 0).unwrap();
+        new.import(&snap, Taken::AtStop, 0).unwrap();
         let restored = &new.pool(new.pool_id("p").unwrap()).learning;
         assert_eq!(restored.budget_not_before, learned.budget_not_before - 1500);
         assert_eq!(restored.budget_seq, learned.budget_seq);
@@ -473,7 +495,7 @@ mod tests {
         // deadline. It is read as of the stop, its 59 150 ms of request
         // time left and its 950 ms of term.
         let mut new = governor(BASE - 3_600_000);
-        assert_eq!(new.import(&snap, 0).unwrap().held, 1);
+        assert_eq!(new.import(&snap, Taken::AtStop, 0).unwrap().held, 1);
         for at in (900..59_000).step_by(900) {
             assert_eq!(new.renew(p, &held.text, at), Ok((at + 1000).min(59_150)), "at {at}");
         }
@@ -493,7 +515,7 @@ mod tests {
         // A periodic snapshot, then a crash: the successor starts 200 ms later.
         let snap = old.export(150);
         let mut new = governor(BASE + 200);
-        assert_eq!(new.import(&snap, 0).unwrap().held, 1);
+        assert_eq!(new.import(&snap, Taken::AtStop, 0).unwrap().held, 1);
         new.advance(999);
         assert_eq!(new.pool(p).held, 1, "counted for one term: the upstream call may still run");
         new.advance(1000);
@@ -508,7 +530,7 @@ mod tests {
         let p = old.pool_id("p").unwrap();
         let snap = old.export(400);
         let mut new = governor(BASE + 500);
-        new.import(&snap, 0).unwrap();
+        new.import(&snap, Taken::AtStop, 0).unwrap();
         // 100 ms of the 1 s window are left.
         match new.acquire(p, 0, 0, 0) {
             Admission::Denied(d) => assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Recovering, 500)),
@@ -522,7 +544,7 @@ mod tests {
         assert_eq!(tokens, Some(7));
         let snap = new.export(500);
         let mut third = governor(BASE + 1000);
-        third.import(&snap, 0).unwrap();
+        third.import(&snap, Taken::AtStop, 0).unwrap();
         assert_eq!(third.pool(p).rpm_remaining(), tokens);
     }
 
@@ -539,7 +561,7 @@ mod tests {
         assert_eq!(snap.keys.len(), 1, "a released lease's key is gone");
 
         let mut new = governor(BASE + 100);
-        assert_eq!(new.import(&snap, 0).unwrap().keys, 1);
+        assert_eq!(new.import(&snap, Taken::AtStop, 0).unwrap().keys, 1);
         let Ok(Admission::Granted(again)) = new.acquire_keyed(p, &key("kept"), 0, 3, 0) else { panic!("granted") };
         assert_eq!((again.slot, new.pool(p).held), (kept.slot, 1), "the same slot, no second one");
         let other_caller = IdemKey::new(10, b"kept").unwrap();
@@ -564,7 +586,7 @@ mod tests {
 
         let mut new: Governor = Governor::new(&settings(only_p), crate::governor::Entropy::seeded(2));
         new.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(BASE + 100)));
-        let restored = new.import(&snap, 0).unwrap();
+        let restored = new.import(&snap, Taken::AtStop, 0).unwrap();
         assert_eq!((restored.held, restored.retired), (2, 2));
         let r = new.pool_id("r").expect("brought back");
         assert!(new.pool(r).retired && new.pool(r).held == 2);
@@ -604,7 +626,7 @@ mod tests {
         let mut new: Governor =
             Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(BASE + 100));
         new.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(BASE + 100)));
-        assert_eq!(new.import(&snap, 0).unwrap().keys, 3, "none dropped for the lower bound");
+        assert_eq!(new.import(&snap, Taken::AtStop, 0).unwrap().keys, 3, "none dropped for the lower bound");
         assert!(new.release(p, &held[0].text, None, 10));
         // Under the bound again only once two of the three are gone: `b`'s
         // retry still names its slot, and a new key waits for room.
@@ -626,13 +648,70 @@ mod tests {
         let snap = old.export(20);
         assert_eq!(snap.dead_adopted, [released.slot]);
         let mut new = governor(BASE + 2000);
-        assert_eq!(new.import(&snap, 0).unwrap().reclaimed, 1);
+        assert_eq!(new.import(&snap, Taken::AtStop, 0).unwrap().reclaimed, 1);
         assert_eq!(new.export(0).dead_adopted.len(), 2, "both stay dead");
         // Nothing could adopt them after the longest cap (60 s): they go, and
         // do not ride along in every later snapshot.
         new.advance(60_000);
         assert!(new.export(60_000).dead_adopted.is_empty());
         assert_eq!(new.timers_total(), 0);
+    }
+
+    /// A snapshot taken while running, then a crash: what was granted,
+    /// renewed or released after it is unknown, so it is not taken for the
+    /// last word on who holds what.
+    #[test]
+    fn a_snapshot_taken_while_running_leaves_room_for_what_happened_after_it() {
+        // Pool `q`: 2 slots, a term of 5 s. `a` is released after the
+        // snapshot and `c` granted in its place; then the crash.
+        let mut old = governor(BASE);
+        let q = old.pool_id("q").unwrap();
+        let (a, b) = (grant(&mut old, "q", 0), grant(&mut old, "q", 0));
+        let snap = old.export(100);
+        assert!(old.release(q, &a.text, None, 200));
+        let c = grant(&mut old, "q", 300);
+        let mut new = governor(BASE + 1000);
+        assert_eq!(new.import(&snap, Taken::WhileRunning, 0).unwrap().held, 2);
+        new.open_recovery_window(0);
+        assert_eq!(new.pool(q).stats.grants, 0, "its counters start again from zero");
+        assert!(new.renew(q, &b.text, 10).is_ok());
+        // `a`, restored but not renewed, does not keep `c`'s holder out.
+        assert!(new.renew(q, &c.text, 20).is_ok(), "a grant the snapshot never saw is re-adopted");
+        assert_eq!(new.pool(q).stats.readopted, 1);
+        // `a`'s holder is gone: its restored lease ends at its deadline, and
+        // the two live holders are what the pool holds.
+        new.advance(4_500);
+        assert_eq!((new.pool(q).held, new.pool(q).unconfirmed), (2, 0));
+
+        // Taken at a stop, the same file is the last word: no room is left.
+        let mut stopped = governor(BASE + 1000);
+        stopped.import(&snap, Taken::AtStop, 0).unwrap();
+        stopped.open_recovery_window(0);
+        assert_eq!(stopped.pool(q).stats.grants, 2, "a stop's counters go on");
+        assert!(stopped.renew(q, &c.text, 20).is_err());
+    }
+
+    /// A re-adopted lease renewed after the last periodic snapshot looks
+    /// expired in it: it is dropped, not kept dead, so its holder's next
+    /// renewal re-adopts it.
+    #[test]
+    fn a_readopted_lease_renewed_after_the_periodic_snapshot_can_be_readopted_again() {
+        let mut crashed = governor(BASE - 1000);
+        let x = grant(&mut crashed, "q", 0);
+        let mut old = governor(BASE);
+        let q = old.pool_id("q").unwrap();
+        old.open_recovery_window(0);
+        assert_eq!(old.renew(q, &x.text, 10), Ok(5_010));
+        let snap = old.export(100);
+        assert_eq!(old.renew(q, &x.text, 4_000), Ok(9_000), "unknown to the snapshot");
+        // The successor starts 6 s of Unix time later: by the snapshot, `x`
+        // ended at 5 010; its holder renewed it to 9 000.
+        for (taken, readopted) in [(Taken::WhileRunning, true), (Taken::AtStop, false)] {
+            let mut new = governor(BASE + 6_000);
+            assert_eq!(new.import(&snap, taken, 0).unwrap().reclaimed, 1, "{taken:?}");
+            new.open_recovery_window(0);
+            assert_eq!(new.renew(q, &x.text, 10).is_ok(), readopted, "{taken:?}");
+        }
     }
 
     #[test]
@@ -677,7 +756,7 @@ mod tests {
         // The successor, 200 ms of Unix time later, has a term of 1 s: its
         // holders still renew every 3 333 ms, and each renewal gives them 10 s.
         let mut new = with_term(1_000, BASE + 200);
-        assert_eq!(new.import(&snap, 0).unwrap().held, 2);
+        assert_eq!(new.import(&snap, Taken::AtStop, 0).unwrap().held, 2);
         for at in [3_000, 6_333, 9_666, 12_999] {
             new.advance(at);
             assert_eq!(new.renew(p, &plain.text, at), Ok(at + 10_000), "at {at}");
@@ -698,7 +777,7 @@ mod tests {
         let mut v2 = snap.clone();
         v2.leases.iter_mut().for_each(|l| l.term_ms = None);
         let mut new = with_term(1_000, BASE + 200);
-        assert_eq!(new.import(&v2, 0).unwrap().held, 2);
+        assert_eq!(new.import(&v2, Taken::AtStop, 0).unwrap().held, 2);
         assert_eq!(new.renew(p, &plain.text, 500), Ok(1_500));
     }
 
@@ -713,10 +792,10 @@ mod tests {
         let mut new = governor(BASE);
         let mut forged = old.export(0);
         forged.leases[0].id.0[20] ^= 1;
-        assert!(new.import(&forged, 0).unwrap_err().contains("signed"));
+        assert!(new.import(&forged, Taken::AtStop, 0).unwrap_err().contains("signed"));
         let mut moved = old.export(0);
         moved.leases[0].pool = 1;
-        assert!(new.import(&moved, 0).unwrap_err().contains("signed"), "an id of another pool");
+        assert!(new.import(&moved, Taken::AtStop, 0).unwrap_err().contains("signed"), "an id of another pool");
         assert_eq!(new.held_total(), 0);
 
         let mut wild = old.export(0);
@@ -724,7 +803,7 @@ mod tests {
         (learning.effective, learning.concurrency, learning.cooldown_until) = (1_000_000, 1_000_000, u64::MAX);
         learning.budget = Some(crate::governor::learn::Budget { remaining: 0, reset_at: u64::MAX });
         wild.pools[0].gate = Some((5, u64::MAX));
-        assert_eq!(new.import(&wild, 0).unwrap().held, 1);
+        assert_eq!(new.import(&wild, Taken::AtStop, 0).unwrap().held, 1);
         let pool = new.pool(p);
         assert_eq!((pool.effective_limit(), pool.learning.concurrency), (4, 4), "the configured limit bounds it");
         assert_eq!(pool.learning.cooldown_until, 120_000);
@@ -736,7 +815,7 @@ mod tests {
         let mut late = old.export(0);
         late.written_at = u64::MAX;
         let mut new = governor(BASE);
-        assert_eq!(new.import(&late, 0).unwrap().reclaimed, 1);
+        assert_eq!(new.import(&late, Taken::AtStop, 0).unwrap().reclaimed, 1);
     }
 
     #[test]
@@ -761,7 +840,7 @@ mod tests {
         snap.keys.push(super::HeldKey { index: u32::MAX - 3, key });
 
         let mut new = with_term(10_000, BASE + 100 + 10_001);
-        assert_eq!(new.import(&snap, 0).unwrap().held, 2);
+        assert_eq!(new.import(&snap, Taken::AtStop, 0).unwrap().held, 2);
         assert!(new.leases.capacity() < 1024, "a table of {} places", new.leases.capacity());
         let Ok(Admission::Granted(again)) = new.acquire_keyed(p, &key, 0, 1, 10) else { panic!("the key's lease") };
         assert_eq!(again.slot, held.slot, "the key followed its lease to its new place");
@@ -778,11 +857,11 @@ mod tests {
         let mut snap = old.export(0);
         snap.pools[0].name = "gone".into();
         let mut new = governor(BASE);
-        assert!(new.import(&snap, 0).unwrap_err().contains("gone"));
+        assert!(new.import(&snap, Taken::AtStop, 0).unwrap_err().contains("gone"));
         assert_eq!(new.held_total(), 0);
         let mut snap = old.export(0);
         snap.leases.push(snap.leases[0]);
-        assert!(new.import(&snap, 0).is_err());
+        assert!(new.import(&snap, Taken::AtStop, 0).is_err());
         assert_eq!(new.held_total(), 0);
     }
 }

@@ -17,7 +17,7 @@ use std::time::Instant;
 use log::{error, info, warn};
 
 use crate::config::Config;
-use crate::governor::snapshot::HeldLease;
+use crate::governor::snapshot::{HeldLease, Taken};
 use crate::governor::Governor;
 use crate::time::{Epoch, Ms};
 use snapshot::{Identity, Kind};
@@ -118,7 +118,7 @@ impl Persistence {
         let refused =
             |why: String| self.set_aside(path, config_path, format!("state file {} refused ({why})", path.display()));
         let started = Instant::now();
-        let (kind, mut snap) = match snapshot::decode_any_config(&bytes, &self.identity).map_err(refused)? {
+        let (kind, snap) = match snapshot::decode_any_config(&bytes, &self.identity).map_err(refused)? {
             (kind, snap, true) => (kind, snap),
             (_, snap, false) => {
                 let why = match gov.await_refused_holders(&snap, now) {
@@ -131,16 +131,11 @@ impl Persistence {
                 return Err(refused(why));
             }
         };
-        if kind == Kind::Periodic {
-            // Its counters are older than what was scraped since: restored,
-            // they would go back without reaching zero, which a Prometheus
-            // reader takes for a reset followed by a jump of their whole
-            // value. They start again from zero, a reset it reads right.
-            for pool in &mut snap.pools {
-                pool.stats = Default::default();
-            }
-        }
-        let restored = gov.import(&snap, now).map_err(|e| refused(format!("mismatched: {e}")))?;
+        let taken = match kind {
+            Kind::Stop => Taken::AtStop,
+            Kind::Periodic => Taken::WhileRunning,
+        };
+        let restored = gov.import(&snap, taken, now).map_err(|e| refused(format!("mismatched: {e}")))?;
         if let Err(e) = snapshot::remove(path) {
             self.unremoved = Some(path.clone());
             return Err(format!(

@@ -84,6 +84,14 @@ const ACCEPT_PAUSE_MS: u64 = 100;
 const LINGER_MS: u64 = 1000;
 /// Graceful shutdown finishes within this, whatever clients do.
 const SHUTDOWN_GRACE_MS: u64 = 800;
+/// While stopping, how long a turn may spend shutting connections down
+/// (answering what each had read): the rest wait for the next turns, so
+/// the grace's deadline is looked at however many clients pipelined.
+const SHUTDOWN_SLICE_MS: u64 = 20;
+/// At the grace's end, how long the last writes may go on reading and
+/// dropping what clients sent (so that the close is a FIN): past it, the
+/// remaining connections are closed at once.
+const CLOSE_ALL_MS: u64 = 50;
 /// From the stop's signal, how long the access log may wait for a slow
 /// reader of standard output or a pipe (SPEC §2: the stop takes at most a
 /// second, the snapshot aside).
@@ -198,8 +206,9 @@ pub struct Server {
     /// Proxy mode: upstream connections and exchanges, and the pools' own listeners.
     proxy: Proxy,
     proxy_listeners: Vec<(TcpListener, PoolId)>,
-    /// While stopping: connections whose proxied exchange ended since the
-    /// last turn, to be shut down (what they pipelined answered, then closed).
+    /// While stopping: connections still to be shut down (what they
+    /// pipelined answered, then closed): every one at the signal, and later
+    /// those whose proxied exchange ended.
     stopping: Vec<ConnId>,
 }
 
@@ -348,6 +357,9 @@ impl Server {
             let mut carried = std::mem::take(&mut self.ready_carry);
             let (mut accept_public, mut accept_admin) = (false, false);
             for event in events.iter() {
+                if self.stop_is_due() {
+                    break;
+                }
                 match event.token() {
                     LISTENER => accept_public = true,
                     ADMIN => accept_admin = true,
@@ -370,6 +382,9 @@ impl Server {
                 }
             }
             for &id in &carried {
+                if self.stop_is_due() {
+                    break;
+                }
                 self.dispatch(id, Signal::Resume);
             }
             carried.clear();
@@ -416,6 +431,14 @@ impl Server {
         }
     }
 
+    /// Stopping, and the grace has ended: what is left of the turn's work
+    /// is cut (its connections are all closed at the turn's end), so a turn
+    /// with many busy clients cannot hold the stop up.
+    #[inline]
+    fn stop_is_due(&self) -> bool {
+        self.shutdown_at.is_some_and(|at| self.clock.now_ms() >= at)
+    }
+
     /// Every open connection's id (for a pass that may close some).
     fn conn_ids(&self) -> Vec<ConnId> {
         self.conns.iter().map(|(t, entry)| ConnId { index: t as u32, serial: entry.serial() }).collect()
@@ -428,10 +451,13 @@ impl Server {
     /// the kernel took of its answers still reaches it.
     #[cold]
     fn close_all(&mut self) {
+        let discard_until = self.clock.now_ms() + CLOSE_ALL_MS;
         for id in self.conn_ids() {
             if let Some(conn) = client_mut(&mut self.conns, id) {
                 conn.write_last();
-                conn.discard_input();
+                if self.clock.now_ms() < discard_until {
+                    conn.discard_input();
+                }
             }
             self.close_for(id, crate::api::UNANSWERED_STOPPED);
         }
@@ -552,14 +578,26 @@ impl Server {
         }
     }
 
-    /// While stopping: the connections whose proxied exchange ended are shut
-    /// down (what they pipelined is answered, then they close).
+    /// While stopping: the connections listed in `stopping` are shut down
+    /// (what they pipelined is answered, then they close), in order, for at
+    /// most `SHUTDOWN_SLICE_MS` of this turn; the others wait for the next.
     #[cold]
     #[inline(never)]
     fn shut_down_stopping(&mut self) {
-        for id in std::mem::take(&mut self.stopping) {
+        let mut ids = std::mem::take(&mut self.stopping);
+        let until = self.clock.now_ms() + SHUTDOWN_SLICE_MS;
+        let mut done = 0;
+        for &id in &ids {
+            if (done > 0 && self.clock.now_ms() >= until) || self.stop_is_due() {
+                break;
+            }
             self.dispatch(id, Signal::Shutdown);
+            done += 1;
         }
+        ids.drain(..done);
+        // Those listed meanwhile (an exchange that ended) come after.
+        ids.append(&mut self.stopping);
+        self.stopping = ids;
     }
 
     /// SIGTERM/SIGINT: stop accepting, answer what was already read (waiters
@@ -576,9 +614,8 @@ impl Server {
         for (mut l, _) in self.proxy_listeners.drain(..) {
             let _ = self.poll.registry().deregister(&mut l);
         }
-        for id in self.conn_ids() {
-            self.dispatch(id, Signal::Shutdown);
-        }
+        // Shut down a slice per turn (`shut_down_stopping`, this turn too).
+        self.stopping = self.conn_ids();
     }
 
     /// How long the poll may wait: until the next deadline, counted from the

@@ -718,13 +718,15 @@ impl Server {
         Some(ConnId { index: token as u32, serial })
     }
 
-    /// Closes the admin connection idle longest, if one is: nothing in
-    /// progress (no input, no body, nothing unsent); else the one whose
+    /// Makes way for a new admin connection, so that a health check always
+    /// gets in: closes the admin connection idle longest, if one is (nothing
+    /// in progress: no input, no body, nothing unsent); else the one whose
     /// request has been arriving longest, for `ADMIN_SLOW_REQUEST_MS` or
     /// more (on loopback a request arrives at once: a client sending it that
-    /// slowly, on purpose or not, must not keep health checks out); else
-    /// one done and lingering (closing that one may cut its last answer
-    /// short: it goes last). Returns whether one was closed.
+    /// slowly, on purpose or not, must not keep health checks out); else one
+    /// done and lingering (closing that one may cut its last answer short);
+    /// else the one busy longest: its request arriving, however young, or
+    /// its answers waiting for it to read them. Returns whether one was closed.
     fn close_idlest_admin(&mut self) -> bool {
         let now = self.now.ms;
         let idlest = self
@@ -744,6 +746,8 @@ impl Server {
                     Some(started) if open && now.saturating_sub(started) >= ADMIN_SLOW_REQUEST_MS => {
                         Some(((1, started), id))
                     }
+                    Some(started) if open => Some(((3, started), id)),
+                    _ if conn.unsent() > 0 => Some(((3, conn.out_since), id)),
                     _ => None,
                 }
             })

@@ -3,17 +3,20 @@
 # consistent hash (SPEC §14), on this machine's loopback.
 #
 #   scripts/cluster.sh [--instances N] [--config FILE] [--dir DIR] [--port PORT]
-#   scripts/cluster.sh --restart NAME [--dir DIR]     start instance NAME (n1…) again
-#   scripts/cluster.sh --stop [--dir DIR]             stop everything it started
-#   scripts/cluster.sh --print-haproxy [options]      print the HAProxy configuration
-#   scripts/cluster.sh --bench [--duration S]         throughput of 1, 2, 3 instances
+#   scripts/cluster.sh --restart NAME [--dir DIR]        start instance NAME (n1…) again
+#   scripts/cluster.sh --stop [--dir DIR]                stop everything it started
+#   scripts/cluster.sh --print-haproxy [options]         print the HAProxy configuration
+#   scripts/cluster.sh --print-hosts-map --config FILE   print hosts.map for FILE
+#   scripts/cluster.sh --bench [--duration S]            throughput of 1, 2, 3 instances
 #
 # Starts N instances (default 3) named n1…nN that share one slot secret
 # (DIR/nthpool.secret, 32 random bytes, created when missing), then HAProxy
 # (Debian's package, installed with apt-get when missing) on PORT:
 #   - the lock API is routed by the pool segment of the path, proxy traffic by
 #     its Host (mapped to the pool that names it in `upstream.hosts`, so both
-#     kinds of a pool's traffic reach the same instance);
+#     kinds of a pool's traffic reach the same instance; DIR/hosts.map, which
+#     --print-hosts-map prints, and which must be written again and HAProxy
+#     reloaded when a reload of the instances changes `upstream.hosts`);
 #   - `balance hash` + `hash-type consistent`, and a stick table that keeps a
 #     pool on its instance while it is busy, so a pool moves only when its
 #     instance leaves rotation (health check on the instance's /healthz) or
@@ -82,6 +85,7 @@ while [ $# -gt 0 ]; do
         --restart) ACTION=restart; RESTART=$2; shift ;;
         --stop) ACTION=stop ;;
         --print-haproxy) ACTION=print ;;
+        --print-hosts-map) ACTION=print-map ;;
         --bench) ACTION=bench ;;
         --duration) DURATION=$2; shift ;;
         -h | --help)
@@ -154,8 +158,14 @@ frontend api
     # pool's upstream.hosts), else the pool segment of /pools/{pool}/lock/...
     # An absolute-form target's authority takes the place of Host, as in
     # nthpool (RFC 9112 §3.2.2): an HTTP/1.0 request may carry no Host at all.
-    http-request set-var(txn.pool) req.hdr(host),field(1,:),lower,map($DIR/hosts.map) if !{ url_beg -i http:// https:// }
-    http-request set-var(txn.pool) url,field(3,/),field(1,:),lower,map($DIR/hosts.map) if { url_beg -i http:// https:// }
+    # The host is compared as nthpool compares it: without case, port (after a
+    # name, an IPv4 address or an IPv6 literal's \`]\`) or one final dot, an IPv6
+    # literal kept in its brackets (\`API.example.:443\` is \`api.example\`,
+    # \`[FD00::1]:80\` is \`[fd00::1]\`), the form hosts.map holds each name in:
+    # a Host that nthpool routes but the map missed would reach any instance.
+    # The regex keeps the shortest name that leaves at most one dot and a port.
+    http-request set-var(txn.pool) 'req.hdr(host),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map($DIR/hosts.map)' if !{ url_beg -i http:// https:// }
+    http-request set-var(txn.pool) 'url,field(3,/),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map($DIR/hosts.map)' if { url_beg -i http:// https:// }
     http-request set-var(txn.pool) path,field(3,/) if !{ var(txn.pool) -m found } { path_beg /pools/ }
     # Where the pool was served last; if that instance is down now, this request
     # moves the pool and tells the instance it reaches (clients cannot set it).
@@ -194,8 +204,20 @@ listen stats
 EOF
 }
 
+# hosts.map: each name of a pool's upstream.hosts in the form HAProxy reads a
+# Host in (above): lower case, one final dot dropped, an IPv6 literal in brackets.
+hosts_map() {
+    jq -r '.pools // {} | to_entries[] | .key as $pool | (.value.upstream.hosts // [])[]
+        | "\(ascii_downcase | rtrimstr(".")) \($pool)"' "$1"
+}
+
 if [ "$ACTION" = print ]; then
     haproxy_config
+    exit 0
+fi
+if [ "$ACTION" = print-map ]; then
+    [ -n "$CONFIG" ] || die "--print-hosts-map needs --config FILE"
+    hosts_map "$CONFIG"
     exit 0
 fi
 
@@ -374,8 +396,7 @@ done
 [ "$(jq -r '.stateFile // "" | startswith("/")' "$CONFIG")" = false ] ||
     die "$CONFIG sets an absolute stateFile: every instance would share it; use a relative one"
 
-jq -r '.pools | to_entries[] | .key as $pool | (.value.upstream.hosts // [])[] | "\(ascii_downcase) \($pool)"' \
-    "$CONFIG" >"$DIR/hosts.map"
+hosts_map "$CONFIG" >"$DIR/hosts.map"
 
 if [ ! -f "$DIR/nthpool.secret" ]; then
     (umask 077 && head -c 32 /dev/urandom >"$DIR/nthpool.secret")

@@ -288,6 +288,74 @@ fn every_request_of_a_pool_lands_on_one_instance() {
     assert_eq!((denied.status, denied.header("x-nthpool-deny-reason")), (429, Some("recovering")), "{denied:?}");
 }
 
+/// A pool's proxy traffic reaches its one instance whatever form of a
+/// configured host its `Host` (or absolute-form authority) takes, as long as
+/// nthpool routes it to the pool: any case, a port, the final dot of an
+/// absolute name, an IPv6 literal in brackets; and a host configured with a
+/// final dot takes the traffic that names it without one. HAProxy's map
+/// missed such forms and balanced them round-robin, so every instance
+/// governed the pool.
+#[test]
+fn every_form_of_a_pools_host_reaches_its_one_instance() {
+    let upstream = MockUpstream::start(|_| ok("{}", ""));
+    let pool = |name: &str, hosts: &str| {
+        format!(r#""{name}":{{"keys":["{KEY}"],{SHORT},"upstream":{{"url":"{}","hosts":[{hosts}]}}}}"#, upstream.url())
+    };
+    let pools = [
+        pool("plain", r#""plain.proxy.test""#),
+        pool("literal", r#""[fd00::1]","10.1.2.3""#),
+        pool("dotted", r#""Dotted.Proxy.Test.""#),
+    ];
+    let Some(cluster) = Cluster::start(3, &format!("{{{}}}", pools.join(",")), 300, 120_000) else { return };
+    let forms: [(&str, &[&str]); 3] = [
+        ("plain", &["plain.proxy.test", "plain.proxy.test.", "PLAIN.Proxy.Test:8443", "plain.proxy.test.:80"]),
+        ("literal", &["[fd00::1]", "[FD00::1]:443", "[fd00::1]:", "10.1.2.3:8080", "10.1.2.3."]),
+        ("dotted", &["dotted.proxy.test", "dotted.proxy.test.", "DOTTED.proxy.test:80"]),
+    ];
+    let mut proxied_count = 0;
+    for (name, hosts) in forms {
+        // The fresh instances are in their start window: wait through it.
+        let acquire = post(&format!("/pools/{name}/lock/acquire"), KEY, "", r#"{"waitMs":3000}"#);
+        let granted = cluster.request(&acquire);
+        assert_eq!(granted.status, 200, "{granted:?}");
+        let owner = instance(&granted);
+        let released = cluster.request(&post(&format!("/pools/{name}/lock/{}/release", granted.slot()), KEY, "", ""));
+        assert_eq!(released.json()["released"], true);
+        for host in hosts {
+            // Three of each: a miss is balanced round-robin over the three
+            // instances, so it cannot land on the owner every time.
+            for _ in 0..3 {
+                let requests = [
+                    format!(
+                        "GET /v1/models HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {KEY}\r\n\
+                         X-Nthpool-Queue-Timeout-Ms: 3000\r\n\r\n"
+                    ),
+                    format!(
+                        "GET http://{host}/v1/models HTTP/1.0\r\nX-Nthpool-Key: {KEY}\r\n\
+                         X-Nthpool-Queue-Timeout-Ms: 3000\r\n\r\n"
+                    ),
+                ];
+                for raw in requests {
+                    let answer = cluster.request(raw.as_bytes());
+                    assert_eq!(answer.status, 200, "{name} as {host}: {answer:?}");
+                    assert_eq!(instance(&answer), owner, "{name} as {host} left {owner}: {answer:?}");
+                    proxied_count += 1;
+                }
+            }
+        }
+        // Only the owner's governor ever granted the pool.
+        for n in 1..=3u16 {
+            let grants = cluster.metric(n, &format!("nthpool_grants_total{{pool=\"{name}\"}}"));
+            let expected = if owner == format!("n{n}") { 1 + 6 * hosts.len() as u64 } else { 0 };
+            assert_eq!(grants, expected, "{name} (served by {owner}) on n{n}");
+        }
+    }
+    assert_eq!(upstream.seen().len(), proxied_count, "every proxied request reached the upstream");
+    // hosts.map holds each name as HAProxy reads a Host.
+    let map = std::fs::read_to_string(cluster.dir.join("hosts.map")).unwrap();
+    assert_eq!(map, "plain.proxy.test plain\n[fd00::1] literal\n10.1.2.3 literal\ndotted.proxy.test dotted\n");
+}
+
 #[test]
 fn three_hundred_pools_spread_within_a_quarter_of_even() {
     let pools = names("spread", 300);

@@ -32,7 +32,8 @@
 # `slotSecretFile` (the script sets them per instance, and adds HAProxy's
 # address, 127.0.0.2/32, to every pool's `access.trustedProxies`: an instance
 # honours `X-Nthpool-Moved` only from a trusted proxy); without --config a demo
-# with pools team-a … team-f (key cluster-demo-key) is used.
+# with pools dept-a … dept-f (key cluster-demo-key) is used, named so that
+# HAProxy's hash places two on each of the default three instances.
 #
 # --bench runs acquire -> release cycles (nthpool-bench, 12 pools, one load
 # process of 4 connections each, closed loop, S seconds, default 10) against
@@ -384,7 +385,7 @@ trap 'cleanup; [ "$started" = 1 ] || "$ROOT/scripts/cluster.sh" --stop --dir "$D
 
 if [ -z "$CONFIG" ]; then
     CONFIG=$DIR/pools.json
-    jq -n '{accessLog: null, pools: ([range(0; 6)] | map({key: ("team-" + ([97 + .] | implode)),
+    jq -n '{accessLog: null, pools: ([range(0; 6)] | map({key: ("dept-" + ([97 + .] | implode)),
         value: {keys: ["cluster-demo-key"], concurrency: 8, termMs: 10000, renewIntervalMs: 3000,
                 access: {trustedProxies: [$proxy]}}}) | from_entries)}' --arg proxy "$PROXY_SOURCE/32" >"$CONFIG"
 fi

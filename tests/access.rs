@@ -320,6 +320,64 @@ fn hmac_renew_and_release_need_the_signature_too() {
     assert_eq!(r.json()["released"], true);
 }
 
+/// The head of a POST to `path` announcing `body` with `Expect: 100-continue`.
+fn expecting(path: &str, headers: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n{headers}\
+         Expect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+}
+
+#[test]
+fn hmac_expect_continue_is_refused_at_once_when_the_signing_headers_decide() {
+    let s = TestServer::start(&config(&hmac_pool(""), ""));
+    let body = r#"{"waitMs":0}"#;
+    let now = epoch_ms();
+    let good = signing_headers(ACQUIRE, body, now, &fresh_nonce());
+    let malformed: String = good
+        .split_inclusive("\r\n")
+        .map(|l| if l.starts_with("X-Nthpool-Signature") { "X-Nthpool-Signature: v1=not-hex\r\n" } else { l })
+        .collect();
+    for (case, headers) in [
+        ("no signing headers at all", String::new()),
+        ("a timestamp far outside toleranceMs", signing_headers(ACQUIRE, body, now - 600_000, &fresh_nonce())),
+        ("a signature that is not v1= and 64 hex digits", malformed),
+    ] {
+        // Only the head is sent: the answer must not wait for the body.
+        let mut c = s.connect();
+        c.write_all(expecting(ACQUIRE, &headers, body).as_bytes()).unwrap();
+        let r = read_response(&mut c).unwrap_or_else(|| panic!("{case}: no answer"));
+        assert_refused(&r, 401, "unauthorized", case);
+        assert_eq!(r.header("connection"), Some("close"), "{case}: the body may still come");
+        assert!(is_closed(&mut c), "{case}: the connection closes");
+        // The answer the whole request gets, body and all.
+        let whole = s.request(&post(ACQUIRE, KEY, &headers, body));
+        assert_refused(&whole, 401, "unauthorized", case);
+        assert_eq!(r.json(), whole.json(), "{case}: the same refusal");
+        assert_eq!(r.header("www-authenticate"), whole.header("www-authenticate"), "{case}");
+        assert_eq!(r.header("content-type"), whole.header("content-type"), "{case}");
+    }
+
+    // A bad MAC needs the body to tell: 100 Continue, then the refusal.
+    let mut c = s.connect();
+    let bad_mac = corrupt_signature(&signing_headers(ACQUIRE, body, epoch_ms(), &fresh_nonce()));
+    c.write_all(expecting(ACQUIRE, &bad_mac, body).as_bytes()).unwrap();
+    assert_eq!(read_response(&mut c).unwrap().status, 100, "a bad MAC is not decided by the head");
+    c.write_all(body.as_bytes()).unwrap();
+    assert_refused(&read_response(&mut c).unwrap(), 401, "unauthorized", "a bad MAC, after its body");
+
+    // A valid request: 100 Continue, then its grant. The head check spent no
+    // nonce, or the whole check would refuse it as a replay.
+    let mut c = s.connect();
+    let headers = signing_headers(ACQUIRE, body, epoch_ms(), &fresh_nonce());
+    c.write_all(expecting(ACQUIRE, &headers, body).as_bytes()).unwrap();
+    let interim = read_response(&mut c).unwrap();
+    assert_eq!(interim.status, 100, "{interim:?}");
+    c.write_all(body.as_bytes()).unwrap();
+    read_response(&mut c).unwrap().slot();
+}
+
 // ---------------------------------------------------------------- JWT
 
 const JWT_SECRET: &[u8] = b"0123456789abcdef0123";

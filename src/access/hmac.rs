@@ -16,6 +16,8 @@
 //! `NonceStore` until [`Verified::nonce_expires_ms`]: only a MAC-verified nonce
 //! may occupy the bounded store, or anyone could fill it. The success path does
 //! not allocate: hex is decoded and encoded in stack buffers.
+//! [`check_headers`] is the part of [`verify`] a head decides alone (for
+//! `Expect: 100-continue`): every refusal before the MAC, and no nonce.
 
 use ::hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -64,6 +66,47 @@ pub fn verify<'a>(
     now_epoch_ms: u64,
     tolerance_ms: u64,
 ) -> Result<Verified<'a>, Denied> {
+    let headers = read_headers(timestamp, nonce, signature, now_epoch_ms, tolerance_ms)?;
+    let mac = keyed_mac(secret, method, path, headers.timestamp, headers.nonce, body);
+    mac.verify_slice(&headers.mac).map_err(|_| Denied::SIGNATURE_MISMATCH)?;
+
+    let timestamp_ms = headers.timestamp_ms;
+    Ok(Verified {
+        nonce: headers.nonce,
+        timestamp_ms,
+        nonce_expires_ms: timestamp_ms.saturating_add(tolerance_ms).saturating_add(1),
+    })
+}
+
+/// The part of [`verify`] that needs no body: every refusal it gives before
+/// the MAC, the same one and in the same order, so a request can be refused
+/// from its head (`Expect: 100-continue`). A pass here decides nothing: the
+/// request still goes through [`verify`] once its body is in.
+pub fn check_headers(
+    timestamp: Option<&[u8]>,
+    nonce: Option<&[u8]>,
+    signature: Option<&[u8]>,
+    now_epoch_ms: u64,
+    tolerance_ms: u64,
+) -> Result<(), Denied> {
+    read_headers(timestamp, nonce, signature, now_epoch_ms, tolerance_ms).map(drop)
+}
+
+/// The signing headers, each present and well formed, the timestamp inside the window.
+struct Headers<'t, 'a> {
+    timestamp: &'t [u8],
+    timestamp_ms: u64,
+    nonce: &'a [u8],
+    mac: [u8; 32],
+}
+
+fn read_headers<'t, 'a>(
+    timestamp: Option<&'t [u8]>,
+    nonce: Option<&'a [u8]>,
+    signature: Option<&[u8]>,
+    now_epoch_ms: u64,
+    tolerance_ms: u64,
+) -> Result<Headers<'t, 'a>, Denied> {
     let timestamp = trim(timestamp.ok_or(Denied::TIMESTAMP_MISSING)?);
     let timestamp_ms = parse_epoch_ms(timestamp).ok_or(Denied::TIMESTAMP_MALFORMED)?;
     let nonce = trim(nonce.ok_or(Denied::NONCE_MISSING)?);
@@ -71,7 +114,7 @@ pub fn verify<'a>(
         return Err(Denied::NONCE_MALFORMED);
     }
     let signature = trim(signature.ok_or(Denied::SIGNATURE_MISSING)?);
-    let mac_bytes = parse_signature(signature).ok_or(Denied::SIGNATURE_MALFORMED)?;
+    let mac = parse_signature(signature).ok_or(Denied::SIGNATURE_MALFORMED)?;
 
     if now_epoch_ms > timestamp_ms && now_epoch_ms - timestamp_ms > tolerance_ms {
         return Err(Denied::TIMESTAMP_STALE);
@@ -79,11 +122,7 @@ pub fn verify<'a>(
     if timestamp_ms > now_epoch_ms && timestamp_ms - now_epoch_ms > tolerance_ms {
         return Err(Denied::TIMESTAMP_FUTURE);
     }
-
-    let mac = keyed_mac(secret, method, path, timestamp, nonce, body);
-    mac.verify_slice(&mac_bytes).map_err(|_| Denied::SIGNATURE_MISMATCH)?;
-
-    Ok(Verified { nonce, timestamp_ms, nonce_expires_ms: timestamp_ms.saturating_add(tolerance_ms).saturating_add(1) })
+    Ok(Headers { timestamp, timestamp_ms, nonce, mac })
 }
 
 /// The lower-case hex signature for these inputs, without the `v1=` prefix.
@@ -220,6 +259,50 @@ mod tests {
             NOW,
             TOL,
         )
+    }
+
+    fn check_head_of(r: &Req) -> Result<(), Denied> {
+        check_headers(r.timestamp.as_deref(), r.nonce.as_deref(), r.signature.as_deref(), NOW, TOL)
+    }
+
+    #[test]
+    fn the_headers_alone_refuse_as_the_whole_check_does_up_to_the_mac() {
+        type Edit = fn(&mut Req);
+        let edits: [(Edit, Denied); 10] = [
+            (|r| r.timestamp = None, Denied::TIMESTAMP_MISSING),
+            (|r| r.nonce = None, Denied::NONCE_MISSING),
+            (|r| r.signature = None, Denied::SIGNATURE_MISSING),
+            (|r| (r.timestamp, r.nonce, r.signature) = (None, None, None), Denied::TIMESTAMP_MISSING),
+            (|r| r.timestamp = Some(b"1e12".to_vec()), Denied::TIMESTAMP_MALFORMED),
+            (|r| r.nonce = Some(b"a\nb".to_vec()), Denied::NONCE_MALFORMED),
+            (|r| r.signature = Some(b"v1=abc".to_vec()), Denied::SIGNATURE_MALFORMED),
+            (|r| *r = signed_at(NOW - TOL - 1), Denied::TIMESTAMP_STALE),
+            (|r| *r = signed_at(NOW + TOL + 1), Denied::TIMESTAMP_FUTURE),
+            // Stale and malformed at once: the malformed header is named first.
+            (
+                |r| (r.timestamp, r.signature) = (Some(b"0".to_vec()), Some(b"v2=00".to_vec())),
+                Denied::SIGNATURE_MALFORMED,
+            ),
+        ];
+        for (edit, denied) in edits {
+            let mut r = good();
+            edit(&mut r);
+            assert_eq!(check(&r), Err(denied));
+            assert_eq!(check_head_of(&r), Err(denied), "{}", denied.reason());
+        }
+        // What only the body and the MAC decide passes the head check.
+        let edits: [Edit; 3] = [
+            |r| r.body = b"{}".to_vec(),
+            |r| r.path = "/pools/q/lock/acquire",
+            |r| r.signature = Some([b"v1=".as_slice(), &[b'0'; 64]].concat()),
+        ];
+        for edit in edits {
+            let mut r = good();
+            edit(&mut r);
+            assert_eq!(check(&r), Err(Denied::SIGNATURE_MISMATCH));
+            assert_eq!(check_head_of(&r), Ok(()));
+        }
+        assert_eq!(check_head_of(&good()), Ok(()));
     }
 
     #[test]

@@ -89,6 +89,15 @@ fn single<'b>(head: &Head<'b>, lower_case_name: &str, twice: &'static str) -> Re
     }
 }
 
+/// The three signing headers (SPEC §8 `hmac`): timestamp, nonce and
+/// signature, each `None` when absent.
+fn signing_headers<'b>(head: &Head<'b>) -> Result<[Option<&'b [u8]>; 3], AccessError> {
+    let timestamp = single(head, "x-nthpool-timestamp", "X-Nthpool-Timestamp is sent twice; send it once.")?;
+    let nonce = single(head, "x-nthpool-nonce", "X-Nthpool-Nonce is sent twice; send it once.")?;
+    let signature = single(head, "x-nthpool-signature", "X-Nthpool-Signature is sent twice; send it once.")?;
+    Ok([timestamp, nonce, signature])
+}
+
 impl PoolAccess {
     /// Builds the policies of the pool `name` at `now`. On a reload,
     /// `previous` supplies the JWKS keys that worked when the same file is
@@ -247,6 +256,20 @@ impl PoolAccess {
         Ok(())
     }
 
+    /// What the head alone decides of `check_signed`: its signing headers
+    /// each sent once and well formed, the timestamp inside the window. A
+    /// refusal here is the one `check_signed` would give; nothing is
+    /// remembered (the nonce is spent only once the MAC verified), and a pass
+    /// leaves the whole check to `check_signed`. Only `Expect: 100-continue`
+    /// asks this: any other request has its body, and `check_signed` does it all.
+    pub fn check_signed_head(&self, head: &Head, now: EpochMs) -> Result<(), AccessError> {
+        let Some(policy) = &self.hmac else {
+            return Ok(());
+        };
+        let [timestamp, nonce, signature] = signing_headers(head)?;
+        hmac::check_headers(timestamp, nonce, signature, now.0, policy.tolerance_ms).map_err(denied)
+    }
+
     /// The HMAC signature over the exact body, then the nonce (remembered
     /// only once the MAC verified).
     pub fn check_signed(&mut self, head: &Head, body: &[u8], now: EpochMs) -> Result<(), AccessError> {
@@ -260,9 +283,7 @@ impl PoolAccess {
             Method::Head => "HEAD",
             Method::Other => "OTHER",
         };
-        let timestamp = single(head, "x-nthpool-timestamp", "X-Nthpool-Timestamp is sent twice; send it once.")?;
-        let nonce = single(head, "x-nthpool-nonce", "X-Nthpool-Nonce is sent twice; send it once.")?;
-        let signature = single(head, "x-nthpool-signature", "X-Nthpool-Signature is sent twice; send it once.")?;
+        let [timestamp, nonce, signature] = signing_headers(head)?;
         let verified = hmac::verify(
             &policy.secret,
             method,

@@ -343,12 +343,18 @@ impl App {
         CredentialsAsked { jwt: access.reads_jwt(), cloudflare: access.reads_cloudflare(), hmac: access.needs_body() }
     }
 
-    /// What can be decided from the head alone (route, method, host, key),
-    /// so `Expect: 100-continue` can be refused before the body is sent.
+    /// What can be decided from the head alone (route, method, host, key,
+    /// access policies, and of a signature its headers), so `Expect:
+    /// 100-continue` can be refused before the body is sent, with the
+    /// answer the whole request would get.
     pub fn precheck(&self, ctx: &Ctx, head: &Head) -> Result<(), ApiError> {
         let (route, pid) = self.resolve(head)?;
         let client = self.client_addr(pid, ctx, head);
-        self.authorize(ctx, route, pid, client, head)
+        self.authorize(ctx, route, pid, client, head)?;
+        // `dispatch` checks the signature right after `authorize`, so its
+        // header-only refusals come in the same order here.
+        self.creds[pid.0 as usize].access.check_signed_head(head, ctx.now.wall())?;
+        Ok(())
     }
 
     /// The caller's address as the pool's `trustedProxies` tell it: worked

@@ -427,6 +427,36 @@ fn a_bad_report_releases_nothing() {
     assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
 }
 
+/// A number no float holds, in a header nthpool reads, is an unparseable
+/// value (SPEC §7): ignored, the report applied and the slot released, as
+/// under a header nthpool does not read. Refused, a client that retried the
+/// report would hold its slot until its term ended.
+#[test]
+fn a_header_number_past_a_floats_range_is_ignored_and_the_slot_released() {
+    let s = TestServer::start(&config(r#""concurrency":1,"adaptive":true"#, ""));
+    let digits = "9".repeat(400);
+    for headers in [
+        r#"{"retry-after":1e400}"#.to_string(),
+        format!(r#"{{"x-ratelimit-remaining":{digits}}}"#),
+        r#"[["retry-after",1e400]]"#.to_string(),
+        r#"{"retry-after":[-1e400,1e400]}"#.to_string(),
+        r#"{"x-unread":1e400}"#.to_string(),
+    ] {
+        // Each acquire needs the one slot the release before it freed.
+        let slot = s.acquire("", "").slot();
+        let r = s.release(&slot, &format!(r#"{{"status":200,"headers":{headers}}}"#));
+        assert_eq!(r.status, 200, "{headers}: {r:?}");
+        assert_eq!(r.json()["released"], true, "{headers}");
+    }
+    // The rest of the report applies: no request left for 30 s.
+    let slot = s.acquire("", "").slot();
+    let report =
+        r#"{"status":200,"headers":{"retry-after":1e400,"x-ratelimit-remaining":"0","x-ratelimit-reset":"30"}}"#;
+    assert_eq!(s.release(&slot, report).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("rate")), "{r:?}");
+}
+
 /// "If both `rate` and `headers` are sent, `rate` wins", over the wire and
 /// both ways: a `rate.remaining` of 5 beside headers that say 0 leaves the
 /// pool open, and a `rate.remaining` of 0 beside headers that say 5 closes

@@ -66,9 +66,9 @@ fn object_or_null<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Resul
 /// `[name, value]` pairs (the only way to send a header twice). A value is
 /// a string, or what clients turn header strings into: a number (taken as
 /// its text) or an array of values (each one a field line). Any other
-/// value (`null`, `true`, an object, an array inside the array) says nothing
-/// and is ignored: SPEC §7 has unparseable header values ignored, never an
-/// error.
+/// value (`null`, `true`, an object, an array inside the array, a number
+/// past `f64`'s range) says nothing and is ignored: SPEC §7 has unparseable
+/// header values ignored, never an error.
 ///
 /// Only the headers the dialects read are kept, and of those the first
 /// `MAX_FIELD_LINES` field lines, so what a report holds stays within its
@@ -134,13 +134,35 @@ impl<'de, const ARRAY: bool> Visitor<'de> for Values<ARRAY> {
 
 impl<'de> Deserialize<'de> for HeaderValues {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(Values::<true>).map(HeaderValues)
+        lenient::<D, true>(d).map(HeaderValues)
     }
 }
 
 impl<'de> Deserialize<'de> for FieldLine {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(Values::<false>).map(FieldLine)
+        lenient::<D, false>(d).map(FieldLine)
+    }
+}
+
+/// Reads a header value with `Values`, a number no `f64` holds (`1e400`, an
+/// integer of 400 digits) being unparseable and so ignored (SPEC §7), as a
+/// string that no dialect can read is. serde_json refuses such a number
+/// before any visitor sees it, failing the whole report: the value is taken
+/// raw (checked as JSON, its numbers not converted) and then read on its own.
+/// Only values of the headers the dialects read come here, never a report
+/// without `headers`.
+fn lenient<'de, D: Deserializer<'de>, const ARRAY: bool>(d: D) -> Result<Vec<String>, D::Error> {
+    let raw = <&'de serde_json::value::RawValue>::deserialize(d)?.get();
+    // The usual value, a string without escapes, is its text: read no further.
+    if let Some(text) = raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')).filter(|t| !t.contains('\\')) {
+        return Ok(vec![text.to_owned()]);
+    }
+    match serde_json::Deserializer::from_str(raw).deserialize_any(Values::<ARRAY>) {
+        Ok(values) => Ok(values),
+        // Of well-formed JSON, only a number can fail to read (an array's
+        // elements come back here one by one).
+        Err(_) if raw.starts_with(|c: char| c == '-' || c.is_ascii_digit()) => Ok(Vec::new()),
+        Err(e) => Err(D::Error::custom(e)),
     }
 }
 
@@ -503,6 +525,47 @@ mod tests {
             "]".repeat(5000)
         );
         assert_eq!(ok(&deep).rate.remaining, Some(7));
+    }
+
+    /// serde_json refuses a number past `f64` before any visitor sees it; in
+    /// a header the dialects read, it is an unparseable value like any other.
+    #[test]
+    fn header_numbers_no_float_holds_are_ignored_not_refused() {
+        let digits = "9".repeat(400);
+        for headers in [
+            r#"{"retry-after":1e400}"#.to_string(),
+            r#"{"Retry-After":-1e400}"#.to_string(),
+            format!(r#"{{"retry-after":{digits}}}"#),
+            format!(r#"{{"retry-after":-{digits}.5}}"#),
+            r#"[["retry-after",1e400]]"#.to_string(),
+            r#"{"retry-after":[1e400]}"#.to_string(),
+            r#"[["retry-after",[1e400,-1e400]]]"#.to_string(),
+        ] {
+            let o = ok(&format!(r#"{{"status":429,"headers":{headers}}}"#));
+            assert_eq!(o.status, Some(429), "{headers}");
+            assert_eq!(o.rate.retry_after_ms, None, "{headers}");
+        }
+        // The rest of the report still applies, the value's other lines too.
+        let o = ok(&format!(
+            r#"{{"status":200,"headers":{{"retry-after":[1e400,"3",2e0],"x-ratelimit-remaining":{digits},
+                "x-ratelimit-limit":60,"x-ratelimit-reset":1e400}}}}"#
+        ));
+        assert_eq!((o.status, o.rate.retry_after_ms), (Some(200), Some(3000)));
+        assert_eq!((o.rate.remaining, o.rate.limit, o.rate.reset_ms), (None, Some(60), None));
+        let o = ok(r#"{"headers":[["x-ratelimit-remaining",1e400],["x-ratelimit-remaining",4]]}"#);
+        assert_eq!(o.rate.remaining, Some(4));
+        // Numbers a float holds are read as their text, as before: `2e0` is
+        // "2"; 1e308 is 309 digits, past any count, so it says nothing.
+        assert_eq!(ok(r#"{"headers":{"retry-after":2e0}}"#).rate.retry_after_ms, Some(2000));
+        // A string is its text, escapes read.
+        assert_eq!(ok(r#"{"headers":{"retry-after":"\u0034"}}"#).rate.retry_after_ms, Some(4000));
+        assert_eq!(ok(r#"{"headers":[["retry-after",["\u0035",""]]]}"#).rate.retry_after_ms, Some(5000));
+        assert_eq!(ok(r#"{"headers":{"x-ratelimit-remaining":1e308}}"#).rate.remaining, None);
+        // Around the header values, the report is held to its shape as before.
+        bad(r#"{"headers":1e400}"#);
+        bad(r#"{"headers":[[1e400,"3"]]}"#);
+        bad(r#"{"headers":[["retry-after",1e400,1]]}"#);
+        bad(r#"{"status":1e400}"#);
     }
 
     #[test]

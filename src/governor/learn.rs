@@ -18,7 +18,9 @@
 //! - Successes grow the limit by one per `effective` successes while the pool
 //!   uses its limit, up to just under the last refused level; the step onto
 //!   that level (a probe) waits `probe_wait` such successes, which doubles on
-//!   every refused probe. A probe that holds for two call times means the
+//!   every refused probe, or `PROBE_WAIT_MS` once `PROBE_WAIT_MIN` of them
+//!   are in (a pool of few calls a second finds a raised limit in seconds,
+//!   not thousands of calls). A probe that holds for two call times means the
 //!   upstream's limit rose: the limit climbs, one per success at full use,
 //!   until the next refusal.
 //! - Budget windows are told apart by their reset instant: within one window
@@ -168,6 +170,10 @@ pub const PROBE_WAIT_MIN: u32 = 256;
 /// costs at most one refusal in 256, at least one in 1024, and a limit the
 /// upstream raised is found within 1024 successes.
 pub const PROBE_WAIT_MAX: u32 = 1024;
+/// ... or, once `PROBE_WAIT_MIN` successes are in, this long since the
+/// first of them: at a few calls a second, 1024 successes would take
+/// minutes. Probing still costs at most one refusal in `PROBE_WAIT_MIN`.
+pub const PROBE_WAIT_MS: Ms = 20_000;
 /// Concurrency refusals in a row of leases granted after the last cut (no
 /// success of one between) that make a retry hint pool-wide.
 pub const POOL_WIDE_STREAK: u32 = 3;
@@ -272,6 +278,9 @@ pub struct Learning {
     pub epoch: u32,
     /// Successes counted towards the next step of growth.
     pub successes: u32,
+    /// When the first of `successes` was counted.
+    #[serde(default)]
+    pub successes_since: Ms,
     /// Concurrency refusals of leases granted after the last cut, since the
     /// last success of one.
     pub refusal_streak: u32,
@@ -340,6 +349,7 @@ impl Learning {
             probe_out: false,
             epoch: 0,
             successes: 0,
+            successes_since: 0,
             refusal_streak: 0,
             grants: 0,
             oks: 0,
@@ -409,6 +419,7 @@ impl Learning {
             ended_reset_at: at(self.ended_reset_at),
             budget_not_before: at(self.budget_not_before),
             token_block_until: at(self.token_block_until),
+            successes_since: at(self.successes_since),
             start: match self.start {
                 Start::Since(t) => Start::Since(at(t)),
                 other => other,
@@ -445,6 +456,7 @@ impl Learning {
             ended_reset_at: self.ended_reset_at.min(horizon),
             budget_not_before: self.budget_not_before.min(horizon),
             token_block_until: self.token_block_until.min(horizon),
+            successes_since: self.successes_since.min(now),
             ..self
         }
     }
@@ -592,7 +604,7 @@ impl Learning {
         let mut pool_wide = false;
         match evidence {
             Evidence::Concurrency => pool_wide = self.on_refusal(lease),
-            Evidence::Success => self.on_success(lease),
+            Evidence::Success => self.on_success(lease, now),
             Evidence::Rate => pool_wide = true,
             Evidence::Other => {}
         }
@@ -697,7 +709,7 @@ impl Learning {
         self.pace = Some(Pace { from, per_window, window_ms, granted });
     }
 
-    fn on_success(&mut self, lease: Reported) {
+    fn on_success(&mut self, lease: Reported, now: Ms) {
         self.oks = self.oks.wrapping_add(1);
         // Only a call granted since the last cut shows that the cut helped;
         // the calls admitted before it finishing say nothing about it.
@@ -712,14 +724,20 @@ impl Learning {
         if held_before < self.effective || self.effective >= self.concurrency {
             return;
         }
+        if self.successes == 0 {
+            self.successes_since = now;
+        }
         self.successes += 1;
         let probing = self.refused_at != 0 && self.effective + 1 >= self.refused_at;
+        let waited_long = self.successes >= PROBE_WAIT_MIN && now.saturating_sub(self.successes_since) >= PROBE_WAIT_MS;
         let needed = if self.climbing {
             1
         } else if self.probe_out {
             // On the probed level: a refusal would come within a call
             // time; two without one say it holds.
             2 * self.effective
+        } else if probing && waited_long {
+            self.successes
         } else if probing {
             self.probe_wait.max(self.effective)
         } else {
@@ -1371,40 +1389,72 @@ mod tests {
         assert_eq!(l.probe_wait, 2 * PROBE_WAIT_MIN);
     }
 
+    /// `calls` calls one after another from `from`, `step_ms` apart, by a pool
+    /// at its limit against an upstream that allows `upstream` in flight: the
+    /// ones refused, and the instant after the last.
+    fn at_full_use(l: &mut Learning, from: Ms, calls: u32, step_ms: Ms, upstream: u32) -> (u32, Ms) {
+        let (mut refused, mut now) = (0, from);
+        for _ in 0..calls {
+            let lease = grant(l, now);
+            let in_flight = l.effective() - 1;
+            if in_flight >= upstream {
+                refused += 1;
+                l.on_report(&concurrency_429(), about(lease, in_flight), now);
+            } else {
+                l.on_report(&ok(), about(lease, in_flight), now);
+            }
+            now += step_ms;
+        }
+        (refused, now)
+    }
+
+    /// The pool of `ramped(64)` after refusals taught it `limit` in flight.
+    fn refused_above(limit: u32) -> Learning {
+        let mut l = ramped(64);
+        let leases: Vec<_> = (0..64).map(|_| grant(&mut l, 0)).collect();
+        for (i, lease) in leases[limit as usize..].iter().enumerate() {
+            l.on_report(&concurrency_429(), about(*lease, 63 - i as u32), 0);
+        }
+        assert_eq!((l.effective(), l.refused_at), (limit, limit + 1));
+        l
+    }
+
     /// The upstream raised its limit from 20 to 40 in flight. The probe onto
     /// the refused level holds, and the limit climbs (one more per success
     /// at full use) to the new limit, instead of one step per 256 successes
     /// (5 000 successes, minutes at 33 calls a second).
     #[test]
     fn a_probe_that_holds_climbs_to_the_upstreams_new_limit() {
-        let mut l = ramped(64);
-        let leases: Vec<_> = (0..64).map(|_| grant(&mut l, 0)).collect();
-        for (i, lease) in leases[20..].iter().enumerate() {
-            l.on_report(&concurrency_429(), about(*lease, 63 - i as u32), 0);
-        }
-        assert_eq!((l.effective(), l.refused_at), (20, 21));
+        let mut l = refused_above(20);
         let upstream = 40;
         // The pool at its limit, one call after another (`now` counts calls).
-        let at_full_use = |l: &mut Learning, from: Ms, calls: Ms| -> u32 {
-            let mut refused = 0;
-            for now in from..from + calls {
-                let lease = grant(l, now);
-                let in_flight = l.effective() - 1;
-                if in_flight >= upstream {
-                    refused += 1;
-                    l.on_report(&concurrency_429(), about(lease, in_flight), now);
-                } else {
-                    l.on_report(&ok(), about(lease, in_flight), now);
-                }
-            }
-            refused
-        };
-        let climb = PROBE_WAIT_MIN as Ms + 2 * 21 + 30;
-        assert_eq!(at_full_use(&mut l, 1, climb), 1, "the new limit found with one refusal");
+        let climb = PROBE_WAIT_MIN + 2 * 21 + 30;
+        let (refused, now) = at_full_use(&mut l, 1, climb, 1, upstream);
+        assert_eq!(refused, 1, "the new limit found with one refusal");
         assert_eq!((l.effective(), l.refused_at), (upstream, upstream + 1), "climbed to it");
         // From there on, rare probes above it: after 256, then 512 successes.
-        assert_eq!(at_full_use(&mut l, 1 + climb, 1000), 2);
+        assert_eq!(at_full_use(&mut l, now, 1000, 1, upstream).0, 2);
         assert_eq!(l.effective(), upstream);
+    }
+
+    /// A pool of few calls a second whose probes were refused until they
+    /// wait the most successes: the upstream raises its limit from 5 to 10
+    /// in flight. The next probe comes `PROBE_WAIT_MS` after the wait began
+    /// (once `PROBE_WAIT_MIN` successes are in), not 1 024 successes later,
+    /// two minutes at eight calls a second; while the upstream stays put,
+    /// probing costs no more than one refusal in `PROBE_WAIT_MIN`.
+    #[test]
+    fn at_a_few_calls_a_second_a_raised_limit_is_found_within_seconds() {
+        let mut l = refused_above(5);
+        l.probe_wait = PROBE_WAIT_MAX;
+        // Eight calls a second. Unchanged upstream: one refused probe per
+        // `PROBE_WAIT_MIN` successes at most (20 s is 160 calls here).
+        let (refused, now) = at_full_use(&mut l, 1, 4 * PROBE_WAIT_MIN, 125, 5);
+        assert!(refused <= 4, "{refused} refused probes in {} calls", 4 * PROBE_WAIT_MIN);
+        assert_eq!(l.effective(), 5);
+        // Raised to 10: found within the time bound's calls, not 1 024 successes.
+        at_full_use(&mut l, now, PROBE_WAIT_MIN + 40, 125, 10);
+        assert_eq!(l.effective(), 10, "found within {} calls", PROBE_WAIT_MIN + 40);
     }
 
     #[test]

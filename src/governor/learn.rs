@@ -789,7 +789,11 @@ impl Learning {
             // The upstream says its budget: what refusals taught gives way.
             self.pattern.in_force = false;
         }
+        // A limit above the one known says the upstream raised it: within
+        // the window, `remaining` may then go up (by this report's count).
+        let mut raised = false;
         if let Some(limit) = rate.limit.filter(|&l| l > 0) {
+            raised = self.budget_limit.is_some_and(|known| limit > known);
             self.budget_limit = Some(limit);
         }
         let (Some(remaining), Some(reset)) = (rate.remaining, rate.reset_ms) else {
@@ -835,11 +839,15 @@ impl Learning {
             Some(b) if same_window => {
                 self.budget_not_before = self.budget_not_before.max(earliest);
                 self.budget_seq = self.budget_seq.max(lease.grant_seq);
-                // The same window: `remaining` only goes down; its end is the
-                // earliest one a report put it at (the refill's guess, made
-                // with a window length learned from resets that were all
-                // shorter than it, may be early).
-                b.remaining = b.remaining.min(left);
+                // The same window: `remaining` only goes down, unless the
+                // upstream raised its limit (an older report carries the old
+                // one); its end is the earliest one a report put it at (the
+                // refill's guess, made with a window length learned from
+                // resets that were all shorter than it, may be early).
+                b.remaining = if raised { left } else { b.remaining.min(left) };
+                if let (true, Some(p), Some(limit)) = (raised, &mut self.pace, self.budget_limit) {
+                    p.per_window = limit;
+                }
                 let guessed = std::mem::take(&mut self.reset_guessed);
                 let moved = latest < b.reset_at || guessed && latest != b.reset_at;
                 b.reset_at = if guessed { latest } else { b.reset_at.min(latest) };
@@ -1095,6 +1103,38 @@ mod tests {
         let old = Outcome { rate: RateInfo { remaining: Some(0), reset_ms: Some(605), ..RateInfo::default() }, ..ok() };
         l.on_report(&old, about(late, 0), 700);
         assert_eq!(l.budget().unwrap().remaining, 5);
+    }
+
+    /// The upstream raises its limit from 6 to 12 a window in the middle of
+    /// one the pool refilled with 6: its reports say so, and the window's
+    /// budget and pace follow at once instead of at the next refill. An
+    /// older report of the window, with the old limit, does not re-open
+    /// what a newer one closed.
+    #[test]
+    fn a_limit_raised_within_a_window_applies_to_that_window() {
+        let mut l = Learning::new(10, true);
+        let lease = grant(&mut l, 0);
+        let said = |limit, remaining, reset_ms| Outcome {
+            rate: RateInfo {
+                limit: Some(limit),
+                remaining: Some(remaining),
+                reset_ms: Some(reset_ms),
+                ..RateInfo::default()
+            },
+            ..ok()
+        };
+        l.on_report(&said(6, 0, 600), about(lease, 0), 0);
+        assert_eq!(l.on_budget_reset(600), Some(1200));
+        let (old, new) = (grant(&mut l, 610), grant(&mut l, 620));
+        assert_eq!(l.budget().unwrap().remaining, 4);
+        // Two grants of this window counted: 10 left of 12.
+        l.on_report(&said(12, 10, 580), about(new, 0), 630);
+        assert_eq!(l.budget().unwrap().remaining, 10);
+        assert_eq!(l.pace.unwrap().per_window, 12);
+        // The older report, stamped before the raise, keeps its window as it is.
+        l.on_report(&said(6, 5, 590), about(old, 0), 640);
+        assert_eq!(l.budget().unwrap().remaining, 5, "remaining only goes down without a raise");
+        assert_eq!(l.budget().unwrap().reset_at, 1210, "the end the first report put it at");
     }
 
     /// Cause 3: a rate 429 (`remaining: 0`) also cut the concurrency limit.

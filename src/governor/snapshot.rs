@@ -515,7 +515,7 @@ mod tests {
         // A periodic snapshot, then a crash: the successor starts 200 ms later.
         let snap = old.export(150);
         let mut new = governor(BASE + 200);
-        assert_eq!(new.import(&snap, Taken::AtStop, 0).unwrap().held, 1);
+        assert_eq!(new.import(&snap, Taken::WhileRunning, 0).unwrap().held, 1);
         new.advance(999);
         assert_eq!(new.pool(p).held, 1, "counted for one term: the upstream call may still run");
         new.advance(1000);

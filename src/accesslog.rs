@@ -224,11 +224,7 @@ impl AccessLog {
         }
         self.path = other.path;
         self.failing = false;
-        if let Some(end) = self.torn_at {
-            if file_end(&self.sink) != Some(end) {
-                self.drop_torn_rest();
-            }
-        }
+        self.drop_torn_rest_if_moved();
         self.end_foreign_line();
     }
 
@@ -401,11 +397,7 @@ impl AccessLog {
         if self.buf.is_empty() {
             return;
         }
-        if let Some(end) = self.torn_at {
-            if file_end(&self.sink) != Some(end) {
-                self.drop_torn_rest();
-            }
-        }
+        self.drop_torn_rest_if_moved();
         let (written, error) = match &mut self.sink {
             Sink::Off => (self.buf.len(), None),
             Sink::Stdout(out) | Sink::Fifo(out) => write_some(out, &self.buf),
@@ -439,6 +431,14 @@ impl AccessLog {
         self.buf.truncate(written + keep);
         self.buf.drain(..written);
         self.torn_at = torn_at;
+    }
+
+    /// Drops the rest of a torn line when the file open now is no longer
+    /// the one it tore, or no longer as long (truncated, rotated away).
+    fn drop_torn_rest_if_moved(&mut self) {
+        if self.torn_at.is_some_and(|end| file_end(&self.sink) != Some(end)) {
+            self.drop_torn_rest();
+        }
     }
 
     /// Drops what is left of a torn line at the head of the buffer (its

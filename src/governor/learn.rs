@@ -729,17 +729,20 @@ impl Learning {
         }
         self.successes += 1;
         let probing = self.refused_at != 0 && self.effective + 1 >= self.refused_at;
-        let waited_long = self.successes >= PROBE_WAIT_MIN && now.saturating_sub(self.successes_since) >= PROBE_WAIT_MS;
         let needed = if self.climbing {
             1
         } else if self.probe_out {
             // On the probed level: a refusal would come within a call
             // time; two without one say it holds.
             2 * self.effective
-        } else if probing && waited_long {
-            self.successes
         } else if probing {
-            self.probe_wait.max(self.effective)
+            let waited_long =
+                self.successes >= PROBE_WAIT_MIN && now.saturating_sub(self.successes_since) >= PROBE_WAIT_MS;
+            if waited_long {
+                self.successes
+            } else {
+                self.probe_wait.max(self.effective)
+            }
         } else {
             self.effective
         };
@@ -844,9 +847,13 @@ impl Learning {
                 // one); its end is the earliest one a report put it at (the
                 // refill's guess, made with a window length learned from
                 // resets that were all shorter than it, may be early).
-                b.remaining = if raised { left } else { b.remaining.min(left) };
-                if let (true, Some(p), Some(limit)) = (raised, &mut self.pace, self.budget_limit) {
-                    p.per_window = limit;
+                if raised {
+                    b.remaining = left;
+                    if let (Some(p), Some(limit)) = (&mut self.pace, self.budget_limit) {
+                        p.per_window = limit;
+                    }
+                } else {
+                    b.remaining = b.remaining.min(left);
                 }
                 let guessed = std::mem::take(&mut self.reset_guessed);
                 let moved = latest < b.reset_at || guessed && latest != b.reset_at;

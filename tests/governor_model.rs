@@ -559,15 +559,20 @@ impl Model {
                 if real {
                     self.touch_expired(i);
                 }
-                let before = g.pool(self.pids[route]).learning.budget().filter(|b| b.reset_at > self.now);
+                let learning = &g.pool(self.pids[route]).learning;
+                let (before, limit_before) =
+                    (learning.budget().filter(|b| b.reset_at > self.now), learning.budget_limit);
                 let released = g.release(self.pids[route], &slot, outcome.as_ref(), self.now);
-                let after = g.pool(self.pids[route]).learning.budget();
+                let learning = &g.pool(self.pids[route]).learning;
+                let (after, limit_after) = (learning.budget(), learning.budget_limit);
                 // Inside one reset window a report only lowers `remaining`;
-                // only a report of a later window (a later reset) may raise it.
+                // only a report of a later window (a later reset), or one
+                // announcing a limit above the known one, may raise it.
+                let raised = matches!((limit_before, limit_after), (Some(a), Some(b)) if b > a);
                 if let (Some(b0), Some(b1)) = (before, after) {
                     check!(
                         self,
-                        b1.reset_at > b0.reset_at || b1.remaining <= b0.remaining,
+                        b1.reset_at > b0.reset_at || b1.remaining <= b0.remaining || raised,
                         "a report raised the budget inside its window: {b0:?} -> {b1:?}"
                     );
                 }

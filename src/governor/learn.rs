@@ -26,6 +26,11 @@
 //! - Budget windows are told apart by their reset instant: within one window
 //!   `remaining` only goes down; a report of a later window replaces it; a
 //!   report of a window that already ended is ignored.
+//! - Without rate headers the budget is learned from the pattern of refusals
+//!   (`pattern`), and kept honest both ways: runs under it lower it, probes
+//!   above it raise it. While it paces the pool, far fewer calls are in
+//!   flight than the limit: a window's first refusal, or a probe's, there is
+//!   taken as the window running out and cuts nothing.
 use super::pattern::Pattern;
 use crate::time::Ms;
 
@@ -559,8 +564,9 @@ impl Learning {
     pub fn on_grant(&mut self, now: Ms) {
         self.marks.on_grant(now, self.grants);
         self.pattern.on_first_grant(now);
-        self.grants += 1;
+        // Refilled before it counts, so the window's grant counts start after this one's.
         let _ = self.on_budget_reset(now);
+        self.grants += 1;
         if let Some(b) = &mut self.budget {
             b.remaining = b.remaining.saturating_sub(1);
         }
@@ -576,6 +582,11 @@ impl Learning {
         let b = self.budget.filter(|b| b.reset_at <= now)?;
         self.ended_reset_at = b.reset_at;
         (self.budget_not_before, self.budget_seq) = (0, 0);
+        if self.pattern.in_force {
+            // A budget learned from refusals moves its probe on.
+            self.pattern.on_refill(b.remaining == 0, self.grants);
+            self.budget_limit = self.pattern.per_window;
+        }
         self.budget = match (self.budget_limit, self.window_ms) {
             (Some(limit), w) if w > 0 => {
                 let mut reset_at = b.reset_at + w;
@@ -601,6 +612,13 @@ impl Learning {
             return wake;
         }
         let evidence = o.evidence();
+        if self.pattern.in_force
+            && evidence == Evidence::Concurrency
+            && self.probe_refused(lease)
+            && self.far_below(lease)
+        {
+            return wake;
+        }
         let mut pool_wide = false;
         match evidence {
             Evidence::Concurrency => pool_wide = self.on_refusal(lease),
@@ -628,6 +646,29 @@ impl Learning {
         wake
     }
 
+    /// A refusal while a budget learned from refusals is in force, of a
+    /// call of a probe of that budget (`Pattern::on_probe_refusal`): it ends
+    /// the probe, and the current window goes on at the level kept.
+    /// Returns whether the refusal was that.
+    fn probe_refused(&mut self, lease: Reported) -> bool {
+        if !self.pattern.on_probe_refusal(lease.grant_seq) {
+            return false;
+        }
+        self.budget_limit = self.pattern.per_window;
+        if let (Some(b), Some(p), Some(level)) = (&mut self.budget, &mut self.pace, self.budget_limit) {
+            b.remaining = b.remaining.min(level.saturating_sub(p.granted));
+            p.per_window = p.per_window.min(level);
+        }
+        true
+    }
+
+    /// The refused call ran with far fewer beside it than the limit allows:
+    /// a pool paced to a learned budget. Its refusal says little about
+    /// concurrency.
+    fn far_below(&self, lease: Reported) -> bool {
+        (lease.in_flight as u64 + 1) * 4 < self.effective as u64 * 3
+    }
+
     /// A concurrency refusal: the upstream allows about the calls that ran
     /// beside the refused one: those still in flight, or those that
     /// succeeded while it was held (reported first, they are no longer in
@@ -636,33 +677,47 @@ impl Learning {
     fn on_refusal(&mut self, lease: Reported) -> bool {
         self.start = Start::Done;
         self.climbing = false;
+        // Paced to a budget learned from refusals, a pool keeps far fewer in
+        // flight than its limit, and the first refusal in a window is most
+        // likely where the window ran out: it counts towards a run but cuts
+        // nothing; a second one in the window does.
+        let spared = self.pattern.in_force
+            && !std::mem::replace(&mut self.pattern.window_refused, true)
+            && self.far_below(lease);
         let beside = lease.in_flight.max(lease.oks_beside.min(self.effective));
         let level = beside + 1;
         // At most a halving per report.
         let target = beside.max(self.effective / 2).max(1);
-        self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
+        if !spared {
+            self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
+        }
         if lease.epoch == self.epoch {
             // A lease granted since the last cut: the refusals go on.
             if self.refusal_streak == 0 {
                 self.pattern.run_restore = (self.effective, self.refused_at, self.probe_wait);
                 self.pattern.run_began = level;
                 self.pattern.run_low = u32::MAX;
+                self.pattern.run_place = lease.grant_seq.checked_sub(self.pattern.window_seq).filter(|&p| p > 0);
             }
             self.pattern.run_low = self.pattern.run_low.min(level);
             self.refusal_streak = self.refusal_streak.saturating_add(1);
-            // A new congestion window; a refused probe makes the next one
-            // wait twice as long.
-            if std::mem::take(&mut self.probe_out) {
+            // A new congestion window (spared: a window of leases granted
+            // after this refusal, so that a run still shows as one); a
+            // refused probe makes the next one wait twice as long.
+            if std::mem::take(&mut self.probe_out) && !spared {
                 self.probe_wait = (self.probe_wait.saturating_mul(2)).min(PROBE_WAIT_MAX);
             }
             self.epoch = self.epoch.wrapping_add(1);
             self.successes = 0;
-            let pool_wide = self.refusal_streak >= POOL_WIDE_STREAK;
-            self.effective = self.effective.min(target);
-            return pool_wide;
+            if !spared {
+                self.effective = self.effective.min(target);
+            }
+            return self.refusal_streak >= POOL_WIDE_STREAK;
         }
         // A report of the burst that caused the cut: follow the evidence down.
-        self.effective = self.effective.min(target);
+        if !spared {
+            self.effective = self.effective.min(target);
+        }
         false
     }
 
@@ -702,6 +757,7 @@ impl Learning {
         let from = self.pattern.last_open;
         let granted = self.grants - lease.grant_seq.saturating_sub(1).min(self.grants);
         self.pattern.in_force = true;
+        self.pattern.window_seq = lease.grant_seq.saturating_sub(1);
         self.budget_limit = Some(per_window);
         self.window_ms = window_ms;
         self.budget = Some(Budget { remaining: per_window.saturating_sub(granted), reset_at: from + window_ms });
@@ -881,6 +937,7 @@ impl Learning {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::governor::pattern::RATE_PROBE_GAP_MIN;
 
     fn concurrency_429() -> Outcome {
         Outcome { status: Some(429), throttled: 1, ..Outcome::default() }
@@ -925,6 +982,52 @@ mod tests {
         assert_eq!(w.cooldown_until, None);
         assert_eq!(l.pause(10), None);
         assert!(l.effective() > 4, "one refusal with 4 calls in flight does not close the pool");
+    }
+
+    /// A pool paced to a budget learned from refusals keeps far fewer in
+    /// flight than its limit: the first refusal in a window is where the
+    /// window ran out and cuts nothing; a second one in it does, as does one
+    /// with the pool at its limit.
+    #[test]
+    fn a_paced_pools_first_refusal_in_a_window_cuts_nothing() {
+        let mut l = ramped(20);
+        l.pattern = Pattern { per_window: Some(60), in_force: true, ..Pattern::default() };
+        let a = grant(&mut l, 0);
+        let b = grant(&mut l, 1);
+        l.on_report(&concurrency_429(), about(a, 5), 10);
+        assert_eq!(l.effective(), 20);
+        l.on_report(&concurrency_429(), about(b, 5), 11);
+        assert_eq!(l.effective(), 10, "a second refusal in the window cuts");
+        l.pattern.window_refused = false;
+        let c = grant(&mut l, 20);
+        l.on_report(&concurrency_429(), about(c, 9), 21);
+        assert_eq!(l.effective(), 9, "at its limit, the refusal is about concurrency");
+    }
+
+    /// A probe's refused call ends the probe and cuts nothing; the current
+    /// window goes on at the level kept.
+    #[test]
+    fn a_refused_probe_of_a_learned_budget_cuts_nothing() {
+        let mut l = ramped(20);
+        l.pattern = Pattern { per_window: Some(60), in_force: true, ..Pattern::default() };
+        l.budget_limit = Some(60);
+        l.window_ms = 6000;
+        l.budget = Some(Budget { remaining: 0, reset_at: 6000 });
+        // The window ending at 6 s was used whole; three more like it.
+        let mut now = 6000;
+        for _ in 1..RATE_PROBE_GAP_MIN {
+            let _ = l.on_budget_reset(now);
+            for _ in 0..60 {
+                let _ = grant(&mut l, now);
+            }
+            now += 6000;
+        }
+        let _ = l.on_budget_reset(now);
+        assert_eq!((l.budget_limit, l.budget.unwrap().remaining), (Some(61), 61), "a probe");
+        let lease = grant(&mut l, now);
+        l.on_report(&concurrency_429(), about(lease, 3), now + 5);
+        assert_eq!(l.effective(), 20);
+        assert_eq!((l.budget_limit, l.budget.unwrap().remaining, l.pace.unwrap().per_window), (Some(60), 59, 60));
     }
 
     /// Refusals that go on after the cut, with no success between, are

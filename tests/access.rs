@@ -73,7 +73,6 @@ fn a_key_digest_of_the_empty_key_is_refused_so_an_empty_key_never_passes() {
         assert!(!r.status.success(), "{args:?} accepted the digest of an empty key");
         assert!(r.stderr.contains("pools.p.keySha256: entry 1 is the SHA-256 of an empty key"), "{}", r.stderr);
     }
-    let _ = std::fs::remove_dir_all(&dir);
     // Nor does a reload bring it in: the empty key stays refused.
     let s = TestServer::start(&config("", ""));
     std::fs::write(&s.config_path, config(&format!(r#""keySha256":["{empty}"]"#), "")).unwrap();
@@ -278,9 +277,8 @@ fn hmac_a_wider_tolerance_after_a_reload_does_not_reopen_replay() {
 fn restart(mut s: TestServer, signal: &str) -> TestServer {
     s.signal(signal);
     s.child.wait().unwrap();
-    // `Drop` removes `dir`; taken, it is empty and nothing is removed.
-    let dir = std::mem::take(&mut s.dir);
-    TestServer::start_with(dir, s.config_path.clone(), &[])
+    let config_path = s.config_path.clone();
+    TestServer::start_with(s.into_dir(), config_path, &[])
 }
 
 #[test]
@@ -817,7 +815,6 @@ fn with_the_log_on_standard_output_that_stream_holds_json_lines_only() {
     assert_eq!(lines.len(), 1, "{stdout}");
     let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(line["status"], 200, "{line}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -1269,7 +1266,7 @@ fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
 /// A scratch directory holding a named pipe, `access.fifo`, and a
 /// configuration that logs to it: (directory, pipe, configuration file).
 /// `None`, with a note, where `mkfifo` is not available.
-fn fifo_log_setup() -> Option<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)> {
+fn fifo_log_setup() -> Option<(Scratch, std::path::PathBuf, std::path::PathBuf)> {
     let dir = scratch_dir();
     let fifo = dir.join("access.fifo");
     match std::process::Command::new("mkfifo").arg(&fifo).status() {
@@ -1421,7 +1418,8 @@ fn a_dual_stack_listener_logs_and_matches_ipv4_clients_as_ipv4() {
     let json = config_with_access_log("").replacen(r#""pools":{"p":{"keys":["test-key-0001"]},"#, pools, 1);
     assert!(json.contains("ipAllow"), "{json}");
     std::fs::write(dir.join("config.json"), &json).unwrap();
-    let mut s = TestServer::start_with(dir.clone(), dir.join("config.json"), &["--listen", "[::]:0"]);
+    let config_path = dir.join("config.json");
+    let mut s = TestServer::start_with(dir, config_path, &["--listen", "[::]:0"]);
     let v4 = std::net::SocketAddr::from(([127, 0, 0, 1], s.addr.port()));
     for pool in ["p", "other"] {
         let key = if pool == "p" { KEY } else { "other-key" };

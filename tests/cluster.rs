@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{post, read_response, scratch_dir, Response};
+use common::{post, read_response, scratch_dir, Response, Scratch};
 use upstream::{ok, MockUpstream};
 
 const KEY: &str = "cluster-test-key";
@@ -61,8 +61,11 @@ fn free_base_port(instances: u16) -> u16 {
 
 /// Instances `n1 … nN` behind HAProxy, started and stopped by the script.
 struct Cluster {
+    /// The script's directory, in `_scratch`.
     dir: PathBuf,
     port: u16,
+    /// Removed after `Drop` has stopped the instances (fields drop after it).
+    _scratch: Scratch,
 }
 
 impl Cluster {
@@ -76,7 +79,7 @@ impl Cluster {
         let config = dir.join("pools.json");
         std::fs::write(&config, format!(r#"{{"accessLog":null,"pools":{pools}}}"#)).unwrap();
         let port = free_base_port(instances);
-        let cluster = Cluster { dir: dir.join("cluster"), port };
+        let cluster = Cluster { dir: dir.join("cluster"), port, _scratch: dir };
         let out = cluster.script(&[
             "--instances",
             &instances.to_string(),
@@ -145,7 +148,6 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = self.script(&["--stop"]);
-        let _ = std::fs::remove_dir_all(self.dir.parent().unwrap());
     }
 }
 
@@ -734,7 +736,6 @@ fn the_stick_expiry_outlasts_every_slot_that_lives_without_requests() {
     // Short pools keep the default.
     let (ok, cfg, _) = print(&format!(r#"{{"p":{{"keys":["{KEY}"]}}}}"#), &[]);
     assert!(ok && cfg.contains(" expire 120000ms "), "{cfg}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -760,13 +761,12 @@ fn the_nginx_alternative_is_a_valid_nginx_configuration() {
         .arg("-t")
         .arg("-q")
         .arg("-p")
-        .arg(&dir)
+        .arg(dir.as_os_str())
         .arg("-e")
         .arg(dir.join("error.log"))
         .arg("-c")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/nginx.conf"))
         .output()
         .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "nginx -t: {}", String::from_utf8_lossy(&out.stderr));
 }

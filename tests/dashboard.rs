@@ -347,7 +347,6 @@ fn a_non_loopback_admin_listener_without_token_refuses_to_start() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("adminToken") && stderr.contains("loopback"), "{stderr}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -369,7 +368,6 @@ fn the_examples_use_public_host_which_must_be_a_host_name() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("publicHost") && stderr.contains("not a host name"), "{stderr}");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 // ------------------------------------------------------------ headless browser
@@ -416,7 +414,6 @@ fn chromium(bin: &PathBuf, args: &[&str], url: &str) -> String {
         .arg(url)
         .output()
         .expect("run chromium");
-    let _ = std::fs::remove_dir_all(profile);
     assert!(out.status.success(), "chromium failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

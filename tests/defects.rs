@@ -160,7 +160,6 @@ fn a_pool_named_twice_is_refused_naming_it() {
         assert!(!status.success(), "{args:?} accepted a duplicate pool");
         assert!(stderr.contains("duplicate pool `twice`"), "{stderr}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -183,7 +182,6 @@ fn check_config_reads_jwks_files_as_start_up_does() {
             assert!(stderr.contains("jwksFile") && stderr.contains(why), "{args:?}: {stderr}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ------------------------------------------------------------ 9: rejections

@@ -245,7 +245,6 @@ fn check_config_and_start_up_refuse_a_bad_ip_allow_alike() {
             assert!(r.stderr.contains(&format!("pools.p.{field}")), "{args:?}: {}", r.stderr);
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A missing `jwksFile` is refused by `--check-config`, not first by start-up.
@@ -258,5 +257,4 @@ fn check_config_refuses_a_missing_jwks_file() {
     let r = run(&dir, &["--check-config", path.to_str().unwrap()]);
     assert!(!r.status.success(), "--check-config accepted a missing jwksFile");
     assert!(r.stderr.contains("jwksFile") && r.stderr.contains("absent.json"), "{}", r.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
 }

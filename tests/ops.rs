@@ -858,7 +858,6 @@ fn start_up_fails_in_one_line_when_the_port_is_taken() {
     let path = write_config(&dir, &admin_taken);
     let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
     assert_fails_with(&r, &[&addr, "adminListen"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -869,7 +868,6 @@ fn start_up_fails_in_one_line_when_the_state_file_cannot_be_written() {
     let path = write_config(&dir, &nowhere);
     let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
     assert_fails_with(&r, &["stateFile", "no-such-directory/nthpool.state"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -904,7 +902,6 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
     let path = write_config(&dir, &config("", r#""stateFile":"x.state""#));
     let r = run(&dir, &["--check-config", &path]);
     assert!(r.status.success(), "{}", r.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -917,7 +914,6 @@ fn start_up_fails_in_one_line_when_the_config_cannot_be_read() {
     let directory = dir.to_str().unwrap();
     let r = run(&dir, &["--config", directory, "--listen", "127.0.0.1:0"]);
     assert_fails_with(&r, &[directory]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -936,7 +932,6 @@ fn start_up_fails_in_one_line_naming_an_invalid_or_unknown_field() {
     assert_fails_with(&run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]), &["listenn"]);
     let path = write_config(&dir, "{ not json");
     assert_fails_with(&run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]), &["invalid configuration"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -951,7 +946,6 @@ fn start_up_names_the_field_of_a_wrongly_typed_value() {
         let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
         assert_fails_with(&r, &[field]);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -966,7 +960,6 @@ fn check_config_validates_without_serving() {
     let path = write_config(&dir, &config(r#""concurrency":0"#, ""));
     let r = run(&dir, &["--check-config", &path]);
     assert_fails_with(&r, &["pools.p.concurrency"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -979,7 +972,6 @@ fn help_explains_the_flags() {
             assert!(r.stdout.contains(needle), "{flag} output lacks {needle}:\n{}", r.stdout);
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Flags that would silently override each other, or a `--listen` the file
@@ -994,7 +986,6 @@ fn a_flag_given_twice_or_a_clashing_listen_is_refused() {
     assert_fails_with(&r, &["--listen is given twice"]);
     let r = run(&dir, &["--config", &path, "--listen", "127.0.0.1:7999"]);
     assert_fails_with(&r, &["--listen 127.0.0.1:7999", "adminListen", "`listen` address too"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A slot secret others can read (whoever reads it can forge ids that a
@@ -1027,7 +1018,6 @@ fn a_slot_secret_readable_by_others_is_warned_about() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(line.contains("can be read by others (mode 644)") && line.contains("chmod 600"), "{line}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// With fewer descriptors than `maxConnections` needs, the cap is lowered to

@@ -34,7 +34,6 @@ fn every_configuration_example_passes_check_config() {
         let r = run(&dir, &["--check-config", path.to_str().unwrap()]);
         assert!(r.status.success(), "README configuration example {i} fails: {}\n{block}", r.stderr);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The ```bash blocks of the walk-through at the top of the README.

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{config, eventually, post, read_response, Response, TestServer, KEY};
+use common::{config, eventually, post, read_response, Response, Scratch, TestServer, KEY};
 use upstream::{exchange, ok, proxied, MockUpstream, HOST};
 
 const POOL: &str = r#""concurrency":3,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
@@ -26,24 +26,24 @@ fn metric(s: &TestServer, series: &str) -> u64 {
 }
 
 /// Stops `s` with `signal`, waits for it to exit, and keeps its directory
-/// (config, slot secret, snapshot).
-fn stop(mut s: TestServer, signal: &str) -> (PathBuf, PathBuf) {
+/// (config, slot secret, snapshot) and its configuration file.
+fn stop(mut s: TestServer, signal: &str) -> (Scratch, PathBuf) {
     s.signal(signal);
     let status = s.child.wait().unwrap();
     if signal != "KILL" {
         assert!(status.success(), "a graceful stop exits 0: {status}");
     }
-    let kept = (std::mem::take(&mut s.dir), s.config_path.clone());
-    // `Drop` removes `dir`; it is empty now, so nothing is removed.
-    kept
+    let config_path = s.config_path.clone();
+    (s.into_dir(), config_path)
 }
 
-fn kill_9(s: TestServer) -> (PathBuf, PathBuf) {
+fn kill_9(s: TestServer) -> (Scratch, PathBuf) {
     stop(s, "KILL")
 }
 
-fn restart(kept: &(PathBuf, PathBuf)) -> TestServer {
-    TestServer::start_with(kept.0.clone(), kept.1.clone(), &[])
+/// A server started again in the directory `stop` kept, which it now owns.
+fn restart((dir, config_path): (Scratch, PathBuf)) -> TestServer {
+    TestServer::start_with(dir, config_path, &[])
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn kill_9_readopts_renewing_holders_and_never_over_admits() {
     assert_eq!(first.get_admin("/healthz").json()["status"], "ok", "a first start opens no window");
     let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
     let kept = kill_9(first);
-    let s = restart(&kept);
+    let s = restart(kept);
     let started = Instant::now();
 
     // In the window: fail-fast acquires wait for the old holders.
@@ -97,7 +97,7 @@ fn kill_9_readopts_renewing_holders_and_never_over_admits() {
 fn a_readopted_holder_that_stops_renewing_is_reclaimed_at_its_term() {
     let first = TestServer::start(&config(POOL, ""));
     let slot = first.acquire("", "").slot();
-    let s = restart(&kill_9(first));
+    let s = restart(kill_9(first));
     assert_eq!(s.renew(&slot).status, 200);
     let deadline = Instant::now() + Duration::from_secs(20);
     while metric(&s, "nthpool_reclaims_total{pool=\"p\",cause=\"term\"}") == 0 {
@@ -172,7 +172,7 @@ fn tampered_forged_and_other_pool_ids_are_refused_and_never_adopted() {
     let slot = first.acquire("", "").slot();
     let stranger = TestServer::start(&config(POOL, ""));
     let forged = stranger.acquire("", "").slot();
-    let s = restart(&kill_9(first));
+    let s = restart(kill_9(first));
 
     let mut tampered = slot.clone().into_bytes();
     tampered[20] = if tampered[20] == b'A' { b'B' } else { b'A' };
@@ -201,10 +201,11 @@ fn a_graceful_restart_keeps_held_slots_and_what_was_learned_with_no_window() {
     let learned = first.acquire("", "");
     assert_eq!((learned.status, learned.header("x-nthpool-effective-limit")), (429, Some("2")), "{learned:?}");
     let kept = stop(first, "TERM");
-    assert!(kept.0.join("nthpool.state").exists(), "the stop left a snapshot");
+    let state = kept.0.join("nthpool.state");
+    assert!(state.exists(), "the stop left a snapshot");
 
-    let s = restart(&kept);
-    assert!(!kept.0.join("nthpool.state").exists(), "a snapshot is used once");
+    let s = restart(kept);
+    assert!(!state.exists(), "a snapshot is used once");
     assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "no window after a graceful stop");
     assert_eq!(metric(&s, "nthpool_recovering{pool=\"p\"}"), 0);
     // The two held slots are known at once (not re-adopted) and still count.
@@ -221,7 +222,7 @@ fn a_graceful_restart_keeps_held_slots_and_what_was_learned_with_no_window() {
     assert_eq!(metric(&s, "nthpool_grants_total{pool=\"p\"}"), 4);
     assert_eq!(metric(&s, "nthpool_denials_total{pool=\"p\",reason=\"concurrency\"}"), 2);
     // A crash now finds no snapshot: the window opens.
-    let s = restart(&kill_9(s));
+    let s = restart(kill_9(s));
     assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
 }
 
@@ -231,7 +232,7 @@ fn an_idempotency_key_names_its_held_slot_across_a_graceful_restart() {
     let granted = first.acquire("Idempotency-Key: order-42\r\n", "");
     let released = first.acquire("Idempotency-Key: order-43\r\n", "").slot();
     assert_eq!(first.release(&released, "").json()["released"], true);
-    let s = restart(&stop(first, "TERM"));
+    let s = restart(stop(first, "TERM"));
 
     let retry = s.acquire("Idempotency-Key: order-42\r\n", "");
     assert_eq!(retry.slot(), granted.slot(), "the retry after the restart gets the same slot: {retry:?}");
@@ -266,10 +267,9 @@ fn a_corrupt_or_mismatched_snapshot_is_refused_and_the_crash_path_taken() {
                 let stranger = TestServer::start(&config(POOL, ""));
                 let stranger_kept = stop(stranger, "TERM");
                 std::fs::copy(stranger_kept.0.join("nthpool.state"), &state).unwrap();
-                std::fs::remove_dir_all(&stranger_kept.0).unwrap();
             }
         }
-        let s = restart(&kept);
+        let s = restart(kept);
         assert_eq!(s.get_admin("/healthz").json()["status"], "recovering", "{spoil}");
         assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"), "{spoil}");
         // The holder is re-adopted from its id instead.
@@ -289,13 +289,13 @@ fn a_refused_snapshot_is_set_aside_and_never_loaded_by_a_later_start() {
     let kept = stop(first, "TERM");
     let state = kept.0.join("nthpool.state");
     std::fs::write(&kept.1, config(&POOL.replace("3", "4"), "")).unwrap();
-    let deployed = restart(&kept);
+    let deployed = restart(kept);
     assert_eq!(deployed.get_admin("/healthz").json()["status"], "recovering");
     assert!(!state.exists(), "the refused snapshot was left where a later start finds it");
-    assert!(kept.0.join("nthpool.state.refused").exists(), "kept aside for a look");
+    assert!(deployed.dir.join("nthpool.state.refused").exists(), "kept aside for a look");
     let kept = kill_9(deployed);
     std::fs::write(&kept.1, config(POOL, "")).unwrap();
-    let s = restart(&kept);
+    let s = restart(kept);
     assert_eq!(s.get_admin("/healthz").json()["status"], "recovering", "a crash takes the crash path");
     assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
 }
@@ -312,7 +312,7 @@ fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
     let kept = stop(first, "TERM");
     let new_pool = r#""concurrency":1,"termMs":1000,"renewIntervalMs":300,"adaptive":false"#;
     std::fs::write(&kept.1, config(new_pool, "")).unwrap();
-    let s = restart(&kept);
+    let s = restart(kept);
     std::thread::sleep(Duration::from_millis(1300));
     let denied = s.acquire("", "");
     assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"), "{denied:?}");
@@ -367,7 +367,7 @@ fn a_holder_renews_on_its_old_interval_across_a_restart(lower: impl FnOnce(TestS
 fn a_lease_keeps_its_term_across_a_graceful_restart_after_a_reload_lowered_it() {
     a_holder_renews_on_its_old_interval_across_a_restart(|s, lowered| {
         s.reload(lowered);
-        restart(&stop(s, "TERM"))
+        restart(stop(s, "TERM"))
     });
 }
 
@@ -376,7 +376,7 @@ fn a_lease_keeps_its_term_across_a_graceful_restart_into_a_configuration_that_lo
     a_holder_renews_on_its_old_interval_across_a_restart(|s, lowered| {
         let kept = stop(s, "TERM");
         std::fs::write(&kept.1, lowered).unwrap();
-        restart(&kept)
+        restart(kept)
     });
 }
 
@@ -389,8 +389,8 @@ fn a_lost_secret_with_a_snapshot_left_still_opens_the_window() {
     let slot = first.acquire("", "").slot();
     let kept = stop(first, "TERM");
     std::fs::remove_file(kept.0.join("nthpool.secret")).unwrap();
-    let s = restart(&kept);
-    assert_eq!(std::fs::read(kept.0.join("nthpool.secret")).unwrap().len(), 32, "a new secret");
+    let s = restart(kept);
+    assert_eq!(std::fs::read(s.dir.join("nthpool.secret")).unwrap().len(), 32, "a new secret");
     assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
     assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
     assert_eq!(s.renew(&slot).status, 404, "signed under the lost secret");
@@ -411,7 +411,7 @@ fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     }
     // Let one more period pass so the snapshot has seen the release.
     std::thread::sleep(Duration::from_millis(1500));
-    let s = restart(&kill_9(first));
+    let s = restart(kill_9(first));
     assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
     let denied = s.acquire("", "");
     assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"));
@@ -432,7 +432,7 @@ fn a_graceful_restart_after_a_reload_added_a_pool_restores_with_no_window() {
     let slot = first.acquire("", "").slot();
     first.reload(&config(POOL, "").replace(r#""pools":{"#, r#""pools":{"a":{"keys":["a-key"]},"#));
     let kept = stop(first, "TERM");
-    let s = restart(&kept);
+    let s = restart(kept);
     assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "restored: no window");
     assert_eq!(s.renew(&slot).status, 200);
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
@@ -449,7 +449,7 @@ fn a_graceful_restart_keeps_the_draining_slots_of_a_pool_a_reload_removed() {
     let slots: Vec<String> = (0..2).map(|_| on_r(&first, "acquire").slot()).collect();
     first.reload(&config(POOL, ""));
     assert_eq!(on_r(&first, &format!("{}/renew", slots[0])).status, 200, "draining");
-    let s = restart(&stop(first, "TERM"));
+    let s = restart(stop(first, "TERM"));
     assert_eq!(metric(&s, "nthpool_slots_held{pool=\"r\"}"), 2, "held, draining");
     assert_eq!(metric(&s, "nthpool_retired{pool=\"r\"}"), 1);
     // Its keys are not in the snapshot: no key opens `r` until a reload names it.
@@ -469,7 +469,7 @@ fn a_reload_during_the_window_neither_ends_nor_extends_it_and_a_pool_it_adds_has
     let first = TestServer::start(&config(&pool(1), ""));
     let slot = first.acquire("", "").slot();
     let kept = kill_9(first);
-    let s = restart(&kept);
+    let s = restart(kept);
     let started = Instant::now();
     assert!(recovering(&s.acquire("", "")));
     std::thread::sleep(Duration::from_millis(1000));
@@ -517,7 +517,7 @@ fn a_reload_moves_the_snapshot_and_retimes_the_periodic_writer() {
     // The stop snapshot goes to the new path, and the restart restores it.
     let kept = stop(s, "TERM");
     assert!(b.exists() && !a.exists(), "the stop snapshot is at the reloaded path");
-    let s = restart(&kept);
+    let s = restart(kept);
     assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "restored: no window");
     assert_eq!(s.renew(&slot).status, 200);
     assert_eq!(metric(&s, "nthpool_readopted_total{pool=\"p\"}"), 0, "known from the snapshot");
@@ -661,7 +661,7 @@ fn a_graceful_restart_under_load_has_no_refusal_window_and_keeps_the_learned_lim
 
     let before = seen.cycles.load(Ordering::SeqCst);
     let kept = stop(first, "TERM");
-    let s = restart(&kept);
+    let s = restart(kept);
     *target.0.lock().unwrap() = s.addr;
     assert_eq!(s.get_admin("/healthz").json()["status"], "ok");
     wait_for_cycles(&seen, before + 12);
@@ -705,7 +705,7 @@ fn kill_9_under_load_never_over_admits_readopts_live_holders_and_reclaims_vanish
         })
     };
 
-    let s = restart(&kill_9(first));
+    let s = restart(kill_9(first));
     *target.0.lock().unwrap() = s.addr;
     let after_crash = seen.cycles.load(Ordering::SeqCst);
     wait_for_cycles(&seen, after_crash + 6);
@@ -733,7 +733,7 @@ fn the_dashboard_history_shows_recovering_denials() {
     let pool = r#""concurrency":3,"termMs":5000,"renewIntervalMs":1000,"requestTimeoutMs":60000"#;
     let first = TestServer::start(&config(pool, ""));
     first.acquire("", "").slot();
-    let s = restart(&kill_9(first));
+    let s = restart(kill_9(first));
     let denied = s.acquire("", "");
     assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"), "{denied:?}");
     let v = s.get_admin("/api/pools/p").json();
@@ -811,7 +811,7 @@ fn a_stop_releases_the_grants_a_client_never_took_before_its_snapshot() {
     let ended = std::io::Read::read_to_end(&mut greedy, &mut answers);
     assert!(ended.is_ok(), "the client's read ended with {ended:?}, not the FIN");
     let received = answers.windows(9).filter(|w| w == b"\"slotId\":").count() as u64;
-    let s = restart(&kept);
+    let s = restart(kept);
     let held = metric(&s, "nthpool_slots_held{pool=\"p\"}");
     assert!(held < granted, "all {granted} grants came back held after the stop: none was released");
     // Every slot held after the restart is one its client received (a grant
@@ -846,12 +846,12 @@ fn a_state_file_another_running_process_uses_is_refused() {
     other.signal("HUP");
     eventually("the reload refused", || failed() == 1.0);
 
-    let kept = stop(first, "TERM");
-    let s = TestServer::start_with(dir.clone(), dir.join("config.json"), &[]);
+    // Kept until `s`, which uses its state file and secret, is dropped.
+    let _first_dir = stop(first, "TERM");
+    let config_path = dir.join("config.json");
+    let s = TestServer::start_with(dir, config_path, &[]);
     assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "the stop snapshot restored, no window");
     assert_eq!(s.renew(&slot).status, 200, "the first process's slot, held");
-    drop(s);
-    let _ = std::fs::remove_dir_all(kept.0);
 }
 
 /// A device or a pipe named as the state file (`/dev/null` meant as "none")
@@ -871,5 +871,4 @@ fn a_state_file_that_is_not_a_regular_file_is_refused() {
     }
     use std::os::unix::fs::FileTypeExt;
     assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the pipe is where it was");
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::scratch_dir;
+use common::{scratch_dir, Scratch};
 
 /// The tools a script may start before its work begins; each stub appends its
 /// name and arguments to `calls` and fails.
@@ -17,7 +17,7 @@ const STUBBED: [&str; 9] = ["cargo", "nginx", "haproxy", "valgrind", "apt-get", 
 
 /// A scratch copy of `scripts/` (so nothing of this checkout is built or run)
 /// and a directory of stubs; returns the copy's root.
-fn sandbox() -> PathBuf {
+fn sandbox() -> Scratch {
     let root = scratch_dir();
     let scripts = root.join("scripts");
     std::fs::create_dir_all(&scripts).unwrap();
@@ -110,7 +110,6 @@ fn every_script_answers_help_and_starts_nothing() {
         assert!(r.calls.is_empty(), "{name} --no-such-flag started {}", r.calls);
         assert!(r.stderr.contains("unknown argument --no-such-flag"), "{name}: {}", r.stderr);
     }
-    let _ = std::fs::remove_dir_all(&root);
 }
 
 /// With CARGO_TARGET_DIR set, cargo builds there, so that is where the
@@ -137,5 +136,4 @@ fn the_scripts_run_the_binaries_cargo_built_in_cargo_target_dir() {
     let r = run(&root, "snapshot-bench.sh", &[], &env);
     assert!(r.calls.lines().any(|l| l.starts_with("nthpool --config")), "snapshot-bench.sh ran no server: {}", r.calls);
     assert!(r.stderr.contains("the server did not start"), "{}", r.stderr);
-    let _ = std::fs::remove_dir_all(&root);
 }

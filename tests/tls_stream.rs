@@ -1,29 +1,24 @@
 //! The non-blocking TLS client stream against a real rustls server on
 //! loopback, with certificates made for each test.
 
+mod common;
 mod tls_support;
 
 use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::scratch_dir;
 use mio::{Events, Interest, Poll, Token};
 use nthpool::net::tls::{ClientTls, TlsConfigError, TlsError, TlsStream};
 use tls_support::{echo, Ca, TlsServer};
 
 const CONN: Token = Token(1);
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("nthpool-tls-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Client settings trusting `ca` (and the bundled roots).
-fn client_for(ca: &Ca, name: &str) -> ClientTls {
-    let path = ca.write_pem(&scratch(name));
-    ClientTls::new(Some(&path)).unwrap()
+fn client_for(ca: &Ca) -> ClientTls {
+    let dir = scratch_dir();
+    ClientTls::new(Some(&ca.write_pem(&dir))).unwrap()
 }
 
 /// A client session driven by its own poll, as the reactor would drive it.
@@ -114,7 +109,7 @@ fn cause(result: io::Result<()>) -> TlsError {
 fn handshake_then_bytes_both_ways_with_sni_and_alpn() {
     let ca = Ca::new("test ca");
     let server = TlsServer::start(&ca.leaf(&["localhost"]), echo());
-    let tls = client_for(&ca, "both-ways");
+    let tls = client_for(&ca);
     let mut client = Client::connect(&tls, server.addr, "localhost");
     let back = client.exchange(b"hello over tls\n", 15).unwrap();
     assert_eq!(back, b"hello over tls\n");
@@ -130,7 +125,7 @@ fn handshake_then_bytes_both_ways_with_sni_and_alpn() {
 fn a_megabyte_each_way_through_bounded_buffers() {
     let ca = Ca::new("test ca");
     let server = TlsServer::start(&ca.leaf(&["localhost"]), echo());
-    let tls = client_for(&ca, "megabyte");
+    let tls = client_for(&ca);
     let mut client = Client::connect(&tls, server.addr, "localhost");
     let out: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
     let back = client.exchange(&out, out.len()).unwrap();
@@ -142,7 +137,7 @@ fn a_megabyte_each_way_through_bounded_buffers() {
 fn an_ip_address_is_verified_against_the_certificate_without_sni() {
     let ca = Ca::new("test ca");
     let server = TlsServer::start(&ca.leaf(&["127.0.0.1"]), echo());
-    let tls = client_for(&ca, "ip");
+    let tls = client_for(&ca);
     let mut client = Client::connect(&tls, server.addr, "127.0.0.1");
     assert_eq!(client.exchange(b"ip\n", 3).unwrap(), b"ip\n");
     assert_eq!(server.seen(1)[0].sni, None);
@@ -153,7 +148,7 @@ fn an_unknown_ca_is_refused_and_named() {
     let trusted = Ca::new("trusted ca");
     let stranger = Ca::new("stranger ca");
     let server = TlsServer::start(&stranger.leaf(&["localhost"]), echo());
-    let tls = client_for(&trusted, "unknown-ca");
+    let tls = client_for(&trusted);
     let mut client = Client::connect(&tls, server.addr, "localhost");
     let err = cause(client.handshake());
     assert_eq!(err, TlsError::UnknownCa);
@@ -173,7 +168,7 @@ fn an_unknown_ca_is_refused_and_named() {
 fn a_certificate_for_another_host_is_refused_and_named() {
     let ca = Ca::new("test ca");
     let server = TlsServer::start(&ca.leaf(&["other.test"]), echo());
-    let tls = client_for(&ca, "wrong-host");
+    let tls = client_for(&ca);
     let mut client = Client::connect(&tls, server.addr, "localhost");
     let err = cause(client.handshake());
     match &err {
@@ -192,7 +187,7 @@ fn a_certificate_for_another_host_is_refused_and_named() {
 fn an_expired_certificate_is_refused_and_named() {
     let ca = Ca::new("test ca");
     let server = TlsServer::start(&ca.expired_leaf(&["localhost"]), echo());
-    let tls = client_for(&ca, "expired");
+    let tls = client_for(&ca);
     let mut client = Client::connect(&tls, server.addr, "localhost");
     let err = cause(client.handshake());
     assert_eq!(err, TlsError::Expired);
@@ -211,7 +206,7 @@ fn a_peer_that_does_not_speak_tls_is_a_protocol_error() {
         let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
     });
     let ca = Ca::new("test ca");
-    let tls = client_for(&ca, "plain-peer");
+    let tls = client_for(&ca);
     let mut client = Client::connect(&tls, addr, "localhost");
     let err = cause(client.handshake());
     assert!(matches!(err, TlsError::Protocol(_)), "{err:?}");
@@ -222,7 +217,7 @@ fn a_peer_that_does_not_speak_tls_is_a_protocol_error() {
 fn a_second_connection_resumes_the_first_session() {
     let ca = Ca::new("test ca");
     let server = TlsServer::start(&ca.leaf(&["localhost"]), echo());
-    let tls = client_for(&ca, "resume");
+    let tls = client_for(&ca);
     // The first exchange also takes in the session tickets the server sends.
     let mut first = Client::connect(&tls, server.addr, "localhost");
     assert_eq!(first.exchange(b"one\n", 4).unwrap(), b"one\n");
@@ -240,7 +235,7 @@ fn a_handshake_past_its_deadline_fails_with_a_timeout() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let ca = Ca::new("test ca");
-    let tls = client_for(&ca, "timeout");
+    let tls = client_for(&ca);
     let tcp = mio::net::TcpStream::connect(addr).unwrap();
     let _held = listener.accept().unwrap();
     let mut stream = tls.connect(tcp, "localhost", 5_000).unwrap();
@@ -254,7 +249,7 @@ fn a_handshake_past_its_deadline_fails_with_a_timeout() {
 
 #[test]
 fn an_unusable_ca_file_is_a_configuration_error_naming_the_file() {
-    let dir = scratch("bad-ca-file");
+    let dir = scratch_dir();
     let missing = dir.join("missing.pem");
     let err = ClientTls::new(Some(&missing)).unwrap_err();
     assert!(matches!(err, TlsConfigError::CaFile { .. }));
@@ -270,7 +265,7 @@ fn an_unusable_ca_file_is_a_configuration_error_naming_the_file() {
 #[test]
 fn a_name_that_is_not_a_host_is_refused_before_any_byte() {
     let ca = Ca::new("test ca");
-    let tls = client_for(&ca, "bad-name");
+    let tls = client_for(&ca);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let tcp = mio::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let err = tls.connect(tcp, "not a host", 0).unwrap_err();

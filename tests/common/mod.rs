@@ -18,18 +18,48 @@ pub struct TestServer {
     pub child: Child,
     pub addr: SocketAddr,
     pub admin: Option<SocketAddr>,
-    pub dir: PathBuf,
+    /// Removed after `Drop` has stopped the server (fields drop after it).
+    pub dir: Scratch,
     pub config_path: PathBuf,
     pub stdout: BufReader<ChildStdout>,
 }
 
+/// A scratch directory, removed with all it holds when dropped, a failing
+/// test's unwinding included. Declare it before whatever process works in
+/// it (locals drop in reverse order), or hand it to that process's
+/// `TestServer` (`start_with`, which removes it once the server is stopped).
+pub struct Scratch(PathBuf);
+
 /// A fresh scratch directory under the system temp dir.
-pub fn scratch_dir() -> PathBuf {
+pub fn scratch_dir() -> Scratch {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let dir = std::env::temp_dir().join(format!("nthpool-test-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Empty in a `TestServer` whose directory `into_dir` handed back.
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// A configuration with one pool `p` (key `KEY`) whose settings are `pool_extra`
@@ -79,19 +109,34 @@ impl TestServer {
         std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
     }
 
-    pub fn start_with(dir: PathBuf, config_path: PathBuf, extra_args: &[&str]) -> TestServer {
+    /// Starts a server in `dir`, which it then owns: it is removed when the
+    /// server is dropped, or handed back by `into_dir`.
+    pub fn start_with(dir: Scratch, config_path: PathBuf, extra_args: &[&str]) -> TestServer {
         let level = std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".into());
         Self::spawn(dir, config_path, extra_args, Stdio::inherit(), &level)
     }
 
-    fn spawn(dir: PathBuf, config_path: PathBuf, extra_args: &[&str], stderr: Stdio, log_level: &str) -> TestServer {
+    /// Stops the server if it still runs (`SIGKILL`) and hands its
+    /// directory back to the test, say for a server started in it again.
+    pub fn into_dir(mut self) -> Scratch {
+        self.stop();
+        // An empty path in its place: dropping `self` removes nothing.
+        std::mem::replace(&mut self.dir, Scratch(PathBuf::new()))
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn spawn(dir: Scratch, config_path: PathBuf, extra_args: &[&str], stderr: Stdio, log_level: &str) -> TestServer {
         let command = Command::new(env!("CARGO_BIN_EXE_nthpool"));
         Self::spawn_command(command, dir, config_path, extra_args, stderr, log_level)
     }
 
     fn spawn_command(
         mut command: Command,
-        dir: PathBuf,
+        dir: Scratch,
         config_path: PathBuf,
         extra_args: &[&str],
         stderr: Stdio,
@@ -216,9 +261,7 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.stop();
     }
 }
 

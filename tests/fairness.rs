@@ -7,10 +7,17 @@
 //! afterwards. Every acquire holds its slot, so the `x-nthpool-remaining-slots`
 //! of the single acquire's answer counts how many of the pipelined acquires
 //! were granted before it: an order read from the answers, not a time.
+//!
+//! A turn also has a time: the connections it comes to past it wait for the
+//! next turn, which serves them first. Hundreds of clients pipelining into
+//! one turn are served round by round, a budget each, whether or not a turn
+//! was cut short on the way, and none is lost (their readiness, reported
+//! once, is kept while they wait).
 
 mod common;
 
 use std::io::{BufReader, Write};
+use std::net::TcpStream;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -18,7 +25,7 @@ use std::time::Duration;
 use common::*;
 
 const PIPELINED: usize = 2000;
-const CONCURRENCY: u64 = 10_000;
+const CONCURRENCY: u64 = 100_000;
 /// How many of the pipelined requests may be answered before the single
 /// acquire: the server's per-connection budget is 16 requests a turn, and
 /// the pipelining client may have been served once before the other.
@@ -70,4 +77,49 @@ fn a_pipelining_client_does_not_hold_up_another_clients_acquire() {
         before <= AT_MOST_BEFORE,
         "{before} pipelined acquires were answered before another client's single acquire (at most {AT_MOST_BEFORE})"
     );
+}
+
+/// Clients pipelining into one turn, and what each pipelines: three of the
+/// server's per-turn budgets (16 requests), a few kilobytes that the
+/// kernel takes while the server is stopped.
+const CLIENTS: usize = 300;
+const ROUNDS: usize = 3;
+const BUDGET: usize = 16;
+
+#[test]
+fn clients_pipelining_into_one_turn_are_served_round_by_round_and_in_full() {
+    let s = TestServer::start(&config(&format!(r#""concurrency":{CONCURRENCY},"adaptive":false"#), ""));
+    let mut clients: Vec<TcpStream> = (0..CLIENTS).map(|_| s.connect()).collect();
+    for c in &mut clients {
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        c.write_all(&post("/pools/p/lock/nope/renew", KEY, "", "")).unwrap();
+        assert_eq!(read_response(c).expect("an answer").status, 404);
+    }
+    let pipeline: Vec<u8> = (0..ROUNDS * BUDGET).flat_map(|_| acquire_request()).collect();
+    s.while_stopped(|| {
+        for c in &mut clients {
+            c.write_all(&pipeline).unwrap();
+        }
+    });
+
+    // Each answer's place among all the grants, by client and by round.
+    let mut rounds = vec![Vec::new(); ROUNDS];
+    for (client, c) in clients.into_iter().enumerate() {
+        let mut reader = BufReader::new(c);
+        for i in 0..ROUNDS * BUDGET {
+            let r = read_response(&mut reader).unwrap_or_else(|| panic!("client {client}: answer {i} is missing"));
+            assert_eq!(r.status, 200, "client {client}, answer {i}: {r:?}");
+            let place = CONCURRENCY - 1 - r.header_u64("x-nthpool-remaining-slots");
+            rounds[i / BUDGET].push((place, client));
+        }
+    }
+    for (round, pair) in rounds.windows(2).enumerate() {
+        let (last, late) = pair[0].iter().max().unwrap();
+        let (first, early) = pair[1].iter().min().unwrap();
+        assert!(
+            last < first,
+            "client {early} had its round {} (grant {first}) before client {late} its round {round} (grant {last})",
+            round + 1
+        );
+    }
 }

@@ -405,12 +405,12 @@ mod tests {
     #[test]
     fn references_are_resolved_and_named_when_missing() {
         std::env::set_var("NTHPOOL_UPSTREAM_TEST_TOKEN", "sk-123");
-        let dir = std::env::temp_dir().join(format!("nthpool-upstream-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("token");
+        let file = std::env::temp_dir().join(format!("nthpool-upstream-token-{}", std::process::id()));
         std::fs::write(&file, "from-file\n").unwrap();
         let value = format!("Bearer ${{env:NTHPOOL_UPSTREAM_TEST_TOKEN}}/${{file:{}}}", file.display());
-        assert_eq!(resolve(&value).unwrap(), "Bearer sk-123/from-file");
+        let resolved = resolve(&value);
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(resolved.unwrap(), "Bearer sk-123/from-file");
         assert!(resolve("${env:NTHPOOL_UPSTREAM_TEST_MISSING}").unwrap_err().contains("NTHPOOL_UPSTREAM_TEST_MISSING"));
         assert!(resolve("${file:/nonexistent/nthpool}").unwrap_err().contains("/nonexistent/nthpool"));
         assert!(resolve("${vault:x}").is_err());

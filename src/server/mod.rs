@@ -9,10 +9,7 @@
 //! except that a connection has a budget per turn — `READ_BUDGET` reads and
 //! `REQUEST_BUDGET` requests answered, however often the turn comes back to
 //! it — and is revisited on the next turn, so one busy client cannot starve
-//! the others. A turn has a time as well (`turn.rs`): the connections it
-//! comes to past that time are postponed, and the next turn serves them
-//! first, so thousands of busy clients cannot keep the loop from its poll
-//! (a stop signal, a health check) for long.
+//! the others.
 //!
 //! The reactor talks to the application through one door, `api::App`
 //! (`api/door.rs`): requests in, answers out, its own deadlines on the one
@@ -50,7 +47,6 @@ mod fds;
 mod idle;
 mod pipeline;
 pub mod proxied;
-mod turn;
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -76,7 +72,6 @@ use crate::wheel::TimerKey;
 use admin::ServerStats;
 use clock::Clock;
 use conn::{Conn, Flush, Io, Timeouts, NEVER};
-use turn::TurnTime;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const ADMIN: Token = Token(usize::MAX - 2);
@@ -87,16 +82,8 @@ const RESOLVER: Token = Token(usize::MAX - 4);
 const ACCEPT_PAUSE_MS: u64 = 100;
 /// How long a closing connection's unread input is drained (see `conn::Phase::Lingering`).
 const LINGER_MS: u64 = 1000;
-/// Graceful shutdown finishes within this, whatever clients do (less
-/// `CLOSE_EACH_US` per connection open when it begins).
+/// Graceful shutdown finishes within this, whatever clients do.
 const SHUTDOWN_GRACE_MS: u64 = 800;
-/// At the grace's end every connection still open is closed (`close_all`),
-/// and a close takes the kernel time of its own: what the socket holds both
-/// ways is freed and its FIN or reset sent, about 20 µs for a client that
-/// pipelined and never read (measured with 8 000 of them). The grace is
-/// shorter by this much per connection open when the stop begins, so that
-/// closing them all still fits in the stop's second.
-const CLOSE_EACH_US: u64 = 25;
 /// While stopping, how long a turn may spend shutting connections down
 /// (answering what each had read): the rest wait for the next turns, so
 /// the grace's deadline is looked at however many clients pipelined.
@@ -141,8 +128,7 @@ enum Signal {
     /// Readiness from the poll: input (or the peer's FIN or an error) may be
     /// waiting, and/or the socket may take output.
     Ready { readable: bool, hangup: bool, writable: bool },
-    /// Its budget ran out last turn with work possibly left, or the turn's
-    /// time before it was served: go on.
+    /// Its budget ran out last turn with work possibly left: go on.
     Resume,
     /// Its deadline may have come.
     Deadline,
@@ -175,11 +161,8 @@ pub struct Server {
     /// The last `/metrics` text, kept so the next scrape writes into memory
     /// already grown and mapped.
     metrics_text: String,
-    /// Set when SIGTERM/SIGINT arrived: exit once every connection is done,
-    /// or at this time, the grace's end.
+    /// Set when SIGTERM/SIGINT arrived: exit once every connection is done, or at this time.
     shutdown_at: Option<Ms>,
-    /// When the stop began (the turn that read its signal).
-    shutdown_began: Ms,
     app: App,
     /// The slot secret's and the snapshot's files.
     persistence: state::Persistence,
@@ -191,8 +174,6 @@ pub struct Server {
     turn: u64,
     /// When the current reactor turn began: the start of every request's server time.
     turn_started: Instant,
-    /// Whether the turn has served connections long enough (`turn.rs`).
-    turn_time: TurnTime,
     next_serial: u32,
     /// `maxConnections`, or fewer when the open-descriptor limit allows fewer.
     max_connections: usize,
@@ -218,14 +199,9 @@ pub struct Server {
     /// `Conn::dirty` says it is listed), and the list swapped in while it is.
     dirty: Vec<ConnId>,
     dirty_spare: Vec<ConnId>,
-    /// Connections to resume next turn, each listed once (`Conn::carried`):
-    /// those the turn came to after its time was up (`postponed`), then
-    /// those whose budget ran out with work possibly left (`ready`). The
-    /// turn's end moves both to `ready_carry`, postponed first, so a
-    /// connection postponed is not passed over again by one served; the
-    /// three lists take turns, so none reallocates.
+    /// Connections whose budget ran out with work possibly left; resumed
+    /// next turn. Two lists, swapped each turn, so neither reallocates.
     ready: Vec<ConnId>,
-    postponed: Vec<ConnId>,
     ready_carry: Vec<ConnId>,
     /// Proxy mode: upstream connections and exchanges, and the pools' own listeners.
     proxy: Proxy,
@@ -316,7 +292,6 @@ impl Server {
             stats: ServerStats::default(),
             metrics_text: String::new(),
             shutdown_at: None,
-            shutdown_began: 0,
             app,
             persistence,
             snapshot_timer,
@@ -324,7 +299,6 @@ impl Server {
             clock,
             turn: 0,
             turn_started: Instant::now(),
-            turn_time: TurnTime::default(),
             next_serial: 0,
             max_connections: fds::connection_cap(config.max_connections, fd_limit, proxies(config)),
             fd_limit,
@@ -340,7 +314,6 @@ impl Server {
             dirty: Vec::new(),
             dirty_spare: Vec::new(),
             ready: Vec::new(),
-            postponed: Vec::new(),
             ready_carry: Vec::new(),
             proxy: Proxy::new(resolver),
             proxy_listeners,
@@ -372,7 +345,6 @@ impl Server {
             // One clock read per turn serves both the governor and server times.
             self.turn += 1;
             self.turn_started = Instant::now();
-            self.turn_time.begin();
             self.now = self.clock.at(self.turn_started);
             self.app.begin_turn(self.now);
             crate::http::response::set_date(self.now.wall().0);
@@ -382,16 +354,7 @@ impl Server {
             // answered from the state before (a 429 for a free slot, a grant
             // for a wait that had ended). What they decide is delivered below.
             self.app.advance(self.now.ms);
-            // Those carried over from the last turn go first: the ones it
-            // postponed have waited longest.
             let mut carried = std::mem::take(&mut self.ready_carry);
-            for &id in &carried {
-                if self.stop_is_due() {
-                    break;
-                }
-                self.dispatch(id, Signal::Resume);
-            }
-            carried.clear();
             let (mut accept_public, mut accept_admin) = (false, false);
             for event in events.iter() {
                 if self.stop_is_due() {
@@ -418,6 +381,16 @@ impl Server {
                     }
                 }
             }
+            for &id in &carried {
+                if self.stop_is_due() {
+                    break;
+                }
+                self.dispatch(id, Signal::Resume);
+            }
+            carried.clear();
+            self.ready.sort_unstable();
+            self.ready.dedup();
+            self.ready_carry = std::mem::replace(&mut self.ready, carried);
             self.drain_events();
             if !self.stopping.is_empty() {
                 self.shut_down_stopping();
@@ -436,13 +409,6 @@ impl Server {
             // What writing and accepting answered in turn (rarely anything).
             self.settle_answers();
             self.app.end_turn(self.now.ms);
-            self.ready_carry = if self.postponed.is_empty() {
-                std::mem::replace(&mut self.ready, carried)
-            } else {
-                let mut next = std::mem::replace(&mut self.postponed, carried);
-                next.append(&mut self.ready);
-                next
-            };
             if let Some(at) = self.shutdown_at {
                 // Lingering connections have had every answer: an idle
                 // keep-alive connection (HAProxy keeps some) ends the stop's
@@ -452,7 +418,8 @@ impl Server {
                     let (cut, draining) = (self.conns.len() - self.lingering, self.lingering);
                     self.close_all();
                     // A slow reader of the log gets what is left of the stop's second.
-                    let left = (self.shutdown_began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
+                    let began = at - SHUTDOWN_GRACE_MS;
+                    let left = (began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
                     self.app.flush_log(Instant::now() + Duration::from_millis(left));
                     self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
                     info!(
@@ -640,9 +607,7 @@ impl Server {
             return;
         }
         info!("shutting down");
-        let closing = self.conns.len() as u64 * CLOSE_EACH_US / 1000;
-        self.shutdown_began = self.now.ms;
-        self.shutdown_at = Some(self.now.ms + SHUTDOWN_GRACE_MS.saturating_sub(closing));
+        self.shutdown_at = Some(self.now.ms + SHUTDOWN_GRACE_MS);
         for mut l in [self.listener.take(), self.admin.take()].into_iter().flatten() {
             let _ = self.poll.registry().deregister(&mut l);
         }
@@ -804,15 +769,10 @@ impl Server {
         }
     }
 
-    /// Writes every listed connection's pending output, then closes the ones
-    /// that are done. Once the stop is due, the rest get their last write
-    /// from `close_all` instead.
+    /// Writes every listed connection's pending output, then closes the ones that are done.
     fn flush_dirty(&mut self) {
         let mut dirty = std::mem::replace(&mut self.dirty, std::mem::take(&mut self.dirty_spare));
         for &id in &dirty {
-            if self.stop_is_due() {
-                break;
-            }
             // Only client connections are listed; one gone since is skipped.
             self.flush(id);
         }
@@ -861,12 +821,7 @@ impl Server {
                     self.mark_dirty(id);
                 }
             }
-            Signal::Resume => {
-                if let Some(conn) = client_mut(&mut self.conns, id) {
-                    conn.carried = false;
-                }
-                self.read_and_process(id);
-            }
+            Signal::Resume => self.read_and_process(id),
             Signal::Deadline => self.on_conn_timer(id),
             Signal::Shutdown => self.shut_down_client(id),
         }
@@ -945,16 +900,6 @@ impl Server {
             // EOF, since no new edge will announce it.
             conn.hangup |= hangup;
         }
-        if self.turn_time.is_up(self.turn_started) {
-            // The turn's time is up: the next turn begins with it, its
-            // readiness kept. A client whose FIN is seen still leaves the
-            // queue now (see below).
-            carry(&mut self.postponed, conn, id);
-            if conn.hangup {
-                self.withdraw_stopped_waiter(id, now);
-            }
-            return;
-        }
         if conn.is_lingering() {
             self.drain_lingering(id);
             return;
@@ -965,7 +910,7 @@ impl Server {
             let budget = conn.budget(turn);
             if budget.reads == 0 || budget.bytes == 0 {
                 // Fairness: the rest waits for the next turn.
-                carry(&mut self.ready, conn, id);
+                self.ready.push(id);
                 break;
             }
             budget.reads -= 1;
@@ -1015,8 +960,9 @@ impl Server {
         self.process(id);
         // Answering may have made room for input still in the socket.
         if let Some(conn) = client_mut(&mut self.conns, id) {
+            // (Listed twice when its budget also ran out: the list is deduplicated.)
             if conn.may_read() {
-                carry(&mut self.ready, conn, id);
+                self.ready.push(id);
             }
         }
     }
@@ -1031,7 +977,7 @@ impl Server {
             let budget = conn.budget(turn);
             if budget.reads == 0 {
                 // Still more: continue next turn.
-                carry(&mut self.ready, conn, id);
+                self.ready.push(id);
                 return;
             }
             budget.reads -= 1;
@@ -1311,15 +1257,6 @@ fn mark_conn_dirty(dirty: &mut Vec<ConnId>, conn: &mut Conn, id: ConnId) {
     if !conn.dirty {
         conn.dirty = true;
         dirty.push(id);
-    }
-}
-
-/// Lists a connection to be resumed next turn (once: `Conn::carried` says
-/// it is listed, in `Server::ready` or `Server::postponed`).
-fn carry(list: &mut Vec<ConnId>, conn: &mut Conn, id: ConnId) {
-    if !conn.carried {
-        conn.carried = true;
-        list.push(id);
     }
 }
 

@@ -481,18 +481,20 @@ impl Conn {
     /// with unread input, the socket would send a reset, and the client's
     /// kernel would drop the answers it already holds, grants included,
     /// which the stop's snapshot counts as delivered.
+    /// Returns how much it dropped.
     #[cold]
-    pub fn discard_input(&mut self) {
+    pub fn discard_input(&mut self) -> usize {
         let mut scratch = [0u8; 16 * 1024];
-        let mut left = DISCARD_AT_CLOSE;
-        while left > 0 {
+        let mut dropped = 0;
+        while dropped < DISCARD_AT_CLOSE {
             match self.stream.read(&mut scratch) {
                 Ok(0) => break,
-                Ok(n) => left = left.saturating_sub(n),
+                Ok(n) => dropped += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break,
             }
         }
+        dropped
     }
 
     /// Writes as much pending output as the socket takes.

@@ -452,13 +452,28 @@ impl Server {
     #[cold]
     fn close_all(&mut self) {
         let discard_until = self.clock.now_ms() + CLOSE_ALL_MS;
+        let mut sending = Vec::new();
         for id in self.conn_ids() {
             if let Some(conn) = client_mut(&mut self.conns, id) {
                 conn.write_last();
-                if self.clock.now_ms() < discard_until {
-                    conn.discard_input();
+                if self.clock.now_ms() < discard_until && conn.discard_input() > 0 {
+                    sending.push((id, 0));
                 }
             }
+        }
+        // A client still sending has more in its own kernel, which comes as
+        // the reads make room: input arriving after the close would reset
+        // it too. Dropped until none came for two milliseconds, within the
+        // same bound.
+        while !sending.is_empty() && self.clock.now_ms() < discard_until {
+            std::thread::sleep(Duration::from_millis(1));
+            sending.retain_mut(|(id, quiet)| {
+                let Some(conn) = client_mut(&mut self.conns, *id) else { return false };
+                *quiet = if conn.discard_input() > 0 { 0 } else { *quiet + 1 };
+                *quiet < 2
+            });
+        }
+        for id in self.conn_ids() {
             self.close_for(id, crate::api::UNANSWERED_STOPPED);
         }
         // The lines of requests cut short (`pipeline::log_unanswered`) reach the log's last flush.

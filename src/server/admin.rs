@@ -10,7 +10,7 @@
 
 use super::conn::{self, PendingBody};
 use super::pipeline::{adapt_answer, after_answers, head_cannot_be_complete, head_incomplete, take_body, Answer, Body};
-use super::{client_mut, Server};
+use super::{carry, client_mut, Server};
 use crate::api::{ApiError, App, ConnId, Handled};
 use crate::dashboard;
 use crate::http::request::{header_storage, parse_head, serve_as_http11, Head, HeadError, Method};
@@ -32,7 +32,7 @@ impl Server {
         let before = conn.unsent();
         while conn.is_open() && conn.unsent() <= conn::OUTPUT_HIGH_WATER && !conn.input.is_empty() {
             if conn.budget(turn).spent() {
-                ready.push(id);
+                carry(ready, conn, id);
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];

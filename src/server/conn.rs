@@ -228,6 +228,9 @@ pub struct Conn {
     pub readable: bool,
     /// Listed in the server's flush list for this turn.
     pub dirty: bool,
+    /// Listed to be resumed next turn (`Server::ready`, `Server::postponed`
+    /// or, from the turn's end, `Server::ready_carry`).
+    pub carried: bool,
     /// The peer's FIN was reported: read to EOF even after a short read.
     pub hangup: bool,
     pub request_started: Option<Ms>,
@@ -272,6 +275,7 @@ impl Conn {
             reset: false,
             readable: false,
             dirty: false,
+            carried: false,
             hangup: false,
             request_started: None,
             last_request: false,

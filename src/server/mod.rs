@@ -9,7 +9,10 @@
 //! except that a connection has a budget per turn — `READ_BUDGET` reads and
 //! `REQUEST_BUDGET` requests answered, however often the turn comes back to
 //! it — and is revisited on the next turn, so one busy client cannot starve
-//! the others.
+//! the others. A turn has a time as well (`turn.rs`): the connections it
+//! comes to past that time are postponed, and the next turn serves them
+//! first, so thousands of busy clients cannot keep the loop from its poll
+//! (a stop signal, a health check) for long.
 //!
 //! The reactor talks to the application through one door, `api::App`
 //! (`api/door.rs`): requests in, answers out, its own deadlines on the one
@@ -47,6 +50,7 @@ mod fds;
 mod idle;
 mod pipeline;
 pub mod proxied;
+mod turn;
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
@@ -72,6 +76,7 @@ use crate::wheel::TimerKey;
 use admin::ServerStats;
 use clock::Clock;
 use conn::{Conn, Flush, Io, Timeouts, NEVER};
+use turn::TurnTime;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const ADMIN: Token = Token(usize::MAX - 2);
@@ -128,7 +133,8 @@ enum Signal {
     /// Readiness from the poll: input (or the peer's FIN or an error) may be
     /// waiting, and/or the socket may take output.
     Ready { readable: bool, hangup: bool, writable: bool },
-    /// Its budget ran out last turn with work possibly left: go on.
+    /// Its budget ran out last turn with work possibly left, or the turn's
+    /// time before it was served: go on.
     Resume,
     /// Its deadline may have come.
     Deadline,
@@ -174,6 +180,8 @@ pub struct Server {
     turn: u64,
     /// When the current reactor turn began: the start of every request's server time.
     turn_started: Instant,
+    /// Whether the turn has served connections long enough (`turn.rs`).
+    turn_time: TurnTime,
     next_serial: u32,
     /// `maxConnections`, or fewer when the open-descriptor limit allows fewer.
     max_connections: usize,
@@ -199,9 +207,14 @@ pub struct Server {
     /// `Conn::dirty` says it is listed), and the list swapped in while it is.
     dirty: Vec<ConnId>,
     dirty_spare: Vec<ConnId>,
-    /// Connections whose budget ran out with work possibly left; resumed
-    /// next turn. Two lists, swapped each turn, so neither reallocates.
+    /// Connections to resume next turn, each listed once (`Conn::carried`):
+    /// those the turn came to after its time was up (`postponed`), then
+    /// those whose budget ran out with work possibly left (`ready`). The
+    /// turn's end moves both to `ready_carry`, postponed first, so a
+    /// connection postponed is not passed over again by one served; the
+    /// three lists take turns, so none reallocates.
     ready: Vec<ConnId>,
+    postponed: Vec<ConnId>,
     ready_carry: Vec<ConnId>,
     /// Proxy mode: upstream connections and exchanges, and the pools' own listeners.
     proxy: Proxy,
@@ -299,6 +312,7 @@ impl Server {
             clock,
             turn: 0,
             turn_started: Instant::now(),
+            turn_time: TurnTime::default(),
             next_serial: 0,
             max_connections: fds::connection_cap(config.max_connections, fd_limit, proxies(config)),
             fd_limit,
@@ -314,6 +328,7 @@ impl Server {
             dirty: Vec::new(),
             dirty_spare: Vec::new(),
             ready: Vec::new(),
+            postponed: Vec::new(),
             ready_carry: Vec::new(),
             proxy: Proxy::new(resolver),
             proxy_listeners,
@@ -345,6 +360,7 @@ impl Server {
             // One clock read per turn serves both the governor and server times.
             self.turn += 1;
             self.turn_started = Instant::now();
+            self.turn_time.begin();
             self.now = self.clock.at(self.turn_started);
             self.app.begin_turn(self.now);
             crate::http::response::set_date(self.now.wall().0);
@@ -354,7 +370,16 @@ impl Server {
             // answered from the state before (a 429 for a free slot, a grant
             // for a wait that had ended). What they decide is delivered below.
             self.app.advance(self.now.ms);
+            // Those carried over from the last turn go first: the ones it
+            // postponed have waited longest.
             let mut carried = std::mem::take(&mut self.ready_carry);
+            for &id in &carried {
+                if self.stop_is_due() {
+                    break;
+                }
+                self.dispatch(id, Signal::Resume);
+            }
+            carried.clear();
             let (mut accept_public, mut accept_admin) = (false, false);
             for event in events.iter() {
                 if self.stop_is_due() {
@@ -381,16 +406,6 @@ impl Server {
                     }
                 }
             }
-            for &id in &carried {
-                if self.stop_is_due() {
-                    break;
-                }
-                self.dispatch(id, Signal::Resume);
-            }
-            carried.clear();
-            self.ready.sort_unstable();
-            self.ready.dedup();
-            self.ready_carry = std::mem::replace(&mut self.ready, carried);
             self.drain_events();
             if !self.stopping.is_empty() {
                 self.shut_down_stopping();
@@ -409,6 +424,13 @@ impl Server {
             // What writing and accepting answered in turn (rarely anything).
             self.settle_answers();
             self.app.end_turn(self.now.ms);
+            self.ready_carry = if self.postponed.is_empty() {
+                std::mem::replace(&mut self.ready, carried)
+            } else {
+                let mut next = std::mem::replace(&mut self.postponed, carried);
+                next.append(&mut self.ready);
+                next
+            };
             if let Some(at) = self.shutdown_at {
                 // Lingering connections have had every answer: an idle
                 // keep-alive connection (HAProxy keeps some) ends the stop's
@@ -836,7 +858,12 @@ impl Server {
                     self.mark_dirty(id);
                 }
             }
-            Signal::Resume => self.read_and_process(id),
+            Signal::Resume => {
+                if let Some(conn) = client_mut(&mut self.conns, id) {
+                    conn.carried = false;
+                }
+                self.read_and_process(id);
+            }
             Signal::Deadline => self.on_conn_timer(id),
             Signal::Shutdown => self.shut_down_client(id),
         }
@@ -915,6 +942,16 @@ impl Server {
             // EOF, since no new edge will announce it.
             conn.hangup |= hangup;
         }
+        if self.turn_time.is_up(self.turn_started) {
+            // The turn's time is up: the next turn begins with it, its
+            // readiness kept. A client whose FIN is seen still leaves the
+            // queue now (see below).
+            carry(&mut self.postponed, conn, id);
+            if conn.hangup {
+                self.withdraw_stopped_waiter(id, now);
+            }
+            return;
+        }
         if conn.is_lingering() {
             self.drain_lingering(id);
             return;
@@ -925,7 +962,7 @@ impl Server {
             let budget = conn.budget(turn);
             if budget.reads == 0 || budget.bytes == 0 {
                 // Fairness: the rest waits for the next turn.
-                self.ready.push(id);
+                carry(&mut self.ready, conn, id);
                 break;
             }
             budget.reads -= 1;
@@ -975,9 +1012,8 @@ impl Server {
         self.process(id);
         // Answering may have made room for input still in the socket.
         if let Some(conn) = client_mut(&mut self.conns, id) {
-            // (Listed twice when its budget also ran out: the list is deduplicated.)
             if conn.may_read() {
-                self.ready.push(id);
+                carry(&mut self.ready, conn, id);
             }
         }
     }
@@ -992,7 +1028,7 @@ impl Server {
             let budget = conn.budget(turn);
             if budget.reads == 0 {
                 // Still more: continue next turn.
-                self.ready.push(id);
+                carry(&mut self.ready, conn, id);
                 return;
             }
             budget.reads -= 1;
@@ -1272,6 +1308,15 @@ fn mark_conn_dirty(dirty: &mut Vec<ConnId>, conn: &mut Conn, id: ConnId) {
     if !conn.dirty {
         conn.dirty = true;
         dirty.push(id);
+    }
+}
+
+/// Lists a connection to be resumed next turn (once: `Conn::carried` says
+/// it is listed, in `Server::ready` or `Server::postponed`).
+fn carry(list: &mut Vec<ConnId>, conn: &mut Conn, id: ConnId) {
+    if !conn.carried {
+        conn.carried = true;
+        list.push(id);
     }
 }
 

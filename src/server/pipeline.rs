@@ -2,7 +2,7 @@
 //! its input are parsed, framed and answered in order.
 
 use super::conn::{self, Conn, PendingBody, Timeouts};
-use super::{arm_conn_timer, client_mut, mark_conn_dirty, proxied, Server};
+use super::{arm_conn_timer, carry, client_mut, mark_conn_dirty, proxied, Server};
 use crate::api::{ApiError, App, ConnId, Ctx, Handled};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::request::{
@@ -41,7 +41,7 @@ impl Server {
             }
             if conn.budget(turn).spent() {
                 // Fairness: the others are served before the rest of this input.
-                ready.push(id);
+                carry(ready, conn, id);
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];

@@ -655,6 +655,7 @@ impl Learning {
             return false;
         }
         self.budget_limit = self.pattern.per_window;
+        // The current window goes on at the level kept.
         if let (Some(b), Some(p), Some(level)) = (&mut self.budget, &mut self.pace, self.budget_limit) {
             b.remaining = b.remaining.min(level.saturating_sub(p.granted));
             p.per_window = p.per_window.min(level);
@@ -686,8 +687,8 @@ impl Learning {
             && self.far_below(lease);
         let beside = lease.in_flight.max(lease.oks_beside.min(self.effective));
         let level = beside + 1;
-        // At most a halving per report.
-        let target = beside.max(self.effective / 2).max(1);
+        // At most a halving per report; a spared refusal cuts nothing.
+        let target = if spared { self.effective } else { beside.max(self.effective / 2).max(1) };
         if !spared {
             self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
         }
@@ -709,15 +710,11 @@ impl Learning {
             }
             self.epoch = self.epoch.wrapping_add(1);
             self.successes = 0;
-            if !spared {
-                self.effective = self.effective.min(target);
-            }
+            self.effective = self.effective.min(target);
             return self.refusal_streak >= POOL_WIDE_STREAK;
         }
         // A report of the burst that caused the cut: follow the evidence down.
-        if !spared {
-            self.effective = self.effective.min(target);
-        }
+        self.effective = self.effective.min(target);
         false
     }
 

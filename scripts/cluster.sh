@@ -168,6 +168,13 @@ frontend api
     http-request set-var(txn.pool) 'req.hdr(host),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map($DIR/hosts.map)' if !{ url_beg -i http:// https:// }
     http-request set-var(txn.pool) 'url,field(3,/),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map($DIR/hosts.map)' if { url_beg -i http:// https:// }
     http-request set-var(txn.pool) path,field(3,/) if !{ var(txn.pool) -m found } { path_beg /pools/ }
+    # The pool this request is placed by, for the instance to check against the
+    # pool it reaches there (empty when the map named none): a Host that an
+    # instance routes to a pool but this map does not (a map older than the
+    # instances' configuration) is refused with 421 rather than balanced to an
+    # instance that would govern the pool beside its own one. Replaces any copy
+    # a client sent.
+    http-request set-header X-Nthpool-Pool %[var(txn.pool)]
     # Where the pool was served last; if that instance is down now, this request
     # moves the pool and tells the instance it reaches (clients cannot set it).
     http-request del-header X-Nthpool-Moved

@@ -358,6 +358,88 @@ fn every_form_of_a_pools_host_reaches_its_one_instance() {
     assert_eq!(map, "plain.proxy.test plain\n[fd00::1] literal\n10.1.2.3 literal\ndotted.proxy.test dotted\n");
 }
 
+/// A reload of the instances that adds a host to a pool, before hosts.map is
+/// written again and HAProxy reloaded: HAProxy's map misses the new host and
+/// balances its traffic to any instance. Each instance refuses it (`421`)
+/// rather than govern the pool beside the pool's own instance; the pool's
+/// mapped host is still served, by its one instance, and a client cannot
+/// choose the pool HAProxy names.
+#[test]
+fn a_host_the_map_does_not_know_yet_is_refused_not_governed_twice() {
+    let upstream = MockUpstream::start(|_| ok("{}", ""));
+    let pools = format!(
+        r#"{{"plain":{{"keys":["{KEY}"],{SHORT},"upstream":{{"url":"{}","hosts":["plain.proxy.test"]}}}}}}"#,
+        upstream.url()
+    );
+    let Some(cluster) = Cluster::start(3, &pools, 300, 120_000) else { return };
+    // The fresh instances are in their start window: wait through it.
+    let granted = cluster.request(&post("/pools/plain/lock/acquire", KEY, "", r#"{"waitMs":3000}"#));
+    assert_eq!(granted.status, 200, "{granted:?}");
+    let owner = instance(&granted);
+    let released = cluster.request(&post(&format!("/pools/plain/lock/{}/release", granted.slot()), KEY, "", ""));
+    assert_eq!(released.json()["released"], true);
+
+    // Every instance learns a second host of the pool; HAProxy does not.
+    for n in 1..=3u16 {
+        let path = cluster.dir.join(format!("n{n}/config.json"));
+        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config["pools"]["plain"]["upstream"]["hosts"].as_array_mut().unwrap().push("late.proxy.test".into());
+        std::fs::write(&path, config.to_string()).unwrap();
+        cluster.signal(&format!("n{n}"), "HUP");
+    }
+    let served_before = upstream.seen().len();
+    // Applied once an instance routes the new host (asked directly, from
+    // 127.0.0.1, which no pool trusts as a proxy: a plain client).
+    for n in 1..=3u16 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut s = TcpStream::connect(("127.0.0.1", cluster.port + 10 + n)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let raw = format!("GET /v1/models HTTP/1.1\r\nHost: late.proxy.test\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+            s.write_all(raw.as_bytes()).unwrap();
+            if read_response(&mut s).unwrap().status == 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "n{n} did not apply the reload");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let direct = upstream.seen().len() - served_before;
+
+    let grants_before: Vec<u64> =
+        (1..=3u16).map(|n| cluster.metric(n, "nthpool_grants_total{pool=\"plain\"}")).collect();
+    let mut refused_by = BTreeMap::new();
+    // Nine: balanced round-robin, a miss reaches every instance.
+    for _ in 0..9 {
+        let raw = format!(
+            "POST /v1/chat HTTP/1.1\r\nHost: late.proxy.test\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let refused = cluster.request(raw.as_bytes());
+        assert_eq!(
+            (refused.status, refused.json()["error"].as_str()),
+            (421, Some("misdirected_request")),
+            "{refused:?}"
+        );
+        *refused_by.entry(instance(&refused)).or_insert(0) += 1;
+    }
+    assert_eq!(refused_by.len(), 3, "the map's misses reach every instance: {refused_by:?}");
+    assert_eq!(upstream.seen().len() - served_before, direct, "no misdirected request reached the upstream");
+    for n in 1..=3u16 {
+        let grants = cluster.metric(n, "nthpool_grants_total{pool=\"plain\"}");
+        assert_eq!(grants, grants_before[n as usize - 1], "n{n} granted a misdirected request");
+        let counted = cluster.metric(n, "nthpool_rejections_total{pool=\"plain\",code=\"421\"}");
+        assert_eq!(counted, refused_by.get(&format!("n{n}")).copied().unwrap_or(0), "n{n}'s 421s");
+    }
+
+    // The mapped host still reaches the pool's one instance, whatever pool a
+    // client claims: HAProxy replaces the field.
+    let raw = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: plain.proxy.test\r\nX-Nthpool-Key: {KEY}\r\nX-Nthpool-Pool: elsewhere\r\n\r\n"
+    );
+    let served = cluster.request(raw.as_bytes());
+    assert_eq!((served.status, instance(&served)), (200, owner.clone()), "{served:?}");
+}
+
 #[test]
 fn three_hundred_pools_spread_within_a_quarter_of_even() {
     let pools = names("spread", 300);

@@ -166,6 +166,46 @@ fn only_a_trusted_proxy_can_say_a_pool_moved() {
     assert!(recovering(&r), "{r:?}");
 }
 
+/// `X-Nthpool-Pool` from a trusted proxy names the pool it placed the
+/// request by. Another pool than the one the request reaches here (a host
+/// map older than the configuration) is refused with `421`, the connection
+/// closed, before anything is granted, proxied or moved; the right pool, or
+/// the field from anyone else, changes nothing.
+#[test]
+fn a_request_a_trusted_proxy_placed_by_another_pool_is_refused() {
+    let upstream = MockUpstream::start(|_| ok("{}", ""));
+    let s = TestServer::start(&moved_pool(&upstream, r#""trustedProxies":["127.0.0.1/32"]"#));
+    for placed_as in ["X-Nthpool-Pool: other\r\n", "X-Nthpool-Pool:\r\n"] {
+        for raw in [post("/pools/p/lock/acquire", KEY, placed_as, ""), proxied("POST", "/v1/x", placed_as, "{}")] {
+            let mut c = s.connect();
+            c.write_all(&raw).unwrap();
+            let r = read_response(&mut c).expect("an answer");
+            assert_eq!((r.status, r.json()["error"].as_str()), (421, Some("misdirected_request")), "{r:?}");
+            assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+            assert!(read_response(&mut c).is_none(), "the connection closes after a 421");
+        }
+    }
+    let moved_elsewhere = proxied("GET", "/v1/x", &format!("X-Nthpool-Pool: other\r\n{MOVED}"), "");
+    assert_eq!(exchange(&s, &moved_elsewhere).status, 421);
+    assert_eq!(metric(&s, "nthpool_recovering{pool=\"p\"}"), 0, "a request placed elsewhere moved nothing here");
+    assert_eq!(metric(&s, "nthpool_grants_total{pool=\"p\"}"), 0);
+    assert_eq!(metric(&s, "nthpool_rejections_total{pool=\"p\",code=\"421\"}"), 5);
+    assert!(upstream.seen().is_empty(), "no misdirected request reached the upstream");
+    // The pool it reaches here: served, on both routes.
+    let r = s.acquire("X-Nthpool-Pool: p\r\n", "");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(s.release(&r.slot(), "").status, 200);
+    assert_eq!(exchange(&s, &proxied("GET", "/v1/x", "X-Nthpool-Pool: p\r\n", "")).status, 200);
+    // Sent twice, which copy counts would be a guess.
+    let twice = s.acquire("X-Nthpool-Pool: p\r\nX-Nthpool-Pool: p\r\n", "");
+    assert_eq!(twice.status, 400, "{twice:?}");
+    // From a peer that is not a trusted proxy the field changes nothing.
+    let s = TestServer::start(&moved_pool(&upstream, r#""trustedProxies":["10.0.0.1/32"]"#));
+    let r = s.acquire("X-Nthpool-Pool: other\r\n", "");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(exchange(&s, &proxied("GET", "/v1/x", "X-Nthpool-Pool: other\r\n", "")).status, 200);
+}
+
 #[test]
 fn tampered_forged_and_other_pool_ids_are_refused_and_never_adopted() {
     let first = TestServer::start(&config(POOL, ""));

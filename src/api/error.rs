@@ -42,6 +42,10 @@ pub enum ApiError {
     RequestCapped,
     /// A request line of an HTTP major version other than 1.
     VersionNotSupported,
+    /// The router in front (`X-Nthpool-Pool`) placed this request by
+    /// another pool than the one it reaches here: its host map is older
+    /// than this instance's configuration.
+    Misdirected,
 }
 
 impl ApiError {
@@ -62,6 +66,7 @@ impl ApiError {
             ApiError::UpstreamTimeout | ApiError::RequestCapped => Status::GatewayTimeout,
             ApiError::BodyTimeout => Status::RequestTimeout,
             ApiError::VersionNotSupported => Status::VersionNotSupported,
+            ApiError::Misdirected => Status::MisdirectedRequest,
         }
     }
 
@@ -83,6 +88,7 @@ impl ApiError {
             ApiError::BodyTimeout => "body_timeout",
             ApiError::RequestCapped => "request_capped",
             ApiError::VersionNotSupported => "http_version_not_supported",
+            ApiError::Misdirected => "misdirected_request",
         }
     }
 
@@ -107,6 +113,10 @@ impl ApiError {
             ApiError::BodyTimeout => "The request body did not arrive within the upstream's timeout.",
             ApiError::RequestCapped => "The request reached its pool's requestTimeoutMs before the upstream answered.",
             ApiError::VersionNotSupported => "Only HTTP/1.0 and HTTP/1.1 are served.",
+            ApiError::Misdirected => {
+                "The router placed this request by another pool than the one it names here; \
+                 its host map is older than this instance's configuration."
+            }
         }
     }
 
@@ -122,6 +132,7 @@ impl ApiError {
                 | ApiError::VersionNotSupported
                 | ApiError::BodyTimeout
                 | ApiError::RequestCapped
+                | ApiError::Misdirected
         )
     }
 

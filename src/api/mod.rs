@@ -170,7 +170,7 @@ impl Rejections {
     /// Every code an acquire, renew, release or proxied request can be
     /// answered with by this server (and a request too malformed to route):
     /// the series exist from the start.
-    pub const CODES: [u16; 16] = [400, 401, 403, 404, 405, 408, 409, 413, 417, 429, 431, 501, 502, 503, 504, 505];
+    pub const CODES: [u16; 17] = [400, 401, 403, 404, 405, 408, 409, 413, 417, 421, 429, 431, 501, 502, 503, 504, 505];
 
     /// The column of `code` in a row: its place in `CODES`.
     fn column(code: u16) -> Option<usize> {
@@ -747,6 +747,39 @@ impl App {
         if let Some(pid) = pid.filter(|pid| self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer)) {
             self.gov.moved_here(pid, ctx.now.ms);
         }
+    }
+
+    /// `X-Nthpool-Pool` from one of the pool's trusted proxies names the
+    /// pool the proxy placed this request by (empty: its map named none).
+    /// When that is not the pool the request reaches here, found as the
+    /// proxy finds it (by the host of proxy traffic, else by the `{pool}`
+    /// segment), the proxy's host map is older than this instance's
+    /// configuration and is splitting the pool's traffic between
+    /// instances: the request is refused with `421` (and the connection
+    /// closes, its body unread) rather than governed beside the pool's own
+    /// instance. Returns whether it was. From anyone else the field is
+    /// ignored, as is a request that reaches no pool.
+    #[cold]
+    pub fn refuse_misplaced(
+        &mut self,
+        listener_pool: Option<PoolId>,
+        ctx: &Ctx,
+        head: &Head,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let Some(placed_as) = head.api.placed_as() else { return false };
+        let proxied = self.proxy_route(listener_pool, head);
+        let Some(pid) = proxied.or_else(|| self.gov.pool_id(route::pool_segment(head.path)?)) else { return false };
+        if !self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer) || placed_as == self.gov.pool(pid).name.as_bytes()
+        {
+            return false;
+        }
+        let ctx = Ctx { close: true, ..*ctx };
+        match proxied {
+            Some(pid) => self.refuse_proxied(&ctx, pid, head, ApiError::Misdirected, out),
+            None => self.reject(&ctx, head, ApiError::Misdirected, out),
+        }
+        true
     }
 
     /// A queued acquire ended by `error` rather than by the governor.

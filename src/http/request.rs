@@ -122,7 +122,7 @@ pub struct HeadRecall<'b> {
 }
 
 /// `X-Nthpool-Key`, `Authorization`, `X-Nthpool-Queue-Timeout-Ms`, `X-Nthpool-No-Queue`,
-/// `X-Nthpool-Moved`, `Idempotency-Key`: where their values lie in the
+/// `X-Nthpool-Moved`, `X-Nthpool-Pool`, `Idempotency-Key`: where their values lie in the
 /// header block, so a value costs nothing until it is read (most requests
 /// read one or two of them).
 #[derive(Clone, Copy)]
@@ -153,6 +153,12 @@ impl<'b> ApiFields<'b> {
         self.spans.moved
     }
 
+    /// The pool the router in front placed this request by (HAProxy sets
+    /// it, empty when its map named no pool).
+    pub fn placed_as(&self) -> Option<&'b [u8]> {
+        self.value(self.spans.placed_as)
+    }
+
     /// `Idempotency-Key` (SPEC §11).
     pub fn idempotency_key(&self) -> Option<&'b [u8]> {
         self.value(self.spans.idempotency_key)
@@ -172,6 +178,7 @@ impl std::fmt::Debug for ApiFields<'_> {
             .field("queue_timeout_ms", &self.queue_timeout_ms())
             .field("no_queue", &self.no_queue())
             .field("moved", &self.moved())
+            .field("placed_as", &self.placed_as())
             .field("idempotency_key", &self.idempotency_key())
             .finish()
     }
@@ -985,6 +992,7 @@ struct ApiSpans {
     queue_timeout_ms: Option<Span>,
     no_queue: bool,
     moved: bool,
+    placed_as: Option<Span>,
     idempotency_key: Option<Span>,
 }
 
@@ -1068,6 +1076,9 @@ fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(
             }
             18 if name_is(name, b"x-nthpool-no-queue") => f.api.no_queue = true,
             15 if name_is(name, b"x-nthpool-moved") => f.api.moved = true,
+            14 if name_is(name, b"x-nthpool-pool") => {
+                once(&mut f.api.placed_as, value, "X-Nthpool-Pool is sent twice; send it once.")?
+            }
             15 if name_is(name, b"idempotency-key") => {
                 once(&mut f.api.idempotency_key, value, "Idempotency-Key is sent twice; send it once.")?
             }

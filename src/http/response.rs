@@ -19,6 +19,7 @@ pub enum Status {
     RequestTimeout,
     PayloadTooLarge,
     ExpectationFailed,
+    MisdirectedRequest,
     TooManyRequests,
     HeaderFieldsTooLarge,
     NotImplemented,
@@ -30,7 +31,7 @@ pub enum Status {
 
 impl Status {
     /// Every status, so a table keyed by status can be checked against all of them.
-    pub const ALL: [Status; 18] = [
+    pub const ALL: [Status; 19] = [
         Status::Continue,
         Status::Ok,
         Status::BadRequest,
@@ -42,6 +43,7 @@ impl Status {
         Status::RequestTimeout,
         Status::PayloadTooLarge,
         Status::ExpectationFailed,
+        Status::MisdirectedRequest,
         Status::TooManyRequests,
         Status::HeaderFieldsTooLarge,
         Status::NotImplemented,
@@ -64,6 +66,7 @@ impl Status {
             Status::RequestTimeout => 408,
             Status::PayloadTooLarge => 413,
             Status::ExpectationFailed => 417,
+            Status::MisdirectedRequest => 421,
             Status::TooManyRequests => 429,
             Status::HeaderFieldsTooLarge => 431,
             Status::NotImplemented => 501,
@@ -87,6 +90,7 @@ impl Status {
             Status::RequestTimeout => b"HTTP/1.1 408 Request Timeout\r\n",
             Status::PayloadTooLarge => b"HTTP/1.1 413 Payload Too Large\r\n",
             Status::ExpectationFailed => b"HTTP/1.1 417 Expectation Failed\r\n",
+            Status::MisdirectedRequest => b"HTTP/1.1 421 Misdirected Request\r\n",
             Status::TooManyRequests => b"HTTP/1.1 429 Too Many Requests\r\n",
             Status::HeaderFieldsTooLarge => b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
             Status::NotImplemented => b"HTTP/1.1 501 Not Implemented\r\n",

@@ -87,6 +87,12 @@ impl Server {
                 close: !head.keep_alive || conn.last_request,
                 started: *turn_started,
             };
+            // Before a move is noted: the router's pool may not be this one.
+            if head.api.placed_as().is_some() && app.refuse_misplaced(conn.listener_pool, &ctx, head, &mut conn.output)
+            {
+                conn.close_after_flush();
+                break;
+            }
             if head.api.moved() {
                 app.note_move(conn.listener_pool, &ctx, head);
             }

@@ -30,13 +30,22 @@ const HORIZON: u64 = (1 << (SLOT_BITS as usize * LEVELS)) - 1;
 const REACH: u64 = HORIZON - (1 << (SLOT_BITS as usize * (LEVELS - 1)));
 const NIL: u32 = u32::MAX;
 
-/// Handle to a scheduled entry. Valid until the entry fires or is cancelled;
-/// the owner must forget it then (slab indices are reused).
+/// Handle to a scheduled entry: its place in the slab and the serial of
+/// the insert that made it. Once the entry has fired or been cancelled the
+/// key cancels nothing, even after its place holds another entry: an owner
+/// hears of a firing only later (a connection's timer comes out of `poll`
+/// as a notice the reactor handles after the turn's events), and meanwhile
+/// may cancel what it still takes for its own timer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TimerKey(u32);
+pub struct TimerKey {
+    idx: u32,
+    serial: u32,
+}
 
 struct Entry<T> {
     deadline: u64,
+    /// The insert that made it (`TimerKey::serial`).
+    serial: u32,
     prev: u32,
     next: u32,
     /// Level and slot the entry is linked into; unused while pending, when
@@ -72,6 +81,8 @@ pub struct Wheel<T> {
     /// lower it; a cancel leaves it, early. A poll before it has nothing to
     /// do, so most polls and `next_deadline` skip the scan of the levels.
     next_at: u64,
+    /// The serial of the last insert.
+    serial: u32,
 }
 
 impl<T> Default for Wheel<T> {
@@ -90,6 +101,7 @@ impl<T> Wheel<T> {
             pending_tail: NIL,
             fired: Vec::new(),
             next_at: u64::MAX,
+            serial: 0,
         }
     }
 
@@ -105,17 +117,19 @@ impl<T> Wheel<T> {
     /// Schedules `payload` to come out of `poll` once `now >= deadline`.
     /// A deadline already in the past fires on the next `poll`.
     pub fn insert(&mut self, deadline: u64, payload: T) -> TimerKey {
-        let idx =
-            self.entries.insert(Entry { deadline, prev: NIL, next: NIL, level: 0, slot: 0, pending: false, payload });
-        let idx = u32::try_from(idx).expect("timer wheel holds fewer than 2^32 entries");
+        self.serial = self.serial.wrapping_add(1);
+        let serial = self.serial;
+        let entry = Entry { deadline, serial, prev: NIL, next: NIL, level: 0, slot: 0, pending: false, payload };
+        let idx = u32::try_from(self.entries.insert(entry)).expect("timer wheel holds fewer than 2^32 entries");
         self.link(idx);
-        TimerKey(idx)
+        TimerKey { idx, serial }
     }
 
-    /// Removes an entry that has not fired yet and returns its payload.
+    /// Removes an entry that has not fired yet and returns its payload;
+    /// `None` for a key whose entry fired or was cancelled already.
     pub fn cancel(&mut self, key: TimerKey) -> Option<T> {
-        let idx = key.0;
-        let entry = self.entries.get(idx as usize)?;
+        let idx = key.idx;
+        let entry = self.entries.get(idx as usize).filter(|e| e.serial == key.serial)?;
         if entry.pending {
             // Fired in this poll round but not handed out yet.
             self.unlink_pending(idx);
@@ -415,6 +429,23 @@ mod tests {
         assert_eq!(drain(&mut w, 10), vec![3]);
         assert_eq!(w.cancel(c), None);
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn a_key_whose_entry_fired_cancels_nothing_once_its_place_is_reused() {
+        let (connection, lease, cancelled, waiter) = (1u32, 2, 3, 4);
+        let mut w = Wheel::new();
+        let fired = w.insert(10, connection);
+        assert_eq!(w.poll(10), Some(connection));
+        // The next insert takes the place the fired entry left.
+        let lease_key = w.insert(20, lease);
+        assert_eq!(w.cancel(fired), None, "a stale key cancelled another entry");
+        let cancelled_key = w.insert(30, cancelled);
+        assert_eq!(w.cancel(cancelled_key), Some(cancelled));
+        let waiter_key = w.insert(40, waiter);
+        assert_eq!(w.cancel(cancelled_key), None, "a key cancelled twice cancelled another entry");
+        assert_eq!(drain(&mut w, 40), vec![lease, waiter]);
+        assert_eq!((w.cancel(lease_key), w.cancel(waiter_key)), (None, None));
     }
 
     #[test]

@@ -183,8 +183,8 @@ pub struct Server {
     app: App,
     /// The slot secret's and the snapshot's files.
     persistence: state::Persistence,
-    /// The periodic snapshot's timer, while one is armed.
-    snapshot_timer: Option<TimerKey>,
+    /// The periodic snapshot's timer and when it is due, while one is armed.
+    snapshot_timer: Option<(Ms, TimerKey)>,
     clock: Clock,
     now: Now,
     /// Counts reactor turns: a connection's budget is per turn.
@@ -303,7 +303,7 @@ impl Server {
         let fd_limit = fds::raise_limit();
         let resolver = new_resolver(&poll, &config.resolver)?;
         let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
-        let snapshot_timer = persistence.interval_ms().map(|every| app.schedule(every, Wake::Snapshot));
+        let snapshot_timer = persistence.interval_ms().map(|every| (every, app.schedule(every, Wake::Snapshot)));
         Ok(Server {
             poll,
             listener: Some(listener),
@@ -597,13 +597,13 @@ impl Server {
                 }
                 if self.app.reconfigure_state(&mut self.persistence, &config, path) {
                     // A new interval counts from the reload.
-                    if let Some(timer) = self.snapshot_timer.take() {
+                    if let Some((_, timer)) = self.snapshot_timer.take() {
                         self.app.cancel_timer(timer);
                     }
-                    self.snapshot_timer = self
-                        .persistence
-                        .interval_ms()
-                        .map(|every| self.app.schedule(self.now.ms + every, Wake::Snapshot));
+                    self.snapshot_timer = self.persistence.interval_ms().map(|every| {
+                        let at = self.now.ms + every;
+                        (at, self.app.schedule(at, Wake::Snapshot))
+                    });
                 }
                 self.stats.reloads_ok += 1;
                 info!("configuration reloaded from {}", path.display());
@@ -855,10 +855,15 @@ impl Server {
                 }
                 Event::Wake(Wake::Conn(id)) => self.dispatch(id, Signal::Deadline),
                 Event::Wake(Wake::UpstreamIdle) => self.sweep_idle_upstreams(),
+                // Not the armed timer's when a reload in this turn re-armed it
+                // after this one fired (its interval counts from the reload),
+                // or disarmed it: another periodic chain would start.
+                Event::Wake(Wake::Snapshot) if self.snapshot_timer.is_none_or(|(at, _)| at > self.now.ms) => {}
                 Event::Wake(Wake::Snapshot) => {
                     self.app.write_periodic_snapshot(&mut self.persistence, self.now.ms);
                     let every = self.persistence.interval_ms().expect("armed only with an interval");
-                    self.snapshot_timer = Some(self.app.schedule(self.now.ms + every, Wake::Snapshot));
+                    let at = self.now.ms + every;
+                    self.snapshot_timer = Some((at, self.app.schedule(at, Wake::Snapshot)));
                 }
             }
         }

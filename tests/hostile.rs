@@ -729,6 +729,42 @@ fn bodies_larger_than_a_turns_read_are_read_whole_over_several_turns() {
 }
 
 #[test]
+fn a_connection_gives_back_what_a_large_body_grew_its_buffers_to() {
+    // A 200 KB report grows the connection's buffers to hold it while it
+    // arrives (the input, and for a chunked one the decoded body too); once
+    // it is answered and nothing more is pending, the memory is given back,
+    // and it grows again when the connection needs it.
+    let s = TestServer::start(&config("", r#""maxBodyBytes":262144,"idleTimeoutMs":30000"#));
+    let body = format!("{{\"status\":200{}}}", " ".repeat(200_000));
+    let chunked: String = body
+        .as_bytes()
+        .chunks(16 * 1024)
+        .map(|c| format!("{:x}\r\n{}\r\n", c.len(), String::from_utf8_lossy(c)))
+        .collect();
+    let requests = [
+        post("/pools/p/lock/x/release", KEY, "", &body),
+        format!(
+            "POST /pools/p/lock/x/release HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n\
+             Transfer-Encoding: chunked\r\n\r\n{chunked}0\r\n\r\n"
+        )
+        .into_bytes(),
+    ];
+    let buffered = || s.metric("nthpool_connection_buffer_bytes").expect("the gauge") as u64;
+    for request in &requests {
+        let mut c = connect(s.addr);
+        for _ in 0..2 {
+            // All but the last 10 bytes: the request is still arriving.
+            let (most, rest) = request.split_at(request.len() - 10);
+            c.write_all(most).unwrap();
+            eventually("the arriving body's buffers counted", || buffered() >= 150_000);
+            c.write_all(rest).unwrap();
+            assert_eq!(read_response(&mut c).expect("an answer").json()["released"], false);
+            eventually("the buffers given back", || buffered() < 64 * 1024);
+        }
+    }
+}
+
+#[test]
 fn a_waiter_that_closes_behind_a_full_input_buffer_is_never_granted() {
     // With maxBodyBytes 1024 a connection buffers 16 KiB + 2 KiB + 64 KiB of
     // input. The departed waiter sent more than that behind its acquire, so

@@ -141,6 +141,8 @@ pub struct AccessLogCounters {
 #[derive(Debug, Default, Clone)]
 pub struct ServerStats {
     pub connections_open: u64,
+    /// What the connections' buffers hold allocated, summed for a scrape.
+    pub connection_buffer_bytes: u64,
     pub connections_accepted: u64,
     pub connections_refused: u64,
     pub bytes_received: u64,
@@ -414,8 +416,14 @@ pub fn render(t: &mut String, m: &MetricsSnapshot) {
         }
     }
     let (s, log) = (&m.server, &m.access_log);
-    let server: [(&str, &str, &str, u64); 10] = [
+    let server: [(&str, &str, &str, u64); 11] = [
         ("nthpool_connections_open", "gauge", "Open client connections (both listeners).", s.connections_open),
+        (
+            "nthpool_connection_buffer_bytes",
+            "gauge",
+            "Bytes the client connections' buffers hold allocated.",
+            s.connection_buffer_bytes,
+        ),
         ("nthpool_connections_accepted_total", "counter", "Connections accepted.", s.connections_accepted),
         (
             "nthpool_connections_refused_total",

@@ -10,7 +10,7 @@
 
 use super::conn::{self, PendingBody};
 use super::pipeline::{adapt_answer, after_answers, head_cannot_be_complete, head_incomplete, take_body, Answer, Body};
-use super::{carry, client_mut, Server};
+use super::{carry, client_mut, Entry, Server};
 use crate::api::{ApiError, App, ConnId, Handled};
 use crate::dashboard;
 use crate::http::request::{header_storage, parse_head, serve_as_http11, Head, HeadError, Method};
@@ -26,6 +26,18 @@ impl Server {
     pub(super) fn process_admin(&mut self, id: ConnId) {
         let Server { conns, app, now, turn, stats, metrics_text, ready, proxy, dirty, timeouts, .. } = self;
         let (now, turn) = (*now, *turn);
+        // The connections' buffers are summed, a walk of every connection,
+        // only for what asks for `/metrics`, not for every health check.
+        if conns.get(id.index as usize).is_some_and(|entry| match entry {
+            Entry::Client(c) => c.input.data().windows(8).any(|w| w == b"/metrics"),
+        }) {
+            stats.connection_buffer_bytes = conns
+                .iter()
+                .map(|(_, entry)| match entry {
+                    Entry::Client(c) => c.buffered() as u64,
+                })
+                .sum();
+        }
         let Some(conn) = client_mut(conns, id) else {
             return;
         };

@@ -47,6 +47,12 @@ pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
 /// (`Conn::discard_input`): a client still sending past it gets a reset.
 const DISCARD_AT_CLOSE: usize = 4 << 20;
 const INITIAL_INPUT: usize = 4096;
+/// Buffers grown to this (a power of two) are given back once their connection has
+/// nothing pending (`Conn::trim_if_idle`): what one large body or burst of
+/// answers grew them to is not kept by a connection that then sits idle
+/// for minutes. They grow again if it needs them.
+pub const KEEP_IDLE_BYTES: usize = 64 * 1024;
+const _: () = assert!(KEEP_IDLE_BYTES.is_power_of_two());
 
 /// What one socket operation came to (sozu's `SocketResult`, trimmed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,6 +298,32 @@ impl Conn {
         self.output.len() - self.out_pos
     }
 
+    /// The bytes its buffers hold allocated: input, answers, a decoded body.
+    pub fn buffered(&self) -> usize {
+        self.input.buf.len() + self.output.capacity() + self.body.capacity()
+    }
+
+    /// Gives back buffers grown to `KEEP_IDLE_BYTES` when nothing is
+    /// pending: called as the last answer leaves (`flush`), with the input
+    /// read to its end (nginx frees a keep-alive connection's large buffers
+    /// the same way). A client that sends such bodies one after another
+    /// grows them again for each.
+    #[cold]
+    #[inline(never)]
+    fn trim_if_idle(&mut self) {
+        let idle = self.unsent() == 0
+            && self.input.is_empty()
+            && self.pending.is_none()
+            && self.request_started.is_none()
+            && self.exchange.is_none();
+        if idle {
+            self.input = Input::new(self.input.limit);
+            self.output = Vec::new();
+            self.out_pos = 0;
+            self.body = Vec::new();
+        }
+    }
+
     /// Whether requests may be answered now (not waiting, not closing).
     pub fn is_open(&self) -> bool {
         matches!(self.phase, Phase::Open)
@@ -522,6 +554,10 @@ impl Conn {
             self.output.clear();
             self.out_pos = 0;
             self.undelivered.clear();
+            // One of them is at least the (power-of-two) mark when their OR is.
+            if (self.input.buf.len() | self.output.capacity() | self.body.capacity()) >= KEEP_IDLE_BYTES {
+                self.trim_if_idle();
+            }
             Ok(Flush::Done)
         } else {
             self.undelivered.retain(|&(_, end)| end > sent);

@@ -743,10 +743,24 @@ impl App {
     /// host of proxy traffic, else by the `{pool}` segment of `/pools/{pool}`.
     #[cold]
     pub fn note_move(&mut self, listener_pool: Option<PoolId>, ctx: &Ctx, head: &Head) {
-        let pid = self.proxy_route(listener_pool, head).or_else(|| self.gov.pool_id(route::pool_segment(head.path)?));
-        if let Some(pid) = pid.filter(|pid| self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer)) {
+        if let Some((pid, _)) = self.routed_by_trusted_proxy(listener_pool, head, ctx.peer) {
             self.gov.moved_here(pid, ctx.now.ms);
         }
+    }
+
+    /// The pool a request reaches, found as the proxy in front finds it (by
+    /// the host of proxy traffic, else by the `{pool}` segment), and whether
+    /// it is proxied; `None` unless `peer` is one of that pool's trusted
+    /// proxies, the only peers whose routing fields are heard.
+    fn routed_by_trusted_proxy(
+        &self,
+        listener_pool: Option<PoolId>,
+        head: &Head,
+        peer: IpAddr,
+    ) -> Option<(PoolId, bool)> {
+        let proxied = self.proxy_route(listener_pool, head);
+        let pid = proxied.or_else(|| self.gov.pool_id(route::pool_segment(head.path)?))?;
+        self.creds[pid.0 as usize].access.trusts_proxy(peer).then_some((pid, proxied.is_some()))
     }
 
     /// `X-Nthpool-Pool` from one of the pool's trusted proxies names the
@@ -768,16 +782,15 @@ impl App {
         out: &mut Vec<u8>,
     ) -> bool {
         let Some(placed_as) = head.api.placed_as() else { return false };
-        let proxied = self.proxy_route(listener_pool, head);
-        let Some(pid) = proxied.or_else(|| self.gov.pool_id(route::pool_segment(head.path)?)) else { return false };
-        if !self.creds[pid.0 as usize].access.trusts_proxy(ctx.peer) || placed_as == self.gov.pool(pid).name.as_bytes()
-        {
+        let Some((pid, proxied)) = self.routed_by_trusted_proxy(listener_pool, head, ctx.peer) else { return false };
+        if placed_as == self.gov.pool(pid).name.as_bytes() {
             return false;
         }
         let ctx = Ctx { close: true, ..*ctx };
-        match proxied {
-            Some(pid) => self.refuse_proxied(&ctx, pid, head, ApiError::Misdirected, out),
-            None => self.reject(&ctx, head, ApiError::Misdirected, out),
+        if proxied {
+            self.refuse_proxied(&ctx, pid, head, ApiError::Misdirected, out);
+        } else {
+            self.reject(&ctx, head, ApiError::Misdirected, out);
         }
         true
     }

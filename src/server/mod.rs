@@ -303,7 +303,7 @@ impl Server {
         let fd_limit = fds::raise_limit();
         let resolver = new_resolver(&poll, &config.resolver)?;
         let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
-        let snapshot_timer = persistence.interval_ms().map(|every| (every, app.schedule(every, Wake::Snapshot)));
+        let snapshot_timer = arm_snapshot(&mut app, &persistence, 0);
         Ok(Server {
             poll,
             listener: Some(listener),
@@ -600,10 +600,7 @@ impl Server {
                     if let Some((_, timer)) = self.snapshot_timer.take() {
                         self.app.cancel_timer(timer);
                     }
-                    self.snapshot_timer = self.persistence.interval_ms().map(|every| {
-                        let at = self.now.ms + every;
-                        (at, self.app.schedule(at, Wake::Snapshot))
-                    });
+                    self.snapshot_timer = arm_snapshot(&mut self.app, &self.persistence, self.now.ms);
                 }
                 self.stats.reloads_ok += 1;
                 info!("configuration reloaded from {}", path.display());
@@ -861,9 +858,7 @@ impl Server {
                 Event::Wake(Wake::Snapshot) if self.snapshot_timer.is_none_or(|(at, _)| at > self.now.ms) => {}
                 Event::Wake(Wake::Snapshot) => {
                     self.app.write_periodic_snapshot(&mut self.persistence, self.now.ms);
-                    let every = self.persistence.interval_ms().expect("armed only with an interval");
-                    let at = self.now.ms + every;
-                    self.snapshot_timer = Some((at, self.app.schedule(at, Wake::Snapshot)));
+                    self.snapshot_timer = arm_snapshot(&mut self.app, &self.persistence, self.now.ms);
                 }
             }
         }
@@ -1309,6 +1304,13 @@ impl Listening {
 
 /// The answer, best effort, to a connection over the `maxConnections` cap.
 const OVER_CAPACITY: ApiError = ApiError::Unavailable("The server has too many open connections.", 1);
+
+/// The periodic snapshot's timer, one interval from `now`, and when it is
+/// due; `None` when the configuration asks for none.
+fn arm_snapshot(app: &mut App, persistence: &state::Persistence, now: Ms) -> Option<(Ms, TimerKey)> {
+    let at = now + persistence.interval_ms()?;
+    Some((at, app.schedule(at, Wake::Snapshot)))
+}
 
 /// `Server::arm_timer` for a connection already in hand.
 fn arm_conn_timer(app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {

@@ -105,6 +105,9 @@ const SHUTDOWN_SLICE_MS: u64 = 20;
 /// dropping what clients sent (so that the close is a FIN): past it, the
 /// remaining connections are closed at once.
 const CLOSE_ALL_MS: u64 = 50;
+/// At the stop's end, how long the sockets' closes may run before the
+/// snapshot is written: what is left is closed after it (`close_all`).
+const CLOSE_BEFORE_SNAPSHOT_MS: u64 = 100;
 /// From the stop's signal, how long the access log may wait for a slow
 /// reader of standard output or a pipe (SPEC §2: the stop takes at most a
 /// second, the snapshot aside).
@@ -450,11 +453,13 @@ impl Server {
                 if self.conns.len() == self.lingering || self.clock.now_ms() >= at {
                     self.cut_exchanges();
                     let (cut, draining) = (self.conns.len() - self.lingering, self.lingering);
-                    self.close_all();
+                    let unclosed = self.close_all();
                     // A slow reader of the log gets what is left of the stop's second.
                     let left = (self.shutdown_began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
                     self.app.flush_log(Instant::now() + Duration::from_millis(left));
                     self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
+                    // The snapshot is safe: the kernel's part of the closes put off can take its time.
+                    drop(unclosed);
                     info!(
                         "shut down ({cut} connections cut at the deadline, {draining} closed while draining after their last answer)"
                     );
@@ -482,8 +487,14 @@ impl Server {
     /// (SPEC §5) before the snapshot would keep them as held. What it sent
     /// and was never read is dropped first: the close is a FIN, and what
     /// the kernel took of its answers still reaches it.
+    ///
+    /// Each connection's grants and waits are settled here, but the sockets
+    /// closed past `CLOSE_BEFORE_SNAPSHOT_MS` are returned open, to be
+    /// dropped once the snapshot is written: with hundreds of thousands of
+    /// connections the kernel's part of the closes takes seconds, and a
+    /// supervisor's kill in that time must not cost the snapshot.
     #[cold]
-    fn close_all(&mut self) {
+    fn close_all(&mut self) -> Vec<TcpStream> {
         let discard_until = self.clock.now_ms() + CLOSE_ALL_MS;
         let mut sending = Vec::new();
         for id in self.conn_ids() {
@@ -506,11 +517,17 @@ impl Server {
                 *quiet < 2
             });
         }
+        let close_until = self.clock.now_ms() + CLOSE_BEFORE_SNAPSHOT_MS;
+        let mut unclosed = Vec::new();
         for id in self.conn_ids() {
-            self.close_for(id, crate::api::UNANSWERED_STOPPED);
+            let socket = self.retire(id, crate::api::UNANSWERED_STOPPED);
+            if !unclosed.is_empty() || self.clock.now_ms() >= close_until {
+                unclosed.push(socket);
+            }
         }
         // The lines of requests cut short (`pipeline::log_unanswered`) reach the log's last flush.
         self.settle_answers();
+        unclosed
     }
 
     /// Hands a signal to the connection `id` names, by its kind; nothing
@@ -536,6 +553,12 @@ impl Server {
 
     /// `close`, saying why for an acquire it leaves unanswered (`pipeline::log_unanswered`).
     fn close_for(&mut self, id: ConnId, why: (u16, &'static str)) {
+        drop(self.retire(id, why));
+    }
+
+    /// Removes the connection `id` names (which must exist) and settles
+    /// what it held, as `close_for` does, but returns its socket still open.
+    fn retire(&mut self, id: ConnId, why: (u16, &'static str)) -> TcpStream {
         match self.conns.remove(id.index as usize) {
             Entry::Client(conn) => self.close_client(id, conn, why),
         }
@@ -1248,7 +1271,7 @@ impl Server {
         }
     }
 
-    fn close_client(&mut self, id: ConnId, mut conn: Conn, why: (u16, &'static str)) {
+    fn close_client(&mut self, id: ConnId, mut conn: Conn, why: (u16, &'static str)) -> TcpStream {
         pipeline::log_unanswered(&mut self.app, &conn, self.turn_started, self.now, why);
         if conn.is_lingering() {
             self.lingering -= 1;
@@ -1278,6 +1301,7 @@ impl Server {
         if let Some(ex) = conn.exchange {
             self.abandon_exchange(ex, why);
         }
+        conn.stream
     }
 }
 

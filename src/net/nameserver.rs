@@ -187,7 +187,7 @@ fn tcp_exchange(server: SocketAddr, query: &[u8], deadline: Instant) -> io::Resu
     let mut message = Vec::with_capacity(query.len() + 2);
     message.extend_from_slice(&(query.len() as u16).to_be_bytes());
     message.extend_from_slice(query);
-    stream.write_all(&message)?;
+    stream.write_all(&message).map_err(deadline_passed)?;
     let mut length = [0u8; 2];
     read_by(&mut stream, &mut length, deadline)?;
     let mut answer = vec![0u8; usize::from(u16::from_be_bytes(length))];
@@ -199,8 +199,21 @@ fn tcp_exchange(server: SocketAddr, query: &[u8], deadline: Instant) -> io::Resu
 fn time_left(deadline: Instant) -> io::Result<Duration> {
     let left = deadline.saturating_duration_since(Instant::now());
     match left.is_zero() {
-        true => Err(io::Error::new(io::ErrorKind::TimedOut, "no answer over TCP in time")),
+        true => Err(timed_out()),
         false => Ok(left),
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "no answer over TCP in time")
+}
+
+/// A socket timeout is `WouldBlock` (EAGAIN) on Unix: the deadline passed
+/// during the call, and it is told as `TimedOut` like one passed before it.
+fn deadline_passed(e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock => timed_out(),
+        _ => e,
     }
 }
 
@@ -216,7 +229,7 @@ fn read_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Res
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(deadline_passed(e)),
         }
     }
     Ok(())
@@ -353,6 +366,23 @@ mod tests {
             }
         });
         assert_eq!(servers(addr).lookup("api.test").unwrap().ips, vec![IpAddr::from([10, 0, 0, 8])]);
+    }
+
+    /// A TCP answer that stops coming ends at the deadline as a timeout,
+    /// not as the `WouldBlock` a socket's read timeout is on Unix.
+    #[test]
+    fn a_tcp_answer_that_stops_coming_is_a_timeout() {
+        let (addr, tcp) = truncating_server();
+        std::thread::spawn(move || {
+            let (mut s, _) = tcp.accept().unwrap();
+            let _ = s.write_all(&512u16.to_be_bytes());
+            let _ = s.read(&mut [0u8; 64]);
+            // Held open, silent, until the client hangs up.
+            let _ = s.read(&mut [0u8; 64]);
+        });
+        let ns = Nameservers { servers: vec![addr], timeout: Duration::from_millis(300), attempts: 1 };
+        let err = ns.lookup("api.test").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
     }
 
     /// A server that trickles its TCP answer a byte at a time, each within

@@ -1435,3 +1435,39 @@ fn a_dual_stack_listener_logs_and_matches_ipv4_clients_as_ipv4() {
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines.iter().all(|l| l["client"] == "127.0.0.1"), "{text}");
 }
+
+/// A client whose trace id changes on every request, behind a trusted
+/// proxy whose `X-Forwarded-For` changes too (one connection, as HAProxy
+/// reuses one for many clients): every acquire is logged with its own
+/// client address, and a key of the same length that is wrong is refused,
+/// however often the rest of the head repeats.
+#[test]
+fn a_changing_trace_id_carries_no_client_address_or_key_over() {
+    let json = config_with_access_log(r#""adaptive":false,"access":{"trustedProxies":["127.0.0.1/32"]}"#);
+    let mut s = TestServer::start(&json);
+    let mut c = s.connect();
+    let mut sent: Vec<(String, u64)> = Vec::new();
+    for i in 0..40u32 {
+        // The first half from one client: the memo learns the trace id.
+        let client = format!("10.0.0.{}", if i < 20 { 10 } else { 10 + i % 7 });
+        let key = if i % 9 == 8 { "test-key-000X" } else { KEY };
+        let headers = format!("Traceparent: 00-{:032x}-{:016x}-01\r\nX-Forwarded-For: {client}\r\n", i * 7919, i);
+        c.write_all(&post("/pools/p/lock/acquire", key, &headers, "")).unwrap();
+        let r = read_response(&mut c).expect("an answer");
+        if key == KEY {
+            assert_eq!(r.status, 200, "request {i}: {r:?}");
+            let report = r#"{"status":200}"#;
+            c.write_all(&post(&format!("/pools/p/lock/{}/release", r.slot()), KEY, &headers, report)).unwrap();
+            assert_eq!(read_response(&mut c).expect("an answer").status, 200, "release {i}");
+        } else {
+            assert_eq!(r.status, 401, "request {i} with a wrong key: {r:?}");
+        }
+        sent.push((client, if key == KEY { 200 } else { 401 }));
+    }
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let (text, lines) = access_log(&s);
+    let logged: Vec<(String, u64)> =
+        lines.iter().map(|l| (l["client"].as_str().unwrap().to_string(), l["status"].as_u64().unwrap())).collect();
+    assert_eq!(logged, sent, "{text}");
+}

@@ -21,11 +21,80 @@
 //! common client alternates two kinds of request (acquire and release); the
 //! one not used last is replaced. Nothing here allocates once both entries
 //! have held a block.
+//!
+//! A client may also send a field whose value changes on every request: a
+//! W3C `traceparent`, a request id. When a new block is the length of a kept
+//! one and differs from it only inside the values of fields the server does
+//! not read (the caller names them), the entry learns those values' places
+//! (`Free`): from then on a block that is the kept one outside them, and has
+//! only visible characters (`%x21-7E`) inside them, is the kept one. Such a
+//! value cannot move a line end, a field's start or end, or anything the
+//! server reads, so the verdict is the same; the head's own bytes are what
+//! its fields are read from.
 
 /// Blocks longer than this are judged every time.
 pub const MEMO_ROOM: usize = 1024;
 /// The most heads parsed in full between two looks after misses.
 const MAX_BACKOFF: u8 = 63;
+/// The most field values of one block that may change (`Free`).
+const MAX_FREE: usize = 4;
+
+/// The places in a kept block of the field values that may change from
+/// head to head: ascending, not overlapping, none empty.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Free {
+    ranges: [(u16, u16); MAX_FREE],
+    len: u8,
+}
+
+impl Free {
+    fn ranges(&self) -> &[(u16, u16)] {
+        &self.ranges[..usize::from(self.len)]
+    }
+
+    /// `input` starts with `block` but for visible characters in place of
+    /// the free values (and none are free: no match).
+    fn matches(&self, input: &[u8], block: &[u8]) -> bool {
+        if self.len == 0 || input.len() < block.len() {
+            return false;
+        }
+        let mut at = 0;
+        for &(start, end) in self.ranges() {
+            let (start, end) = (usize::from(start), usize::from(end));
+            if input[at..start] != block[at..start] || !visible(&input[start..end]) {
+                return false;
+            }
+            at = end;
+        }
+        input[at..block.len()] == block[at..]
+    }
+
+    /// The free places of a block that is `kept` but for bytes in some of
+    /// `may_vary` (the places of the values that may change, ascending, in
+    /// a block of `kept`'s length): those, with the ones of `before` (the
+    /// places already free in `kept`) that are still among them. None when
+    /// a byte differs elsewhere, or more than `MAX_FREE` would be free.
+    fn learn(kept: &[u8], block: &[u8], may_vary: impl Iterator<Item = (usize, usize)>, before: &Free) -> Option<Free> {
+        debug_assert_eq!(kept.len(), block.len());
+        let mut free = Free::default();
+        let mut at = 0;
+        for (start, end) in may_vary {
+            if start >= end {
+                continue;
+            }
+            if kept[at..start] != block[at..start] {
+                return None;
+            }
+            let range = (u16::try_from(start).ok()?, u16::try_from(end).ok()?);
+            if kept[start..end] != block[start..end] || before.ranges().contains(&range) {
+                *free.ranges.get_mut(usize::from(free.len))? = range;
+                free.len += 1;
+            }
+            at = end;
+        }
+        (kept[at..] == block[at..]).then_some(free)
+    }
+}
 
 /// The remembered blocks of one connection, each with what was found in it
 /// (`T`, plain data: `request::FieldSpans`), the place of each of its fields
@@ -64,6 +133,8 @@ struct Entry<T, L, F> {
     line_len: usize,
     /// Changes whenever the block or its line does (see `versions`).
     version: u32,
+    /// The places in `block` of the values that may change (see `Free`).
+    free: Free,
 }
 
 /// A remembered block found in a head. What was found in the block and in
@@ -121,7 +192,12 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
     pub fn recall(&mut self, head: &[u8]) -> Option<Recalled> {
         let found = self.entries.iter().position(|e| {
             let n = e.line_len;
-            n >= 2 && head.get(n - 2..n) == Some(b"\r\n") && starts_with_block(&head[n..], &e.block)
+            n >= 2
+                && head.get(n - 2..n) == Some(b"\r\n")
+                && match e.free.len {
+                    0 => starts_with_block(&head[n..], &e.block),
+                    _ => e.free.matches(&head[n..], &e.block) || starts_with_block(&head[n..], &e.block),
+                }
         });
         let Some(at) = found else {
             self.skip = self.backoff;
@@ -163,7 +239,10 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
     /// Remembers `block`, a whole header block that passed every check,
     /// what was found in it and its fields, and the request line before it
     /// with what was read in that. Blocks under a word or over `MEMO_ROOM`
-    /// bytes are not kept; a block already kept takes the new line.
+    /// bytes are not kept; a block already kept takes the new line. A block
+    /// that is a kept one but for some of the values at `may_vary` (the
+    /// places, ascending, of the values of fields the server does not read)
+    /// takes that one's entry, which learns that they change.
     pub fn remember(
         &mut self,
         line: &[u8],
@@ -171,12 +250,23 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
         block: &[u8],
         spans: T,
         fields: impl IntoIterator<Item = F>,
+        may_vary: impl Iterator<Item = (usize, usize)> + Clone,
     ) {
         if block.len() < 8 || block.len() > MEMO_ROOM {
             return;
         }
-        let at = self.entries.iter().position(|e| e.block == block).unwrap_or(self.replace);
+        let (at, free) = match self.entries.iter().position(|e| e.block == block) {
+            Some(at) => (at, self.entries[at].free),
+            None => self
+                .entries
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.block.len() == block.len())
+                .find_map(|(at, e)| Some((at, Free::learn(&e.block, block, may_vary.clone(), &e.free)?)))
+                .unwrap_or((self.replace, Free::default())),
+        };
         let e = &mut self.entries[at];
+        e.free = free;
         if e.block != block {
             e.block.clear();
             e.block.extend_from_slice(block);
@@ -195,6 +285,25 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
         e.version = self.versions;
         self.replace = 1 - at;
     }
+}
+
+/// Whether every byte is a visible character (`%x21-7E`, RFC 5234's
+/// VCHAR), eight at a time.
+fn visible(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = ONES * 0x80;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+        // A byte under 0x21 borrows into its high bit (where `w`'s is clear);
+        // one over 0x7E carries into it, or has it set already.
+        let under = w.wrapping_sub(ONES * 0x21) & !w & HIGH;
+        let over = (w.wrapping_add(ONES) | w) & HIGH;
+        if under | over != 0 {
+            return false;
+        }
+    }
+    words.remainder().iter().all(|b| matches!(b, 0x21..=0x7e))
 }
 
 /// `input` starts with `block` (of at least eight bytes). The last word is
@@ -240,6 +349,9 @@ mod tests {
 
     type Memo = BlockMemo<u8, u8, u8>;
 
+    /// No value may vary.
+    const NONE: std::iter::Empty<(usize, usize)> = std::iter::empty();
+
     /// Where `block` is found after `LINE`: the line's length, the block's.
     fn found(memo: &mut Memo, block: &[u8]) -> Option<(usize, usize)> {
         memo.recall(&head(LINE, block)).map(|r| (r.line_len, r.block_len))
@@ -252,28 +364,28 @@ mod tests {
         let mut memo = Memo::default();
         assert!(memo.is_empty());
         assert_eq!(found(&mut memo, a), None);
-        memo.remember(LINE, 0, a, 1, [1]);
-        memo.remember(LINE, 0, b, 2, [2]);
+        memo.remember(LINE, 0, a, 1, [1], NONE);
+        memo.remember(LINE, 0, b, 2, [2], NONE);
         assert_eq!(found(&mut memo, a), Some((n, a.len())));
         assert_eq!(found(&mut memo, b), Some((n, b.len())));
         // `b` was used last: `c` takes `a`'s place.
-        memo.remember(LINE, 0, c, 3, [3]);
+        memo.remember(LINE, 0, c, 3, [3], NONE);
         assert_eq!(found(&mut memo, a), None);
         assert_eq!(found(&mut memo, b), Some((n, b.len())));
         assert_eq!(found(&mut memo, c), Some((n, c.len())));
         // A block kept already takes the new line and evicts nothing.
         let longer = b"POST /xy HTTP/1.1\r\n";
-        memo.remember(longer, 0, b, 2, [2]);
+        memo.remember(longer, 0, b, 2, [2], NONE);
         assert_eq!(found(&mut memo, b), None, "looked for after the old line length");
         let r = memo.recall(&head(b"POST /yx HTTP/1.1\r\n", b)).map(|r| (r.line_len, *memo.spans(r.entry)));
         assert_eq!(r, Some((n + 1, 2)));
         assert_eq!(found(&mut memo, c), Some((n, c.len())));
         // Only after a CRLF.
-        memo.remember(&LINE[1..], 0, c, 3, [3]);
+        memo.remember(&LINE[1..], 0, c, 3, [3], NONE);
         assert!(memo.recall(&head(LINE, c)).is_none());
         let mut memo = Memo::default();
-        memo.remember(LINE, 0, a, 1, [1]);
-        memo.remember(LINE, 0, b, 2, [2]);
+        memo.remember(LINE, 0, a, 1, [1], NONE);
+        memo.remember(LINE, 0, b, 2, [2], NONE);
         // A miss backs off: 0, 1, 3, 7, ... heads are not looked up, up to
         // `MAX_BACKOFF`; a hit looks at every head again.
         let mut skipped = Vec::new();
@@ -293,8 +405,8 @@ mod tests {
         assert!(memo.probe(), "the first miss after a hit does not skip");
         // Too short or too long to keep.
         let mut memo = Memo::default();
-        memo.remember(LINE, 0, b"\r\n", 1, [1]);
-        memo.remember(LINE, 0, &vec![b'a'; MEMO_ROOM + 1], 1, [1]);
+        memo.remember(LINE, 0, b"\r\n", 1, [1], NONE);
+        memo.remember(LINE, 0, &vec![b'a'; MEMO_ROOM + 1], 1, [1], NONE);
         assert!(memo.is_empty());
     }
 
@@ -302,7 +414,7 @@ mod tests {
     fn the_request_line_is_reused_only_when_it_is_the_same() {
         let block = &b"Host: a\r\nContent-Length: 0\r\n\r\n"[..];
         let mut memo = Memo::default();
-        memo.remember(LINE, 7, block, 1, [1]);
+        memo.remember(LINE, 7, block, 1, [1], NONE);
         let r = memo.recall(&head(LINE, block)).unwrap();
         let line = LineRecall::Same;
         assert_eq!(r, Recalled { entry: 0, version: 1, line_len: LINE.len(), block_len: block.len(), line });
@@ -315,26 +427,107 @@ mod tests {
         assert_eq!((*memo.spans(r.entry), r.line), (1, LineRecall::Like));
         // A line too long to keep is never taken for the same.
         let long = format!("POST /{} HTTP/1.1\r\n", "x".repeat(MEMO_ROOM)).into_bytes();
-        memo.remember(&long, 7, block, 1, [1]);
+        memo.remember(&long, 7, block, 1, [1], NONE);
         let r = memo.recall(&head(&long, block)).unwrap();
         assert_eq!((r.line_len, r.line), (long.len(), LineRecall::Unknown));
+    }
+
+    #[test]
+    fn visible_characters_are_told_eight_at_a_time_as_one_at_a_time() {
+        for len in 0..20 {
+            for at in 0..len {
+                for byte in 0..=255u8 {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = byte;
+                    assert_eq!(visible(&bytes), (0x21..=0x7e).contains(&byte), "{byte:#x} at {at} of {len}");
+                }
+            }
+        }
+        assert!(visible(b"!~!~!~!~!~!~!~!~!"));
+    }
+
+    /// The place of `value` in `block`, as the caller names a value that may vary.
+    fn place(block: &[u8], value: &[u8]) -> (usize, usize) {
+        let start = block.windows(value.len()).position(|w| w == value).unwrap();
+        (start, start + value.len())
+    }
+
+    #[test]
+    fn a_value_that_changes_is_learned_and_matched_by_visible_characters_only() {
+        let block = |trace: &str, key: &str| format!("Host: h\r\nTraceparent: {trace}\r\nX-Key: {key}\r\n\r\n");
+        let (a, b) = (block("00-aaaa-01", "k1"), block("00-bbbb-01", "k1"));
+        // Only the trace's value may vary; the key's is read.
+        let trace = |b: &str| [place(b.as_bytes(), b"00-")].map(|(s, _)| (s, s + 10));
+        let mut memo = Memo::default();
+        memo.remember(LINE, 0, a.as_bytes(), 1, [1], trace(&a).into_iter());
+        memo.remember(LINE, 0, b"Host: other\r\n\r\n", 2, [2], NONE);
+        let version = memo.recall(&head(LINE, a.as_bytes())).unwrap().version;
+        assert_eq!(found(&mut memo, b.as_bytes()), None, "not learned yet");
+        // `b` differs from `a` only in the trace: `a`'s entry learns it.
+        memo.remember(LINE, 0, b.as_bytes(), 1, [1], trace(&b).into_iter());
+        let r = memo.recall(&head(LINE, b.as_bytes())).unwrap();
+        assert_eq!(r.entry, 0, "the other entry is kept");
+        assert_ne!(r.version, version);
+        assert!(found(&mut memo, b"Host: other\r\n\r\n").is_some());
+        for (other, is_found) in [
+            (block("00-cccc-01", "k1"), true),
+            (block("~!\"#$%&'()", "k1"), true),
+            (block("00-cc c-01", "k1"), false),
+            (block("00-cc\tc-01", "k1"), false),
+            (block("00-cc\x7fc-01", "k1"), false),
+            (block("00-cc\x00c-01", "k1"), false),
+            (block("00-cc\rc-01", "k1"), false),
+            (block("00-cc\nc-01", "k1"), false),
+            (block("00-cc\u{e9}-01", "k1"), false),
+            (block("00-cccc-01", "k2"), false),
+            (block("00-cccc-01", "k1").replace("Host: h", "Host: i"), false),
+        ] {
+            assert_eq!(found(&mut memo, other.as_bytes()).is_some(), is_found, "{other:?}");
+        }
+        // A block that differs outside the places that may vary is not learned.
+        let c = block("00-aaaa-01", "k9");
+        memo.remember(LINE, 0, c.as_bytes(), 3, [3], trace(&c).into_iter());
+        assert_eq!(found(&mut memo, block("00-dddd-01", "k9").as_bytes()), None);
+        assert!(found(&mut memo, block("00-dddd-01", "k1").as_bytes()).is_some(), "the learned entry stays");
+        // Nor one whose values that differ are more than `MAX_FREE`.
+        let many = |v: &str| format!("A: {v}\r\nB: {v}\r\nC: {v}\r\nD: {v}\r\nE: {v}\r\n\r\n");
+        let places = |b: &str| {
+            let b = b.as_bytes().to_vec();
+            (0..b.len()).filter(|&i| b[i] == b':').map(move |i| (i + 2, i + 4)).collect::<Vec<_>>().into_iter()
+        };
+        let mut memo = Memo::default();
+        memo.remember(LINE, 0, many("xx").as_bytes(), 1, [1], places(&many("xx")));
+        memo.remember(LINE, 0, many("yy").as_bytes(), 1, [1], places(&many("yy")));
+        assert_eq!(found(&mut memo, many("zz").as_bytes()), None);
+        let four = many("yy").replacen("yy", "xx", 1);
+        memo.remember(LINE, 0, four.as_bytes(), 1, [1], places(&four));
+        assert!(found(&mut memo, many("zz").replacen("zz", "xx", 1).as_bytes()).is_some(), "four may vary");
+        let five = many("zz").replacen("zz", "ww", 1);
+        assert!(found(&mut memo, five.as_bytes()).is_none(), "a value not learned is the kept one's");
+        // A place learned before stays free when another one is learned.
+        let two = |t: &str, r: &str| format!("T: {t}\r\nR: {r}\r\n\r\n");
+        let mut memo = Memo::default();
+        for (t, r) in [("11", "11"), ("22", "11"), ("22", "22")] {
+            memo.remember(LINE, 0, two(t, r).as_bytes(), 1, [1], places(&two(t, r)));
+        }
+        assert!(found(&mut memo, two("33", "33").as_bytes()).is_some());
     }
 
     #[test]
     fn an_entry_changes_version_whenever_its_block_or_its_line_does() {
         let (a, b) = (&b"Host: a\r\n\r\n"[..], &b"Host: bb\r\n\r\n"[..]);
         let mut memo = Memo::default();
-        memo.remember(LINE, 0, a, 1, [1]);
+        memo.remember(LINE, 0, a, 1, [1], NONE);
         let first = memo.recall(&head(LINE, a)).unwrap();
         assert_eq!(memo.recall(&head(LINE, a)).unwrap().version, first.version, "recalling changes nothing");
         // The same block with another line (of another length here).
-        memo.remember(b"GET /x HTTP/1.1\r\n", 0, a, 1, [1]);
+        memo.remember(b"GET /x HTTP/1.1\r\n", 0, a, 1, [1], NONE);
         let second = memo.recall(&head(b"GET /x HTTP/1.1\r\n", a)).unwrap();
         assert_eq!(second.entry, first.entry);
         assert_ne!(second.version, first.version);
         // Another block in the other entry, then in this one.
-        memo.remember(LINE, 0, b, 2, [2]);
-        memo.remember(LINE, 0, &b"Host: ccc\r\n\r\n"[..], 3, [3]);
+        memo.remember(LINE, 0, b, 2, [2], NONE);
+        memo.remember(LINE, 0, &b"Host: ccc\r\n\r\n"[..], 3, [3], NONE);
         let versions: Vec<u32> = memo.entries.iter().map(|e| e.version).collect();
         assert!(!versions.contains(&second.version), "{versions:?}");
     }

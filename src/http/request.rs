@@ -478,7 +478,11 @@ fn parse_full<'b>(
         };
         let line = &buf[..block_start];
         let places = headers.iter().map(|h| (Span::within(block, h.name.as_bytes()), Span::within(block, h.value)));
-        memo.blocks.remember(line, line_spans, block, fields, places);
+        let may_vary = headers.iter().filter(|h| value_may_vary(h.name.as_bytes())).map(|h| {
+            let value = Span::within(block, h.value);
+            (value.start as usize, value.end())
+        });
+        memo.blocks.remember(line, line_spans, block, fields, places, may_vary);
     }
     let headers = HeaderFields { fields: FieldList::Parsed(headers) };
     assemble(line, head_len, block, &fields, headers, None)
@@ -1133,6 +1137,37 @@ fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(
         }
     }
     Ok(())
+}
+
+/// Whether a field's value may change from head to head without changing
+/// what a remembered block was judged to be (`memo`: a trace id, a request
+/// id). Not for the fields `scan_fields` reads, nor for `X-Forwarded-For`,
+/// from which the client's address is taken and kept with a verdict
+/// (`api::verdict`), nor for any other field a check of this server reads:
+/// `X-Nthpool-*`, the key in `x-api-key`, `Forwarded`, `Upgrade`, `Cookie`,
+/// Cloudflare's token and the hop-by-hop fields.
+fn value_may_vary(name: &[u8]) -> bool {
+    const READ: [&[u8]; 17] = [
+        b"host",
+        b"authorization",
+        b"x-api-key",
+        b"idempotency-key",
+        b"expect",
+        b"connection",
+        b"content-length",
+        b"content-type",
+        b"transfer-encoding",
+        b"x-forwarded-for",
+        b"forwarded",
+        b"upgrade",
+        b"cookie",
+        b"cf-access-jwt-assertion",
+        b"te",
+        b"trailer",
+        b"keep-alive",
+    ];
+    let starts = |prefix: &[u8]| name.len() > prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix);
+    !starts(b"x-nthpool-") && !starts(b"proxy-") && !READ.iter().any(|read| name_is(name, read))
 }
 
 /// The refusal of a `Transfer-Encoding` other than `chunked` alone. A list
@@ -1925,7 +1960,48 @@ mod tests {
         prop::collection::vec(id_byte, 3).prop_map(|id| [&b"/pools/p/lock/"[..], &id.concat(), b"/release"].concat())
     }
 
-    fn field() -> impl Strategy<Value = &'static str> {
+    /// A field of a header block: good or bad as it stands, or a name whose
+    /// three-byte value is new in every head (`fill`).
+    #[derive(Clone, Debug)]
+    enum Part {
+        Fixed(&'static str),
+        Varying(&'static str),
+    }
+
+    fn part() -> impl Strategy<Value = Part> {
+        // Names the server reads, and one it does not.
+        let names =
+            prop::sample::select(vec!["Traceparent", "X-Nthpool-Key", "X-Forwarded-For", "Host", "Content-Length"]);
+        prop_oneof![3 => fixed_field().prop_map(Part::Fixed), 2 => names.prop_map(Part::Varying)]
+    }
+
+    /// A value for a `Part::Varying`: mostly visible characters.
+    fn value() -> impl Strategy<Value = Vec<u8>> {
+        let byte = prop_oneof![
+            12 => prop::sample::select(b"0123456789abcdef-~!\"(@/[".to_vec()),
+            1 => prop::sample::select(b" \t\r\n\x00\x7f\x80\xff,:".to_vec()),
+        ];
+        prop::collection::vec(byte, 3)
+    }
+
+    /// The header block `parts` make with `values` for its varying fields.
+    fn fill(parts: &[Part], values: &[Vec<u8>]) -> Vec<u8> {
+        let mut values = values.iter().cycle();
+        let mut block = Vec::new();
+        for part in parts {
+            match part {
+                Part::Fixed(field) => block.extend_from_slice(field.as_bytes()),
+                Part::Varying(name) => {
+                    let value = values.next().expect("values to fill with");
+                    block.extend_from_slice(&[name.as_bytes(), b": ", value, b"\r\n"].concat());
+                }
+            }
+        }
+        block.extend_from_slice(b"\r\n");
+        block
+    }
+
+    fn fixed_field() -> impl Strategy<Value = &'static str> {
         prop_oneof![
             Just("Host: 127.0.0.1:7070\r\n"),
             Just("Host: exa mple\r\n"),
@@ -1952,8 +2028,8 @@ mod tests {
         ]
     }
 
-    fn block() -> impl Strategy<Value = String> {
-        prop::collection::vec(field(), 0..6).prop_map(|fields| fields.concat() + "\r\n")
+    fn block() -> impl Strategy<Value = Vec<Part>> {
+        prop::collection::vec(part(), 0..6)
     }
 
     proptest::proptest! {
@@ -1989,19 +2065,54 @@ mod tests {
             }
         }
 
+        /// A client whose good heads differ only in the values of some
+        /// fields, read by the server or not, gets a fresh parse's verdict
+        /// for each, once the memo has learned which values change too.
+        #[test]
+        fn values_that_change_get_a_fresh_verdict(
+            parts in prop::collection::vec(
+                prop_oneof![
+                    Just(Part::Fixed("X-Nthpool-Key: k1\r\n")),
+                    Just(Part::Fixed("Content-Type: application/json\r\n")),
+                    Just(Part::Varying("Traceparent")),
+                    Just(Part::Varying("X-Request-Id")),
+                    Just(Part::Varying("X-Nthpool-Key")),
+                    Just(Part::Varying("X-Forwarded-For")),
+                    Just(Part::Varying("Content-Length")),
+                ],
+                1..5,
+            ),
+            host in prop_oneof![Just(Part::Fixed("Host: h\r\n")), Just(Part::Varying("Host"))],
+            values in prop::collection::vec(prop::collection::vec(value(), 1..4), 1..40),
+        ) {
+            let parts = [vec![host], parts].concat();
+            let mut memo = HeadMemo::default();
+            for values in values {
+                let raw = [&b"POST /pools/p/lock/acquire HTTP/1.1\r\n"[..], &fill(&parts, &values)].concat();
+                let mut storage = header_storage();
+                let remembered = digest(parse_head_on(&raw, &mut storage, &mut memo));
+                let fresh = with_head(&raw, digest);
+                prop_assert_eq!(remembered, fresh, "{:?}", String::from_utf8_lossy(&raw));
+            }
+        }
+
         /// A connection that remembers header blocks answers every head
         /// exactly as a fresh parse does, whatever came before it: a block
         /// reused with another request line, a block cut short, bytes after
         /// the head, a request line that differs from the remembered one only
-        /// in its target, and bad heads mixed in.
+        /// in its target, fields whose values change from head to head (read
+        /// by the server or not, good or bad), and bad heads mixed in.
         #[test]
         fn the_memo_never_changes_a_verdict(
             blocks in prop::collection::vec(block(), 1..4),
-            requests in prop::collection::vec((request_line(), 0usize..4, 0usize..3), 1..24),
+            requests in prop::collection::vec(
+                (request_line(), 0usize..4, 0usize..3, prop::collection::vec(value(), 1..3)),
+                1..32,
+            ),
         ) {
             let mut memo = HeadMemo::default();
-            for (line, which, tail) in requests {
-                let mut raw = [line, blocks[which % blocks.len()].clone().into_bytes()].concat();
+            for (line, which, tail, values) in requests {
+                let mut raw = [line, fill(&blocks[which % blocks.len()], &values)].concat();
                 match tail {
                     0 => {}
                     1 => raw.extend_from_slice(b"{\"status\":200}POST / HTTP/1.1\r\n"),

@@ -16,9 +16,11 @@
 #   - nthpool, empty
 #   - nthpool, empty, varying header (CG_VARY=1): the same cycles with
 #     `nthpool-bench --vary-header`, whose every request carries an
-#     `X-Request-Id` of its own (a counter, as a trace id would change), so the
-#     server's per-connection memo of the last two header blocks never hits;
-#     measured on a fresh server, like the empty runs, over 1 and 50 connections
+#     `X-Request-Id` of its own (a counter, as a trace id would change), so no
+#     header block repeats byte for byte (the server's per-connection memo
+#     learns where the value lies); then, on another fresh server, releases
+#     without a report (`--no-report`), whose header block is the acquire's;
+#     each measured like the empty runs, over 1 and 50 connections
 #   - nthpool with 1,000,000 slots held on another pool, filled with
 #     `nthpool-bench --fill` before the measured runs (instrumentation is off
 #     during the fill, so it is not counted at all; the subtraction removes
@@ -27,11 +29,11 @@
 #     (installed with apt-get if missing and run as root): `valgrind --tool=callgrind --trace-children=yes nginx -g
 #     'daemon off; master_process off;'`
 # Kernel work (epoll, socket reads and writes) is not counted: callgrind sees
-# user space only. Takes about two minutes (CG_VARY=1: a minute more).
+# user space only. Takes about two minutes (CG_VARY=1: two minutes more).
 # Environment: CG_N1 (20000), CG_N2 (120000), CG_FILL (1000000), CG_PORT (27170),
 # CG_NGINX_PORT (27180), CG_QUICK (1: the empty-pool runs only, no fill, no
 # nginx; with CG_VARY=1 the varying-header runs too), CG_VARY (0; 1: also the
-# varying-header runs, after the empty ones), CG_KEEP (a directory: the
+# varying-header and no-report runs, after the empty ones), CG_KEEP (a directory: the
 # callgrind out files are copied there, for callgrind_annotate), CG_SERVER (the
 # path of another nthpool binary to measure, for an A/B: an older build, say;
 # the load tool is still the one built here), CARGO_TARGET_DIR.
@@ -193,16 +195,28 @@ stop "$SERVER"
 keep() { [ -z "${CG_KEEP:-}" ] || { mkdir -p "$CG_KEEP" && cp "$WORK"/"$1".out.* "$CG_KEEP"/; }; }
 keep empty
 
+# One client variant on a fresh server ($1 names its files, $2 its rows),
+# both shapes, with the load-tool arguments that follow.
+variant() {
+    local name=$1 label=$2 c
+    shift 2
+    start_nthpool "$name"
+    for c in "${SHAPES[@]}"; do
+        record "nthpool acquire/release, empty, $label, c=$c" "$(measure "$name$c" "$SERVER" \
+            "$WORK/$name.out" --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c "$c" "$@")"
+    done
+}
+
 if [ "$VARY" = 1 ]; then
     say "nthpool, empty, X-Request-Id new on every request: $N1 then $N2 requests, ${SHAPES[*]} connections..."
-    start_nthpool vary
-    for c in "${SHAPES[@]}"; do
-        record "nthpool acquire/release, empty, varying header, c=$c" "$(measure "vary$c" "$SERVER" \
-            "$WORK/vary.out" --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c "$c" --vary-header)"
-    done
+    variant vary "varying header" --vary-header
     TOP_VARY=$(top_functions "$(newest_dump "$WORK/vary.out")")
     stop "$SERVER"
     keep vary
+    say "nthpool, empty, releases without a report: $N1 then $N2 requests, ${SHAPES[*]} connections..."
+    variant bare "no report" --no-report
+    stop "$SERVER"
+    keep bare
 fi
 
 if [ "${CG_QUICK:-0}" != 1 ]; then

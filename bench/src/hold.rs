@@ -545,6 +545,7 @@ pub fn json(mode: Mode, o: &Options, target: &str, b: &Built) -> Value {
         "mode": match mode { Mode::Fill(_) => "fill", Mode::Queue(_) => "queue" },
         "pool": o.pool,
         "varyHeader": o.vary_header,
+        "noReport": o.no_report,
         "requested": b.requested,
         "connections": b.connections,
         "connected": b.connected,

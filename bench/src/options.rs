@@ -35,6 +35,9 @@ pub struct Options {
     /// `--vary-header`: every HTTP request carries `X-Request-Id` with a value
     /// of its own (a run-wide counter), so no two header blocks are the same.
     pub vary_header: bool,
+    /// `--no-report`: releases carry no body, as a client that reports
+    /// nothing on success sends them (the report is optional).
+    pub no_report: bool,
     /// `--fill N`: acquire N slots as fast as possible and leave them held.
     pub fill: Option<u64>,
     /// `--queue N`: open N connections that each send one waiting acquire.
@@ -62,6 +65,7 @@ impl Default for Options {
             get: None,
             redis: None,
             vary_header: false,
+            no_report: false,
             fill: None,
             queue: None,
             json: false,
@@ -111,6 +115,8 @@ TARGET:
                           `EVALSHA SHA 2 POOL POOL:seq` (a semaphore script that
                           answers a new holder id, or nil when full), release is
                           `ZREM POOL id`. Load the script first with SCRIPT LOAD
+    --no-report           Release with no body (no outcome report, as a client
+                          that reports only throttling sends its releases)
     --vary-header         Add `X-Request-Id: <16 hex digits>` to every request,
                           a counter that goes up by one with each request of
                           the run (as a trace id would change), so no two
@@ -219,6 +225,7 @@ where
             "-h" | "--help" => return Ok(Command::Help),
             "--json" => o.json = true,
             "--vary-header" => o.vary_header = true,
+            "--no-report" => o.no_report = true,
             "--addr" => o.addr = value("--addr")?,
             "--pool" => o.pool = value("--pool")?,
             "--key" => o.key = Some(value("--key")?),
@@ -273,6 +280,9 @@ fn check(o: &Options) -> Result<(), UsageError> {
     }
     if o.redis.is_some() && (o.renews > 0 || o.wait_ms.is_some()) {
         return fail("--redis drives acquire and release only: drop --renews and --wait-ms");
+    }
+    if o.redis.is_some() && o.no_report {
+        return fail("--no-report shapes an HTTP release, and --redis speaks RESP: drop one of them");
     }
     if o.redis.is_some() && o.vary_header {
         return fail("--vary-header adds an HTTP header, and --redis speaks RESP: drop one of them");

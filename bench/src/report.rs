@@ -47,7 +47,12 @@ impl Run<'_> {
 
     fn workload(&self) -> String {
         let o = self.opts;
-        let vary = if o.vary_header { ", X-Request-Id new on every request" } else { "" };
+        let vary = match (o.vary_header, o.no_report) {
+            (true, true) => ", X-Request-Id new on every request, releases without a report",
+            (true, false) => ", X-Request-Id new on every request",
+            (false, true) => ", releases without a report",
+            (false, false) => "",
+        };
         if o.redis.is_some() {
             return format!(
                 "Redis semaphore: EVALSHA acquire -> ZREM release on sorted set {}, hold {} ms, back-off {} ms",
@@ -175,6 +180,7 @@ impl Run<'_> {
             "mode": if o.get.is_some() { "get" } else if o.redis.is_some() { "redis" } else { "lock" },
             "path": o.get,
             "varyHeader": o.vary_header,
+            "noReport": o.no_report,
             "pool": o.pool,
             "connections": o.connections,
             "threads": o.threads,

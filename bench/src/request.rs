@@ -90,7 +90,11 @@ impl Requests {
             acquire: format!("{acquire_line}{acquire_tail}").into(),
             slot_prefix: format!("POST /pools/{pool}/lock/").into(),
             renew_suffix: format!("{renew_line}{common}Content-Length: 0\r\n\r\n").into(),
-            release_suffix: format!("{release_line}{}", with_body(RELEASE_BODY)).into(),
+            release_suffix: match o.no_report {
+                true => format!("{release_line}{common}Content-Length: 0\r\n\r\n"),
+                false => format!("{release_line}{}", with_body(RELEASE_BODY)),
+            }
+            .into(),
             get: format!("{get_line}{common}\r\n").into(),
             redis: false,
             vary,
@@ -198,6 +202,14 @@ mod tests {
             "POST /pools/demo/lock/s1/release HTTP/1.1\r\nHost: 127.0.0.1:7070\r\nX-Nthpool-Key: k1\r\n\
              Content-Type: application/json\r\nContent-Length: 14\r\n\r\n{\"status\":200}"
         );
+    }
+
+    #[test]
+    fn a_release_without_a_report_has_the_fields_of_an_acquire() {
+        let r = Requests::new(&Options { key: Some("k1".into()), no_report: true, ..Options::default() });
+        let fields = "Host: 127.0.0.1:7070\r\nX-Nthpool-Key: k1\r\nContent-Length: 0\r\n\r\n";
+        assert_eq!(text(|b| r.release(b"s1", b)), format!("POST /pools/demo/lock/s1/release HTTP/1.1\r\n{fields}"));
+        assert_eq!(text(|b| r.acquire(b)), format!("POST /pools/demo/lock/acquire HTTP/1.1\r\n{fields}"));
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::http::{find_slash_or_query, same_bytes};
 /// One connection's kept verdicts, one per memo entry.
 #[derive(Default)]
 pub struct Verdicts {
-    entries: [Option<Verdict>; 2],
+    entries: [Option<Verdict>; crate::http::memo::ENTRIES],
 }
 
 /// A head found to be for `pool` from `client`, authorized under the

@@ -4,7 +4,7 @@
 //! kind: a sidecar's acquire carries the same `Host`, key and
 //! `Content-Length: 0` each time, its release the same fields with the same
 //! body length. Only the request line changes (a release names its slot). So
-//! each connection keeps the last two header blocks that passed every check,
+//! each connection keeps the last three header blocks that passed every check,
 //! byte for byte, with what `scan_fields` found in them; a block that starts
 //! with one of those exact bytes needs neither httparse nor the field checks
 //! again: the same bytes get the same verdict.
@@ -17,10 +17,11 @@
 //! is one already judged, and what httparse read in the line is reused.
 //! Otherwise the caller gets the remembered line to compare the head's with
 //! (a release's differs only in its slot id), or has httparse parse the
-//! request line alone. Two entries, because the
-//! common client alternates two kinds of request (acquire and release); the
-//! one not used last is replaced. Nothing here allocates once both entries
-//! have held a block.
+//! request line alone. A block is kept per length of the line before it, so
+//! a client whose releases carry no report, and so the acquire's very
+//! fields, has both found. Three entries, because a client alternates
+//! acquires and releases and now and then renews; the one used longest ago
+//! is replaced. Nothing here allocates once every entry has held a block.
 //!
 //! A client may also send a field whose value changes on every request: a
 //! W3C `traceparent`, a request id. When a new block is the length of a kept
@@ -34,6 +35,8 @@
 
 /// Blocks longer than this are judged every time.
 pub const MEMO_ROOM: usize = 1024;
+/// The blocks a connection keeps: an acquire's, a release's and a renew's.
+pub const ENTRIES: usize = 3;
 /// The most heads parsed in full between two looks after misses.
 const MAX_BACKOFF: u8 = 63;
 /// The most field values of one block that may change (`Free`).
@@ -102,9 +105,9 @@ impl Free {
 /// `request::LineSpans`).
 #[derive(Default)]
 pub struct BlockMemo<T, L, F> {
-    entries: [Entry<T, L, F>; 2],
-    /// The entry the next new block replaces.
-    replace: usize,
+    entries: [Entry<T, L, F>; ENTRIES],
+    /// Counts recalls and remembers: an entry's `used` says when it was last.
+    uses: u64,
     /// Heads to parse in full before looking here again, after a miss:
     /// a client whose fields change on every request (a trace id, say)
     /// then pays for one look in `MAX_BACKOFF` heads, not for one in each.
@@ -133,6 +136,9 @@ struct Entry<T, L, F> {
     line_len: usize,
     /// Changes whenever the block or its line does (see `versions`).
     version: u32,
+    /// When it was last recalled or remembered (`BlockMemo::uses`); the
+    /// entry used longest ago is the one a new block replaces.
+    used: u64,
     /// The places in `block` of the values that may change (see `Free`).
     free: Free,
 }
@@ -187,8 +193,7 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
     }
 
     /// The remembered block that `head` holds right after a request line of
-    /// the length that came with it before. The next new block then
-    /// replaces the other entry.
+    /// the length that came with it before (which counts as a use of it).
     pub fn recall(&mut self, head: &[u8]) -> Option<Recalled> {
         let found = self.entries.iter().position(|e| {
             let n = e.line_len;
@@ -205,7 +210,8 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
             return None;
         };
         self.backoff = 0;
-        self.replace = 1 - at;
+        self.uses += 1;
+        self.entries[at].used = self.uses;
         let e = &self.entries[at];
         let n = e.line_len;
         let line = match () {
@@ -239,7 +245,8 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
     /// Remembers `block`, a whole header block that passed every check,
     /// what was found in it and its fields, and the request line before it
     /// with what was read in that. Blocks under a word or over `MEMO_ROOM`
-    /// bytes are not kept; a block already kept takes the new line. A block
+    /// bytes are not kept; a block already kept after a line of this length
+    /// takes the new line. A block
     /// that is a kept one but for some of the values at `may_vary` (the
     /// places, ascending, of the values of fields the server does not read)
     /// takes that one's entry, which learns that they change.
@@ -255,15 +262,17 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
         if block.len() < 8 || block.len() > MEMO_ROOM {
             return;
         }
-        let (at, free) = match self.entries.iter().position(|e| e.block == block) {
+        // A block is kept per length of the line before it: a client whose
+        // acquires and releases send the same fields (no report) has both found.
+        let (at, free) = match self.entries.iter().position(|e| e.line_len == line.len() && e.block == block) {
             Some(at) => (at, self.entries[at].free),
             None => self
                 .entries
                 .iter()
                 .enumerate()
-                .filter(|(_, e)| e.block.len() == block.len())
+                .filter(|(_, e)| e.line_len == line.len() && e.block.len() == block.len())
                 .find_map(|(at, e)| Some((at, Free::learn(&e.block, block, may_vary.clone(), &e.free)?)))
-                .unwrap_or((self.replace, Free::default())),
+                .unwrap_or((self.least_recently_used(), Free::default())),
         };
         let e = &mut self.entries[at];
         e.free = free;
@@ -283,7 +292,14 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
         e.line_len = line.len();
         self.versions = self.versions.wrapping_add(1);
         e.version = self.versions;
-        self.replace = 1 - at;
+        self.uses += 1;
+        e.used = self.uses;
+    }
+
+    /// The entry a new block replaces: the one used longest ago (an unused
+    /// one first).
+    fn least_recently_used(&self) -> usize {
+        (0..ENTRIES).min_by_key(|&at| self.entries[at].used).unwrap_or(0)
     }
 }
 
@@ -358,40 +374,56 @@ mod tests {
     }
 
     #[test]
-    fn two_blocks_are_kept_and_the_one_not_used_last_is_replaced() {
+    fn three_blocks_are_kept_and_the_one_used_longest_ago_is_replaced() {
         let (a, b, c) = (&b"Host: a\r\n\r\n"[..], &b"Host: bb\r\n\r\n"[..], &b"Host: ccc\r\n\r\n"[..]);
+        let d = &b"Host: dddd\r\n\r\n"[..];
         let n = LINE.len();
         let mut memo = Memo::default();
         assert!(memo.is_empty());
         assert_eq!(found(&mut memo, a), None);
         memo.remember(LINE, 0, a, 1, [1], NONE);
         memo.remember(LINE, 0, b, 2, [2], NONE);
-        assert_eq!(found(&mut memo, a), Some((n, a.len())));
-        assert_eq!(found(&mut memo, b), Some((n, b.len())));
-        // `b` was used last: `c` takes `a`'s place.
         memo.remember(LINE, 0, c, 3, [3], NONE);
-        assert_eq!(found(&mut memo, a), None);
-        assert_eq!(found(&mut memo, b), Some((n, b.len())));
+        assert_eq!(found(&mut memo, a), Some((n, a.len())));
         assert_eq!(found(&mut memo, c), Some((n, c.len())));
-        // A block kept already takes the new line and evicts nothing.
+        // `b` was used longest ago: `d` takes its place.
+        memo.remember(LINE, 0, d, 4, [4], NONE);
+        assert_eq!(found(&mut memo, b), None);
+        for kept in [a, c, d] {
+            assert_eq!(found(&mut memo, kept), Some((n, kept.len())));
+        }
+        // A block kept already after a line of that length takes the new
+        // line and evicts nothing.
+        let other = b"POST /y HTTP/1.1\r\n";
+        memo.remember(other, 0, c, 3, [3], NONE);
+        assert_eq!(memo.recall(&head(LINE, c)).map(|r| r.line), Some(LineRecall::Like));
+        for kept in [a, d] {
+            assert_eq!(found(&mut memo, kept), Some((n, kept.len())));
+        }
+        // After a line of another length, the block is kept again, in the
+        // entry used longest ago (`c`'s now): a client whose acquires and
+        // releases send the same fields has both found.
         let longer = b"POST /xy HTTP/1.1\r\n";
-        memo.remember(longer, 0, b, 2, [2], NONE);
-        assert_eq!(found(&mut memo, b), None, "looked for after the old line length");
-        let r = memo.recall(&head(b"POST /yx HTTP/1.1\r\n", b)).map(|r| (r.line_len, *memo.spans(r.entry)));
-        assert_eq!(r, Some((n + 1, 2)));
-        assert_eq!(found(&mut memo, c), Some((n, c.len())));
+        memo.remember(longer, 0, a, 1, [1], NONE);
+        assert_eq!(found(&mut memo, a), Some((n, a.len())), "still after the old line length");
+        let r = memo.recall(&head(b"POST /yx HTTP/1.1\r\n", a)).map(|r| (r.line_len, *memo.spans(r.entry)));
+        assert_eq!(r, Some((n + 1, 1)));
+        assert_eq!(found(&mut memo, c), None, "the entry used longest ago was replaced");
+        assert_eq!(found(&mut memo, d), Some((n, d.len())));
         // Only after a CRLF.
+        let mut memo = Memo::default();
         memo.remember(&LINE[1..], 0, c, 3, [3], NONE);
         assert!(memo.recall(&head(LINE, c)).is_none());
         let mut memo = Memo::default();
         memo.remember(LINE, 0, a, 1, [1], NONE);
         memo.remember(LINE, 0, b, 2, [2], NONE);
+        let d = &b"Host: eeeee\r\n\r\n"[..];
         // A miss backs off: 0, 1, 3, 7, ... heads are not looked up, up to
         // `MAX_BACKOFF`; a hit looks at every head again.
         let mut skipped = Vec::new();
         for _ in 0..10 {
             assert!(memo.probe());
-            assert!(found(&mut memo, b"Host: dddd\r\n\r\n").is_none());
+            assert!(found(&mut memo, d).is_none());
             let mut n = 0;
             while !memo.probe() {
                 n += 1;
@@ -520,14 +552,15 @@ mod tests {
         memo.remember(LINE, 0, a, 1, [1], NONE);
         let first = memo.recall(&head(LINE, a)).unwrap();
         assert_eq!(memo.recall(&head(LINE, a)).unwrap().version, first.version, "recalling changes nothing");
-        // The same block with another line (of another length here).
-        memo.remember(b"GET /x HTTP/1.1\r\n", 0, a, 1, [1], NONE);
-        let second = memo.recall(&head(b"GET /x HTTP/1.1\r\n", a)).unwrap();
+        // The same block with another line of the same length.
+        memo.remember(b"POST /y HTTP/1.1\r\n", 0, a, 1, [1], NONE);
+        let second = memo.recall(&head(b"POST /y HTTP/1.1\r\n", a)).unwrap();
         assert_eq!(second.entry, first.entry);
         assert_ne!(second.version, first.version);
-        // Another block in the other entry, then in this one.
+        // Other blocks in the other entries, then in this one.
         memo.remember(LINE, 0, b, 2, [2], NONE);
         memo.remember(LINE, 0, &b"Host: ccc\r\n\r\n"[..], 3, [3], NONE);
+        memo.remember(LINE, 0, &b"Host: dddd\r\n\r\n"[..], 4, [4], NONE);
         let versions: Vec<u32> = memo.entries.iter().map(|e| e.version).collect();
         assert!(!versions.contains(&second.version), "{versions:?}");
     }

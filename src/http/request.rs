@@ -1203,7 +1203,7 @@ fn once(slot: &mut Option<Span>, value: Span, why: &'static str) -> Result<(), H
 pub(crate) fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
     const BAD: HeadError = HeadError::Malformed("Content-Length must be a plain decimal number.");
     let digits = trim(value);
-    if digits.is_empty() {
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return Err(BAD);
     }
     // `1*DIGIT` allows `007`, but a reader that takes a leading zero for
@@ -1213,9 +1213,6 @@ pub(crate) fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
     }
     let mut n: u64 = 0;
     for &b in digits {
-        if !b.is_ascii_digit() {
-            return Err(BAD);
-        }
         n = n
             .checked_mul(10)
             .and_then(|n| n.checked_add(u64::from(b - b'0')))
@@ -1638,6 +1635,16 @@ mod tests {
             b"POST / HTTP/1.1\r\nHost: h\r\nX-A: b\r\n\tTransfer-Encoding: chunked\r\n\r\n",
         ] {
             assert!(is_malformed(raw), "{:?}", String::from_utf8_lossy(raw));
+        }
+        // Each refusal says what is wrong: a list or a hex number is not a
+        // leading zero.
+        for (value, message) in [
+            ("0, 0", "Content-Length must be a plain decimal number."),
+            ("0x5", "Content-Length must be a plain decimal number."),
+            ("05", "Content-Length has a leading zero."),
+            ("99999999999999999999", "Content-Length is too large a number."),
+        ] {
+            assert_eq!(parse_content_length(value.as_bytes()), Err(HeadError::Malformed(message)), "{value}");
         }
         let gzip = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
         assert!(matches!(error(gzip), HeadError::NotImplemented(_)));

@@ -2197,7 +2197,16 @@ impl Run {
         let old = self.clients[c].conn.take().unwrap();
         let old_pending = std::mem::take(&mut self.clients[c].pending);
         let wait = 50 + self.rng.below(300);
-        let req = self.acquire_req(c, wait, Some(key.clone()));
+        // This step is about a retry that waits: one that fails fast (an
+        // `X-Nthpool-No-Queue` drawn by `acquire_req`) takes no place and is
+        // denied at once, or gets the grant if the waiter had one by then,
+        // which `tests/idempotency.rs` covers.
+        let req = loop {
+            let req = self.acquire_req(c, wait, Some(key.clone()));
+            if matches!(req.pending.expect, Expect::Acquire { wait: 1.., .. }) {
+                break req;
+            }
+        };
         self.conns_opened += 1;
         let mut fresh = Conn::open(self.server.addr, self.conns_opened);
         let sent = self.now();

@@ -47,12 +47,8 @@ impl Run<'_> {
 
     fn workload(&self) -> String {
         let o = self.opts;
-        let vary = match (o.vary_header, o.no_report) {
-            (true, true) => ", X-Request-Id new on every request, releases without a report",
-            (true, false) => ", X-Request-Id new on every request",
-            (false, true) => ", releases without a report",
-            (false, false) => "",
-        };
+        let vary = if o.vary_header { ", X-Request-Id new on every request" } else { "" };
+        let report = if o.no_report { ", releases without a report" } else { "" };
         if o.redis.is_some() {
             return format!(
                 "Redis semaphore: EVALSHA acquire -> ZREM release on sorted set {}, hold {} ms, back-off {} ms",
@@ -69,7 +65,7 @@ impl Run<'_> {
                     None => "fail fast".to_string(),
                 };
                 format!(
-                    "acquire ({wait}) -> {} renews -> release on pool {}, hold {} ms, back-off {} ms{vary}",
+                    "acquire ({wait}) -> {} renews -> release on pool {}, hold {} ms, back-off {} ms{vary}{report}",
                     o.renews,
                     o.pool,
                     o.hold.as_millis(),

@@ -199,6 +199,7 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
             let n = e.line_len;
             n >= 2
                 && head.get(n - 2..n) == Some(b"\r\n")
+                // An entry with no free places (the usual client's) makes no call to `matches`.
                 && match e.free.len {
                     0 => starts_with_block(&head[n..], &e.block),
                     _ => e.free.matches(&head[n..], &e.block) || starts_with_block(&head[n..], &e.block),

@@ -204,6 +204,7 @@ fn time_left(deadline: Instant) -> io::Result<Duration> {
     }
 }
 
+/// The lookup's deadline passed before an answer came over TCP.
 fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "no answer over TCP in time")
 }

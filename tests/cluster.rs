@@ -476,6 +476,12 @@ struct Load {
 
 const TERM_MS: u64 = 3000;
 const RENEW_MS: u64 = 1000;
+/// How long a holder waits for a renew's answer before it sends it again. A
+/// renew that reaches a dead instance's address waits about 2 s for its `503`
+/// (`retries 2`, HAProxy's 1 s turn-around between connection attempts): a
+/// holder that waited it out could not send again within its 3 s term once
+/// HAProxy has marked the instance down. Renewing is idempotent.
+const RENEW_ATTEMPT: Duration = Duration::from_millis(400);
 const LIMIT: i64 = 2;
 const LOAD_POOL: &str = r#""concurrency":2,"termMs":3000,"renewIntervalMs":1000,"requestTimeoutMs":60000,
     "queue":{"size":100,"timeoutMs":1000}"#;
@@ -488,13 +494,18 @@ struct Client {
 
 impl Client {
     fn call(&mut self, raw: &[u8]) -> Option<Response> {
+        self.call_within(raw, Duration::from_secs(5))
+    }
+
+    /// `call`, given up after `patience` without an answer.
+    fn call_within(&mut self, raw: &[u8], patience: Duration) -> Option<Response> {
         if self.conn.is_none() {
             let s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             s.set_nodelay(true).unwrap();
             self.conn = Some(s);
         }
         let s = self.conn.as_mut().unwrap();
+        s.set_read_timeout(Some(patience)).unwrap();
         let answer = s.write_all(raw).ok().and_then(|_| read_response_lenient(s));
         if answer.as_ref().is_none_or(|r| r.header("connection") == Some("close")) {
             self.conn = None;
@@ -552,40 +563,106 @@ fn worker(port: u16, pool: &str, seen: &PoolSeen, stop: &AtomicBool, n: u64) {
         seen.grants.fetch_add(1, Ordering::SeqCst);
         seen.granted_by.lock().unwrap().push((Instant::now(), instance(&granted)));
         let slot = granted.slot();
-        let mut lease_end = sent + Duration::from_millis(TERM_MS);
         let hold_until = Instant::now() + Duration::from_millis(200 + (round * 347) % 1800);
-        let mut next_renew = sent + Duration::from_millis(RENEW_MS);
-        let mut lost = false;
-        while Instant::now() < hold_until && !lost {
-            std::thread::sleep(next_renew.min(hold_until).saturating_duration_since(Instant::now()));
-            if Instant::now() < next_renew {
-                continue;
-            }
-            let renew = post(&format!("/pools/{pool}/lock/{slot}/renew"), KEY, "", "");
-            loop {
-                let sent = Instant::now();
-                if sent + Duration::from_millis(100) >= lease_end {
-                    lost = true; // the lease ran out with no renew through: stop
-                    break;
-                }
-                match client.call(&renew).map(|r| r.status) {
-                    Some(200) => {
-                        lease_end = sent + Duration::from_millis(TERM_MS);
-                        next_renew = sent + Duration::from_millis(RENEW_MS);
-                        break;
-                    }
-                    Some(404) | Some(409) => {
-                        lost = true;
-                        break;
-                    }
-                    _ => std::thread::sleep(Duration::from_millis(100)),
-                }
-            }
-        }
+        let lost = hold(&mut client, pool, &slot, sent, || Instant::now() < hold_until);
         seen.holders.fetch_sub(1, Ordering::SeqCst);
         if !lost {
             let _ = client.call(&post(&format!("/pools/{pool}/lock/{slot}/release"), KEY, "", ""));
         }
+    }
+}
+
+/// Renews `slot`, granted to a request sent at `sent`, every `RENEW_MS`
+/// while `keep()` holds; whether the lease was lost (a renew answered `404`
+/// or `409`, or the lease ran out, by the holder's own clock, with no renew
+/// through).
+fn hold(client: &mut Client, pool: &str, slot: &str, sent: Instant, keep: impl Fn() -> bool) -> bool {
+    let mut lease_end = sent + Duration::from_millis(TERM_MS);
+    let mut next_renew = sent + Duration::from_millis(RENEW_MS);
+    let renew = post(&format!("/pools/{pool}/lock/{slot}/renew"), KEY, "", "");
+    while keep() {
+        std::thread::sleep(Duration::from_millis(20).min(next_renew.saturating_duration_since(Instant::now())));
+        if Instant::now() < next_renew {
+            continue;
+        }
+        loop {
+            let sent = Instant::now();
+            if sent + Duration::from_millis(100) >= lease_end {
+                return true;
+            }
+            match client.call_within(&renew, RENEW_ATTEMPT).map(|r| r.status) {
+                Some(200) => {
+                    lease_end = sent + Duration::from_millis(TERM_MS);
+                    next_renew = sent + Duration::from_millis(RENEW_MS);
+                    break;
+                }
+                Some(404) | Some(409) => return true,
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+    false
+}
+
+/// One slot of a pool held, with renewals, until dropped: a holder that is
+/// certain to renew across an instance's death, whatever the load's random
+/// hold times happen to be at that instant.
+struct Anchor {
+    holding: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Anchor {
+    fn start(port: u16, pool: &str, seen: &Arc<Vec<PoolSeen>>, p: usize) -> Anchor {
+        let (holding, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (pool, seen, h, s) = (pool.to_string(), seen.clone(), holding.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut client = Client { port, conn: None };
+            let acquire = post(&format!("/pools/{pool}/lock/acquire"), KEY, "", r#"{"waitMs":1000}"#);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let (sent, granted) = loop {
+                assert!(Instant::now() < deadline, "no slot of {pool} for the anchor in 20 s");
+                let sent = Instant::now();
+                match client.call(&acquire).filter(|r| r.status == 200) {
+                    Some(granted) => break (sent, granted),
+                    None => std::thread::sleep(Duration::from_millis(20)),
+                }
+            };
+            let now_holding = seen[p].holders.fetch_add(1, Ordering::SeqCst) + 1;
+            seen[p].max_holders.fetch_max(now_holding, Ordering::SeqCst);
+            h.store(true, Ordering::SeqCst);
+            let slot = granted.slot();
+            let lost = hold(&mut client, &pool, &slot, sent, || !s.load(Ordering::SeqCst));
+            seen[p].holders.fetch_sub(1, Ordering::SeqCst);
+            assert!(!lost, "the anchor's slot in {pool} was lost");
+            let _ = client.call(&post(&format!("/pools/{pool}/lock/{slot}/release"), KEY, "", ""));
+        });
+        Anchor { holding, stop, thread: Some(thread) }
+    }
+
+    /// Waits (bounded) until the slot is held.
+    fn wait_holding(&self) {
+        let deadline = Instant::now() + Duration::from_secs(25);
+        while !self.holding.load(Ordering::SeqCst) {
+            assert!(!self.thread.as_ref().unwrap().is_finished(), "the anchor stopped before it held a slot");
+            assert!(Instant::now() < deadline, "the anchor held no slot in 25 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Releases the slot; panics if the lease was lost on the way.
+    fn release(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Err(e) = self.thread.take().unwrap().join() {
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
+impl Drop for Anchor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
     }
 }
 
@@ -633,6 +710,10 @@ fn killing_an_instance_under_load_moves_its_pools_which_readopt_and_never_over_a
     let moved: Vec<usize> = (0..pools.len()).filter(|&i| home[i] == victim).collect();
 
     let load = Load::start(cluster.port, &pools, 4);
+    // A slot in each moved pool that is held across the death for certain:
+    // the load's own holders may all be between renewals at that instant.
+    let anchors: Vec<Anchor> = moved.iter().map(|&i| Anchor::start(cluster.port, &pools[i], &load.seen, i)).collect();
+    anchors.iter().for_each(Anchor::wait_holding);
     std::thread::sleep(Duration::from_millis(2500));
     let killed_at = Instant::now();
     cluster.kill_9(&victim);
@@ -649,7 +730,8 @@ fn killing_an_instance_under_load_moves_its_pools_which_readopt_and_never_over_a
         .flat_map(|n| moved.iter().map(move |&i| (n, i)))
         .map(|(n, i)| cluster.metric(n, &format!("nthpool_readopted_total{{pool=\"{}\"}}", pools[i])))
         .sum();
-    assert!(readopted > 0, "the live slots of {victim}'s pools were not re-adopted");
+    assert!(readopted >= moved.len() as u64, "the live slots of {victim}'s pools were not all re-adopted: {readopted}");
+    anchors.into_iter().for_each(Anchor::release);
 
     // The victim comes back: busy pools stay where they moved (they would
     // return within a term, the dangerous case), and grants go on.

@@ -517,7 +517,7 @@ impl Client {
 /// `read_response`, but a reset or a timeout is `None` rather than a panic:
 /// connections through a killed instance fail.
 fn read_response_lenient(s: &mut TcpStream) -> Option<Response> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_response(s))).ok().flatten()
+    common::try_read_response(s).ok().flatten()
 }
 
 impl Load {

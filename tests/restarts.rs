@@ -577,7 +577,7 @@ impl Target {
             let answer = TcpStream::connect(addr).ok().and_then(|mut c| {
                 c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
                 c.write_all(raw).ok()?;
-                try_read_response(&mut c)
+                read_response_lenient(&mut c)
             });
             if let Some(r) = answer {
                 return r;
@@ -589,8 +589,8 @@ impl Target {
 }
 
 /// `read_response`, but a connection cut mid-answer is `None` rather than a panic.
-fn try_read_response(c: &mut TcpStream) -> Option<Response> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read_response(c))).ok().flatten()
+fn read_response_lenient(c: &mut TcpStream) -> Option<Response> {
+    common::try_read_response(c).ok().flatten()
 }
 
 /// What the clients of a load test saw, counted as they went.

@@ -374,14 +374,20 @@ impl<R: Read + ?Sized> ReadSome for R {
 
 /// Reads one response (head + Content-Length body). `None` on EOF before a head.
 pub fn read_response(s: &mut impl Read) -> Option<Response> {
+    try_read_response(s).unwrap_or_else(|e| panic!("read failed: {e}"))
+}
+
+/// `read_response`, with a failed read (a timeout, a close within the body)
+/// returned rather than a panic; a reset before a head is `Ok(None)`.
+pub fn try_read_response(s: &mut impl Read) -> std::io::Result<Option<Response>> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match s.read_some(&mut byte) {
-            Ok(0) => return None,
+            Ok(0) => return Ok(None),
             Ok(_) => head.push(byte[0]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
-            Err(e) => panic!("read failed: {e}"),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
+            Err(e) => return Err(e),
         }
     }
     let text = String::from_utf8(head).unwrap();
@@ -401,8 +407,8 @@ pub fn read_response(s: &mut impl Read) -> Option<Response> {
         .map(|(_, v)| v.parse().unwrap())
         .unwrap_or(0);
     let mut body = vec![0u8; len];
-    s.read_exact(&mut body).unwrap();
-    Some(Response { status, headers, body })
+    s.read_exact(&mut body)?;
+    Ok(Some(Response { status, headers, body }))
 }
 
 /// True when the server closed the connection (EOF or reset) within the read timeout.

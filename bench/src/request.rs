@@ -68,9 +68,11 @@ impl Requests {
         let with_body = |body: &str| {
             format!("{common}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len())
         };
+        // The fields of a request without a body.
+        let bodyless = format!("{common}Content-Length: 0\r\n\r\n");
         let acquire_tail = match o.wait_ms {
             Some(ms) => with_body(&format!("{{\"waitMs\":{ms}}}")),
-            None => format!("{common}Content-Length: 0\r\n\r\n"),
+            None => bodyless.clone(),
         };
         let pool = &o.pool;
         let get_path = o.get.as_deref().unwrap_or("/");
@@ -89,9 +91,9 @@ impl Requests {
         Requests {
             acquire: format!("{acquire_line}{acquire_tail}").into(),
             slot_prefix: format!("POST /pools/{pool}/lock/").into(),
-            renew_suffix: format!("{renew_line}{common}Content-Length: 0\r\n\r\n").into(),
+            renew_suffix: format!("{renew_line}{bodyless}").into(),
             release_suffix: match o.no_report {
-                true => format!("{release_line}{common}Content-Length: 0\r\n\r\n"),
+                true => format!("{release_line}{bodyless}"),
                 false => format!("{release_line}{}", with_body(RELEASE_BODY)),
             }
             .into(),

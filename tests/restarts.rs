@@ -466,6 +466,33 @@ fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
 }
 
 #[test]
+fn a_slot_released_after_the_periodic_snapshot_never_renews_over_the_limit_after_a_crash() {
+    // `a` (under a key) and `b` are in the snapshot; then `a` is released
+    // and `c` granted in its place, and the process dies. `b` and `c` renew
+    // and fill the pool: `a`'s stale renewal and a retry under its key must
+    // find it full (README, The re-adoption window).
+    let pool = r#""concurrency":2,"termMs":20000,"renewIntervalMs":5000"#;
+    let first = TestServer::start(&config(pool, r#""snapshotIntervalMs":1000"#));
+    let a = first.acquire("Idempotency-Key: job-a\r\n", "").slot();
+    let b = first.acquire("", "").slot();
+    let state = first.dir.join("nthpool.state");
+    eventually("a periodic snapshot", || state.exists());
+    // One more period, so that a snapshot surely holds both.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(first.release(&a, "").json()["released"], true);
+    let c = first.acquire("", "").slot();
+    let s = restart(kill_9(first));
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
+    assert_eq!(s.renew(&b).status, 200);
+    assert_eq!(s.renew(&c).status, 200, "a grant the snapshot never saw is re-adopted");
+    assert_eq!(s.renew(&a).status, 404, "the confirmed slots fill the pool");
+    let retry = s.acquire("Idempotency-Key: job-a\r\n", "");
+    assert_eq!((retry.status, retry.header("x-nthpool-deny-reason")), (429, Some("recovering")), "{retry:?}");
+    assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2);
+    assert_eq!((s.renew(&b).status, s.renew(&c).status, s.renew(&a).status), (200, 200, 404));
+}
+
+#[test]
 fn a_graceful_restart_after_a_reload_added_a_pool_restores_with_no_window() {
     // `a` sorts before `p`: a reload puts it after, a start before.
     let first = TestServer::start(&config(POOL, ""));

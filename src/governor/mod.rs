@@ -395,17 +395,20 @@ impl<T: Copy> Governor<T> {
         match self.pools[pid.0 as usize].idem.find(key) {
             Some((_, Holder::Lease(idx))) => {
                 let lease = &self.leases[idx as usize];
-                if lease.lease_deadline > now {
+                if lease.lease_deadline <= now {
+                    // Past its deadline, its wheel entry not run yet:
+                    // reclaimed now, and the key with it.
+                    let timer = lease.timer;
+                    self.wheel.cancel(timer);
+                    self.reclaim(idx as usize, now);
+                } else if self.confirm(idx as usize, now) {
                     let pool = &mut self.pools[pid.0 as usize];
                     pool.stats.idempotent_replays += 1;
                     pool.refill_gate(now);
                     return Ok(Admission::Granted(self.grant_of(idx as usize, now)));
                 }
-                // Past its deadline, its wheel entry not run yet: reclaimed
-                // now, and the key with it; the retry is a new acquire.
-                let timer = lease.timer;
-                self.wheel.cancel(timer);
-                self.reclaim(idx as usize, now);
+                // Gone (a restored lease that could not be confirmed is
+                // reclaimed, its key with it): the retry is a new acquire.
             }
             // A queued acquire means no slot is free: this one is denied.
             Some((_, Holder::Waiter(_))) if fails_fast => return Ok(self.acquire(pid, 0, owner, now)),
@@ -468,12 +471,12 @@ impl<T: Copy> Governor<T> {
             self.pools[pid.0 as usize].stats.renew_not_found += 1;
             return Err(RenewError::NotFound);
         };
+        if !self.confirm(idx, now) {
+            self.pools[pid.0 as usize].stats.renew_not_found += 1;
+            return Err(RenewError::NotFound);
+        }
         let pool = &mut self.pools[pid.0 as usize];
         let lease = &mut self.leases[idx];
-        if lease.unconfirmed {
-            lease.unconfirmed = false;
-            pool.unconfirmed -= 1;
-        }
         // A renew that re-adopted the lease is its first renewal here: it
         // extends it to its cap, as it would have before the restart.
         if lease.is_capped() && !readopted {
@@ -483,6 +486,31 @@ impl<T: Copy> Governor<T> {
         lease.lease_deadline = lease.renewed_deadline(now);
         pool.stats.renewed += 1;
         Ok(lease.lease_deadline)
+    }
+
+    /// Confirms a lease that a snapshot taken while running restored, now
+    /// that its holder shows (renews it, or retries its acquire under its
+    /// key). The crashed process may have seen it released after the
+    /// snapshot and granted its place again, and that grant's holder may be
+    /// re-adopted already: while the confirmed leases fill the pool's
+    /// `concurrency`, as `readopt` counts them, it would be one too many. It
+    /// is reclaimed then, and `false` returned; its holder hears it is gone.
+    /// Any other lease is confirmed already.
+    fn confirm(&mut self, idx: usize, now: Ms) -> bool {
+        let lease = &mut self.leases[idx];
+        if !lease.unconfirmed {
+            return true;
+        }
+        let pool = &mut self.pools[lease.pool.0 as usize];
+        if pool.held - pool.unconfirmed < pool.settings.concurrency {
+            lease.unconfirmed = false;
+            pool.unconfirmed -= 1;
+            return true;
+        }
+        let timer = lease.timer;
+        self.wheel.cancel(timer);
+        self.reclaim(idx, now);
+        false
     }
 
     /// Releases a lease of `pid`; `true` only the first time. The outcome

@@ -683,12 +683,68 @@ mod tests {
         new.advance(4_500);
         assert_eq!((new.pool(q).held, new.pool(q).unconfirmed), (2, 0));
 
+        // Had `a`'s holder renewed anyway, after `c`'s was re-adopted: the
+        // confirmed leases fill the pool, so `a` is one too many and gone.
+        let mut late = governor(BASE + 1000);
+        late.import(&snap, Taken::WhileRunning, 0).unwrap();
+        late.open_recovery_window(0);
+        assert!(late.renew(q, &b.text, 10).is_ok());
+        assert!(late.renew(q, &c.text, 20).is_ok());
+        assert_eq!(late.renew(q, &a.text, 30), Err(crate::governor::RenewError::NotFound));
+        assert_eq!((late.pool(q).held, late.pool(q).unconfirmed), (2, 0), "never over its limit");
+        assert_eq!(late.pool(q).stats.reclaimed_term, 1);
+        assert_eq!(late.renew(q, &a.text, 40), Err(crate::governor::RenewError::NotFound));
+        // Room again (`c` released): `a` is re-adopted as any unknown id is.
+        assert!(late.release(q, &c.text, None, 50));
+        assert!(late.renew(q, &a.text, 60).is_ok());
+        assert_eq!(late.pool(q).held, 2);
+
         // Taken at a stop, the same file is the last word: no room is left.
         let mut stopped = governor(BASE + 1000);
         stopped.import(&snap, Taken::AtStop, 0).unwrap();
         stopped.open_recovery_window(0);
         assert_eq!(stopped.pool(q).stats.grants, 2, "a stop's counters go on");
         assert!(stopped.renew(q, &c.text, 20).is_err());
+    }
+
+    /// After a crash, a retry under the key of a lease the periodic snapshot
+    /// held, released since and its place granted again, finds the pool full
+    /// of confirmed leases: it is a new acquire, not that lease over the limit.
+    #[test]
+    fn a_retry_under_a_restored_key_never_takes_the_pool_over_its_limit() {
+        use crate::governor::idempotency::IdemKey;
+        let key = IdemKey::new(9, b"job").unwrap();
+        let mut old = governor(BASE);
+        let q = old.pool_id("q").unwrap();
+        let Ok(Admission::Granted(a)) = old.acquire_keyed(q, &key, 0, 1, 0) else { panic!("granted") };
+        let b = grant(&mut old, "q", 0);
+        let snap = old.export(100);
+        assert!(old.release(q, &a.text, None, 200));
+        let c = grant(&mut old, "q", 300);
+
+        let mut full = governor(BASE + 1000);
+        full.import(&snap, Taken::WhileRunning, 0).unwrap();
+        full.open_recovery_window(0);
+        assert!(full.renew(q, &b.text, 10).is_ok());
+        assert!(full.renew(q, &c.text, 20).is_ok(), "re-adopted");
+        match full.acquire_keyed(q, &key, 0, 2, 30) {
+            Ok(Admission::Denied(d)) => assert_eq!(d.reason, DenyReason::Recovering),
+            other => panic!("expected the window, got {other:?}"),
+        }
+        assert_eq!((full.pool(q).held, full.pool(q).unconfirmed), (2, 0));
+        assert_eq!(full.renew(q, &a.text, 40), Err(crate::governor::RenewError::NotFound));
+
+        // With room left, the retry confirms the lease and gets it again.
+        let mut roomy = governor(BASE + 1000);
+        roomy.import(&snap, Taken::WhileRunning, 0).unwrap();
+        roomy.open_recovery_window(0);
+        assert!(roomy.renew(q, &b.text, 10).is_ok());
+        match roomy.acquire_keyed(q, &key, 0, 2, 30) {
+            Ok(Admission::Granted(g)) => assert_eq!(g.text, a.text),
+            other => panic!("expected the same grant, got {other:?}"),
+        }
+        assert_eq!((roomy.pool(q).held, roomy.pool(q).unconfirmed), (2, 0));
+        assert_eq!(roomy.renew(q, &c.text, 40), Err(crate::governor::RenewError::NotFound), "the pool is full");
     }
 
     /// A re-adopted lease renewed after the last periodic snapshot looks

@@ -464,6 +464,39 @@ fn answers_to_head_requests_have_no_body() {
 }
 
 #[test]
+fn refusals_of_head_requests_that_close_the_connection_have_no_body_either() {
+    // The head is read, then everything up to the close: nothing may follow.
+    let s = TestServer::start(&config("", ""));
+    let fields: String = (0..65).map(|i| format!("X-F{i}: v\r\n")).collect();
+    let refused = [
+        ("HEAD * HTTP/1.1\r\nHost: localhost\r\n\r\n".to_string(), "400"),
+        (format!("\r\nHEAD {ACQUIRE} HTTP/1.1\r\nHost: a b\r\n\r\n"), "400"),
+        (format!("HEAD {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 999999999\r\n\r\n"), "413"),
+        (format!("HEAD {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"), "501"),
+        (format!("HEAD {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\n{fields}\r\n"), "431"),
+    ];
+    for (listener, admin) in [("lock", false), ("admin", true)] {
+        for (raw, status) in &refused {
+            let mut c = if admin { s.connect_admin() } else { s.connect() };
+            c.write_all(raw.as_bytes()).unwrap();
+            let mut answer = Vec::new();
+            let _ = c.read_to_end(&mut answer);
+            let text = String::from_utf8_lossy(&answer);
+            assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{listener} {raw:?}: {text}");
+            let head_len = text.find("\r\n\r\n").expect("a whole head") + 4;
+            assert!(text[..head_len].contains("Content-Length: "), "{listener} {raw:?}: {text}");
+            assert_eq!(&text[head_len..], "", "{listener} {raw:?}: a body followed the head");
+        }
+    }
+    // The same refusals to other methods keep their JSON body.
+    let mut c = s.connect();
+    c.write_all(format!("POST {ACQUIRE} HTTP/1.1\r\nHost: a b\r\n\r\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    assert!(answer.ends_with(r#""message":"The Host header is not a valid host[:port]."}"#), "{answer}");
+}
+
+#[test]
 fn authorization_header_only_when_the_pool_allows_it() {
     let bearer = format!("Authorization: Bearer {KEY}\r\n");
     let nthbouncer = format!("Authorization: Nthbouncer {KEY}\r\n");

@@ -8,8 +8,11 @@
 //! `metrics::MetricsSnapshot`, with the reactor's counters, and `metrics`
 //! renders it.
 
-use super::conn::{self, PendingBody};
-use super::pipeline::{adapt_answer, after_answers, head_cannot_be_complete, head_incomplete, take_body, Answer, Body};
+use super::conn::{self, Conn, PendingBody};
+use super::pipeline::{
+    adapt_answer, after_answers, close_refused, head_cannot_be_complete, head_incomplete, is_head_request, take_body,
+    Answer, Body,
+};
 use super::{carry, client_mut, Entry, Server};
 use crate::api::{ApiError, App, ConnId, Handled};
 use crate::dashboard;
@@ -65,13 +68,13 @@ impl Server {
                     if serve_as_http11(&mut conn.input.buf[start..end]) {
                         continue;
                     }
-                    refuse(&mut conn.output, ApiError::BadRequest("Only HTTP/1.x is served."));
-                    conn.close_after_flush();
+                    let head_request = is_head_request(&conn.input.buf[start..end]);
+                    refuse(conn, ApiError::BadRequest("Only HTTP/1.x is served."), head_request);
                     break;
                 }
                 Err(e) => {
-                    refuse(&mut conn.output, e.into());
-                    conn.close_after_flush();
+                    let head_request = is_head_request(data);
+                    refuse(conn, e.into(), head_request);
                     break;
                 }
             };
@@ -79,8 +82,7 @@ impl Server {
                 Body::Ready(body, consumed) => (body, consumed),
                 // Only a chunked body outgrows the input buffer.
                 Body::Incomplete if input_full => {
-                    refuse(&mut conn.output, ApiError::PayloadTooLarge);
-                    conn.close_after_flush();
+                    refuse(conn, ApiError::PayloadTooLarge, head.method == Method::Head);
                     break;
                 }
                 // The client sent all it will: the body never completes.
@@ -98,8 +100,7 @@ impl Server {
                     break;
                 }
                 Body::Refused(e) => {
-                    refuse(&mut conn.output, e);
-                    conn.close_after_flush();
+                    refuse(conn, e, head.method == Method::Head);
                     break;
                 }
             };
@@ -173,6 +174,8 @@ pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut String), out:
 /// body too large), with the admin answers' security headers; the
 /// connection closes.
 #[cold]
-pub fn refuse(out: &mut Vec<u8>, error: ApiError) {
-    error.write_with(out, &mut Vec::new(), true, dashboard::SECURITY_HEADERS);
+fn refuse(conn: &mut Conn, error: ApiError, head_request: bool) {
+    let answer_start = conn.output.len();
+    error.write_with(&mut conn.output, &mut Vec::new(), true, dashboard::SECURITY_HEADERS);
+    close_refused(conn, answer_start, head_request);
 }

@@ -67,14 +67,17 @@ impl Server {
                     if serve_as_http11(&mut conn.input.buf[start..end]) {
                         continue;
                     }
+                    let (head_request, answer_start) =
+                        (is_head_request(&conn.input.buf[start..end]), conn.output.len());
                     app.write_error(&mut conn.output, ApiError::BadRequest("Only HTTP/1.x is served."), true);
-                    conn.close_after_flush();
+                    close_refused(conn, answer_start, head_request);
                     break;
                 }
                 &Err(e) => {
+                    let (head_request, answer_start) = (is_head_request(data), conn.output.len());
                     let error = ApiError::from(e);
                     app.refuse_head(data, conn.peer.ip(), *turn_started, now, error, &mut conn.output);
-                    conn.close_after_flush();
+                    close_refused(conn, answer_start, head_request);
                     break;
                 }
             };
@@ -88,9 +91,11 @@ impl Server {
                 started: *turn_started,
             };
             // Before a move is noted: the router's pool may not be this one.
+            let answer_start = conn.output.len();
+            let head_request = head.method == Method::Head;
             if head.api.placed_as().is_some() && app.refuse_misplaced(conn.listener_pool, &ctx, head, &mut conn.output)
             {
-                conn.close_after_flush();
+                close_refused(conn, answer_start, head_request);
                 break;
             }
             if head.api.moved() {
@@ -115,7 +120,7 @@ impl Server {
                     // framing, extensions and trailers count): refuse it rather
                     // than stall until the head deadline.
                     app.reject(&Ctx { close: true, ..ctx }, head, ApiError::PayloadTooLarge, &mut conn.output);
-                    conn.close_after_flush();
+                    close_refused(conn, answer_start, head_request);
                     break;
                 }
                 // The client sent all it will: the body never completes.
@@ -134,7 +139,7 @@ impl Server {
                             Err(e) => {
                                 // The body may still come: the connection cannot be reused.
                                 app.reject(&Ctx { close: true, ..ctx }, head, e, &mut conn.output);
-                                conn.close_after_flush();
+                                close_refused(conn, answer_start, head_request);
                             }
                         }
                     }
@@ -142,11 +147,10 @@ impl Server {
                 }
                 Body::Refused(e) => {
                     app.reject(&Ctx { close: true, ..ctx }, head, e, &mut conn.output);
-                    conn.close_after_flush();
+                    close_refused(conn, answer_start, head_request);
                     break;
                 }
             };
-            let answer_start = conn.output.len();
             let handled = app.handle(&ctx, head, body, &mut conn.output, &mut conn.verdicts);
             let mut http10_keep_alive = false;
             if head.method == Method::Head || !head.http11 {
@@ -265,6 +269,22 @@ pub(super) fn adapt_answer(output: &mut Vec<u8>, head: &Head, answer: Answer) ->
         say_kept_alive(output, answer.start);
     }
     keep_alive && matches!(answer.handled, Handled::Queued(_))
+}
+
+/// Whether `input` holds a `HEAD` request, read from its request line (past
+/// the empty lines a parse skips): a refused head may not parse at all.
+pub(super) fn is_head_request(input: &[u8]) -> bool {
+    let line = input.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(input.len());
+    input[line..].starts_with(b"HEAD ")
+}
+
+/// Closes the connection once the refusal written from `answer_start` is
+/// sent; a refused `HEAD` is sent its head alone (RFC 9110 §9.3.2).
+pub(super) fn close_refused(conn: &mut Conn, answer_start: usize, head_request: bool) {
+    if head_request {
+        strip_body(&mut conn.output, answer_start);
+    }
+    conn.close_after_flush();
 }
 
 /// A `HEAD` answer is the answer without its body (RFC 9110 §9.3.2); the

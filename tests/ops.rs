@@ -680,20 +680,27 @@ fn sighup_cannot_send_snapshots_over_the_slot_secret_or_where_none_can_be_writte
     std::fs::write(&s.config_path, with("./nthpool.secret")).unwrap();
     let line = reload_outcome(&s);
     assert!(line.contains("reload refused") && line.contains("stateFile"), "{line}");
-    // Nor to where no snapshot can be written, which start-up refuses too.
-    for (refused_before, nowhere) in [(1, "no-such-directory/x.state"), (2, ".")] {
-        std::fs::write(&s.config_path, with(nowhere)).unwrap();
+    let refusal = |s: &TestServer, config: String, refused_before: usize| {
+        std::fs::write(&s.config_path, config).unwrap();
         s.signal("HUP");
         let deadline = Instant::now() + PATIENCE;
-        let line = loop {
+        loop {
             if let Some(line) = s.log().lines().filter(|l| l.contains("reload refused")).nth(refused_before) {
                 break line.to_string();
             }
             assert!(Instant::now() < deadline, "the reload was never refused: {}", s.log());
             thread::sleep(Duration::from_millis(20));
-        };
+        }
+    };
+    // Nor to where no snapshot can be written, which start-up refuses too.
+    for (refused_before, nowhere) in [(1, "no-such-directory/x.state"), (2, ".")] {
+        let line = refusal(&s, with(nowhere), refused_before);
         assert!(line.contains("cannot write a snapshot"), "{nowhere}: {line}");
     }
+    // Nor to a slot secret the next start could not create.
+    let secret_nowhere = config("", r#""stateFile":"x.state","slotSecretFile":"no-such-directory/s.secret""#);
+    let line = refusal(&s, secret_nowhere, 3);
+    assert!(line.contains("slotSecretFile: cannot create the slot secret"), "{line}");
     // The stop snapshot goes where it went before; the secret is untouched.
     let slot = s.acquire("", "").slot();
     s.signal("TERM");
@@ -883,7 +890,7 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
     // A state file that is a directory (here, the secret's own) can never be
     // replaced by a snapshot: the stop would lose it.
     std::fs::create_dir(dir.join("state")).unwrap();
-    let cases: [(&str, &[&str]); 8] = [
+    let cases: [(&str, &[&str]); 9] = [
         (r#""stateFile":"state""#, &["stateFile", "state", "directory"]),
         (r#""stateFile":".""#, &["stateFile", "directory"]),
         (r#""stateFile":"./nthpool.secret""#, &["stateFile", "slot secret"]),
@@ -892,6 +899,7 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
         (r#""slotSecretFile":"./config.json","stateFile":null"#, &["slotSecretFile", "configuration file"]),
         (r#""slotSecretFile":"short.secret""#, &["slotSecretFile", "short.secret", "31 bytes"]),
         (r#""stateFile":"no-such-directory/x.state""#, &["stateFile", "no-such-directory/x.state"]),
+        (r#""slotSecretFile":"no-such-directory/s.secret""#, &["slotSecretFile", "cannot create", "s.secret"]),
     ];
     for (top, needles) in cases {
         let path = write_config(&dir, &config("", top));

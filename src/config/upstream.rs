@@ -224,9 +224,11 @@ impl Upstream {
         let mut set_headers = Vec::with_capacity(config.set_headers.len());
         for (name, value) in &config.set_headers {
             let resolved = resolve(value.expose()).map_err(|e| format!("upstream.setHeaders.{name}: {e}"))?;
-            if resolved.len() > MAX_HEADER_VALUE || resolved.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            // RFC 9110 §5.5: a field value holds no control character but a tab.
+            if resolved.len() > MAX_HEADER_VALUE || resolved.bytes().any(|b| (b < b' ' && b != b'\t') || b == 0x7f) {
                 return Err(format!(
-                    "upstream.setHeaders.{name}: the value must be one line of at most {MAX_HEADER_VALUE} bytes"
+                    "upstream.setHeaders.{name}: the value must be one line of at most {MAX_HEADER_VALUE} bytes, \
+                     with no control character but a tab"
                 ));
             }
             set_headers.push((name.as_str().into(), Secret(resolved)));
@@ -400,6 +402,18 @@ mod tests {
         assert!(e.starts_with("upstream.caFile /nonexistent/ca.pem: cannot be read"), "{e}");
         let e = section(r#","caFile":"ca.pem""#).validate().unwrap_err().0;
         assert_eq!(e, "upstream.caFile: applies to https:// upstreams only");
+    }
+
+    #[test]
+    fn a_set_header_value_holds_no_control_character_but_a_tab() {
+        let build = |value: &str| Upstream::build(&section(&format!(r#","setHeaders":{{"X-Team":"{value}"}}"#)));
+        assert!(build(r"core\tteam ~!").is_ok());
+        for bad in [r"a\rb", r"a\nb", r"a\u0000b", r"a\u0001b", r"a\u001fb", r"a\u007fb"] {
+            let e = build(bad).err().unwrap_or_else(|| panic!("{bad} accepted"));
+            assert!(e.starts_with("upstream.setHeaders.X-Team: the value must be one line"), "{bad}: {e}");
+        }
+        let long = "v".repeat(MAX_HEADER_VALUE + 1);
+        assert!(build(&long).is_err());
     }
 
     #[test]

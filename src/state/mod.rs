@@ -196,6 +196,12 @@ impl Persistence {
     /// a new `stateFile` no snapshot can be written to (start-up refuses it
     /// too; applied, it would lose the next stop's snapshot).
     pub fn check_reload(&self, config: &Config, config_path: &Path) -> Result<(), String> {
+        // A new slot secret is read at the next start: one that start would
+        // refuse is refused now, not found out then.
+        let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
+        if self.secret_path.as_ref().is_some_and(|p| *p != secret_path) {
+            secret::check(&secret_path)?;
+        }
         let Some(path) = state_path(config, Some(config_path)) else {
             return Ok(());
         };

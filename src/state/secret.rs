@@ -33,14 +33,38 @@ pub fn ephemeral() -> SlotSecret {
 }
 
 /// What `load_or_create` would refuse at `path`, without creating it: a
-/// directory, a link to nothing, an existing file that is not exactly 32 bytes.
+/// directory, a link to nothing, an existing file that is not exactly 32
+/// bytes or cannot be opened (another user's, say), and where there is none,
+/// a place one cannot be created in (a missing or read-only directory: a
+/// file is created there under `create`'s temporary name and removed again).
 pub fn check(path: &Path) -> Result<(), String> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => Err(is_directory(path)),
         Ok(m) if m.len() != SECRET_BYTES as u64 => Err(wrong_size(path, m.len())),
+        Ok(_) => File::open(path).map(drop).map_err(|e| cannot_open(path, e)),
         Err(e) if e.kind() == ErrorKind::NotFound && std::fs::symlink_metadata(path).is_ok() => Err(dangling(path)),
-        _ => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            let tmp = temporary(path);
+            let probe = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp);
+            probe.and_then(|_| std::fs::remove_file(&tmp)).map_err(|e| cannot_create(path, e))
+        }
+        Err(e) => Err(cannot_open(path, e)),
     }
+}
+
+fn cannot_create(path: &Path, e: std::io::Error) -> String {
+    format!("slotSecretFile: cannot create the slot secret {}: {e}", path.display())
+}
+
+/// The name a new secret is written under before it is linked to `path`:
+/// one no other creator uses at the same time (the process, and a count
+/// within it).
+fn temporary(path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}-{n}.tmp", std::process::id()));
+    PathBuf::from(tmp)
 }
 
 fn is_directory(path: &Path) -> String {
@@ -98,16 +122,14 @@ fn read(path: &Path, mut file: File) -> Result<SlotSecret, String> {
 }
 
 fn create(path: &Path) -> Result<SlotSecret, String> {
-    let fail = |e: std::io::Error| format!("slotSecretFile: cannot create the slot secret {}: {e}", path.display());
+    let fail = |e: std::io::Error| cannot_create(path, e);
     let secret = ephemeral();
     // Written and synced under a name of this process's own, then linked to
     // `path`: the secret appears there whole or not at all, so an instance
     // that loses the race to create it (or a start after a crash in the
     // middle of one) never reads a partial file. The link fails if `path`
     // exists: two instances starting at once cannot both create one.
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}.tmp", unique_suffix()));
-    let tmp = PathBuf::from(tmp);
+    let tmp = temporary(path);
     let written = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -133,13 +155,6 @@ fn create(path: &Path) -> Result<SlotSecret, String> {
         File::open(dir).and_then(|d| d.sync_all()).map_err(fail)?;
     }
     Ok(secret)
-}
-
-/// A name part no other creator uses at the same time: the process and a
-/// count within it.
-fn unique_suffix() -> String {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    format!("{}-{}", std::process::id(), NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 #[cfg(test)]
@@ -181,6 +196,22 @@ mod tests {
         }
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left.len(), 2, "no temporary file is left behind: {left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_secret_that_could_not_be_created_is_found_out_before_start_up() {
+        let dir = std::env::temp_dir().join(format!("nthpool-secret-check-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = check(&dir.join("missing/nthpool.secret")).unwrap_err();
+        assert!(e.starts_with("slotSecretFile: cannot create the slot secret"), "{e}");
+        assert_eq!(load_or_create(&dir.join("missing/nthpool.secret")).err(), Some(e));
+        let path = dir.join("nthpool.secret");
+        check(&path).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the check creates nothing it leaves");
+        load_or_create(&path).unwrap();
+        check(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

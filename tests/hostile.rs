@@ -789,6 +789,44 @@ fn a_waiter_that_closes_behind_a_full_input_buffer_is_never_granted() {
 }
 
 #[test]
+fn a_waiter_with_more_pipelined_behind_it_than_its_connection_buffers_is_refused_and_closed() {
+    // Past the 82 KiB this connection buffers and what the kernel holds, a
+    // FIN the client sent would wait behind input the server has no room to
+    // read: whether the waiter is still there cannot be known, so it is not
+    // kept waiting for a slot it might never take.
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#,
+        r#""maxBodyBytes":1024"#,
+    ));
+    let holder = s.acquire("", "").slot();
+    let mut deep = connect(s.addr);
+    deep.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":10000}"#)).unwrap();
+    eventually("the acquire queued", || s.metric("nthpool_waiters{pool=\"p\"}") == Some(1.0));
+    // Renews of an unknown slot, 4 MiB of them, sent from a thread: the
+    // server stops reading once its buffer is full, and closes.
+    let mut writer = deep.try_clone().unwrap();
+    let renews = post("/pools/p/lock/x/renew", KEY, "", "").repeat(4 * 1024 * 1024 / 100);
+    let sender = thread::spawn(move || {
+        writer.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = writer.write_all(&renews);
+    });
+    let r = read_response(&mut deep).expect("an answer");
+    assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("bad_request")), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert_eq!(s.metric("nthpool_waiters{pool=\"p\"}"), Some(0.0), "it left the queue");
+    let mut rest = Vec::new();
+    let _ = deep.read_to_end(&mut rest);
+    assert!(!String::from_utf8_lossy(&rest).contains("HTTP/1.1"), "nothing pipelined behind it is answered");
+    sender.join().unwrap();
+    // The slot it waited for goes to the next waiter.
+    let mut next = connect(s.addr);
+    next.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":3000}"#)).unwrap();
+    eventually("the next acquire queued", || s.metric("nthpool_waiters{pool=\"p\"}") == Some(1.0));
+    assert_eq!(s.release(&holder, "").json()["released"], true);
+    assert_eq!(read_response(&mut next).expect("an answer").status, 200);
+}
+
+#[test]
 fn a_waiter_that_hangs_up_at_once_is_never_granted() {
     // The acquire and the FIN arrive together: the server must still see the
     // close, drop the waiter, and not hand it the next free slot.

@@ -8,7 +8,7 @@
 //! [`App::answer_notice`]) or one of its own timers. It never reaches the
 //! governor, and the application never sees a socket.
 
-use super::{App, Queued};
+use super::{ApiError, App, Queued};
 use crate::accesslog;
 use crate::config::Config;
 use crate::governor::history::Attempts;
@@ -241,6 +241,22 @@ impl App {
         } else {
             self.answer_withdrawn(out, &denial, &queued.attempt, now, close);
         }
+        true
+    }
+
+    /// A queued acquire whose client pipelined more behind it than its
+    /// connection buffers: a close it sent after that waits behind input the
+    /// server has no room to read, so whether anyone still waits cannot be
+    /// known. It leaves the queue, and is answered `400` (the connection
+    /// closes, what was pipelined unanswered). `false` when it no longer waits.
+    pub fn refuse_deep_waiter(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now) -> bool {
+        if self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms).is_none() {
+            return false;
+        }
+        let error = ApiError::BadRequest(
+            "More was pipelined behind an acquire waiting in the queue than a connection buffers.",
+        );
+        self.answer_queued_error(out, &queued.attempt, now, error, true);
         true
     }
 

@@ -1049,6 +1049,8 @@ impl Server {
         // request's wait ends with its exchange, once the FIN is read.
         if conn.read_closed | conn.hangup {
             self.withdraw_stopped_waiter(id, now);
+        } else if conn.input_full() && conn.is_waiting() {
+            self.refuse_deep_waiter(id, now);
         }
         self.process(id);
         // Answering may have made room for input still in the socket.
@@ -1228,6 +1230,24 @@ impl Server {
         let (close, say_kept_alive) = (conn.waits_to_close(), conn.waits_http10_keep_alive());
         if write_kept_alive(&mut conn.output, say_kept_alive, |out| self.app.withdraw(out, &queued, id, now, close)) {
             conn.stop_waiting();
+            self.mark_dirty(id);
+        }
+    }
+
+    /// A waiting client whose pipelined input filled its connection's
+    /// buffer: its close could not be seen any more (see
+    /// `App::refuse_deep_waiter`), so it is answered and the connection closes.
+    #[cold]
+    fn refuse_deep_waiter(&mut self, id: ConnId, now: Now) {
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
+        let Some(queued) = conn.queued().copied().filter(|_| conn.exchange.is_none()) else {
+            return;
+        };
+        if self.app.refuse_deep_waiter(&mut conn.output, &queued, id, now) {
+            conn.stop_waiting();
+            conn.close_after_flush();
             self.mark_dirty(id);
         }
     }

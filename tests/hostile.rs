@@ -827,6 +827,41 @@ fn a_waiter_with_more_pipelined_behind_it_than_its_connection_buffers_is_refused
 }
 
 #[test]
+fn a_client_that_pipelines_and_never_reads_holds_at_most_464_kib_of_buffers() {
+    // README, Decisions: 208 KiB of input (16 KiB + 2 × 64 KiB + 64 KiB) and
+    // an output buffer of at most 256 KiB.
+    const BOUND: f64 = 464.0 * 1024.0;
+    let s = TestServer::start(&config("", ""));
+    let renews = post("/pools/p/lock/x/renew", KEY, "", "").repeat(3 * 1024 * 1024 / 100);
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let mut c = connect(s.addr);
+            c.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+            let renews = renews.clone();
+            thread::spawn(move || {
+                // Blocks once every buffer on the way is full; never reads.
+                let _ = c.write_all(&renews);
+                c
+            })
+        })
+        .collect();
+    // Until the buffers have stayed full for a while (or 10 s).
+    let (deadline, mut full_since) = (Instant::now() + Duration::from_secs(10), None);
+    let mut peak = 0.0f64;
+    while Instant::now() < deadline && full_since.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(500)) {
+        peak = peak.max(s.metric("nthpool_connection_buffer_bytes").unwrap_or(0.0));
+        if full_since.is_none() && peak / 4.0 > 300.0 * 1024.0 {
+            full_since = Some(Instant::now());
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let per_client = peak / 4.0;
+    assert!(per_client > 300.0 * 1024.0, "the buffers never filled: {per_client} bytes each");
+    assert!(per_client <= BOUND, "{per_client} bytes buffered for each client that never reads");
+    drop(clients.into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>());
+}
+
+#[test]
 fn a_waiter_that_hangs_up_at_once_is_never_granted() {
     // The acquire and the FIN arrive together: the server must still see the
     // close, drop the waiter, and not hand it the next free slot.

@@ -41,8 +41,11 @@ pub struct Timeouts {
     /// A client that does not read its answers for this long is closed.
     pub write_ms: u64,
 }
-/// Above this much unsent output, no more requests are read from the client.
-pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
+/// Above this much unsent output, no more requests are read from the client
+/// (nor, for a proxied answer, from the upstream). The buffer holds at most
+/// twice what is unsent (`drop_sent`), and one answer or one upstream read
+/// (16 KiB) may pass the mark: so it stays within 256 KiB.
+pub const OUTPUT_HIGH_WATER: usize = 112 * 1024;
 /// The most a stop reads and drops from one connection before closing it
 /// (`Conn::discard_input`): a client still sending past it gets a reset.
 const DISCARD_AT_CLOSE: usize = 4 << 20;
@@ -121,6 +124,8 @@ impl Input {
                 self.start = 0;
             } else if self.buf.len() < self.limit {
                 let grown = (self.buf.len() * 2).clamp(INITIAL_INPUT, self.limit);
+                // Exactly: grown to the limit, it is not rounded up past it.
+                self.buf.reserve_exact(grown - self.buf.len());
                 self.buf.resize(grown, 0);
             } else {
                 return None;

@@ -607,6 +607,50 @@ fn idle_admin_connections_never_keep_a_health_check_out() {
 }
 
 #[test]
+fn a_flood_of_new_admin_connections_never_keeps_health_checks_out() {
+    // A thousand new admin connections a second, each pipelining scrapes it
+    // never reads: they make way for each other first in, first out, so a
+    // health check accepted among them is answered before its turn comes.
+    let s = TestServer::start(&config("", ""));
+    let admin = s.admin.unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let done = done.clone();
+        thread::spawn(move || {
+            let scrapes = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(200);
+            let mut open = std::collections::VecDeque::new();
+            let until = Instant::now() + Duration::from_secs(6);
+            while !done.load(Ordering::Relaxed) && Instant::now() < until {
+                let c = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+                c.set_recv_buffer_size(2048).unwrap();
+                if c.connect(&admin.into()).is_ok() {
+                    let mut c = TcpStream::from(c);
+                    c.set_nonblocking(true).unwrap();
+                    let _ = c.write(&scrapes);
+                    open.push_back(c);
+                    if open.len() > 40 {
+                        open.pop_front();
+                    }
+                }
+                thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
+    let answered = (0..30)
+        .filter(|_| {
+            let mut c = connect(admin);
+            c.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").is_ok()
+                && matches!(try_read_response(&mut c), Ok(Some(r)) if r.status == 200)
+        })
+        .count();
+    done.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    assert!(answered >= 27, "{answered} of 30 health checks answered during the flood");
+    assert_eq!(health_check(admin).status, 200);
+}
+
+#[test]
 fn garbage_never_kills_the_server() {
     const HEAD_MS: u64 = 1000;
     let mut s = TestServer::start(&config("", &format!(r#""headTimeoutMs":{HEAD_MS},"idleTimeoutMs":60000"#)));

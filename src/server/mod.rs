@@ -115,6 +115,11 @@ const STOP_LOG_UNTIL_MS: u64 = 950;
 /// Open connections on the admin listener: its own budget, so health checks
 /// and scrapes are answered however many public connections are open.
 pub const ADMIN_MAX_CONNECTIONS: usize = 16;
+/// Admin connections accepted per turn at most: a turn reads the ones the
+/// turn before accepted before it accepts more, so a health check accepted
+/// in a flood of new connections is read before as many arrive after it as
+/// the listener has places (each making way for one: `close_idlest_admin`).
+const ADMIN_ACCEPTS_PER_TURN: usize = ADMIN_MAX_CONNECTIONS / 2;
 /// An admin request still arriving after this long makes way for a new
 /// connection when the admin listener is full.
 const ADMIN_SLOW_REQUEST_MS: Ms = 1000;
@@ -217,6 +222,9 @@ pub struct Server {
     idle_spin: Duration,
     input_limit: usize,
     accept_paused: bool,
+    /// The admin listener has connections left to accept past this turn's
+    /// `ADMIN_ACCEPTS_PER_TURN`: the next turn accepts on without an event.
+    admin_accept_carried: bool,
     /// Connections with output to flush before the loop sleeps (each once:
     /// `Conn::dirty` says it is listed), and the list swapped in while it is.
     dirty: Vec<ConnId>,
@@ -340,6 +348,7 @@ impl Server {
             idle_spin: Duration::from_micros(config.idle_spin_us),
             input_limit: input_limit(config),
             accept_paused: false,
+            admin_accept_carried: false,
             dirty: Vec::new(),
             dirty_spare: Vec::new(),
             ready: Vec::new(),
@@ -432,7 +441,7 @@ impl Server {
             if accept_public {
                 self.accept(false);
             }
-            if accept_admin {
+            if accept_admin || std::mem::take(&mut self.admin_accept_carried) {
                 self.accept(true);
             }
             self.stats.connections_open = self.conns.len() as u64;
@@ -692,7 +701,11 @@ impl Server {
     /// turn's clock reading (as event loops commonly do), so a deadline fires
     /// at most one turn's work late and a turn costs one clock read.
     fn poll_timeout(&mut self) -> Option<Duration> {
-        if !self.ready_carry.is_empty() || !self.dirty.is_empty() || !self.stopping.is_empty() {
+        if !self.ready_carry.is_empty()
+            || !self.dirty.is_empty()
+            || !self.stopping.is_empty()
+            || self.admin_accept_carried
+        {
             return Some(Duration::ZERO);
         }
         let now = self.now.ms;
@@ -708,7 +721,11 @@ impl Server {
         if self.accept_paused {
             return;
         }
-        loop {
+        for accepted in 0.. {
+            if admin && accepted == ADMIN_ACCEPTS_PER_TURN {
+                self.admin_accept_carried = true;
+                return;
+            }
             let listener = if admin { &self.admin } else { &self.listener };
             let Some(listener) = listener else { return };
             match listener.accept() {
@@ -789,16 +806,22 @@ impl Server {
     }
 
     /// Makes way for a new admin connection, so that a health check always
-    /// gets in: closes the admin connection idle longest, if one is (nothing
-    /// in progress: no input, no body, nothing unsent); else the one whose
-    /// request has been arriving longest, for `ADMIN_SLOW_REQUEST_MS` or
-    /// more (on loopback a request arrives at once: a client sending it that
-    /// slowly, on purpose or not, must not keep health checks out); else one
-    /// done and lingering (closing that one may cut its last answer short);
-    /// else the one busy longest: its request arriving, however young, or
-    /// its answers waiting for it to read them. Returns whether one was closed.
+    /// gets in. First to go is a connection stuck for `ADMIN_SLOW_REQUEST_MS`
+    /// or more: idle longest (nothing in progress: no input, no body,
+    /// nothing unsent), else its request arriving longest (on loopback a
+    /// request arrives at once: a client sending it that slowly, on purpose
+    /// or not, must not keep health checks out), else its answers unread
+    /// longest; then one done and lingering (closing that one may cut its
+    /// last answer short); then, the listener full of connections younger
+    /// than that, the one that has been in its state longest. A flood of new
+    /// connections (that pipeline and never read, say) then goes first in,
+    /// first out, and a health check accepted among them has as many
+    /// arrivals' time to be answered as the listener has places, rather than
+    /// going first as "idle" before it was read. Returns whether one was
+    /// closed.
     fn close_idlest_admin(&mut self) -> bool {
         let now = self.now.ms;
+        let stuck = |since: Ms| now.saturating_sub(since) >= ADMIN_SLOW_REQUEST_MS;
         let idlest = self
             .admin_conns
             .iter()
@@ -806,20 +829,18 @@ impl Server {
                 let Some(Entry::Client(conn)) = self.conns.get(id.index as usize) else { return None };
                 debug_assert_eq!(conn.serial, id.serial, "admin_conns lists the connections open");
                 if conn.is_lingering() {
-                    return Some(((2, conn.last_active), id));
+                    return Some(((3, conn.last_active), id));
                 }
                 let open = conn.is_open() && conn.unsent() == 0;
-                match conn.request_started {
-                    None if open && conn.input.is_empty() && conn.pending.is_none() => {
-                        Some(((0, conn.last_active), id))
-                    }
-                    Some(started) if open && now.saturating_sub(started) >= ADMIN_SLOW_REQUEST_MS => {
-                        Some(((1, started), id))
-                    }
-                    Some(started) if open => Some(((3, started), id)),
-                    _ if conn.unsent() > 0 => Some(((3, conn.out_since), id)),
-                    _ => None,
-                }
+                let (rank, since) = match conn.request_started {
+                    None if open && conn.input.is_empty() && conn.pending.is_none() => (0, conn.last_active),
+                    Some(started) if open => (1, started),
+                    _ if conn.unsent() > 0 => (2, conn.out_since),
+                    _ => return None,
+                };
+                // Young: one being answered goes before one still arriving,
+                // before one not read from yet (a health check just accepted).
+                Some(((if stuck(since) { rank } else { 6 - rank }, since), id))
             })
             .min_by_key(|&(order, _)| order);
         let Some((_, id)) = idlest else {

@@ -43,6 +43,8 @@ impl ConnId {
 pub enum Wake {
     /// Accepting paused (out of file descriptors): try again.
     Accept,
+    /// The admin listener had more to accept than a turn takes: the rest.
+    AdminAccept,
     /// A connection's deadline may have come; it re-checks and re-arms.
     Conn(ConnId),
     /// Time for the periodic snapshot (`snapshotIntervalMs`).

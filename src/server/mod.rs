@@ -115,10 +115,11 @@ const STOP_LOG_UNTIL_MS: u64 = 950;
 /// Open connections on the admin listener: its own budget, so health checks
 /// and scrapes are answered however many public connections are open.
 pub const ADMIN_MAX_CONNECTIONS: usize = 16;
-/// Admin connections accepted per turn at most: a turn reads the ones the
-/// turn before accepted before it accepts more, so a health check accepted
-/// in a flood of new connections is read before as many arrive after it as
-/// the listener has places (each making way for one: `close_idlest_admin`).
+/// Admin connections accepted per turn at most (the rest a millisecond
+/// later, `Wake::AdminAccept`): a turn reads the ones accepted before it
+/// accepts more, so a health check accepted in a flood of new connections is
+/// read before as many arrive after it as the listener has places (each
+/// making way for one: `close_idlest_admin`).
 const ADMIN_ACCEPTS_PER_TURN: usize = ADMIN_MAX_CONNECTIONS / 2;
 /// An admin request still arriving after this long makes way for a new
 /// connection when the admin listener is full.
@@ -222,9 +223,8 @@ pub struct Server {
     idle_spin: Duration,
     input_limit: usize,
     accept_paused: bool,
-    /// The admin listener has connections left to accept past this turn's
-    /// `ADMIN_ACCEPTS_PER_TURN`: the next turn accepts on without an event.
-    admin_accept_carried: bool,
+    /// The turn the admin listener last accepted in (`ADMIN_ACCEPTS_PER_TURN`).
+    admin_accept_turn: u64,
     /// Connections with output to flush before the loop sleeps (each once:
     /// `Conn::dirty` says it is listed), and the list swapped in while it is.
     dirty: Vec<ConnId>,
@@ -348,7 +348,7 @@ impl Server {
             idle_spin: Duration::from_micros(config.idle_spin_us),
             input_limit: input_limit(config),
             accept_paused: false,
-            admin_accept_carried: false,
+            admin_accept_turn: 0,
             dirty: Vec::new(),
             dirty_spare: Vec::new(),
             ready: Vec::new(),
@@ -441,7 +441,7 @@ impl Server {
             if accept_public {
                 self.accept(false);
             }
-            if accept_admin || std::mem::take(&mut self.admin_accept_carried) {
+            if accept_admin {
                 self.accept(true);
             }
             self.stats.connections_open = self.conns.len() as u64;
@@ -701,11 +701,7 @@ impl Server {
     /// turn's clock reading (as event loops commonly do), so a deadline fires
     /// at most one turn's work late and a turn costs one clock read.
     fn poll_timeout(&mut self) -> Option<Duration> {
-        if !self.ready_carry.is_empty()
-            || !self.dirty.is_empty()
-            || !self.stopping.is_empty()
-            || self.admin_accept_carried
-        {
+        if !self.ready_carry.is_empty() || !self.dirty.is_empty() || !self.stopping.is_empty() {
             return Some(Duration::ZERO);
         }
         let now = self.now.ms;
@@ -721,9 +717,15 @@ impl Server {
         if self.accept_paused {
             return;
         }
+        if admin && std::mem::replace(&mut self.admin_accept_turn, self.turn) == self.turn {
+            // This turn's share is taken: the rest wait for a wake.
+            self.app.schedule(self.now.ms + 1, Wake::AdminAccept);
+            return;
+        }
         for accepted in 0.. {
             if admin && accepted == ADMIN_ACCEPTS_PER_TURN {
-                self.admin_accept_carried = true;
+                // No new edge will announce the rest: a wake does, next turn.
+                self.app.schedule(self.now.ms + 1, Wake::AdminAccept);
                 return;
             }
             let listener = if admin { &self.admin } else { &self.listener };
@@ -884,6 +886,7 @@ impl Server {
         while let Some(event) = self.app.next_event() {
             match event {
                 Event::Answer(id, answer) => self.deliver(id, answer),
+                Event::Wake(Wake::AdminAccept) => self.accept(true),
                 Event::Wake(Wake::Accept) => {
                     // Descriptors freed since the pause go to health checks
                     // and scrapes first: the public backlog would take them all.
@@ -1070,7 +1073,7 @@ impl Server {
         // request's wait ends with its exchange, once the FIN is read.
         if conn.read_closed | conn.hangup {
             self.withdraw_stopped_waiter(id, now);
-        } else if conn.input_full() && conn.is_waiting() {
+        } else if conn.is_waiting() && conn.input_full() {
             self.refuse_deep_waiter(id, now);
         }
         self.process(id);

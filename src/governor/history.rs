@@ -77,7 +77,10 @@ impl History {
 
     fn push(&mut self, sample: Sample) {
         if self.samples.len() < SECONDS {
-            self.samples.reserve_exact(SECONDS);
+            // Room for the rest of the ring: a no-op once it is allocated
+            // (reserving `SECONDS` more would move the ring, copied whole,
+            // at every sample until it is full).
+            self.samples.reserve_exact(SECONDS - self.samples.len());
             self.samples.push(sample);
         } else {
             self.samples[self.next] = sample;
@@ -180,6 +183,19 @@ mod tests {
         assert_eq!((got[0].grants, got[0].denied, got[0].held), (3, [0, 2, 0, 0, 5], 3));
         assert!(got[1..].iter().all(|s| s.grants == 0 && s.held == 3 && s.limit == 4));
         assert_eq!(h.last_second(), Some(4));
+    }
+
+    #[test]
+    fn the_ring_is_allocated_once_at_its_first_sample() {
+        let p = pool();
+        let mut h = History::default();
+        h.sample(&p, 0);
+        h.sample(&p, 1_000);
+        let ring = h.samples.as_ptr();
+        for second in 2..=10 {
+            h.sample(&p, second * 1000);
+        }
+        assert_eq!((h.samples.capacity(), h.samples.as_ptr()), (SECONDS, ring));
     }
 
     #[test]

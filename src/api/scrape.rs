@@ -10,7 +10,7 @@ use crate::time::Ms;
 impl App {
     /// Every pool's values and the application's counters at `now`, with
     /// the reactor's `server` counters.
-    pub fn metrics(&self, now: Ms, server: ServerStats) -> MetricsSnapshot {
+    pub fn metrics<'s>(&self, now: Ms, server: &'s ServerStats) -> MetricsSnapshot<'s> {
         let gov = &self.gov;
         let pools = gov
             .pools()

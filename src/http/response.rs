@@ -240,6 +240,12 @@ impl<'a> Writer<'a> {
         self.body(&[body]);
     }
 
+    /// Ends the head of a body of `len` bytes that the caller appends.
+    pub fn finish_head(self, len: u64, close: bool) {
+        self.out.extend_from_slice(b"Content-Length: ");
+        head_end(self.out, len, close);
+    }
+
     /// Appends what follows a head already ended (see `json_head_end`).
     pub fn body(self, parts: &[&[u8]]) {
         for part in parts {

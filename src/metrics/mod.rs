@@ -64,16 +64,17 @@ impl Histogram {
     }
 }
 
-/// Everything `/metrics` shows, as of one scrape.
+/// Everything `/metrics` shows, as of one scrape; the reactor's counters
+/// are borrowed, not copied.
 #[derive(Debug, Clone)]
-pub struct MetricsSnapshot {
+pub struct MetricsSnapshot<'s> {
     /// Every pool, retired ones included, in the governor's order.
     pub pools: Vec<PoolMetrics>,
     /// Lock API answers of 400 and above whose pool is unknown or not yet
     /// resolved, by status code (each pool's are in `PoolMetrics`).
     pub rejections: Vec<(u16, u64)>,
     pub access_log: AccessLogCounters,
-    pub server: ServerStats,
+    pub server: &'s ServerStats,
 }
 
 /// One pool's values.
@@ -255,10 +256,15 @@ impl ProxyStats {
     }
 }
 
+/// Appends `s` to the text.
+fn put(t: &mut Vec<u8>, s: &str) {
+    t.extend_from_slice(s.as_bytes());
+}
+
 /// One metric family: its `# HELP` and `# TYPE` lines.
-fn family(t: &mut String, name: &str, kind: &str, help: &str) {
+fn family(t: &mut Vec<u8>, name: &str, kind: &str, help: &str) {
     for part in ["# HELP ", name, " ", help, "\n# TYPE ", name, " ", kind, "\n"] {
-        t.push_str(part);
+        put(t, part);
     }
 }
 
@@ -266,24 +272,24 @@ fn family(t: &mut String, name: &str, kind: &str, help: &str) {
 /// (`["x", "_bucket"]`). Written without the formatter: a scrape of
 /// thousands of pools is tens of megabytes of these. Label values are pool
 /// names and fixed words, which need no escaping.
-fn sample(t: &mut String, name: &[&str], labels: &[(&str, &str)], value: impl itoa::Integer) {
+fn sample(t: &mut Vec<u8>, name: &[&str], labels: &[(&str, &str)], value: impl itoa::Integer) {
     for part in name {
-        t.push_str(part);
+        put(t, part);
     }
     for (i, (label, text)) in labels.iter().enumerate() {
-        t.push_str(if i == 0 { "{" } else { "," });
+        put(t, if i == 0 { "{" } else { "," });
         for part in [label, "=\"", text, "\""] {
-            t.push_str(part);
+            put(t, part);
         }
     }
-    t.push_str(if labels.is_empty() { " " } else { "} " });
-    t.push_str(itoa::Buffer::new().format(value));
-    t.push('\n');
+    put(t, if labels.is_empty() { " " } else { "} " });
+    put(t, itoa::Buffer::new().format(value));
+    t.push(b'\n');
 }
 
 /// One family with a sample per pool.
 fn per_pool<V: itoa::Integer>(
-    t: &mut String,
+    t: &mut Vec<u8>,
     pools: &[PoolMetrics],
     (name, kind, help): (&str, &str, &str),
     value: impl Fn(&PoolMetrics) -> V,
@@ -296,7 +302,7 @@ fn per_pool<V: itoa::Integer>(
 
 /// One family with a sample per pool and value of a second label.
 fn by_label(
-    t: &mut String,
+    t: &mut Vec<u8>,
     pools: &[PoolMetrics],
     (name, kind, help): (&str, &str, &str),
     label: &str,
@@ -310,11 +316,9 @@ fn by_label(
     }
 }
 
-/// Writes the Prometheus text exposition of `m` into `t`, which is
-/// cleared first (the caller keeps it between scrapes, so a large exposition
-/// is not grown and faulted in anew each time).
-pub fn render(t: &mut String, m: &MetricsSnapshot) {
-    t.clear();
+/// Appends the Prometheus text exposition of `m` to `t`: the connection's
+/// output itself, so a large exposition is written once and held once.
+pub fn render(t: &mut Vec<u8>, m: &MetricsSnapshot<'_>) {
     let pools = &m.pools;
     type PoolValue = fn(&PoolMetrics) -> u64;
     let plain: [(&str, &str, &str, PoolValue); 10] = [
@@ -415,7 +419,7 @@ pub fn render(t: &mut String, m: &MetricsSnapshot) {
             histogram(t, "nthpool_acquire_server_time_us", Some(&p.name), h);
         }
     }
-    let (s, log) = (&m.server, &m.access_log);
+    let (s, log) = (m.server, &m.access_log);
     let server: [(&str, &str, &str, u64); 11] = [
         ("nthpool_connections_open", "gauge", "Open client connections (both listeners).", s.connections_open),
         (
@@ -450,7 +454,7 @@ pub fn render(t: &mut String, m: &MetricsSnapshot) {
 }
 
 /// What limits each pool now, and what it learned of the upstream's limits.
-fn render_learning(t: &mut String, pools: &[PoolMetrics]) {
+fn render_learning(t: &mut Vec<u8>, pools: &[PoolMetrics]) {
     family(t, "nthpool_limited_by", "gauge", "1 for the reason a pool cannot grant now (concurrency, rate, cooldown).");
     for p in pools {
         for (reason, now) in p.limited_by {
@@ -479,7 +483,7 @@ fn render_learning(t: &mut String, pools: &[PoolMetrics]) {
 
 /// Proxy mode: exchanges by upstream status class, upstream time, bytes,
 /// upstream connections.
-fn render_proxy(t: &mut String, p: &ProxyStats) {
+fn render_proxy(t: &mut Vec<u8>, p: &ProxyStats) {
     family(
         t,
         "nthpool_proxy_requests_total",
@@ -540,7 +544,7 @@ const CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// Proxy mode per pool: the server-wide proxy families' traffic, each pool
 /// apart (`pools` by pool id; every pool has its series, zero until used).
-fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]) {
+fn render_proxy_pools(t: &mut Vec<u8>, pools: &[PoolMetrics], traffic: &[Traffic]) {
     let none = Traffic::default();
     let of = |i: usize| traffic.get(i).unwrap_or(&none);
     // A pool that never proxied has no proxy series: most pools of a server
@@ -587,7 +591,7 @@ fn render_proxy_pools(t: &mut String, pools: &[PoolMetrics], traffic: &[Traffic]
 }
 
 /// Families of one sample each, without labels.
-fn unlabelled(t: &mut String, rows: &[(&str, &str, &str, u64)]) {
+fn unlabelled(t: &mut Vec<u8>, rows: &[(&str, &str, &str, u64)]) {
     for (name, kind, help, v) in rows {
         family(t, name, kind, help);
         sample(t, &[name], &[], *v);
@@ -596,10 +600,10 @@ fn unlabelled(t: &mut String, rows: &[(&str, &str, &str, u64)]) {
 
 /// The samples of one histogram: cumulative buckets, sum and count, of
 /// one pool's or of all.
-fn histogram(t: &mut String, name: &str, pool: Option<&str>, h: &Histogram) {
+fn histogram(t: &mut Vec<u8>, name: &str, pool: Option<&str>, h: &Histogram) {
     let pool_label = pool.map(|p| [("pool", p)]);
     let pool_only = pool_label.as_ref().map_or(&[][..], |label| &label[..]);
-    let bucket = |t: &mut String, le: &str, n: u64| match pool {
+    let bucket = |t: &mut Vec<u8>, le: &str, n: u64| match pool {
         Some(p) => sample(t, &[name, "_bucket"], &[("pool", p), ("le", le)], n),
         None => sample(t, &[name, "_bucket"], &[("le", le)], n),
     };
@@ -642,15 +646,15 @@ mod tests {
         for v in [1, 3, 9] {
             h.observe(v);
         }
-        let mut t = String::new();
+        let mut t = Vec::new();
         histogram(&mut t, "x", Some("p"), &h);
         assert_eq!(
-            t,
+            String::from_utf8(t).unwrap(),
             "x_bucket{pool=\"p\",le=\"1\"} 1\nx_bucket{pool=\"p\",le=\"5\"} 2\nx_bucket{pool=\"p\",le=\"+Inf\"} 3\n\
              x_sum{pool=\"p\"} 13\nx_count{pool=\"p\"} 3\n"
         );
-        let mut t = String::new();
+        let mut t = Vec::new();
         histogram(&mut t, "y", None, &Histogram::new(&[]));
-        assert_eq!(t, "y_bucket{le=\"+Inf\"} 0\ny_sum 0\ny_count 0\n");
+        assert_eq!(String::from_utf8(t).unwrap(), "y_bucket{le=\"+Inf\"} 0\ny_sum 0\ny_count 0\n");
     }
 }

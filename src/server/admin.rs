@@ -27,13 +27,15 @@ impl Server {
     /// cannot be framed is refused with the admin answers' headers, and
     /// counts as no lock API answer.
     pub(super) fn process_admin(&mut self, id: ConnId) {
-        let Server { conns, app, now, turn, stats, metrics_text, ready, proxy, dirty, timeouts, .. } = self;
+        let Server { conns, app, now, turn, stats, metrics_len, ready, proxy, dirty, timeouts, .. } = self;
         let (now, turn) = (*now, *turn);
         // The connections' buffers are summed, a walk of every connection,
-        // only for what asks for `/metrics`, not for every health check.
+        // and the proxy's counters copied (one `Traffic` per pool) only for
+        // what asks for `/metrics`, not for every health check.
         if conns.get(id.index as usize).is_some_and(|entry| match entry {
             Entry::Client(c) => c.input.data().windows(8).any(|w| w == b"/metrics"),
         }) {
+            proxy.stats_into(&mut stats.proxy);
             stats.connection_buffer_bytes = conns
                 .iter()
                 .map(|(_, entry)| match entry {
@@ -106,8 +108,7 @@ impl Server {
             };
             let close = !head.keep_alive || conn.last_request;
             let start = conn.output.len();
-            proxy.stats_into(&mut stats.proxy);
-            handle(&head, app, (stats, metrics_text), &mut conn.output, close, now.ms);
+            handle(&head, app, (stats, metrics_len), &mut conn.output, close, now.ms);
             if head.method == Method::Head || !head.http11 {
                 adapt_answer(&mut conn.output, &head, Answer { start, handled: &Handled::Done, close });
             }
@@ -124,8 +125,8 @@ impl Server {
 }
 
 /// Answers one admin request into `out`; `metrics` are the reactor's
-/// counters and the text of the last scrape, written over by this one.
-pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut String), out: &mut Vec<u8>, close: bool, now: Ms) {
+/// counters and the length of the last scrape's text, updated by this one.
+pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut usize), out: &mut Vec<u8>, close: bool, now: Ms) {
     // `OPTIONS *` asks what the server as a whole supports (RFC 9110 §9.3.7).
     if head.path == b"*" {
         let mut w = dashboard::start(out, Status::Ok);
@@ -155,12 +156,24 @@ pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut String), out:
         }
         "/healthz" => dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
         "/metrics" => {
-            let (stats, text) = metrics;
-            crate::metrics::render(text, &app.metrics(now, stats.clone()));
-            out.reserve_exact(text.len() + 256);
-            let mut w = dashboard::start(out, Status::Ok);
+            let (stats, last_len) = metrics;
+            // The text is rendered straight into the answer, then moved past
+            // its head once its length is known: one copy of it is held, in
+            // the connection's output, which `Conn::flush` gives back once
+            // sent. Its memory is reserved once, for the last scrape's length
+            // and a margin for counters that grew a digit.
+            out.reserve_exact(*last_len + *last_len / 64 + 1024);
+            let start = out.len();
+            crate::metrics::render(out, &app.metrics(now, stats));
+            let len = out.len() - start;
+            *last_len = len;
+            let mut text_head = Vec::new();
+            let mut w = dashboard::start(&mut text_head, Status::Ok);
             w.header(b"Content-Type", b"text/plain; version=0.0.4; charset=utf-8");
-            w.finish(text.as_bytes(), close);
+            w.finish_head(len as u64, close);
+            out.extend_from_slice(&text_head);
+            out.copy_within(start..start + len, start + text_head.len());
+            out[start..start + text_head.len()].copy_from_slice(&text_head);
         }
         _ => {
             let mut body = Vec::new();

@@ -181,9 +181,10 @@ pub struct Server {
     /// What is sent, best effort, to a connection over the `maxConnections` cap.
     over_capacity: Vec<u8>,
     stats: ServerStats,
-    /// The last `/metrics` text, kept so the next scrape writes into memory
-    /// already grown and mapped.
-    metrics_text: String,
+    /// The length of the last `/metrics` text: the next scrape reserves that
+    /// much once, instead of growing the answer by doubling (the text itself
+    /// is not kept: with thousands of pools it is tens of megabytes).
+    metrics_len: usize,
     /// Set when SIGTERM/SIGINT arrived: exit once every connection is done,
     /// or at this time, the grace's end.
     shutdown_at: Option<Ms>,
@@ -325,7 +326,7 @@ impl Server {
             conns: Slab::with_capacity(1024),
             over_capacity: Vec::new(),
             stats: ServerStats::default(),
-            metrics_text: String::new(),
+            metrics_len: 0,
             shutdown_at: None,
             shutdown_began: 0,
             app,

@@ -176,9 +176,15 @@ impl UpstreamConfig {
                 return Err(field("setHeaders", format!("{name} is set by the proxy itself and cannot be configured")));
             }
         }
-        let lower: Vec<String> = self.set_headers.keys().map(|k| k.to_ascii_lowercase()).collect();
+        // `X-A` and `X_A` too: the proxy replaces a client's header of either
+        // spelling, and an upstream that maps names to CGI-style variables
+        // would see one field twice.
+        let lower: Vec<String> = self.set_headers.keys().map(|k| k.to_ascii_lowercase().replace('_', "-")).collect();
         if let Some(dup) = lower.iter().enumerate().find(|(i, n)| lower[..*i].contains(n)) {
-            return Err(field("setHeaders", format!("{} is given twice (names are case-insensitive)", dup.1)));
+            return Err(field(
+                "setHeaders",
+                format!("{} is given twice (names are case-insensitive, and `_` counts as `-`)", dup.1),
+            ));
         }
         if self.wait_ms > MAX_DURATION_MS {
             return Err(field("waitMs", format!("must be at most {MAX_DURATION_MS}")));
@@ -402,6 +408,15 @@ mod tests {
         assert!(e.starts_with("upstream.caFile /nonexistent/ca.pem: cannot be read"), "{e}");
         let e = section(r#","caFile":"ca.pem""#).validate().unwrap_err().0;
         assert_eq!(e, "upstream.caFile: applies to https:// upstreams only");
+    }
+
+    #[test]
+    fn a_set_header_named_twice_in_any_spelling_is_refused() {
+        for twice in [r#"{"X-A":"1","x-a":"2"}"#, r#"{"X-A":"1","X_A":"2"}"#, r#"{"x_a":"1","X-a":"2"}"#] {
+            let e = section(&format!(r#","setHeaders":{twice}"#)).validate().unwrap_err().0;
+            assert!(e.starts_with("upstream.setHeaders: x-a is given twice"), "{twice}: {e}");
+        }
+        section(r#","setHeaders":{"X-A":"1","X-B":"2"}"#).validate().unwrap();
     }
 
     #[test]

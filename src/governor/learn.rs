@@ -100,7 +100,14 @@ pub enum Evidence {
 
 impl Outcome {
     pub fn evidence(&self) -> Evidence {
-        let spent = self.rate.remaining == Some(0) || self.rate.token_remaining == Some(0);
+        let r = &self.rate;
+        // A spent budget: `remaining` 0, or a window resetting later that
+        // says nothing of what is left (SPEC §7: "a 429 with such headers").
+        // One that shows something left says the refusal was not the window.
+        let spent = r.remaining == Some(0)
+            || r.token_remaining == Some(0)
+            || (r.remaining.is_none() && r.token_remaining.is_none())
+                && (r.reset_ms.is_some_and(|ms| ms > 0) || r.token_reset_ms.is_some_and(|ms| ms > 0));
         match (self.is_throttled(), spent) {
             (true, true) => Evidence::Rate,
             (true, false) => Evidence::Concurrency,
@@ -326,6 +333,10 @@ pub struct Learning {
     /// The newest lease (its grant count) whose report said the budget.
     #[serde(default)]
     pub budget_seq: u64,
+    /// The newest lease (its grant count) whose report said `budget_limit`
+    /// (0: none did, or refusals taught it).
+    #[serde(default)]
+    pub budget_limit_seq: u64,
     pub token_block_until: Ms,
     /// The budget learned from refusals when the upstream sends no rate
     /// headers (`pattern`).
@@ -369,6 +380,7 @@ impl Learning {
             reset_guessed: false,
             budget_not_before: 0,
             budget_seq: 0,
+            budget_limit_seq: 0,
             token_block_until: 0,
             pattern: Pattern::default(),
         }
@@ -585,7 +597,7 @@ impl Learning {
         if self.pattern.in_force {
             // A budget learned from refusals moves its probe on.
             self.pattern.on_refill(b.remaining == 0, self.grants);
-            self.budget_limit = self.pattern.per_window;
+            (self.budget_limit, self.budget_limit_seq) = (self.pattern.per_window, 0);
         }
         self.budget = match (self.budget_limit, self.window_ms) {
             (Some(limit), w) if w > 0 => {
@@ -654,7 +666,7 @@ impl Learning {
         if !self.pattern.on_probe_refusal(lease.grant_seq) {
             return false;
         }
-        self.budget_limit = self.pattern.per_window;
+        (self.budget_limit, self.budget_limit_seq) = (self.pattern.per_window, 0);
         // The current window goes on at the level kept.
         if let (Some(b), Some(p), Some(level)) = (&mut self.budget, &mut self.pace, self.budget_limit) {
             b.remaining = b.remaining.min(level.saturating_sub(p.granted));
@@ -755,7 +767,7 @@ impl Learning {
         let granted = self.grants - lease.grant_seq.saturating_sub(1).min(self.grants);
         self.pattern.in_force = true;
         self.pattern.window_seq = lease.grant_seq.saturating_sub(1);
-        self.budget_limit = Some(per_window);
+        (self.budget_limit, self.budget_limit_seq) = (Some(per_window), 0);
         self.window_ms = window_ms;
         self.budget = Some(Budget { remaining: per_window.saturating_sub(granted), reset_at: from + window_ms });
         (self.budget_not_before, self.budget_seq) = (0, 0);
@@ -847,10 +859,14 @@ impl Learning {
         }
         // A limit above the one known says the upstream raised it: within
         // the window, `remaining` may then go up (by this report's count).
+        // Said by a call admitted before the one that told the known limit
+        // (a slow call reporting late), it is the limit before the upstream
+        // lowered it: an older view, which neither raises nor replaces it.
         let mut raised = false;
-        if let Some(limit) = rate.limit.filter(|&l| l > 0) {
+        if let Some(limit) = rate.limit.filter(|&l| l > 0 && lease.grant_seq >= self.budget_limit_seq) {
             raised = self.budget_limit.is_some_and(|known| limit > known);
             self.budget_limit = Some(limit);
+            self.budget_limit_seq = lease.grant_seq;
         }
         let (Some(remaining), Some(reset)) = (rate.remaining, rate.reset_ms) else {
             return None;
@@ -1244,6 +1260,64 @@ mod tests {
         assert_eq!(l.budget().unwrap().reset_at, 1210, "the end the first report put it at");
     }
 
+    /// The upstream lowers its limit from 60 to 30 in the middle of a
+    /// window. The newer call's report (30, none left) closes the budget;
+    /// the older call's, reporting late with the old limit (60, 25 left), is
+    /// not taken for a raise: it neither re-opens the window nor refills the
+    /// next one to 60.
+    #[test]
+    fn an_older_report_of_a_higher_limit_is_not_a_raise() {
+        let mut l = Learning::new(10, true);
+        let (older, newer) = (grant(&mut l, 0), grant(&mut l, 20));
+        let said = |limit, remaining, reset_ms| Outcome {
+            rate: RateInfo {
+                limit: Some(limit),
+                remaining: Some(remaining),
+                reset_ms: Some(reset_ms),
+                ..RateInfo::default()
+            },
+            ..ok()
+        };
+        l.on_report(&said(30, 0, 10_000), about(newer, 1), 100);
+        assert_eq!(l.budget().unwrap().remaining, 0);
+        l.on_report(&said(60, 25, 9_990), about(older, 0), 110);
+        assert_eq!(l.budget().unwrap().remaining, 0, "an older, larger remaining re-opened the budget");
+        assert_eq!(l.budget_limit, Some(30));
+        assert_eq!(l.on_budget_reset(10_100), Some(20_100));
+        assert_eq!(l.budget().unwrap().remaining, 30, "the next window refills to the newer limit");
+        // A newer call's report of a higher limit is a raise.
+        let newest = grant(&mut l, 10_200);
+        l.on_report(&said(60, 50, 9_900), about(newest, 0), 10_250);
+        assert_eq!((l.budget_limit, l.budget().unwrap().remaining), (Some(60), 50));
+    }
+
+    /// A 429 whose headers say when a window resets but not what is left
+    /// (`x-ratelimit-reset-requests` and `retry-after`, as Groq sends) is a
+    /// rate refusal: it keeps the limit and pauses for its hint. One that
+    /// shows something left is a concurrency refusal.
+    #[test]
+    fn a_refusal_with_a_reset_and_nothing_left_said_is_a_rate_refusal() {
+        let reset_only = |retry_after_ms| Outcome {
+            rate: RateInfo { reset_ms: Some(179_560), retry_after_ms, ..RateInfo::default() },
+            ..concurrency_429()
+        };
+        assert_eq!(reset_only(None).evidence(), Evidence::Rate);
+        let tokens =
+            Outcome { rate: RateInfo { token_reset_ms: Some(6_000), ..RateInfo::default() }, ..concurrency_429() };
+        assert_eq!(tokens.evidence(), Evidence::Rate);
+        let left = Outcome { rate: RateInfo { remaining: Some(3), ..reset_only(None).rate }, ..concurrency_429() };
+        assert_eq!(left.evidence(), Evidence::Concurrency);
+        assert_eq!(concurrency_429().evidence(), Evidence::Concurrency);
+        let mut l = ramped(8);
+        let leases: Vec<_> = (0..8).map(|_| grant(&mut l, 0)).collect();
+        for (i, lease) in leases.iter().take(4).enumerate() {
+            let wake = l.on_report(&reset_only(Some(2_000)), about(*lease, 7 - i as u32), 10);
+            assert_eq!(wake.cooldown_until, (i == 0).then_some(2_010));
+        }
+        assert_eq!(l.effective(), 8, "a rate refusal never cuts the limit");
+        assert_eq!(l.pause(100), Some(Pause::Cooldown(1_910)));
+    }
+
     /// Cause 3: a rate 429 (`remaining: 0`) also cut the concurrency limit.
     #[test]
     fn a_rate_refusal_teaches_the_budget_and_keeps_the_limit() {
@@ -1279,8 +1353,6 @@ mod tests {
         assert_eq!(l.refused_at, 21, "the lowest level refused in the burst");
     }
 
-    /// The same burst with the 20 successes reported first: the refusals,
-    /// reported after them, count them as the calls that ran beside them.
     #[test]
     fn a_burst_whose_successes_report_first_still_cuts_to_them() {
         let mut l = ramped(64);

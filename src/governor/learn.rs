@@ -276,6 +276,14 @@ pub struct Learning {
     /// The lowest in-flight count the upstream refused since the last
     /// successful probe (`0`: none known). Growth stops just under it.
     pub refused_at: u32,
+    /// The lowest level the reports of the burst that caused the last cut
+    /// showed (`0`: none pending), held back from `refused_at` until a call
+    /// of that burst is seen to succeed: only then were the calls beside
+    /// its refusals allowed. A burst refused whole (its calls leaving one
+    /// by one, each report showing fewer beside it) shows levels down to 1
+    /// that the upstream never refused at.
+    #[serde(default)]
+    pub burst_low: u32,
     /// Successes at full use needed before probing `refused_at`.
     pub probe_wait: u32,
     /// A probe held: the upstream allows more than it did, and how much
@@ -360,6 +368,7 @@ impl Learning {
             effective: if ramps { INITIAL_WINDOW } else { concurrency },
             start: if ramps { Start::Pending } else { Start::Done },
             refused_at: 0,
+            burst_low: 0,
             probe_wait: PROBE_WAIT_MIN,
             climbing: false,
             probe_out: false,
@@ -464,6 +473,7 @@ impl Learning {
                 other => other,
             },
             refused_at: self.refused_at.min(concurrency),
+            burst_low: self.burst_low.min(concurrency),
             probe_wait: self.probe_wait.clamp(PROBE_WAIT_MIN, PROBE_WAIT_MAX),
             stamp_votes: self.stamp_votes.clamp(-STAMP_VOTES, STAMP_VOTES),
             cooldown_until: self.cooldown_until.min(now.saturating_add(MAX_COOLDOWN_MS)),
@@ -701,8 +711,19 @@ impl Learning {
         let level = beside + 1;
         // At most a halving per report; a spared refusal cuts nothing.
         let target = if spared { self.effective } else { beside.max(self.effective / 2).max(1) };
-        if !spared {
+        if !spared && lease.epoch == self.epoch {
+            // A cut: the calls beside the refused one were in flight when it
+            // was refused. A refusal again also bears out the last burst's levels.
+            self.confirm_burst();
             self.refused_at = if self.refused_at == 0 { level } else { self.refused_at.min(level) };
+        } else if !spared {
+            // A report of the burst that caused the cut: what it shows beside
+            // it counts once a call of the burst succeeds (at once when its
+            // own successes reported first).
+            self.burst_low = if self.burst_low == 0 { level } else { self.burst_low.min(level) };
+            if lease.oks_beside > 0 {
+                self.confirm_burst();
+            }
         }
         if lease.epoch == self.epoch {
             // A lease granted since the last cut: the refusals go on.
@@ -728,6 +749,15 @@ impl Learning {
         // A report of the burst that caused the cut: follow the evidence down.
         self.effective = self.effective.min(target);
         false
+    }
+
+    /// The last burst's levels are borne out: the lowest is where the
+    /// upstream refused.
+    fn confirm_burst(&mut self) {
+        let low = std::mem::take(&mut self.burst_low);
+        if low != 0 {
+            self.refused_at = if self.refused_at == 0 { low } else { self.refused_at.min(low) };
+        }
     }
 
     /// Refusals went on after a cut: the upstream refuses everything.
@@ -776,6 +806,15 @@ impl Learning {
 
     fn on_success(&mut self, lease: Reported, now: Ms) {
         self.oks = self.oks.wrapping_add(1);
+        if self.burst_low != 0 {
+            if lease.epoch == self.epoch {
+                // A call granted after the cut succeeded before any of the
+                // burst's did: the burst was refused whole.
+                self.burst_low = 0;
+            } else {
+                self.confirm_burst();
+            }
+        }
         // Only a call granted since the last cut shows that the cut helped;
         // the calls admitted before it finishing say nothing about it.
         if lease.epoch == self.epoch {
@@ -1350,9 +1389,49 @@ mod tests {
             l.on_report(&concurrency_429(), about(*lease, held), 5);
         }
         assert_eq!(l.effective(), 20);
+        assert_eq!(l.refused_at, 64, "the cut's level, until a call beside the refusals succeeds");
+        l.on_report(&ok(), about(leases[0], held - 1), 500);
         assert_eq!(l.refused_at, 21, "the lowest level refused in the burst");
     }
 
+    /// Eight calls granted together are all refused: each report shows
+    /// fewer beside it as the others leave, and the limit follows them down
+    /// to 1. None of the eight succeeded, so those levels were never refused
+    /// with calls running beside: the upstream refused at 8, and once it
+    /// serves again the limit climbs back to 7 without waiting on probes.
+    #[test]
+    fn a_burst_refused_whole_cuts_to_one_but_was_refused_at_its_size() {
+        let mut l = ramped(8);
+        let leases: Vec<_> = (0..8).map(|_| grant(&mut l, 0)).collect();
+        for (i, lease) in leases.iter().enumerate() {
+            l.on_report(&concurrency_429(), about(*lease, 7 - i as u32), 5);
+        }
+        assert_eq!((l.effective(), l.refused_at), (1, 8));
+        let mut now = 100;
+        let mut successes = 0;
+        while l.effective() < 7 {
+            now += 10;
+            let held = l.effective();
+            let calls: Vec<_> = (0..held).map(|_| grant(&mut l, now)).collect();
+            for (i, lease) in calls.iter().enumerate() {
+                l.on_report(&ok(), about(*lease, held - 1 - i as u32), now + 5);
+                successes += 1;
+            }
+            assert!(successes < 100, "still at {} after {successes} successes", l.effective());
+        }
+        assert_eq!(l.refused_at, 8);
+        // Had one of the eight succeeded, the burst's levels would stand.
+        let mut m = ramped(8);
+        let leases: Vec<_> = (0..8).map(|_| grant(&mut m, 0)).collect();
+        for (i, lease) in leases[..7].iter().enumerate() {
+            m.on_report(&concurrency_429(), about(*lease, 7 - i as u32), 5);
+        }
+        m.on_report(&ok(), about(leases[7], 0), 400);
+        assert_eq!((m.effective(), m.refused_at), (1, 2));
+    }
+
+    /// The same burst with the 20 successes reported first: the refusals,
+    /// reported after them, count them as the calls that ran beside them.
     #[test]
     fn a_burst_whose_successes_report_first_still_cuts_to_them() {
         let mut l = ramped(64);
@@ -1634,6 +1713,8 @@ mod tests {
         for (i, lease) in leases[limit as usize..].iter().enumerate() {
             l.on_report(&concurrency_429(), about(*lease, 63 - i as u32), 0);
         }
+        // One of the calls that ran beside them succeeds.
+        l.on_report(&ok(), about(leases[0], limit - 1), 0);
         assert_eq!((l.effective(), l.refused_at), (limit, limit + 1));
         l
     }

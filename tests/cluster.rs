@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{post, read_response, scratch_dir, Response, Scratch};
+use common::{eventually, post, read_response, scratch_dir, Response, Scratch};
 use upstream::{ok, MockUpstream};
 
 const KEY: &str = "cluster-test-key";
@@ -815,25 +815,33 @@ impl Cluster {
     }
 }
 
-/// HAProxy marks only the first request of a pool after its instance went
-/// down (its stick table names the new instance from then on): when that
-/// request is one the new instance refuses, the pool has moved all the same,
-/// and its window must open, or the old holders' renewals are `404` and the
-/// full limit is granted beside them.
-#[test]
-fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
-    let pools = names("first", 12);
+/// A cluster of three (health checks every 250 ms) serving `pools` (limit 2,
+/// a term of 6 s), with one slot held in each: the instance it was granted
+/// on and its id. `None` where HAProxy is missing.
+fn one_slot_in_each(pools: &[String]) -> Option<(Cluster, Vec<(String, String)>)> {
     let settings = r#""concurrency":2,"termMs":6000,"renewIntervalMs":1000,"requestTimeoutMs":60000,
         "queue":{"size":100,"timeoutMs":8000}"#;
-    let Some(cluster) = Cluster::start(3, &pools_json(&pools, settings), 250, 60_000) else { return };
-    // One slot held in each pool (the fresh instances' start windows waited through).
-    let held: Vec<(String, String)> = pools
+    let cluster = Cluster::start(3, &pools_json(pools, settings), 250, 60_000)?;
+    // Waiting through the fresh instances' start windows.
+    let held = pools
         .iter()
         .map(|p| {
             let granted = cluster.request(&post(&format!("/pools/{p}/lock/acquire"), KEY, "", r#"{"waitMs":8000}"#));
             (instance(&granted), granted.slot())
         })
         .collect();
+    Some((cluster, held))
+}
+
+/// HAProxy marks the requests of a pool after its instance went down until
+/// the new instance answers one (its stick table names the new instance from
+/// then on): when the first is one the new instance refuses, the pool has
+/// moved all the same, and its window must open, or the old holders'
+/// renewals are `404` and the full limit is granted beside them.
+#[test]
+fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
+    let pools = names("first", 12);
+    let Some((cluster, held)) = one_slot_in_each(&pools) else { return };
     let victim = held[0].0.clone();
     let on_victim: Vec<usize> = (0..pools.len()).filter(|&i| held[i].0 == victim).take(2).collect();
     assert_eq!(on_victim.len(), 2, "fewer than two of 12 pools on {victim}: {held:?}");
@@ -863,6 +871,41 @@ fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
             pools[i]
         );
     }
+}
+
+/// HAProxy records where a pool lives when the instance it chose answers,
+/// and marks the pool's requests moved until then. A waiting acquire moved
+/// to another instance is answered at once (`429 recovering`), so the record
+/// names that instance before the failed one can come back: once it is up
+/// again, the pool's requests still go where the pool moved, never to both.
+#[test]
+fn a_waiting_acquire_moved_elsewhere_is_answered_at_once_and_the_pool_stays_there() {
+    let pools = names("stay", 12);
+    let Some((cluster, held)) = one_slot_in_each(&pools) else { return };
+    let victim = held[0].0.clone();
+    let renew =
+        |i: usize| cluster.request(&post(&format!("/pools/{}/lock/{}/renew", pools[i], held[i].1), KEY, "", ""));
+    assert_eq!(renew(0).status, 200);
+    cluster.kill_9(&victim);
+    cluster.wait_status(&victim, "DOWN");
+    let sent = Instant::now();
+    let moved = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[0]), KEY, "", r#"{"waitMs":8000}"#));
+    assert_eq!((moved.status, moved.header("x-nthpool-deny-reason")), (429, Some("recovering")), "{moved:?}");
+    assert!(sent.elapsed() < Duration::from_secs(3), "the moved acquire waited {:?}", sent.elapsed());
+    let home = instance(&moved);
+    assert_ne!(home, victim);
+    // `cluster.sh --restart` refuses while the killed process is still there.
+    let pid = cluster.pid(&victim).to_string();
+    eventually("the killed instance gone", || {
+        !Command::new("kill").args(["-0", &pid]).stderr(std::process::Stdio::null()).status().unwrap().success()
+    });
+    cluster.restart(&victim);
+    cluster.wait_status(&victim, "UP");
+    let renewed = renew(0);
+    assert_eq!(renewed.status, 200, "{renewed:?}");
+    assert_eq!(instance(&renewed), home, "the pool went back to {victim}, which came back, beside {home}");
+    let acquired = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[0]), KEY, "", ""));
+    assert_eq!(instance(&acquired), home, "{acquired:?}");
 }
 
 /// A pool whose stick entry expires may move: the expiry must outlast the

@@ -166,6 +166,36 @@ fn only_a_trusted_proxy_can_say_a_pool_moved() {
     assert!(recovering(&r), "{r:?}");
 }
 
+/// HAProxy records where a pool lives when the instance it chose answers:
+/// a request it moved here is answered at once, a waiting acquire or a
+/// proxied request refused as a fail-fast one in the window, so the record
+/// names this instance from then on. The first moved request opens the
+/// window; those after it extend nothing.
+#[test]
+fn a_request_moved_here_is_answered_at_once_even_when_it_would_wait() {
+    let upstream = MockUpstream::start(|_| ok("{}", ""));
+    let s = TestServer::start(&moved_pool(&upstream, r#""trustedProxies":["127.0.0.1/32"]"#));
+    let started = Instant::now();
+    let r = s.acquire(MOVED, r#"{"waitMs":5000}"#);
+    assert!(recovering(&r), "{r:?}");
+    let window_s = r.header_u64("retry-after");
+    assert!(window_s <= 2, "one term (1.5 s) from the move: {r:?}");
+    let r = exchange(&s, &proxied("GET", "/v1/x", &format!("{MOVED}X-Nthpool-Queue-Timeout-Ms: 5000\r\n"), ""));
+    assert!(recovering(&r), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(1), "the moved requests waited");
+    // A later moved request does not push the window's end back.
+    std::thread::sleep(Duration::from_millis(700));
+    let r = s.acquire(MOVED, r#"{"waitMs":5000}"#);
+    assert!(recovering(&r), "{r:?}");
+    assert!(r.header_u64("retry-after") <= 1, "the window was extended: {r:?}");
+    // A request not marked moved waits in the window as before.
+    let mut waiter = s.connect();
+    waiter.write_all(&post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":5000}"#)).unwrap();
+    let r = read_response(&mut waiter).expect("granted at the window's end");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(started.elapsed() >= Duration::from_millis(1400), "granted before the window ended");
+}
+
 /// `X-Nthpool-Pool` from a trusted proxy names the pool it placed the
 /// request by. Another pool than the one the request reaches here (a host
 /// map older than the configuration) is refused with `421`, the connection

@@ -602,7 +602,10 @@ impl App {
             Lock::Acquire => {
                 // No body and no header: fail fast, the usual acquire, without a call.
                 let asked = !body.is_empty() || head.api.queue_timeout_ms().is_some();
-                let wait_ms = if asked { wait_budget(head, body)? } else { 0 };
+                let mut wait_ms = if asked { wait_budget(head, body)? } else { 0 };
+                if head.api.moved() && self.moved_by_trusted_proxy(pid, ctx.peer) {
+                    wait_ms = 0;
+                }
                 let attempt = Attempt { pool: pid, client: addr, wait_ms, started: ctx.started };
                 let (owner, now) = (ctx.conn.owner(), ctx.now.ms);
                 let admission = match head.api.idempotency_key() {
@@ -735,17 +738,29 @@ impl App {
     /// would hold up fail-fast acquires for a term).
     ///
     /// Called for every request that carries the field, before anything can
-    /// refuse it: the proxy marks only the first request of the pool after
-    /// the move (its stick table names this instance from then on), and
-    /// that request may be one this instance refuses (a bad key, an unknown
-    /// route under the pool, a proxied request's bad head), yet the pool has
-    /// moved all the same. The pool is found as the proxy finds it: by the
+    /// refuse it: the proxy marks the requests of the pool after the move
+    /// until this instance answers one (its stick table names this instance
+    /// from then on: see `moved_by_trusted_proxy`), and the first may be one
+    /// this instance refuses (a bad key, an unknown route under the pool, a
+    /// proxied request's bad head), yet the pool has moved all the same. The pool is found as the proxy finds it: by the
     /// host of proxy traffic, else by the `{pool}` segment of `/pools/{pool}`.
     #[cold]
     pub fn note_move(&mut self, listener_pool: Option<PoolId>, ctx: &Ctx, head: &Head) {
         if let Some((pid, _)) = self.routed_by_trusted_proxy(listener_pool, head, ctx.peer) {
             self.gov.moved_here(pid, ctx.now.ms);
         }
+    }
+
+    /// A request the proxy in front moved here (`X-Nthpool-Moved`, from one
+    /// of `pid`'s trusted proxies) is answered at once, a waiting acquire as
+    /// a fail-fast one (`429 recovering` in the window it opened): HAProxy
+    /// records where a pool lives when the instance it chose answers, and a
+    /// request held in the queue for the window would leave the record
+    /// naming the failed instance, which the pool's other requests would go
+    /// back to once it is up again, beside this one.
+    #[cold]
+    pub(crate) fn moved_by_trusted_proxy(&self, pid: PoolId, peer: IpAddr) -> bool {
+        self.creds[pid.0 as usize].access.trusts_proxy(peer)
     }
 
     /// The pool a request reaches, found as the proxy in front finds it (by

@@ -148,6 +148,7 @@ impl App {
             return Err(ApiError::PayloadTooLarge);
         }
         let wait_ms = match head.api.queue_timeout_ms() {
+            _ if head.api.moved() && self.moved_by_trusted_proxy(pid, ctx.peer) => 0,
             None if head.api.no_queue() => 0,
             None => default_wait,
             Some(_) => wait_budget(head, &[])?,

@@ -124,6 +124,9 @@ pub struct Pool {
     pub stats: PoolStats,
     /// The end of the re-adoption window, while one is or was open.
     pub recovering_until: Option<Ms>,
+    /// The end of the window the last move here opened or extended
+    /// (`Governor::moved_here`): requests marked moved until then open none.
+    pub moved_until: Option<Ms>,
     /// Live `Idempotency-Key`s and what they name.
     pub idem: Store,
 }
@@ -144,6 +147,7 @@ impl Pool {
             wake: None,
             stats: PoolStats::default(),
             recovering_until: None,
+            moved_until: None,
             idem: Store::new(settings.idempotency_keys),
         }
     }

@@ -15,9 +15,19 @@ use super::{Governor, Ms, PoolId};
 impl<T: Copy> Governor<T> {
     /// `pid`'s traffic arrives here from an instance taken out of rotation:
     /// opens its re-adoption window for one term from `now`, or keeps a
-    /// longer one (a restart's) open.
+    /// longer one (a restart's) open. Once: every holder of the failed
+    /// instance renews within a term of the first request the proxy moved,
+    /// so the requests it marks moved after that one (all of them, until
+    /// this instance answers one and the proxy records where the pool
+    /// lives) extend nothing.
     pub fn moved_here(&mut self, pid: PoolId, now: Ms) {
-        self.keep_recovering(pid, now + self.pools[pid.0 as usize].settings.term_ms);
+        let pool = &mut self.pools[pid.0 as usize];
+        if pool.moved_until.is_some_and(|until| until > now) {
+            return;
+        }
+        let until = now + pool.settings.term_ms;
+        pool.moved_until = Some(until);
+        self.keep_recovering(pid, until);
     }
 }
 
@@ -51,6 +61,21 @@ mod tests {
         assert_eq!(granted_owners(&mut new), [4], "the waiter, at the window's end");
         assert_eq!(new.pool(p).held, 2);
         assert_eq!(denied(new.acquire(p, 0, 5, 6_001)).reason, DenyReason::Concurrency);
+    }
+
+    #[test]
+    fn requests_marked_moved_after_the_first_extend_nothing() {
+        let (_, mut new, p) = crashed_pair(POOL, 1_000_000);
+        new.moved_here(p, 5_000);
+        for at in [5_100, 5_500, 5_999] {
+            new.moved_here(p, at);
+        }
+        assert!(new.pool(p).recovering(5_999) && !new.pool(p).recovering(6_000), "one term from the first");
+        new.advance(6_000);
+        granted(new.acquire(p, 0, 1, 6_000));
+        // A move after that window (the pool failed over again) opens another.
+        new.moved_here(p, 9_000);
+        assert!(new.pool(p).recovering(9_999) && !new.pool(p).recovering(10_000));
     }
 
     #[test]

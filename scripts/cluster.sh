@@ -119,6 +119,18 @@ fi
 if [ -z "$STICK_MS" ]; then
     STICK_MS=$((STICK_NEED + 1000 > 120000 ? STICK_NEED + 1000 : 120000))
 fi
+# The longest an instance may take to start answering (a queued acquire's
+# wait, a proxied call's wait and upstream.timeoutMs, default 600000): HAProxy's
+# `timeout server` must outlast it, or it cuts the request with a 504 of its own.
+SERVER_NEED=0
+if [ -n "$CONFIG" ]; then
+    SERVER_NEED=$(jq -r '[.pools // {} | to_entries[] | .value as $p
+        | ($p.queue.timeoutMs // 30000) as $queue
+        | [$queue] + if $p.upstream then
+            [([$queue, ($p.upstream.waitMs // 30000)] | min) + ($p.upstream.timeoutMs // 600000)] else [] end
+        | max] | max // 0' "$CONFIG") || die "$CONFIG is not a JSON configuration"
+fi
+SERVER_MS=$((SERVER_NEED + 60000 > 660000 ? SERVER_NEED + 60000 : 660000))
 case "$STICK_MS" in '' | *[!0-9]*) die "--stick-ms takes milliseconds" ;; esac
 [ "$STICK_MS" -gt "$STICK_NEED" ] ||
     die "--stick-ms $STICK_MS: pool $STICK_POOL can have a slot or a waiter alive for ${STICK_NEED} ms without a request reaching HAProxy; the stick expiry must be longer, or the pool could move and be granted twice over"
@@ -141,8 +153,9 @@ defaults
     mode http
     timeout connect 2s
     timeout client 60s
-    # Longer than the longest wait (queue.timeoutMs) and proxied call (upstream.timeoutMs).
-    timeout server 660s
+    # Longer than the longest wait (queue.timeoutMs) and proxied call's wait
+    # and upstream.timeoutMs, read from the configuration: at least 660 s.
+    timeout server ${SERVER_MS}ms
     timeout http-keep-alive 60s
     timeout http-request 10s
     # A failed connection is retried on the same instance, never redispatched to

@@ -938,6 +938,15 @@ fn the_stick_expiry_outlasts_every_slot_that_lives_without_requests() {
     let queued = format!(r#"{{"q":{{"keys":["{KEY}"],"termMs":5000,"queue":{{"timeoutMs":200000}}}}}}"#);
     let (ok, cfg, _) = print(&queued, &[]);
     assert!(ok && cfg.contains(" expire 206000ms "), "{cfg}");
+    // HAProxy waits for an answer longer than any wait, or it would cut one
+    // with a 504 of its own: 660 s at least, else the longest wait and a minute.
+    assert!(cfg.contains("timeout server 660000ms"), "{cfg}");
+    let long = format!(
+        r#"{{"q":{{"keys":["{KEY}"],"queue":{{"timeoutMs":1000000}}}},
+            "u":{{"keys":["{KEY}"],"upstream":{{"url":"http://127.0.0.1:9","waitMs":5000,"timeoutMs":1200000}}}}}}"#
+    );
+    let (ok, cfg, _) = print(&long, &[]);
+    assert!(ok && cfg.contains("timeout server 1265000ms"), "{cfg}");
     let (ok, cfg, _) = print(&queued, &["--stick-ms", "205001"]);
     assert!(ok && cfg.contains(" expire 205001ms "), "{cfg}");
     // Short pools keep the default.

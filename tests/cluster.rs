@@ -894,16 +894,36 @@ fn a_waiting_acquire_moved_elsewhere_is_answered_at_once_and_the_pool_stays_ther
     assert!(sent.elapsed() < Duration::from_secs(3), "the moved acquire waited {:?}", sent.elapsed());
     let home = instance(&moved);
     assert_ne!(home, victim);
-    // `cluster.sh --restart` refuses while the killed process is still there.
-    let pid = cluster.pid(&victim).to_string();
-    eventually("the killed instance gone", || {
-        !Command::new("kill").args(["-0", &pid]).stderr(std::process::Stdio::null()).status().unwrap().success()
+    // The holder renews every second throughout, as a live one does: each
+    // renewal must reach the instance the pool moved to, before the failed
+    // one is back and after.
+    let renewing = AtomicBool::new(true);
+    let renewals = std::thread::scope(|scope| {
+        let renewer = scope.spawn(|| {
+            let mut seen = Vec::new();
+            while renewing.load(Ordering::Relaxed) {
+                let r = renew(0);
+                seen.push((r.status, instance(&r)));
+                std::thread::sleep(Duration::from_millis(1000));
+            }
+            seen
+        });
+        // `cluster.sh --restart` refuses while the killed process is still there.
+        let pid = cluster.pid(&victim).to_string();
+        eventually("the killed instance gone", || {
+            !Command::new("kill").args(["-0", &pid]).stderr(std::process::Stdio::null()).status().unwrap().success()
+        });
+        cluster.restart(&victim);
+        cluster.wait_status(&victim, "UP");
+        // Two more renewals with the failed instance back in rotation.
+        std::thread::sleep(Duration::from_millis(2500));
+        renewing.store(false, Ordering::Relaxed);
+        renewer.join().unwrap()
     });
-    cluster.restart(&victim);
-    cluster.wait_status(&victim, "UP");
-    let renewed = renew(0);
-    assert_eq!(renewed.status, 200, "{renewed:?}");
-    assert_eq!(instance(&renewed), home, "the pool went back to {victim}, which came back, beside {home}");
+    assert!(renewals.len() >= 3, "{renewals:?}");
+    for (status, at) in &renewals {
+        assert_eq!((*status, at), (200, &home), "a renewal went elsewhere ({victim} came back): {renewals:?}");
+    }
     let acquired = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[0]), KEY, "", ""));
     assert_eq!(instance(&acquired), home, "{acquired:?}");
 }

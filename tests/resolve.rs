@@ -7,15 +7,18 @@
 mod common;
 #[path = "common/dns.rs"]
 mod dns;
+mod tls_support;
 #[path = "common/upstream.rs"]
 mod upstream;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use dns::{MockDns, Zone};
+use tls_support::{Ca, TlsServer, TlsServerStream};
 use upstream::{exchange, ok, proxied, MockUpstream, HOST};
 
 /// A server whose pool `p` proxies `Host: p.proxy.test` to `url`, with its
@@ -118,6 +121,37 @@ fn a_connect_goes_on_to_the_next_address_of_the_name() {
     let metrics = admin_get(s.admin.expect("admin listener"), "/metrics");
     assert!(metrics.contains("\nnthpool_proxy_upstream_connection_errors_total 1\n"), "{metrics}");
     assert_eq!(up.seen()[0].header("host").as_deref(), Some(format!("two.resolve.test:{}", up.addr.port()).as_str()));
+}
+
+#[test]
+fn a_tls_handshake_cut_off_goes_on_to_the_next_address_of_the_name() {
+    let ca = Ca::new("resolve test ca");
+    let good = TlsServer::start(
+        &ca.leaf(&["tls.resolve.test"]),
+        Arc::new(|stream: &mut TlsServerStream| {
+            let (mut head, mut byte) = (Vec::new(), [0u8; 1]);
+            while !head.ends_with(b"\r\n\r\n") {
+                match stream.read(&mut byte) {
+                    Ok(1) => head.push(byte[0]),
+                    _ => return,
+                }
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\nsecond address");
+        }),
+    );
+    let port = good.addr.port();
+    // 127.0.0.2 on the same port takes the connection and closes it at
+    // once: the handshake is cut off before anything of the request went out.
+    let cutter = std::net::TcpListener::bind((Ipv4Addr::new(127, 0, 0, 2), port)).unwrap();
+    let cut = std::thread::spawn(move || cutter.accept().map(drop).is_ok());
+    let dns = MockDns::start();
+    dns.set("tls.resolve.test", zone(&[Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::LOCALHOST], 60));
+    let dir = scratch_dir();
+    let ca_file = format!(r#","caFile":"{}""#, ca.write_pem(&dir).display());
+    let s = server(&dns, &format!("https://tls.resolve.test:{port}"), &ca_file, "");
+    let r = get(&s);
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"second address"[..]), "{r:?}");
+    assert!(cut.join().unwrap(), "the first address was tried");
 }
 
 #[test]

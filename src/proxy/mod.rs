@@ -145,6 +145,16 @@ impl UpConn {
         self.reused && self.nothing_sent()
     }
 
+    /// A fresh connection that failed before any of the request went out
+    /// (its TLS handshake refused or cut off, say) goes on to the name's
+    /// next address, as a failed connect does: nothing was written.
+    fn may_try_next(&self) -> bool {
+        // A session still in its handshake has sent none of the request:
+        // only handshake records went out.
+        let handshaking = matches!(&self.transport, Transport::Tls(s) if s.is_handshaking());
+        !self.reused && (handshaking || self.nothing_sent()) && self.dial.has_next()
+    }
+
     /// One read into the input buffer; `WouldBlock` without a system call
     /// when the socket is known to be drained.
     fn read_input(&mut self) -> io::Result<usize> {
@@ -817,12 +827,27 @@ impl UpConn {
     /// One read of what the upstream sent; `false` when nothing was there.
     fn fill(&mut self) -> Result<bool, Halt> {
         match self.read_input() {
+            Ok(0) if self.may_try_next() => {
+                warn!(
+                    "the upstream {} at {} closed before the request was sent; trying its next address",
+                    self.target.authority, self.addr
+                );
+                return Err(Halt::Now(Step::Retry));
+            }
             Ok(0) => self.eof = true,
             Ok(n) => self.input.commit(n),
             Err(err) if err.kind() == io::ErrorKind::WouldBlock || err.kind() == io::ErrorKind::Interrupted => {
                 return Ok(false)
             }
             Err(_) if self.may_retry() => return Err(Halt::Now(Step::Retry)),
+            Err(err) if self.may_try_next() => {
+                warn!(
+                    "the upstream {} at {} failed before the request was sent ({err}); trying its next address",
+                    self.target.authority, self.addr
+                );
+                self.dial.failed(self.addr, err);
+                return Err(Halt::Now(Step::Retry));
+            }
             Err(err) => {
                 if let Some(tls) = TlsError::of(&err) {
                     return Err(Halt::Tls(tls.clone()));
@@ -861,6 +886,14 @@ impl Exchange {
         if let Err(err) = flush(up) {
             if up.may_retry() {
                 debug!("reused upstream connection failed before the request: {err}");
+                return Err(Halt::Now(Step::Retry));
+            }
+            if up.may_try_next() {
+                warn!(
+                    "the upstream {} at {} failed before the request was sent ({err}); trying its next address",
+                    up.target.authority, up.addr
+                );
+                up.dial.failed(up.addr, err);
                 return Err(Halt::Now(Step::Retry));
             }
             if let Some(tls) = TlsError::of(&err) {
@@ -989,11 +1022,12 @@ fn flush(up: &mut UpConn) -> io::Result<()> {
             Err(e) => return Err(e),
         }
     }
-    // A request that may still be retried stays whole for the retry. A
+    // A request that may still be retried (or sent to the name's next
+    // address) stays whole for that. A
     // body sent to a slower upstream never empties the buffer: the sent part
     // is dropped once it outweighs the rest (each byte moved at most once).
     let sent = up.out_pos;
-    if sent > 0 && sent >= up.output.len() - sent && !up.may_retry() {
+    if sent > 0 && sent >= up.output.len() - sent && !up.may_retry() && !up.may_try_next() {
         up.output.drain(..sent);
         up.out_pos = 0;
     }

@@ -151,11 +151,13 @@ const CHARTS = [
 function chart(spec, history) {
   const W = 900, H = 100;
   const n = history.grants.length;
-  let max = 1;
-  for (const [key] of spec.series) for (const v of history[key]) max = Math.max(max, v);
+  let peak = 0;
+  for (const [key] of spec.series) for (const v of history[key]) peak = Math.max(peak, v);
+  // The scale of a chart of zeros is 1 all the same; its peak says 0.
+  const max = Math.max(peak, 1);
   const node = svg("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none", role: "img" });
   const title = svg("title");
-  title.textContent = `${spec.title}, last ${n} s, peak ${max}`;
+  title.textContent = `${spec.title}, last ${n} s, peak ${peak}`;
   node.append(title, svg("line", { x1: 0, y1: H, x2: W, y2: H, class: "axis" }));
   for (const [key, , cls] of spec.series) {
     const values = history[key];
@@ -165,7 +167,7 @@ function chart(spec, history) {
   }
   const legend = el("ul", { class: "legend" },
     ...spec.series.map(([, label, cls]) => el("li", {}, el("span", { class: "key " + cls }), label)),
-    el("li", {}, `peak ${max}`));
+    el("li", {}, `peak ${peak}`));
   const axis = el("p", { class: "time-axis", "aria-hidden": "true" }, el("span", {}, "15 min ago"), el("span", {}, "now"));
   return el("figure", { class: "chart", id: spec.id }, el("figcaption", {}, spec.title), node, axis, legend);
 }
@@ -287,6 +289,35 @@ function showLogin(message) {
 
 let stillKey = null;
 
+// Brings `target` to look like `source`, a node just drawn, changing only
+// what differs: a node that stays as it was is kept, so focus and a
+// selection in it survive the refresh (the back link, the configuration,
+// any number that did not change).
+function patch(target, source) {
+  if (target.nodeType !== source.nodeType || target.nodeName !== source.nodeName) {
+    target.replaceWith(source);
+    return;
+  }
+  if (target.nodeType !== Node.ELEMENT_NODE) {
+    if (target.nodeValue !== source.nodeValue) target.nodeValue = source.nodeValue;
+    return;
+  }
+  for (const { name } of [...target.attributes]) if (!source.hasAttribute(name)) target.removeAttribute(name);
+  for (const { name, value } of [...source.attributes]) {
+    if (target.getAttribute(name) !== value) target.setAttribute(name, value);
+  }
+  patchChildren(target, [...source.childNodes]);
+}
+
+function patchChildren(target, sources) {
+  while (target.childNodes.length > sources.length) target.lastChild.remove();
+  sources.forEach((source, i) => {
+    const old = target.childNodes[i];
+    if (old) patch(old, source);
+    else target.append(source);
+  });
+}
+
 async function tick(r) {
   try {
     const data = await api(r.api);
@@ -301,9 +332,10 @@ async function tick(r) {
     }
     document.title = r.title;
     const nodes = r.render(data);
-    // A view updated in place is already there.
+    // A view updated in place is already there; a view drawn anew is
+    // brought onto the one shown, changing only what differs.
     if (nodes.length !== live.childNodes.length || nodes.some((n, i) => live.childNodes[i] !== n)) {
-      live.replaceChildren(...nodes);
+      patchChildren(live, nodes);
     }
     if (r.still) {
       const key = JSON.stringify(data.examples);

@@ -816,10 +816,11 @@ impl Cluster {
 }
 
 /// A cluster of three (health checks every 250 ms) serving `pools` (limit 2,
-/// a term of 6 s), with one slot held in each: the instance it was granted
-/// on and its id. `None` where HAProxy is missing.
+/// a term of 6 s, a request deadline far beyond any test's end, however slow
+/// the machine), with one slot held in each: the instance it was granted on
+/// and its id. `None` where HAProxy is missing.
 fn one_slot_in_each(pools: &[String]) -> Option<(Cluster, Vec<(String, String)>)> {
-    let settings = r#""concurrency":2,"termMs":6000,"renewIntervalMs":1000,"requestTimeoutMs":60000,
+    let settings = r#""concurrency":2,"termMs":6000,"renewIntervalMs":1000,"requestTimeoutMs":600000,
         "queue":{"size":100,"timeoutMs":8000}"#;
     let cluster = Cluster::start(3, &pools_json(pools, settings), 250, 60_000)?;
     // Waiting through the fresh instances' start windows.

@@ -808,16 +808,23 @@ fn a_connection_gives_back_what_a_large_body_grew_its_buffers_to() {
     }
 }
 
-#[test]
-fn a_waiter_that_closes_behind_a_full_input_buffer_is_never_granted() {
-    // With maxBodyBytes 1024 a connection buffers 16 KiB + 2 KiB + 64 KiB of
-    // input. The departed waiter sent more than that behind its acquire, so
-    // its FIN cannot be read: the hang-up alone must take it out of the queue.
+/// A pool of one slot, held (its id returned), whose connections buffer
+/// 16 KiB + 2 KiB + 64 KiB of input (`maxBodyBytes` 1024).
+fn full_pool_with_small_buffers() -> (TestServer, String) {
     let s = TestServer::start(&config(
         r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#,
         r#""maxBodyBytes":1024"#,
     ));
     let holder = s.acquire("", "").slot();
+    (s, holder)
+}
+
+#[test]
+fn a_waiter_that_closes_behind_a_full_input_buffer_is_never_granted() {
+    // With maxBodyBytes 1024 a connection buffers 16 KiB + 2 KiB + 64 KiB of
+    // input. The departed waiter sent more than that behind its acquire, so
+    // its FIN cannot be read: the hang-up alone must take it out of the queue.
+    let (s, holder) = full_pool_with_small_buffers();
     let mut gone = connect(s.addr);
     gone.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":10000}"#)).unwrap();
     thread::sleep(Duration::from_millis(100));
@@ -838,11 +845,7 @@ fn a_waiter_with_more_pipelined_behind_it_than_its_connection_buffers_is_refused
     // FIN the client sent would wait behind input the server has no room to
     // read: whether the waiter is still there cannot be known, so it is not
     // kept waiting for a slot it might never take.
-    let s = TestServer::start(&config(
-        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#,
-        r#""maxBodyBytes":1024"#,
-    ));
-    let holder = s.acquire("", "").slot();
+    let (s, holder) = full_pool_with_small_buffers();
     let mut deep = connect(s.addr);
     deep.write_all(&post(ACQUIRE, KEY, "", r#"{"waitMs":10000}"#)).unwrap();
     eventually("the acquire queued", || s.metric("nthpool_waiters{pool=\"p\"}") == Some(1.0));

@@ -999,6 +999,19 @@ mod tests {
         Outcome { status: Some(200), ..Outcome::default() }
     }
 
+    /// A success whose headers said the window's `limit`, `remaining` and reset.
+    fn said(limit: u64, remaining: u64, reset_ms: u64) -> Outcome {
+        Outcome {
+            rate: RateInfo {
+                limit: Some(limit),
+                remaining: Some(remaining),
+                reset_ms: Some(reset_ms),
+                ..RateInfo::default()
+            },
+            ..ok()
+        }
+    }
+
     fn with_budget(o: Outcome, remaining: u64, reset_ms: u64) -> Outcome {
         Outcome { rate: RateInfo { remaining: Some(remaining), reset_ms: Some(reset_ms), ..o.rate }, ..o }
     }
@@ -1276,15 +1289,6 @@ mod tests {
     fn a_limit_raised_within_a_window_applies_to_that_window() {
         let mut l = Learning::new(10, true);
         let lease = grant(&mut l, 0);
-        let said = |limit, remaining, reset_ms| Outcome {
-            rate: RateInfo {
-                limit: Some(limit),
-                remaining: Some(remaining),
-                reset_ms: Some(reset_ms),
-                ..RateInfo::default()
-            },
-            ..ok()
-        };
         l.on_report(&said(6, 0, 600), about(lease, 0), 0);
         assert_eq!(l.on_budget_reset(600), Some(1200));
         let (old, new) = (grant(&mut l, 610), grant(&mut l, 620));
@@ -1308,15 +1312,6 @@ mod tests {
     fn an_older_report_of_a_higher_limit_is_not_a_raise() {
         let mut l = Learning::new(10, true);
         let (older, newer) = (grant(&mut l, 0), grant(&mut l, 20));
-        let said = |limit, remaining, reset_ms| Outcome {
-            rate: RateInfo {
-                limit: Some(limit),
-                remaining: Some(remaining),
-                reset_ms: Some(reset_ms),
-                ..RateInfo::default()
-            },
-            ..ok()
-        };
         l.on_report(&said(30, 0, 10_000), about(newer, 1), 100);
         assert_eq!(l.budget().unwrap().remaining, 0);
         l.on_report(&said(60, 25, 9_990), about(older, 0), 110);

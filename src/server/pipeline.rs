@@ -153,7 +153,7 @@ impl Server {
             };
             let handled = app.handle(&ctx, head, body, &mut conn.output, &mut conn.verdicts);
             let mut http10_keep_alive = false;
-            if head.method == Method::Head || !head.http11 {
+            if head_request || !head.http11 {
                 let answer = Answer { start: answer_start, handled: &handled, close: ctx.close };
                 http10_keep_alive = adapt_answer(&mut conn.output, head, answer);
             }

@@ -502,10 +502,12 @@ impl Config {
         if self.slot_secret_file.is_empty() {
             return fail("slotSecretFile: use a file path (relative to the configuration file)");
         }
-        if self.state_file.as_ref().is_some_and(|f| f.is_empty() || *f == self.slot_secret_file) {
-            return fail(
-                "stateFile: use a file path (relative to the configuration file, not the slot secret's), or null",
-            );
+        match self.state_file.as_deref() {
+            Some("") => return fail("stateFile: use a file path (relative to the configuration file), or null"),
+            Some(f) if f == self.slot_secret_file => {
+                return fail(format!("stateFile: {f} is the slot secret's file too"));
+            }
+            _ => {}
         }
         if self.snapshot_interval_ms.is_some_and(|ms| !(1000..=MAX_DURATION_MS).contains(&ms)) {
             return fail(format!("snapshotIntervalMs must be between 1000 and {MAX_DURATION_MS}, or null"));
@@ -1205,7 +1207,10 @@ mod tests {
         let off = Config::parse(br#"{"stateFile":null,"pools":{"p":{"keys":["k"]}}}"#).unwrap();
         assert_eq!(off.state_file, None);
         assert!(err(r#"{"stateFile":"","pools":{"p":{"keys":["k"]}}}"#).contains("stateFile"));
-        assert!(err(r#"{"stateFile":"nthpool.secret","pools":{"p":{"keys":["k"]}}}"#).contains("stateFile"));
+        let e = err(r#"{"stateFile":"nthpool.secret","pools":{"p":{"keys":["k"]}}}"#);
+        assert!(e.contains("stateFile: nthpool.secret is the slot secret's file too"), "{e}");
+        let e = err(r#"{"slotSecretFile":"s1","stateFile":"s1","pools":{"p":{"keys":["k"]}}}"#);
+        assert!(e.contains("stateFile: s1 is the slot secret's file too"), "{e}");
         assert!(err(r#"{"snapshotIntervalMs":10,"pools":{"p":{"keys":["k"]}}}"#).contains("snapshotIntervalMs"));
         let e = err(r#"{"stateFile":null,"snapshotIntervalMs":5000,"pools":{"p":{"keys":["k"]}}}"#);
         assert!(e.contains("snapshotIntervalMs needs stateFile"), "{e}");

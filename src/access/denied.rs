@@ -30,6 +30,12 @@ impl Denied {
     pub const TIMESTAMP_MALFORMED: Denied =
         Denied::new("X-Nthpool-Timestamp must be epoch milliseconds in ASCII digits.");
     pub const TIMESTAMP_STALE: Denied = Denied::new("The request timestamp is older than the allowed tolerance.");
+    /// Signed before the policy's nonce store began (a start, or a reload
+    /// that added or widened the policy): its nonce may have been spent where
+    /// this store cannot see it.
+    pub const SIGNED_BEFORE_START: Denied = Denied::new(
+        "The request was signed before this server began remembering nonces (it started or reloaded since); sign it again.",
+    );
     pub const TIMESTAMP_FUTURE: Denied =
         Denied::new("The request timestamp is further in the future than the allowed tolerance.");
     pub const NONCE_MISSING: Denied = Denied::new("The X-Nthpool-Nonce header is missing.");

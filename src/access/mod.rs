@@ -297,7 +297,7 @@ impl PoolAccess {
         )
         .map_err(denied)?;
         if verified.timestamp_ms < policy.not_before_ms {
-            return Err(denied(Denied::TIMESTAMP_STALE));
+            return Err(denied(Denied::SIGNED_BEFORE_START));
         }
         match policy.nonces.insert(verified.nonce, now_epoch_ms, verified.nonce_expires_ms) {
             Ok(()) => Ok(()),

@@ -123,10 +123,10 @@ fn a_connect_goes_on_to_the_next_address_of_the_name() {
     assert_eq!(up.seen()[0].header("host").as_deref(), Some(format!("two.resolve.test:{}", up.addr.port()).as_str()));
 }
 
-#[test]
-fn a_tls_handshake_cut_off_goes_on_to_the_next_address_of_the_name() {
-    let ca = Ca::new("resolve test ca");
-    let good = TlsServer::start(
+/// A TLS upstream for `tls.resolve.test` that answers every request
+/// `200 second address`.
+fn second_address(ca: &Ca) -> TlsServer {
+    TlsServer::start(
         &ca.leaf(&["tls.resolve.test"]),
         Arc::new(|stream: &mut TlsServerStream| {
             let (mut head, mut byte) = (Vec::new(), [0u8; 1]);
@@ -138,7 +138,37 @@ fn a_tls_handshake_cut_off_goes_on_to_the_next_address_of_the_name() {
             }
             let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 14\r\n\r\nsecond address");
         }),
-    );
+    )
+}
+
+/// A peer on `ip:port` that takes one connection and never says a word,
+/// holding it until told to stop (or for 30 s); the handle says whether a
+/// connection came before then.
+fn silent_peer(ip: Ipv4Addr, port: u16) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<bool>) {
+    let listener = std::net::TcpListener::bind((ip, port)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let held = std::thread::spawn(move || {
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut conn = None;
+        while Instant::now() < until {
+            if conn.is_none() {
+                conn = listener.accept().ok();
+            }
+            match stopped.recv_timeout(Duration::from_millis(10)) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                _ => break,
+            }
+        }
+        conn.is_some()
+    });
+    (stop, held)
+}
+
+#[test]
+fn a_tls_handshake_cut_off_goes_on_to_the_next_address_of_the_name() {
+    let ca = Ca::new("resolve test ca");
+    let good = second_address(&ca);
     let port = good.addr.port();
     // 127.0.0.2 on the same port takes the connection and closes it at
     // once: the handshake is cut off before anything of the request went out.
@@ -152,6 +182,75 @@ fn a_tls_handshake_cut_off_goes_on_to_the_next_address_of_the_name() {
     let r = get(&s);
     assert_eq!((r.status, r.body.as_slice()), (200, &b"second address"[..]), "{r:?}");
     assert!(cut.join().unwrap(), "the first address was tried");
+}
+
+#[test]
+fn a_tls_handshake_that_stalls_goes_on_to_the_next_address_of_the_name() {
+    let ca = Ca::new("resolve test ca");
+    let good = second_address(&ca);
+    let port = good.addr.port();
+    // 127.0.0.2 on the same port takes the connection and stays silent:
+    // the handshake stalls until its `tlsHandshakeTimeoutMs`.
+    let (done, held) = silent_peer(Ipv4Addr::new(127, 0, 0, 2), port);
+    let dns = MockDns::start();
+    dns.set("tls.resolve.test", zone(&[Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::LOCALHOST], 60));
+    let dir = scratch_dir();
+    // `timeoutMs` far beyond the handshake's, so a loaded machine cannot
+    // make the request's own deadline the one that ends the wait.
+    let extra =
+        format!(r#","caFile":"{}","tlsHandshakeTimeoutMs":250,"timeoutMs":20000"#, ca.write_pem(&dir).display());
+    let s = server(&dns, &format!("https://tls.resolve.test:{port}"), &extra, "");
+    let started = Instant::now();
+    let r = get(&s);
+    let took = started.elapsed();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"second address"[..]), "{r:?}");
+    assert!(took >= Duration::from_millis(240), "the first address's handshake had its 250 ms: {took:?}");
+    let _ = done.send(());
+    assert!(held.join().unwrap(), "the first address was tried");
+    assert!(s.log().contains("did not finish its TLS handshake in time; trying its next address"), "{}", s.log());
+}
+
+#[test]
+fn a_tls_handshake_that_stalls_on_every_address_is_a_502_or_at_timeout_ms_a_504() {
+    let ca = Ca::new("resolve test ca");
+    let first = std::net::TcpListener::bind((Ipv4Addr::new(127, 0, 0, 2), 0)).unwrap();
+    let port = first.local_addr().unwrap().port();
+    drop(first);
+    let dns = MockDns::start();
+    dns.set("tls.resolve.test", zone(&[Ipv4Addr::new(127, 0, 0, 2), Ipv4Addr::new(127, 0, 0, 3)], 60));
+    let dir = scratch_dir();
+    let ca_file = ca.write_pem(&dir);
+    let url = format!("https://tls.resolve.test:{port}");
+    // Each address has its own 250 ms; the last one's end is the 502 that
+    // names the handshake.
+    let peers = [silent_peer(Ipv4Addr::new(127, 0, 0, 2), port), silent_peer(Ipv4Addr::new(127, 0, 0, 3), port)];
+    let extra = format!(r#","caFile":"{}","tlsHandshakeTimeoutMs":250,"timeoutMs":20000"#, ca_file.display());
+    let s = server(&dns, &url, &extra, "");
+    let started = Instant::now();
+    let r = get(&s);
+    let took = started.elapsed();
+    assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "{r:?}");
+    assert_eq!(r.json()["message"], "The TLS handshake with the upstream did not finish in time.");
+    assert!(took >= Duration::from_millis(490), "each address had its 250 ms: {took:?}");
+    for (done, held) in peers {
+        let _ = done.send(());
+        assert!(held.join().unwrap(), "every address was tried");
+    }
+    upstream::slot_comes_back(&s);
+    drop(s);
+    // The request's own deadline comes before the second handshake's: that
+    // wait ends at `timeoutMs`, a 504 as for any request out of time. The
+    // first handshake ends 300 ms before it, slack for a loaded machine.
+    let peers = [silent_peer(Ipv4Addr::new(127, 0, 0, 2), port), silent_peer(Ipv4Addr::new(127, 0, 0, 3), port)];
+    let extra = format!(r#","caFile":"{}","tlsHandshakeTimeoutMs":400,"timeoutMs":700"#, ca_file.display());
+    let s = server(&dns, &url, &extra, "");
+    let r = get(&s);
+    assert_eq!((r.status, r.error_code().as_str()), (504, "upstream_timeout"), "{r:?}");
+    for (done, held) in peers {
+        let _ = done.send(());
+        assert!(held.join().unwrap(), "every address was tried");
+    }
+    upstream::slot_comes_back(&s);
 }
 
 #[test]

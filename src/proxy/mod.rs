@@ -317,6 +317,17 @@ pub enum Attached {
     No(&'static str),
 }
 
+/// What an exchange's TLS handshake that ran out of time comes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// The name has another address: the request goes there (`reattach`),
+    /// with a handshake deadline of its own.
+    TryNext,
+    /// No address is left, or the request's own deadline has passed too:
+    /// answer `502` with this sentence.
+    Failed(&'static str),
+}
+
 /// How the request body is relayed: its framing in, and whether it goes up chunked.
 pub fn request_relay(framing: crate::http::request::BodyFraming, max_bytes: u64) -> (Relay, head::RequestBody) {
     use crate::http::request::BodyFraming as F;
@@ -445,9 +456,10 @@ impl Proxy {
         std::mem::take(&mut self.resolving)
     }
 
-    /// After `Step::Retry`: the failed connection is closed and the request
-    /// goes on a new one, to the next address when a connect failed, else
-    /// (a reused connection failed) to the same one, never retried again.
+    /// After `Step::Retry` (or `Expired::TryNext`): the failed connection is
+    /// closed and the request goes on a new one, to the next address when a
+    /// connect or a TLS handshake failed, else (a reused connection failed)
+    /// to the same one, never retried again.
     pub fn reattach(
         &mut self,
         ex: usize,
@@ -559,16 +571,28 @@ impl Proxy {
         handshake.map_or(e.deadline, |h| h.min(e.deadline))
     }
 
-    /// At the exchange's timer: the sentence for its `502` if its TLS
-    /// handshake ran out of time.
-    pub fn handshake_expired(&mut self, ex: usize, now: Ms) -> Option<&'static str> {
-        let idx = self.exchanges[ex].up?;
+    /// At the exchange's timer: what comes of its TLS handshake if that ran
+    /// out of time (`None` if it did not).
+    pub fn handshake_expired(&mut self, ex: usize, now: Ms) -> Option<Expired> {
+        let e = &self.exchanges[ex];
+        let (idx, deadline) = (e.up?, e.deadline);
         let up = &mut self.ups[idx];
         let err = up.transport.check_deadline(now).err()?;
+        // Nothing of the request went out, so the name's next address may
+        // have it, as after a handshake cut off; not once the request's own
+        // deadline has passed, which no new handshake could meet.
+        if now < deadline && up.may_try_next() {
+            warn!(
+                "the upstream {} at {} did not finish its TLS handshake in time; trying its next address",
+                up.target.authority, up.addr
+            );
+            up.dial.failed(up.addr, io::Error::new(io::ErrorKind::TimedOut, err));
+            return Some(Expired::TryNext);
+        }
         self.stats.tls_failures += 1;
         warn!("TLS with the upstream {} at {}: {err}", up.target.authority, up.addr);
         up.eof = true;
-        Some(err.sentence())
+        Some(Expired::Failed(err.sentence()))
     }
 
     /// The most recently used idle connection of `pool` to `target` that

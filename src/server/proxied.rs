@@ -26,7 +26,7 @@ use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
 use crate::http::response::{say_kept_alive, CONTINUE};
 use crate::proxy::head::{self, ClientSide};
-use crate::proxy::{request_relay, Attached, ClientIo, Exchange, Keep, NewExchange, Phase, Proxy, Step};
+use crate::proxy::{request_relay, Attached, ClientIo, Exchange, Expired, Keep, NewExchange, Phase, Proxy, Step};
 use crate::time::{Ms, Now};
 
 /// Upstream connections are registered at `UPSTREAM_BASE + slab index`.
@@ -445,7 +445,9 @@ impl Server {
     /// The exchange's deadline passed: before the response head that is a
     /// `504 upstream_timeout` — or a `408 body_timeout` when the client
     /// stalled its body, which is no outcome of the upstream's; at the
-    /// request cap, or mid-response, the exchange is cut.
+    /// request cap, or mid-response, the exchange is cut. A TLS handshake
+    /// that ran out of its own time goes on to the name's next address
+    /// while one is left, else it is a `502` saying so.
     pub(super) fn exchange_timed_out(&mut self, id: ConnId) {
         let Some(ex) = client_mut(&mut self.conns, id).and_then(|c| c.exchange) else {
             return;
@@ -453,7 +455,17 @@ impl Server {
         // The request cap, when it is what ran out, is named as such, also
         // while the body is still coming: the client kept sending.
         let capped = self.now.ms >= self.proxy.exchanges[ex].request_deadline;
-        if let Some(why) = self.proxy.handshake_expired(ex, self.now.ms) {
+        let expired = self.proxy.handshake_expired(ex, self.now.ms);
+        if expired == Some(Expired::TryNext) {
+            // Each address takes one of the name's finite list, and the
+            // request's deadline still holds: this ends.
+            let tls = self.app.upstream(self.proxy.exchanges[ex].pool).and_then(|u| u.tls.as_ref());
+            if self.proxy.reattach(ex, tls, self.now.ms, self.poll.registry(), UPSTREAM_BASE).is_ok() {
+                // Its timer is armed again for the new handshake's deadline.
+                return self.pump_exchange(id);
+            }
+            self.end_exchange(id, End::Answered(ApiError::BadGateway));
+        } else if let Some(Expired::Failed(why)) = expired {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
         } else if !capped && self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
             self.end_exchange(id, End::Answered(ApiError::BodyTimeout));

@@ -163,6 +163,35 @@ fn each_refused_certificate_is_a_502_naming_its_cause_and_a_log_line() {
     }
 }
 
+#[test]
+fn a_ca_certificate_served_as_the_upstream_s_own_is_refused_saying_what_to_serve() {
+    // A self-signed certificate marked CA:TRUE, given as `caFile` and served
+    // by the upstream itself: webpki refuses a CA's certificate as a
+    // server's, and the operator is told to serve one issued by it instead.
+    let (leaf, pem) = tls_support::self_signed_ca_as_server(&["localhost"]);
+    let (up, seen) = llm_upstream(&leaf);
+    let dir = scratch_dir();
+    let ca_file = dir.join("self-signed.pem");
+    std::fs::write(&ca_file, pem).unwrap();
+    let extra = format!(r#","caFile":"{}""#, ca_file.display());
+    let s = server(&pool(&format!("https://localhost:{}", up.addr.port()), &dir, &extra));
+    let r = s.request(&chat_request(false));
+    assert_eq!(r.status, 502, "{:?}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.error_code(), "bad_gateway");
+    assert_eq!(
+        r.json()["message"],
+        "The upstream's TLS certificate is a certificate authority's, not one issued for the server."
+    );
+    assert!(seen.lock().unwrap().is_empty(), "a request reached an unverified upstream");
+    let log = wait_for_log(&s, "TLS with the upstream localhost:");
+    assert!(
+        log.contains("serve a certificate issued by that CA for the host name instead of the CA certificate itself"),
+        "{log}"
+    );
+    assert!(!log.contains("Other(OtherError"), "no debug text in the log: {log}");
+    assert_eq!(s.acquire("", "").status, 200, "the slot came back");
+}
+
 fn wait_for_log(s: &TestServer, needle: &str) -> String {
     for _ in 0..100 {
         let log = s.log();

@@ -165,6 +165,22 @@ fn an_unknown_ca_is_refused_and_named() {
 }
 
 #[test]
+fn a_ca_certificate_served_as_the_server_s_own_is_refused_and_named() {
+    let (leaf, pem) = tls_support::self_signed_ca_as_server(&["localhost"]);
+    let server = TlsServer::start(&leaf, echo());
+    let dir = scratch_dir();
+    let ca_file = dir.join("self-signed.pem");
+    std::fs::write(&ca_file, pem).unwrap();
+    let tls = ClientTls::new(Some(&ca_file)).unwrap();
+    let mut client = Client::connect(&tls, server.addr, "localhost");
+    let err = cause(client.handshake());
+    assert_eq!(err, TlsError::CaUsedAsEndEntity);
+    assert_eq!(err.cause(), "ca_used_as_end_entity");
+    let text = err.to_string();
+    assert!(text.contains("a certificate authority's own (CA:TRUE)") && text.contains("issued by that CA"), "{text}");
+}
+
+#[test]
 fn a_certificate_for_another_host_is_refused_and_named() {
     let ca = Ca::new("test ca");
     let server = TlsServer::start(&ca.leaf(&["other.test"]), echo());

@@ -54,6 +54,10 @@ pub enum TlsError {
     Expired,
     /// The certificate's `notBefore` is in the future.
     NotYetValid,
+    /// The server presented a certificate authority's own certificate
+    /// (`basicConstraints` `CA:TRUE`), a self-signed one given as `caFile`
+    /// say, rather than one issued by it.
+    CaUsedAsEndEntity,
     /// Any other reason the certificate was refused.
     BadCertificate(String),
     /// The upstream sent a fatal alert.
@@ -79,6 +83,7 @@ impl TlsError {
             TlsError::WrongHostName { .. } => "wrong_host_name",
             TlsError::Expired => "certificate_expired",
             TlsError::NotYetValid => "certificate_not_yet_valid",
+            TlsError::CaUsedAsEndEntity => "ca_used_as_end_entity",
             TlsError::BadCertificate(_) => "bad_certificate",
             TlsError::AlertReceived(_) => "alert_received",
             TlsError::Protocol(_) => "protocol_error",
@@ -95,6 +100,9 @@ impl TlsError {
             TlsError::WrongHostName { .. } => "The upstream's TLS certificate is not valid for its host name.",
             TlsError::Expired => "The upstream's TLS certificate has expired.",
             TlsError::NotYetValid => "The upstream's TLS certificate is not valid yet.",
+            TlsError::CaUsedAsEndEntity => {
+                "The upstream's TLS certificate is a certificate authority's, not one issued for the server."
+            }
             TlsError::BadCertificate(_) => "The upstream's TLS certificate was refused.",
             TlsError::AlertReceived(_) => "The upstream refused the TLS handshake.",
             TlsError::Protocol(_) => "TLS with the upstream failed.",
@@ -116,6 +124,13 @@ impl TlsError {
                 },
                 CertificateError::Expired | CertificateError::ExpiredContext { .. } => TlsError::Expired,
                 CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => TlsError::NotYetValid,
+                // rustls has no variant of its own for this one: it passes
+                // webpki's error on inside `Other`.
+                CertificateError::Other(other)
+                    if other.0.downcast_ref::<webpki::Error>() == Some(&webpki::Error::CaUsedAsEndEntity) =>
+                {
+                    TlsError::CaUsedAsEndEntity
+                }
                 other => TlsError::BadCertificate(format!("{other:?}")),
             },
             rustls::Error::AlertReceived(alert) => TlsError::AlertReceived(format!("{alert:?}")),
@@ -152,6 +167,11 @@ impl fmt::Display for TlsError {
             ),
             TlsError::Expired => f.write_str("the upstream's certificate has expired"),
             TlsError::NotYetValid => f.write_str("the upstream's certificate is not valid yet"),
+            TlsError::CaUsedAsEndEntity => f.write_str(
+                "the upstream's certificate is a certificate authority's own (CA:TRUE), which TLS refuses as a \
+                 server's; serve a certificate issued by that CA for the host name instead of the CA certificate \
+                 itself (the CA certificate stays in caFile)",
+            ),
             TlsError::BadCertificate(why) => {
                 write!(f, "the upstream's certificate was refused: {why}")
             }

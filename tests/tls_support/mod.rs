@@ -71,6 +71,20 @@ impl Ca {
     }
 }
 
+/// A self-signed certificate for `names` that is also marked a CA
+/// (`basicConstraints` `CA:TRUE`), as some certificate recipes make one:
+/// served as the server's own and trusted as its own root. Returns it ready
+/// for a server, and its PEM.
+pub fn self_signed_ca_as_server(names: &[&str]) -> (Leaf, String) {
+    let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    params.distinguished_name.push(rcgen::DnType::CommonName, names.first().copied().unwrap_or("self-signed"));
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let leaf = Leaf { chain: vec![cert.der().clone()], key: PrivatePkcs8KeyDer::from(key.serialize_der()) };
+    (leaf, cert.pem())
+}
+
 /// What the server saw of one client connection.
 #[derive(Debug, Clone, Default)]
 pub struct Seen {

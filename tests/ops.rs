@@ -3,6 +3,7 @@
 //! operator sees them — one line on stderr and a non-zero exit.
 
 mod common;
+mod tls_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -910,6 +911,73 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
     let path = write_config(&dir, &config("", r#""stateFile":"x.state""#));
     let r = run(&dir, &["--check-config", &path]);
     assert!(r.status.success(), "{}", r.stderr);
+}
+
+#[test]
+fn check_config_and_start_up_say_in_words_what_is_wrong_with_a_ca_file() {
+    let dir = scratch_dir();
+    let ca = tls_support::Ca::new("ops test ca");
+    let pem = ca.pem();
+    let lines: Vec<&str> = pem.lines().collect();
+    let mut damaged = lines.clone();
+    let garbled = format!("{}!!{}", &lines[2][..10], &lines[2][12..]);
+    damaged[2] = &garbled;
+    let junk = "AAECAwQFBgcICQ==";
+    let cases: [(&str, Vec<u8>, &[&str]); 7] = [
+        ("cut.pem", lines[..lines.len() - 3].join("\n").into_bytes(), &["ends inside", "line 1", "cut short"]),
+        ("garbled.pem", damaged.join("\n").into_bytes(), &["CERTIFICATE block at line 1", "base64"]),
+        (
+            "begin.pem",
+            pem.replacen("-----BEGIN CERTIFICATE-----", "-----BEGIN CERTIFICATE----", 1).into_bytes(),
+            &["line 1", "BEGIN line"],
+        ),
+        (
+            "junk.pem",
+            format!("-----BEGIN CERTIFICATE-----\n{junk}\n-----END CERTIFICATE-----\n").into_bytes(),
+            &["line 1", "not a valid X.509 certificate"],
+        ),
+        (
+            "key.pem",
+            format!("-----BEGIN PRIVATE KEY-----\n{junk}\n-----END PRIVATE KEY-----\n").into_bytes(),
+            &["no PEM certificate", "PRIVATE KEY"],
+        ),
+        ("ca.der", ca.der(), &["no PEM certificate", "DER", "PEM first"]),
+        ("notes.txt", b"our CA, see the wiki\n".to_vec(), &["no PEM certificate", "BEGIN CERTIFICATE"]),
+    ];
+    for (name, bytes, needles) in cases {
+        let file = dir.join(name);
+        std::fs::write(&file, bytes).unwrap();
+        let pool = format!(
+            r#""upstream":{{"url":"https://api.example","hosts":["p.proxy.test"],"caFile":"{}"}}"#,
+            file.display()
+        );
+        let path = write_config(&dir, &config(&pool, ""));
+        for r in [run(&dir, &["--check-config", &path]), run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"])] {
+            assert_fails_with(&r, &[&format!("upstream.caFile {}: ", file.display())]);
+            assert_fails_with(&r, needles);
+            // A sentence: no byte list, no debug name of an error.
+            let line = r.stderr.trim_end();
+            assert!(!line.contains('[') && !line.contains("Invalid") && !line.contains("BadEncoding"), "{line}");
+        }
+    }
+    // A reload that finds the file damaged is refused in the same words.
+    let file = dir.join("roots.pem");
+    std::fs::write(&file, &pem).unwrap();
+    let pool =
+        format!(r#""upstream":{{"url":"https://api.example","hosts":["p.proxy.test"],"caFile":"{}"}}"#, file.display());
+    let s = TestServer::start_logged(&config(&pool, ""), "info");
+    std::fs::write(&file, lines[..lines.len() - 3].join("\n")).unwrap();
+    s.signal("HUP");
+    let start = Instant::now();
+    while !s.log().contains("reload refused") {
+        assert!(start.elapsed() < Duration::from_secs(10), "no refused reload in 10 s: {}", s.log());
+        thread::sleep(Duration::from_millis(20));
+    }
+    let log = s.log();
+    let line = log.lines().find(|l| l.contains("reload refused")).unwrap_or_default();
+    let refused = line.split_once("stays: ").map_or(line, |(_, why)| why);
+    let named = format!("upstream.caFile {}: ends inside the CERTIFICATE block at line 1", file.display());
+    assert!(refused.contains(&named) && !refused.contains('['), "{refused}");
 }
 
 #[test]

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mio::net::TcpStream;
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{CertificateError, ClientConfig, ClientConnection, HandshakeKind, RootCertStore};
 
@@ -269,16 +269,122 @@ impl ClientTls {
 fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsConfigError> {
     let fail = |why: String| TlsConfigError::CaFile { path: path.to_owned(), why };
     let pem = std::fs::read(path).map_err(|e| fail(format!("cannot be read: {e}")))?;
-    let mut added = 0;
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| fail(format!("is not valid PEM: {e}")))?;
-        roots.add(cert).map_err(|e| fail(format!("holds a certificate that cannot be a root: {e}")))?;
-        added += 1;
-    }
-    if added == 0 {
-        return Err(fail("holds no PEM certificate".into()));
+    for (line, cert) in ca_certificates(&pem).map_err(fail)? {
+        roots
+            .add(cert)
+            .map_err(|_| fail(format!("the CERTIFICATE block at line {line} is not a valid X.509 certificate")))?;
     }
     Ok(())
+}
+
+/// The certificates of a `caFile`'s text, each with the line its block
+/// begins on, or why the file cannot be used, in words that name the block
+/// and its line: an operator fixes the file from this, so no byte list or
+/// parser error name reaches them. The blocks are found here and each is
+/// decoded by rustls's PEM parser; blocks of other kinds are passed over.
+fn ca_certificates(pem: &[u8]) -> Result<Vec<(usize, CertificateDer<'static>)>, String> {
+    const BEGIN: &[u8] = b"-----BEGIN ";
+    const END: &[u8] = b"-----END ";
+    const DASHES: &[u8] = b"-----";
+    let mut certs = Vec::new();
+    let mut others: Vec<String> = Vec::new();
+    // The block being read: the line it began on, its label, and where its
+    // BEGIN line starts in the file.
+    let mut open: Option<(usize, &[u8], usize)> = None;
+    // Lines end at `\n` or, as the parser also takes, at a lone `\r`; they
+    // are numbered by the `\n`s, as an editor shows them.
+    let (mut number, mut start) = (1, 0);
+    for part in pem.split(|&b| b == b'\n' || b == b'\r') {
+        let (line, at) = (number, start);
+        start += part.len() + 1;
+        if pem.get(start - 1) == Some(&b'\n') {
+            number += 1;
+        }
+        let text = part.trim_ascii_end();
+        if let Some(rest) = text.strip_prefix(BEGIN) {
+            if let Some((began, label, _)) = open {
+                return Err(format!(
+                    "the {} block at line {began} has no END line before the BEGIN line at line {line}",
+                    shown(label)
+                ));
+            }
+            let Some(label) = rest.strip_suffix(DASHES).filter(|label| !label.ends_with(b"-")) else {
+                return Err(format!(
+                    "line {line} (\"{}\") is not a well-formed BEGIN line, which ends in five dashes",
+                    shown(text)
+                ));
+            };
+            open = Some((line, label, at));
+        } else if let Some(rest) = text.strip_prefix(END) {
+            // An END line outside a block is passed over, as the parser does.
+            let Some((began, label, from)) = open else {
+                continue;
+            };
+            if !rest.strip_prefix(label).is_some_and(|r| r.starts_with(DASHES)) {
+                if label == b"CERTIFICATE" {
+                    return Err(format!(
+                        "the CERTIFICATE block at line {began} is ended by line {line} (\"{}\"), which names \
+                         another kind",
+                        shown(text)
+                    ));
+                }
+                // The parser reads it as part of the block, which is passed over.
+                continue;
+            }
+            open = None;
+            if label == b"CERTIFICATE" {
+                let block = &pem[from..start.min(pem.len())];
+                certs.push((began, certificate(block, began)?));
+            } else if !others.iter().any(|o| o.as_bytes() == label) {
+                others.push(shown(label));
+            }
+        }
+    }
+    if let Some((began, label, _)) = open {
+        let label = shown(label);
+        return Err(format!(
+            "ends inside the {label} block at line {began}, with no \"-----END {label}-----\" line: it looks cut short"
+        ));
+    }
+    if certs.is_empty() {
+        let why = if pem.iter().all(u8::is_ascii_whitespace) {
+            "holds no PEM certificate: it is empty".to_owned()
+        } else if !others.is_empty() {
+            format!("holds no PEM certificate, only blocks of other kinds ({})", others.join(", "))
+        } else if pem.first() == Some(&0x30) {
+            // A DER certificate is an ASN.1 SEQUENCE: its first byte is 0x30.
+            "holds no PEM certificate: it looks like a binary (DER) certificate, which must be converted to PEM \
+             first (openssl x509 -inform der)"
+                .to_owned()
+        } else {
+            "holds no PEM certificate: it has no \"-----BEGIN CERTIFICATE-----\" line".to_owned()
+        };
+        return Err(why);
+    }
+    Ok(certs)
+}
+
+/// The certificate of one `CERTIFICATE` block (its BEGIN line to its END
+/// line), begun at line `began`.
+fn certificate(block: &[u8], began: usize) -> Result<CertificateDer<'static>, String> {
+    CertificateDer::from_pem_slice(block).map_err(|e| match e {
+        pem::Error::Base64Decode(_) => {
+            format!("the base64 text of the CERTIFICATE block at line {began} is damaged: it does not decode")
+        }
+        pem::Error::SectionTooLarge => format!("the CERTIFICATE block at line {began} is larger than 256 MB"),
+        _ => format!("the CERTIFICATE block at line {began} is not valid PEM"),
+    })
+}
+
+/// A label or a line of a PEM file as text for a message: invalid UTF-8
+/// and control characters escaped, at most 64 characters.
+fn shown(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut shown: String = text.chars().take(64).flat_map(char::escape_debug).collect();
+    if text.chars().nth(64).is_some() {
+        shown.push('…');
+    }
+    shown
 }
 
 /// One TLS client session over a non-blocking TCP socket.
@@ -467,7 +573,71 @@ impl TlsStream {
 
 #[cfg(test)]
 mod tests {
-    use super::plain_name;
+    use super::{ca_certificates, plain_name};
+
+    /// A self-signed certificate as PEM, and its DER.
+    fn cert(name: &str) -> (String, Vec<u8>) {
+        let made = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+        (made.cert.pem(), made.cert.der().to_vec())
+    }
+
+    fn refusal(pem: &str) -> String {
+        let why = ca_certificates(pem.as_bytes()).map(|certs| certs.len()).unwrap_err();
+        // Words only: no byte list, no parser error's debug name.
+        assert!(!why.contains('[') && !why.contains("Error") && !why.contains("Invalid"), "{why}");
+        why
+    }
+
+    #[test]
+    fn a_ca_file_s_certificates_are_found_whatever_its_line_ends_and_other_blocks() {
+        let (one, one_der) = cert("one.test");
+        let (two, two_der) = cert("two.test");
+        let key = "-----BEGIN PRIVATE KEY-----\nAAECAwQFBgcICQ==\n-----END PRIVATE KEY-----\n";
+        let odd = "-----BEGIN X-----\nabc\n-----END Y-----\n-----END X-----\n-----END CERTIFICATE-----\n";
+        let text = format!("our roots\n{key}{one}{odd}{two}");
+        let lines_of_one = one.lines().count();
+        for ends in ["\n", "\r\n", "\r"] {
+            let file = text.replace('\n', ends);
+            let found = ca_certificates(file.as_bytes()).unwrap();
+            let ders: Vec<&[u8]> = found.iter().map(|(_, c)| c.as_ref()).collect();
+            assert_eq!(ders, [&one_der[..], &two_der[..]], "{ends:?}");
+            if ends != "\r" {
+                assert_eq!(found[0].0, 5, "{ends:?}");
+                assert_eq!(found[1].0, 5 + lines_of_one + 5, "{ends:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_ca_file_that_cannot_be_used_is_said_in_words_naming_the_line() {
+        let (one, _) = cert("one.test");
+        let lines: Vec<&str> = one.lines().collect();
+        let cut = lines[..lines.len() - 2].join("\n");
+        let why = refusal(&format!("\n{cut}"));
+        assert!(why.starts_with("ends inside the CERTIFICATE block at line 2") && why.contains("cut short"), "{why}");
+        let mut garbled = lines.clone();
+        let line = format!("{}*{}", &lines[1][..5], &lines[1][6..]);
+        garbled[1] = &line;
+        let why = refusal(&garbled.join("\n"));
+        assert!(why.contains("base64 text of the CERTIFICATE block at line 1 is damaged"), "{why}");
+        let why = refusal(&one.replacen("CERTIFICATE-----", "CERTIFICATE---", 1));
+        assert!(why.starts_with("line 1 (\"-----BEGIN CERTIFICATE---\") is not a well-formed BEGIN line"), "{why}");
+        let why = refusal(&one.replacen("-----END CERTIFICATE", "-----END PRIVATE KEY", 1));
+        assert!(why.contains("ended by line") && why.contains("-----END PRIVATE KEY-----"), "{why}");
+        let why = refusal(&format!("{}\n{one}", lines[..3].join("\n")));
+        assert!(
+            why.contains("the CERTIFICATE block at line 1 has no END line before the BEGIN line at line 4"),
+            "{why}"
+        );
+        let why = refusal("-----BEGIN RSA PRIVATE KEY-----\nAAEC\n-----END RSA PRIVATE KEY-----\n");
+        assert_eq!(why, "holds no PEM certificate, only blocks of other kinds (RSA PRIVATE KEY)");
+        assert_eq!(refusal(" \n\n"), "holds no PEM certificate: it is empty");
+        assert!(refusal("\u{30}\u{82}\u{1}binary").contains("binary (DER) certificate"));
+        assert!(refusal("our CA is on the wiki\n").contains("has no \"-----BEGIN CERTIFICATE-----\" line"));
+        // A label that is not text is shown escaped, never as bytes.
+        let why = ca_certificates(b"-----BEGIN \xff\x01-----\nAAEC\n").unwrap_err();
+        assert!(why.starts_with("ends inside the \u{fffd}\\u{1} block at line 1"), "{why}");
+    }
 
     #[test]
     fn certificate_names_read_as_an_operator_writes_them() {

@@ -38,6 +38,11 @@ impl Ca {
         self.issuer.pem()
     }
 
+    /// The CA certificate in binary (DER), as some tools save it.
+    pub fn der(&self) -> Vec<u8> {
+        self.issuer.der().to_vec()
+    }
+
     /// Writes the CA certificate as PEM into `dir` and returns the path.
     pub fn write_pem(&self, dir: &Path) -> PathBuf {
         let path = dir.join("ca.pem");

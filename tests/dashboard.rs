@@ -152,6 +152,36 @@ fn pool_json_has_history_attempts_and_examples_without_secrets() {
     }
 }
 
+/// An acquire on `demo` with `body` (JSON) as its body.
+fn acquire_demo_with(s: &TestServer, body: &str) -> Response {
+    let mut c = s.connect();
+    let req = format!(
+        "POST /pools/demo/lock/acquire HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {DEMO_KEY}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(req.as_bytes()).unwrap();
+    read_response(&mut c).expect("an answer")
+}
+
+/// `demo`'s queue timeout is 5 s: a wait asked beyond it is applied as 5 s
+/// (the lock API clamps it), and the attempts say both.
+#[test]
+fn an_attempts_wait_is_the_one_the_server_applies_beside_the_one_asked() {
+    let s = TestServer::start(&demo_config(""));
+    for body in [r#"{"waitMs":60000}"#, r#"{"waitMs":1000}"#] {
+        assert_eq!(acquire_demo_with(&s, body).status, 200, "{body}");
+    }
+    let v = get_json(&s, "/api/pools/demo");
+    let waits: Vec<(u64, u64)> = v["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["waitMs"].as_u64().unwrap(), a["appliedWaitMs"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(waits, [(1000, 1000), (60_000, 5000)], "newest first: {v}");
+}
+
 #[test]
 fn unknown_pools_and_methods_are_refused() {
     let s = TestServer::start(&demo_config(""));
@@ -469,6 +499,22 @@ fn a_real_browser_renders_live_numbers_charts_and_examples() {
         assert!(!dom.contains(DEMO_KEY) && !dom.contains("other-secret-key"), "a key reached the page");
         assert!(slots.iter().all(|slot| !dom.contains(slot.as_str())), "a slot id reached the page");
     }
+}
+
+#[test]
+fn a_real_browser_shows_the_wait_applied_and_the_one_asked_on_hover() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(""));
+    for body in [r#"{"waitMs":60000}"#, r#"{"waitMs":1000}"#] {
+        assert_eq!(acquire_demo_with(&s, body).status, 200, "{body}");
+    }
+    let page = dump_dom(&bin, &format!("http://{}/pools/demo", admin(&s)));
+    let clamped =
+        r#"<td data-field="wait" class="clamped" title="asked 60.0 s, clamped to the queue timeout">5.0 s</td>"#;
+    assert!(page.contains(clamped), "the clamped wait: {page}");
+    assert!(page.contains(r#"<td data-field="wait">1.0 s</td>"#), "a wait within the timeout: {page}");
 }
 
 #[test]

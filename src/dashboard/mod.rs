@@ -271,6 +271,7 @@ fn pool_json(app: &App, pid: PoolId, reached_as: Option<&[u8]>) -> Value {
                 "error": a.error,
                 "denyReason": a.reason.map(DenyReason::as_str),
                 "waitMs": a.wait_ms,
+                "appliedWaitMs": a.applied_wait_ms,
                 "queuedMs": a.queued_ms,
                 "serverUs": a.server_us,
                 "slotRef": a.slot_ref.map(|r| format!("#{r:08x}")),

@@ -238,6 +238,17 @@ function renderExamples(data) {
   ];
 }
 
+// The wait the server applied (the asked one clamped to the queue timeout);
+// one that differs from what the client asked says so on hover.
+function waitCell(a) {
+  const clamped = a.appliedWaitMs !== a.waitMs;
+  return el("td", {
+    "data-field": "wait",
+    class: clamped ? "clamped" : null,
+    title: clamped ? "asked " + fmtMs(a.waitMs) + ", clamped to the queue timeout" : null,
+  }, fmtMs(a.appliedWaitMs));
+}
+
 function attemptsTable(attempts) {
   if (attempts.length === 0) return el("p", { class: "muted", id: "attempts" }, "No acquire attempts yet.");
   return el("div", { class: "table-wrap" }, el("table", { id: "attempts" },
@@ -246,7 +257,7 @@ function attemptsTable(attempts) {
         .map((t) => el("th", { scope: "col" }, t)))),
     el("tbody", {}, ...attempts.map((a) => el("tr", {},
       el("td", {}, fmtTime(a.time)), el("td", {}, a.status), el("td", {}, orDash(a.error)),
-      el("td", {}, orDash(a.denyReason)), el("td", {}, fmtMs(a.waitMs)), el("td", {}, fmtMs(a.queuedMs)),
+      el("td", {}, orDash(a.denyReason)), waitCell(a), el("td", {}, fmtMs(a.queuedMs)),
       el("td", {}, a.serverUs + " µs"), el("td", {}, orDash(a.slotRef)))))));
 }
 

@@ -201,6 +201,45 @@ fn unknown_pools_and_methods_are_refused() {
     assert_eq!((r.status, r.header("allow")), (405, Some("GET, HEAD")));
 }
 
+/// A route with a slash after it is that route's address with a typo a
+/// browser user makes, or a link adds: a `308` to the route itself, query
+/// kept, for every admin route; other methods are refused as on the route.
+#[test]
+fn a_trailing_slash_redirects_to_the_route_itself() {
+    let s = TestServer::start(&demo_config(""));
+    let html = "Accept: text/html,application/xhtml+xml,*/*;q=0.8\r\n";
+    for (path, location) in [
+        ("/pools/demo/", "/pools/demo"),
+        ("/pools/demo/?tab=examples", "/pools/demo?tab=examples"),
+        ("/pools/no-such-pool/", "/pools/no-such-pool"),
+        ("/api/pools/", "/api/pools"),
+        ("/api/pools/demo/", "/api/pools/demo"),
+        ("/assets/app.js/", "/assets/app.js"),
+        ("/healthz/", "/healthz"),
+        ("/metrics/", "/metrics"),
+    ] {
+        for extra in ["", html] {
+            let r = get(admin(&s), path, extra);
+            assert_eq!((r.status, r.header("location")), (308, Some(location)), "{path}: {r:?}");
+            assert_secured(&r, path);
+        }
+        let mut c = TcpStream::connect(admin(&s)).unwrap();
+        let post = format!("POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        c.write_all(post.as_bytes()).unwrap();
+        let r = read_response(&mut c).unwrap();
+        assert_eq!((r.status, r.header("allow")), (405, Some("GET, HEAD")), "POST {path}: {r:?}");
+    }
+    // Where the route leads, a browser gets the page and a script the JSON.
+    let page = get(admin(&s), "/pools/demo", html);
+    assert_eq!(page.status, 200);
+    assert!(page.header("content-type").unwrap().starts_with("text/html"), "{page:?}");
+    // A path that is no route with its slash taken off stays unknown.
+    for path in ["/pools/", "/nope/", "/pools/demo//", "/api/pools/demo/x/"] {
+        let r = get(admin(&s), path, html);
+        assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"), "{path}: {r:?}");
+    }
+}
+
 #[test]
 fn every_admin_answer_carries_the_security_headers() {
     let s = TestServer::start(&demo_config(""));
@@ -515,6 +554,19 @@ fn a_real_browser_shows_the_wait_applied_and_the_one_asked_on_hover() {
         r#"<td data-field="wait" class="clamped" title="asked 60.0 s, clamped to the queue timeout">5.0 s</td>"#;
     assert!(page.contains(clamped), "the clamped wait: {page}");
     assert!(page.contains(r#"<td data-field="wait">1.0 s</td>"#), "a wait within the timeout: {page}");
+}
+
+#[test]
+fn a_real_browser_finds_the_pool_behind_a_trailing_slash() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(""));
+    load_demo(&s, "localhost");
+    let page = dump_dom(&bin, &format!("http://{}/pools/demo/", admin(&s)));
+    assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "{page}");
+    assert!(page.contains("<title>nthpool · demo</title>"), "{page}");
+    assert!(page.contains(r#"id="example-acquire""#), "{page}");
 }
 
 #[test]

@@ -371,6 +371,18 @@ fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
     ])
 }
 
+/// A `308` to `route`, the admin route the request named with a slash
+/// after it (`/pools/demo/`), its query kept: a browser lands on the page
+/// itself (whose script reads the pool from its own address), a script on
+/// the JSON it asked for. The `Location` is one of the admin routes, so it
+/// can never point off this listener.
+pub fn redirect(out: &mut Vec<u8>, route: &str, target: &str, close: bool) {
+    let query = target.find('?').map_or("", |at| &target[at..]);
+    let mut w = start(out, Status::PermanentRedirect);
+    w.header(b"Location", format!("{route}{query}").as_bytes());
+    w.finish(b"", close);
+}
+
 /// Whether `path` is one of the dashboard's routes (for the method check).
 pub fn is_route(path: &str) -> bool {
     matches!(path, "/" | "/assets/app.js" | "/assets/app.css" | "/assets/icon.svg" | "/api/pools")

@@ -10,6 +10,7 @@
 pub enum Status {
     Continue,
     Ok,
+    PermanentRedirect,
     BadRequest,
     Unauthorized,
     Forbidden,
@@ -31,9 +32,10 @@ pub enum Status {
 
 impl Status {
     /// Every status, so a table keyed by status can be checked against all of them.
-    pub const ALL: [Status; 19] = [
+    pub const ALL: [Status; 20] = [
         Status::Continue,
         Status::Ok,
+        Status::PermanentRedirect,
         Status::BadRequest,
         Status::Unauthorized,
         Status::Forbidden,
@@ -57,6 +59,7 @@ impl Status {
         match self {
             Status::Continue => 100,
             Status::Ok => 200,
+            Status::PermanentRedirect => 308,
             Status::BadRequest => 400,
             Status::Unauthorized => 401,
             Status::Forbidden => 403,
@@ -81,6 +84,7 @@ impl Status {
         match self {
             Status::Continue => b"HTTP/1.1 100 Continue\r\n",
             Status::Ok => b"HTTP/1.1 200 OK\r\n",
+            Status::PermanentRedirect => b"HTTP/1.1 308 Permanent Redirect\r\n",
             Status::BadRequest => b"HTTP/1.1 400 Bad Request\r\n",
             Status::Unauthorized => b"HTTP/1.1 401 Unauthorized\r\n",
             Status::Forbidden => b"HTTP/1.1 403 Forbidden\r\n",

@@ -134,7 +134,12 @@ pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut usize), out: 
         return w.finish(b"", close);
     }
     let path = crate::api::proxy::path_without_query(head.path_str());
-    let known = matches!(path, "/healthz" | "/metrics") || crate::dashboard::is_route(path);
+    let is_route = |path: &str| matches!(path, "/healthz" | "/metrics") || crate::dashboard::is_route(path);
+    // A route with one slash after it (`/pools/demo/`, `/api/pools/`) is
+    // that route, redirected to its own address for GET and HEAD (and
+    // refused like it for other methods).
+    let with_slash = path.strip_suffix('/').filter(|route| is_route(route));
+    let known = is_route(path) || with_slash.is_some();
     if known && !matches!(head.method, Method::Get | Method::Head) {
         let mut body = Vec::new();
         error_body(&mut body, "method_not_allowed", "Admin routes accept GET and HEAD only.");
@@ -142,6 +147,9 @@ pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut usize), out: 
         w.header(b"Allow", b"GET, HEAD");
         w.finish_json(&body, close);
         return;
+    }
+    if let Some(route) = with_slash {
+        return dashboard::redirect(out, route, head.path_str(), close);
     }
     if crate::dashboard::handle(head, app, out, close) {
         return;

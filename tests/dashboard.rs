@@ -240,6 +240,30 @@ fn a_trailing_slash_redirects_to_the_route_itself() {
     }
 }
 
+/// A pool segment spelled with percent-escapes (RFC 3986 §6.2.2.2) names
+/// the pool on the dashboard's routes too; an escape that can name no pool
+/// is `400 bad_request`.
+#[test]
+fn a_percent_encoded_pool_name_names_the_pool_on_the_dashboard() {
+    let s = TestServer::start(&demo_config(""));
+    let html = "Accept: text/html,application/xhtml+xml,*/*;q=0.8\r\n";
+    for spelling in ["d%65mo", "d%65m%6F", "%64emo"] {
+        let v = get_json(&s, &format!("/api/pools/{spelling}"));
+        assert_eq!(v["pool"]["name"], "demo", "{spelling}");
+        let page = get(admin(&s), &format!("/pools/{spelling}"), html);
+        assert_eq!(page.status, 200, "{spelling}: {page:?}");
+    }
+    assert_eq!(get(admin(&s), "/api/pools/d%65m", "").status, 404);
+    assert_eq!(get(admin(&s), "/pools/d%65m", html).status, 404);
+    for bad in ["de%2Fmo", "de%00mo", "de%zzmo", "demo%", "DE%4DO"] {
+        for path in [format!("/api/pools/{bad}"), format!("/pools/{bad}")] {
+            let r = get(admin(&s), &path, html);
+            assert_eq!((r.status, r.error_code().as_str()), (400, "bad_request"), "{path}: {r:?}");
+            assert!(r.json()["message"].as_str().unwrap().contains("pool name"), "{path}: {r:?}");
+        }
+    }
+}
+
 #[test]
 fn every_admin_answer_carries_the_security_headers() {
     let s = TestServer::start(&demo_config(""));
@@ -557,16 +581,18 @@ fn a_real_browser_shows_the_wait_applied_and_the_one_asked_on_hover() {
 }
 
 #[test]
-fn a_real_browser_finds_the_pool_behind_a_trailing_slash() {
+fn a_real_browser_finds_the_pool_behind_a_trailing_slash_or_a_percent_escape() {
     let Some(bin) = chromium_or_skip() else {
         return;
     };
     let s = TestServer::start(&demo_config(""));
     load_demo(&s, "localhost");
-    let page = dump_dom(&bin, &format!("http://{}/pools/demo/", admin(&s)));
-    assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "{page}");
-    assert!(page.contains("<title>nthpool · demo</title>"), "{page}");
-    assert!(page.contains(r#"id="example-acquire""#), "{page}");
+    for path in ["/pools/demo/", "/pools/d%65mo"] {
+        let page = dump_dom(&bin, &format!("http://{}{path}", admin(&s)));
+        assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "{path}: {page}");
+        assert!(page.contains("<title>nthpool · demo</title>"), "{path}: {page}");
+        assert!(page.contains(r#"id="example-acquire""#), "{path}: {page}");
+    }
 }
 
 #[test]

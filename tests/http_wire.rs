@@ -428,6 +428,52 @@ fn routes_methods_pools_and_keys() {
     assert_eq!(s.acquire("", "").header_u64("x-nthpool-remaining-slots"), 15);
 }
 
+/// RFC 3986 §6.2.2.2: a percent-encoded unreserved character is the
+/// character itself, so `prod%2Dacme` names the pool `prod-acme` on every
+/// lock route, with either case of hex digits. An escape that can name no
+/// pool (not hex, or a byte no pool name holds) is a bad path: `400` and
+/// close, before any pool is looked up.
+#[test]
+fn a_percent_encoded_pool_name_names_the_pool_and_a_bad_escape_is_400() {
+    const ACME_KEY: &str = "acme-key-0000001";
+    let s = TestServer::start(&format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,
+            "pools":{{"prod-acme":{{"keys":["{ACME_KEY}"],"concurrency":2}}}}}}"#
+    ));
+    let mut c = s.connect();
+    for spelling in ["prod%2Dacme", "prod%2dacme", "%70rod-acme", "%70%72%6F%64%2d%61%63%6d%65"] {
+        // Twice on one connection: the second head is read by comparison
+        // with the first, and must reach the same pool.
+        for round in 0..2 {
+            let what = format!("{spelling}, round {round}");
+            let r = exchange(&mut c, &post(&format!("/pools/{spelling}/lock/acquire"), ACME_KEY, "", ""));
+            assert_eq!(r.status, 200, "{what}: {r:?}");
+            let slot = r.slot();
+            let renewed = exchange(&mut c, &post(&format!("/pools/{spelling}/lock/{slot}/renew"), ACME_KEY, "", ""));
+            assert_eq!(renewed.status, 200, "{what}: {renewed:?}");
+            let released = exchange(&mut c, &post(&format!("/pools/{spelling}/lock/{slot}/release"), ACME_KEY, "", ""));
+            assert_eq!(released.json()["released"], true, "{what}: {released:?}");
+        }
+    }
+    // A name that decodes to no pool is an unknown pool, as one spelled plainly.
+    let r = exchange(&mut c, &post("/pools/prod%2Dacm/lock/acquire", ACME_KEY, "", ""));
+    assert_error(&r, 401, "unauthorized", "an escaped unknown pool");
+    for bad in ["prod%2Facme", "prod%2facme", "prod%00acme", "prod%zzacme", "prod%2", "prod%", "pr%4Fd-acme", "%2E%2E"]
+    {
+        for route in ["acquire", "some-slot/renew", "some-slot/release"] {
+            let what = format!("{bad} {route}");
+            let mut c = s.connect();
+            let r = exchange(&mut c, &post(&format!("/pools/{bad}/lock/{route}"), ACME_KEY, "", ""));
+            assert_error(&r, 400, "bad_request", &what);
+            assert!(r.json()["message"].as_str().unwrap().contains("pool name"), "{what}: {r:?}");
+            assert_answer_closes(&mut c, &r, &what);
+        }
+    }
+    // None of them holds a slot.
+    let r = exchange(&mut c, &post("/pools/prod-acme/lock/acquire", ACME_KEY, "", ""));
+    assert_eq!(r.header_u64("x-nthpool-remaining-slots"), 1, "{r:?}");
+}
+
 /// Sends a `HEAD` request with a probe pipelined behind it, and returns the
 /// head of the first answer and the bytes that follow it.
 fn head_then_probe(c: &mut TcpStream, target: &str, probe: &[u8]) -> (String, Vec<u8>) {

@@ -1,5 +1,6 @@
 //! The one table from "what went wrong" to status, `error` code and message.
 
+use super::route::BadEscape;
 use crate::access::AccessError;
 use crate::http::request::HeadError;
 use crate::http::response::{error_body, Status, Writer};
@@ -190,5 +191,11 @@ impl From<AccessError> for ApiError {
             }
             AccessError::Twice(why) => ApiError::BadRequest(why),
         }
+    }
+}
+
+impl From<BadEscape> for ApiError {
+    fn from(e: BadEscape) -> ApiError {
+        ApiError::BadRequest(e.message())
     }
 }

@@ -445,8 +445,34 @@ impl App {
         let pool = match route {
             Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. } => pool,
         };
-        let pid = self.gov.pool_id(pool).ok_or(UNKNOWN_POOL)?;
+        let pid = match self.gov.pool_id(pool) {
+            Some(pid) => pid,
+            None => self.escaped_pool(pool)?.ok_or(UNKNOWN_POOL)?,
+        };
         Ok((route, pid))
+    }
+
+    /// The pool a path's `{pool}` segment names: as it stands, else with
+    /// its percent-encoding decoded (`d%65mo` is `demo`). An escape that
+    /// can name no pool (not hex, or a byte no pool name holds) is an
+    /// error, never a look-up.
+    pub fn pool_in_path(&self, segment: &[u8]) -> Result<Option<PoolId>, route::BadEscape> {
+        match self.gov.pool_id(segment) {
+            Some(pid) => Ok(Some(pid)),
+            None => self.escaped_pool(segment),
+        }
+    }
+
+    /// `pool_in_path` for a segment no pool is named by as it stands: only
+    /// one holding a `%` is decoded, so a path without one pays a byte
+    /// search on its way to `401`, and a known pool's path nothing.
+    #[cold]
+    #[inline(never)]
+    fn escaped_pool(&self, segment: &[u8]) -> Result<Option<PoolId>, route::BadEscape> {
+        if !segment.contains(&b'%') {
+            return Ok(None);
+        }
+        Ok(route::decode_pool(segment)?.and_then(|name| self.gov.pool_id(name.as_bytes())))
     }
 
     /// Whether `head` is for the host the lock routes are served on (any
@@ -499,7 +525,7 @@ impl App {
         let route = route::route(head.path);
         let pool = match route {
             Some(Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. }) => {
-                self.gov.pool_id(pool)
+                self.pool_in_path(pool).ok().flatten()
             }
             None => None,
         };
@@ -513,7 +539,10 @@ impl App {
                 error: Some(error.code()),
                 ..history::Attempt::default()
             };
-            self.record_attempt(pool, std::str::from_utf8(name).ok(), client, line, ctx.started, true);
+            // A known pool's line goes under its own name, also when the
+            // path spelled it with percent-escapes.
+            let name = if pool.is_some() { None } else { std::str::from_utf8(name).ok() };
+            self.record_attempt(pool, name, client, line, ctx.started, true);
         }
     }
 
@@ -789,7 +818,7 @@ impl App {
         peer: IpAddr,
     ) -> Option<(PoolId, bool)> {
         let proxied = self.proxy_route(listener_pool, head);
-        let pid = proxied.or_else(|| self.gov.pool_id(route::pool_segment(head.path)?))?;
+        let pid = proxied.or_else(|| self.pool_in_path(route::pool_segment(head.path)?).ok().flatten())?;
         self.creds[pid.0 as usize].access.trusts_proxy(peer).then_some((pid, proxied.is_some()))
     }
 
@@ -899,8 +928,10 @@ impl App {
             history::Attempt { epoch_ms: now.wall().0, status, error: Some(code), ..history::Attempt::default() };
         // No pool is looked up: the line is the access log's only. A name
         // that is not UTF-8 (a refused request line) is logged all the
-        // same, its stray bytes as U+FFFD.
-        let name = String::from_utf8_lossy(pool);
+        // same, its stray bytes as U+FFFD; one spelled with percent-escapes
+        // is logged decoded, as a routed request's line names its pool.
+        let decoded = if pool.contains(&b'%') { route::decode_pool(pool).ok().flatten() } else { None };
+        let name = String::from_utf8_lossy(decoded.as_ref().map_or(pool, |name| name.as_bytes()));
         self.record_attempt(None, Some(&name), peer, line, started, false);
     }
 

@@ -45,6 +45,94 @@ pub fn pool_segment(path: &[u8]) -> Option<&[u8]> {
     (!pool.is_empty()).then_some(pool)
 }
 
+/// The longest pool name: a pool name is a DNS label (`config::is_dns_label`).
+pub const POOL_NAME_MAX: usize = 63;
+
+/// A pool segment with its percent-encoding decoded, in a fixed buffer: a
+/// segment that decodes to more than `POOL_NAME_MAX` bytes names no pool,
+/// so no name needs more room.
+#[derive(Clone, Copy)]
+pub struct DecodedName {
+    bytes: [u8; POOL_NAME_MAX],
+    len: u8,
+}
+
+impl DecodedName {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+/// Why a pool segment's percent-encoding can name no pool whatever the
+/// configuration says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadEscape {
+    /// A `%` not followed by two hex digits (RFC 3986 §2.1).
+    NotHex,
+    /// A `%XX` that stands for a byte no pool name holds (a `/`, a NUL, an
+    /// upper-case letter, anything but `a-z`, `0-9` and `-`).
+    NotInPoolNames,
+}
+
+impl BadEscape {
+    /// The sentence of the `400 bad_request` that refuses it.
+    pub fn message(self) -> &'static str {
+        match self {
+            BadEscape::NotHex => "The pool name in the path has a '%' that is not followed by two hex digits.",
+            BadEscape::NotInPoolNames => {
+                "The pool name in the path percent-encodes a character no pool name holds (only a-z, 0-9 and '-')."
+            }
+        }
+    }
+}
+
+/// `segment` (the `{pool}` of a path) with each `%XX` replaced by the byte
+/// it stands for, hex digits in either case: RFC 3986 §6.2.2.2 makes
+/// `d%65mo` and `demo` one name. `Ok(None)` when the name is longer than
+/// any pool's. Bytes that are not escaped are kept as they are; whether
+/// they name a pool is the look-up's business, as for a segment without
+/// `%`. Callers decode only a segment no pool is named by as it stands, so
+/// a request whose path holds no `%` never comes here.
+pub fn decode_pool(segment: &[u8]) -> Result<Option<DecodedName>, BadEscape> {
+    let hex = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    };
+    let mut name = DecodedName { bytes: [0; POOL_NAME_MAX], len: 0 };
+    let mut fits = true;
+    let mut rest = segment;
+    while let Some((&first, after)) = rest.split_first() {
+        let byte = match first {
+            b'%' => {
+                let high = after.first().copied().and_then(hex).ok_or(BadEscape::NotHex)?;
+                let low = after.get(1).copied().and_then(hex).ok_or(BadEscape::NotHex)?;
+                let byte = high << 4 | low;
+                if !(byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'-') {
+                    return Err(BadEscape::NotInPoolNames);
+                }
+                rest = &after[2..];
+                byte
+            }
+            other => {
+                rest = after;
+                other
+            }
+        };
+        // Past the longest name the rest is still read, so a bad escape
+        // anywhere in the segment is refused as such.
+        match name.bytes.get_mut(name.len as usize) {
+            Some(slot) if fits => {
+                *slot = byte;
+                name.len += 1;
+            }
+            _ => fits = false,
+        }
+    }
+    Ok(fits.then_some(name))
+}
+
 /// The length of the segment at the start of `rest` when a `/` ends it;
 /// `None` when the path ends first (a `?` or the end of the target).
 fn segment_len(rest: &[u8]) -> Option<usize> {
@@ -94,6 +182,36 @@ mod tests {
             "/pools",
         ] {
             assert_eq!(route(other.as_bytes()), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn percent_encoded_pool_names_decode_to_the_name() {
+        let decoded = |s: &str| decode_pool(s.as_bytes()).map(|n| n.map(|n| n.as_bytes().to_vec()));
+        for (segment, name) in [
+            ("d%65mo", "demo"),
+            ("%64%65%6D%6F", "demo"),
+            ("%64%65%6d%6f", "demo"),
+            ("prod%2Dacme", "prod-acme"),
+            ("prod%2dacme", "prod-acme"),
+            ("%30", "0"),
+            ("demo", "demo"),
+            // Bytes left as they are: the look-up finds no pool with them.
+            ("De%6Do", "Demo"),
+            ("a.b%2d", "a.b-"),
+        ] {
+            assert_eq!(decoded(segment), Ok(Some(name.as_bytes().to_vec())), "{segment}");
+        }
+        let longest = format!("{}%61", "a".repeat(POOL_NAME_MAX - 1));
+        assert_eq!(decoded(&longest), Ok(Some(vec![b'a'; POOL_NAME_MAX])));
+        let longer = format!("{}%61", "a".repeat(POOL_NAME_MAX));
+        assert_eq!(decoded(&longer), Ok(None), "longer than any pool name");
+        assert_eq!(decoded(&format!("{longer}%zz")), Err(BadEscape::NotHex), "read to its end");
+        for bad in ["%", "%6", "d%6", "%g5", "%6g", "%%65", "de%-1mo", "%+1", "%\u{e9}"] {
+            assert_eq!(decoded(bad), Err(BadEscape::NotHex), "{bad}");
+        }
+        for bad in ["%2F", "%2f", "%00", "%41", "%5F", "%2E", "%7E", "%20", "%25", "%3F", "%FF", "%C3%A9", "demo%0A"] {
+            assert_eq!(decoded(bad), Err(BadEscape::NotInPoolNames), "{bad}");
         }
     }
 

@@ -12,6 +12,7 @@
 use serde_json::{json, Value};
 
 use crate::api::proxy::path_without_query;
+use crate::api::route::BadEscape;
 use crate::api::{App, CredentialsAsked};
 use crate::ct::secret_eq;
 use crate::governor::history::Sample;
@@ -116,11 +117,20 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         return true;
     }
     if let Some(name) = pool_name(path, "/pools/") {
+        // An escape that can name no pool is refused whoever asks: it
+        // tells nothing of which pools exist.
+        let shown = match shown_pool(app, name) {
+            Ok(shown) => shown,
+            Err(e) => {
+                error(out, Status::BadRequest, "bad_request", e.message(), close);
+                return true;
+            }
+        };
         // The shell holds no data: without the token, any pool name gets it,
         // so the page does not tell who may not see the pools which exist.
         // An unknown pool's page is the shell too, as a 404: its script
         // finds the pool missing and says so in the page.
-        let status = if access(head, app) == Access::Granted && shown_pool(app, name).is_none() {
+        let status = if access(head, app) == Access::Granted && shown.is_none() {
             // A browser gets the page, which says so; any other client the
             // JSON error every other admin refusal is.
             if !accepts_html(head) {
@@ -153,9 +163,13 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
     let body = match path {
         "/api/pools" => pools_json(app),
         _ => match pool_name(path, "/api/pools/").map(|name| shown_pool(app, name)) {
-            Some(Some(pid)) => pool_json(app, pid, head.host),
-            Some(None) => {
+            Some(Ok(Some(pid))) => pool_json(app, pid, head.host),
+            Some(Ok(None)) => {
                 error(out, Status::NotFound, "not_found", "No such pool.", close);
+                return true;
+            }
+            Some(Err(e)) => {
+                error(out, Status::BadRequest, "bad_request", e.message(), close);
                 return true;
             }
             None => return false,
@@ -209,10 +223,13 @@ fn summary(app: &App, pool: &Pool) -> Value {
     })
 }
 
-/// The pool named `name`, unless it is unknown or a removed pool with
-/// nothing left to drain (`Pool::drained_away`).
-fn shown_pool(app: &App, name: &str) -> Option<PoolId> {
-    app.governor().pool_id(name).filter(|&pid| !app.governor().pool(pid).drained_away())
+/// The pool the path segment `name` names (percent-escapes decoded, as on
+/// the lock routes), unless it is unknown or a removed pool with nothing
+/// left to drain (`Pool::drained_away`); an error for an escape that can
+/// name no pool.
+fn shown_pool(app: &App, name: &str) -> Result<Option<PoolId>, BadEscape> {
+    let pid = app.pool_in_path(name.as_bytes())?;
+    Ok(pid.filter(|&pid| !app.governor().pool(pid).drained_away()))
 }
 
 fn pools_json(app: &App) -> Value {

@@ -180,7 +180,9 @@ frontend api
     # The regex keeps the shortest name that leaves at most one dot and a port.
     http-request set-var(txn.pool) 'req.hdr(host),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map($DIR/hosts.map)' if !{ url_beg -i http:// https:// }
     http-request set-var(txn.pool) 'url,field(3,/),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map($DIR/hosts.map)' if { url_beg -i http:// https:// }
-    http-request set-var(txn.pool) path,field(3,/) if !{ var(txn.pool) -m found } { path_beg /pools/ }
+    # The pool segment is percent-decoded as nthpool decodes it (\`d%65mo\` is
+    # \`demo\`), so both spellings are placed with the one pool.
+    http-request set-var(txn.pool) path,field(3,/),url_dec if !{ var(txn.pool) -m found } { path_beg /pools/ }
     # The pool this request is placed by, for the instance to check against the
     # pool it reaches there (empty when the map named none): a Host that an
     # instance routes to a pool but this map does not (a map older than the

@@ -192,6 +192,61 @@ fn a_64_mb_upload_to_a_slow_upstream_keeps_server_memory_bounded() {
     assert!(grown_mib < 16, "server memory grew by {grown_mib} MiB relaying a 64 MB upload to a slow upstream");
 }
 
+#[test]
+fn an_upstream_reading_a_large_upload_steadily_is_not_taken_for_one_that_stalled() {
+    const KIB: usize = 1024;
+    const TOTAL: usize = 4 * 1024 * KIB;
+    // The upstream takes 64 KiB every 40 ms (about 1.6 MB/s, 2.6 s for the
+    // whole upload), never pausing for anything near the 800 ms `timeoutMs`.
+    // The kernel's send buffer to it may grow to megabytes: what sits there
+    // unsent must not hide the upstream's progress from the timeout.
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(64 * KIB).unwrap();
+    socket.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    socket.listen(8).unwrap();
+    let listener: std::net::TcpListener = socket.into();
+    let addr = listener.local_addr().unwrap();
+    let upstream = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut buf = vec![0u8; 64 * KIB];
+        let (mut head, mut head_len, mut read) = (Vec::new(), None, 0usize);
+        while head_len.is_none_or(|h| read - h < TOTAL) {
+            let n = s.read_some(&mut buf).unwrap();
+            if n == 0 {
+                return read.saturating_sub(head_len.unwrap_or(read));
+            }
+            read += n;
+            if head_len.is_none() {
+                head.extend_from_slice(&buf[..n]);
+                head_len = head.windows(4).position(|w| w == b"\r\n\r\n").map(|end| end + 4);
+            }
+            std::thread::sleep(Duration::from_millis(40));
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").unwrap();
+        TOTAL
+    });
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":1,"adaptive":false,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"],"timeoutMs":800,"maxRequestBytes":{TOTAL}}}"#
+        ),
+        "",
+    ));
+    let mut s = server.connect();
+    let mut writer = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let head =
+            format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {TOTAL}\r\n\r\n");
+        writer.write_all(head.as_bytes()).unwrap();
+        // Fails once the server answers and closes: what it said is read below.
+        let _ = writer.write_all(&vec![b'u'; TOTAL]);
+    });
+    let answer = read_head(&mut s);
+    assert!(answer.starts_with(b"HTTP/1.1 200 "), "{}", String::from_utf8_lossy(&answer));
+    assert_eq!(upstream.join().unwrap(), TOTAL, "the upstream got the whole upload");
+    sender.join().unwrap();
+}
+
 /// Everything the server sends on `s` until it closes the connection.
 fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

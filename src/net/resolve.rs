@@ -375,6 +375,26 @@ pub struct Dial {
     last_error: Option<io::Error>,
 }
 
+/// The most of a request that may wait unsent in the kernel's send buffer
+/// of an upstream connection: what the proxy holds of a client's body (64 KiB).
+pub const UPSTREAM_UNSENT_MAX: u32 = 64 * 1024;
+
+/// Keeps at most `UPSTREAM_UNSENT_MAX` bytes unsent in the socket's send
+/// buffer (`TCP_NOTSENT_LOWAT`), so the socket turns writable as the
+/// upstream reads, not once the megabytes the kernel lets the buffer grow
+/// to have drained. The proxy restarts `timeoutMs` on each piece of a body
+/// it passes on: an upstream that reads a large upload steadily, but slowly,
+/// is then seen to make progress, and one that stops is told apart. Bytes
+/// sent and not yet acknowledged are not limited, so throughput is not.
+fn limit_unsent(stream: &TcpStream) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_notsent_lowat(UPSTREAM_UNSENT_MAX) {
+        log::debug!("TCP_NOTSENT_LOWAT not set on an upstream connection: {e}");
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = stream;
+}
+
 /// What became of a connect in progress, once its socket turned writable.
 #[derive(Debug)]
 pub enum DialState {
@@ -395,7 +415,10 @@ impl Dial {
         while let Some(&addr) = self.addrs.get(self.next) {
             self.next += 1;
             match TcpStream::connect(addr) {
-                Ok(stream) => return Ok((stream, addr)),
+                Ok(stream) => {
+                    limit_unsent(&stream);
+                    return Ok((stream, addr));
+                }
                 Err(e) => self.failed(addr, e),
             }
         }

@@ -369,6 +369,18 @@ fn expect_continue_interim_answers_and_upgrades() {
     let r = exchange(&server, &proxied("GET", "/ws", "Connection: Upgrade\r\nUpgrade: websocket\r\n", ""));
     assert_eq!((r.status, r.error_code().as_str()), (501, "not_implemented"), "{r:?}");
     assert_eq!(up.seen().len(), before);
+    let r = exchange(&server, &proxied("GET", "/ws", "Connection: Upgrade\r\nUpgrade: h2c, websocket\r\n", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (501, "not_implemented"), "{r:?}");
+    assert_eq!(up.seen().len(), before);
+    // An offer of cleartext HTTP/2 alone (curl --http2, Java's HttpClient) is
+    // ignored: the request goes on in HTTP/1.1, the offer not forwarded.
+    let h2c = "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n";
+    let r = exchange(&server, &proxied("GET", "/v1/models", h2c, ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"got "[..]), "{r:?}");
+    let seen = up.seen();
+    let last = seen.last().unwrap();
+    assert!(last.header("upgrade").is_none() && last.header("http2-settings").is_none(), "{last:?}");
+    let before = seen.len();
     // So is TRACE, which an upstream answers by echoing what it got,
     // managed credentials included.
     let r = exchange(&server, &proxied("TRACE", "/echo", "", ""));

@@ -136,7 +136,12 @@ impl App {
         if !creds.access.is_open() {
             creds.access.check_head(head, client, ctx.now.wall())?;
         }
-        if head.header("upgrade").is_some() {
+        // An offer of cleartext HTTP/2 alone (`Upgrade: h2c`, what curl
+        // `--http2` and Java's HttpClient send on `http://`) is ignored, as
+        // RFC 9110 §7.8 lets a server do: the exchange goes on in HTTP/1.1
+        // and the offer, hop-by-hop, is not forwarded. Any other protocol
+        // (a WebSocket) expects the switch, which is not relayed.
+        if head.headers.into_iter().any(|h| h.name.eq_ignore_ascii_case(b"upgrade") && !offers_only_h2c(h.value)) {
             return Err(ApiError::NotImplemented("Protocol upgrades are not relayed by the proxy."));
         }
         // An upstream answering TRACE echoes the request it got, `setHeaders`
@@ -281,4 +286,10 @@ fn method_and_path<'h>(head: &Head<'h>) -> (&'h str, &'h str) {
 /// `/v1/chat?key=x` → `/v1/chat`: queries may carry secrets.
 pub fn path_without_query(target: &str) -> &str {
     target.split_once('?').map_or(target, |(p, _)| p)
+}
+
+/// Whether an `Upgrade` value offers cleartext HTTP/2 and nothing else.
+fn offers_only_h2c(value: &[u8]) -> bool {
+    let mut protocols = value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|p| !p.is_empty()).peekable();
+    protocols.peek().is_some() && protocols.all(|p| p.eq_ignore_ascii_case(b"h2c"))
 }

@@ -296,7 +296,13 @@ pub fn take_response(
         let fields = headers.iter().filter_map(|h| Some((h.name, std::str::from_utf8(h.value).ok()?)));
         ratelimit::parse_headers(fields, now_epoch_ms)
     };
-    let keep_alive = !framing.close && (resp.version == Some(1) || framing.keep);
+    // A head framed two ways (`Content-Length` beside `Transfer-Encoding`, or
+    // `chunked` named twice) is relayed by its final coding, but RFC 9112
+    // §6.3 calls it a sign of smuggling to be handled as an error: where the
+    // upstream thinks its body ends is in doubt, so its connection is not
+    // used again.
+    let ambiguous = framing.codings > 0 && framing.length.is_some() || framing.chunked_named > 1;
+    let keep_alive = !framing.close && !ambiguous && (resp.version == Some(1) || framing.keep);
     Ok(Some((ResponseHead { status, len, body, keep_alive, rate }, to_client)))
 }
 
@@ -307,6 +313,9 @@ struct FramingFields {
     chunked: bool,
     /// A transfer coding other than `chunked` is named.
     other_coding: bool,
+    /// Transfer codings named, and how many of them are `chunked`.
+    codings: usize,
+    chunked_named: usize,
     length: Option<u64>,
     /// `Connection: close`, and `keep-alive` (which an HTTP/1.0 upstream needs).
     close: bool,
@@ -322,6 +331,8 @@ impl FramingFields {
                     // Only a final `chunked` frames the body; anything after it does not.
                     f.chunked = coding.eq_ignore_ascii_case(b"chunked");
                     f.other_coding |= !f.chunked;
+                    f.codings += 1;
+                    f.chunked_named += usize::from(f.chunked);
                 }
             } else if h.name.eq_ignore_ascii_case("content-length") {
                 // The rules a request's length is read by: a leading zero the
@@ -559,6 +570,26 @@ mod tests {
         let (head, body, text) = respond(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n", head_req);
         assert_eq!((head.body, body), (ResponseBody::None, ClientBody::None));
         assert!(text.contains("Content-Length: 99\r\n"), "{text}");
+    }
+
+    #[test]
+    fn a_response_framed_two_ways_is_relayed_by_its_coding_and_its_connection_not_kept() {
+        for raw in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+        ] {
+            let (head, body, text) = respond(raw, CLIENT);
+            let case = String::from_utf8_lossy(raw);
+            assert_eq!(
+                (head.body, body, head.keep_alive),
+                (ResponseBody::Chunked, ClientBody::Chunked, false),
+                "{case}"
+            );
+            assert!(!text.contains("Content-Length"), "{text}");
+        }
+        let (head, _, _) = respond(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", CLIENT);
+        assert!(head.keep_alive, "one chunked coding alone keeps the connection");
     }
 
     #[test]

@@ -404,9 +404,14 @@ fn write_client_head(out: &mut Vec<u8>, resp: &httparse::Response, to: ToClient,
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             framing_passes || to.codings_pass
         } else {
-            // The governor headers are this server's own: an upstream's are not relayed.
-            !is_hop_by_hop(h.name.as_bytes())
-                && !is_nthpool_field(h.name.as_bytes())
+            // The governor headers are this server's own: an upstream's are
+            // not relayed, in the `_` spelling either (a client that maps
+            // names to variables would take it for one).
+            let mut spelled = [0u8; DASHED_MAX];
+            let name = h.name.as_bytes();
+            !is_hop_by_hop(name)
+                && !is_nthpool_field(name)
+                && !dashed(name, &mut spelled).is_some_and(is_nthpool_field)
                 && !connection.lists(h.name.as_bytes(), fields())
         };
         if forwarded {
@@ -594,9 +599,11 @@ mod tests {
 
     #[test]
     fn an_upstreams_own_governor_headers_are_not_relayed() {
-        let raw = b"HTTP/1.1 200 OK\r\nX-Nthpool-Effective-Limit: 999\r\nx-nthpool-limit: 7\r\nX-Up: 1\r\n\r\n";
+        let raw = b"HTTP/1.1 200 OK\r\nX-Nthpool-Effective-Limit: 999\r\nx-nthpool-limit: 7\r\nX-Up: 1\r\n\
+            X_Nthpool_Queue_Depth: 555\r\nx_nthpool-limit: 666\r\n\r\n";
         let (_, _, text) = respond(raw, CLIENT);
         assert!(!text.contains("999") && !text.contains(": 7\r\n") && !text.contains("Effective"), "{text}");
+        assert!(!text.contains("555") && !text.contains("666"), "the `_` spelling is dropped too: {text}");
         assert!(text.contains("X-Up: 1\r\n") && text.contains("x-nthpool-limit: 4\r\n"), "{text}");
     }
 

@@ -60,11 +60,7 @@ pub struct Ctx {
 pub struct Attempt {
     pub pool: PoolId,
     pub client: IpAddr,
-    /// The wait budget as the client asked it.
     pub wait_ms: u64,
-    /// The wait the server applies: `wait_ms` clamped to the pool's queue
-    /// timeout as it stood when the attempt began (see `App::applied_wait`).
-    pub applied_wait_ms: u32,
     /// When the server started on the request (the reactor turn it arrived in).
     pub started: Instant,
 }
@@ -323,16 +319,6 @@ impl App {
         self.latency.resize_with(pools, Histogram::acquire_us);
         self.history.resize_with(pools, Default::default);
         self.rejections.set_pools(pools);
-    }
-
-    /// The wait budget `wait_ms` as `pid`'s governor applies it: clamped
-    /// to the pool's queue timeout. A fail-fast acquire (0) looks nothing up.
-    fn applied_wait(&self, pid: PoolId, wait_ms: u64) -> u32 {
-        match wait_ms {
-            0 => 0,
-            // A queue timeout is at most a week (`config::MAX_DURATION_MS`).
-            asked => asked.min(self.gov.pool(pid).settings.queue_timeout_ms).min(u32::MAX as u64) as u32,
-        }
     }
 
     /// The current turn's time.
@@ -649,8 +635,7 @@ impl App {
                 if head.api.moved() && self.moved_by_trusted_proxy(pid, ctx.peer) {
                     wait_ms = 0;
                 }
-                let applied_wait_ms = self.applied_wait(pid, wait_ms);
-                let attempt = Attempt { pool: pid, client: addr, wait_ms, applied_wait_ms, started: ctx.started };
+                let attempt = Attempt { pool: pid, client: addr, wait_ms, started: ctx.started };
                 let (owner, now) = (ctx.conn.owner(), ctx.now.ms);
                 let admission = match head.api.idempotency_key() {
                     None => self.gov.acquire(pid, attempt.wait_ms, owner, now),
@@ -1133,7 +1118,6 @@ fn acquire_line(
         error,
         reason,
         wait_ms: attempt.wait_ms,
-        applied_wait_ms: attempt.applied_wait_ms,
         queued_ms,
         server_us: 0,
         slot_ref,
@@ -1153,7 +1137,6 @@ fn queued_end_line(attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'s
         error: Some(code),
         reason: None,
         wait_ms: attempt.wait_ms,
-        applied_wait_ms: attempt.applied_wait_ms,
         // The attempt started in the turn its request arrived, so this is
         // the time spent queued (to the turn's precision).
         queued_ms: crate::time::millis(attempt.started.elapsed()),

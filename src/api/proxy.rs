@@ -158,8 +158,7 @@ impl App {
             None => default_wait,
             Some(_) => wait_budget(head, &[])?,
         };
-        let applied_wait_ms = self.applied_wait(pid, wait_ms);
-        let attempt = Attempt { pool: pid, client, wait_ms, applied_wait_ms, started: ctx.started };
+        let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
         let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
         if let Admission::Denied(denial) = &admission {
             let line = method_and_path(head);
@@ -248,7 +247,6 @@ impl App {
             error: line.error,
             reason: line.deny_reason,
             wait_ms: attempt.wait_ms,
-            applied_wait_ms: attempt.applied_wait_ms,
             queued_ms: line.queued_ms,
             server_us: crate::time::micros(attempt.started.elapsed()),
             slot_ref: line.slot_ref,
@@ -267,7 +265,7 @@ impl App {
     /// answered into `out`, counted, and logged with its method and path.
     pub fn refuse_proxied(&mut self, ctx: &Ctx, pid: PoolId, head: &Head, error: ApiError, out: &mut Vec<u8>) {
         self.write_error_of(Some(pid), out, error, ctx.close, b"");
-        let attempt = Attempt { pool: pid, client: ctx.peer, wait_ms: 0, applied_wait_ms: 0, started: ctx.started };
+        let attempt = Attempt { pool: pid, client: ctx.peer, wait_ms: 0, started: ctx.started };
         let line = ProxiedLine::refused(method_and_path(head), error.status().code(), error.code(), 0);
         self.log_proxied(&attempt, ctx.now.wall(), &line);
     }

@@ -288,7 +288,10 @@ fn pool_json(app: &App, pid: PoolId, reached_as: Option<&[u8]>) -> Value {
                 "error": a.error,
                 "denyReason": a.reason.map(DenyReason::as_str),
                 "waitMs": a.wait_ms,
-                "appliedWaitMs": a.applied_wait_ms,
+                // Clamped as the governor clamps it, by the queue timeout
+                // (as it is now: a reload may have changed it since): worked
+                // out here, so no request pays for what only this page shows.
+                "appliedWaitMs": a.wait_ms.min(s.queue_timeout_ms),
                 "queuedMs": a.queued_ms,
                 "serverUs": a.server_us,
                 "slotRef": a.slot_ref.map(|r| format!("#{r:08x}")),

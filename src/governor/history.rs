@@ -118,10 +118,6 @@ pub struct Attempt {
     pub reason: Option<DenyReason>,
     /// The wait budget as the client asked it (what the access log says).
     pub wait_ms: u64,
-    /// The wait the server applied: `wait_ms` clamped to the pool's queue
-    /// timeout (what the dashboard shows). A queue timeout is at most a week
-    /// (`config::MAX_DURATION_MS`), so 32 bits hold it, in what was padding.
-    pub applied_wait_ms: u32,
     pub queued_ms: u64,
     pub server_us: u64,
     pub slot_ref: Option<u32>,

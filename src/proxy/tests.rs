@@ -69,13 +69,8 @@ impl Rig {
     /// it: to an idle connection when there is one, else to a new one.
     fn open(&mut self) -> usize {
         let (request, _) = request_relay(BodyFraming::Length(5), 1 << 20);
-        let attempt = Attempt {
-            pool: POOL,
-            client: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            wait_ms: 0,
-            applied_wait_ms: 0,
-            started: Instant::now(),
-        };
+        let attempt =
+            Attempt { pool: POOL, client: IpAddr::V4(Ipv4Addr::LOCALHOST), wait_ms: 0, started: Instant::now() };
         let new = NewExchange {
             client: (0, 0),
             pool: POOL,

@@ -206,6 +206,14 @@ fn every_request_of_a_pool_lands_on_one_instance() {
         let released = cluster.request(&post(&format!("/pools/{pool}/lock/{slot}/release"), KEY, "", ""));
         assert_eq!(released.json()["released"], true);
         let again = cluster.request(&acquire);
+        // The pool's name percent-encoded in the path is the same pool to the
+        // instance, so HAProxy places it by the decoded name too.
+        let escaped = format!("%{:02X}{}", pool.as_bytes()[0], &pool[1..]);
+        let spelled = cluster.request(&post(&format!("/pools/{escaped}/lock/acquire"), KEY, "", ""));
+        assert_eq!(spelled.status, 200, "{spelled:?}");
+        let spelled_slot = spelled.slot();
+        let freed = cluster.request(&post(&format!("/pools/{escaped}/lock/{spelled_slot}/release"), KEY, "", ""));
+        assert_eq!(freed.json()["released"], true, "{freed:?}");
         // Proxy traffic of the pool, routed by its Host.
         let proxied: Vec<Response> = ["/v1/models", "/pools/elsewhere/lock/acquire"]
             .iter()
@@ -234,8 +242,11 @@ fn every_request_of_a_pool_lands_on_one_instance() {
         for p in &proxied {
             assert_eq!(p.status, 200, "proxied for {pool}: {p:?}");
         }
-        let seen: Vec<String> =
-            [&granted, &renewed, &released, &again].into_iter().chain(&proxied).map(instance).collect();
+        let seen: Vec<String> = [&granted, &renewed, &released, &again, &spelled, &freed]
+            .into_iter()
+            .chain(&proxied)
+            .map(instance)
+            .collect();
         assert!(seen.iter().all(|i| *i == seen[0]), "{pool} was served by {seen:?}");
         served_by.insert(pool.clone(), seen[0].clone());
     }
@@ -245,12 +256,12 @@ fn every_request_of_a_pool_lands_on_one_instance() {
         per_pool * pools.len() as u64,
         "every proxied request reached the upstream"
     );
-    // Each instance's own counters agree: a pool's grants (two lock acquires,
-    // the proxied requests) are all on its instance.
+    // Each instance's own counters agree: a pool's grants (three lock
+    // acquires, the proxied requests) are all on its instance.
     for (pool, owner) in &served_by {
         for n in 1..=3u16 {
             let grants = cluster.metric(n, &format!("nthpool_grants_total{{pool=\"{pool}\"}}"));
-            let expected = if *owner == format!("n{n}") { 2 + per_pool } else { 0 };
+            let expected = if *owner == format!("n{n}") { 3 + per_pool } else { 0 };
             assert_eq!(grants, expected, "{pool} (served by {owner}) on n{n}");
         }
     }

@@ -178,6 +178,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
                 remaining,
                 reset_ms,
                 reset_coarse: false,
+                reset_instant: false,
                 token_limit: tokens.0,
                 token_remaining: tokens.1,
                 token_reset_ms: tokens.2,

@@ -56,6 +56,10 @@ pub struct RateInfo {
     /// a second's boundary, or whole seconds from now): rounded up, the
     /// window may end up to a second before it.
     pub reset_coarse: bool,
+    /// The reset named an instant on a second's boundary (a date, epoch
+    /// seconds): `now + reset` is that instant whenever the headers were
+    /// stamped, where seconds to go count from the stamp.
+    pub reset_instant: bool,
     /// Tokens allowed in the token window.
     pub token_limit: Option<u64>,
     /// Tokens still allowed before the token window resets.
@@ -338,6 +342,11 @@ pub struct Learning {
     /// earliest ends its reports allow (0: no report said it yet).
     #[serde(default)]
     pub budget_not_before: Ms,
+    /// The earliest `now + reset` the budget's reports said: its end if they
+    /// were stamped at the response (`budget.reset_at` is the end as best
+    /// told, which for reports stamped at admission counts from the grant).
+    #[serde(default)]
+    pub budget_latest: Ms,
     /// The newest lease (its grant count) whose report said the budget.
     #[serde(default)]
     pub budget_seq: u64,
@@ -388,6 +397,7 @@ impl Learning {
             ended_reset_at: 0,
             reset_guessed: false,
             budget_not_before: 0,
+            budget_latest: 0,
             budget_seq: 0,
             budget_limit_seq: 0,
             token_block_until: 0,
@@ -444,6 +454,7 @@ impl Learning {
             budget: self.budget.map(|b| Budget { reset_at: at(b.reset_at), ..b }),
             ended_reset_at: at(self.ended_reset_at),
             budget_not_before: at(self.budget_not_before),
+            budget_latest: at(self.budget_latest),
             token_block_until: at(self.token_block_until),
             successes_since: at(self.successes_since),
             start: match self.start {
@@ -482,6 +493,7 @@ impl Learning {
             window_ms: self.window_ms.min(MAX_BUDGET_WINDOW_MS),
             ended_reset_at: self.ended_reset_at.min(horizon),
             budget_not_before: self.budget_not_before.min(horizon),
+            budget_latest: self.budget_latest.min(horizon),
             token_block_until: self.token_block_until.min(horizon),
             successes_since: self.successes_since.min(now),
             ..self
@@ -869,8 +881,10 @@ impl Learning {
     /// `now + reset` in every report; stamped at admission, each report's
     /// lands a service time later than the window's end.
     fn vote_stamp(&mut self, latest: Ms) {
-        let Some(b) = self.budget else { return };
-        let vote = if latest.abs_diff(b.reset_at) <= REORDER_MS { 1 } else { -1 };
+        if self.budget.is_none() {
+            return;
+        }
+        let vote = if latest.abs_diff(self.budget_latest) <= REORDER_MS { 1 } else { -1 };
         self.stamp_votes = (self.stamp_votes + vote).clamp(-STAMP_VOTES, STAMP_VOTES);
     }
 
@@ -928,6 +942,14 @@ impl Learning {
         // window was taken to end is an estimate, and the next window's
         // reports reset a whole window later.
         if earliest < self.ended_reset_at.saturating_add(self.window_ms / 2) && self.ended_reset_at > 0 {
+            // Refused for the window taken to have ended, by a call granted
+            // after that end: the window had not ended. Its end was counted
+            // from the grants, so the reports are stamped at the response,
+            // later than the grant by the call (or the way to the upstream
+            // is longer than the margin): from now on it counts from `now`.
+            if remaining == 0 && lease.granted_at >= self.ended_reset_at && latest > self.ended_reset_at {
+                self.stamp_votes = STAMP_VOTES;
+            }
             return None;
         }
         let _ = self.on_budget_reset(now);
@@ -946,6 +968,16 @@ impl Learning {
             self.vote_stamp(latest);
         }
         let left = if refused { remaining } else { remaining.saturating_sub(self.unseen_grants(lease, now)) };
+        // Where the window ends, as best told. Stamped at the response,
+        // every report says it as `now + reset`. Stamped at admission (as the
+        // votes say, or as whole seconds are taken to be, since they cannot
+        // vote: an end counted from the grant is then never early, a
+        // rounded-up second being longer than the rest of the window), a
+        // report's reset counts from its call's way to the upstream, which
+        // began at the grant: `now + reset` would end the window a whole call
+        // late, and keep the budget shut that long in every window.
+        let from_grant = !rate.reset_instant && (self.stamp_votes < 0 || (coarse && self.stamp_votes == 0));
+        let end = if from_grant { (lease.granted_at + reset + REORDER_MS).min(latest) } else { latest };
         match &mut self.budget {
             Some(b) if same_window => {
                 self.budget_not_before = self.budget_not_before.max(earliest);
@@ -964,8 +996,16 @@ impl Learning {
                     b.remaining = b.remaining.min(left);
                 }
                 let guessed = std::mem::take(&mut self.reset_guessed);
-                let moved = latest < b.reset_at || guessed && latest != b.reset_at;
-                b.reset_at = if guessed { latest } else { b.reset_at.min(latest) };
+                self.budget_latest = if guessed { latest } else { self.budget_latest.min(latest) };
+                let told = match () {
+                    _ if guessed => end,
+                    // Stamped at the response: an end counted from a grant
+                    // before the votes said so was early.
+                    _ if !from_grant => self.budget_latest,
+                    _ => b.reset_at.min(end),
+                };
+                let moved = told != b.reset_at;
+                b.reset_at = told;
                 moved.then_some(b.reset_at)
             }
             _ => {
@@ -975,12 +1015,13 @@ impl Learning {
                 if let Some(b) = self.budget.filter(|_| !self.reset_guessed) {
                     self.ended_reset_at = b.reset_at;
                 }
-                self.budget = Some(Budget { remaining: left, reset_at: latest });
+                self.budget = Some(Budget { remaining: left, reset_at: end });
+                self.budget_latest = latest;
                 self.budget_not_before = earliest;
                 self.budget_seq = lease.grant_seq;
                 self.reset_guessed = false;
                 self.pace = None;
-                Some(latest)
+                Some(end)
             }
         }
     }
@@ -1210,6 +1251,53 @@ mod tests {
         assert_eq!(l.budget().unwrap().remaining, 20);
     }
 
+    /// Seconds to go, stamped when the upstream admitted the call: the
+    /// window ends that long after the call reached it, just after its
+    /// grant, not after its report (a whole call later, every window).
+    #[test]
+    fn seconds_to_go_count_from_the_grant() {
+        let mut l = Learning::new(20, true);
+        // The window ends at 6 000. Admitted at 1 000: 5 s to go (rounded
+        // up from 5 000); reported when its 1 s call ended.
+        let first = grant(&mut l, 1000);
+        l.on_report(&said(60, 40, 5000), about(first, 0), 2000);
+        assert_eq!(l.budget(), Some(Budget { remaining: 40, reset_at: 6000 + REORDER_MS }));
+        assert_eq!(l.budget_latest, 7000, "where the report alone would put it");
+        // Admitted at 1 300, 4.7 s to go read as 5: no later end.
+        let second = grant(&mut l, 1300);
+        l.on_report(&said(60, 30, 5000), about(second, 0), 2300);
+        assert_eq!(l.budget().unwrap().reset_at, 6000 + REORDER_MS);
+        // A date is the instant itself, whenever it was stamped.
+        let mut dated = Learning::new(20, true);
+        let lease = grant(&mut dated, 1000);
+        let date = RateInfo { reset_instant: true, ..said(60, 40, 4000).rate };
+        dated.on_report(&Outcome { rate: date, ..ok() }, about(lease, 0), 2000);
+        assert_eq!(dated.budget().unwrap().reset_at, 6000);
+    }
+
+    /// Stamped at the response instead, seconds to go counted from the
+    /// grant end the window a call early: the first call refused for the
+    /// window taken to have ended says so, and ends are counted from the
+    /// reports after that.
+    #[test]
+    fn a_window_reopened_early_turns_its_ends_to_the_reports() {
+        let mut l = Learning::new(20, true);
+        // The window ends at 6 000; answered at 2 000 with 4 s to go.
+        let first = grant(&mut l, 1000);
+        l.on_report(&said(10, 0, 4000), about(first, 0), 2000);
+        assert_eq!(l.budget().unwrap().reset_at, 5000 + REORDER_MS, "counted from the grant: early");
+        // Refilled at its end; the next call is refused: the old window still runs.
+        assert!(l.on_budget_reset(5100).is_some());
+        let early = grant(&mut l, 5100);
+        let refused = Outcome { status: Some(429), throttled: 1, ..said(10, 0, 1000) };
+        l.on_report(&refused, about(early, 0), 5120);
+        assert_eq!(l.stamp_votes, STAMP_VOTES);
+        // The next window's reports put its end at `now + reset`.
+        let next = grant(&mut l, 6100);
+        l.on_report(&said(10, 8, 5000), about(next, 0), 7000);
+        assert_eq!(l.budget().unwrap().reset_at, 12_000);
+    }
+
     /// A reset given as a date in whole seconds: a window ending on a
     /// second's boundary reads as that second in one report and the next in
     /// another. The later date is the same window, not a new one that would
@@ -1223,6 +1311,7 @@ mod tests {
                 remaining: Some(remaining),
                 reset_ms: Some(reset_ms),
                 reset_coarse: true,
+                reset_instant: true,
                 ..RateInfo::default()
             },
             ..ok()

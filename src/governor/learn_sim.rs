@@ -200,6 +200,7 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
                     remaining: headers.map(|h| h.0 as u64),
                     reset_ms: headers.map(|h| h.1).filter(|&r| r > 0),
                     reset_coarse: up.date_phase_ms.is_some(),
+                    reset_instant: up.date_phase_ms.is_some(),
                     retry_after_ms: hint.filter(|_| !c.ok),
                     ..RateInfo::default()
                 }

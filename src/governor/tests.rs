@@ -67,6 +67,7 @@ const OK: Outcome = Outcome {
         remaining: None,
         reset_ms: None,
         reset_coarse: false,
+        reset_instant: false,
         token_limit: None,
         token_remaining: None,
         token_reset_ms: None,

@@ -95,6 +95,7 @@ pub fn parse_headers<'a, I: IntoIterator<Item = (&'a str, &'a str)>>(headers: I,
         reset_ms: request.reset,
         // An instant on a second's boundary, or whole seconds from now.
         reset_coarse: request.reset.is_some_and(|r| r % 1000 == 0 || now.saturating_add(r) % 1000 == 0),
+        reset_instant: request.reset.is_some_and(|r| now.saturating_add(r) % 1000 == 0),
         token_limit: token.limit,
         token_remaining: token.remaining,
         token_reset_ms: token.reset,
@@ -485,6 +486,12 @@ mod tests {
         assert!(coarse("x-ratelimit-reset", "1696004850", NOW + 7));
         assert!(!coarse("x-ratelimit-reset-requests", "5.25s", NOW + 7));
         assert!(!coarse("x-ratelimit-remaining", "5", NOW));
+        // Of those, an instant is one whenever it was said; seconds to go count from the stamp.
+        let instant = |name: &str, v: &str, now: u64| parse_headers([(name, v)], now).reset_instant;
+        assert!(instant(date, "2023-09-29T16:27:37Z", NOW + 123));
+        assert!(instant("x-ratelimit-reset", "1696004850", NOW + 7));
+        assert!(!instant("ratelimit-reset", "5", NOW + 7));
+        assert!(!instant("x-ratelimit-reset-requests", "5.25s", NOW + 7));
     }
 
     #[test]

@@ -342,11 +342,6 @@ pub struct Learning {
     /// earliest ends its reports allow (0: no report said it yet).
     #[serde(default)]
     pub budget_not_before: Ms,
-    /// The earliest `now + reset` the budget's reports said: its end if they
-    /// were stamped at the response (`budget.reset_at` is the end as best
-    /// told, which for reports stamped at admission counts from the grant).
-    #[serde(default)]
-    pub budget_latest: Ms,
     /// The newest lease (its grant count) whose report said the budget.
     #[serde(default)]
     pub budget_seq: u64,
@@ -397,7 +392,6 @@ impl Learning {
             ended_reset_at: 0,
             reset_guessed: false,
             budget_not_before: 0,
-            budget_latest: 0,
             budget_seq: 0,
             budget_limit_seq: 0,
             token_block_until: 0,
@@ -454,7 +448,6 @@ impl Learning {
             budget: self.budget.map(|b| Budget { reset_at: at(b.reset_at), ..b }),
             ended_reset_at: at(self.ended_reset_at),
             budget_not_before: at(self.budget_not_before),
-            budget_latest: at(self.budget_latest),
             token_block_until: at(self.token_block_until),
             successes_since: at(self.successes_since),
             start: match self.start {
@@ -493,7 +486,6 @@ impl Learning {
             window_ms: self.window_ms.min(MAX_BUDGET_WINDOW_MS),
             ended_reset_at: self.ended_reset_at.min(horizon),
             budget_not_before: self.budget_not_before.min(horizon),
-            budget_latest: self.budget_latest.min(horizon),
             token_block_until: self.token_block_until.min(horizon),
             successes_since: self.successes_since.min(now),
             ..self
@@ -881,10 +873,8 @@ impl Learning {
     /// `now + reset` in every report; stamped at admission, each report's
     /// lands a service time later than the window's end.
     fn vote_stamp(&mut self, latest: Ms) {
-        if self.budget.is_none() {
-            return;
-        }
-        let vote = if latest.abs_diff(self.budget_latest) <= REORDER_MS { 1 } else { -1 };
+        let Some(b) = self.budget else { return };
+        let vote = if latest.abs_diff(b.reset_at) <= REORDER_MS { 1 } else { -1 };
         self.stamp_votes = (self.stamp_votes + vote).clamp(-STAMP_VOTES, STAMP_VOTES);
     }
 
@@ -938,17 +928,35 @@ impl Learning {
         self.window_ms = self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset });
         let earliest = (lease.granted_at + reset).saturating_sub(slack);
         let latest = now + reset;
+        // Whole seconds to go, from a header (`x-ratelimit-reset: 5`), may
+        // have been stamped when the upstream admitted the call, as SPEC §7's
+        // upstream stamps them: the window then ends that long after the
+        // call reached the upstream, just after its grant, and `now + reset`
+        // would end it a whole call late, the budget shut that long in every
+        // window. Such seconds cannot vote (a second's rounding hides a call
+        // time), so they are taken as stamped at admission until an end
+        // counted so proves early. Rounded up, they put the end no earlier
+        // than the grant + reset, less the way to the upstream, which the
+        // margin covers. Every other reset (a date, an epoch instant, a
+        // duration, a release body's `resetMs`) counts from `now`, as before.
+        let from_grant = rate.reset_coarse && !rate.reset_instant && self.stamp_votes <= 0;
+        let end = if from_grant { (lease.granted_at + reset + REORDER_MS).min(latest) } else { latest };
         // A window that already ended. Half a window of margin: the instant a
         // window was taken to end is an estimate, and the next window's
         // reports reset a whole window later.
         if earliest < self.ended_reset_at.saturating_add(self.window_ms / 2) && self.ended_reset_at > 0 {
             // Refused for the window taken to have ended, by a call granted
-            // after that end: the window had not ended. Its end was counted
-            // from the grants, so the reports are stamped at the response,
-            // later than the grant by the call (or the way to the upstream
-            // is longer than the margin): from now on it counts from `now`.
-            if remaining == 0 && lease.granted_at >= self.ended_reset_at && latest > self.ended_reset_at {
+            // after an end counted from the grants: the window had not ended.
+            // The seconds were stamped at the response (or the way to the
+            // upstream is longer than the margin): ends count from `now`
+            // from now on, and the window is shut again until this one's.
+            if from_grant && remaining == 0 && lease.granted_at >= self.ended_reset_at && latest > self.ended_reset_at {
                 self.stamp_votes = STAMP_VOTES;
+                self.budget = Some(Budget { remaining: 0, reset_at: latest });
+                (self.budget_not_before, self.budget_seq) = (earliest, lease.grant_seq);
+                self.reset_guessed = false;
+                self.pace = None;
+                return Some(latest);
             }
             return None;
         }
@@ -968,16 +976,6 @@ impl Learning {
             self.vote_stamp(latest);
         }
         let left = if refused { remaining } else { remaining.saturating_sub(self.unseen_grants(lease, now)) };
-        // Where the window ends, as best told. Stamped at the response,
-        // every report says it as `now + reset`. Stamped at admission (as the
-        // votes say, or as whole seconds are taken to be, since they cannot
-        // vote: an end counted from the grant is then never early, a
-        // rounded-up second being longer than the rest of the window), a
-        // report's reset counts from its call's way to the upstream, which
-        // began at the grant: `now + reset` would end the window a whole call
-        // late, and keep the budget shut that long in every window.
-        let from_grant = !rate.reset_instant && (self.stamp_votes < 0 || (coarse && self.stamp_votes == 0));
-        let end = if from_grant { (lease.granted_at + reset + REORDER_MS).min(latest) } else { latest };
         match &mut self.budget {
             Some(b) if same_window => {
                 self.budget_not_before = self.budget_not_before.max(earliest);
@@ -996,16 +994,8 @@ impl Learning {
                     b.remaining = b.remaining.min(left);
                 }
                 let guessed = std::mem::take(&mut self.reset_guessed);
-                self.budget_latest = if guessed { latest } else { self.budget_latest.min(latest) };
-                let told = match () {
-                    _ if guessed => end,
-                    // Stamped at the response: an end counted from a grant
-                    // before the votes said so was early.
-                    _ if !from_grant => self.budget_latest,
-                    _ => b.reset_at.min(end),
-                };
-                let moved = told != b.reset_at;
-                b.reset_at = told;
+                let moved = end < b.reset_at || guessed && end != b.reset_at;
+                b.reset_at = if guessed { end } else { b.reset_at.min(end) };
                 moved.then_some(b.reset_at)
             }
             _ => {
@@ -1016,7 +1006,6 @@ impl Learning {
                     self.ended_reset_at = b.reset_at;
                 }
                 self.budget = Some(Budget { remaining: left, reset_at: end });
-                self.budget_latest = latest;
                 self.budget_not_before = earliest;
                 self.budget_seq = lease.grant_seq;
                 self.reset_guessed = false;
@@ -1251,6 +1240,12 @@ mod tests {
         assert_eq!(l.budget().unwrap().remaining, 20);
     }
 
+    /// Whole seconds to go, as a header says them (`x-ratelimit-reset: 5`).
+    fn seconds_to_go(limit: u64, remaining: u64, reset_ms: u64) -> Outcome {
+        let o = said(limit, remaining, reset_ms);
+        Outcome { rate: RateInfo { reset_coarse: true, ..o.rate }, ..o }
+    }
+
     /// Seconds to go, stamped when the upstream admitted the call: the
     /// window ends that long after the call reached it, just after its
     /// grant, not after its report (a whole call later, every window).
@@ -1260,42 +1255,50 @@ mod tests {
         // The window ends at 6 000. Admitted at 1 000: 5 s to go (rounded
         // up from 5 000); reported when its 1 s call ended.
         let first = grant(&mut l, 1000);
-        l.on_report(&said(60, 40, 5000), about(first, 0), 2000);
+        l.on_report(&seconds_to_go(60, 40, 5000), about(first, 0), 2000);
         assert_eq!(l.budget(), Some(Budget { remaining: 40, reset_at: 6000 + REORDER_MS }));
-        assert_eq!(l.budget_latest, 7000, "where the report alone would put it");
         // Admitted at 1 300, 4.7 s to go read as 5: no later end.
         let second = grant(&mut l, 1300);
-        l.on_report(&said(60, 30, 5000), about(second, 0), 2300);
+        l.on_report(&seconds_to_go(60, 30, 5000), about(second, 0), 2300);
         assert_eq!(l.budget().unwrap().reset_at, 6000 + REORDER_MS);
-        // A date is the instant itself, whenever it was stamped.
-        let mut dated = Learning::new(20, true);
-        let lease = grant(&mut dated, 1000);
-        let date = RateInfo { reset_instant: true, ..said(60, 40, 4000).rate };
-        dated.on_report(&Outcome { rate: date, ..ok() }, about(lease, 0), 2000);
-        assert_eq!(dated.budget().unwrap().reset_at, 6000);
+        // A date is the instant itself, whenever it was stamped; a duration
+        // votes on its stamping, and a release body's `resetMs` is taken as
+        // it is: each counts from the report, as before.
+        for rate in [
+            RateInfo { reset_instant: true, ..seconds_to_go(60, 40, 4000).rate },
+            said(60, 40, 4000).rate,
+            RateInfo { reset_ms: Some(4010), ..said(60, 40, 4000).rate },
+        ] {
+            let mut l = Learning::new(20, true);
+            let lease = grant(&mut l, 1000);
+            l.on_report(&Outcome { rate, ..ok() }, about(lease, 0), 2000);
+            assert_eq!(l.budget().unwrap().reset_at, 2000 + rate.reset_ms.unwrap(), "{rate:?}");
+        }
     }
 
     /// Stamped at the response instead, seconds to go counted from the
     /// grant end the window a call early: the first call refused for the
-    /// window taken to have ended says so, and ends are counted from the
-    /// reports after that.
+    /// window taken to have ended says so, the window is shut again until
+    /// its real end, and ends are counted from the reports after that.
     #[test]
-    fn a_window_reopened_early_turns_its_ends_to_the_reports() {
+    fn a_window_reopened_early_is_shut_again_and_its_ends_turn_to_the_reports() {
         let mut l = Learning::new(20, true);
-        // The window ends at 6 000; answered at 2 000 with 4 s to go.
+        // The window ends at 60 000; answered at 4 000 with 56 s to go.
         let first = grant(&mut l, 1000);
-        l.on_report(&said(10, 0, 4000), about(first, 0), 2000);
-        assert_eq!(l.budget().unwrap().reset_at, 5000 + REORDER_MS, "counted from the grant: early");
-        // Refilled at its end; the next call is refused: the old window still runs.
-        assert!(l.on_budget_reset(5100).is_some());
-        let early = grant(&mut l, 5100);
-        let refused = Outcome { status: Some(429), throttled: 1, ..said(10, 0, 1000) };
-        l.on_report(&refused, about(early, 0), 5120);
+        l.on_report(&seconds_to_go(600, 0, 56_000), about(first, 0), 4000);
+        assert_eq!(l.budget().unwrap().reset_at, 57_000 + REORDER_MS, "counted from the grant: early");
+        // Refilled at that end; the next call is refused: the old window still runs.
+        assert!(l.on_budget_reset(57_050).is_some());
+        let early = grant(&mut l, 57_050);
+        let refused = Outcome { status: Some(429), throttled: 1, ..seconds_to_go(600, 0, 3000) };
+        l.on_report(&refused, about(early, 0), 57_060);
         assert_eq!(l.stamp_votes, STAMP_VOTES);
+        assert_eq!(l.budget(), Some(Budget { remaining: 0, reset_at: 60_060 }), "shut until its end");
+        assert!(l.pause(57_100).is_some(), "no more grants into the spent window");
         // The next window's reports put its end at `now + reset`.
-        let next = grant(&mut l, 6100);
-        l.on_report(&said(10, 8, 5000), about(next, 0), 7000);
-        assert_eq!(l.budget().unwrap().reset_at, 12_000);
+        let next = grant(&mut l, 60_100);
+        l.on_report(&seconds_to_go(600, 500, 60_000), about(next, 0), 61_000);
+        assert_eq!(l.budget().unwrap().reset_at, 121_000);
     }
 
     /// A reset given as a date in whole seconds: a window ending on a

@@ -564,7 +564,6 @@ mod tests {
         // Nor what learning has kept since (read as its default).
         for p in &mut expected.pools {
             p.learning.budget_not_before = 0;
-            p.learning.budget_latest = 0;
             p.learning.successes_since = 0;
         }
         let identity = Identity::new(&g, &[3; 32]);

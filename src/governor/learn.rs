@@ -1276,6 +1276,31 @@ mod tests {
         }
     }
 
+    /// Millisecond resets vote on their stamping, but the votes never move
+    /// a window's end: the first report of a refilled window (compared with
+    /// the window before), and releases made a varying time after the
+    /// upstream's answer (a client that streams the body first), would lean
+    /// them to admission when the upstream stamped at the response.
+    #[test]
+    fn votes_never_move_a_windows_end_earlier_than_the_reports_say() {
+        let mut l = Learning::new(20, true);
+        let a = grant(&mut l, 0);
+        l.on_report(&said(10, 9, 5990), about(a, 0), 10);
+        let c = grant(&mut l, 6100);
+        l.on_report(&said(10, 8, 4900), about(c, 0), 7100);
+        assert!(l.budget().unwrap().reset_at >= 12_000, "{:?}", l.budget());
+        let mut l = Learning::new(20, true);
+        for i in 0..10u64 {
+            let granted = i * 100;
+            let lease = grant(&mut l, granted);
+            let stamped = granted + 500;
+            let released = stamped + (i % 3) * 300;
+            l.on_report(&said(100, 90 - i, 6000 - stamped + 7), about(lease, 0), released);
+        }
+        assert!(l.stamp_votes < 0, "the votes lean to admission");
+        assert!(l.budget().unwrap().reset_at >= 6007, "{:?}", l.budget());
+    }
+
     /// Stamped at the response instead, seconds to go counted from the
     /// grant end the window a call early: the first call refused for the
     /// window taken to have ended says so, the window is shut again until

@@ -23,7 +23,7 @@ use ::hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use super::denied::Denied;
-use crate::http::trim;
+use crate::http::{hex_digit, trim};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -175,15 +175,6 @@ fn parse_signature(value: &[u8]) -> Option<[u8; 32]> {
         out[i] = (hex_digit(pair[0])? << 4) | hex_digit(pair[1])?;
     }
     Some(out)
-}
-
-fn hex_digit(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
 }
 
 /// Epoch milliseconds: 1–20 ASCII digits that fit a `u64`, nothing else.

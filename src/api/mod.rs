@@ -431,10 +431,7 @@ impl App {
         let pool = match route {
             Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. } => pool,
         };
-        let pid = match self.gov.pool_id(pool) {
-            Some(pid) => pid,
-            None => self.escaped_pool(pool)?.ok_or(UNKNOWN_POOL)?,
-        };
+        let pid = self.pool_in_path(pool)?.ok_or(UNKNOWN_POOL)?;
         Ok((route, pid))
     }
 

@@ -288,6 +288,6 @@ pub fn path_without_query(target: &str) -> &str {
 
 /// Whether an `Upgrade` value offers cleartext HTTP/2 and nothing else.
 fn offers_only_h2c(value: &[u8]) -> bool {
-    let mut protocols = value.split(|&b| b == b',').map(<[u8]>::trim_ascii).filter(|p| !p.is_empty()).peekable();
+    let mut protocols = value.split(|&b| b == b',').map(crate::http::trim).filter(|p| !p.is_empty()).peekable();
     protocols.peek().is_some() && protocols.all(|p| p.eq_ignore_ascii_case(b"h2c"))
 }

@@ -1,7 +1,7 @@
 //! The lock routes: `/pools/{pool}/lock/acquire`,
 //! `/pools/{pool}/lock/{slotId}/renew`, `/pools/{pool}/lock/{slotId}/release`.
 
-use crate::http::find_slash_or_query;
+use crate::http::{find_slash_or_query, hex_digit};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route<'a> {
@@ -94,20 +94,14 @@ impl BadEscape {
 /// `%`. Callers decode only a segment no pool is named by as it stands, so
 /// a request whose path holds no `%` never comes here.
 pub fn decode_pool(segment: &[u8]) -> Result<Option<DecodedName>, BadEscape> {
-    let hex = |b: u8| match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    };
     let mut name = DecodedName { bytes: [0; POOL_NAME_MAX], len: 0 };
     let mut fits = true;
     let mut rest = segment;
     while let Some((&first, after)) = rest.split_first() {
         let byte = match first {
             b'%' => {
-                let high = after.first().copied().and_then(hex).ok_or(BadEscape::NotHex)?;
-                let low = after.get(1).copied().and_then(hex).ok_or(BadEscape::NotHex)?;
+                let high = after.first().copied().and_then(hex_digit).ok_or(BadEscape::NotHex)?;
+                let low = after.get(1).copied().and_then(hex_digit).ok_or(BadEscape::NotHex)?;
                 let byte = high << 4 | low;
                 if !(byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'-') {
                     return Err(BadEscape::NotInPoolNames);

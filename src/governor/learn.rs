@@ -890,6 +890,15 @@ impl Learning {
         self.grants.saturating_sub(before.max(lease.grant_seq)).min(lease.in_flight as u64)
     }
 
+    /// A window's budget as a report told it (no refill's guess, no pace):
+    /// its end no earlier than `earliest`, told by the lease granted `seq`th.
+    fn told_budget(&mut self, budget: Budget, earliest: Ms, seq: u64) {
+        self.budget = Some(budget);
+        (self.budget_not_before, self.budget_seq) = (earliest, seq);
+        self.reset_guessed = false;
+        self.pace = None;
+    }
+
     /// Learns the request budget from `remaining` and its reset; returns the
     /// instant to wake at when it set one. A concurrency refusal's
     /// `remaining` (`refused`) was stamped before the refused calls of its
@@ -952,10 +961,7 @@ impl Learning {
             // from now on, and the window is shut again until this one's.
             if from_grant && remaining == 0 && lease.granted_at >= self.ended_reset_at && latest > self.ended_reset_at {
                 self.stamp_votes = STAMP_VOTES;
-                self.budget = Some(Budget { remaining: 0, reset_at: latest });
-                (self.budget_not_before, self.budget_seq) = (earliest, lease.grant_seq);
-                self.reset_guessed = false;
-                self.pace = None;
+                self.told_budget(Budget { remaining: 0, reset_at: latest }, earliest, lease.grant_seq);
                 return Some(latest);
             }
             return None;
@@ -1005,11 +1011,7 @@ impl Learning {
                 if let Some(b) = self.budget.filter(|_| !self.reset_guessed) {
                     self.ended_reset_at = b.reset_at;
                 }
-                self.budget = Some(Budget { remaining: left, reset_at: end });
-                self.budget_not_before = earliest;
-                self.budget_seq = lease.grant_seq;
-                self.reset_guessed = false;
-                self.pace = None;
+                self.told_budget(Budget { remaining: left, reset_at: end }, earliest, lease.grant_seq);
                 Some(end)
             }
         }

@@ -6,6 +6,16 @@ pub mod memo;
 pub mod request;
 pub mod response;
 
+/// The value of an ASCII hex digit, either case.
+pub fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
 /// A header value without surrounding optional white space (spaces and
 /// tabs only, RFC 9110's OWS).
 pub fn trim(mut v: &[u8]) -> &[u8] {

@@ -39,9 +39,11 @@ fn is_hop_by_hop(name: &[u8]) -> bool {
         || HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
-/// `X-Nthpool-*`: this server's own fields, never passed between client and upstream.
+/// `X-Nthpool-*`: this server's own fields, never passed between client and
+/// upstream, in the `_` spelling too (`X_Nthpool_Limit`: a client or an
+/// upstream that maps names to variables takes it for the real one).
 fn is_nthpool_field(name: &[u8]) -> bool {
-    name.len() >= 10 && name[..10].eq_ignore_ascii_case(b"x-nthpool-")
+    name.len() >= 10 && same_but_dashes(&name[..10], b"x-nthpool-")
 }
 
 /// The values of a head's `Connection` fields, gathered once so each other
@@ -404,14 +406,9 @@ fn write_client_head(out: &mut Vec<u8>, resp: &httparse::Response, to: ToClient,
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             framing_passes || to.codings_pass
         } else {
-            // The governor headers are this server's own: an upstream's are
-            // not relayed, in the `_` spelling either (a client that maps
-            // names to variables would take it for one).
-            let mut spelled = [0u8; DASHED_MAX];
-            let name = h.name.as_bytes();
-            !is_hop_by_hop(name)
-                && !is_nthpool_field(name)
-                && !dashed(name, &mut spelled).is_some_and(is_nthpool_field)
+            // The governor headers are this server's own: an upstream's are not relayed.
+            !is_hop_by_hop(h.name.as_bytes())
+                && !is_nthpool_field(h.name.as_bytes())
                 && !connection.lists(h.name.as_bytes(), fields())
         };
         if forwarded {

@@ -378,7 +378,11 @@ impl AccessLog {
         b.extend_from_slice(b",\"method\":");
         write_json_str(b, p.method);
         b.extend_from_slice(b",\"path\":");
+        let quote = b.len();
         write_json_str(b, p.path);
+        if !implied_slash(p.path.as_bytes()).is_empty() {
+            b.insert(quote + 1, b'/');
+        }
         b.extend_from_slice(b",\"upstreamStatus\":");
         write_opt_u64(b, p.upstream_status.map(u64::from));
         b.extend_from_slice(b",\"upstreamMs\":");
@@ -484,6 +488,7 @@ fn write_some(mut out: impl Write, buf: &[u8]) -> (usize, Option<std::io::Error>
 }
 
 use crate::calendar::civil_from_days;
+use crate::http::request::implied_slash;
 use crate::http::response::push_u64;
 
 /// Eight lower-case hex digits, all at once: each nibble is spread to a

@@ -1100,10 +1100,10 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     // acquire route: logged too, as what a JSON string can hold.
     let raw = b"POST /pools/p\xff\\\"/lock/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n";
     assert_eq!(s.request(raw).status, 400);
-    // An absolute-form target with no path names no acquire, as the head
-    // parser reads it (the `/pools/...` is its query): refused, not logged.
+    // An absolute-form target with an empty path names the root, whatever
+    // its query holds (here `/pools/...`): no acquire, so not logged.
     let raw = b"POST http://h?/pools/p/lock/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n";
-    assert_eq!(s.request(raw).status, 400);
+    assert_eq!(s.request(raw).status, 404);
     // One whose authority (in place of `Host`) is invalid names its acquire
     // all the same: refused, and logged as an invalid `Host` is.
     let raw = b"POST http://a@b/pools/p/lock/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n";

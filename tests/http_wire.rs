@@ -1005,14 +1005,17 @@ fn an_absolute_form_target_is_served_with_its_authority_as_host() {
     assert_answer_closes(&mut bad, &r, "authority with userinfo");
 }
 
-/// `http://host` with no path is the path `/` (RFC 9112 §3.2.2); the server
-/// answers it, again on the same connection, and goes on serving.
+/// `http://host` with no path is the path `/` (RFC 9112 §3.2.2), and so is
+/// `http://host?q`'s empty one; the server answers them, again on the same
+/// connection, and goes on serving.
 #[test]
 fn an_absolute_form_target_without_a_path_is_the_root() {
     let s = TestServer::start(&config("", ""));
     let mut c = s.connect();
-    for authority in ["api.example.com", "api.example.com", "API.example.com:80"] {
-        let raw = format!("GET http://{authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
+    // An empty path before a query is `/` too (RFC 9110 §4.2.3).
+    for target in ["api.example.com", "api.example.com", "API.example.com:80", "api.example.com?x=1"] {
+        let authority = target.split('?').next().unwrap();
+        let raw = format!("GET http://{target} HTTP/1.1\r\nHost: {authority}\r\n\r\n");
         assert_error(&exchange(&mut c, raw.as_bytes()), 404, "not_found", &raw);
     }
     let raw =

@@ -614,6 +614,26 @@ fn final_access_log(s: &mut TestServer) -> Vec<serde_json::Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
+/// `http://host?q` has an empty path, which is `/` (RFC 9110 §4.2.3): it is
+/// served, goes up as `/?q`, and is logged as `/` (the log leaves queries out).
+#[test]
+fn an_absolute_form_target_with_an_empty_path_goes_up_as_the_root() {
+    let up = MockUpstream::start(|_| ok("root", ""));
+    let mut server = logged_proxy_server(&up, 2, "");
+    let mut s = server.connect();
+    for _ in 0..2 {
+        s.write_all(&proxied("GET", &format!("http://{HOST}?x=1"), "", "")).unwrap();
+        let r = read_any(&mut s).unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"root"[..]), "{r:?}");
+    }
+    let seen: Vec<String> = up.seen().iter().map(|s| s.request_line().to_string()).collect();
+    assert_eq!(seen, ["GET /?x=1 HTTP/1.1", "GET /?x=1 HTTP/1.1"]);
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let paths: Vec<_> = lines.iter().map(|l| l["path"].as_str()).collect();
+    assert_eq!(paths, [Some("/"), Some("/")], "the path, without its query: {lines:?}");
+}
+
 #[test]
 fn sigterm_lets_a_proxied_request_in_flight_finish() {
     let up = MockUpstream::start(|_| {

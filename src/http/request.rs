@@ -839,11 +839,30 @@ pub(crate) fn target_parts(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), Head
             let (authority, path) = rest.split_at(i);
             Ok((path, Some(authority)))
         }
+        // An empty path before a query (`http://h?q`) is the path `/` (RFC
+        // 9110 §4.2.3). The path is then the query alone, from its `?`, which
+        // lies in the buffer; who writes a path out puts the `/` before it
+        // (`implied_slash`), and no route starts with `?`.
+        Some(i) if rest[i] == b'?' => {
+            let (authority, query) = rest.split_at(i);
+            Ok((query, Some(authority)))
+        }
         Some(_) => Err(HeadError::Malformed("An absolute request target needs a path.")),
         // No path is the path `/` (RFC 9112 §3.2.2): the scheme's own `/`,
         // so that the path, like every part of a head, lies within its
         // buffer (a remembered head keeps it as an offset there).
         None => Ok((&target[scheme_len - 1..scheme_len], Some(rest))),
+    }
+}
+
+/// What goes before a head's path when it is written out: `/` for the
+/// query of an absolute-form target with an empty path (`target_parts`),
+/// nothing for any other path.
+pub fn implied_slash(path: &[u8]) -> &'static [u8] {
+    if path.first() == Some(&b'?') {
+        b"/"
+    } else {
+        b""
     }
 }
 
@@ -1729,6 +1748,13 @@ mod tests {
             assert_eq!((h.path, h.host), (&b"/pools/p?x"[..], Some(&b"h:1"[..])));
         });
         assert!(is_malformed(b"GET http://a@h/ HTTP/1.1\r\nHost: h\r\n\r\n"));
+        with_head(b"GET http://h:1?x=1 HTTP/1.1\r\nHost: h\r\n\r\n", |r| {
+            let h = r.unwrap().unwrap();
+            assert_eq!((h.path, h.host), (&b"?x=1"[..], Some(&b"h:1"[..])));
+            assert_eq!(implied_slash(h.path), b"/");
+        });
+        with_head(b"GET http://h HTTP/1.1\r\nHost: h\r\n\r\n", |r| assert_eq!(r.unwrap().unwrap().path, b"/"));
+        assert_eq!(implied_slash(b"/?x=1"), b"");
         let mut raw = *b"GET / HTTP/1.2\r\nHost: h\r\n\r\n";
         assert_eq!(error(&raw), HeadError::NewerMinorVersion);
         assert!(serve_as_http11(&mut raw));

@@ -12,7 +12,7 @@
 use crate::api::proxy::CredentialFields;
 use crate::config::upstream::Upstream;
 use crate::governor::RateInfo;
-use crate::http::request::{parse_content_length, Head};
+use crate::http::request::{implied_slash, parse_content_length, Head};
 use crate::http::trim;
 use crate::report::ratelimit;
 
@@ -86,6 +86,7 @@ impl<'h> ConnectionTokens<'h> {
 pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds: CredentialFields, body: RequestBody) {
     out.extend_from_slice(head.method_name.as_bytes());
     out.push(b' ');
+    out.extend_from_slice(implied_slash(head.path));
     out.extend_from_slice(head.path);
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     out.extend_from_slice(&upstream.host);

@@ -396,6 +396,45 @@ fn a_head_over_16_kib_gets_431() {
     exchange(&mut c, &head).slot();
 }
 
+/// A request line that alone runs past the head's 16 KiB: `414` when it is
+/// the target that does (RFC 9112 §3), `400` when it is the method; either
+/// way the connection closes, whether the line came whole or is still coming.
+#[test]
+fn a_target_over_16_kib_gets_414_and_a_method_that_long_400() {
+    let s = TestServer::start(&config("", ""));
+    let long_target = format!("POST /pools/p/lock/{} HTTP/1.1\r\nHost: localhost\r\n\r\n", "a".repeat(17 * 1024));
+    let no_line_end = format!("GET /{}", "a".repeat(17 * 1024));
+    let long_method = format!("{} / HTTP/1.1\r\nHost: localhost\r\n\r\n", "A".repeat(17 * 1024));
+    for (raw, status, code) in [
+        (long_target.as_str(), 414, "uri_too_long"),
+        (no_line_end.as_str(), 414, "uri_too_long"),
+        (&long_method[..16 * 1024 + 100], 400, "bad_request"),
+        (long_method.as_str(), 400, "bad_request"),
+    ] {
+        let mut c = s.connect();
+        let r = exchange(&mut c, raw.as_bytes());
+        assert_error(&r, status, code, &raw[..40]);
+        assert_answer_closes(&mut c, &r, code);
+    }
+    // A long target within the limit is read, and a long line with long
+    // fields after it is a head too large.
+    let mut c = s.connect();
+    let under = format!("POST /pools/p/lock/{} HTTP/1.1\r\nHost: localhost\r\n\r\n", "a".repeat(15 * 1024));
+    assert_error(&exchange(&mut c, under.as_bytes()), 404, "not_found", "a 15 KiB target");
+    let both = format!(
+        "POST /pools/p/lock/{} HTTP/1.1\r\nHost: localhost\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(10 * 1024),
+        "b".repeat(10 * 1024)
+    );
+    assert_error(
+        &exchange(&mut s.connect(), both.as_bytes()),
+        431,
+        "request_header_fields_too_large",
+        "line and fields",
+    );
+    assert_eq!(s.metric("nthpool_rejections_total{code=\"414\"}"), Some(2.0));
+}
+
 #[test]
 fn routes_methods_pools_and_keys() {
     let s = TestServer::start(&config("", ""));

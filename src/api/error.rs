@@ -21,6 +21,7 @@ pub enum ApiError {
     Capped,
     PayloadTooLarge,
     HeadTooLarge,
+    TargetTooLong,
     /// A transfer coding (or other framing feature) the server does not implement.
     NotImplemented(&'static str),
     /// `Expect` named something other than `100-continue`.
@@ -60,6 +61,7 @@ impl ApiError {
             ApiError::Capped | ApiError::Superseded => Status::Conflict,
             ApiError::PayloadTooLarge => Status::PayloadTooLarge,
             ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
+            ApiError::TargetTooLong => Status::UriTooLong,
             ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::ExpectationFailed => Status::ExpectationFailed,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
@@ -81,6 +83,7 @@ impl ApiError {
             ApiError::Superseded => "superseded",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::HeadTooLarge => "request_header_fields_too_large",
+            ApiError::TargetTooLong => "uri_too_long",
             ApiError::NotImplemented(_) => "not_implemented",
             ApiError::ExpectationFailed => "expectation_failed",
             ApiError::Unavailable(..) => "unavailable",
@@ -109,6 +112,7 @@ impl ApiError {
             ApiError::PayloadTooLarge => "The request body is larger than this server accepts.",
             ApiError::ExpectationFailed => "Only the 100-continue expectation is supported.",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
+            ApiError::TargetTooLong => "The request target is longer than 16 KiB.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
             ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
             ApiError::BodyTimeout => "The request body did not arrive within the upstream's timeout.",
@@ -128,6 +132,7 @@ impl ApiError {
             ApiError::BadRequest(_)
                 | ApiError::PayloadTooLarge
                 | ApiError::HeadTooLarge
+                | ApiError::TargetTooLong
                 | ApiError::NotImplemented(_)
                 | ApiError::ExpectationFailed
                 | ApiError::VersionNotSupported
@@ -172,6 +177,7 @@ impl From<HeadError> for ApiError {
     fn from(e: HeadError) -> ApiError {
         match e {
             HeadError::TooLarge => ApiError::HeadTooLarge,
+            HeadError::TargetTooLong => ApiError::TargetTooLong,
             HeadError::Malformed(why) => ApiError::BadRequest(why),
             HeadError::NotImplemented(why) => ApiError::NotImplemented(why),
             HeadError::ExpectationFailed => ApiError::ExpectationFailed,

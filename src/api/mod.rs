@@ -170,7 +170,8 @@ impl Rejections {
     /// Every code an acquire, renew, release or proxied request can be
     /// answered with by this server (and a request too malformed to route):
     /// the series exist from the start.
-    pub const CODES: [u16; 17] = [400, 401, 403, 404, 405, 408, 409, 413, 417, 421, 429, 431, 501, 502, 503, 504, 505];
+    pub const CODES: [u16; 18] =
+        [400, 401, 403, 404, 405, 408, 409, 413, 414, 417, 421, 429, 431, 501, 502, 503, 504, 505];
 
     /// The column of `code` in a row: its place in `CODES`.
     fn column(code: u16) -> Option<usize> {

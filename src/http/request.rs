@@ -287,6 +287,8 @@ pub enum HeadError {
     Malformed(&'static str),
     /// `431` and close: the head is over `MAX_HEAD_BYTES` or `MAX_HEADERS`.
     TooLarge,
+    /// `414` and close: the request target alone is over `MAX_HEAD_BYTES`.
+    TargetTooLong,
     /// `501` and close: a transfer coding this server does not implement.
     NotImplemented(&'static str),
     /// `417` and close: an `Expect` member other than `100-continue`.
@@ -439,7 +441,7 @@ fn parse_full<'b>(
         }
     };
     if head_len > MAX_HEAD_BYTES {
-        return Err(HeadError::TooLarge);
+        return Err(too_large(&buf[..head_len]));
     }
     let httparse::Request { method, path, version, headers } = req;
     let headers: &'b [Header<'b>] = headers;
@@ -493,9 +495,31 @@ fn parse_full<'b>(
 fn partial<'b>(buf: &[u8]) -> Result<Option<Head<'b>>, HeadError> {
     check_line_endings(buf)?;
     if buf.len() > MAX_HEAD_BYTES {
-        return Err(HeadError::TooLarge);
+        return Err(too_large(buf));
     }
     Ok(None)
+}
+
+/// What a head over `MAX_HEAD_BYTES` is refused as. When its request line
+/// alone is that long, `400` if the method runs past the limit (no method is
+/// that long, and the line is not one), `414` if the target does (RFC 9112
+/// §3: a target longer than the server parses MUST get it). Else `431`.
+fn too_large(head: &[u8]) -> HeadError {
+    let line_len = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
+    if line_len <= MAX_HEAD_BYTES {
+        return HeadError::TooLarge;
+    }
+    let line = &head[..line_len];
+    let method_end = line.iter().position(|&b| b == b' ').unwrap_or(line_len);
+    if method_end > MAX_HEAD_BYTES {
+        return HeadError::Malformed("The request method runs past 16 KiB; no method is that long.");
+    }
+    let target_end = line[method_end + 1..].iter().position(|&b| b == b' ').map_or(line_len, |i| method_end + 1 + i);
+    if target_end > MAX_HEAD_BYTES {
+        HeadError::TargetTooLong
+    } else {
+        HeadError::TooLarge
+    }
 }
 
 /// The head at the start of `buf`, up to and with its empty line, when that
@@ -633,6 +657,9 @@ fn recalled<'b>(
         },
     };
     let head_len = found.line_len + found.block_len;
+    if head_len > MAX_HEAD_BYTES {
+        return Err(too_large(&buf[..head_len]));
+    }
     let block = &buf[found.line_len..head_len];
     let headers = HeaderFields { fields: FieldList::Remembered(memo.blocks.fields(found.entry), block) };
     assemble(line, head_len, block, memo.blocks.spans(found.entry), headers, Some(recall))
@@ -685,9 +712,6 @@ fn assemble<'b>(
     headers: HeaderFields<'b>,
     recall: Option<HeadRecall<'b>>,
 ) -> Result<Option<Head<'b>>, HeadError> {
-    if head_len > MAX_HEAD_BYTES {
-        return Err(HeadError::TooLarge);
-    }
     let http11 = line.http11;
     if http11 && f.host.is_none() {
         return Err(HeadError::Malformed("An HTTP/1.1 request needs a Host header."));
@@ -1572,6 +1596,23 @@ mod tests {
         assert_eq!(error(&big), HeadError::TooLarge);
         big.extend_from_slice(b"\r\n\r\n");
         assert_eq!(error(&big), HeadError::TooLarge);
+
+        // A request line that alone runs past the limit: in its target (whole
+        // or still coming), or in its method (with no space at all, too).
+        let line = |method: usize, target: usize, end: &str| {
+            let mut raw = vec![b'G'; method];
+            raw.extend_from_slice(b" /");
+            raw.resize(method + 1 + target, b'a');
+            raw.extend_from_slice(end.as_bytes());
+            raw
+        };
+        let rest = " HTTP/1.1\r\nHost: h\r\n\r\n";
+        assert_eq!(error(&line(3, MAX_HEAD_BYTES, rest)), HeadError::TargetTooLong);
+        assert_eq!(error(&line(3, MAX_HEAD_BYTES, "")), HeadError::TargetTooLong);
+        assert_eq!(error(&line(MAX_HEAD_BYTES / 2, MAX_HEAD_BYTES / 2 + 8, "")), HeadError::TargetTooLong);
+        assert!(is_malformed(&line(3, MAX_HEAD_BYTES - 8, " HTTP/1.1 and on and on")), "a line past its version");
+        assert!(is_malformed(&line(MAX_HEAD_BYTES + 1, 4, rest)));
+        assert!(is_malformed(&vec![b'G'; MAX_HEAD_BYTES + 1]));
 
         let mut many = b"GET / HTTP/1.1\r\nHost: h\r\n".to_vec();
         for _ in 0..MAX_HEADERS {

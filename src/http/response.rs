@@ -19,6 +19,7 @@ pub enum Status {
     Conflict,
     RequestTimeout,
     PayloadTooLarge,
+    UriTooLong,
     ExpectationFailed,
     MisdirectedRequest,
     TooManyRequests,
@@ -32,7 +33,7 @@ pub enum Status {
 
 impl Status {
     /// Every status, so a table keyed by status can be checked against all of them.
-    pub const ALL: [Status; 20] = [
+    pub const ALL: [Status; 21] = [
         Status::Continue,
         Status::Ok,
         Status::PermanentRedirect,
@@ -44,6 +45,7 @@ impl Status {
         Status::Conflict,
         Status::RequestTimeout,
         Status::PayloadTooLarge,
+        Status::UriTooLong,
         Status::ExpectationFailed,
         Status::MisdirectedRequest,
         Status::TooManyRequests,
@@ -68,6 +70,7 @@ impl Status {
             Status::Conflict => 409,
             Status::RequestTimeout => 408,
             Status::PayloadTooLarge => 413,
+            Status::UriTooLong => 414,
             Status::ExpectationFailed => 417,
             Status::MisdirectedRequest => 421,
             Status::TooManyRequests => 429,
@@ -93,6 +96,7 @@ impl Status {
             Status::Conflict => b"HTTP/1.1 409 Conflict\r\n",
             Status::RequestTimeout => b"HTTP/1.1 408 Request Timeout\r\n",
             Status::PayloadTooLarge => b"HTTP/1.1 413 Payload Too Large\r\n",
+            Status::UriTooLong => b"HTTP/1.1 414 URI Too Long\r\n",
             Status::ExpectationFailed => b"HTTP/1.1 417 Expectation Failed\r\n",
             Status::MisdirectedRequest => b"HTTP/1.1 421 Misdirected Request\r\n",
             Status::TooManyRequests => b"HTTP/1.1 429 Too Many Requests\r\n",

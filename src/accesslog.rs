@@ -488,8 +488,8 @@ fn write_some(mut out: impl Write, buf: &[u8]) -> (usize, Option<std::io::Error>
 }
 
 use crate::calendar::civil_from_days;
-use crate::http::request::implied_slash;
 use crate::http::response::push_u64;
+use crate::http::target::implied_slash;
 
 /// Eight lower-case hex digits, all at once: each nibble is spread to a
 /// byte of its own, then offset to its digit (`0`-`9`, or `a`-`f` where

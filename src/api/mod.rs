@@ -1063,7 +1063,7 @@ fn denial_code(status: Status) -> &'static str {
 fn logged_path(input: &[u8]) -> Option<&[u8]> {
     let line = &input[..input.iter().position(|&b| b == b'\n').unwrap_or(input.len())];
     let target = line.split(|&b| b == b' ').nth(1)?;
-    crate::http::request::target_parts(target).ok().map(|(path, _)| path)
+    crate::http::target::target_parts(target).ok().map(|(path, _)| path)
 }
 
 /// The credentials a pool's access policies ask for besides its key.

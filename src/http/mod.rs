@@ -5,6 +5,7 @@ pub mod chunked;
 pub mod memo;
 pub mod request;
 pub mod response;
+pub mod target;
 
 /// The value of an ASCII hex digit, either case.
 pub fn hex_digit(c: u8) -> Option<u8> {
@@ -107,6 +108,21 @@ pub(crate) fn words_equal(a: &[u8], b: &[u8], fold: u64) -> bool {
         at += 8;
     }
     word(a, n - 8) | fold == word(b, n - 8)
+}
+
+/// `mark` of every eight-byte word of `bytes` (at least eight long), OR-ed:
+/// the last word overlaps the one before it, so no byte is left out.
+#[inline(always)]
+fn or_over_words(bytes: &[u8], mark: impl Fn(u64) -> u64) -> u64 {
+    let n = bytes.len();
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let mut found = mark(word(n - 8));
+    let mut at = 0;
+    while at + 8 < n {
+        found |= mark(word(at));
+        at += 8;
+    }
+    found
 }
 
 #[cfg(test)]

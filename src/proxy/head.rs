@@ -12,7 +12,8 @@
 use crate::api::proxy::CredentialFields;
 use crate::config::upstream::Upstream;
 use crate::governor::RateInfo;
-use crate::http::request::{implied_slash, parse_content_length, Head};
+use crate::http::request::{parse_content_length, Head};
+use crate::http::target::implied_slash;
 use crate::http::trim;
 use crate::report::ratelimit;
 

@@ -24,7 +24,8 @@ use super::memo::{BlockMemo, LineRecall, Recalled};
 use super::target::{request_target, valid_host, valid_target_bytes, BAD_TARGET_BYTE};
 use super::{bytes_equal, is_tchar, or_over_words, same_bytes, trim, words_equal, LO};
 
-/// Past this many bytes without a complete head the answer is `431`.
+/// Past this many bytes without a complete head the answer is `431` (`414`
+/// or `400` when the request line alone is longer: `too_large`).
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// More header fields than this is answered as a head too large (`431`).
 pub const MAX_HEADERS: usize = 64;

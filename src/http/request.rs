@@ -441,7 +441,12 @@ fn parse_full<'b>(
             // whichever byte httparse stumbled on; only the head's, as the
             // bytes after it are not part of it.
             check_line_endings(complete_head(buf).unwrap_or(buf))?;
-            return Err(HeadError::Malformed(httparse_reason(e)));
+            return Err(HeadError::Malformed(match e {
+                // httparse reads the third word as the version: a line with
+                // more words than three (a space in the target) ends there.
+                httparse::Error::Version if more_than_three_words(buf) => MORE_THAN_THREE_WORDS,
+                e => httparse_reason(e),
+            }));
         }
     };
     if head_len > MAX_HEAD_BYTES {
@@ -1109,6 +1114,15 @@ fn check_line_byte(head: &[u8], i: usize) -> Result<(), HeadError> {
     Ok(())
 }
 
+const MORE_THAN_THREE_WORDS: &str =
+    "The request line has more than a method, a target and a version; a space in a target is sent as %20.";
+
+/// Whether the first line of `buf` has more than two spaces.
+fn more_than_three_words(buf: &[u8]) -> bool {
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or(buf);
+    line.iter().filter(|&&b| b == b' ').nth(2).is_some()
+}
+
 fn httparse_reason(e: httparse::Error) -> &'static str {
     match e {
         httparse::Error::HeaderName => "A header name is invalid.",
@@ -1180,6 +1194,8 @@ mod tests {
             (b"POST / HTTP/1.1 x\r\nHost: h\r\n\r\n", "The request line goes on after its HTTP version."),
             (b"POST / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n b\r\n\r\n", "Obsolete line folding is not accepted."),
             (b"POST / HTTP/1.x\r\nHost: h\r\n\r\n", "Only HTTP/1.0 and HTTP/1.1 are served."),
+            (b"POST /a b HTTP/1.1\r\nHost: h\r\n\r\n", MORE_THAN_THREE_WORDS),
+            (b"Extra lineGET / HTTP/1.1\r\nHost: h\r\n\r\n", MORE_THAN_THREE_WORDS),
         ] {
             let mut storage = header_storage();
             let got = parse_head(raw, &mut storage).map(|_| ());

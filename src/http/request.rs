@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use httparse::{Header, Status};
 
 use super::memo::{BlockMemo, LineRecall, Recalled};
-use super::target::{request_target, valid_host, valid_target_bytes, BAD_TARGET_BYTE};
+use super::target::{split_target, valid_host, valid_target_bytes};
 use super::{bytes_equal, is_tchar, or_over_words, same_bytes, trim, words_equal, LO};
 
 /// Past this many bytes without a complete head the answer is `431` (`414`
@@ -777,6 +777,23 @@ pub fn serve_as_http11(buf: &mut [u8]) -> bool {
         None => false,
     }
 }
+
+/// The path of a request target in a form this server takes and, for the
+/// absolute form, its authority: the origin form (`/path?query`), the
+/// absolute form (`http://host[:port]/path`, RFC 9112 §3.2.2) and, for
+/// `OPTIONS` alone, the asterisk form (`*`, §3.2.4). `CONNECT` (the
+/// authority form) asks for a tunnel, which this server does not open.
+fn request_target<'b>(method: &str, target: &'b [u8]) -> Result<(&'b [u8], Option<&'b [u8]>), HeadError> {
+    match method {
+        "CONNECT" => Err(HeadError::NotImplemented("CONNECT is not implemented: this server opens no tunnels.")),
+        "OPTIONS" if target == b"*" => Ok((target, None)),
+        _ => split_target(target).map_err(HeadError::Malformed),
+    }
+}
+
+const BAD_TARGET_BYTE: HeadError = HeadError::Malformed(
+    "The request target holds a byte a URI may not (a '#' fragment, a backslash, a quote or angle bracket, or non-ASCII).",
+);
 
 /// Whether every line end of a complete head is CRLF, looking only where
 /// httparse ended each line. httparse has already refused any CR not followed

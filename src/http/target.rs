@@ -1,27 +1,11 @@
-//! Request targets and `Host` values: which forms of target this server
-//! takes (RFC 9112 §3.2), the bytes a target may hold, and what a valid
-//! `host[:port]` is (RFC 9112 §3.2, RFC 3986 §3.2.2). Pure byte work, read
-//! by the head parser (`request`) and by whoever writes a path back out.
+//! Request targets and `Host` values: a target's path and authority in the
+//! origin and absolute forms (RFC 9112 §3.2), the bytes a target may hold,
+//! and what a valid `host[:port]` is (RFC 9112 §3.2, RFC 3986 §3.2.2). Pure
+//! byte work with no error type of its own (a refusal is its sentence), read
+//! by the head parser (`request`, which imports it, never the reverse) and
+//! by whoever writes a path back out.
 
-use super::request::HeadError;
 use super::{any_zero_byte, or_over_words, LO};
-
-/// The path of a request target in a form this server takes and, for the
-/// absolute form, its authority: the origin form (`/path?query`), the
-/// absolute form (`http://host[:port]/path`, RFC 9112 §3.2.2) and, for
-/// `OPTIONS` alone, the asterisk form (`*`, §3.2.4). `CONNECT` (the
-/// authority form) asks for a tunnel, which this server does not open.
-pub(super) fn request_target<'b>(method: &str, target: &'b [u8]) -> Result<(&'b [u8], Option<&'b [u8]>), HeadError> {
-    match method {
-        "CONNECT" => Err(HeadError::NotImplemented("CONNECT is not implemented: this server opens no tunnels.")),
-        "OPTIONS" if target == b"*" => Ok((target, None)),
-        _ => split_target(target),
-    }
-}
-
-pub(super) const BAD_TARGET_BYTE: HeadError = HeadError::Malformed(
-    "The request target holds a byte a URI may not (a '#' fragment, a backslash, a quote or angle bracket, or non-ASCII).",
-);
 
 /// Whether a target's path and query hold only bytes a request target may.
 /// httparse takes any visible byte and UTF-8 in a target; of those, a URI
@@ -54,12 +38,12 @@ fn outside_target(b: u8) -> bool {
 }
 
 /// The path of a request target and, for the absolute form
-/// (`http://host[:port]/path`), its authority.
-pub(crate) fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
+/// (`http://host[:port]/path`), its authority; else why it is malformed.
+pub(crate) fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), &'static str> {
     let (path, authority) = target_parts(target)?;
     if let Some(authority) = authority {
         if authority.is_empty() || !valid_host(authority) {
-            return Err(HeadError::Malformed("The request target's authority is not a valid host[:port]."));
+            return Err("The request target's authority is not a valid host[:port].");
         }
     }
     Ok((path, authority))
@@ -68,7 +52,7 @@ pub(crate) fn split_target(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), Head
 /// A request target cut into its path and, for the absolute form, its
 /// authority, which is not checked: the access log reads the path of a
 /// target refused for its authority this way.
-pub(crate) fn target_parts(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), HeadError> {
+pub(crate) fn target_parts(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), &'static str> {
     if target.starts_with(b"/") {
         return Ok((target, None));
     }
@@ -77,7 +61,7 @@ pub(crate) fn target_parts(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), Head
     } else if target.len() >= 8 && target[..8].eq_ignore_ascii_case(b"https://") {
         8
     } else {
-        return Err(HeadError::Malformed("The request target must be a path starting with '/'."));
+        return Err("The request target must be a path starting with '/'.");
     };
     let rest = &target[scheme_len..];
     match rest.iter().position(|b| matches!(b, b'/' | b'?' | b'#')) {
@@ -93,7 +77,7 @@ pub(crate) fn target_parts(target: &[u8]) -> Result<(&[u8], Option<&[u8]>), Head
             let (authority, query) = rest.split_at(i);
             Ok((query, Some(authority)))
         }
-        Some(_) => Err(HeadError::Malformed("An absolute request target needs a path.")),
+        Some(_) => Err("An absolute request target needs a path."),
         // No path is the path `/` (RFC 9112 §3.2.2): the scheme's own `/`,
         // so that the path, like every part of a head, lies within its
         // buffer (a remembered head keeps it as an offset there).

@@ -514,6 +514,8 @@ fn partial<'b>(buf: &[u8]) -> Result<Option<Head<'b>>, HeadError> {
 /// that long, and the line is not one), `414` if the target does (RFC 9112
 /// §3: a target longer than the server parses MUST get it). Else `431`.
 fn too_large(head: &[u8]) -> HeadError {
+    // The empty lines a request line may follow (RFC 9112 §2.2) are not it.
+    let head = &head[head.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(head.len())..];
     let line_len = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
     if line_len <= MAX_HEAD_BYTES {
         return HeadError::TooLarge;
@@ -1447,6 +1449,7 @@ mod tests {
         let rest = " HTTP/1.1\r\nHost: h\r\n\r\n";
         assert_eq!(error(&line(3, MAX_HEAD_BYTES, rest)), HeadError::TargetTooLong);
         assert_eq!(error(&line(3, MAX_HEAD_BYTES, "")), HeadError::TargetTooLong);
+        assert_eq!(error(&[&b"\r\n"[..], &line(3, MAX_HEAD_BYTES, "")].concat()), HeadError::TargetTooLong);
         assert_eq!(error(&line(MAX_HEAD_BYTES / 2, MAX_HEAD_BYTES / 2 + 8, "")), HeadError::TargetTooLong);
         assert!(is_malformed(&line(3, MAX_HEAD_BYTES - 8, " HTTP/1.1 and on and on")), "a line past its version");
         assert!(is_malformed(&line(MAX_HEAD_BYTES + 1, 4, rest)));

@@ -747,8 +747,7 @@ fn assemble<'b>(
 /// The position of the minor-version digit when the request line ends in
 /// `HTTP/1.<2-9>`: a later HTTP/1 minor version, served as 1.1 (RFC 9110 §2.5).
 fn newer_minor_version(buf: &[u8]) -> Option<usize> {
-    let line_end = buf.iter().position(|&b| b == b'\n')?;
-    let line = buf[..line_end].strip_suffix(b"\r").unwrap_or(&buf[..line_end]);
+    let line = whole_first_line(buf)?;
     let at = line.len().checked_sub(1)?;
     (line.len() > b" HTTP/1.x".len() && line[..at].ends_with(b" HTTP/1.") && (b'2'..=b'9').contains(&line[at]))
         .then_some(at)
@@ -758,8 +757,7 @@ fn newer_minor_version(buf: &[u8]) -> Option<usize> {
 /// version other than 1 (RFC 9110 §15.6.6: `505`, where a malformed version
 /// is `400`).
 fn other_major_version(buf: &[u8]) -> bool {
-    let Some(line_end) = buf.iter().position(|&b| b == b'\n') else { return false };
-    let line = buf[..line_end].strip_suffix(b"\r").unwrap_or(&buf[..line_end]);
+    let Some(line) = whole_first_line(buf) else { return false };
     match line.len().checked_sub(b" HTTP/d.d".len()).map(|at| &line[at..]) {
         Some([b' ', b'H', b'T', b'T', b'P', b'/', major, b'.', minor]) => {
             major.is_ascii_digit() && minor.is_ascii_digit() && *major != b'1'
@@ -1138,8 +1136,13 @@ const MORE_THAN_THREE_WORDS: &str =
 
 /// Whether the first line of `buf` has more than two spaces.
 fn more_than_three_words(buf: &[u8]) -> bool {
-    let line = buf.split(|&b| b == b'\n').next().unwrap_or(buf);
-    line.iter().filter(|&&b| b == b' ').nth(2).is_some()
+    whole_first_line(buf).is_some_and(|line| line.iter().filter(|&&b| b == b' ').nth(2).is_some())
+}
+
+/// The first line of `buf` without its line end, once that has come.
+fn whole_first_line(buf: &[u8]) -> Option<&[u8]> {
+    let line_end = buf.iter().position(|&b| b == b'\n')?;
+    Some(buf[..line_end].strip_suffix(b"\r").unwrap_or(&buf[..line_end]))
 }
 
 fn httparse_reason(e: httparse::Error) -> &'static str {

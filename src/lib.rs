@@ -31,6 +31,7 @@ pub mod calendar;
 pub mod config;
 pub mod ct;
 pub mod dashboard;
+pub mod files;
 pub mod governor;
 pub mod http;
 pub mod metrics;

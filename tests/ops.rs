@@ -981,6 +981,55 @@ fn check_config_and_start_up_say_in_words_what_is_wrong_with_a_ca_file() {
 }
 
 #[test]
+fn files_the_configuration_names_are_read_only_when_regular_and_bounded() {
+    let dir = scratch_dir();
+    let pipe = dir.join("pipe");
+    if !std::process::Command::new("mkfifo").arg(&pipe).status().is_ok_and(|s| s.success()) {
+        println!("skipped: mkfifo failed");
+        return;
+    }
+    let big = dir.join("big.pem");
+    std::fs::write(&big, vec![b'x'; (4 << 20) + 1]).unwrap();
+    let ca = |file: &Path| {
+        format!(r#""upstream":{{"url":"https://api.example","hosts":["p.proxy.test"],"caFile":"{}"}}"#, file.display())
+    };
+    let file_value = |file: &Path| {
+        format!(
+            r#""upstream":{{"url":"http://127.0.0.1:9","hosts":["p.proxy.test"],"setHeaders":{{"X-A":"${{file:{}}}"}}}}"#,
+            file.display()
+        )
+    };
+    let jwks = |file: &Path| {
+        format!(
+            r#""access":{{"cloudflareAccess":{{"jwksFile":"{}","audience":"aud","issuer":"https://team.cloudflareaccess.com"}}}}"#,
+            file.display()
+        )
+    };
+    let zero = Path::new("/dev/zero");
+    // A named pipe would wait for a writer, a device would be read forever:
+    // each is refused at once, in words.
+    for (pool, why) in [
+        (ca(&pipe), "not a regular file"),
+        (ca(zero), "not a regular file"),
+        (ca(&big), "larger than 4 MiB"),
+        (file_value(&pipe), "not a regular file"),
+        (file_value(zero), "not a regular file"),
+        (jwks(&pipe), "not a regular file"),
+        (jwks(zero), "not a regular file"),
+    ] {
+        let path = write_config(&dir, &config(&pool, ""));
+        let r = run(&dir, &["--check-config", &path]);
+        assert_fails_with(&r, &[why]);
+    }
+    // A reload onto a pipe is refused the same way, and serving goes on.
+    let s = TestServer::start_logged(&config("", ""), "info");
+    std::fs::write(&s.config_path, config(&file_value(&pipe), "")).unwrap();
+    let outcome = reload_outcome(&s);
+    assert!(outcome.contains("reload refused") && outcome.contains("not a regular file"), "{outcome}");
+    s.acquire("", "").slot();
+}
+
+#[test]
 fn start_up_fails_in_one_line_when_the_config_cannot_be_read() {
     let dir = scratch_dir();
     let missing = dir.join("missing.json");

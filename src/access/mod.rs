@@ -20,6 +20,7 @@ use std::net::IpAddr;
 use log::warn;
 
 use crate::config::AccessConfig;
+use crate::files;
 use crate::http::request::{Head, Method};
 use crate::http::trim;
 use crate::time::EpochMs;
@@ -50,6 +51,8 @@ struct CloudflarePolicy {
 
 /// Clock skew forgiven on Cloudflare Access tokens.
 const CF_LEEWAY_MS: u64 = 30_000;
+/// The largest `cloudflareAccess.jwksFile` read (a team's JWKS is a few KiB).
+const MAX_JWKS_BYTES: u64 = 1 << 20;
 
 #[derive(Default)]
 pub struct PoolAccess {
@@ -134,7 +137,7 @@ impl PoolAccess {
         let cloudflare = match &config.cloudflare_access {
             None => None,
             Some(cf) => {
-                let loaded = std::fs::read(&cf.jwks_file)
+                let loaded = files::read_bounded(cf.jwks_file.as_ref(), MAX_JWKS_BYTES)
                     .map_err(|e| format!("cannot read {}: {e}", cf.jwks_file))
                     .and_then(|bytes| Jwks::from_json(&bytes).map_err(|e| format!("{}: {e}", cf.jwks_file)));
                 let same_file =

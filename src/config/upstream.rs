@@ -16,6 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::{ConfigError, MAX_DURATION_MS};
+use crate::files;
 use crate::net::resolve::MAX_HOST_LEN;
 use crate::net::tls::ClientTls;
 
@@ -29,6 +30,9 @@ pub const MAX_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 600_000;
 pub const MAX_REQUEST_BYTES: u64 = 1 << 40;
 /// The longest a managed header value may be, after resolution.
 pub const MAX_HEADER_VALUE: usize = 8 * 1024;
+/// The largest file a `${file:PATH}` reference may name (its text then has
+/// to fit `MAX_HEADER_VALUE` with the rest of the value).
+const MAX_FILE_VALUE_BYTES: u64 = 64 * 1024;
 
 #[derive(Clone, Deserialize, PartialEq, Debug)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -337,11 +341,16 @@ fn resolve(value: &str) -> Result<String, String> {
         let tail = &rest[at + 2..];
         let end = tail.find('}').ok_or("a `${` reference is not closed with `}`")?;
         let reference = &tail[..end];
+        if reference == "env:" || reference == "file:" {
+            return Err(format!("`${{{reference}}}` names nothing: write ${{env:NAME}} or ${{file:PATH}}"));
+        }
         if let Some(name) = reference.strip_prefix("env:") {
             let v = std::env::var(name).map_err(|_| format!("the environment variable {name} is not set"))?;
             out.push_str(&v);
         } else if let Some(path) = reference.strip_prefix("file:") {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+            let bytes = files::read_bounded(path.as_ref(), MAX_FILE_VALUE_BYTES)
+                .map_err(|e| format!("cannot read {path}: {e}"))?;
+            let text = String::from_utf8(bytes).map_err(|_| format!("cannot read {path}: it is not UTF-8 text"))?;
             out.push_str(text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text));
         } else {
             return Err(format!("`${{{reference}}}` is neither ${{env:NAME}} nor ${{file:PATH}}"));
@@ -443,6 +452,9 @@ mod tests {
         assert!(resolve("${env:NTHPOOL_UPSTREAM_TEST_MISSING}").unwrap_err().contains("NTHPOOL_UPSTREAM_TEST_MISSING"));
         assert!(resolve("${file:/nonexistent/nthpool}").unwrap_err().contains("/nonexistent/nthpool"));
         assert!(resolve("${vault:x}").is_err());
+        for empty in ["${env:}", "${file:}"] {
+            assert!(resolve(empty).unwrap_err().contains("names nothing"), "{empty}");
+        }
         assert!(resolve("${env:X").is_err());
         let config = section(r#","setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_UPSTREAM_TEST_MISSING}"}"#);
         let e = Upstream::build(&config).unwrap_err();

@@ -26,6 +26,7 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{CertificateError, ClientConfig, ClientConnection, HandshakeKind, RootCertStore};
 
+use crate::files;
 use crate::time::Ms;
 
 /// The only application protocol offered: the proxy speaks HTTP/1.1 upstream.
@@ -38,6 +39,8 @@ const BUFFER_LIMIT: usize = 64 * 1024;
 /// How long a handshake may take, from the start of the TCP connect, unless
 /// the upstream's `tlsHandshakeTimeoutMs` says otherwise.
 pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// The largest `upstream.caFile` read (the whole Mozilla bundle is about 220 KiB).
+const MAX_CA_FILE_BYTES: u64 = 4 << 20;
 
 /// Sessions remembered for resumption per [`ClientTls`] (one per upstream).
 const SESSION_CACHE_SIZE: usize = 256;
@@ -268,7 +271,7 @@ impl ClientTls {
 
 fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsConfigError> {
     let fail = |why: String| TlsConfigError::CaFile { path: path.to_owned(), why };
-    let pem = std::fs::read(path).map_err(|e| fail(format!("cannot be read: {e}")))?;
+    let pem = files::read_bounded(path, MAX_CA_FILE_BYTES).map_err(|e| fail(format!("cannot be read: {e}")))?;
     for (line, cert) in ca_certificates(&pem).map_err(fail)? {
         roots
             .add(cert)

@@ -40,6 +40,7 @@ SIGNALS:
 struct Args {
     config: Option<PathBuf>,
     listen: Option<SocketAddr>,
+    check: Option<PathBuf>,
 }
 
 fn given_twice(flag: &str) -> String {
@@ -47,7 +48,7 @@ fn given_twice(flag: &str) -> String {
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
-    let mut args = Args { config: None, listen: None };
+    let mut args = Args { config: None, listen: None, check: None };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
@@ -62,22 +63,28 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             "--config" if args.config.is_some() => return Err(given_twice(&arg)),
             "--listen" if args.listen.is_some() => return Err(given_twice(&arg)),
+            "--check-config" if args.check.is_some() => return Err(given_twice(&arg)),
             "--config" => args.config = Some(value("--config")?.into()),
             "--listen" => {
                 let v = value("--listen")?;
                 args.listen =
                     Some(v.parse().map_err(|_| format!("--listen: {v:?} is not an address like 127.0.0.1:7070"))?);
             }
-            "--check-config" => {
-                let path = PathBuf::from(value("--check-config")?);
-                let config = Config::load(&path).map_err(|e| e.to_string())?;
-                nthpool::api::check(&config).map_err(|e| format!("{}: {e}", path.display()))?;
-                nthpool::state::check_files(&config, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-                println!("{}: configuration is valid", path.display());
-                return Ok(None);
-            }
+            "--check-config" => args.check = Some(value("--check-config")?.into()),
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
+    }
+    // Checked only once the whole command line is read: a second file or
+    // a serving option beside it is an error, not silently left unchecked.
+    if let Some(path) = &args.check {
+        if args.config.is_some() || args.listen.is_some() {
+            return Err("--check-config checks one file and takes no other option".into());
+        }
+        let config = Config::load(path).map_err(|e| e.to_string())?;
+        nthpool::api::check(&config).map_err(|e| format!("{}: {e}", path.display()))?;
+        nthpool::state::check_files(&config, path).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("{}: configuration is valid", path.display());
+        return Ok(None);
     }
     Ok(Some(args))
 }

@@ -1082,9 +1082,22 @@ fn check_config_validates_without_serving() {
     assert!(r.stdout.contains("valid"), "{}", r.stdout);
     assert!(!r.stdout.contains("listening"), "it does not serve");
 
-    let path = write_config(&dir, &config(r#""concurrency":0"#, ""));
-    let r = run(&dir, &["--check-config", &path]);
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, config(r#""concurrency":0"#, "")).unwrap();
+    let bad = bad.to_str().unwrap();
+    let r = run(&dir, &["--check-config", bad]);
     assert_fails_with(&r, &["pools.p.concurrency"]);
+
+    // One file a run: a second one (say from `conf/*.json`) is refused, not
+    // left unchecked behind a "valid" for the first.
+    let r = run(&dir, &["--check-config", &path, bad]);
+    assert_fails_with(&r, &["unknown argument", "bad.json"]);
+    assert_eq!(r.status.code(), Some(2));
+    let r = run(&dir, &["--check-config", &path, "--check-config", bad]);
+    assert_fails_with(&r, &["--check-config is given twice"]);
+    let r = run(&dir, &["--check-config", &path, "--listen", "127.0.0.1:0"]);
+    assert_fails_with(&r, &["--check-config checks one file"]);
+    assert!(r.stdout.is_empty(), "{}", r.stdout);
 }
 
 #[test]

@@ -127,7 +127,13 @@ impl ResolverConfig {
             ));
         }
         if !(self.min_ttl_ms..=self.max_ttl_ms).contains(&self.ttl_ms) {
-            return Err(field("ttlMs", format!("must be between minTtlMs and maxTtlMs ({})", self.ttl_ms)));
+            return Err(field(
+                "ttlMs",
+                format!(
+                    "must be between minTtlMs ({}) and maxTtlMs ({}); it is {}",
+                    self.min_ttl_ms, self.max_ttl_ms, self.ttl_ms
+                ),
+            ));
         }
         for (name, value) in [("maxStaleMs", self.max_stale_ms), ("negativeTtlMs", self.negative_ttl_ms)] {
             if value > MAX_DURATION_MS {

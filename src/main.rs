@@ -120,12 +120,15 @@ fn main() -> ExitCode {
     // With the access log on standard output, that stream holds JSON lines
     // only (a log shipper parses each): the banner goes to standard error.
     let banner_to_stderr = config.access_log.as_deref() == Some("-");
-    let result = server::serve(&config, listen, args.config.clone(), |addr, admin| {
+    let result = server::serve(&config, listen, args.config.clone(), |addr, admin, proxies| {
         // Not `println!`: standard output may be the access log's, written
         // without blocking, and a full pipe must not end the server.
         let mut banner = String::new();
         if let Some(admin) = admin {
             banner += &format!("nthpool admin on http://{admin}\n");
+        }
+        for (pool, proxy) in proxies {
+            banner += &format!("nthpool proxy for pool `{pool}` on http://{proxy}\n");
         }
         banner += &format!("nthpool listening on http://{addr}\n");
         if embedded {

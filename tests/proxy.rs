@@ -235,6 +235,9 @@ fn a_pools_own_listener_proxies_every_request() {
     let port = free_port();
     let server =
         TestServer::start(&config(&format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:{port}"}}"#, up.url()), ""));
+    // Start-up says where the pool's proxy listens, beside the other listeners.
+    let announced = format!("nthpool proxy for pool `p` on http://127.0.0.1:{port}\n");
+    assert!(server.banner.contains(&announced), "{}", server.banner);
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(format!("GET /anything?x=1 HTTP/1.1\r\nHost: whatever\r\nX-Nthpool-Key: {KEY}\r\n\r\n").as_bytes())

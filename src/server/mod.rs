@@ -369,6 +369,15 @@ impl Server {
         self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// Each pool's own proxy listener (`upstream.listen`), by pool name.
+    pub fn proxy_addrs(&self) -> Vec<(String, SocketAddr)> {
+        let gov = self.app.governor();
+        self.proxy_listeners
+            .iter()
+            .filter_map(|(l, pid)| Some((gov.pool(*pid).name.to_string(), l.local_addr().ok()?)))
+            .collect()
+    }
+
     /// Serves until SIGTERM or SIGINT has been handled.
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
@@ -1432,11 +1441,11 @@ pub fn serve(
     config: &Config,
     listen: SocketAddr,
     config_path: Option<PathBuf>,
-    on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
+    on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>, &[(String, SocketAddr)]),
 ) -> Result<(), String> {
     let mut server = Server::bind(config, listen, config_path)?;
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     info!("listening on {addr}");
-    on_ready(addr, server.admin_addr());
+    on_ready(addr, server.admin_addr(), &server.proxy_addrs());
     server.run().map_err(|e| format!("event loop failed: {e}"))
 }

@@ -22,6 +22,8 @@ pub struct TestServer {
     pub dir: Scratch,
     pub config_path: PathBuf,
     pub stdout: BufReader<ChildStdout>,
+    /// The start-up lines on standard output up to `nthpool listening on`.
+    pub banner: String,
 }
 
 /// A scratch directory, removed with all it holds when dropped, a failing
@@ -160,7 +162,9 @@ impl TestServer {
         let mut addr = None;
         let mut admin = None;
         let mut line = String::new();
+        let mut banner = String::new();
         while addr.is_none() {
+            banner += &line;
             line.clear();
             if stdout.read_line(&mut line).unwrap() == 0 {
                 let status = child.wait().unwrap();
@@ -173,7 +177,8 @@ impl TestServer {
                 addr = Some(rest.parse().unwrap());
             }
         }
-        TestServer { child, addr: addr.unwrap(), admin, dir, config_path, stdout }
+        banner += &line;
+        TestServer { child, addr: addr.unwrap(), admin, dir, config_path, stdout, banner }
     }
 
     pub fn connect(&self) -> TcpStream {

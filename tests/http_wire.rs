@@ -615,6 +615,8 @@ fn public_host_limits_lock_routes_to_one_host() {
     for host in ["localhost", "p.api.example.com", "api.example.com.evil", "evil.com:80", "[::1]:7070"] {
         let r = exchange(&mut c, with_host(host, "POST").as_bytes());
         assert_error(&r, 404, "not_found", host);
+        // Said so, for the operator who pointed a client at the wrong name.
+        assert_eq!(r.json()["message"], "The lock API is not served on this host.", "{host}");
     }
     for host in
         ["api.example.com", "api.example.com:7070", "API.Example.COM:443", "api.example.com.", "api.example.com.:80"]
@@ -641,6 +643,23 @@ fn public_host_limits_lock_routes_to_one_host() {
         }
         assert_error(&exchange(&mut c, with_host("localhost", "POST").as_bytes()), 404, "not_found", public);
     }
+}
+
+#[test]
+fn a_renew_or_release_without_its_slot_id_is_404_saying_so() {
+    // What `$API/$SLOT_ID/release` becomes when the variable is unset.
+    let s = TestServer::start(&config("", ""));
+    let mut c = s.connect();
+    for path in ["/pools/demo/lock//release", "/pools/demo/lock//renew"] {
+        let r = exchange(&mut c, &post(path, "", "", ""));
+        assert_error(&r, 404, "not_found", path);
+        assert!(r.json()["message"].as_str().unwrap().contains("no slot id"), "{r:?}");
+    }
+    // Any other path that is no route keeps the plain sentence, on the same connection.
+    let r = exchange(&mut c, &post("/pools/demo/lock/x/cancel", "", "", ""));
+    assert_error(&r, 404, "not_found", "cancel");
+    assert_eq!(r.json()["message"], "No such route.");
+    exchange(&mut c, &post(ACQUIRE, KEY, "", "")).slot();
 }
 
 #[test]
@@ -679,6 +698,16 @@ fn a_bad_release_body_is_400_and_releases_nothing() {
         let r = exchange(&mut c, &post(&release_path(&slot), KEY, "", body));
         assert_error(&r, 400, "bad_request", body);
         assert_answer_closes(&mut c, &r, body);
+        // A member of the wrong type or range is named in the sentence.
+        let named = [
+            (r#"{"status":"200"}"#, "`status`"),
+            (r#"{"status":600}"#, "`status`"),
+            (r#"{"status":200,"rate":[10,0,60000]}"#, "`rate`"),
+            (r#"{"headers":"retry-after: 5"}"#, "`headers`"),
+        ];
+        if let Some((_, named)) = named.iter().find(|(b, _)| *b == body) {
+            assert!(r.json()["message"].as_str().unwrap().contains(named), "{body}: {r:?}");
+        }
     }
     // Nothing was released: the pool is still full, and the slot still renews and releases.
     assert_eq!(s.acquire("", "").status, 429);

@@ -101,6 +101,9 @@ fn the_sdk_key_headers_authenticate_and_are_not_forwarded() {
         let r = exchange(&server, raw.as_bytes());
         assert_eq!((r.status, r.error_code().as_str()), (401, "unauthorized"), "{r:?}");
         assert_eq!(r.header("www-authenticate"), Some(r#"Bearer realm="nthpool""#), "{r:?}");
+        // The refusal names where an SDK's key goes, not only X-Nthpool-Key.
+        let message = r.json()["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("Authorization: Bearer") && message.contains("x-api-key"), "{message}");
     }
     assert_eq!(up.seen().len(), before);
 }

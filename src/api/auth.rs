@@ -16,6 +16,11 @@ pub struct PoolKeys {
 }
 
 const MISSING: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
+/// Proxy mode with `allowAuthorizationHeader`: where an SDK puts its key is
+/// named too. (The lock API keeps one message for every pool, so a 401 does
+/// not tell which pools exist; a proxy's pool is known from its address.)
+const MISSING_PROXIED: ApiError =
+    ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key, Authorization: Bearer, or x-api-key).");
 const API_KEY_TWICE: ApiError = ApiError::BadRequest("x-api-key is sent twice; send it once.");
 
 impl PoolKeys {
@@ -56,19 +61,20 @@ impl PoolKeys {
     /// `allowAuthorizationHeader` is on. Read there, it is a one-value
     /// credential header: sent twice, which copy counts would be a guess.
     pub fn check_proxied(&self, head: &Head) -> Result<(), ApiError> {
+        let missing = if self.allow_authorization_header { MISSING_PROXIED } else { MISSING };
         let key = match self.presented(head) {
             Some(key) => key,
             None if self.allow_authorization_header => {
                 let mut copies = head.headers.into_iter().filter(|h| h.name.eq_ignore_ascii_case(b"x-api-key"));
-                let first = copies.next().ok_or(MISSING)?;
+                let first = copies.next().ok_or(missing)?;
                 if copies.next().is_some() {
                     return Err(API_KEY_TWICE);
                 }
                 trim(first.value)
             }
-            None => return Err(MISSING),
+            None => return Err(missing),
         };
-        self.check_key(key)
+        self.check_key(key).map_err(|_| missing)
     }
 
     /// Whether `Authorization` and `x-api-key` may carry the key.

@@ -16,7 +16,9 @@ pub enum ApiError {
     /// told; the sentence says which.
     Forbidden(&'static str),
     NotFound,
-    RouteNotFound,
+    /// A path that is no route here; the sentence says what is wrong with
+    /// it where that can be told (`ApiError::NO_ROUTE` otherwise).
+    RouteNotFound(&'static str),
     MethodNotAllowed,
     Capped,
     PayloadTooLarge,
@@ -51,12 +53,21 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// The `404` of a path that is no route, when nothing more can be said.
+    pub const NO_ROUTE: ApiError = ApiError::RouteNotFound("No such route.");
+    /// The `404` of a lock route asked for on a host other than `publicHost`.
+    pub const OFF_PUBLIC_HOST: ApiError = ApiError::RouteNotFound("The lock API is not served on this host.");
+    /// The `404` of a renew or release path without its slot id.
+    pub const NO_SLOT_ID: ApiError = ApiError::RouteNotFound(
+        "The path has no slot id: renew and release are /pools/{pool}/lock/{slotId}/renew and .../release.",
+    );
+
     pub fn status(self) -> Status {
         match self {
             ApiError::BadRequest(_) => Status::BadRequest,
             ApiError::Unauthorized(_) => Status::Unauthorized,
             ApiError::Forbidden(_) => Status::Forbidden,
-            ApiError::NotFound | ApiError::RouteNotFound => Status::NotFound,
+            ApiError::NotFound | ApiError::RouteNotFound(_) => Status::NotFound,
             ApiError::MethodNotAllowed => Status::MethodNotAllowed,
             ApiError::Capped | ApiError::Superseded => Status::Conflict,
             ApiError::PayloadTooLarge => Status::PayloadTooLarge,
@@ -77,7 +88,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Unauthorized(_) | ApiError::Forbidden(_) => "unauthorized",
-            ApiError::NotFound | ApiError::RouteNotFound => "not_found",
+            ApiError::NotFound | ApiError::RouteNotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Capped => "capped",
             ApiError::Superseded => "superseded",
@@ -103,9 +114,9 @@ impl ApiError {
             | ApiError::Forbidden(why)
             | ApiError::NotImplemented(why)
             | ApiError::BadGatewayBecause(why)
+            | ApiError::RouteNotFound(why)
             | ApiError::Unavailable(why, _) => why,
             ApiError::NotFound => "The slot was already released or reclaimed.",
-            ApiError::RouteNotFound => "No such route.",
             ApiError::MethodNotAllowed => "Lock routes accept POST only.",
             ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
             ApiError::Superseded => "A retry with the same Idempotency-Key took this acquire's place in the queue.",

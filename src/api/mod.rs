@@ -421,10 +421,10 @@ impl App {
     fn resolve<'h>(&self, head: &Head<'h>) -> Result<(Route<'h>, PoolId), ApiError> {
         // A line read by comparison with a remembered one has its target checked here.
         head.check_target()?;
-        let route = route::route(head.path).ok_or(ApiError::RouteNotFound)?;
+        let route = route::route(head.path).ok_or_else(|| no_route(head.path))?;
         // The host first: on another host the lock routes do not exist at all.
         if !self.on_public_host(head) {
-            return Err(ApiError::RouteNotFound);
+            return Err(ApiError::OFF_PUBLIC_HOST);
         }
         if head.method != Method::Post {
             return Err(ApiError::MethodNotAllowed);
@@ -481,7 +481,7 @@ impl App {
         match self.dispatch(ctx, head, body, out, &mut client, verdicts) {
             Ok(handled) => handled,
             // `OPTIONS *` asks what the server as a whole supports (RFC 9110 §9.3.7).
-            Err(ApiError::RouteNotFound) if head.path == b"*" => {
+            Err(ApiError::RouteNotFound(_)) if head.path == b"*" => {
                 let mut w = Writer::start(out, Status::Ok);
                 w.header(b"Allow", b"POST");
                 w.finish(b"", ctx.close);
@@ -1075,6 +1075,16 @@ pub struct CredentialsAsked {
     pub cloudflare: bool,
     /// An HMAC signature over the request (`X-Nthpool-Timestamp`, `-Nonce`, `-Signature`).
     pub hmac: bool,
+}
+
+/// The `404` of a path that is no lock route, named as closely as the path allows.
+#[cold]
+fn no_route(path: &[u8]) -> ApiError {
+    if route::lacks_slot(path) {
+        ApiError::NO_SLOT_ID
+    } else {
+        ApiError::NO_ROUTE
+    }
 }
 
 const UNKNOWN_POOL: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");

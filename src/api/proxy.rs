@@ -125,7 +125,7 @@ impl App {
         out: &mut Vec<u8>,
     ) -> Result<Admitted, ApiError> {
         head.check_target()?;
-        let upstream = self.upstream(pid).ok_or(ApiError::RouteNotFound)?;
+        let upstream = self.upstream(pid).ok_or(ApiError::NO_ROUTE)?;
         let (default_wait, max_bytes) = (upstream.wait_ms, upstream.max_request_bytes);
         if self.gov.pool(pid).retired {
             return Err(UNKNOWN_POOL);

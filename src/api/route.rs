@@ -36,6 +36,20 @@ pub fn route(target: &[u8]) -> Option<Route<'_>> {
     }
 }
 
+/// Whether `target` is a renew or release path with its slot id left out
+/// (`/pools/p/lock//release`, what an unset shell variable makes of one).
+pub fn lacks_slot(target: &[u8]) -> bool {
+    let Some(rest) = target.strip_prefix(b"/pools/") else {
+        return false;
+    };
+    let Some(pool_len) = segment_len(rest).filter(|&n| n > 0) else {
+        return false;
+    };
+    rest[pool_len + 1..]
+        .strip_prefix(b"lock//")
+        .is_some_and(|last| ends_path(last, b"renew") || ends_path(last, b"release"))
+}
+
 /// The `{pool}` of any path under `/pools/{pool}` (`/pools/{pool}` itself,
 /// `/pools/{pool}/...`, `/pools/{pool}?...`), as a proxy that shards by it
 /// reads it; `None` outside `/pools/` or for an empty segment.
@@ -176,6 +190,25 @@ mod tests {
             "/pools",
         ] {
             assert_eq!(route(other.as_bytes()), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_renew_or_release_path_without_its_slot_id_is_told_apart() {
+        for lacking in ["/pools/demo/lock//renew", "/pools/demo/lock//release", "/pools/demo/lock//release?x=1"] {
+            assert!(lacks_slot(lacking.as_bytes()), "{lacking}");
+            assert_eq!(route(lacking.as_bytes()), None, "{lacking}");
+        }
+        for other in [
+            "/pools/demo/lock/abc/release",
+            "/pools/demo/lock//cancel",
+            "/pools//lock//release",
+            "/pools/demo/lock///release",
+            "/pools/demo/lock//release/",
+            "/pools/demo/lock/acquire",
+            "/",
+        ] {
+            assert!(!lacks_slot(other.as_bytes()), "{other}");
         }
     }
 

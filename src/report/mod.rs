@@ -310,19 +310,17 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
         if is_duplicate_field(&e) {
             "A field of the release body is given twice; send each once."
         } else {
-            "The release body is not valid: fields must be numbers, `rate` an object and `headers` header values."
+            misread_field(body)
         }
     })?;
     const ANY: u64 = u64::MAX;
-    let status = whole(&parsed.status, 599, "`status` must be a whole number from 100 to 599.")?;
+    let status = whole(&parsed.status, 599, STATUS_ERR)?;
     if matches!(status, Some(s) if s < 100) {
-        return Err("`status` must be a whole number from 100 to 599.");
+        return Err(STATUS_ERR);
     }
-    let throttled = whole(&parsed.throttled, ANY, "`throttled` must be a whole number of at least 0.")?;
-    let retry_after =
-        whole(&parsed.retry_after_ms, ANY, "`retryAfterMs` must be a whole number of milliseconds, at least 0.")?;
+    let throttled = whole(&parsed.throttled, ANY, THROTTLED_ERR)?;
+    let retry_after = whole(&parsed.retry_after_ms, ANY, RETRY_ERR)?;
     let rate = parsed.rate.unwrap_or_default();
-    const RATE_ERR: BodyError = "`rate` fields must be whole numbers of at least 0 (or null).";
     let from_headers = parsed
         .headers
         .map(|h| ratelimit::parse_headers(h.0.iter().map(|(n, v)| (*n, v.as_str())), now_epoch_ms))
@@ -343,6 +341,46 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
             retry_after_ms: retry_after.or(from_headers.retry_after_ms),
         },
     }))
+}
+
+const STATUS_ERR: BodyError = "`status` must be a whole number from 100 to 599.";
+const THROTTLED_ERR: BodyError = "`throttled` must be a whole number of at least 0.";
+const RETRY_ERR: BodyError = "`retryAfterMs` must be a whole number of milliseconds, at least 0.";
+const RATE_ERR: BodyError = "`rate` fields must be whole numbers of at least 0 (or null).";
+
+/// The sentence for a release body serde refused (well-formed JSON with a
+/// member of the wrong type, or not JSON at all): the first member of the
+/// wrong type, named, when one can be told. Runs only for refused bodies.
+#[cold]
+fn misread_field(body: &[u8]) -> BodyError {
+    use serde_json::Value;
+    let members = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(members)) => members,
+        Err(e) if e.to_string().starts_with("number out of range") => {
+            return "A number in the release body is too large to read.";
+        }
+        _ => return "The release body is not valid JSON.",
+    };
+    let number_or_null = |v: &Value| v.is_number() || v.is_null();
+    for (name, value) in &members {
+        match name.as_str() {
+            "status" if !number_or_null(value) => return STATUS_ERR,
+            "throttled" if !number_or_null(value) => return THROTTLED_ERR,
+            "retryAfterMs" if !number_or_null(value) => return RETRY_ERR,
+            "rate" => match value {
+                Value::Null => {}
+                Value::Object(rate) if rate.values().all(number_or_null) => {}
+                Value::Object(_) => return RATE_ERR,
+                _ => return "`rate` must be an object (or null).",
+            },
+            _ => {}
+        }
+    }
+    if members.contains_key("headers") {
+        "`headers` must be an object of header values or an array of [name, value] pairs."
+    } else {
+        "The release body is not valid: fields must be numbers, `rate` an object and `headers` header values."
+    }
 }
 
 /// The report nearly every release carries — an object of `status`,
@@ -653,6 +691,24 @@ mod tests {
             r#"{"status":200"#,
         ] {
             bad(body);
+        }
+    }
+
+    #[test]
+    fn a_member_of_the_wrong_type_is_named() {
+        for (body, named) in [
+            (r#"{"status":"200"}"#, "`status`"),
+            (r#"{"status":200,"throttled":true}"#, "`throttled`"),
+            (r#"{"retryAfterMs":"2s"}"#, "`retryAfterMs`"),
+            (r#"{"status":429,"rate":{"remaining":"0"}}"#, "`rate` fields"),
+            (r#"{"rate":[10,0,60000]}"#, "`rate` must be an object"),
+            (r#"{"status":200,"headers":"retry-after: 3"}"#, "`headers`"),
+            (r#"{"headers":[["retry-after"]]}"#, "`headers`"),
+            (r#"{"status":200"#, "not valid JSON"),
+            (r#"{"status":1e400}"#, "too large"),
+        ] {
+            let why = parse_release(body.as_bytes(), 0).unwrap_err();
+            assert!(why.contains(named), "{body}: {why}");
         }
     }
 }

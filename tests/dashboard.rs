@@ -894,6 +894,11 @@ fn every_example_works_when_pasted_with_the_pools_credentials() {
             x["text"].as_str().unwrap().to_owned()
         };
         let mut env = vec![("POOL_KEY", key), ("POOL_JWT", jwt.as_str()), ("POOL_HMAC_SECRET", HMAC_SECRET)];
+        // Pasted one after another into one shell, an acquire leaves its
+        // slot id in SLOT_ID for the renew and release after it.
+        let chained =
+            format!("{{\n{}\n}} >/dev/null\n{} >/dev/null\n{}", text("acquire"), text("renew"), text("release"));
+        assert_eq!(paste(&chained, &env)["released"], true, "{pool}: acquire, renew, release in one shell");
         let granted = paste(&text("acquire"), &env);
         let slot = granted["slotId"].as_str().unwrap_or_else(|| panic!("{pool}: acquire: {granted}")).to_owned();
         env.push(("SLOT_ID", slot.as_str()));

@@ -380,14 +380,31 @@ fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
         }
         text
     };
+    // An acquire keeps its grant's slotId in SLOT_ID, for the examples after it.
+    let acquire = |body: Option<&str>| {
+        let text = call("acquire", body);
+        let at = text.find("curl -sS").expect("every example calls curl");
+        format!(
+            "{}GRANT=$({})\necho \"$GRANT\"\n\
+             export SLOT_ID=$(printf '%s' \"$GRANT\" | sed -n 's/.*\"slotId\":\"\\([^\"]*\\)\".*/\\1/p')",
+            &text[..at],
+            &text[at..]
+        )
+    };
+    // What the report does, said after the LOCK_API line every example starts with.
+    let throttled = call("$SLOT_ID/release", Some("{\"status\":429,\"throttled\":1,\"retryAfterMs\":2000}")).replacen(
+        '\n',
+        "\n# A 429 with no sign of a spent budget cuts the pool's limit and pauses nothing;\n\
+             # with \"rate\":{\"remaining\":0,\"resetMs\":2000} it pauses the pool instead.\n",
+        1,
+    );
     json!([
-        { "id": "acquire", "title": "Acquire, fail fast", "text": call("acquire", None) },
+        { "id": "acquire", "title": "Acquire, fail fast", "text": acquire(None) },
         { "id": "acquire-queued", "title": "Acquire, wait up to 30 s in the queue",
-          "text": call("acquire", Some("{\"waitMs\":30000}")) },
+          "text": acquire(Some("{\"waitMs\":30000}")) },
         { "id": "renew", "title": "Renew", "text": call("$SLOT_ID/renew", None) },
         { "id": "release", "title": "Release", "text": call("$SLOT_ID/release", Some("{\"status\":200}")) },
-        { "id": "release-throttled", "title": "Release with a throttle report",
-          "text": call("$SLOT_ID/release", Some("{\"status\":429,\"throttled\":1,\"retryAfterMs\":2000}")) },
+        { "id": "release-throttled", "title": "Release with a throttle report", "text": throttled },
     ])
 }
 

@@ -228,7 +228,7 @@ function renderPool(data) {
 function renderExamples(data) {
   return [
     el("h2", { id: "examples" }, "Examples"),
-    el("p", { class: "muted" }, "Set POOL_KEY to one of this pool's keys first: export POOL_KEY='…'. SLOT_ID is the slotId of a grant."),
+    el("p", { class: "muted" }, "Set POOL_KEY to one of this pool's keys first: export POOL_KEY='…'. An acquire sets SLOT_ID to its grant's slotId, for the renew and release pasted after it."),
     ...data.examples.map((x) =>
       el("section", { class: "example", id: "example-" + x.id, "aria-labelledby": "example-title-" + x.id },
         el("div", { class: "example-head" }, el("h3", { id: "example-title-" + x.id }, x.title), copyButton(x.text, x.title)),

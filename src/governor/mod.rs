@@ -324,7 +324,7 @@ impl<T: Copy> Governor<T> {
 
     /// The governor headers of `pid` at `now`. `rpm_remaining` is the
     /// smaller of what its rate gates (the configured bucket, the learned
-    /// budget) still allow; `None` when it has neither.
+    /// budget, a spent token window) still allow; `None` when none holds.
     pub fn signals(&self, pid: PoolId, now: Ms) -> Signals {
         let p = self.pool(pid);
         let effective = p.effective_limit_at(now);
@@ -332,6 +332,10 @@ impl<T: Copy> Governor<T> {
         if let Some(left) = p.learning.budget_remaining(now) {
             let left = left.min(u32::MAX as u64) as u32;
             rpm_remaining = Some(rpm_remaining.map_or(left, |tokens| tokens.min(left)));
+        }
+        // A spent token window lets no grant through before it resets.
+        if p.learning.token_block_until > now {
+            rpm_remaining = Some(0);
         }
         Signals {
             remaining_slots: effective.saturating_sub(p.held),

@@ -492,6 +492,31 @@ fn rpm_remaining_reports_the_learned_budget() {
     assert_eq!(b.signals.rpm_remaining, Some(1), "budget 1 left, bucket 3");
 }
 
+/// A spent token window is a rate gate too: while it holds the pool the
+/// header says no grant is left, even beside a request budget with room.
+#[test]
+fn rpm_remaining_is_0_while_a_spent_token_window_holds_the_pool() {
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let b = granted(g.acquire(p, 0, 2, 0));
+    let tokens_spent = Outcome {
+        rate: RateInfo { token_limit: Some(1000), token_remaining: Some(0), token_reset_ms: Some(1500), ..OK.rate },
+        ..OK
+    };
+    g.release(p, &id(&a), Some(&tokens_spent), 0);
+    let d = denied(g.acquire(p, 0, 3, 10));
+    assert_eq!((d.reason, d.signals.rpm_remaining), (DenyReason::Rate, Some(0)));
+    // With a request budget that has room, the token window still decides.
+    let requests_left =
+        Outcome { rate: RateInfo { limit: Some(10), remaining: Some(9), reset_ms: Some(60_000), ..OK.rate }, ..OK };
+    g.release(p, &id(&b), Some(&requests_left), 20);
+    let d = denied(g.acquire(p, 0, 4, 30));
+    assert_eq!((d.reason, d.signals.rpm_remaining), (DenyReason::Rate, Some(0)));
+    // Past the token reset the request budget is what is left.
+    let e = granted(g.acquire(p, 0, 5, 1500));
+    assert_eq!(e.signals.rpm_remaining, Some(8));
+}
+
 #[test]
 fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
     let (mut g, p) = governor(r#","concurrency":1"#);

@@ -24,9 +24,10 @@
 #   - the first request of a pool whose instance is down carries
 #     `X-Nthpool-Moved`, which opens the pool's re-adoption window on the
 #     instance it reaches (README: "Running more than one instance").
-# Ports: HAProxy PORT (default 7070) and its stats page PORT+1; instance nI
-# listens on PORT+10+I, its admin listener (/healthz, /metrics, dashboard) on
-# PORT+20+I. Logs and pid files are under DIR (default /tmp/nthpool-cluster).
+# Ports: HAProxy PORT (default 7070), its stats page PORT+1 and its stick
+# table's peer PORT+2; instance nI listens on PORT+10+I, its admin listener
+# (/healthz, /metrics, dashboard) on PORT+20+I. Logs and pid files are under
+# DIR (default /tmp/nthpool-cluster).
 #
 # FILE is an nthpool configuration without `listen`, `adminListen` and
 # `slotSecretFile` (the script sets them per instance, and adds HAProxy's

@@ -22,7 +22,7 @@
 //! whose upstreams are IP literals, or that serves the lock API only, stays
 //! one thread, and the C library then skips the cancellation bookkeeping it
 //! wraps around every socket call of a multi-threaded process (about 100 to
-//! 180 instructions per request, PERFORMANCE.md). The thread ends when the
+//! 180 instructions per request, docs/performance-history.md). The thread ends when the
 //! `Resolver` is dropped and it has finished its current lookup; it is not
 //! joined, so a stuck lookup cannot hold up a shutdown.
 

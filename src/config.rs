@@ -419,10 +419,26 @@ impl Config {
     }
 
     pub fn parse(text: &[u8]) -> Result<Config, ConfigError> {
-        // Broken JSON is left to the typed pass below, which says where.
-        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(text) {
-            refuse_positional(&value, &mut Vec::new())?;
+        // Broken JSON is left to the typed pass, which says where.
+        let positional = serde_json::from_slice::<serde_json::Value>(text)
+            .map_or(Ok(()), |value| refuse_positional(&value, &mut Vec::new()));
+        let typed = Config::typed(text);
+        if let Err(misplaced) = positional {
+            // A misspelled field holding a list (`"key": [...]`) is named as
+            // unknown, with the names that go there, as one holding a number is.
+            return Err(match typed {
+                Err(unknown) if unknown.0.contains("unknown field") => unknown,
+                _ => misplaced,
+            });
         }
+        let config = typed?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The typed pass: the configuration as serde reads it, before the
+    /// checks of `validate`.
+    fn typed(text: &[u8]) -> Result<Config, ConfigError> {
         // The path names the field of a wrongly typed value (`pools.p.queue.timeoutMs`).
         let mut de = serde_json::Deserializer::from_slice(text);
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -445,7 +461,6 @@ impl Config {
         // One object and nothing after it but whitespace.
         de.end()
             .map_err(|e| ConfigError(format!("invalid configuration: text after the configuration object ({e})")))?;
-        config.validate()?;
         Ok(config)
     }
 
@@ -612,7 +627,10 @@ impl PoolConfig {
         let mut keys = std::collections::HashMap::with_capacity(self.keys.len());
         for (i, key) in self.keys.iter().enumerate() {
             if key.is_empty() || key.len() > MAX_KEY_LEN || key.bytes().any(|b| !b.is_ascii_graphic()) {
-                return fail(format!("keys: a key must be 1-{MAX_KEY_LEN} printable ASCII characters without spaces"));
+                return fail(format!(
+                    "keys: entry {} is not 1-{MAX_KEY_LEN} printable ASCII characters without spaces",
+                    i + 1
+                ));
             }
             // Named by place, never by text: a key is a secret.
             if let Some(first) = keys.insert(key.as_str(), i) {
@@ -622,7 +640,7 @@ impl PoolConfig {
         let mut digests = std::collections::HashMap::with_capacity(self.key_sha256.len());
         for (i, digest) in self.key_sha256.iter().enumerate() {
             let Some(digest) = parse_sha256_hex(digest) else {
-                return fail("keySha256: each entry must be 64 hex digits (the SHA-256 of a key)");
+                return fail(format!("keySha256: entry {} is not 64 hex digits (the SHA-256 of a key)", i + 1));
             };
             if let Some(first) = digests.insert(digest, i) {
                 return fail(format!("keySha256: entry {} repeats entry {} (each digest once)", i + 1, first + 1));
@@ -840,9 +858,15 @@ mod tests {
         let lists = r#"{"pools":{"keys":{"keys":["k"],"keySha256":[],"access":{"ipAllow":["10.0.0.0/8"],
             "trustedProxies":[]},"upstream":{"url":"http://127.0.0.1:9","hosts":["a.test"]}}}}"#;
         assert!(Config::parse(lists.as_bytes()).is_ok(), "{:?}", Config::parse(lists.as_bytes()).err());
-        assert!(
-            err(r#"{"pools":{"p":{"keys":["k"],"access":{"keys":["x"]}}}}"#).contains("pools.p.access.keys: an array")
-        );
+        // A misspelled or misplaced field is named as unknown, whatever it holds.
+        for (json, named) in [
+            (r#"{"pools":{"p":{"keys":["k"],"access":{"keys":["x"]}}}}"#, "pools.p.access.keys: unknown field `keys`"),
+            (r#"{"pools":{"p":{"keys":["k"],"key":["k2"]}}}"#, "pools.p.key: unknown field `key`"),
+            (r#"{"pools":{"p":{"keys":["k"],"access":{"ipallow":["10.0.0.0/8"]}}}}"#, "unknown field `ipallow`"),
+        ] {
+            let e = err(json);
+            assert!(e.contains(named) && e.contains("expected one of"), "{json}: {e}");
+        }
     }
 
     #[test]
@@ -993,6 +1017,11 @@ mod tests {
         // Keys are named by place: the text of a key is never printed.
         let e = err(&pool_json(r#","keys":["k","secret-one","secret-one"]"#).replace(r#""keys":["k"],"#, ""));
         assert_eq!(e, "pools.p1.keys: entry 3 repeats entry 2 (each key once)");
+        // A bad entry is named by its place too (the list may be long).
+        let e = err(r#"{"pools":{"p1":{"keys":["k1","k 2"]}}}"#);
+        assert_eq!(e, "pools.p1.keys: entry 2 is not 1-512 printable ASCII characters without spaces");
+        let e = err(&pool_json(r#","keySha256":["nothex"]"#));
+        assert_eq!(e, "pools.p1.keySha256: entry 1 is not 64 hex digits (the SHA-256 of a key)");
         let digest = "3b6c7f0e1c4e0b8f7f1e4b1b7e2a3e8f0d5c6b7a8f9e0d1c2b3a4f5e6d7c8b9a";
         let twice = format!(r#","keySha256":["{digest}","{}"]"#, digest.to_uppercase());
         assert_eq!(err(&pool_json(&twice)), "pools.p1.keySha256: entry 2 repeats entry 1 (each digest once)");

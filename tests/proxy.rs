@@ -290,6 +290,36 @@ fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot
 }
 
 #[test]
+fn a_request_whose_body_a_reload_sends_up_leaves_no_body_state_behind() {
+    // A request's head arrives for the lock API with half its body; a
+    // reload then makes its Host a proxy host, so the rest goes up with
+    // the exchange. What the lock API had started to read of the body must
+    // not outlive it: the next request on the connection, chunked, for the
+    // lock API, is read as its own (it once hit a stale body state and the
+    // server aborted).
+    let up = MockUpstream::start(|_| ok("up", ""));
+    let server = TestServer::start(&config("", ""));
+    let mut c = server.connect();
+    let head = format!("POST /v1/chat HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 10\r\n\r\n");
+    c.write_all(format!("{head}{{\"a\"").as_bytes()).unwrap();
+    // Time for the server to read the head and wait for the body.
+    std::thread::sleep(Duration::from_millis(200));
+    server.reload(&config(&format!(r#""upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()), ""));
+    c.write_all(b":\"bc\"}").unwrap();
+    let r = read_any(&mut c).expect("the proxied answer");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"up"[..]), "{r:?}");
+    assert_eq!(up.seen()[0].body, b"{\"a\":\"bc\"}", "the whole body went up");
+    let chunked = format!(
+        "POST /pools/p/lock/acquire HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n\
+         Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    );
+    c.write_all(chunked.as_bytes()).unwrap();
+    let r = read_any(&mut c).expect("the lock API's answer on the same connection");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(server.acquire("", "").status, 200, "the server goes on serving");
+}
+
+#[test]
 fn a_pools_own_listener_stays_bound_to_it_across_reloads() {
     // A bound listener is not moved by a reload (that waits for a restart):
     // it goes on serving its pool, with a 404 while the pool does not proxy.

@@ -436,11 +436,27 @@ impl Conn {
     /// any of it has arrived, started arriving `now`.
     #[inline]
     pub fn request_answered(&mut self, turn: u64, consumed: usize, now: Ms) {
+        self.request_taken(turn, consumed);
+        self.request_started = (!self.input.is_empty()).then_some(now);
+    }
+
+    /// A request's head was taken by a proxied exchange, which streams its
+    /// body (if any) from the input from now on: the head leaves the input
+    /// and the turn's budget, and what was read of the body for the lock
+    /// API before a reload made this a proxied request is forgotten.
+    pub fn head_proxied(&mut self, turn: u64, head_len: usize) {
+        self.request_taken(turn, head_len);
+        self.request_started = None;
+    }
+
+    /// Whatever took a request: `consumed` bytes leave the input, and no
+    /// body is pending any more (its state belongs to that request only).
+    #[inline]
+    fn request_taken(&mut self, turn: u64, consumed: usize) {
         self.budget(turn).requests -= 1;
         self.input.consume(consumed);
         self.pending = None;
         self.head_scanned = 0;
-        self.request_started = (!self.input.is_empty()).then_some(now);
     }
 
     /// No request limit for the rest of this turn (shutdown answers all that was read).

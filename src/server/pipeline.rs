@@ -106,10 +106,7 @@ impl Server {
                 let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, head, pid);
                 // Only its head is taken here: its body (if any) streams up
                 // with the exchange, which owns the input from now on.
-                conn.budget(turn).requests -= 1;
-                conn.input.consume(head_len);
-                conn.head_scanned = 0;
-                conn.request_started = None;
+                conn.head_proxied(turn, head_len);
                 proxied = proxied::enter(app, proxy, poll.registry(), conn, begun, now);
                 break;
             }
@@ -328,11 +325,17 @@ pub(super) fn take_body<'a>(
             Body::Ready(&data[head_len..end], end)
         }
         BodyFraming::Chunked => {
-            let state = pending.get_or_insert_with(|| {
-                decoded.clear();
-                PendingBody { chunked: Some((ChunkedDecoder::new(max_body), 0)), continue_sent: false }
-            });
-            let (decoder, eaten) = state.chunked.as_mut().expect("chunked body state");
+            // Taking a request clears its state, so a state here is this
+            // request's; one without a decoder (never expected) is not
+            // trusted but started afresh.
+            let (decoder, eaten) = match pending {
+                Some(PendingBody { chunked: Some(state), .. }) => state,
+                _ => {
+                    decoded.clear();
+                    let fresh = pending.insert(PendingBody { chunked: None, continue_sent: false });
+                    fresh.chunked.insert((ChunkedDecoder::new(max_body), 0))
+                }
+            };
             match decoder.feed(&data[head_len + *eaten..], decoded) {
                 Ok((n, done)) => {
                     *eaten += n;

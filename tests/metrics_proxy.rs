@@ -121,6 +121,9 @@ fn proxied_refusals_count_under_their_pool() {
     assert_eq!(sample(&m, "nthpool_proxy_pool_requests_total{pool=\"a\",class=\"none\"}"), 3, "{m}");
     assert_eq!(sample(&m, "nthpool_proxy_requests_total{class=\"none\"}"), 3, "{m}");
     assert_eq!(sample(&m, "nthpool_proxy_pool_requests_total{pool=\"a\",class=\"2xx\"}"), 0, "{m}");
+    // Every acquire attempt is timed, the lock route's and the proxied ones,
+    // the key's refusal included, as the access log has a line for each.
+    assert_eq!(sample(&m, "nthpool_acquire_server_time_us_count{pool=\"a\"}"), 4, "{m}");
 }
 
 /// A pool removed by a reload leaves the list once drained; the pools after

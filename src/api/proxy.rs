@@ -266,6 +266,8 @@ impl App {
     pub fn refuse_proxied(&mut self, ctx: &Ctx, pid: PoolId, head: &Head, error: ApiError, out: &mut Vec<u8>) {
         self.write_error_of(Some(pid), out, error, ctx.close, b"");
         let attempt = Attempt { pool: pid, client: ctx.peer, wait_ms: 0, started: ctx.started };
+        // Timed and kept in the pool's attempts like a lock route's refusal.
+        self.observe_acquire(&attempt, ctx.now.wall(), error.status(), Some(error.code()), None, 0, None);
         let line = ProxiedLine::refused(method_and_path(head), error.status().code(), error.code(), 0);
         self.log_proxied(&attempt, ctx.now.wall(), &line);
     }

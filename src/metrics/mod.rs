@@ -384,7 +384,7 @@ pub fn render(t: &mut Vec<u8>, m: &MetricsSnapshot<'_>) {
         t,
         "nthpool_rejections_total",
         "counter",
-        "Lock API and proxy answers of 400 and above, by pool and status code (no pool label: the pool is unknown or not yet resolved).",
+        "nthpool's own answers of 400 and above (lock API and proxy; relayed upstream answers not included), by pool and status code (no pool label: the pool is unknown or not yet resolved).",
     );
     for p in pools {
         for &(code, n) in &p.rejections {
@@ -503,7 +503,12 @@ fn render_proxy(t: &mut Vec<u8>, p: &ProxyStats) {
     let plain: [(&str, &str, &str, u64); 9] = [
         ("nthpool_proxy_bytes_up_total", "counter", "Request bytes relayed to upstreams.", p.total.bytes_up),
         ("nthpool_proxy_bytes_down_total", "counter", "Response bytes relayed to clients.", p.total.bytes_down),
-        ("nthpool_proxy_upstream_connects_total", "counter", "Upstream connections opened.", p.upstream_connects),
+        (
+            "nthpool_proxy_upstream_connects_total",
+            "counter",
+            "Upstream connections attempted (a failed one is counted in the errors too).",
+            p.upstream_connects,
+        ),
         (
             "nthpool_proxy_upstream_connection_errors_total",
             "counter",

@@ -16,8 +16,9 @@
 //!   `proxy` (proxy mode's exchanges);
 //! - leaves: `wheel` (the one hierarchical timer wheel), `time` (the units of
 //!   time and the one monotonic → wall conversion), `calendar` (date
-//!   arithmetic), `ct` (constant-time comparison) and `metrics` (the
-//!   histograms and the Prometheus text, rendered from plain data).
+//!   arithmetic), `ct` (constant-time comparison), `files` (the bounded
+//!   read of a file the configuration names) and `metrics` (the histograms
+//!   and the Prometheus text, rendered from plain data).
 //!
 //! The README's code map lists every module and the table in
 //! `tests/layers.rs` every import between them.

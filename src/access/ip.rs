@@ -139,10 +139,6 @@ impl CidrSet {
         Ok(CidrSet { rules })
     }
 
-    pub fn push(&mut self, rule: Cidr) {
-        self.rules.push(rule);
-    }
-
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }

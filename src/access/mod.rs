@@ -227,8 +227,8 @@ impl PoolAccess {
     }
 
     /// Checks decidable from the head: IP allowlist, JWT, Cloudflare Access.
-    /// `key_in_header` tells whether the pool key came in `X-Nthpool-Key`
-    /// (then `Authorization: Bearer` may carry the JWT).
+    /// `Authorization: Bearer` may carry the JWT only when the pool key came
+    /// in `X-Nthpool-Key` (`head.api.key()`).
     pub fn check_head(&self, head: &Head, client: IpAddr, now: EpochMs) -> Result<(), AccessError> {
         let now_epoch_ms = now.0;
         if let Some(allow) = &self.ip_allow {

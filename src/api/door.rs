@@ -119,6 +119,11 @@ impl App {
         self.gov.pool_id(name)
     }
 
+    /// The name of pool `pid`.
+    pub fn pool_name(&self, pid: PoolId) -> &str {
+        &self.gov.pool(pid).name
+    }
+
     /// Whether any pool's re-adoption window is open at `now`.
     pub fn recovering(&self, now: Ms) -> bool {
         self.gov.recovering(now)

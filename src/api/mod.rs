@@ -429,10 +429,7 @@ impl App {
         if head.method != Method::Post {
             return Err(ApiError::MethodNotAllowed);
         }
-        let pool = match route {
-            Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. } => pool,
-        };
-        let pid = self.pool_in_path(pool)?.ok_or(UNKNOWN_POOL)?;
+        let pid = self.pool_in_path(route.pool())?.ok_or(UNKNOWN_POOL)?;
         Ok((route, pid))
     }
 
@@ -507,12 +504,7 @@ impl App {
     /// `reject`, with the client address when it was already worked out.
     fn reject_from(&mut self, ctx: &Ctx, head: &Head, error: ApiError, client: Option<IpAddr>, out: &mut Vec<u8>) {
         let route = route::route(head.path);
-        let pool = match route {
-            Some(Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. }) => {
-                self.pool_in_path(pool).ok().flatten()
-            }
-            None => None,
-        };
+        let pool = route.and_then(|r| self.pool_in_path(r.pool()).ok().flatten());
         self.rejections.count(pool, error.status());
         error.write(out, &mut self.scratch, ctx.close);
         if let Some(Route::Acquire { pool: name }) = route {

@@ -10,6 +10,15 @@ pub enum Route<'a> {
     Release { pool: &'a [u8], slot: &'a [u8] },
 }
 
+impl<'a> Route<'a> {
+    /// The `{pool}` segment of the path, as written (percent-encoding kept).
+    pub fn pool(&self) -> &'a [u8] {
+        match *self {
+            Route::Acquire { pool } | Route::Renew { pool, .. } | Route::Release { pool, .. } => pool,
+        }
+    }
+}
+
 /// Matches a request target (query string ignored); `None` for any other path.
 /// Runs on every request, so each segment's end (`/`, or `?` where the path
 /// ends) is found eight bytes at a time, and the query is never scanned.

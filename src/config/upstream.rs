@@ -97,10 +97,6 @@ mod defaults {
 pub struct Secret(String);
 
 impl Secret {
-    pub fn new(text: String) -> Secret {
-        Secret(text)
-    }
-
     /// The value itself, for the one place that writes it to the upstream.
     pub fn expose(&self) -> &str {
         &self.0

@@ -112,7 +112,9 @@ impl TokenBucket {
         self.next_refill_us += u64::from(due) * self.interval_us;
     }
 
-    /// When the wheel should call `refill` next, or `None` when full.
+    /// When the next token is due, or `None` when full (the governor arms
+    /// its wake from `wait_ms`; the tests read the schedule here).
+    #[cfg(test)]
     pub fn next_refill_ms(&self) -> Option<Ms> {
         (!self.is_full()).then(|| self.next_refill_us.div_ceil(1000))
     }

@@ -10,9 +10,11 @@
 //! `api` drains after every call, so nobody has to ask about a particular
 //! waiter.
 //!
-//! Every operation is O(1) in the number of pools, leases, waiters and
-//! connections: leases and waiters are slab-indexed, queues are intrusive
-//! lists, and every deadline is one entry in the shared timer wheel.
+//! Every operation on the request path is O(1) in the number of pools,
+//! leases, waiters and connections: leases and waiters are slab-indexed,
+//! queues are intrusive lists, and every deadline is one entry in the
+//! shared timer wheel. (What reports on all pools, such as `recovering`
+//! for `/healthz`, walks them.)
 
 pub mod entropy;
 pub mod gate;

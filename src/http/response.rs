@@ -211,12 +211,6 @@ impl<'a> Writer<'a> {
         self
     }
 
-    /// Appends a number in decimal.
-    pub fn num(&mut self, value: u64) -> &mut Self {
-        push_u64(self.out, value);
-        self
-    }
-
     pub fn header(&mut self, name: &[u8], value: &[u8]) -> &mut Self {
         self.out.extend_from_slice(name);
         self.out.extend_from_slice(b": ");

@@ -2,7 +2,8 @@
 //!
 //! The system resolver (`getaddrinfo`), or the name servers the
 //! configuration names (`net::nameserver`), are asked by blocking calls, so
-//! lookups run on one resolver thread: the only thread besides the event loop. The loop owns a
+//! lookups run on one resolver thread beside the event loop (the periodic
+//! snapshot's writer is the only other thread there can be). The loop owns a
 //! [`Resolver`]; asking it for a name answers at once from its cache, or sends
 //! the name to the thread and answers [`Lookup::Pending`]. When the thread has
 //! an answer it queues it and wakes the loop through a `mio::Waker`; the loop

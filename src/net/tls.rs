@@ -490,11 +490,6 @@ impl TlsStream {
         self.sent
     }
 
-    /// True while TLS bytes wait for the socket to become writable.
-    pub fn wants_write(&self) -> bool {
-        self.conn.wants_write()
-    }
-
     /// True until the handshake has completed.
     pub fn is_handshaking(&self) -> bool {
         self.conn.is_handshaking()

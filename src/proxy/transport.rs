@@ -70,14 +70,6 @@ impl Transport {
         }
     }
 
-    /// Whether the transport holds bytes of its own to write.
-    pub fn wants_write(&self) -> bool {
-        match self {
-            Transport::Plain(_) => false,
-            Transport::Tls(s) => s.wants_write(),
-        }
-    }
-
     /// The socket, for registration and connect checks.
     pub fn tcp(&mut self) -> &mut TcpStream {
         match self {

@@ -48,7 +48,7 @@ impl Server {
         };
         let before = conn.unsent();
         while conn.is_open() && conn.unsent() <= conn::OUTPUT_HIGH_WATER && !conn.input.is_empty() {
-            if conn.budget(turn).spent() {
+            if conn.budget(turn).requests_spent() {
                 carry(ready, conn, id);
                 break;
             }

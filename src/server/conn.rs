@@ -163,8 +163,9 @@ impl Budget {
         Budget { turn, reads: READ_BUDGET, requests: REQUEST_BUDGET, bytes: READ_BYTES_BUDGET }
     }
 
-    /// Whether this turn's requests are spent.
-    pub fn spent(&self) -> bool {
+    /// Whether this turn's requests are spent (the reads and bytes are
+    /// counted where the socket is read).
+    pub fn requests_spent(&self) -> bool {
         self.requests == 0
     }
 }

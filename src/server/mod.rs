@@ -27,7 +27,9 @@
 //! connection — readiness, a resumed budget, its deadline, shutdown — goes
 //! through [`Server::dispatch`] as a [`Signal`]. The `match`es on the kind
 //! are `Entry::serial`, `Server::signal_entry` (behind `dispatch`),
-//! `Server::close_for` (behind `close`) and `client_mut`. A new kind that
+//! `Server::retire` (behind `close`) and `client_mut`, and the walks of
+//! every connection (`close_idlest_admin`, the admin's metrics gathering in
+//! `admin.rs`, `proxied::cut_exchanges`). A new kind that
 //! wants these services (a budget per turn, a deadline on the wheel as
 //! `Wake::Conn`) is a new `Entry` variant, registered under its slab index,
 //! with an arm in each: its serial, its signals handed to its own handler
@@ -87,8 +89,10 @@ const RESOLVER: Token = Token(usize::MAX - 4);
 const ACCEPT_PAUSE_MS: u64 = 100;
 /// How long a closing connection's unread input is drained (see `conn::Phase::Lingering`).
 const LINGER_MS: u64 = 1000;
-/// Graceful shutdown finishes within this, whatever clients do (less
-/// `CLOSE_EACH_US` per connection open when it begins).
+/// The clients' grace in a graceful stop, whatever they do (less
+/// `CLOSE_EACH_US` per connection open when it begins): at its end every
+/// connection still open is cut; the access log's last flush (until
+/// `STOP_LOG_UNTIL_MS`) and the snapshot follow.
 const SHUTDOWN_GRACE_MS: u64 = 800;
 /// At the grace's end every connection still open is closed (`close_all`),
 /// and a close takes the kernel time of its own: what the socket holds both
@@ -185,7 +189,7 @@ pub struct Server {
     /// much once, instead of growing the answer by doubling (the text itself
     /// is not kept: with thousands of pools it is tens of megabytes).
     metrics_len: usize,
-    /// Set when SIGTERM/SIGINT arrived: exit once every connection is done,
+    /// Set when a stop signal (TERM, INT, QUIT) arrived: exit once every connection is done,
     /// or at this time, the grace's end.
     shutdown_at: Option<Ms>,
     /// When the stop began (the turn that read its signal).
@@ -253,8 +257,8 @@ fn proxies(config: &Config) -> bool {
     config.pools.values().any(|p| p.upstream.is_some())
 }
 
-/// The resolver, whose thread (the only thread besides the loop, started
-/// by the first lookup) runs the blocking lookups for upstream host names
+/// The resolver, whose thread (started by the first lookup; the other
+/// thread there can be is the periodic snapshot's writer) runs the blocking lookups for upstream host names
 /// (`net::resolve`).
 fn new_resolver(
     poll: &Poll,
@@ -371,14 +375,13 @@ impl Server {
 
     /// Each pool's own proxy listener (`upstream.listen`), by pool name.
     pub fn proxy_addrs(&self) -> Vec<(String, SocketAddr)> {
-        let gov = self.app.governor();
         self.proxy_listeners
             .iter()
-            .filter_map(|(l, pid)| Some((gov.pool(*pid).name.to_string(), l.local_addr().ok()?)))
+            .filter_map(|(l, pid)| Some((self.app.pool_name(*pid).to_owned(), l.local_addr().ok()?)))
             .collect()
     }
 
-    /// Serves until SIGTERM or SIGINT has been handled.
+    /// Serves until a stop signal (TERM, INT, QUIT) has been handled.
     pub fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(1024);
         // Whether the wait spins before it sleeps (`idle`): after concurrent work.
@@ -687,7 +690,7 @@ impl Server {
         self.stopping = ids;
     }
 
-    /// SIGTERM/SIGINT: stop accepting, answer what was already read (waiters
+    /// A stop signal (TERM, INT, QUIT): stop accepting, answer what was already read (waiters
     /// get a 503), then close everything and exit within the grace period.
     fn begin_shutdown(&mut self) {
         if self.shutdown_at.is_some() {
@@ -1005,13 +1008,14 @@ impl Server {
         self.read_and_process_after(id, None);
     }
 
-    /// `read_and_process`, after a readiness event (`Some(hangup)`) or not.
-    fn read_and_process_after(&mut self, id: ConnId, event: Option<bool>) {
+    /// `read_and_process`, after a readiness event (`Some` with its hangup
+    /// flag) or not (`None`).
+    fn read_and_process_after(&mut self, id: ConnId, hangup_event: Option<bool>) {
         let (now, turn) = (self.now, self.turn);
         let Some(conn) = client_mut(&mut self.conns, id) else {
             return;
         };
-        if let Some(hangup) = event {
+        if let Some(hangup) = hangup_event {
             conn.readable = true;
             // With the FIN already seen, a short read is not the end: read to
             // EOF, since no new edge will announce it.

@@ -39,7 +39,7 @@ impl Server {
             if conn.input.is_empty() {
                 break;
             }
-            if conn.budget(turn).spent() {
+            if conn.budget(turn).requests_spent() {
                 // Fairness: the others are served before the rest of this input.
                 carry(ready, conn, id);
                 break;

@@ -8,7 +8,6 @@
 //! (`end_exchange`), which releases the slot with the outcome report.
 
 use std::io;
-use std::net::SocketAddr;
 
 use log::debug;
 use mio::event::Event;
@@ -62,12 +61,11 @@ pub enum End {
 /// Binds every pool's own `upstream.listen`.
 pub fn bind_listeners(config: &Config, app: &App, registry: &Registry) -> Result<Vec<(TcpListener, PoolId)>, String> {
     let mut listeners = Vec::new();
-    for (name, pool) in &config.pools {
-        let Some(addr) = pool.upstream.as_ref().and_then(|u| u.listen.as_deref()) else {
+    for name in config.pools.keys() {
+        let pid = app.pool_id(name).expect("a configured pool");
+        let Some(addr) = app.upstream(pid).and_then(|u| u.listen) else {
             continue;
         };
-        let addr: SocketAddr = addr.parse().expect("validated");
-        let pid = app.pool_id(name).expect("a configured pool");
         let mut l =
             super::listen(addr).map_err(|e| format!("cannot listen on {addr} (pools.{name}.upstream.listen): {e}"))?;
         registry

@@ -396,14 +396,6 @@ fn limit_unsent(stream: &TcpStream) {
     let _ = stream;
 }
 
-/// What became of a connect in progress, once its socket turned writable.
-#[derive(Debug)]
-pub enum DialState {
-    Connected,
-    InProgress,
-    Failed(io::Error),
-}
-
 impl Dial {
     pub fn new(addrs: Vec<SocketAddr>) -> Dial {
         Dial { addrs, next: 0, last_error: None }
@@ -438,17 +430,17 @@ impl Dial {
         self.last_error = Some(err);
     }
 
-    /// Whether a connect started by `start_next` has completed, on its
-    /// writable event.
-    pub fn check(stream: &TcpStream) -> DialState {
-        match stream.take_error() {
-            Ok(Some(e)) | Err(e) => return DialState::Failed(e),
-            Ok(None) => {}
+    /// Whether a connect started by `start_next` has completed, asked on
+    /// its writable event: `Ok(false)` while it is still in progress, the
+    /// error when it failed.
+    pub fn check(stream: &TcpStream) -> io::Result<bool> {
+        if let Some(e) = stream.take_error()? {
+            return Err(e);
         }
         match stream.peer_addr() {
-            Ok(_) => DialState::Connected,
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => DialState::InProgress,
-            Err(e) => DialState::Failed(e),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -712,9 +704,9 @@ mod tests {
                     assert_eq!(e.kind(), io::ErrorKind::Interrupted, "poll: {e}");
                 }
                 match Dial::check(&stream) {
-                    DialState::Connected => break 'outer addr,
-                    DialState::InProgress => continue,
-                    DialState::Failed(e) => {
+                    Ok(true) => break 'outer addr,
+                    Ok(false) => continue,
+                    Err(e) => {
                         dial.failed(addr, e);
                         poll.registry().deregister(&mut stream).unwrap();
                         continue 'outer;

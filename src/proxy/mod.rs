@@ -834,7 +834,7 @@ impl UpConn {
         if self.connected {
             return Ok(());
         }
-        match connect_result(&mut self.transport) {
+        match Dial::check(self.transport.tcp()) {
             Ok(true) => {
                 self.connected = true;
                 Ok(())
@@ -1058,19 +1058,6 @@ fn flush(up: &mut UpConn) -> io::Result<()> {
     match up.transport.flush() {
         Err(e) if e.kind() != io::ErrorKind::WouldBlock => Err(e),
         _ => Ok(()),
-    }
-}
-
-/// Whether a non-blocking connect has completed (`Ok(false)`: not yet).
-fn connect_result(t: &mut Transport) -> io::Result<bool> {
-    let tcp = t.tcp();
-    if let Some(e) = tcp.take_error()? {
-        return Err(e);
-    }
-    match tcp.peer_addr() {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
-        Err(e) => Err(e),
     }
 }
 

@@ -115,6 +115,7 @@ impl Jwks {
     }
 
     /// How many keys were kept.
+    #[cfg(test)]
     pub fn key_count(&self) -> usize {
         self.keys.len()
     }

@@ -59,6 +59,7 @@ impl Histogram {
         &self.counts[..=self.bounds.len()]
     }
 
+    #[cfg(test)]
     pub fn sum(&self) -> u64 {
         self.sum
     }

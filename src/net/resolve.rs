@@ -265,6 +265,7 @@ impl Resolver {
     }
 
     /// Whether the lookup thread runs (it starts with the first lookup).
+    #[cfg(test)]
     pub fn started(&self) -> bool {
         matches!(self.thread, Thread::Running { .. })
     }

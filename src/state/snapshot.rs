@@ -275,6 +275,7 @@ fn version(bytes: &[u8]) -> Result<u32, String> {
 }
 
 /// Reads a file's bytes back; the error says in a few words why it is not used.
+#[cfg(test)]
 pub fn decode(bytes: &[u8], identity: &Identity) -> Result<(Kind, Snapshot), String> {
     match decode_any_config(bytes, identity)? {
         (kind, snap, true) => Ok((kind, snap)),

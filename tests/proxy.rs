@@ -290,6 +290,67 @@ fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot
 }
 
 #[test]
+fn a_queued_request_never_carries_the_old_upstreams_credentials_to_a_new_one() {
+    // A proxied request queues behind one that holds the only slot; a
+    // reload then points the pool at another upstream with another managed
+    // key. The queued request's head was written for the first upstream,
+    // its key included: sent to the second it would hand that key over.
+    // It is answered 503 (retry) instead, and the second upstream sees nothing.
+    let up_a = MockUpstream::start(|seen| {
+        if seen.request_line().contains("/hold") {
+            // Said to close: the queued request is sent on a fresh connection.
+            Reply::Paced(vec![(800, b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\na".to_vec())])
+        } else {
+            ok("from-a", "")
+        }
+    });
+    let up_b = MockUpstream::start(|_| ok("from-b", ""));
+    let pool = |url: &str, secret: &str| {
+        config(
+            &format!(
+                r#""concurrency":1,"adaptive":false,"queue":{{"size":10,"timeoutMs":10000}},
+                "upstream":{{"url":"{url}","hosts":["{HOST}"],"setHeaders":{{"Authorization":"Bearer {secret}"}}}}"#
+            ),
+            "",
+        )
+    };
+    let server = TestServer::start(&pool(&up_a.url(), "secret-for-a"));
+    // A reload that leaves the upstream as it was lets a queued request go on.
+    let mut hold = server.connect();
+    hold.write_all(&proxied("GET", "/hold", "", "")).unwrap();
+    eventually("the first request holds the slot", || up_a.seen().len() == 1);
+    let mut queued = server.connect();
+    queued.write_all(&proxied("GET", "/queued", "", "")).unwrap();
+    eventually("the second request waits", || server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(1.0));
+    server.reload(
+        &pool(&up_a.url(), "secret-for-a").replace(r#""adaptive":false"#, r#""adaptive":false,"termMs":20000"#),
+    );
+    assert_eq!(read_any(&mut hold).expect("the first answer").status, 200);
+    let r = read_any(&mut queued).expect("the queued request's answer");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"from-a"[..]), "{r:?}");
+    let seen = up_a.seen().len();
+
+    let mut hold = server.connect();
+    hold.write_all(&proxied("GET", "/hold", "", "")).unwrap();
+    eventually("the first request holds the slot", || up_a.seen().len() == seen + 1);
+    let mut queued = server.connect();
+    queued.write_all(&proxied("GET", "/queued", "", "")).unwrap();
+    eventually("the second request waits", || server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(1.0));
+    server.reload(&pool(&up_b.url(), "secret-for-b"));
+    let r = read_any(&mut queued).expect("the queued request's answer");
+    assert_eq!((r.status, r.error_code().as_str()), (503, "unavailable"), "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert_eq!(read_any(&mut hold).expect("the first answer").status, 200);
+    assert!(up_b.seen().is_empty(), "nothing reached the new upstream: {:?}", up_b.seen());
+    assert_eq!(up_a.seen().len(), seen + 1, "nor the old one");
+    // Sent afresh, a request goes to the new upstream with its own key.
+    let r = exchange(&server, &proxied("GET", "/again", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"from-b"[..]), "{r:?}");
+    assert_eq!(up_b.seen()[0].header("authorization"), Some("Bearer secret-for-b".to_string()));
+    eventually("the slots are free", || server.metric(r#"nthpool_slots_held{pool="p"}"#) == Some(0.0));
+}
+
+#[test]
 fn a_request_whose_body_a_reload_sends_up_leaves_no_body_state_behind() {
     // A request's head arrives for the lock API with half its body; a
     // reload then makes its Host a proxy host, so the rest goes up with

@@ -146,6 +146,10 @@ pub struct Upstream {
     pub idle_connections: usize,
     /// An idle kept-alive connection is closed after this long unused.
     pub idle_timeout_ms: u64,
+    /// What a request head written for this upstream depends on (where it
+    /// goes, its `Host`, the `setHeaders` values), as one number: a head
+    /// written under another key (before a reload changed them) is not sent.
+    pub head_key: u64,
 }
 
 impl UpstreamConfig {
@@ -239,7 +243,17 @@ impl Upstream {
             }
             set_headers.push((name.as_str().into(), Secret(resolved)));
         }
+        let head_key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            (target.tls, &target.name, target.port, &target.authority).hash(&mut h);
+            for (name, value) in &set_headers {
+                (name, value.expose()).hash(&mut h);
+            }
+            h.finish()
+        };
         Ok(Upstream {
+            head_key,
             host: target.authority.as_bytes().into(),
             target,
             tls,

@@ -196,6 +196,8 @@ pub struct Exchange {
     /// The client connection: slab token and serial.
     pub client: (usize, u32),
     pub pool: PoolId,
+    /// The `head_key` of the upstream `head` was written for.
+    pub head_key: u64,
     pub phase: Phase,
     pub slot: Option<SlotId>,
     pub attempt: Attempt,
@@ -357,6 +359,8 @@ pub struct Keep {
 pub struct NewExchange {
     pub client: (usize, u32),
     pub pool: PoolId,
+    /// The `head_key` of the upstream its head was written for.
+    pub head_key: u64,
     pub attempt: Attempt,
     pub request: Relay,
     pub client_side: ClientSide,
@@ -381,6 +385,7 @@ impl Proxy {
         self.exchanges.insert(Exchange {
             client: new.client,
             pool: new.pool,
+            head_key: new.head_key,
             phase: Phase::Queued,
             slot: None,
             attempt: new.attempt,

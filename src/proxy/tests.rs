@@ -74,6 +74,7 @@ impl Rig {
         let new = NewExchange {
             client: (0, 0),
             pool: POOL,
+            head_key: 0,
             attempt,
             request,
             client_side: ClientSide { http11: true, keep_alive: true, head_request: false },

@@ -130,6 +130,7 @@ pub fn begin(
     let new = NewExchange {
         client: (client.index as usize, client.serial),
         pool: pid,
+        head_key: upstream.head_key,
         attempt: admitted.attempt,
         request,
         client_side: ClientSide {
@@ -196,7 +197,7 @@ fn start(
     let e = &mut proxy.exchanges[ex];
     app.hold_proxied(grant, &e.attempt, now);
     e.slot = Some(grant.slot);
-    let upstream = app.upstream(e.pool).ok_or(NO_LONGER_PROXIED)?;
+    let upstream = upstream_for(app, e)?;
     e.queued_ms = grant.queued_ms;
     e.signals.clear();
     governor_headers(&mut e.signals, &grant.signals, grant.queued_ms);
@@ -215,6 +216,20 @@ fn start(
 /// before the request reached it (queued, or waiting for the name).
 const NO_LONGER_PROXIED: ApiError =
     ApiError::Unavailable("A configuration reload ended this pool's proxying before the request was sent.", 1);
+/// A request whose head was written for an upstream (its address, `Host`,
+/// `setHeaders`) that a reload changed before the request was sent: sent
+/// now, it would carry the old credentials to the new upstream.
+const UPSTREAM_CHANGED: ApiError =
+    ApiError::Unavailable("A configuration reload changed this pool's upstream before the request was sent.", 1);
+
+/// The upstream exchange `e`'s head was written for, if the pool still has it.
+fn upstream_for<'a>(app: &'a App, e: &Exchange) -> Result<&'a Upstream, ApiError> {
+    match app.upstream(e.pool) {
+        Some(upstream) if upstream.head_key == e.head_key => Ok(upstream),
+        Some(_) => Err(UPSTREAM_CHANGED),
+        None => Err(NO_LONGER_PROXIED),
+    }
+}
 
 /// Attaches an upstream connection to the exchange, or leaves it waiting
 /// for its upstream's name.
@@ -313,15 +328,13 @@ impl Server {
             let Some(e) = self.proxy.exchanges.get(ex) else {
                 continue;
             };
-            let ((index, serial), pool) = (e.client, e.pool);
+            let (index, serial) = e.client;
             let id = ConnId { index: index as u32, serial };
             if client_mut(&mut self.conns, id).is_none_or(|c| c.exchange != Some(ex)) {
                 continue;
             }
-            let attached = match self.app.upstream(pool) {
-                Some(upstream) => attach(&mut self.proxy, ex, upstream, self.now.ms, self.poll.registry()),
-                None => Err(NO_LONGER_PROXIED),
-            };
+            let attached = upstream_for(&self.app, &self.proxy.exchanges[ex])
+                .and_then(|upstream| attach(&mut self.proxy, ex, upstream, self.now.ms, self.poll.registry()));
             match attached {
                 Ok(()) => self.pump_exchange(id),
                 Err(err) => {

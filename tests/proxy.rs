@@ -351,6 +351,30 @@ fn a_queued_request_never_carries_the_old_upstreams_credentials_to_a_new_one() {
 }
 
 #[test]
+fn a_host_moved_from_a_removed_pool_to_another_goes_to_that_pool() {
+    let up_a = MockUpstream::start(|_| ok("from-a", ""));
+    let up_b = MockUpstream::start(|_| ok("from-b", ""));
+    let pools = |a_hosts: &str, b: &str| {
+        format!(
+            r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{
+            "a":{{"keys":["key-a"],"upstream":{{"url":"{}","hosts":[{a_hosts}]}}}}{b}}}}}"#,
+            up_a.url()
+        )
+    };
+    let b = format!(r#","b":{{"keys":["key-b"],"upstream":{{"url":"{}","hosts":["b.test"]}}}}"#, up_b.url());
+    let server = TestServer::start(&pools(r#""a.test""#, &b));
+    let to = |host: &str, key: &str| {
+        let raw = format!("GET /x HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {key}\r\nConnection: close\r\n\r\n");
+        exchange(&server, raw.as_bytes())
+    };
+    assert_eq!(to("b.test", "key-b").body, b"from-b");
+    // `b` is removed and `a` takes its host: the host is `a`'s now.
+    server.reload(&pools(r#""a.test","b.test""#, ""));
+    let r = to("b.test", "key-a");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"from-a"[..]), "{r:?}");
+}
+
+#[test]
 fn a_request_whose_body_a_reload_sends_up_leaves_no_body_state_behind() {
     // A request's head arrives for the lock API with half its body; a
     // reload then makes its Host a proxy host, so the rest goes up with

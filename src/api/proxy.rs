@@ -76,10 +76,16 @@ pub struct Admitted {
 }
 
 impl App {
-    /// Rebuilds the main listener's host table from the pools' `upstream.hosts`.
+    /// Rebuilds the main listener's host table from the configured pools'
+    /// `upstream.hosts`. A pool a reload removed keeps its credentials (to
+    /// release what it holds) but routes no host: one that a configured pool
+    /// took over goes to that pool.
     pub(super) fn index_proxy_hosts(&mut self) {
         self.proxy_hosts.clear();
         for (i, creds) in self.creds.iter().enumerate() {
+            if self.gov.pool(PoolId(i as u32)).retired {
+                continue;
+            }
             for host in creds.upstream.iter().flat_map(|u| &u.hosts) {
                 self.proxy_hosts.insert(host.clone(), PoolId(i as u32));
             }

@@ -351,6 +351,37 @@ fn a_queued_request_never_carries_the_old_upstreams_credentials_to_a_new_one() {
 }
 
 #[test]
+fn an_exchange_cut_at_the_request_cap_releases_its_slot_with_its_outcome() {
+    // The upstream sends a head and part of the body, then stalls past the
+    // pool's requestTimeoutMs: the exchange is cut there and releases its
+    // slot itself, so its report reaches the pool; the governor does not
+    // take the lease back first.
+    let up = MockUpstream::start(|_| {
+        Reply::Paced(vec![(0, b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab".to_vec()), (3000, b"x".to_vec())])
+    });
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":1,"adaptive":false,"termMs":200,"renewIntervalMs":50,"requestTimeoutMs":500,
+            "upstream":{{"url":"{}","hosts":["{HOST}"]}}"#,
+            up.url()
+        ),
+        "",
+    ));
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/capped", "", "")).unwrap();
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    assert!(all.starts_with(b"HTTP/1.1 200 OK"), "{}", String::from_utf8_lossy(&all));
+    let m = |k: &str| server.metric(k);
+    let counts = (
+        m(r#"nthpool_releases_total{pool="p",outcome="released"}"#),
+        m(r#"nthpool_releases_total{pool="p",outcome="already_gone"}"#),
+        m(r#"nthpool_reclaims_total{pool="p",cause="cap"}"#),
+    );
+    assert_eq!(counts, (Some(1.0), Some(0.0), Some(0.0)));
+}
+
+#[test]
 fn a_host_moved_from_a_removed_pool_to_another_goes_to_that_pool() {
     let up_a = MockUpstream::start(|_| ok("from-a", ""));
     let up_b = MockUpstream::start(|_| ok("from-b", ""));

@@ -201,8 +201,8 @@ fn start(
     e.queued_ms = grant.queued_ms;
     e.signals.clear();
     governor_headers(&mut e.signals, &grant.signals, grant.queued_ms);
-    e.request_deadline = grant.request_deadline;
-    e.deadline = (now.ms + upstream.timeout_ms).min(grant.request_deadline);
+    e.request_deadline = grant.request_deadline.saturating_sub(CAP_LEAD_MS).max(now.ms);
+    e.deadline = (now.ms + upstream.timeout_ms).min(e.request_deadline);
     conn.exchange_deadline = e.deadline;
     // Body bytes already here (sent with the head, or while it queued) were
     // not held back for the 100: it is omitted (RFC 9110 §10.1.1).
@@ -211,6 +211,13 @@ fn start(
     }
     attach(proxy, ex, upstream, now.ms, registry)
 }
+
+/// How long before its lease's request deadline a proxied exchange is cut
+/// at the cap. Both would otherwise be due in the same millisecond, and the
+/// governor, whose timers fire first, would take the lease back before the
+/// exchange released it: its outcome would never reach the pool, and its
+/// slot would count as reclaimed. The lead covers a loop a little late.
+const CAP_LEAD_MS: Ms = 20;
 
 /// A request admitted under a pool's `upstream` that a reload took away
 /// before the request reached it (queued, or waiting for the name).

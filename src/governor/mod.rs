@@ -856,8 +856,14 @@ impl<T: Copy> Governor<T> {
     }
 
     /// Keeps a re-adopted id that was released or reclaimed dead until `until`,
-    /// after which `readopt` refuses it anyway.
+    /// or until the id itself says its request ends if that is later: from
+    /// a host whose clock is ahead of this one's, an id reads as alive longer
+    /// than the capped deadline it was re-adopted with, and a later window
+    /// would take it back once its tombstone were gone. After that,
+    /// `readopt` refuses it anyway.
     fn bury(&mut self, id: SlotId, until: Ms) {
+        let written = self.epoch.monotonic(EpochMs(id.fields().request_deadline_unix)).unwrap_or(0);
+        let until = until.max(written);
         self.adopted.insert(id, None);
         let tombstone = self.tombstones.insert(id) as u32;
         self.wheel.insert(until, Timer::Tombstone(tombstone));

@@ -714,6 +714,26 @@ fn forged_tampered_foreign_and_late_ids_are_never_readopted() {
 }
 
 #[test]
+fn a_released_readopted_id_stays_dead_as_long_as_it_reads_alive() {
+    // The granting host's clock is 30 s ahead: the id reads as alive 30 s
+    // past the cap it is re-adopted with here. Released, it must not be
+    // taken back by a later window once that cap has passed.
+    let json = r#","concurrency":1,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
+    let (mut old, p) = governor(json);
+    old.set_identity(&[7; 32], Epoch::at(EpochMs(1_030_000)));
+    let (mut new, _) = governor_seeded(json, 2);
+    new.set_identity(&[7; 32], Epoch::at(EpochMs(1_000_000)));
+    let a = granted(old.acquire(p, 0, 1, 0));
+    new.open_recovery_window(0);
+    assert!(new.renew(p, &id(&a), 10).is_ok(), "re-adopted");
+    assert!(new.release(p, &id(&a), None, 20));
+    assert_eq!(new.renew(p, &id(&a), 30), Err(RenewError::NotFound));
+    new.advance(60_010);
+    new.moved_here(p, 60_100);
+    assert_eq!(new.renew(p, &id(&a), 60_100), Err(RenewError::NotFound), "past the cap, inside its own deadline");
+}
+
+#[test]
 fn a_readopted_slot_is_held_no_longer_than_its_request_cap_whatever_the_clocks_say() {
     // The successor's wall clock is ten minutes behind the granting one's
     // (set back, or another host's): the id's request deadline reads as

@@ -660,6 +660,22 @@ fn cloudflare_keys_are_reloaded_on_sighup_and_a_broken_file_keeps_the_old_ones()
     wait_for_reloads(&s, 3);
     assert_eq!(get_metric(&s, "nthpool_config_reload_failures_total"), 1, "a reload naming an absent jwksFile");
     assert_eq!(s.acquire(&cf_header(&new), "").status, 200, "the running keys stay");
+    std::fs::write(&config_path, &config).unwrap();
+
+    // A well-formed file whose key breaks the rules (under 2048 bits) is
+    // refused like a start would refuse it: loudly, not kept in silence.
+    let short = RsaPrivateKey::new(&mut StdRng::seed_from_u64(1024), 1024).unwrap();
+    std::fs::write(s.dir.join("certs.json"), jwks(&[("k4", k4), ("short", &short)])).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 4);
+    assert_eq!(get_metric(&s, "nthpool_config_reload_failures_total"), 2, "a key under the rules");
+
+    // A file that names no key at all revokes them all: every token is refused.
+    std::fs::write(s.dir.join("certs.json"), r#"{"keys":[]}"#).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 5);
+    assert_eq!(get_metric(&s, "nthpool_config_reload_failures_total"), 2, "a revocation is applied");
+    assert_refused(&s.acquire(&cf_header(&new), ""), 401, "unauthorized", "every key revoked");
 }
 
 // ---------------------------------------------------------------- IP policy

@@ -81,17 +81,34 @@ struct RawJwk {
     e: Option<String>,
 }
 
+impl RawJwk {
+    /// An RSA key for RS256 signatures; any other is passed over.
+    fn is_rsa_signing(&self) -> bool {
+        self.kty.as_deref() == Some("RSA")
+            && self.alg.as_deref().is_none_or(|a| a == ALG)
+            && self.use_.as_deref().is_none_or(|u| u == "sig")
+    }
+}
+
 impl Jwks {
+    /// No key: every token is refused.
+    pub fn none() -> Jwks {
+        Jwks { keys: Vec::new() }
+    }
+
+    /// Whether `bytes` is a well-formed JWKS document that holds no RSA
+    /// signing key at all (`{"keys":[]}`): a revocation, not a broken file.
+    pub fn names_no_key(bytes: &[u8]) -> bool {
+        serde_json::from_slice::<RawJwks>(bytes).is_ok_and(|raw| !raw.keys.iter().any(RawJwk::is_rsa_signing))
+    }
+
     /// Parses a JWKS document (`{"keys":[...]}`); see the module docs for which
     /// keys are kept. The error is a sentence for the operator's log.
     pub fn from_json(bytes: &[u8]) -> Result<Jwks, String> {
         let raw: RawJwks = serde_json::from_slice(bytes).map_err(|e| format!("the JWKS is not valid: {e}"))?;
         let mut keys = Vec::new();
         for (index, raw_key) in raw.keys.into_iter().enumerate() {
-            if raw_key.kty.as_deref() != Some("RSA")
-                || raw_key.alg.as_deref().is_some_and(|a| a != ALG)
-                || raw_key.use_.as_deref().is_some_and(|u| u != "sig")
-            {
+            if !raw_key.is_rsa_signing() {
                 continue;
             }
             let name = match &raw_key.kid {

@@ -137,18 +137,36 @@ impl PoolAccess {
         let cloudflare = match &config.cloudflare_access {
             None => None,
             Some(cf) => {
-                let loaded = files::read_bounded(cf.jwks_file.as_ref(), MAX_JWKS_BYTES)
+                let read = files::read_bounded(cf.jwks_file.as_ref(), MAX_JWKS_BYTES);
+                let loaded = read
+                    .as_ref()
                     .map_err(|e| format!("cannot read {}: {e}", cf.jwks_file))
-                    .and_then(|bytes| Jwks::from_json(&bytes).map_err(|e| format!("{}: {e}", cf.jwks_file)));
+                    .and_then(|bytes| Jwks::from_json(bytes).map_err(|e| format!("{}: {e}", cf.jwks_file)));
                 let same_file =
                     previous.and_then(|p| p.cloudflare.as_ref()).filter(|old| old.jwks_file == cf.jwks_file);
+                // On a reload of the same file: one that cannot be read or is
+                // no JSON (a rotation caught half-written) keeps the keys that
+                // worked; a document with no key at all is a revocation and
+                // refuses every token; one whose keys break the rules refuses
+                // the reload, as it would a start.
+                let torn =
+                    read.as_deref().map_or(true, |b| serde_json::from_slice::<serde::de::IgnoredAny>(b).is_err());
+                let revoked = read.as_deref().is_ok_and(Jwks::names_no_key);
                 let jwks = match (loaded, same_file) {
                     (Ok(jwks), _) => jwks,
-                    (Err(e), Some(old)) => {
+                    (Err(_), Some(_)) if revoked => {
+                        warn!(
+                            "pools.{name}.access.cloudflareAccess.jwksFile: {} holds no RSA signing key: \
+                             every Cloudflare Access token is refused until it has one",
+                            cf.jwks_file
+                        );
+                        Jwks::none()
+                    }
+                    (Err(e), Some(old)) if torn => {
                         warn!("pools.{name}.access.cloudflareAccess.jwksFile: {e}; keeping the keys loaded before");
                         old.jwks.clone()
                     }
-                    (Err(e), None) => return Err(format!("access.cloudflareAccess.jwksFile: {e}")),
+                    (Err(e), _) => return Err(format!("access.cloudflareAccess.jwksFile: {e}")),
                 };
                 Some(CloudflarePolicy {
                     jwks_file: cf.jwks_file.clone(),

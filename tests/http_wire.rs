@@ -672,6 +672,39 @@ fn public_host_hides_lock_routes_from_other_methods_too() {
     assert_error(&r, 404, "not_found", "GET on the wrong host");
 }
 
+/// On a warm connection a request line of the same length as the one before
+/// is read by comparison and its target checked late; a target a fresh
+/// parse refuses is still what the answer names, whatever else is wrong.
+#[test]
+fn a_bad_target_is_named_first_on_a_warm_connection_too() {
+    let s = TestServer::start(&config("", ""));
+    let bad_target = |r: &Response| r.status == 400 && r.json()["message"].as_str().unwrap().contains("request target");
+    // A chunked acquire, then one whose chunk size is past any limit.
+    let mut c = s.connect();
+    let chunked = |target: &str, body: &str| {
+        format!("POST {target} HTTP/1.1\r\nHost: h\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n{body}")
+    };
+    for _ in 0..3 {
+        c.write_all(chunked(&format!("{ACQUIRE}?x"), "0\r\n\r\n").as_bytes()).unwrap();
+        read_response(&mut c).expect("an answer").slot();
+    }
+    c.write_all(chunked(&format!("{ACQUIRE}?\""), "FFFFFFFF\r\n").as_bytes()).unwrap();
+    let r = read_response(&mut c).expect("an answer");
+    assert!(bad_target(&r), "{r:?}");
+    // Releases, then one whose slot id holds a quote and whose body is no JSON.
+    let mut c = s.connect();
+    for _ in 0..3 {
+        let slot = s.acquire("", "").slot();
+        c.write_all(&post(&release_path(&slot), KEY, "", "{}       ")).unwrap();
+        assert_eq!(read_response(&mut c).expect("an answer").json()["released"], true);
+    }
+    let slot = s.acquire("", "").slot();
+    let quoted = format!("{}\"", &slot[..slot.len() - 1]);
+    c.write_all(&post(&release_path(&quoted), KEY, "", "{bad json")).unwrap();
+    let r = read_response(&mut c).expect("an answer");
+    assert!(bad_target(&r), "{r:?}");
+}
+
 #[test]
 fn a_bad_release_body_is_400_and_releases_nothing() {
     let s = TestServer::start(&config(r#""concurrency":1"#, ""));

@@ -166,6 +166,30 @@ fn only_a_trusted_proxy_can_say_a_pool_moved() {
     assert!(recovering(&r), "{r:?}");
 }
 
+/// A head whose target a fresh parse refuses moves no pool, also on a
+/// connection that has sent the same header block before (whose request
+/// line is then read by comparison, its target checked late).
+#[test]
+fn a_malformed_target_marked_moved_moves_nothing_on_a_warm_connection() {
+    let s = TestServer::start(&format!(
+        r#"{{"accessLog":null,"adminListen":"127.0.0.1:0","pools":{{
+        "pa":{{"keys":["{KEY}"],"access":{{"trustedProxies":["127.0.0.1/32"]}}}},
+        "pb":{{"keys":["{KEY}"],"access":{{"trustedProxies":["127.0.0.1/32"]}}}}}}}}"#
+    ));
+    let block = format!("Host: h\r\nX-Nthpool-Key: {KEY}\r\n{MOVED}Content-Length: 0\r\n\r\n");
+    let mut c = s.connect();
+    for _ in 0..3 {
+        c.write_all(format!("POST /pools/pa/lock/acquire HTTP/1.1\r\n{block}").as_bytes()).unwrap();
+        read_response(&mut c).expect("an answer");
+    }
+    // The same length as the line before, a quote where a fresh parse refuses one.
+    c.write_all(format!("POST /pools/pb/lock/acquir\" HTTP/1.1\r\n{block}").as_bytes()).unwrap();
+    let r = read_response(&mut c).expect("an answer");
+    assert_eq!((r.status, r.error_code().as_str()), (400, "bad_request"), "{r:?}");
+    let r = s.request(&post("/pools/pb/lock/acquire", KEY, "", ""));
+    assert_eq!(r.status, 200, "pool pb was taken for moved: {r:?}");
+}
+
 /// HAProxy records where a pool lives when the instance it chose answers:
 /// a request it moved here is answered at once, a waiting acquire or a
 /// proxied request refused as a fail-fast one in the window, so the record

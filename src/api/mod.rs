@@ -651,7 +651,9 @@ impl App {
                 }
             }
             Lock::Renew(slot) => {
-                check_renew_body(body)?;
+                // An unchecked target (a line read by comparison) is named
+                // before its body, as a fresh parse names it.
+                check_renew_body(body).map_err(|e| head.check_target().map_or_else(ApiError::from, |()| e))?;
                 match self.gov.renew(pid, slot, ctx.now.ms) {
                     Ok(deadline) => {
                         self.scratch.clear();
@@ -673,7 +675,8 @@ impl App {
                 }
             }
             Lock::Release(slot) => {
-                let outcome = report::parse_release(body, ctx.now.wall().0).map_err(ApiError::BadRequest)?;
+                let outcome = report::parse_release(body, ctx.now.wall().0)
+                    .map_err(|e| head.check_target().map_or_else(ApiError::from, |()| ApiError::BadRequest(e)))?;
                 let released = self.gov.release(pid, slot, outcome.as_ref(), ctx.now.ms);
                 if !released {
                     // As for a renew: an unchecked target is checked when it names no slot.

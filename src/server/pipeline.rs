@@ -91,16 +91,24 @@ impl Server {
                 started: *turn_started,
             };
             // Before a move is noted: the router's pool may not be this one.
+            // A line read by comparison has its target checked late; a head
+            // whose target a fresh parse refuses acts on neither field (its
+            // `400` comes when it is answered).
             let answer_start = conn.output.len();
             let head_request = head.method == Method::Head;
-            if head.api.placed_as().is_some() && app.refuse_misplaced(conn.listener_pool, &ctx, head, &mut conn.output)
+            if head.api.placed_as().is_some()
+                && head.check_target().is_ok()
+                && app.refuse_misplaced(conn.listener_pool, &ctx, head, &mut conn.output)
             {
                 close_refused(conn, answer_start, head_request);
                 break;
             }
-            if head.api.moved() {
+            if head.api.moved() && head.check_target().is_ok() {
                 app.note_move(conn.listener_pool, &ctx, head);
             }
+            // A body refused for its framing or size: a target a fresh parse
+            // refuses is what the answer names, as it would on a fresh connection.
+            let refusal = |e: ApiError| head.check_target().map_or_else(ApiError::from, |()| e);
             if let Some(pid) = app.proxy_route(conn.listener_pool, head) {
                 let head_len = head.head_len;
                 let begun = proxied::begin(app, proxy, &mut conn.output, id, &ctx, head, pid);
@@ -116,7 +124,7 @@ impl Server {
                     // Only a chunked body can outgrow the input buffer (its
                     // framing, extensions and trailers count): refuse it rather
                     // than stall until the head deadline.
-                    app.reject(&Ctx { close: true, ..ctx }, head, ApiError::PayloadTooLarge, &mut conn.output);
+                    app.reject(&Ctx { close: true, ..ctx }, head, refusal(ApiError::PayloadTooLarge), &mut conn.output);
                     close_refused(conn, answer_start, head_request);
                     break;
                 }
@@ -143,7 +151,7 @@ impl Server {
                     break;
                 }
                 Body::Refused(e) => {
-                    app.reject(&Ctx { close: true, ..ctx }, head, e, &mut conn.output);
+                    app.reject(&Ctx { close: true, ..ctx }, head, refusal(e), &mut conn.output);
                     close_refused(conn, answer_start, head_request);
                     break;
                 }

@@ -358,8 +358,12 @@ fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
         );
     }
     // `body`: None sends none; Some is JSON sent with its Content-Type.
-    let call = |path: &str, body: Option<&str>| {
+    // `note`: comment lines said after the LOCK_API line. `keep_slot`: the
+    // answer (a grant) is printed and its slotId kept in SLOT_ID, for the
+    // examples pasted after it.
+    let call = |path: &str, body: Option<&str>, note: &str, keep_slot: bool| {
         let mut text = head.clone();
+        text.push_str(note);
         if signed {
             // SPEC §8: HMAC-SHA256 over v1, method, path, time, nonce and the body's SHA-256.
             // `date` has whole seconds everywhere: the time is rounded up, since a
@@ -372,39 +376,34 @@ fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
                 body.unwrap_or("")
             ));
         }
+        if keep_slot {
+            text.push_str("GRANT=$(");
+        }
         text.push_str(&format!("curl -sS -X POST \"$LOCK_API/{path}\"{auth}"));
         match body {
             Some(_) if signed => text.push_str(" \\\n  -H \"Content-Type: application/json\" \\\n  -d \"$BODY\""),
             Some(json) => text.push_str(&format!(" \\\n  -H \"Content-Type: application/json\" \\\n  -d '{json}'")),
             None => {}
         }
+        if keep_slot {
+            text.push_str(
+                ")\necho \"$GRANT\"\n\
+                 export SLOT_ID=$(printf '%s' \"$GRANT\" | sed -n 's/.*\"slotId\":\"\\([^\"]*\\)\".*/\\1/p')",
+            );
+        }
         text
     };
-    // An acquire keeps its grant's slotId in SLOT_ID, for the examples after it.
-    let acquire = |body: Option<&str>| {
-        let text = call("acquire", body);
-        let at = text.find("curl -sS").expect("every example calls curl");
-        format!(
-            "{}GRANT=$({})\necho \"$GRANT\"\n\
-             export SLOT_ID=$(printf '%s' \"$GRANT\" | sed -n 's/.*\"slotId\":\"\\([^\"]*\\)\".*/\\1/p')",
-            &text[..at],
-            &text[at..]
-        )
-    };
-    // What the report does, said after the LOCK_API line every example starts with.
-    let throttled = call("$SLOT_ID/release", Some("{\"status\":429,\"throttled\":1,\"retryAfterMs\":2000}")).replacen(
-        '\n',
-        "\n# A 429 with no sign of a spent budget cuts the pool's limit and pauses nothing;\n\
-             # with \"rate\":{\"remaining\":0,\"resetMs\":2000} it pauses the pool instead.\n",
-        1,
-    );
+    let throttle_note = "# A 429 with no sign of a spent budget cuts the pool's limit and pauses nothing;\n\
+                         # with \"rate\":{\"remaining\":0,\"resetMs\":2000} it pauses the pool instead.\n";
+    let throttled = Some("{\"status\":429,\"throttled\":1,\"retryAfterMs\":2000}");
     json!([
-        { "id": "acquire", "title": "Acquire, fail fast", "text": acquire(None) },
+        { "id": "acquire", "title": "Acquire, fail fast", "text": call("acquire", None, "", true) },
         { "id": "acquire-queued", "title": "Acquire, wait up to 30 s in the queue",
-          "text": acquire(Some("{\"waitMs\":30000}")) },
-        { "id": "renew", "title": "Renew", "text": call("$SLOT_ID/renew", None) },
-        { "id": "release", "title": "Release", "text": call("$SLOT_ID/release", Some("{\"status\":200}")) },
-        { "id": "release-throttled", "title": "Release with a throttle report", "text": throttled },
+          "text": call("acquire", Some("{\"waitMs\":30000}"), "", true) },
+        { "id": "renew", "title": "Renew", "text": call("$SLOT_ID/renew", None, "", false) },
+        { "id": "release", "title": "Release", "text": call("$SLOT_ID/release", Some("{\"status\":200}"), "", false) },
+        { "id": "release-throttled", "title": "Release with a throttle report",
+          "text": call("$SLOT_ID/release", throttled, throttle_note, false) },
     ])
 }
 

@@ -60,7 +60,7 @@ SCENARIOS=(
     "b-wrong-stamp-response|$WRONG --stamp response -d $DIALECT_SECS"
     "b-wrong-sliding|$WRONG --window-kind sliding -d $DIALECT_SECS"
 )
-for dialect in anthropic ietf ietf-structured xratelimit retry-after none; do
+for dialect in anthropic ietf ietf-structured xratelimit remaining-only reset-only retry-after none; do
     SCENARIOS+=("e-wrong-$dialect|$WRONG --dialect $dialect -d $DIALECT_SECS")
 done
 

@@ -90,6 +90,47 @@ fn a_rate_refusal_does_not_cut_the_concurrency_limit() {
     assert_eq!(gauge(&m, r#"nthpool_budget_limit{pool="p"}"#), "60");
 }
 
+/// A rate refusal that says its window is spent but not when it ends
+/// (`remaining: 0`, no reset, no retry hint), or only when it ends (a reset
+/// and no `remaining`, no hint), used to leave the pool open: every call
+/// went into the spent window. The first pauses the pool and lets one call
+/// at a time probe; a run of the second waits for the reset.
+#[test]
+fn a_rate_refusal_without_an_end_or_without_a_remaining_still_stops_the_pool() {
+    let s = TestServer::start(&config(r#""concurrency":8,"queue":{"size":10,"timeoutMs":5000}"#, ""));
+    let slots: Vec<String> = (0..8).map(|_| s.acquire("", "").slot()).collect();
+    let spent = r#"{"status":429,"headers":{"x-ratelimit-limit":"60","x-ratelimit-remaining":"0"}}"#;
+    for slot in &slots {
+        assert_eq!(s.release(slot, spent).json()["released"], true);
+    }
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("cooldown")));
+    assert_eq!(r.header_u64("x-nthpool-effective-limit"), 1, "one call at a time probes");
+    // After the pause one probe goes; while it runs, no second call does.
+    let probe = s.acquire("", r#"{"waitMs":2000}"#);
+    assert_eq!(probe.status, 200);
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("concurrency")));
+    // It gets through: the window opened, and the limit is back.
+    assert_eq!(s.release(&probe.slot(), r#"{"status":200}"#).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header_u64("x-nthpool-effective-limit")), (200, 8));
+
+    // Only the reset said, and no retry hint (`x-ratelimit-reset-requests`
+    // alone): too many at once or a spent window. It cuts; once the refusals
+    // go on after the cut, the pool waits for the reset.
+    let reset_only = r#"{"status":429,"headers":{"x-ratelimit-reset-requests":"3s"}}"#;
+    assert_eq!(s.release(&r.slot(), reset_only).json()["released"], true);
+    for _ in 0..2 {
+        let r = s.acquire("", "");
+        assert_eq!(r.status, 200, "{:?}", r.header("x-nthpool-deny-reason"));
+        assert_eq!(s.release(&r.slot(), reset_only).json()["released"], true);
+    }
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("cooldown")));
+    assert!((2..=3).contains(&r.header_u64("retry-after")), "{:?}", r.header("retry-after"));
+}
+
 /// The first burst: a fresh pool configured at 64 grants 16 before any
 /// evidence, says so in its metrics, and ramps up by the clock for waiters.
 #[test]

@@ -31,7 +31,7 @@
 //!   above it raise it. While it paces the pool, far fewer calls are in
 //!   flight than the limit: a window's first refusal, or a probe's, there is
 //!   taken as the window running out and cuts nothing.
-use super::pattern::Pattern;
+use super::pattern::{Pattern, PROBE_BACKOFF_MAX_MS, PROBE_BACKOFF_MIN_MS};
 use crate::time::Ms;
 
 /// The longest pause a single retry hint can impose.
@@ -106,18 +106,41 @@ impl Outcome {
     pub fn evidence(&self) -> Evidence {
         let r = &self.rate;
         // A spent budget: `remaining` 0, or a window resetting later that
-        // says nothing of what is left (SPEC §7: "a 429 with such headers").
-        // One that shows something left says the refusal was not the window.
+        // says nothing of what is left, with a retry hint (SPEC §7: "a 429
+        // with such headers"; Groq's). One that shows something left says
+        // the refusal was not the window. A silent reset without a hint may
+        // be either: it is judged as a concurrency refusal, whose run, once
+        // pool-wide, waits for that reset (`Learning::on_report`).
         let spent = r.remaining == Some(0)
             || r.token_remaining == Some(0)
-            || (r.remaining.is_none() && r.token_remaining.is_none())
-                && (r.reset_ms.is_some_and(|ms| ms > 0) || r.token_reset_ms.is_some_and(|ms| ms > 0));
+            || r.silent_reset().is_some() && r.retry_after_ms.is_some_and(|ms| ms > 0);
         match (self.is_throttled(), spent) {
             (true, true) => Evidence::Rate,
             (true, false) => Evidence::Concurrency,
             (false, _) if self.is_success() => Evidence::Success,
             _ => Evidence::Other,
         }
+    }
+}
+
+impl RateInfo {
+    /// The reset of a window said with nothing of what is left (Groq's
+    /// `x-ratelimit-reset-requests` alone, a body's `resetMs` alone); of a
+    /// request and a token window said so, the sooner: a refusal for the
+    /// other comes back with its own reset after it.
+    fn silent_reset(&self) -> Option<u64> {
+        if self.remaining.is_some() || self.token_remaining.is_some() {
+            return None;
+        }
+        let (requests, tokens) = (self.reset_ms.filter(|&ms| ms > 0), self.token_reset_ms.filter(|&ms| ms > 0));
+        requests.into_iter().chain(tokens).min()
+    }
+
+    /// Whether a spent window here says when it ends: a request window
+    /// with its reset, or a token window with its own.
+    fn says_when_spent_ends(&self) -> bool {
+        let ends = |left: Option<u64>, reset: Option<u64>| left == Some(0) && reset.is_some_and(|ms| ms > 0);
+        ends(self.remaining, self.reset_ms) || ends(self.token_remaining, self.token_reset_ms)
     }
 }
 
@@ -354,6 +377,24 @@ pub struct Learning {
     /// headers (`pattern`).
     #[serde(skip)]
     pub pattern: Pattern,
+    /// Rate refusals that say neither when their window ends nor when to
+    /// retry (not saved: a restarted pool probes again on the next one).
+    #[serde(skip)]
+    pub blind: BlindProbe,
+}
+
+/// A spent window whose end nobody said (`remaining: 0` with no reset, or
+/// one already past, and no retry hint): the pool pauses, then lets one call
+/// at a time probe the upstream until one succeeds. Without this the pool
+/// would keep its limit and send every call into the spent window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlindProbe {
+    /// The pause before the next probe (`PROBE_BACKOFF_MIN_MS` doubling to
+    /// `PROBE_BACKOFF_MAX_MS`); 0 when not probing.
+    pub backoff_ms: Ms,
+    /// When the pause began: refusals of calls granted before it are of the
+    /// same spent window, and neither double it nor end the probing.
+    pub since: Ms,
 }
 
 /// Why a pool cannot grant right now, and for how long that is known to last.
@@ -396,12 +437,19 @@ impl Learning {
             budget_limit_seq: 0,
             token_block_until: 0,
             pattern: Pattern::default(),
+            blind: BlindProbe::default(),
         }
     }
 
-    /// The limit in force: 1 while a pool-wide run is probed.
+    /// Whether one call at a time probes a spent upstream: after a pool-wide
+    /// run, or a rate refusal that said nothing of when it ends.
+    fn probing(&self) -> bool {
+        self.pattern.probing || self.blind.backoff_ms > 0
+    }
+
+    /// The limit in force: 1 while the upstream is probed.
     pub fn effective(&self) -> u32 {
-        if self.pattern.probing {
+        if self.probing() {
             1
         } else {
             self.effective
@@ -414,7 +462,7 @@ impl Learning {
     /// dashboard, the gates) sees where the ramp is, as the next grant would.
     pub fn effective_at(&self, now: Ms) -> u32 {
         match self.start {
-            Start::Since(since) if !self.pattern.probing => self.effective.max(self.ramp_cap(since, now)),
+            Start::Since(since) if !self.probing() => self.effective.max(self.ramp_cap(since, now)),
             _ => self.effective(),
         }
     }
@@ -457,6 +505,7 @@ impl Learning {
             pace: self.pace.map(|p| Pace { from: at(p.from), ..p }),
             marks: GrantMarks::default(),
             pattern: Pattern::default(),
+            blind: BlindProbe::default(),
             ..self.clone()
         }
     }
@@ -646,14 +695,26 @@ impl Learning {
             return wake;
         }
         let mut pool_wide = false;
+        let mut hint = o.rate.retry_after_ms.filter(|&h| h > 0);
+        let mut probe = None;
         match evidence {
-            Evidence::Concurrency => pool_wide = self.on_refusal(lease),
+            Evidence::Concurrency => {
+                pool_wide = self.on_refusal(lease);
+                // A window's reset with nothing said of what is left: once
+                // the refusals go on after a cut, the window was spent, and
+                // its reset says when to come back.
+                hint = hint.or(o.rate.silent_reset());
+                if pool_wide {
+                    probe = self.on_pool_wide_run(hint);
+                }
+            }
             Evidence::Success => self.on_success(lease, now),
-            Evidence::Rate => pool_wide = true,
+            Evidence::Rate => {
+                pool_wide = true;
+                probe = self.on_rate_refusal(&o.rate, hint, lease, now);
+            }
             Evidence::Other => {}
         }
-        let hint = o.rate.retry_after_ms.filter(|&h| h > 0);
-        let probe = if pool_wide && evidence == Evidence::Concurrency { self.on_pool_wide_run(hint) } else { None };
         if let Some(pause) = hint.filter(|_| pool_wide).or(probe) {
             let until = now + pause.min(MAX_COOLDOWN_MS);
             if until > self.cooldown_until {
@@ -670,6 +731,26 @@ impl Learning {
             }
         }
         wake
+    }
+
+    /// A rate refusal: one that says when its window ends, or when to
+    /// retry, is paused by that (the budget, the token block, the
+    /// cool-down) and ends a blind probe. One that says neither starts or
+    /// goes on with a blind probe (`BlindProbe`), and returns its pause: a
+    /// refusal of a call granted since the last pause began doubles it.
+    fn on_rate_refusal(&mut self, rate: &RateInfo, hint: Option<u64>, lease: Reported, now: Ms) -> Option<Ms> {
+        if hint.is_some() || rate.says_when_spent_ends() {
+            self.blind = BlindProbe::default();
+            return None;
+        }
+        let b = &mut self.blind;
+        if b.backoff_ms > 0 && lease.granted_at < b.since {
+            return None;
+        }
+        b.backoff_ms =
+            if b.backoff_ms == 0 { PROBE_BACKOFF_MIN_MS } else { (b.backoff_ms * 2).min(PROBE_BACKOFF_MAX_MS) };
+        b.since = now;
+        Some(b.backoff_ms)
     }
 
     /// A refusal while a budget learned from refusals is in force, of a
@@ -810,6 +891,11 @@ impl Learning {
 
     fn on_success(&mut self, lease: Reported, now: Ms) {
         self.oks = self.oks.wrapping_add(1);
+        // A call granted since the blind pause began got through: the
+        // window opened again.
+        if self.blind.backoff_ms > 0 && lease.granted_at >= self.blind.since {
+            self.blind = BlindProbe::default();
+        }
         if self.burst_low != 0 {
             if lease.epoch == self.epoch {
                 // A call granted after the cut succeeded before any of the
@@ -1454,10 +1540,13 @@ mod tests {
             rate: RateInfo { reset_ms: Some(179_560), retry_after_ms, ..RateInfo::default() },
             ..concurrency_429()
         };
-        assert_eq!(reset_only(None).evidence(), Evidence::Rate);
-        let tokens =
-            Outcome { rate: RateInfo { token_reset_ms: Some(6_000), ..RateInfo::default() }, ..concurrency_429() };
+        assert_eq!(reset_only(Some(2_000)).evidence(), Evidence::Rate);
+        let tokens = Outcome {
+            rate: RateInfo { token_reset_ms: Some(6_000), retry_after_ms: Some(1_000), ..RateInfo::default() },
+            ..concurrency_429()
+        };
         assert_eq!(tokens.evidence(), Evidence::Rate);
+        assert_eq!(reset_only(None).evidence(), Evidence::Concurrency, "without a hint: judged by its run");
         let left = Outcome { rate: RateInfo { remaining: Some(3), ..reset_only(None).rate }, ..concurrency_429() };
         assert_eq!(left.evidence(), Evidence::Concurrency);
         assert_eq!(concurrency_429().evidence(), Evidence::Concurrency);
@@ -1469,6 +1558,69 @@ mod tests {
         }
         assert_eq!(l.effective(), 8, "a rate refusal never cuts the limit");
         assert_eq!(l.pause(100), Some(Pause::Cooldown(1_910)));
+    }
+
+    /// A refusal that says when its window resets and nothing of what is
+    /// left, with no retry hint, paused nothing: every call went on into the
+    /// spent window. Without a hint it may as well be too many at once
+    /// (an upstream that sends the reset on every answer): it cuts, and once
+    /// the refusals go on after the cut, the pool waits for that reset; of a
+    /// request and a token window said so, the sooner one's.
+    #[test]
+    fn a_silent_reset_without_a_hint_cuts_and_a_run_of_them_waits_for_it() {
+        let silent = |rate| Outcome { rate, ..concurrency_429() };
+        let cases = [
+            (RateInfo { reset_ms: Some(2_000), ..RateInfo::default() }, 2_000),
+            (RateInfo { reset_ms: Some(179_560), token_reset_ms: Some(7_660), ..RateInfo::default() }, 7_660),
+        ];
+        for (rate, wait) in cases {
+            assert_eq!(silent(rate).evidence(), Evidence::Concurrency);
+            let mut l = ramped(8);
+            for i in 0..POOL_WIDE_STREAK {
+                let lease = grant(&mut l, i as Ms);
+                let w = l.on_report(&silent(rate), about(lease, 0), 10 + i as Ms);
+                let pool_wide = i + 1 == POOL_WIDE_STREAK;
+                assert_eq!(w.cooldown_until, pool_wide.then_some(10 + i as Ms + wait), "refusal {i}");
+            }
+            assert!(l.effective() < 8, "cut as too many at once first");
+        }
+    }
+
+    /// A rate refusal with `remaining: 0` and no reset (or one already past)
+    /// and no retry hint: nothing said when the window ends, so the pool
+    /// let every call through into it. It now pauses 250 ms, then one call
+    /// at a time probes; a refused probe doubles the pause (to 1 s), and the
+    /// first call that gets through restores the limit. The refusals of the
+    /// calls already out when the pause began change nothing.
+    #[test]
+    fn a_rate_refusal_that_says_no_end_probes_one_call_at_a_time() {
+        for reset_ms in [None, Some(0)] {
+            let spent = Outcome {
+                rate: RateInfo { limit: Some(60), remaining: Some(0), reset_ms, ..RateInfo::default() },
+                ..concurrency_429()
+            };
+            assert_eq!(spent.evidence(), Evidence::Rate);
+            let mut l = ramped(8);
+            let burst: Vec<_> = (0..8).map(|_| grant(&mut l, 0)).collect();
+            let wake = l.on_report(&spent, about(burst[0], 7), 10);
+            assert_eq!(wake.cooldown_until, Some(10 + PROBE_BACKOFF_MIN_MS));
+            assert_eq!(l.effective(), 1, "one call at a time probes");
+            for (i, lease) in burst.iter().enumerate().skip(1) {
+                let wake = l.on_report(&spent, about(*lease, 7 - i as u32), 20);
+                assert_eq!(wake.cooldown_until, None, "the same spent window, already paused");
+            }
+            let mut at = 10 + PROBE_BACKOFF_MIN_MS;
+            for pause in [500, 1_000, 1_000] {
+                assert_eq!(l.pause(at), None);
+                let probe = grant(&mut l, at);
+                at += 30;
+                assert_eq!(l.on_report(&spent, about(probe, 0), at).cooldown_until, Some(at + pause));
+                at += pause;
+            }
+            let probe = grant(&mut l, at);
+            l.on_report(&ok(), about(probe, 0), at + 30);
+            assert_eq!((l.effective(), l.pause(at + 30)), (8, None), "the window opened: the limit is back");
+        }
     }
 
     /// Cause 3: a rate 429 (`remaining: 0`) also cut the concurrency limit.

@@ -35,7 +35,8 @@ UPSTREAM (embedded, 127.0.0.1, ephemeral port):
     --window-kind fixed|sliding   (default fixed)
     --count-refused           refused calls count against the budget
     --dialect D               openai (default), anthropic, ietf, ietf-structured,
-                              xratelimit, retry-after, none
+                              xratelimit, remaining-only, reset-only, retry-after,
+                              none
     --stamp admission|response    when rate headers are computed (default admission)
     --service DIST            fixed:MS, uniform:LO:HI, lognormal:MEDIAN:P99 (ms);
                               default lognormal:500:2000
@@ -74,6 +75,12 @@ pub enum Dialect {
     Ietf,
     IetfStructured,
     XRateLimit,
+    /// `x-ratelimit-limit` and `-remaining`, no reset, no `retry-after`:
+    /// a spent window that never says when it ends.
+    RemainingOnly,
+    /// OpenAI's `x-ratelimit-reset-requests` alone, no `retry-after`: when
+    /// the window resets, nothing of what is left.
+    ResetOnly,
     RetryAfter,
     None,
 }
@@ -214,6 +221,8 @@ pub fn dialect_name(d: Dialect) -> &'static str {
         Dialect::Ietf => "ietf",
         Dialect::IetfStructured => "ietf-structured",
         Dialect::XRateLimit => "xratelimit",
+        Dialect::RemainingOnly => "remaining-only",
+        Dialect::ResetOnly => "reset-only",
         Dialect::RetryAfter => "retry-after",
         Dialect::None => "none",
     }
@@ -364,6 +373,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, String> 
                     Dialect::Ietf,
                     Dialect::IetfStructured,
                     Dialect::XRateLimit,
+                    Dialect::RemainingOnly,
+                    Dialect::ResetOnly,
                     Dialect::RetryAfter,
                     Dialect::None,
                 ]

@@ -146,7 +146,7 @@ fn answer(s: &Shared) -> Vec<u8> {
         Decision::Refuse { rate, snapshot, retry_after_s } => {
             if rate { &b.refused_rate } else { &b.refused_concurrency }.fetch_add(1, Relaxed);
             let mut head = rate_headers(d, snapshot);
-            if d != Dialect::None {
+            if !matches!(d, Dialect::None | Dialect::RemainingOnly | Dialect::ResetOnly) {
                 head.push_str(&format!("retry-after: {retry_after_s}\r\n"));
             }
             response(429, "Too Many Requests", &head, br#"{"error":"rate_limited"}"#)
@@ -297,6 +297,8 @@ fn rate_headers(d: Dialect, snapshot: Option<Snapshot>) -> String {
         Dialect::XRateLimit => {
             format!("x-ratelimit-limit: {limit}\r\nx-ratelimit-remaining: {remaining}\r\nx-ratelimit-reset: {secs}\r\n")
         }
+        Dialect::RemainingOnly => format!("x-ratelimit-limit: {limit}\r\nx-ratelimit-remaining: {remaining}\r\n"),
+        Dialect::ResetOnly => format!("x-ratelimit-reset-requests: {}\r\n", go_duration(reset_ms)),
         Dialect::RetryAfter | Dialect::None => String::new(),
     }
 }

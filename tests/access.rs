@@ -1124,6 +1124,10 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     // all the same: refused, and logged as an invalid `Host` is.
     let raw = b"POST http://a@b/pools/p/lock/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n";
     assert_eq!(s.request(raw).status, 400);
+    // A fragment is refused in a target, but it ends the path: the line
+    // still names an acquire.
+    let raw = b"POST /pools/p/lock/acquire#frag HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n";
+    assert_eq!(s.request(raw).status, 400);
     let mut at_shutdown = queue(&s);
     thread::sleep(Duration::from_millis(400));
     s.signal("TERM");
@@ -1144,6 +1148,7 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
             (400, "bad_request"),
             (400, "bad_request"),
             (400, "bad_request"),
+            (400, "bad_request"),
             (503, "unavailable")
         ],
         "one line per acquire attempt:\n{text}"
@@ -1152,10 +1157,11 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
         assert_eq!(l["waitMs"], 5000, "{l}");
         assert!(l["queuedMs"].as_u64().unwrap() >= 100, "a gone waiter's line shows its wait: {l}");
     }
-    assert!(lines[8]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[8]);
+    assert!(lines[9]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[9]);
     assert!(lines[4..6].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
     assert_eq!(lines[6]["pool"], "p\u{fffd}\\\"", "{text}");
     assert_eq!(lines[7]["pool"], "p", "{text}");
+    assert_eq!(lines[8]["pool"], "p", "{text}");
 }
 
 /// A log file an earlier run left in the middle of a line (a full disk or a

@@ -93,12 +93,15 @@ fn a_retry_while_queued_takes_the_place_of_the_first_attempt() {
     }
     assert_eq!(queued(), 2, "the first attempt is still queued");
     assert_eq!(metric(&s, "nthpool_superseded_total"), 0);
+    let timed = metric(&s, "nthpool_acquire_server_time_us_count");
     let mut retry = s.connect();
     retry.write_all(&post("/pools/p/lock/acquire", KEY, "Idempotency-Key: job-7\r\n", wait)).unwrap();
     let superseded = read_response(&mut first).expect("the first attempt's answer");
     assert_eq!((superseded.status, superseded.error_code()), (409, "superseded".to_string()), "{superseded:?}");
     assert_eq!(queued(), 2, "the retry took the first attempt's place, not a new one");
     assert_eq!(metric(&s, "nthpool_superseded_total"), 1);
+    // Answered, so timed like every answered acquire: the 409 and the 429 of `queued()`.
+    assert_eq!(metric(&s, "nthpool_acquire_server_time_us_count"), timed + 2);
 
     // The retry stands where the first attempt stood: ahead of `behind`.
     assert_eq!(s.release(&holder, "").json()["released"], true);

@@ -244,7 +244,7 @@ impl App {
             return false;
         };
         if queued.proxied {
-            self.observe_queued_end(&queued.attempt, now.wall(), super::CLIENT_GONE_STATUS, "client_gone");
+            self.observe_queued_end(&queued.attempt, now.wall(), super::CLIENT_GONE_STATUS, "client_gone", false);
         } else {
             self.answer_withdrawn(out, &denial, &queued.attempt, now, close);
         }

@@ -835,7 +835,7 @@ impl App {
     /// A queued acquire ended by `error` rather than by the governor.
     fn answer_queued_error(&mut self, out: &mut Vec<u8>, attempt: &Attempt, now: Now, error: ApiError, close: bool) {
         self.rejections.count(Some(attempt.pool), error.status());
-        self.log_queued_end(attempt, now.wall(), error.status().code(), error.code());
+        self.log_queued_end(attempt, now.wall(), error.status().code(), error.code(), true);
         error.write(out, &mut self.scratch, close);
     }
 
@@ -846,16 +846,25 @@ impl App {
         self.gov.cancel_waiter(queued.key, conn.owner());
         if queued.proxied {
             // Logged when its exchange ends.
-            self.observe_queued_end(&queued.attempt, now.wall(), CLIENT_GONE_STATUS, "client_gone");
+            self.observe_queued_end(&queued.attempt, now.wall(), CLIENT_GONE_STATUS, "client_gone", false);
             return;
         }
-        self.log_queued_end(&queued.attempt, now.wall(), CLIENT_GONE_STATUS, "client_gone");
+        self.log_queued_end(&queued.attempt, now.wall(), CLIENT_GONE_STATUS, "client_gone", false);
     }
 
-    /// The log line of a queued acquire that ends without a governor answer.
-    fn log_queued_end(&mut self, attempt: &Attempt, epoch_now: EpochMs, status: u16, code: &'static str) {
+    /// The log line of a queued acquire that ends without a governor answer;
+    /// `answered` when an answer is written (it is timed, as every answered
+    /// acquire is), not when its client left first.
+    fn log_queued_end(
+        &mut self,
+        attempt: &Attempt,
+        epoch_now: EpochMs,
+        status: u16,
+        code: &'static str,
+        answered: bool,
+    ) {
         let line = queued_end_line(attempt, epoch_now, status, code);
-        self.record_attempt(Some(attempt.pool), None, attempt.client, line, attempt.started, false);
+        self.record_attempt(Some(attempt.pool), None, attempt.client, line, attempt.started, answered);
     }
 
     /// Such an end in its pool's history only (a proxied request's line is
@@ -866,9 +875,10 @@ impl App {
         epoch_now: EpochMs,
         status: u16,
         code: &'static str,
+        answered: bool,
     ) -> u64 {
         let line = queued_end_line(attempt, epoch_now, status, code);
-        self.observe(attempt, line, false);
+        self.observe(attempt, line, answered);
         line.queued_ms
     }
 
@@ -1054,10 +1064,12 @@ fn denial_code(status: Status) -> &'static str {
 
 /// The path of the request line at the start of `input`, origin or absolute
 /// form cut as the head parser cuts them (an absolute target refused for
-/// its authority still names its route), if the line is there.
+/// its authority still names its route), if the line is there. A fragment
+/// (`#…`, refused in a target) ends the path, as in any URI (RFC 3986 §3.5).
 fn logged_path(input: &[u8]) -> Option<&[u8]> {
     let line = &input[..input.iter().position(|&b| b == b'\n').unwrap_or(input.len())];
     let target = line.split(|&b| b == b' ').nth(1)?;
+    let target = target.split(|&b| b == b'#').next()?;
     crate::http::target::target_parts(target).ok().map(|(path, _)| path)
 }
 

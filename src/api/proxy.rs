@@ -226,7 +226,7 @@ impl App {
         };
         let (status, code) = (error.status(), error.code());
         self.rejections.count(Some(queued.attempt.pool), status);
-        let queued_ms = self.observe_queued_end(&queued.attempt, now.wall(), status.code(), code);
+        let queued_ms = self.observe_queued_end(&queued.attempt, now.wall(), status.code(), code, true);
         error.write(out, &mut self.scratch, close);
         let line = ProxiedLine::refused(method_and_path, status.code(), code, queued_ms);
         self.log_proxied(&queued.attempt, now.wall(), &line);

@@ -698,22 +698,28 @@ fn keep_alive_connections_to_the_upstream_are_reused() {
     assert_eq!(up.seen().len(), 5);
 }
 
-/// After a `HEAD` the upstream connection is not reused: a body its answer
-/// announced, sent late by a broken upstream, would be read as the next
-/// request's answer.
+/// After a `HEAD`, or a `204` or `304` that announces a body, the upstream
+/// connection is not reused: that body, sent late by a broken upstream,
+/// would be read as the next request's answer (a 502 for a request that
+/// had nothing to do with it).
 #[test]
-fn an_upstream_connection_is_not_reused_after_a_head() {
-    let up = MockUpstream::start(|seen| match seen.request_line().starts_with("HEAD") {
-        true => Reply::Raw(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n".to_vec()),
-        false => ok(&format!("n{}", seen.conn), ""),
-    });
-    let server = proxy_server(&up, 4, "");
-    let mut s = server.connect();
-    s.write_all(&proxied("HEAD", "/", "", "")).unwrap();
-    assert!(read_through(&mut s, b"\r\n\r\n", "a head").starts_with(b"HTTP/1.1 200 "));
-    let r = exchange(&server, &proxied("GET", "/", "", ""));
-    assert_eq!((r.status, r.body.as_slice()), (200, &b"n1"[..]), "a fresh connection: {r:?}");
-    assert_eq!(up.connections(), 2);
+fn an_upstream_connection_is_not_reused_after_an_answer_that_announced_a_body_it_has_not() {
+    for (method, answer) in [("HEAD", "200 OK"), ("GET", "304 Not Modified"), ("GET", "204 No Content")] {
+        let head = format!("HTTP/1.1 {answer}\r\nContent-Length: 5\r\n\r\n").into_bytes();
+        let up = MockUpstream::start(move |seen| match seen.request_line().contains("/first") {
+            // The announced body comes after all, late.
+            true => Reply::Paced(vec![(0, head.clone()), (300, b"stray".to_vec())]),
+            false => ok(&format!("n{}", seen.conn), ""),
+        });
+        let server = proxy_server(&up, 4, "");
+        let mut s = server.connect();
+        s.write_all(&proxied(method, "/first", "", "")).unwrap();
+        let status = format!("HTTP/1.1 {}", &answer[..3]);
+        assert!(read_through(&mut s, b"\r\n\r\n", "a head").starts_with(status.as_bytes()), "{method} {answer}");
+        let r = exchange(&server, &proxied("GET", "/", "", ""));
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"n1"[..]), "{method} {answer}: a fresh connection: {r:?}");
+        assert_eq!(up.connections(), 2, "{method} {answer}");
+    }
 }
 
 #[test]

@@ -306,7 +306,13 @@ pub fn take_response(
     // upstream thinks its body ends is in doubt, so its connection is not
     // used again.
     let ambiguous = framing.codings > 0 && framing.length.is_some() || framing.chunked_named > 1;
-    let keep_alive = !framing.close && !ambiguous && (resp.version == Some(1) || framing.keep);
+    // A final answer that has no body but announces one (a `204` or `304`
+    // with a `Content-Length` above 0 or a transfer coding; a `HEAD`'s, kept
+    // from reuse by the exchange anyway): a broken upstream that sends that
+    // body after all, late, would have it read as the next request's answer.
+    let announced =
+        !interim && body == ResponseBody::None && (framing.length.is_some_and(|n| n > 0) || framing.codings > 0);
+    let keep_alive = !framing.close && !ambiguous && !announced && (resp.version == Some(1) || framing.keep);
     Ok(Some((ResponseHead { status, len, body, keep_alive, rate }, to_client)))
 }
 
@@ -594,6 +600,21 @@ mod tests {
         }
         let (head, _, _) = respond(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", CLIENT);
         assert!(head.keep_alive, "one chunked coding alone keeps the connection");
+    }
+
+    #[test]
+    fn a_bodiless_answer_that_announces_a_body_does_not_keep_its_connection() {
+        for (raw, kept) in [
+            (&b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"[..], false),
+            (b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", false),
+            (b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n", false),
+            (b"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n", true),
+            (b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n", true),
+        ] {
+            let (head, body, _) = respond(raw, CLIENT);
+            let case = String::from_utf8_lossy(raw);
+            assert_eq!((head.body, body, head.keep_alive), (ResponseBody::None, ClientBody::None, kept), "{case}");
+        }
     }
 
     #[test]

@@ -153,3 +153,33 @@ fn a_removed_pool_leaves_every_other_pools_proxy_series_its_own() {
     assert!(m.lines().filter(|l| l.starts_with("nthpool_proxy_pool_")).all(|l| !l.contains("pool=\"b\"")), "{m}");
     assert!(!m.contains("pool=\"a\""), "the drained pool is gone: {m}");
 }
+
+/// An upstream whose accept queue is full drops the connect's SYNs: the
+/// connection never opens, and the request's `timeoutMs` answers `504`. That
+/// connection failed to open as surely as a refused one, and is counted so.
+#[test]
+fn a_connect_that_never_opens_counts_as_a_connection_error() {
+    use socket2::{Domain, Socket, Type};
+    let hole = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    hole.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+    hole.listen(0).unwrap();
+    let addr = hole.local_addr().unwrap().as_socket().unwrap();
+    // Connections nobody accepts fill the queue; later SYNs are dropped.
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&addr.into());
+        fillers.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let server = TestServer::start(&format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"h":{{"keys":["{KEY}"],"adaptive":false,
+            "upstream":{{"url":"http://{addr}","hosts":["h.proxy.test"],"timeoutMs":300}}}}}}}}"#
+    ));
+    let r = to_pool(&server, "h.proxy.test");
+    assert_eq!((r.status, r.error_code()), (504, "upstream_timeout".to_string()), "{r:?}");
+    let m = metrics(&server);
+    assert_eq!(sample(&m, "nthpool_proxy_pool_upstream_connection_errors_total{pool=\"h\"}"), 1, "{m}");
+    assert_eq!(sample(&m, "nthpool_proxy_upstream_connection_errors_total"), 1);
+}

@@ -600,6 +600,17 @@ impl Proxy {
         Some(Expired::Failed(err.sentence()))
     }
 
+    /// The exchange ran out of time: a TCP connect still under way failed
+    /// to open in time, and counts as a connection error like a refused one.
+    pub fn note_connect_timed_out(&mut self, ex: usize) {
+        let Some(idx) = self.exchanges[ex].up else { return };
+        let up = &self.ups[idx];
+        if !up.connected {
+            warn!("the upstream {} at {} did not accept the connection in time", up.target.authority, up.addr);
+            self.stats.connect_error(up.pool.0 as usize);
+        }
+    }
+
     /// The most recently used idle connection of `pool` to `target` that
     /// has not been closed by the upstream meanwhile; the dead ones found on
     /// the way are closed.

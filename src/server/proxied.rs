@@ -491,6 +491,7 @@ impl Server {
             // No response head yet (nor, its name still being looked up, an
             // upstream connection): the client is told which limit ran out.
             let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout };
+            self.proxy.note_connect_timed_out(ex);
             self.end_exchange(id, End::Answered(err));
         } else {
             self.end_exchange(id, End::Capped);

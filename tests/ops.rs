@@ -1182,7 +1182,7 @@ fn a_descriptor_limit_under_max_connections_lowers_the_cap_instead_of_running_ou
 
 #[test]
 fn out_of_descriptors_a_health_check_is_accepted_first_once_some_are_free() {
-    let s = TestServer::start(&config("", ""));
+    let s = TestServer::start_logged(&config("", ""), "warn");
     // Few descriptors for the running server (util-linux's prlimit).
     let limited = std::process::Command::new("prlimit")
         .arg(format!("--pid={}", s.pid()))
@@ -1203,4 +1203,7 @@ fn out_of_descriptors_a_health_check_is_accepted_first_once_some_are_free() {
     public.drain(..10);
     let r = read_response(&mut health).expect("the health check was never accepted");
     assert_eq!(r.status, 200, "{r:?}");
+    // Accepting failed after every 100-ms pause, but says so once in 10 s.
+    let log = s.log();
+    assert_eq!(log.matches("accept failed").count(), 1, "{log}");
 }

@@ -87,6 +87,9 @@ const SIGNALS: Token = Token(usize::MAX - 3);
 const RESOLVER: Token = Token(usize::MAX - 4);
 /// Wait before accepting again when the process is out of file descriptors.
 const ACCEPT_PAUSE_MS: u64 = 100;
+/// Failed accepts are logged at most once in this long (with how many were
+/// not): out of descriptors, the listener fails again after every pause.
+const ACCEPT_WARN_EVERY_MS: u64 = 10_000;
 /// How long a closing connection's unread input is drained (see `conn::Phase::Lingering`).
 const LINGER_MS: u64 = 1000;
 /// The clients' grace in a graceful stop, whatever they do (less
@@ -228,6 +231,8 @@ pub struct Server {
     idle_spin: Duration,
     input_limit: usize,
     accept_paused: bool,
+    /// When a failed accept was last logged, and the failures not logged since.
+    accept_warned: Option<(Ms, u64)>,
     /// The turn the admin listener last accepted in (`ADMIN_ACCEPTS_PER_TURN`).
     admin_accept_turn: u64,
     /// Connections with output to flush before the loop sleeps (each once:
@@ -353,6 +358,7 @@ impl Server {
             idle_spin: Duration::from_micros(config.idle_spin_us),
             input_limit: input_limit(config),
             accept_paused: false,
+            accept_warned: None,
             admin_accept_turn: 0,
             dirty: Vec::new(),
             dirty_spare: Vec::new(),
@@ -759,7 +765,17 @@ impl Server {
     /// accepting for a moment instead of spinning; `Wake::Accept` resumes
     /// them all, the admin listener first.
     pub(super) fn pause_accepts(&mut self, e: &io::Error) {
-        warn!("accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms");
+        match &mut self.accept_warned {
+            Some((at, unlogged)) if self.now.ms < *at + ACCEPT_WARN_EVERY_MS => *unlogged += 1,
+            last => {
+                let unlogged = last.map_or(0, |(_, n)| n);
+                warn!(
+                    "accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms at a time \
+                     ({unlogged} more failures since the last such warning)"
+                );
+                *last = Some((self.now.ms, 0));
+            }
+        }
         self.accept_paused = true;
         self.app.schedule(self.now.ms + ACCEPT_PAUSE_MS, Wake::Accept);
     }

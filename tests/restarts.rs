@@ -414,6 +414,46 @@ fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
     assert_eq!(s.acquire("", "").status, 429, "its slot counts");
 }
 
+/// A crash after `termMs` was lowered (by a reload, or by a graceful
+/// deploy whose snapshot restored the old leases): the leases granted
+/// before keep their old, longer term and renew at its cadence until their
+/// request caps. The crash path's window must last that old term, or it
+/// ends before they come back and their places are granted twice.
+#[test]
+fn a_crash_after_the_term_was_lowered_waits_for_the_old_term() {
+    let old_pool = r#""concurrency":2,"termMs":6000,"renewIntervalMs":2000"#;
+    let new_pool = r#""concurrency":2,"termMs":1000,"renewIntervalMs":300"#;
+    for how in ["reload", "deploy"] {
+        let first = TestServer::start(&config(old_pool, ""));
+        let slots: Vec<String> = (0..2).map(|_| first.acquire("", "").slot()).collect();
+        let lowered = match how {
+            "reload" => {
+                first.reload(&config(new_pool, ""));
+                first
+            }
+            _ => {
+                let kept = stop(first, "TERM");
+                std::fs::write(&kept.1, config(new_pool, "")).unwrap();
+                restart(kept)
+            }
+        };
+        let s = restart(kill_9(lowered));
+        // Past the new term, inside the old one: the old holders have not
+        // had to renew yet, so nothing is granted in their places.
+        std::thread::sleep(Duration::from_millis(1300));
+        let denied = s.acquire("", "");
+        assert_eq!(
+            (denied.status, denied.header("x-nthpool-deny-reason")),
+            (429, Some("recovering")),
+            "{how}: {denied:?}"
+        );
+        for slot in &slots {
+            assert_eq!(s.renew(slot).status, 200, "{how}: the old holder is re-adopted");
+        }
+        assert_eq!(metric(&s, "nthpool_slots_held{pool=\"p\"}"), 2, "{how}: both places held");
+    }
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }

@@ -110,8 +110,14 @@ impl App {
 
     /// A reload applied `config`: the next snapshot follows it. True when
     /// the periodic snapshot's timer must be armed again.
-    pub fn reconfigure_state(&self, state: &mut Persistence, config: &Config, config_path: &std::path::Path) -> bool {
-        state.reconfigured(&self.gov, config, config_path)
+    pub fn reconfigure_state(
+        &self,
+        state: &mut Persistence,
+        config: &Config,
+        config_path: &std::path::Path,
+        now: Now,
+    ) -> bool {
+        state.reconfigured(&self.gov, config, config_path, now)
     }
 
     /// The pool named `name`, if configured.

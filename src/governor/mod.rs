@@ -271,9 +271,31 @@ impl<T: Copy> Governor<T> {
     /// Opens the re-adoption window of every pool for one `termMs` from
     /// `now` (SPEC §11): a start without a usable snapshot.
     pub fn open_recovery_window(&mut self, now: Ms) {
+        self.open_recovery_window_for(now, |_| None);
+    }
+
+    /// The same, each pool's window as long as the longest term its
+    /// leases may still have (`longer`, by name, when longer than its
+    /// `termMs`: granted before a reload lowered it).
+    pub fn open_recovery_window_for(&mut self, now: Ms, longer: impl Fn(&str) -> Option<u64>) {
         for idx in 0..self.pools.len() {
-            self.keep_recovering(PoolId(idx as u32), now + self.pools[idx].settings.term_ms);
+            let pool = &self.pools[idx];
+            let term = longer(&pool.name).map_or(pool.settings.term_ms, |t| t.max(pool.settings.term_ms));
+            self.keep_recovering(PoolId(idx as u32), now + term);
         }
+    }
+
+    /// Per pool with held leases, by name: their longest term and their
+    /// latest request deadline (what a start records of restored leases).
+    pub fn held_terms(&self) -> BTreeMap<String, (u64, Ms)> {
+        let mut terms: BTreeMap<String, (u64, Ms)> = BTreeMap::new();
+        for (_, lease) in &self.leases {
+            let name = &self.pools[lease.pool.0 as usize].name;
+            let entry = terms.entry(name.to_string()).or_default();
+            entry.0 = entry.0.max(lease.term_ms as u64);
+            entry.1 = entry.1.max(lease.request_deadline);
+        }
+        terms
     }
 
     /// Opens `pid`'s re-adoption window until `until`, or keeps a longer one open.

@@ -646,7 +646,7 @@ impl Server {
                     );
                     self.configured_listen = listen;
                 }
-                if self.app.reconfigure_state(&mut self.persistence, &config, path) {
+                if self.app.reconfigure_state(&mut self.persistence, &config, path, self.now) {
                     // A new interval counts from the reload.
                     if let Some((_, timer)) = self.snapshot_timer.take() {
                         self.app.cancel_timer(timer);

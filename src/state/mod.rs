@@ -9,7 +9,9 @@
 
 pub mod secret;
 pub mod snapshot;
+pub mod terms;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -19,8 +21,9 @@ use log::{error, info, warn};
 use crate::config::Config;
 use crate::governor::snapshot::{HeldLease, Taken};
 use crate::governor::Governor;
-use crate::time::{Epoch, Ms};
+use crate::time::{Epoch, Ms, Now};
 use snapshot::{Identity, Kind};
+use terms::Terms;
 
 /// The state files of a running server.
 pub struct Persistence {
@@ -38,8 +41,10 @@ pub struct Persistence {
     unremoved: Option<PathBuf>,
     /// The lock on `<stateFile>.lock`, held while this process writes
     /// there: another process with the same `stateFile` would write over
-    /// its snapshots, and restore one of them as its own.
+    /// its snapshots, and restore one of them as its own. It also holds the
+    /// terms a crash of this process must wait for (`terms`).
     lock: Option<std::fs::File>,
+    terms: Terms,
 }
 
 /// Sets up the governor's identity from the slot secret, then restores the
@@ -63,7 +68,9 @@ pub fn start<T: Copy>(
     };
     gov.set_identity(&secret.bytes, epoch);
     let path = state_path(config, config_path);
-    let lock = path.as_deref().map(lock).transpose()?;
+    let mut lock = path.as_deref().map(lock).transpose()?;
+    // What the last process here left: the terms its leases may still have.
+    let left = lock.as_mut().map(Terms::read).unwrap_or_default();
     let mut persistence = Persistence {
         path,
         interval_ms: config.snapshot_interval_ms,
@@ -72,6 +79,7 @@ pub fn start<T: Copy>(
         writer: None,
         unremoved: None,
         lock,
+        terms: Terms::default(),
     };
     let window = match persistence.restore(gov, now, config_path) {
         Ok(Some(Kind::Stop)) => None,
@@ -85,10 +93,22 @@ pub fn start<T: Copy>(
         // get one term to renew, be told `404` and stop before new grants.
         Err(why) => Some(why),
     };
+    let now_unix = epoch.wall(now).0;
     if let Some(why) = window {
-        gov.open_recovery_window(now);
+        gov.open_recovery_window_for(now, |pool| left.longest(pool, now_unix));
         warn!("{why}: re-adoption window of one termMs per pool");
+        for (pool, settings) in &config.pools {
+            if let Some(term) = left.longest(pool, now_unix).filter(|&t| t > settings.term_ms) {
+                warn!(
+                    "pool `{pool}`: its window lasts {term} ms, the term of leases granted before termMs was lowered"
+                );
+            }
+        }
     }
+    let restored: BTreeMap<String, (u64, u64)> =
+        gov.held_terms().into_iter().map(|(pool, (term, until))| (pool, (term, epoch.wall(until).0))).collect();
+    persistence.terms = left.carried(now_unix, &restored, config);
+    persistence.write_terms();
     Ok(persistence)
 }
 
@@ -220,8 +240,9 @@ impl Persistence {
     /// snapshot being written finishes at the old path. Returns whether the
     /// periodic timer must be armed again (`interval_ms` changed). The slot
     /// secret stays the one read at start: the ids held now are signed with it.
-    pub fn reconfigured<T: Copy>(&mut self, gov: &Governor<T>, config: &Config, config_path: &Path) -> bool {
+    pub fn reconfigured<T: Copy>(&mut self, gov: &Governor<T>, config: &Config, config_path: &Path, now: Now) -> bool {
         self.identity.reconfigured(gov);
+        self.terms.reconfigured(config, now.wall().0);
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
         if self.secret_path.as_ref().is_some_and(|p| *p != secret_path) {
             warn!("reload: a new `slotSecretFile` takes effect at the next restart (held slots are signed with the current one)");
@@ -242,9 +263,19 @@ impl Persistence {
             }
             self.path = path;
         }
+        self.write_terms();
         let before = self.interval_ms();
         self.interval_ms = config.snapshot_interval_ms;
         before != self.interval_ms()
+    }
+
+    /// Writes the terms a crash must wait for into the lock file.
+    fn write_terms(&mut self) {
+        if let Some(file) = &mut self.lock {
+            if let Err(e) = self.terms.write(file) {
+                warn!("cannot write the lease terms to the state file's lock ({e}): after a crash, each pool's window is its termMs");
+            }
+        }
     }
 
     /// The periodic snapshot: the loop copies the state, a thread writes it.
@@ -352,6 +383,7 @@ fn lock(path: &Path) -> Result<std::fs::File, String> {
     let lock_path = PathBuf::from(name);
     let cannot = |e: &dyn std::fmt::Display| format!("stateFile: cannot lock {} ({e})", lock_path.display());
     let file = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .create(true)
         .truncate(false)

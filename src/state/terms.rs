@@ -1,0 +1,201 @@
+//! The lease terms a crash must wait for (SPEC §11), kept in `<stateFile>.lock`.
+//!
+//! A start without a usable snapshot opens each pool's re-adoption window
+//! for one term, so that every holder renews before anything new is
+//! granted. But a held lease keeps the term it was granted with: after a
+//! reload (or a deploy) that lowered `termMs`, the leases granted before it
+//! renew at the old, longer cadence until their request caps. A window of
+//! the new term would end before they come back, and grant their places
+//! twice. So each process writes down, per pool, every term its leases may
+//! still have and until when (at start and at every reload, never per
+//! request); the next start reads it before it takes the file over, and
+//! keeps each window open for the longest term still in force.
+//!
+//! The record is advisory: one that is missing or unreadable (the first
+//! start, a torn write) leaves each window at the configured term.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+
+/// One term a pool's leases may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Term {
+    #[serde(rename = "termMs")]
+    pub term_ms: u64,
+    /// The Unix ms after which no lease of this term is alive; `0` while a
+    /// process grants with it (then `requestTimeoutMs` after it stopped).
+    #[serde(rename = "untilUnixMs")]
+    pub until_unix_ms: u64,
+    #[serde(rename = "requestTimeoutMs")]
+    pub request_timeout_ms: u64,
+}
+
+impl Term {
+    /// The instant it ends, for a reader at `now`: a term still granted
+    /// with when the writer stopped ends a request cap after that, which
+    /// was `now` at the latest.
+    fn ends(&self, now_unix: u64) -> u64 {
+        match self.until_unix_ms {
+            0 => now_unix.saturating_add(self.request_timeout_ms),
+            until => until,
+        }
+    }
+}
+
+/// Per pool, the terms its leases may have.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Terms {
+    pools: BTreeMap<String, Vec<Term>>,
+}
+
+/// At most this many terms are kept per pool: each reload that changes a
+/// pool's term adds one, and they expire within a request cap; past the
+/// bound the longest are kept (a window too long costs a wait, one too
+/// short a slot granted twice).
+const MAX_TERMS: usize = 16;
+
+impl Terms {
+    /// What a previous process left in `file` (from its start): nothing when
+    /// it is empty or unreadable.
+    pub fn read(file: &mut File) -> Terms {
+        let mut text = String::new();
+        if file.rewind().is_err() || file.take(1 << 20).read_to_string(&mut text).is_err() {
+            return Terms::default();
+        }
+        serde_json::from_str(&text).unwrap_or_default()
+    }
+
+    /// The longest term of `pool`'s leases that may still be alive at `now`.
+    pub fn longest(&self, pool: &str, now_unix: u64) -> Option<u64> {
+        let terms = self.pools.get(pool)?;
+        terms.iter().filter(|t| t.ends(now_unix) > now_unix).map(|t| t.term_ms).max()
+    }
+
+    /// The record this process starts from: what the last one left, closed
+    /// at `now` (its process is gone) and without what has ended; then the
+    /// terms of the leases a snapshot restored, each to its latest request
+    /// deadline; then `config`'s terms, which this process grants with.
+    pub fn carried(&self, now_unix: u64, restored: &BTreeMap<String, (u64, u64)>, config: &Config) -> Terms {
+        let mut next = Terms::default();
+        for (pool, terms) in &self.pools {
+            for t in terms {
+                next.add(pool, Term { until_unix_ms: t.ends(now_unix), ..*t }, now_unix);
+            }
+        }
+        for (pool, &(term_ms, until_unix_ms)) in restored {
+            next.add(pool, Term { term_ms, until_unix_ms, request_timeout_ms: 0 }, now_unix);
+        }
+        next.granting(config, now_unix);
+        next
+    }
+
+    /// A reload applied `config` at `now`: a pool's term it changed ends a
+    /// request cap from now (the leases granted with it end by then), and
+    /// the new one is granted with from now on.
+    pub fn reconfigured(&mut self, config: &Config, now_unix: u64) {
+        for terms in self.pools.values_mut() {
+            for t in terms.iter_mut().filter(|t| t.until_unix_ms == 0) {
+                t.until_unix_ms = now_unix.saturating_add(t.request_timeout_ms);
+            }
+        }
+        self.granting(config, now_unix);
+    }
+
+    /// Adds the terms `config`'s pools grant with, open while this process runs.
+    fn granting(&mut self, config: &Config, now_unix: u64) {
+        for (name, pool) in &config.pools {
+            let open = Term { term_ms: pool.term_ms, until_unix_ms: 0, request_timeout_ms: pool.request_timeout_ms };
+            self.add(name, open, now_unix);
+        }
+    }
+
+    fn add(&mut self, pool: &str, term: Term, now_unix: u64) {
+        let terms = self.pools.entry(pool.to_string()).or_default();
+        terms.retain(|t| t.ends(now_unix) > now_unix);
+        if term.ends(now_unix) <= now_unix {
+            return;
+        }
+        // One entry per term: the one that lasts longer.
+        match terms.iter_mut().find(|t| t.term_ms == term.term_ms) {
+            Some(t) if t.until_unix_ms != 0 && (term.until_unix_ms == 0 || term.until_unix_ms > t.until_unix_ms) => {
+                *t = term;
+            }
+            Some(_) => {}
+            None => terms.push(term),
+        }
+        if terms.len() > MAX_TERMS {
+            terms.sort_by_key(|t| std::cmp::Reverse(t.term_ms));
+            terms.truncate(MAX_TERMS);
+        }
+    }
+
+    /// Writes the record over `file`'s contents, synced.
+    pub fn write(&self, file: &mut File) -> std::io::Result<()> {
+        let text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
+        file.set_len(0)?;
+        file.rewind()?;
+        file.write_all(&text)?;
+        file.sync_data()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(term_ms: u64, request_timeout_ms: u64) -> Config {
+        let json = format!(
+            r#"{{"pools":{{"p":{{"keys":["nb_test_0123456789abcdef"],"termMs":{term_ms},"renewIntervalMs":{},
+                "requestTimeoutMs":{request_timeout_ms}}}}}}}"#,
+            term_ms / 3
+        );
+        Config::parse(json.as_bytes()).expect("a valid configuration")
+    }
+
+    /// A reload lowers the term from 6 s to 1 s: the leases granted before
+    /// it keep 6 s until their request caps (60 s from the reload). A crash
+    /// within them must wait 6 s; after them, 1 s.
+    #[test]
+    fn a_lowered_term_is_waited_for_until_the_old_leases_caps() {
+        let none = BTreeMap::new();
+        let mut terms = Terms::default().carried(1_000, &none, &config(6_000, 60_000));
+        terms.reconfigured(&config(1_000, 30_000), 10_000);
+        // The process crashes at 20 s; the next one starts at 25 s.
+        assert_eq!(terms.longest("p", 25_000), Some(6_000));
+        let next = terms.carried(25_000, &none, &config(1_000, 30_000));
+        assert_eq!(next.longest("p", 69_999), Some(6_000), "the old leases' caps end at 70 s");
+        assert_eq!(next.longest("p", 70_000), Some(1_000));
+        assert_eq!(next.longest("q", 25_000), None, "a pool never written down");
+    }
+
+    /// A graceful stop, then a start with a lower term: the restored leases
+    /// keep 6 s until their request deadlines; a crash of the new process
+    /// before then must wait 6 s.
+    #[test]
+    fn restored_leases_keep_their_term_in_the_record() {
+        let restored = BTreeMap::from([("p".to_string(), (6_000, 50_000))]);
+        let terms = Terms::default().carried(1_000, &restored, &config(1_000, 30_000));
+        assert_eq!(terms.longest("p", 49_999), Some(6_000));
+        assert_eq!(terms.longest("p", 50_000), Some(1_000), "still granted with while its process runs");
+    }
+
+    #[test]
+    fn the_record_round_trips_through_its_file_and_a_torn_one_reads_as_none() {
+        let dir = std::env::temp_dir().join(format!("nthpool-terms-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.lock");
+        let mut file =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let terms = Terms::default().carried(1_000, &BTreeMap::new(), &config(6_000, 60_000));
+        terms.write(&mut file).unwrap();
+        assert_eq!(Terms::read(&mut file), terms);
+        file.set_len(10).unwrap();
+        assert_eq!(Terms::read(&mut file), Terms::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -395,6 +395,9 @@ pub struct BlindProbe {
     /// When the pause began: refusals of calls granted before it are of the
     /// same spent window, and neither double it nor end the probing.
     pub since: Ms,
+    /// It set `Pattern::probing` (which holds the limit at 1), so its end
+    /// clears that; not when a pool-wide run was probed already.
+    pub owns_probe: bool,
 }
 
 /// Why a pool cannot grant right now, and for how long that is known to last.
@@ -441,15 +444,10 @@ impl Learning {
         }
     }
 
-    /// Whether one call at a time probes a spent upstream: after a pool-wide
-    /// run, or a rate refusal that said nothing of when it ends.
-    fn probing(&self) -> bool {
-        self.pattern.probing || self.blind.backoff_ms > 0
-    }
-
-    /// The limit in force: 1 while the upstream is probed.
+    /// The limit in force: 1 while one call at a time probes a spent
+    /// upstream (after a pool-wide run, or a blind rate refusal).
     pub fn effective(&self) -> u32 {
-        if self.probing() {
+        if self.pattern.probing {
             1
         } else {
             self.effective
@@ -462,7 +460,7 @@ impl Learning {
     /// dashboard, the gates) sees where the ramp is, as the next grant would.
     pub fn effective_at(&self, now: Ms) -> u32 {
         match self.start {
-            Start::Since(since) if !self.probing() => self.effective.max(self.ramp_cap(since, now)),
+            Start::Since(since) if !self.pattern.probing => self.effective.max(self.ramp_cap(since, now)),
             _ => self.effective(),
         }
     }
@@ -740,17 +738,38 @@ impl Learning {
     /// refusal of a call granted since the last pause began doubles it.
     fn on_rate_refusal(&mut self, rate: &RateInfo, hint: Option<u64>, lease: Reported, now: Ms) -> Option<Ms> {
         if hint.is_some() || rate.says_when_spent_ends() {
-            self.blind = BlindProbe::default();
+            self.end_blind_probe();
             return None;
         }
         let b = &mut self.blind;
         if b.backoff_ms > 0 && lease.granted_at < b.since {
             return None;
         }
+        if b.backoff_ms == 0 {
+            b.owns_probe = !std::mem::replace(&mut self.pattern.probing, true);
+        }
         b.backoff_ms =
             if b.backoff_ms == 0 { PROBE_BACKOFF_MIN_MS } else { (b.backoff_ms * 2).min(PROBE_BACKOFF_MAX_MS) };
         b.since = now;
         Some(b.backoff_ms)
+    }
+
+    fn end_blind_probe(&mut self) {
+        if self.blind.owns_probe {
+            self.pattern.probing = false;
+        }
+        self.blind = BlindProbe::default();
+    }
+
+    /// A success while one call at a time probes: a call of a blind probe
+    /// granted since its pause ends it (the window opened). Says whether the
+    /// probing is a pool-wide run's, whose opening the pattern reads.
+    fn probe_answered(&mut self, lease: Reported) -> bool {
+        let b = self.blind;
+        if b.backoff_ms > 0 && lease.granted_at >= b.since {
+            self.end_blind_probe();
+        }
+        !b.owns_probe
     }
 
     /// A refusal while a budget learned from refusals is in force, of a
@@ -891,11 +910,6 @@ impl Learning {
 
     fn on_success(&mut self, lease: Reported, now: Ms) {
         self.oks = self.oks.wrapping_add(1);
-        // A call granted since the blind pause began got through: the
-        // window opened again.
-        if self.blind.backoff_ms > 0 && lease.granted_at >= self.blind.since {
-            self.blind = BlindProbe::default();
-        }
         if self.burst_low != 0 {
             if lease.epoch == self.epoch {
                 // A call granted after the cut succeeded before any of the
@@ -908,7 +922,7 @@ impl Learning {
         // Only a call granted since the last cut shows that the cut helped;
         // the calls admitted before it finishing say nothing about it.
         if lease.epoch == self.epoch {
-            if self.refusal_streak >= POOL_WIDE_STREAK || self.pattern.probing {
+            if (self.refusal_streak >= POOL_WIDE_STREAK || self.pattern.probing) && self.probe_answered(lease) {
                 self.on_window_open(lease);
             }
             self.refusal_streak = 0;

@@ -530,6 +530,21 @@ fn a_lost_secret_with_a_snapshot_left_still_opens_the_window() {
     assert_eq!(s.renew(&slot).status, 404, "signed under the lost secret");
 }
 
+/// A crash, and the secret lost too: no snapshot says a process ran here,
+/// but the lease terms it wrote into the state file's lock do. Its holders
+/// get one term to be told `404` before anything is granted anew.
+#[test]
+fn a_lost_secret_after_a_crash_still_opens_the_window() {
+    let first = TestServer::start(&config(POOL, ""));
+    let slot = first.acquire("", "").slot();
+    let kept = kill_9(first);
+    std::fs::remove_file(kept.0.join("nthpool.secret")).unwrap();
+    let s = restart(kept);
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
+    assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
+    assert_eq!(s.renew(&slot).status, 404, "signed under the lost secret");
+}
+
 #[test]
 fn a_periodic_snapshot_restores_after_a_crash_but_the_window_still_opens() {
     // Long terms: the slots must outlive the wait for the snapshot.

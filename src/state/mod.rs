@@ -85,8 +85,11 @@ pub fn start<T: Copy>(
         Ok(Some(Kind::Stop)) => None,
         // Grants made after a periodic snapshot are unknown.
         Ok(Some(Kind::Periodic)) => Some("the snapshot is periodic".to_string()),
-        // A first start has nothing to re-adopt.
-        Ok(None) if secret.created => None,
+        // A first start has nothing to re-adopt. One that created the secret
+        // but finds the terms of a process that ran here (the secret lost
+        // since, no state file left) is not a first start: as below.
+        Ok(None) if secret.created && !left.any_in_force(epoch.wall(now).0) => None,
+        Ok(None) if secret.created => Some("the slot secret is new, but a process ran here".to_string()),
         Ok(None) => Some("no snapshot of the last stop".to_string()),
         // A state file, even one refused, says a process ran here before: a
         // new secret means the old one was lost, and the holders of its slots

@@ -70,6 +70,12 @@ impl Terms {
         serde_json::from_str(&text).unwrap_or_default()
     }
 
+    /// Whether any pool's leases may still be alive at `now`: a process ran
+    /// here and granted slots not long ago.
+    pub fn any_in_force(&self, now_unix: u64) -> bool {
+        self.pools.keys().any(|pool| self.longest(pool, now_unix).is_some())
+    }
+
     /// The longest term of `pool`'s leases that may still be alive at `now`.
     pub fn longest(&self, pool: &str, now_unix: u64) -> Option<u64> {
         let terms = self.pools.get(pool)?;

@@ -381,6 +381,11 @@ pub struct Learning {
     /// retry (not saved: a restarted pool probes again on the next one).
     #[serde(skip)]
     pub blind: BlindProbe,
+    /// One call at a time probes a spent upstream: the pattern probes a
+    /// pool-wide run, or a blind probe goes on. Kept in one flag, brought up
+    /// to date after every report, because every grant reads it.
+    #[serde(skip)]
+    pub one_at_a_time: bool,
 }
 
 /// A spent window whose end nobody said (`remaining: 0` with no reset, or
@@ -392,12 +397,9 @@ pub struct BlindProbe {
     /// The pause before the next probe (`PROBE_BACKOFF_MIN_MS` doubling to
     /// `PROBE_BACKOFF_MAX_MS`); 0 when not probing.
     pub backoff_ms: Ms,
-    /// When the pause began: refusals of calls granted before it are of the
-    /// same spent window, and neither double it nor end the probing.
+    /// When the pause began: the calls granted by then were out in the
+    /// spent window, and what they report neither doubles it nor ends it.
     pub since: Ms,
-    /// It set `Pattern::probing` (which holds the limit at 1), so its end
-    /// clears that; not when a pool-wide run was probed already.
-    pub owns_probe: bool,
 }
 
 /// Why a pool cannot grant right now, and for how long that is known to last.
@@ -441,13 +443,14 @@ impl Learning {
             token_block_until: 0,
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
+            one_at_a_time: false,
         }
     }
 
     /// The limit in force: 1 while one call at a time probes a spent
     /// upstream (after a pool-wide run, or a blind rate refusal).
     pub fn effective(&self) -> u32 {
-        if self.pattern.probing {
+        if self.one_at_a_time {
             1
         } else {
             self.effective
@@ -460,7 +463,7 @@ impl Learning {
     /// dashboard, the gates) sees where the ramp is, as the next grant would.
     pub fn effective_at(&self, now: Ms) -> u32 {
         match self.start {
-            Start::Since(since) if !self.pattern.probing => self.effective.max(self.ramp_cap(since, now)),
+            Start::Since(since) if !self.one_at_a_time => self.effective.max(self.ramp_cap(since, now)),
             _ => self.effective(),
         }
     }
@@ -504,6 +507,7 @@ impl Learning {
             marks: GrantMarks::default(),
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
+            one_at_a_time: false,
             ..self.clone()
         }
     }
@@ -728,7 +732,19 @@ impl Learning {
                 wake.token_block_until = Some(until);
             }
         }
+        self.one_at_a_time = self.pattern.probing || self.blind.backoff_ms > 0;
         wake
+    }
+
+    /// A lease granted at `granted_at` released without a report: a call of a
+    /// blind probe that its caller released without a word got an answer
+    /// it did not call a refusal, so the probe ends (else a pool whose
+    /// callers report only their refusals would stay at one call at a time).
+    pub fn on_unreported(&mut self, granted_at: Ms) {
+        if self.blind.backoff_ms > 0 && granted_at > self.blind.since {
+            self.blind = BlindProbe::default();
+            self.one_at_a_time = self.pattern.probing;
+        }
     }
 
     /// A rate refusal: one that says when its window ends, or when to
@@ -738,38 +754,17 @@ impl Learning {
     /// refusal of a call granted since the last pause began doubles it.
     fn on_rate_refusal(&mut self, rate: &RateInfo, hint: Option<u64>, lease: Reported, now: Ms) -> Option<Ms> {
         if hint.is_some() || rate.says_when_spent_ends() {
-            self.end_blind_probe();
+            self.blind = BlindProbe::default();
             return None;
         }
         let b = &mut self.blind;
-        if b.backoff_ms > 0 && lease.granted_at < b.since {
+        if b.backoff_ms > 0 && lease.granted_at <= b.since {
             return None;
-        }
-        if b.backoff_ms == 0 {
-            b.owns_probe = !std::mem::replace(&mut self.pattern.probing, true);
         }
         b.backoff_ms =
             if b.backoff_ms == 0 { PROBE_BACKOFF_MIN_MS } else { (b.backoff_ms * 2).min(PROBE_BACKOFF_MAX_MS) };
         b.since = now;
         Some(b.backoff_ms)
-    }
-
-    fn end_blind_probe(&mut self) {
-        if self.blind.owns_probe {
-            self.pattern.probing = false;
-        }
-        self.blind = BlindProbe::default();
-    }
-
-    /// A success while one call at a time probes: a call of a blind probe
-    /// granted since its pause ends it (the window opened). Says whether the
-    /// probing is a pool-wide run's, whose opening the pattern reads.
-    fn probe_answered(&mut self, lease: Reported) -> bool {
-        let b = self.blind;
-        if b.backoff_ms > 0 && lease.granted_at >= b.since {
-            self.end_blind_probe();
-        }
-        !b.owns_probe
     }
 
     /// A refusal while a budget learned from refusals is in force, of a
@@ -910,6 +905,11 @@ impl Learning {
 
     fn on_success(&mut self, lease: Reported, now: Ms) {
         self.oks = self.oks.wrapping_add(1);
+        // A call granted after the blind pause began got through: the
+        // window opened again.
+        if self.blind.backoff_ms > 0 && lease.granted_at > self.blind.since {
+            self.blind = BlindProbe::default();
+        }
         if self.burst_low != 0 {
             if lease.epoch == self.epoch {
                 // A call granted after the cut succeeded before any of the
@@ -922,7 +922,7 @@ impl Learning {
         // Only a call granted since the last cut shows that the cut helped;
         // the calls admitted before it finishing say nothing about it.
         if lease.epoch == self.epoch {
-            if (self.refusal_streak >= POOL_WIDE_STREAK || self.pattern.probing) && self.probe_answered(lease) {
+            if self.refusal_streak >= POOL_WIDE_STREAK || self.pattern.probing {
                 self.on_window_open(lease);
             }
             self.refusal_streak = 0;
@@ -1635,6 +1635,70 @@ mod tests {
             l.on_report(&ok(), about(probe, 0), at + 30);
             assert_eq!((l.effective(), l.pause(at + 30)), (8, None), "the window opened: the limit is back");
         }
+    }
+
+    fn blind_429() -> Outcome {
+        Outcome { rate: RateInfo { remaining: Some(0), ..RateInfo::default() }, ..concurrency_429() }
+    }
+
+    /// A blind refusal of an old call while a pool-wide run is probed; the
+    /// run's probe (granted before that refusal) gets through. The blind
+    /// probe goes on: the next call granted after its pause is its probe,
+    /// and the limit is one until that one gets through.
+    #[test]
+    fn a_blind_probe_begun_while_a_run_is_probed_still_holds_the_limit_until_its_own_probe_answers() {
+        let mut l = ramped(8);
+        let early = grant(&mut l, 0);
+        for i in 0..POOL_WIDE_STREAK {
+            let lease = grant(&mut l, 1 + i as Ms);
+            l.on_report(&concurrency_429(), about(lease, if i == 0 { 7 } else { 0 }), 10 + i as Ms);
+        }
+        assert_eq!(l.effective(), 1, "the run probes");
+        let run_probe = grant(&mut l, 300);
+        l.on_report(&blind_429(), about(early, 1), 310);
+        l.on_report(&ok(), about(run_probe, 0), 320);
+        assert!(!l.pattern.probing, "the run's window opened");
+        assert_eq!(l.effective(), 1, "the blind probe goes on");
+        let probe = grant(&mut l, 600);
+        l.on_report(&ok(), about(probe, 0), 610);
+        assert_eq!((l.effective(), l.blind), (8, BlindProbe::default()));
+    }
+
+    /// A blind refusal in the middle of a concurrency run changes nothing of
+    /// how the run ends: its window opening undoes its cuts and its pause.
+    #[test]
+    fn a_blind_refusal_does_not_hide_the_end_of_a_pool_wide_run() {
+        let run = |blind: bool| {
+            let mut l = ramped(8);
+            let burst: Vec<_> = (0..8).map(|_| grant(&mut l, 0)).collect();
+            l.on_report(&concurrency_429(), about(burst[0], 7), 5);
+            let q1 = grant(&mut l, 6);
+            l.on_report(&concurrency_429(), about(q1, 6), 7);
+            if blind {
+                l.on_report(&blind_429(), about(burst[1], 6), 8);
+            }
+            let q2 = grant(&mut l, 300);
+            l.on_report(&concurrency_429(), about(q2, 0), 301);
+            assert_eq!(l.effective(), 1, "pool-wide: one call at a time");
+            let q3 = grant(&mut l, 1_000);
+            l.on_report(&ok(), about(q3, 0), 1_010);
+            (l.effective(), l.pattern.backoff_ms, l.pattern.probing, l.blind)
+        };
+        let without = run(false);
+        assert_eq!(without.0, 8, "the run was a spent window: its cuts are undone");
+        assert_eq!(run(true), without, "the same run, with a blind refusal in the middle");
+    }
+
+    /// A call granted in the millisecond a blind pause began was out in the
+    /// spent window already: its refusal does not double the pause.
+    #[test]
+    fn a_call_granted_in_the_blind_refusals_millisecond_is_not_its_probe() {
+        let mut l = ramped(8);
+        let a = grant(&mut l, 10);
+        let b = grant(&mut l, 10);
+        l.on_report(&blind_429(), about(a, 1), 10);
+        let w = l.on_report(&blind_429(), about(b, 0), 11);
+        assert_eq!(w.cooldown_until, None, "b was out when the pause began");
     }
 
     /// Cause 3: a rate 429 (`remaining: 0`) also cut the concurrency limit.

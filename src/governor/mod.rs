@@ -568,6 +568,8 @@ impl<T: Copy> Governor<T> {
             if wake.cooldown_until.is_some() {
                 pool.stats.cooldowns += 1;
             }
+        } else {
+            pool.learning.on_unreported(lease.granted_at);
         }
         self.pump(pid, now);
         true

@@ -849,3 +849,20 @@ fn refusals_reported_after_the_successes_beside_them_cut_to_those_successes() {
     }
     assert_eq!(g.pool(p).effective_limit(), 3, "three calls still running");
 }
+
+/// A blind probe (a `remaining: 0` refusal with no end said) whose calls
+/// are released without a report: those got an answer their caller did not
+/// call a refusal, so the probe ends, rather than hold the pool at one call
+/// at a time for good.
+#[test]
+fn a_blind_probe_ends_at_a_probe_released_without_a_report() {
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let blind = Outcome { status: Some(429), throttled: 1, rate: RateInfo { remaining: Some(0), ..OK.rate } };
+    g.release(p, &id(&a), Some(&blind), 10);
+    assert_eq!(g.pool(p).effective_limit(), 1);
+    g.advance(1_000);
+    let probe = granted(g.acquire(p, 0, 2, 1_000));
+    assert!(g.release(p, &id(&probe), None, 1_005));
+    assert_eq!(g.pool(p).effective_limit(), 8, "the probe's caller said nothing of a refusal");
+}

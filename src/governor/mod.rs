@@ -281,7 +281,7 @@ impl<T: Copy> Governor<T> {
         for idx in 0..self.pools.len() {
             let pool = &self.pools[idx];
             let term = longer(&pool.name).map_or(pool.settings.term_ms, |t| t.max(pool.settings.term_ms));
-            self.keep_recovering(PoolId(idx as u32), now + term);
+            self.keep_recovering(PoolId(idx as u32), now.saturating_add(term));
         }
     }
 

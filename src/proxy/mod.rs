@@ -606,7 +606,7 @@ impl Proxy {
         let Some(idx) = self.exchanges[ex].up else { return };
         let up = &self.ups[idx];
         if !up.connected {
-            warn!("the upstream {} at {} did not accept the connection in time", up.target.authority, up.addr);
+            debug!("the upstream {} at {} did not accept the connection in time", up.target.authority, up.addr);
             self.stats.connect_error(up.pool.0 as usize);
         }
     }

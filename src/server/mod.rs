@@ -768,11 +768,11 @@ impl Server {
         match &mut self.accept_warned {
             Some((at, unlogged)) if self.now.ms < *at + ACCEPT_WARN_EVERY_MS => *unlogged += 1,
             last => {
-                let unlogged = last.map_or(0, |(_, n)| n);
-                warn!(
-                    "accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms at a time \
-                     ({unlogged} more failures since the last such warning)"
-                );
+                let unlogged = match last.map_or(0, |(_, n)| n) {
+                    0 => String::new(),
+                    n => format!(" ({n} more failures since the last such warning)"),
+                };
+                warn!("accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms at a time{unlogged}");
                 *last = Some((self.now.ms, 0));
             }
         }

@@ -45,6 +45,8 @@ pub struct Persistence {
     /// terms a crash of this process must wait for (`terms`).
     lock: Option<std::fs::File>,
     terms: Terms,
+    /// Places monotonic instants in Unix time, for `terms`.
+    epoch: Epoch,
 }
 
 /// Sets up the governor's identity from the slot secret, then restores the
@@ -80,6 +82,7 @@ pub fn start<T: Copy>(
         unremoved: None,
         lock,
         terms: Terms::default(),
+        epoch,
     };
     let window = match persistence.restore(gov, now, config_path) {
         Ok(Some(Kind::Stop)) => None,
@@ -98,13 +101,11 @@ pub fn start<T: Copy>(
     };
     let now_unix = epoch.wall(now).0;
     if let Some(why) = window {
-        gov.open_recovery_window_for(now, |pool| left.longest(pool, now_unix));
+        gov.open_recovery_window_for(now, |pool| left.window(pool, now_unix));
         warn!("{why}: re-adoption window of one termMs per pool");
         for (pool, settings) in &config.pools {
-            if let Some(term) = left.longest(pool, now_unix).filter(|&t| t > settings.term_ms) {
-                warn!(
-                    "pool `{pool}`: its window lasts {term} ms, the term of leases granted before termMs was lowered"
-                );
+            if let Some(window) = left.window(pool, now_unix).filter(|&t| t > settings.term_ms) {
+                warn!("pool `{pool}`: its window lasts {window} ms, for leases granted before termMs was lowered");
             }
         }
     }
@@ -318,6 +319,8 @@ impl Persistence {
         if let Some(writer) = self.writer.take() {
             joined(writer);
         }
+        self.terms.stopped(self.epoch.wall(now).0);
+        self.write_terms();
         let Some(path) = &self.path else {
             return;
         };

@@ -9,7 +9,8 @@
 //! twice. So each process writes down, per pool, every term its leases may
 //! still have and until when (at start and at every reload, never per
 //! request); the next start reads it before it takes the file over, and
-//! keeps each window open for the longest term still in force.
+//! keeps each window open for the longest term still in force, and no
+//! longer than the leases of that term can still live.
 //!
 //! The record is advisory: one that is missing or unreadable (the first
 //! start, a torn write) leaves each window at the configured term.
@@ -20,7 +21,7 @@ use std::io::{Read, Seek, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use crate::config::{Config, MAX_DURATION_MS};
 
 /// One term a pool's leases may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,31 +56,41 @@ pub struct Terms {
 
 /// At most this many terms are kept per pool: each reload that changes a
 /// pool's term adds one, and they expire within a request cap; past the
-/// bound the longest are kept (a window too long costs a wait, one too
-/// short a slot granted twice).
+/// bound the ones granted with and those that end last are kept.
 const MAX_TERMS: usize = 16;
 
 impl Terms {
     /// What a previous process left in `file` (from its start): nothing when
-    /// it is empty or unreadable.
+    /// it is empty or unreadable. Its durations are held to what a
+    /// configuration allows: a file is not trusted to be sane.
     pub fn read(file: &mut File) -> Terms {
         let mut text = String::new();
         if file.rewind().is_err() || file.take(1 << 20).read_to_string(&mut text).is_err() {
             return Terms::default();
         }
-        serde_json::from_str(&text).unwrap_or_default()
+        let mut terms: Terms = serde_json::from_str(&text).unwrap_or_default();
+        for t in terms.pools.values_mut().flatten() {
+            t.term_ms = t.term_ms.min(MAX_DURATION_MS);
+            t.request_timeout_ms = t.request_timeout_ms.min(MAX_DURATION_MS);
+        }
+        terms
     }
 
     /// Whether any pool's leases may still be alive at `now`: a process ran
     /// here and granted slots not long ago.
     pub fn any_in_force(&self, now_unix: u64) -> bool {
-        self.pools.keys().any(|pool| self.longest(pool, now_unix).is_some())
+        self.pools.keys().any(|pool| self.window(pool, now_unix).is_some())
     }
 
-    /// The longest term of `pool`'s leases that may still be alive at `now`.
-    pub fn longest(&self, pool: &str, now_unix: u64) -> Option<u64> {
+    /// How long a re-adoption window of `pool` opened at `now` must last for
+    /// the leases this record knows of to come back: each term, but no longer
+    /// than the leases of that term can still be alive.
+    pub fn window(&self, pool: &str, now_unix: u64) -> Option<u64> {
         let terms = self.pools.get(pool)?;
-        terms.iter().filter(|t| t.ends(now_unix) > now_unix).map(|t| t.term_ms).max()
+        terms
+            .iter()
+            .filter_map(|t| Some(t.term_ms.min(t.ends(now_unix).checked_sub(now_unix).filter(|&left| left > 0)?)))
+            .max()
     }
 
     /// The record this process starts from: what the last one left, closed
@@ -100,15 +111,23 @@ impl Terms {
         next
     }
 
+    /// A graceful stop at `now`: the terms granted with end a request cap
+    /// from now, not from whenever the next start reads them.
+    pub fn stopped(&mut self, now_unix: u64) {
+        self.close_open(now_unix);
+    }
+
+    fn close_open(&mut self, now_unix: u64) {
+        for t in self.pools.values_mut().flatten().filter(|t| t.until_unix_ms == 0) {
+            t.until_unix_ms = now_unix.saturating_add(t.request_timeout_ms);
+        }
+    }
+
     /// A reload applied `config` at `now`: a pool's term it changed ends a
     /// request cap from now (the leases granted with it end by then), and
     /// the new one is granted with from now on.
     pub fn reconfigured(&mut self, config: &Config, now_unix: u64) {
-        for terms in self.pools.values_mut() {
-            for t in terms.iter_mut().filter(|t| t.until_unix_ms == 0) {
-                t.until_unix_ms = now_unix.saturating_add(t.request_timeout_ms);
-            }
-        }
+        self.close_open(now_unix);
         self.granting(config, now_unix);
     }
 
@@ -135,17 +154,21 @@ impl Terms {
             None => terms.push(term),
         }
         if terms.len() > MAX_TERMS {
-            terms.sort_by_key(|t| std::cmp::Reverse(t.term_ms));
+            // The open ones (granted with now) first, then the closed ones
+            // that end last: those that end soonest matter least.
+            terms.sort_by_key(|t| std::cmp::Reverse(if t.until_unix_ms == 0 { u64::MAX } else { t.until_unix_ms }));
             terms.truncate(MAX_TERMS);
         }
     }
 
-    /// Writes the record over `file`'s contents, synced.
+    /// Writes the record over `file`'s contents, synced. Written first and
+    /// cut to its length after: a write that fails (a full disk) leaves the
+    /// record before it rather than none.
     pub fn write(&self, file: &mut File) -> std::io::Result<()> {
         let text = serde_json::to_vec(self).map_err(std::io::Error::other)?;
-        file.set_len(0)?;
         file.rewind()?;
         file.write_all(&text)?;
+        file.set_len(text.len() as u64)?;
         file.sync_data()
     }
 }
@@ -172,11 +195,11 @@ mod tests {
         let mut terms = Terms::default().carried(1_000, &none, &config(6_000, 60_000));
         terms.reconfigured(&config(1_000, 30_000), 10_000);
         // The process crashes at 20 s; the next one starts at 25 s.
-        assert_eq!(terms.longest("p", 25_000), Some(6_000));
+        assert_eq!(terms.window("p", 25_000), Some(6_000));
         let next = terms.carried(25_000, &none, &config(1_000, 30_000));
-        assert_eq!(next.longest("p", 69_999), Some(6_000), "the old leases' caps end at 70 s");
-        assert_eq!(next.longest("p", 70_000), Some(1_000));
-        assert_eq!(next.longest("q", 25_000), None, "a pool never written down");
+        assert_eq!(next.window("p", 65_000), Some(5_000), "the old leases' caps end at 70 s");
+        assert_eq!(next.window("p", 70_000), Some(1_000));
+        assert_eq!(next.window("q", 25_000), None, "a pool never written down");
     }
 
     /// A graceful stop, then a start with a lower term: the restored leases
@@ -186,8 +209,44 @@ mod tests {
     fn restored_leases_keep_their_term_in_the_record() {
         let restored = BTreeMap::from([("p".to_string(), (6_000, 50_000))]);
         let terms = Terms::default().carried(1_000, &restored, &config(1_000, 30_000));
-        assert_eq!(terms.longest("p", 49_999), Some(6_000));
-        assert_eq!(terms.longest("p", 50_000), Some(1_000), "still granted with while its process runs");
+        assert_eq!(terms.window("p", 40_000), Some(6_000));
+        assert_eq!(terms.window("p", 46_000), Some(4_000), "no longer than they live");
+        assert_eq!(terms.window("p", 50_000), Some(1_000), "still granted with while its process runs");
+    }
+
+    /// A window never outlasts the leases it waits for: a 10-minute term
+    /// lowered at 10 s has its leases all end by 610 s (their caps); a crash
+    /// and a start at 609 s wait one more second for them, not ten minutes.
+    #[test]
+    fn a_window_never_outlasts_the_leases_it_waits_for() {
+        let none = BTreeMap::new();
+        let mut terms = Terms::default().carried(1_000, &none, &config(600_000, 600_000));
+        terms.reconfigured(&config(10_000, 600_000), 10_000);
+        let next = terms.carried(609_000, &none, &config(10_000, 600_000));
+        // The old leases have one second left; the new term is ten.
+        assert_eq!(next.window("p", 609_000), Some(10_000));
+    }
+
+    /// The bound on entries never drops the term the process grants with.
+    #[test]
+    fn the_bound_keeps_the_term_granted_with() {
+        let none = BTreeMap::new();
+        let mut terms = Terms::default().carried(0, &none, &config(200_000, 600_000));
+        for i in 0..20u64 {
+            terms.reconfigured(&config(100_000 - i * 1_000, 600_000), 1_000 + i);
+        }
+        let p = &terms.pools["p"];
+        assert_eq!(p.len(), MAX_TERMS);
+        assert_eq!(p.iter().filter(|t| t.until_unix_ms == 0).map(|t| t.term_ms).collect::<Vec<_>>(), [81_000]);
+    }
+
+    /// A graceful stop closes the terms granted with at the stop.
+    #[test]
+    fn a_stop_closes_the_terms_at_the_stop() {
+        let mut terms = Terms::default().carried(1_000, &BTreeMap::new(), &config(6_000, 60_000));
+        terms.stopped(2_000);
+        assert_eq!(terms.window("p", 60_000), Some(2_000), "its leases end by 62 s");
+        assert_eq!(terms.window("p", 62_000), None);
     }
 
     #[test]
@@ -200,8 +259,22 @@ mod tests {
         let terms = Terms::default().carried(1_000, &BTreeMap::new(), &config(6_000, 60_000));
         terms.write(&mut file).unwrap();
         assert_eq!(Terms::read(&mut file), terms);
+        // A shorter record written over a longer one is read whole.
+        let shorter = Terms::default();
+        shorter.write(&mut file).unwrap();
+        assert_eq!(Terms::read(&mut file), shorter);
+        terms.write(&mut file).unwrap();
         file.set_len(10).unwrap();
         assert_eq!(Terms::read(&mut file), Terms::default());
+        // Durations past any a configuration allows are held to that bound.
+        file.set_len(0).unwrap();
+        file.rewind().unwrap();
+        std::io::Write::write_all(
+            &mut file,
+            br#"{"pools":{"p":[{"termMs":18446744073709551615,"untilUnixMs":0,"requestTimeoutMs":18446744073709551615}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(Terms::read(&mut file).window("p", 1_000), Some(MAX_DURATION_MS));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -32,7 +32,9 @@
 # FILE is an nthpool configuration without `listen`, `adminListen` and
 # `slotSecretFile` (the script sets them per instance, and adds HAProxy's
 # address, 127.0.0.2/32, to every pool's `access.trustedProxies`: an instance
-# honours `X-Nthpool-Moved` only from a trusted proxy); without --config a demo
+# honours `X-Nthpool-Moved` only from a trusted proxy), and without a pool's
+# `upstream.listen` (refused: behind HAProxy, proxy traffic is placed by its
+# Host, `upstream.hosts`); without --config a demo
 # with pools dept-a … dept-f (key cluster-demo-key) is used, named so that
 # HAProxy's hash places two on each of the default three instances.
 #
@@ -184,6 +186,11 @@ frontend api
     # The pool segment is percent-decoded as nthpool decodes it (\`d%65mo\` is
     # \`demo\`), so both spellings are placed with the one pool.
     http-request set-var(txn.pool) path,field(3,/),url_dec if !{ var(txn.pool) -m found } { path_beg /pools/ }
+    # A segment no pool can be named places nothing: the instance it reaches
+    # refuses it, and it must neither move nor stick a pool (a decoded NUL,
+    # which the stick table's key would end at, must not name the pool
+    # before it).
+    http-request unset-var(txn.pool) if { var(txn.pool) -m found } !{ var(txn.pool) -m reg ^[a-z0-9-]+\$ }
     # The pool this request is placed by, for the instance to check against the
     # pool it reaches there (empty when the map named none): a Host that an
     # instance routes to a pool but this map does not (a map older than the
@@ -275,11 +282,26 @@ start_instance() {
     if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
         die "instance n$i is running (pid $(cat "$dir/pid"))"
     fi
+    local out=0 err=0
+    [ ! -f "$dir/stdout.log" ] || out=$(wc -l <"$dir/stdout.log")
+    [ ! -f "$dir/stderr.log" ] || err=$(wc -l <"$dir/stderr.log")
     (cd "$dir" && exec "$BIN" --config config.json --listen "127.0.0.1:$((PORT + 10 + i))" \
         >>"$dir/stdout.log" 2>>"$dir/stderr.log" </dev/null) &
     pid=$!
     echo "$pid" >"$dir/pid"
     wait_port "$((PORT + 20 + i))" "$pid" 100 || die "instance n$i did not start: $(tail -n 3 "$dir/stderr.log")"
+    # An open port is not a started instance: it may still fail to bind a
+    # later listener and exit. It has started once it says it is listening
+    # (on standard error when its access log is standard output). Not
+    # `grep -q`: with pipefail, the tail it stops early fails the test.
+    local tries=0
+    until { tail -n +"$((out + 1))" "$dir/stdout.log"; tail -n +"$((err + 1))" "$dir/stderr.log"; } |
+        grep '^nthpool listening on' >/dev/null; do
+        kill -0 "$pid" 2>/dev/null || die "instance n$i did not start: $(tail -n 3 "$dir/stderr.log")"
+        tries=$((tries + 1))
+        [ "$tries" -le 100 ] || die "instance n$i did not say it listens within 10 s"
+        sleep 0.1
+    done
 }
 
 if [ -z "$BIN" ]; then
@@ -415,6 +437,11 @@ fi
 for field in listen adminListen slotSecretFile; do
     [ "$(jq "has(\"$field\")" "$CONFIG")" = false ] || die "$CONFIG sets $field; the script sets it per instance"
 done
+# A pool's own proxy listener would be bound by every instance (the second
+# one fails), and traffic there would bypass HAProxy's placement.
+OWN_LISTENERS=$(jq -r '[.pools // {} | to_entries[] | select(.value.upstream.listen != null) | .key] | join(", ")' "$CONFIG")
+[ -z "$OWN_LISTENERS" ] ||
+    die "$CONFIG sets upstream.listen for $OWN_LISTENERS: behind HAProxy a pool's proxy traffic is placed by its Host (upstream.hosts); remove the listener"
 # A relative stateFile is one per instance (each config is in its own
 # directory); an absolute one would be shared, and the second start refused.
 [ "$(jq -r '.stateFile // "" | startswith("/")' "$CONFIG")" = false ] ||

@@ -271,6 +271,18 @@ fn every_request_of_a_pool_lands_on_one_instance() {
     let used: std::collections::BTreeSet<_> = served_by.values().collect();
     assert!(used.len() >= 2, "8 pools all on one instance: {served_by:?}");
 
+    // A pool segment no pool can be named places nothing: one that decodes
+    // to the pool's name, a NUL and more (which the stick table's key ends
+    // at) hashed elsewhere and moved the pool there, to be governed twice.
+    for (pool, owner) in &served_by {
+        for i in 0..6 {
+            let poison = cluster.request(&post(&format!("/pools/{pool}%00{i}/lock/acquire"), "", "", ""));
+            assert_eq!(poison.status, 400, "{poison:?}");
+            let after = cluster.request(&post(&format!("/pools/{pool}/lock/acquire"), "", "", ""));
+            assert_eq!(instance(&after), *owner, "{pool} moved after /pools/{pool}%00{i}/lock/acquire");
+        }
+    }
+
     // A client cannot say a pool moved: HAProxy drops its X-Nthpool-Moved, so
     // the pool grants as usual; sent straight to the instance from the
     // client's own address it is ignored too; from HAProxy's address (the
@@ -1020,4 +1032,42 @@ fn the_nginx_alternative_is_a_valid_nginx_configuration() {
         .output()
         .unwrap();
     assert!(out.status.success(), "nginx -t: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A pool's own proxy listener cannot be run behind HAProxy: every instance
+/// would bind it (all but the first failing), and traffic there would
+/// bypass the placement. The script refuses such a configuration, naming
+/// the pool, before it starts anything.
+#[test]
+fn a_pool_with_its_own_proxy_listener_is_refused_by_the_cluster_script() {
+    if !haproxy_available() {
+        return;
+    }
+    let dir = scratch_dir();
+    let config = dir.join("pools.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"pools":{{"pp":{{"keys":["{KEY}"],"upstream":{{"url":"http://127.0.0.1:9","listen":"127.0.0.1:0"}}}}}}}}"#
+        ),
+    )
+    .unwrap();
+    let port = free_base_port(3);
+    let out = Command::new("bash")
+        .arg(SCRIPT)
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "--port",
+            &port.to_string(),
+            "--bin",
+            env!("CARGO_BIN_EXE_nthpool"),
+        ])
+        .arg("--dir")
+        .arg(dir.join("cluster"))
+        .output()
+        .expect("run cluster.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("sets upstream.listen for pp"), "{stderr}");
 }

@@ -407,9 +407,9 @@ if [ "$COMPARE" = 1 ]; then
     # A fresh nthpool, so its two runs start from the state (a) started from.
     kill "$SERVER" 2>/dev/null || true
     wait "$SERVER" 2>/dev/null || true
-    # Without its slot secret and state file the new server is a first start:
-    # no re-adoption window (a state file beside a new secret would open one).
-    rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused"
+    # Without its slot secret, state file and lock the new server is a first start:
+    # no re-adoption window (a state file, or the lock's lease terms, beside a new secret would open one).
+    rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused" "$WORK/nthpool.state.lock"
     env RUST_LOG=warn "${ON_SERVER[@]}" "$BIN/nthpool" --config "$WORK/nthpool.json" >"$WORK/nthpool.log" 2>&1 &
     SERVER=$!
     PIDS+=("$SERVER")

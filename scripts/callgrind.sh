@@ -136,9 +136,9 @@ measure() {
 start_nthpool() {
     local name=$1
     check_free "$PORT"
-    # Without its slot secret and state file each server is a first start: no
-    # re-adoption window (a state file beside a new secret would open one).
-    rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused"
+    # Without its slot secret, state file and lock each server is a first start: no
+    # re-adoption window (a state file, or the lock's lease terms, beside a new secret would open one).
+    rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused" "$WORK/nthpool.state.lock"
     # Instrumentation starts off: nothing before `callgrind_control -i on` is
     # counted, and an uninstrumented fill runs several times faster.
     env RUST_LOG=warn "${ON_SERVER[@]}" valgrind --tool=callgrind --instr-atstart=no \

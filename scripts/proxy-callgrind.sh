@@ -88,11 +88,11 @@ measure() {
 say "instructions per proxied request (callgrind, user space), one keep-alive client, N = $N1 and $N2"
 for name in nthpool nginx; do
     if [ "$name" = nthpool ]; then
-        # Each start a first start: no slot secret or state file left, so no
+        # Each start a first start: no slot secret, state file or lock left, so no
         # re-adoption window.
-        rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused"
+        rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused" "$WORK/nthpool.state.lock"
         a=$(measure nthpool "$PORT" "$N1" "$BIN/nthpool" --config "$WORK/nthpool.json")
-        rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused"
+        rm -f "$WORK/nthpool.secret" "$WORK/nthpool.state" "$WORK/nthpool.state.refused" "$WORK/nthpool.state.lock"
         b=$(measure nthpool "$PORT" "$N2" "$BIN/nthpool" --config "$WORK/nthpool.json")
     else
         a=$(measure nginx "$NGINX_PORT" "$N1" nginx -c "$WORK/front.conf")

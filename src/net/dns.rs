@@ -25,7 +25,9 @@ pub const MAX_NAME_LEN: usize = 255;
 pub const MAX_POINTERS: usize = 16;
 /// CNAME links followed from the name asked to its addresses.
 pub const MAX_CNAMES: usize = 8;
-/// Records read from one answer; more are refused as malformed.
+/// Records read from one answer: a name with more addresses is reached
+/// through those (each is tried in turn, and a TCP answer may hold
+/// thousands), and the rest are not read.
 pub const MAX_RECORDS: usize = 64;
 
 const HEADER_LEN: usize = 12;
@@ -229,11 +231,9 @@ pub fn parse_answer(packet: &[u8], id: u16, name: &str, qtype: u16) -> Result<An
         RCODE_NXDOMAIN => return Err(DnsError::NxDomain),
         code => return Err(DnsError::Rcode(code)),
     }
-    if ancount > MAX_RECORDS {
-        return Err(DnsError::Malformed("more answer records than a reply can hold"));
-    }
-    let mut records = Vec::with_capacity(ancount);
-    for _ in 0..ancount {
+    let read = ancount.min(MAX_RECORDS);
+    let mut records = Vec::with_capacity(read);
+    for _ in 0..read {
         let (owner, after) = read_name(packet, at)?;
         let rtype = read_u16(packet, after)?;
         let ttl = read_u32(packet, after + 4)?;
@@ -347,6 +347,19 @@ mod tests {
         for bad in ["", ".", "a..b", &"a".repeat(64), &["abc"; 70].join(".")] {
             assert_eq!(write_query(1, bad, TYPE_A, &mut q), Err(DnsError::BadName), "{bad:?}");
         }
+    }
+
+    /// A valid answer with more records than are read (a TCP answer can
+    /// hold thousands) gives the first ones' addresses, not an error.
+    #[test]
+    fn an_answer_with_more_records_than_are_read_gives_the_first_ones() {
+        let mut r = Reply::to(5, "big.test", TYPE_A, 0, 300);
+        for i in 0..300u16 {
+            r = r.record(TYPE_A, 60, &[10, 0, (i >> 8) as u8, i as u8]);
+        }
+        let answer = parse_answer(&r.bytes, 5, "big.test", TYPE_A).unwrap();
+        assert_eq!(answer.ips.len(), MAX_RECORDS);
+        assert_eq!(answer.ips[0], v4([10, 0, 0, 0]));
     }
 
     #[test]

@@ -163,6 +163,31 @@ fn each_refused_certificate_is_a_502_naming_its_cause_and_a_log_line() {
     }
 }
 
+/// A reload that changes `caFile` applies to the next exchange, also on a
+/// connection kept alive: one verified under the old roots is not reused
+/// (a CA taken out of `caFile` is not trusted on, for as long as traffic
+/// keeps that connection busy).
+#[test]
+fn a_reload_that_changes_the_trusted_roots_reuses_no_connection_verified_under_the_old_ones() {
+    let ca = Ca::new("test ca");
+    let stranger = Ca::new("stranger ca");
+    let (up, _) = llm_upstream(&ca.leaf(&["localhost"]));
+    let dir = scratch_dir();
+    let url = format!("https://localhost:{}", up.addr.port());
+    let s = server(&pool(&url, &dir, &with_ca(&ca, &dir)));
+    assert_eq!(completion_text(&s.request(&chat_request(false))), "Hello from the mock upstream.");
+    let other_dir = scratch_dir();
+    s.reload(&config(&pool(&url, &dir, &with_ca(&stranger, &other_dir)), ""));
+    let r = s.request(&chat_request(false));
+    assert_eq!(r.status, 502, "{:?}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["message"], "The upstream's TLS certificate is not signed by a trusted certificate authority.");
+    // And back: the roots that sign it are trusted again, on a new connection.
+    s.reload(&config(&pool(&url, &dir, &with_ca(&ca, &dir)), ""));
+    assert_eq!(completion_text(&s.request(&chat_request(false))), "Hello from the mock upstream.");
+    // The first, the one refused after the first reload, a new one after the second.
+    assert_eq!(up.seen(3).len(), 3, "a new connection after each reload");
+}
+
 #[test]
 fn a_ca_certificate_served_as_the_upstream_s_own_is_refused_saying_what_to_serve() {
     // A self-signed certificate marked CA:TRUE, given as `caFile` and served

@@ -253,6 +253,14 @@ impl ClientTls {
         self
     }
 
+    /// Which trust settings these are: the same for this value and its
+    /// clones, and for no other while a session made with them lives (each
+    /// session keeps them). A reload builds new ones; a connection verified
+    /// under the old ones is not reused under the new ones.
+    pub fn identity(&self) -> usize {
+        Arc::as_ptr(&self.config) as *const () as usize
+    }
+
     /// How long a handshake of this upstream may take, from the connect.
     pub fn handshake_timeout_ms(&self) -> Ms {
         self.handshake_timeout_ms

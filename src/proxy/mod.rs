@@ -88,6 +88,10 @@ pub struct UpConn {
     pub addr: SocketAddr,
     /// The upstream it was opened to (a reload may point the pool elsewhere).
     target: Target,
+    /// The TLS trust it was verified under (`ClientTls::identity`; 0 for
+    /// plain HTTP): a reload may change `caFile`, and a connection verified
+    /// under the old roots is not used under the new ones.
+    trust: usize,
     /// The addresses not yet tried, should this connect fail.
     dial: Dial,
     pub pool: PoolId,
@@ -421,7 +425,7 @@ impl Proxy {
         base: usize,
     ) -> Attached {
         let pool = self.exchanges[ex].pool;
-        if let Some(idx) = self.take_idle(pool, target, registry) {
+        if let Some(idx) = self.take_idle(pool, target, tls.map_or(0, ClientTls::identity), registry) {
             self.attach_to(ex, idx, true, None);
             return Attached::Yes;
         }
@@ -522,6 +526,7 @@ impl Proxy {
         base: usize,
     ) -> io::Result<usize> {
         self.stats.upstream_connects += 1;
+        let trust = security.tls.map_or(0, ClientTls::identity);
         let (mut transport, addr) =
             Transport::connect(&mut dial, security).inspect_err(|_| self.stats.connect_error(pool.0 as usize))?;
         let entry = self.ups.vacant_entry();
@@ -533,6 +538,7 @@ impl Proxy {
             transport,
             addr,
             target: target.clone(),
+            trust,
             dial,
             pool,
             connected: false,
@@ -614,11 +620,12 @@ impl Proxy {
     /// The most recently used idle connection of `pool` to `target` that
     /// has not been closed by the upstream meanwhile; the dead ones found on
     /// the way are closed.
-    fn take_idle(&mut self, pool: PoolId, target: &Target, registry: &mio::Registry) -> Option<usize> {
+    fn take_idle(&mut self, pool: PoolId, target: &Target, trust: usize, registry: &mio::Registry) -> Option<usize> {
         while let Some(idx) = self.idle.get_mut(pool.0 as usize)?.pop() {
             let up = &mut self.ups[idx];
             let mut probe = [0u8; 1];
             let alive = up.target == *target
+                && up.trust == trust
                 && matches!(up.transport.read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
             if alive {
                 // Drained: nothing is read again before its next readiness event.

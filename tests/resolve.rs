@@ -65,6 +65,11 @@ fn a_name_that_does_not_exist_is_a_502_saying_so() {
     // The slot came back: the pool is not left short by the failure.
     let slot = s.acquire("", "").slot();
     assert_eq!(s.release(&slot, "").status, 200);
+    // A connection that could not be begun was attempted and failed to
+    // open: it counts in both, once (never more errors than attempts).
+    let metrics = admin_get(s.admin.expect("admin listener"), "/metrics");
+    assert!(metrics.contains("\nnthpool_proxy_upstream_connects_total 1\n"), "{metrics}");
+    assert!(metrics.contains("\nnthpool_proxy_upstream_connection_errors_total 1\n"), "{metrics}");
 }
 
 #[test]

@@ -437,12 +437,15 @@ impl Proxy {
             }
             Some(Lookup::Failed(err)) => {
                 warn!("upstream {}: {err}", target.authority);
-                return Attached::No(err.sentence());
+                let why = err.sentence();
+                return self.not_opened(pool, why);
             }
-            None => return Attached::No("The upstream's host name cannot be resolved: the resolver has stopped."),
+            None => {
+                return self.not_opened(pool, "The upstream's host name cannot be resolved: the resolver has stopped.")
+            }
         };
         let Some(security) = security(target, tls, now) else {
-            return Attached::No(NO_TLS_SETTINGS);
+            return self.not_opened(pool, NO_TLS_SETTINGS);
         };
         match self.connect(pool, target, Dial::new(addrs), security, registry, base) {
             Ok(idx) => {
@@ -450,10 +453,19 @@ impl Proxy {
                 Attached::Yes
             }
             Err(err) => {
+                // Counted (an attempt, and an error) by `connect`.
                 debug!("cannot connect to the upstream {}: {err}", target.authority);
                 Attached::No("The upstream could not be reached.")
             }
         }
+    }
+
+    /// A connection of `pool` that could not even be begun (its name does
+    /// not resolve): an attempt that failed to open, counted as both.
+    fn not_opened(&mut self, pool: PoolId, why: &'static str) -> Attached {
+        self.stats.upstream_connects += 1;
+        self.stats.connect_error(pool.0 as usize);
+        Attached::No(why)
     }
 
     /// Takes the answers the resolver thread has sent, and the exchanges

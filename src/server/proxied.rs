@@ -243,10 +243,8 @@ fn upstream_for<'a>(app: &'a App, e: &Exchange) -> Result<&'a Upstream, ApiError
 fn attach(proxy: &mut Proxy, ex: usize, upstream: &Upstream, now: Ms, registry: &Registry) -> Result<(), ApiError> {
     match proxy.attach(ex, &upstream.target, upstream.tls.as_ref(), now, registry, UPSTREAM_BASE) {
         Attached::Yes | Attached::Resolving => Ok(()),
-        Attached::No(why) => {
-            proxy.stats.connect_error(proxy.exchanges[ex].pool.0 as usize);
-            Err(ApiError::BadGatewayBecause(why))
-        }
+        // Counted as a failed connection by `Proxy::attach`.
+        Attached::No(why) => Err(ApiError::BadGatewayBecause(why)),
     }
 }
 

@@ -374,16 +374,9 @@ impl<T: Copy> Governor<T> {
     /// it is clamped to the pool's queue timeout. `owner` identifies the
     /// caller in the notice that later answers a queued acquire.
     pub fn acquire(&mut self, pid: PoolId, wait_ms: u64, owner: u64, now: Ms) -> Admission {
-        let mut pool = &mut self.pools[pid.0 as usize];
+        let pool = &mut self.pools[pid.0 as usize];
         pool.refill_gate(now);
         let ramp = pool.learning.ramp(now);
-        if ramp.is_some() && !pool.queue.is_empty() {
-            // The start's limit grows by the clock, between the ticks that
-            // pump the queue too: its waiters take the room first, and what
-            // is left is this one's.
-            self.pump_queue(pid, now);
-            pool = &mut self.pools[pid.0 as usize];
-        }
         let blocked = pool.blocked(now);
         if pool.queue.is_empty() && blocked.is_none() {
             return Admission::Granted(self.grant(pid, now, 0));

@@ -866,20 +866,3 @@ fn a_blind_probe_ends_at_a_probe_released_without_a_report() {
     assert!(g.release(p, &id(&probe), None, 1_005));
     assert_eq!(g.pool(p).effective_limit(), 8, "the probe's caller said nothing of a refusal");
 }
-
-/// A fresh pool's limit grows by the clock between the ticks that pump its
-/// queue: an acquire that comes then finds the waiters granted first and
-/// takes what room is left, rather than a refusal while slots are free.
-#[test]
-fn during_the_start_an_acquire_lets_the_waiters_take_the_grown_room_first() {
-    let (mut g, p) = governor(r#","concurrency":64,"queue":{"size":10,"timeoutMs":5000}"#);
-    for owner in 0..16 {
-        granted(g.acquire(p, 0, owner, 0));
-    }
-    let waiters: Vec<_> = (16..20).map(|owner| queued(g.acquire(p, 5_000, owner, 0))).collect();
-    assert_eq!(waiters.len(), 4);
-    // At 50 ms the start allows 24: the four waiters and this one fit.
-    granted(g.acquire(p, 0, 99, 50));
-    assert_eq!(granted_owners(&mut g), [16, 17, 18, 19], "the waiters first, in order");
-    assert_eq!(g.pool(p).held, 21);
-}

@@ -541,9 +541,18 @@ impl<T: Copy> Governor<T> {
         false
     }
 
-    /// Releases a lease of `pid`; `true` only the first time. The outcome
-    /// report is applied only when the release was real. `slot` as for `renew`.
+    /// Releases a lease of `pid` for its holder; `true` only the first time.
+    /// The outcome report is applied only when the release was real; a
+    /// holder's release without one says its call was not refused
+    /// (`Learning::on_unreported`). `slot` as for `renew`.
     pub fn release(&mut self, pid: PoolId, slot: &[u8], outcome: Option<&Outcome>, now: Ms) -> bool {
+        self.release_as(pid, slot, outcome, true, now)
+    }
+
+    /// `release`; `holder` when the lease's holder released it (not the
+    /// server for a grant that never reached it, or for a proxied exchange
+    /// that ended with no answer from the upstream: those say nothing of it).
+    fn release_as(&mut self, pid: PoolId, slot: &[u8], outcome: Option<&Outcome>, holder: bool, now: Ms) -> bool {
         let Some((idx, _)) = self.find(pid, slot, now) else {
             self.pools[pid.0 as usize].stats.release_gone += 1;
             return false;
@@ -568,7 +577,7 @@ impl<T: Copy> Governor<T> {
             if wake.cooldown_until.is_some() {
                 pool.stats.cooldowns += 1;
             }
-        } else {
+        } else if holder {
             pool.learning.on_unreported(lease.granted_at);
         }
         self.pump(pid, now);
@@ -590,14 +599,14 @@ impl<T: Copy> Governor<T> {
     /// encoded unless the lease is no longer held under that index.
     pub fn release_id(&mut self, pid: PoolId, slot: &SlotId, outcome: Option<&Outcome>, now: Ms) -> bool {
         let text = self.held(slot).map_or_else(|| slot.encode(), |idx| self.leases[idx].text);
-        self.release(pid, &text, outcome, now)
+        self.release_as(pid, &text, outcome, false, now)
     }
 
     /// Releases a grant whose answer could not be delivered.
     pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
         if let Some(idx) = self.held(slot) {
             let (pid, text) = (self.leases[idx].pool, self.leases[idx].text);
-            self.release(pid, &text, None, now);
+            self.release_as(pid, &text, None, false, now);
         }
     }
 

@@ -866,3 +866,21 @@ fn a_blind_probe_ends_at_a_probe_released_without_a_report() {
     assert!(g.release(p, &id(&probe), None, 1_005));
     assert_eq!(g.pool(p).effective_limit(), 8, "the probe's caller said nothing of a refusal");
 }
+
+/// A probe's grant that never reached its holder (released by the server),
+/// or a proxied probe that ended with no answer from the upstream, says
+/// nothing of the window: the blind probe goes on.
+#[test]
+fn a_blind_probe_goes_on_past_a_probe_that_never_reached_the_upstream() {
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let blind = Outcome { status: Some(429), throttled: 1, rate: RateInfo { remaining: Some(0), ..OK.rate } };
+    g.release(p, &id(&a), Some(&blind), 10);
+    g.advance(1_000);
+    let undelivered = granted(g.acquire(p, 0, 2, 1_000));
+    g.release_undelivered(&undelivered.slot, 1_005);
+    assert_eq!(g.pool(p).effective_limit(), 1, "an undelivered grant is no probe");
+    let proxied = granted(g.acquire(p, 0, 3, 1_010));
+    assert!(g.release_id(p, &proxied.slot, None, 1_020));
+    assert_eq!(g.pool(p).effective_limit(), 1, "an exchange with no answer is no probe");
+}

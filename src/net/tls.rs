@@ -19,6 +19,7 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use mio::net::TcpStream;
@@ -219,7 +220,12 @@ impl std::error::Error for TlsConfigError {}
 pub struct ClientTls {
     config: Arc<ClientConfig>,
     handshake_timeout_ms: Ms,
+    /// Which settings these are (`identity`).
+    generation: u64,
 }
+
+/// The `generation` of the next `ClientTls` built: 1, 2, … (0 names none).
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
 impl fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -244,7 +250,11 @@ impl ClientTls {
             .with_no_client_auth();
         config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
         config.resumption = rustls::client::Resumption::in_memory_sessions(SESSION_CACHE_SIZE);
-        Ok(ClientTls { config: Arc::new(config), handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS })
+        Ok(ClientTls {
+            config: Arc::new(config),
+            handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
+            generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
+        })
     }
 
     /// The same settings with handshakes allowed `ms` from the connect.
@@ -254,11 +264,12 @@ impl ClientTls {
     }
 
     /// Which trust settings these are: the same for this value and its
-    /// clones, and for no other while a session made with them lives (each
-    /// session keeps them). A reload builds new ones; a connection verified
-    /// under the old ones is not reused under the new ones.
-    pub fn identity(&self) -> usize {
-        Arc::as_ptr(&self.config) as *const () as usize
+    /// clones, and for no other built in this process (never 0). A reload
+    /// builds new ones; a connection verified under the old ones is not
+    /// reused under the new ones. (Not the settings' address: a TLS 1.2
+    /// session keeps no reference to them, so a later build may take it.)
+    pub fn identity(&self) -> u64 {
+        self.generation
     }
 
     /// How long a handshake of this upstream may take, from the connect.
@@ -579,7 +590,20 @@ impl TlsStream {
 
 #[cfg(test)]
 mod tests {
-    use super::{ca_certificates, plain_name};
+    use super::{ca_certificates, plain_name, ClientTls};
+
+    /// Each build is its own settings, whatever address it lands at once an
+    /// earlier one is dropped; a clone is the same settings.
+    #[test]
+    fn every_build_of_the_settings_is_told_apart_and_a_clone_is_not() {
+        let first = ClientTls::new(None).unwrap();
+        let id = first.identity();
+        assert_eq!(first.clone().identity(), id);
+        drop(first);
+        for _ in 0..8 {
+            assert_ne!(ClientTls::new(None).unwrap().identity(), id);
+        }
+    }
 
     /// A self-signed certificate as PEM, and its DER.
     fn cert(name: &str) -> (String, Vec<u8>) {

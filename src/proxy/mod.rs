@@ -91,7 +91,7 @@ pub struct UpConn {
     /// The TLS trust it was verified under (`ClientTls::identity`; 0 for
     /// plain HTTP): a reload may change `caFile`, and a connection verified
     /// under the old roots is not used under the new ones.
-    trust: usize,
+    trust: u64,
     /// The addresses not yet tried, should this connect fail.
     dial: Dial,
     pub pool: PoolId,
@@ -632,7 +632,7 @@ impl Proxy {
     /// The most recently used idle connection of `pool` to `target` that
     /// has not been closed by the upstream meanwhile; the dead ones found on
     /// the way are closed.
-    fn take_idle(&mut self, pool: PoolId, target: &Target, trust: usize, registry: &mio::Registry) -> Option<usize> {
+    fn take_idle(&mut self, pool: PoolId, target: &Target, trust: u64, registry: &mio::Registry) -> Option<usize> {
         while let Some(idx) = self.idle.get_mut(pool.0 as usize)?.pop() {
             let up = &mut self.ups[idx];
             let mut probe = [0u8; 1];

@@ -36,7 +36,49 @@ pub struct Term {
     pub request_timeout_ms: u64,
 }
 
+/// Drops from one pool's terms those that have ended and those another one
+/// covers; past `MAX_TERMS`, the closed ones that need the shortest wait.
+fn prune(terms: &mut Vec<Term>, now_unix: u64) {
+    terms.retain(|t| t.ends(now_unix) > now_unix);
+    let mut i = 0;
+    while i < terms.len() {
+        let covered = (0..terms.len()).any(|j| {
+            j != i && terms[j].covers(&terms[i], now_unix) && (j < i || !terms[i].covers(&terms[j], now_unix))
+        });
+        if covered {
+            terms.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+    if terms.len() > MAX_TERMS {
+        // The open ones (granted with now) first, then by the wait each needs.
+        let wait = |t: &Term| {
+            if t.until_unix_ms == 0 {
+                u64::MAX
+            } else {
+                t.term_ms.min(t.until_unix_ms.saturating_sub(now_unix))
+            }
+        };
+        terms.sort_by_key(|t| std::cmp::Reverse(wait(t)));
+        terms.truncate(MAX_TERMS);
+    }
+}
+
 impl Term {
+    /// Whether this one makes `other` redundant for every later reader: a
+    /// term at least as long, in force at least as long.
+    fn covers(&self, other: &Term, now_unix: u64) -> bool {
+        let lasts = match (self.until_unix_ms, other.until_unix_ms) {
+            (0, 0) => self.request_timeout_ms >= other.request_timeout_ms,
+            // Open, it lasts a cap past whenever it is read, now at the earliest.
+            (0, until) => now_unix.saturating_add(self.request_timeout_ms) >= until,
+            (_, 0) => false,
+            (mine, theirs) => mine >= theirs,
+        };
+        self.term_ms >= other.term_ms && lasts
+    }
+
     /// The instant it ends, for a reader at `now`: a term still granted
     /// with when the writer stopped ends a request cap after that, which
     /// was `now` at the latest.
@@ -118,8 +160,11 @@ impl Terms {
     }
 
     fn close_open(&mut self, now_unix: u64) {
-        for t in self.pools.values_mut().flatten().filter(|t| t.until_unix_ms == 0) {
-            t.until_unix_ms = now_unix.saturating_add(t.request_timeout_ms);
+        for terms in self.pools.values_mut() {
+            for t in terms.iter_mut().filter(|t| t.until_unix_ms == 0) {
+                t.until_unix_ms = now_unix.saturating_add(t.request_timeout_ms);
+            }
+            prune(terms, now_unix);
         }
     }
 
@@ -141,26 +186,12 @@ impl Terms {
 
     fn add(&mut self, pool: &str, term: Term, now_unix: u64) {
         let terms = self.pools.entry(pool.to_string()).or_default();
-        terms.retain(|t| t.ends(now_unix) > now_unix);
-        if term.ends(now_unix) <= now_unix {
+        if term.ends(now_unix) <= now_unix || terms.iter().any(|t| t.covers(&term, now_unix)) {
             return;
         }
-        // One entry per term: the one that lasts longer.
-        match terms.iter_mut().find(|t| t.term_ms == term.term_ms) {
-            Some(t) if t.until_unix_ms != 0 && (term.until_unix_ms == 0 || term.until_unix_ms > t.until_unix_ms) => {
-                *t = term;
-            }
-            Some(_) => {}
-            None => terms.push(term),
-        }
-        if terms.len() > MAX_TERMS {
-            // The open ones (granted with now) first, then the closed ones
-            // that end last: those that end soonest matter least.
-            terms.sort_by_key(|t| std::cmp::Reverse(if t.until_unix_ms == 0 { u64::MAX } else { t.until_unix_ms }));
-            terms.truncate(MAX_TERMS);
-        }
+        terms.push(term);
+        prune(terms, now_unix);
     }
-
     /// Writes the record over `file`'s contents, synced. Written first and
     /// cut to its length after: a write that fails (a full disk) leaves the
     /// record before it rather than none.
@@ -238,6 +269,30 @@ mod tests {
         let p = &terms.pools["p"];
         assert_eq!(p.len(), MAX_TERMS);
         assert_eq!(p.iter().filter(|t| t.until_unix_ms == 0).map(|t| t.term_ms).collect::<Vec<_>>(), [81_000]);
+    }
+
+    /// A reload that shortens only the request cap keeps the longer-lived
+    /// leases of the same term: the entry that lasts longer is not replaced.
+    #[test]
+    fn a_shorter_request_cap_does_not_forget_the_leases_granted_under_the_longer_one() {
+        let none = BTreeMap::new();
+        let mut terms = Terms::default().carried(0, &none, &config(60_000, 600_000));
+        terms.reconfigured(&config(60_000, 120_000), 1_000);
+        terms.reconfigured(&config(1_000, 120_000), 2_000);
+        assert_eq!(terms.window("p", 130_000), Some(60_000), "the leases of the first cap live to 601 s");
+        assert_eq!(terms.window("p", 600_000), Some(1_000));
+    }
+
+    /// Past the bound, the entry that sets the window is kept.
+    #[test]
+    fn the_bound_keeps_the_entry_that_sets_the_window() {
+        let none = BTreeMap::new();
+        let mut terms = Terms::default().carried(0, &none, &config(600_000, 600_000));
+        for i in 0..20u64 {
+            terms.reconfigured(&config(1_000 + i, 600_000), 1_000 + i);
+        }
+        assert!(terms.pools["p"].len() <= MAX_TERMS);
+        assert_eq!(terms.window("p", 10_000), Some(591_000), "the 10-minute leases, until 601 s");
     }
 
     /// A graceful stop closes the terms granted with at the stop.

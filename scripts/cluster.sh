@@ -189,8 +189,8 @@ frontend api
     # A segment no pool can be named places nothing: the instance it reaches
     # refuses it, and it must neither move nor stick a pool (a decoded NUL,
     # which the stick table's key would end at, must not name the pool
-    # before it).
-    http-request unset-var(txn.pool) if { var(txn.pool) -m found } !{ var(txn.pool) -m reg ^[a-z0-9-]+\$ }
+    # before it). \`\\z\`, not \`\$\`, which PCRE lets match before a final newline.
+    http-request unset-var(txn.pool) if { var(txn.pool) -m found } !{ var(txn.pool) -m reg '^[a-z0-9-]{1,63}\z' }
     # The pool this request is placed by, for the instance to check against the
     # pool it reaches there (empty when the map named none): a Host that an
     # instance routes to a pool but this map does not (a map older than the

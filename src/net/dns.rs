@@ -25,9 +25,9 @@ pub const MAX_NAME_LEN: usize = 255;
 pub const MAX_POINTERS: usize = 16;
 /// CNAME links followed from the name asked to its addresses.
 pub const MAX_CNAMES: usize = 8;
-/// Records read from one answer: a name with more addresses is reached
-/// through those (each is tried in turn, and a TCP answer may hold
-/// thousands), and the rest are not read.
+/// Records kept of each kind (links, addresses) from one answer: a name
+/// with more addresses is reached through those (each is tried in turn,
+/// and a TCP answer may hold thousands); the rest are passed over.
 pub const MAX_RECORDS: usize = 64;
 
 const HEADER_LEN: usize = 12;
@@ -231,9 +231,9 @@ pub fn parse_answer(packet: &[u8], id: u16, name: &str, qtype: u16) -> Result<An
         RCODE_NXDOMAIN => return Err(DnsError::NxDomain),
         code => return Err(DnsError::Rcode(code)),
     }
-    let read = ancount.min(MAX_RECORDS);
-    let mut records = Vec::with_capacity(read);
-    for _ in 0..read {
+    let mut records = Vec::with_capacity(ancount.min(2 * MAX_RECORDS));
+    let (mut links, mut addresses) = (0, 0);
+    for _ in 0..ancount {
         let (owner, after) = read_name(packet, at)?;
         let rtype = read_u16(packet, after)?;
         let ttl = read_u32(packet, after + 4)?;
@@ -243,10 +243,16 @@ pub fn parse_answer(packet: &[u8], id: u16, name: &str, qtype: u16) -> Result<An
             return Err(DnsError::Malformed("a record's data runs past the end"));
         }
         let class = read_u16(packet, after + 2)?;
-        if class == CLASS_IN {
-            records.push(Record { owner, rtype, ttl, data: (start, start + len) });
-        }
         at = start + len;
+        let kept = match rtype {
+            TYPE_CNAME => &mut links,
+            t if t == qtype => &mut addresses,
+            _ => continue,
+        };
+        if class == CLASS_IN && *kept < MAX_RECORDS {
+            *kept += 1;
+            records.push(Record { owner, rtype, ttl, data: (start, at) });
+        }
     }
     // Follow the CNAME chain from the name asked.
     let mut current = asked;
@@ -349,13 +355,17 @@ mod tests {
         }
     }
 
-    /// A valid answer with more records than are read (a TCP answer can
-    /// hold thousands) gives the first ones' addresses, not an error.
+    /// A valid answer with more records than are kept (a TCP answer can
+    /// hold thousands) gives the first ones' addresses, not an error; a
+    /// record of another type among them takes no place.
     #[test]
-    fn an_answer_with_more_records_than_are_read_gives_the_first_ones() {
-        let mut r = Reply::to(5, "big.test", TYPE_A, 0, 300);
+    fn an_answer_with_more_records_than_are_kept_gives_the_first_ones() {
+        let mut r = Reply::to(5, "big.test", TYPE_A, 0, 400);
         for i in 0..300u16 {
             r = r.record(TYPE_A, 60, &[10, 0, (i >> 8) as u8, i as u8]);
+        }
+        for _ in 0..100 {
+            r = r.record(TYPE_AAAA, 60, &[0; 16]);
         }
         let answer = parse_answer(&r.bytes, 5, "big.test", TYPE_A).unwrap();
         assert_eq!(answer.ips.len(), MAX_RECORDS);

@@ -166,7 +166,8 @@ fn each_refused_certificate_is_a_502_naming_its_cause_and_a_log_line() {
 /// A reload that changes `caFile` applies to the next exchange, also on a
 /// connection kept alive: one verified under the old roots is not reused
 /// (a CA taken out of `caFile` is not trusted on, for as long as traffic
-/// keeps that connection busy).
+/// keeps that connection busy). A reload that leaves the roots as they
+/// were keeps the connection.
 #[test]
 fn a_reload_that_changes_the_trusted_roots_reuses_no_connection_verified_under_the_old_ones() {
     let ca = Ca::new("test ca");
@@ -176,6 +177,10 @@ fn a_reload_that_changes_the_trusted_roots_reuses_no_connection_verified_under_t
     let url = format!("https://localhost:{}", up.addr.port());
     let s = server(&pool(&url, &dir, &with_ca(&ca, &dir)));
     assert_eq!(completion_text(&s.request(&chat_request(false))), "Hello from the mock upstream.");
+    s.reload(&config(&pool(&url, &dir, &with_ca(&ca, &dir)), ""));
+    assert_eq!(completion_text(&s.request(&chat_request(false))), "Hello from the mock upstream.");
+    let metrics = admin_get(s.admin.expect("admin listener"), "/metrics");
+    assert!(metrics.contains("\nnthpool_proxy_upstream_reuses_total 1\n"), "the same roots: kept alive: {metrics}");
     let other_dir = scratch_dir();
     s.reload(&config(&pool(&url, &dir, &with_ca(&stranger, &other_dir)), ""));
     let r = s.request(&chat_request(false));

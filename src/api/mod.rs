@@ -212,17 +212,18 @@ impl Rejections {
 /// `previous` gives a pool's running policies on a reload; `now` is when.
 fn credentials<'c, 'p>(
     config: &'c Config,
-    previous: impl Fn(&str) -> Option<&'p PoolAccess>,
+    previous: impl Fn(&str) -> Option<&'p Credentials>,
     now: EpochMs,
 ) -> Result<BTreeMap<&'c str, Credentials>, String> {
     let mut fresh = BTreeMap::new();
     for (name, pool) in &config.pools {
-        let access =
-            PoolAccess::build(name, &pool.access, previous(name), now).map_err(|e| format!("pools.{name}.{e}"))?;
+        let running = previous(name);
+        let access = PoolAccess::build(name, &pool.access, running.map(|c| &c.access), now)
+            .map_err(|e| format!("pools.{name}.{e}"))?;
         let upstream = pool
             .upstream
             .as_ref()
-            .map(crate::config::upstream::Upstream::build)
+            .map(|u| crate::config::upstream::Upstream::rebuild(u, running.and_then(|c| c.upstream.as_ref())))
             .transpose()
             .map_err(|e| format!("pools.{name}.{e}"))?;
         fresh.insert(name.as_str(), Credentials { keys: PoolKeys::new(pool), access, upstream });
@@ -272,7 +273,7 @@ impl App {
     pub fn reconfigure(&mut self, config: &Config, now: Now) -> Result<(), String> {
         // Everything that can fail comes first, so a failure leaves all as it was.
         let log = AccessLog::open(config.access_log.as_deref())?;
-        let previous = |name: &str| self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize].access);
+        let previous = |name: &str| self.gov.pool_id(name).map(|pid| &self.creds[pid.0 as usize]);
         let mut fresh = credentials(config, previous, now.wall())?;
         self.gov.reconfigure(&pool_settings(config), now.ms);
         self.generation += 1;

@@ -222,12 +222,24 @@ impl Upstream {
     /// Resolves a validated section: reads the environment and the files that
     /// `setHeaders` names, and the `caFile`. An error names the field.
     pub fn build(config: &UpstreamConfig) -> Result<Upstream, String> {
+        Upstream::rebuild(config, None)
+    }
+
+    /// `build` on a reload, `previous` the pool's running upstream: TLS
+    /// settings that trust the same roots are kept (`ClientTls::same_as`).
+    pub fn rebuild(config: &UpstreamConfig, previous: Option<&Upstream>) -> Result<Upstream, String> {
         let target = parse_url(&config.url).map_err(|e| e.0)?;
         let tls = match target.tls {
             true => {
                 let tls =
                     ClientTls::new(config.ca_file.as_deref().map(Path::new)).map_err(|e| format!("upstream.{e}"))?;
-                Some(tls.with_handshake_timeout(config.tls_handshake_timeout_ms))
+                let tls = tls.with_handshake_timeout(config.tls_handshake_timeout_ms);
+                // A reload that left the trust as it was keeps the running
+                // settings: their kept-alive connections and session cache.
+                match previous.and_then(|p| p.tls.as_ref()) {
+                    Some(running) if running.same_as(&tls) => Some(running.clone()),
+                    _ => Some(tls),
+                }
             }
             false => None,
         };

@@ -26,6 +26,7 @@ use mio::net::TcpStream;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::{CertificateError, ClientConfig, ClientConnection, HandshakeKind, RootCertStore};
+use sha2::{Digest, Sha256};
 
 use crate::files;
 use crate::time::Ms;
@@ -222,6 +223,9 @@ pub struct ClientTls {
     handshake_timeout_ms: Ms,
     /// Which settings these are (`identity`).
     generation: u64,
+    /// SHA-256 over the DER of the roots `caFile` added, in order: what a
+    /// later build is compared by (`same_as`).
+    ca_digest: [u8; 32],
 }
 
 /// The `generation` of the next `ClientTls` built: 1, 2, … (0 names none).
@@ -239,8 +243,12 @@ impl ClientTls {
     pub fn new(ca_file: Option<&Path>) -> Result<ClientTls, TlsConfigError> {
         let mut roots = RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let mut digest = Sha256::new();
         if let Some(path) = ca_file {
-            add_ca_file(&mut roots, path)?;
+            for cert in add_ca_file(&mut roots, path)? {
+                digest.update((cert.len() as u64).to_be_bytes());
+                digest.update(&cert);
+            }
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = ClientConfig::builder_with_provider(provider)
@@ -254,6 +262,7 @@ impl ClientTls {
             config: Arc::new(config),
             handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
             generation: NEXT_GENERATION.fetch_add(1, Ordering::Relaxed),
+            ca_digest: digest.finalize().into(),
         })
     }
 
@@ -272,6 +281,13 @@ impl ClientTls {
         self.generation
     }
 
+    /// Whether `other` (a build from a reloaded configuration) trusts the
+    /// same roots with the same handshake timeout: then these settings, their
+    /// kept-alive connections and their session cache go on in its place.
+    pub fn same_as(&self, other: &ClientTls) -> bool {
+        self.ca_digest == other.ca_digest && self.handshake_timeout_ms == other.handshake_timeout_ms
+    }
+
     /// How long a handshake of this upstream may take, from the connect.
     pub fn handshake_timeout_ms(&self) -> Ms {
         self.handshake_timeout_ms
@@ -288,15 +304,18 @@ impl ClientTls {
     }
 }
 
-fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsConfigError> {
+/// Adds the certificates of `path` to `roots`; returns them (their DER).
+fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsConfigError> {
     let fail = |why: String| TlsConfigError::CaFile { path: path.to_owned(), why };
     let pem = files::read_bounded(path, MAX_CA_FILE_BYTES).map_err(|e| fail(format!("cannot be read: {e}")))?;
+    let mut added = Vec::new();
     for (line, cert) in ca_certificates(&pem).map_err(fail)? {
         roots
-            .add(cert)
+            .add(cert.clone())
             .map_err(|_| fail(format!("the CERTIFICATE block at line {line} is not a valid X.509 certificate")))?;
+        added.push(cert);
     }
-    Ok(())
+    Ok(added)
 }
 
 /// The certificates of a `caFile`'s text, each with the line its block
@@ -603,6 +622,9 @@ mod tests {
         for _ in 0..8 {
             assert_ne!(ClientTls::new(None).unwrap().identity(), id);
         }
+        let (a, b) = (ClientTls::new(None).unwrap(), ClientTls::new(None).unwrap());
+        assert!(a.same_as(&b), "the same roots");
+        assert!(!a.same_as(&b.with_handshake_timeout(1)), "another handshake timeout");
     }
 
     /// A self-signed certificate as PEM, and its DER.

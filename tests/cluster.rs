@@ -75,6 +75,13 @@ impl Cluster {
     /// `pools` is the configuration's `pools` object; `check_ms` and
     /// `stick_ms` are HAProxy's health-check interval and stick expiry.
     fn start(instances: u16, pools: &str, check_ms: u64, stick_ms: u64) -> Option<Cluster> {
+        let (cluster, out) = Cluster::launch(instances, pools, check_ms, stick_ms)?;
+        assert!(out.status.success(), "cluster.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+        Some(cluster)
+    }
+
+    /// Runs the script's start, whatever it answers (`None` without HAProxy).
+    fn launch(instances: u16, pools: &str, check_ms: u64, stick_ms: u64) -> Option<(Cluster, std::process::Output)> {
         if !haproxy_available() {
             return None;
         }
@@ -97,8 +104,7 @@ impl Cluster {
             "--stick-ms",
             &stick_ms.to_string(),
         ]);
-        assert!(out.status.success(), "cluster.sh failed: {}", String::from_utf8_lossy(&out.stderr));
-        Some(cluster)
+        Some((cluster, out))
     }
 
     fn script(&self, args: &[&str]) -> std::process::Output {
@@ -1042,33 +1048,9 @@ fn the_nginx_alternative_is_a_valid_nginx_configuration() {
 /// the pool, before it starts anything.
 #[test]
 fn a_pool_with_its_own_proxy_listener_is_refused_by_the_cluster_script() {
-    if !haproxy_available() {
-        return;
-    }
-    let dir = scratch_dir();
-    let config = dir.join("pools.json");
-    std::fs::write(
-        &config,
-        format!(
-            r#"{{"pools":{{"pp":{{"keys":["{KEY}"],"upstream":{{"url":"http://127.0.0.1:9","listen":"127.0.0.1:0"}}}}}}}}"#
-        ),
-    )
-    .unwrap();
-    let port = free_base_port(3);
-    let out = Command::new("bash")
-        .arg(SCRIPT)
-        .args([
-            "--config",
-            config.to_str().unwrap(),
-            "--port",
-            &port.to_string(),
-            "--bin",
-            env!("CARGO_BIN_EXE_nthpool"),
-        ])
-        .arg("--dir")
-        .arg(dir.join("cluster"))
-        .output()
-        .expect("run cluster.sh");
+    let pools =
+        format!(r#"{{"pp":{{"keys":["{KEY}"],"upstream":{{"url":"http://127.0.0.1:9","listen":"127.0.0.1:0"}}}}}}"#);
+    let Some((_cluster, out)) = Cluster::launch(3, &pools, 1000, 120_000) else { return };
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("sets upstream.listen for pp"), "{stderr}");

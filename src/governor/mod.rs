@@ -269,7 +269,9 @@ impl<T: Copy> Governor<T> {
     }
 
     /// Opens the re-adoption window of every pool for one `termMs` from
-    /// `now` (SPEC §11): a start without a usable snapshot.
+    /// `now` (SPEC §11): a start without a usable snapshot and no record of
+    /// longer terms (`state::terms` gives those: `open_recovery_window_for`).
+    #[cfg(test)]
     pub fn open_recovery_window(&mut self, now: Ms) {
         self.open_recovery_window_for(now, |_| None);
     }

@@ -850,16 +850,23 @@ fn refusals_reported_after_the_successes_beside_them_cut_to_those_successes() {
     assert_eq!(g.pool(p).effective_limit(), 3, "three calls still running");
 }
 
+/// A pool of 8 whose one call was refused at 10 ms with `remaining: 0` and
+/// nothing said of when the window ends: a blind probe.
+fn blindly_refused() -> (Governor, PoolId) {
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let blind = Outcome { status: Some(429), throttled: 1, rate: RateInfo { remaining: Some(0), ..OK.rate } };
+    g.release(p, &id(&a), Some(&blind), 10);
+    (g, p)
+}
+
 /// A blind probe (a `remaining: 0` refusal with no end said) whose calls
 /// are released without a report: those got an answer their caller did not
 /// call a refusal, so the probe ends, rather than hold the pool at one call
 /// at a time for good.
 #[test]
 fn a_blind_probe_ends_at_a_probe_released_without_a_report() {
-    let (mut g, p) = governor(r#","concurrency":8"#);
-    let a = granted(g.acquire(p, 0, 1, 0));
-    let blind = Outcome { status: Some(429), throttled: 1, rate: RateInfo { remaining: Some(0), ..OK.rate } };
-    g.release(p, &id(&a), Some(&blind), 10);
+    let (mut g, p) = blindly_refused();
     assert_eq!(g.pool(p).effective_limit(), 1);
     g.advance(1_000);
     let probe = granted(g.acquire(p, 0, 2, 1_000));
@@ -872,10 +879,7 @@ fn a_blind_probe_ends_at_a_probe_released_without_a_report() {
 /// nothing of the window: the blind probe goes on.
 #[test]
 fn a_blind_probe_goes_on_past_a_probe_that_never_reached_the_upstream() {
-    let (mut g, p) = governor(r#","concurrency":8"#);
-    let a = granted(g.acquire(p, 0, 1, 0));
-    let blind = Outcome { status: Some(429), throttled: 1, rate: RateInfo { remaining: Some(0), ..OK.rate } };
-    g.release(p, &id(&a), Some(&blind), 10);
+    let (mut g, p) = blindly_refused();
     g.advance(1_000);
     let undelivered = granted(g.acquire(p, 0, 2, 1_000));
     g.release_undelivered(&undelivered.slot, 1_005);

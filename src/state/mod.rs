@@ -319,7 +319,7 @@ impl Persistence {
         if let Some(writer) = self.writer.take() {
             joined(writer);
         }
-        self.terms.stopped(self.epoch.wall(now).0);
+        self.terms.close_open(self.epoch.wall(now).0);
         self.write_terms();
         let Some(path) = &self.path else {
             return;

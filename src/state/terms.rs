@@ -40,6 +40,7 @@ pub struct Term {
 /// covers; past `MAX_TERMS`, the closed ones that need the shortest wait.
 fn prune(terms: &mut Vec<Term>, now_unix: u64) {
     terms.retain(|t| t.ends(now_unix) > now_unix);
+    // Of two that cover each other (the same in effect), the first stays.
     let mut i = 0;
     while i < terms.len() {
         let covered = (0..terms.len()).any(|j| {
@@ -153,13 +154,10 @@ impl Terms {
         next
     }
 
-    /// A graceful stop at `now`: the terms granted with end a request cap
-    /// from now, not from whenever the next start reads them.
-    pub fn stopped(&mut self, now_unix: u64) {
-        self.close_open(now_unix);
-    }
-
-    fn close_open(&mut self, now_unix: u64) {
+    /// This process stops granting with its terms at `now` (a graceful
+    /// stop, or a reload before it grants with new ones): they end a request
+    /// cap from now, not from whenever the next start reads them.
+    pub fn close_open(&mut self, now_unix: u64) {
         for terms in self.pools.values_mut() {
             for t in terms.iter_mut().filter(|t| t.until_unix_ms == 0) {
                 t.until_unix_ms = now_unix.saturating_add(t.request_timeout_ms);
@@ -299,7 +297,7 @@ mod tests {
     #[test]
     fn a_stop_closes_the_terms_at_the_stop() {
         let mut terms = Terms::default().carried(1_000, &BTreeMap::new(), &config(6_000, 60_000));
-        terms.stopped(2_000);
+        terms.close_open(2_000);
         assert_eq!(terms.window("p", 60_000), Some(2_000), "its leases end by 62 s");
         assert_eq!(terms.window("p", 62_000), None);
     }

@@ -128,6 +128,16 @@ fn plain_types(message: &str) -> String {
         let end = out[name..].find(|c: char| !c.is_ascii_alphanumeric()).map_or(out.len(), |n| name + n);
         out.replace_range(at..end, "expected an object");
     }
+    // serde_json reads a whole number past 64 bits as a float, and serde
+    // then calls it a wrong type; say what the operator wrote instead.
+    if let Some(at) = out.find("invalid type: floating point `") {
+        let value = at + "invalid type: floating point `".len();
+        if let Some(n) = out[value..].find('`') {
+            let read = out[value..value + n].to_owned();
+            let words = format!("invalid value: a number with a fraction or out of range (read as {read})");
+            out.replace_range(at..value + n + 1, &words);
+        }
+    }
     for (rust, words) in WORDS {
         // Only the whole word: `expected u32` is not `expected u32x`.
         if let Some(at) = out.find(rust) {
@@ -1121,9 +1131,12 @@ mod tests {
         assert!(e.contains("pools.p1.access.ipAllow[0]: "), "{e}");
         let e = err(&pool_json(r#","concurrency":}"#));
         assert!(e.starts_with("invalid configuration: pools.p1.concurrency: JSON syntax error: expected value"), "{e}");
-        // A number past 64 bits but within a float's range is a wrong type, named as such.
+        // A number past 64 bits but within a float's range, or with a fraction, is named as such.
         let e = err(&pool_json(r#","termMs":18446744073709551616"#));
-        assert!(e.starts_with("invalid configuration: pools.p1.termMs: invalid type: floating point"), "{e}");
+        assert!(e.starts_with("invalid configuration: pools.p1.termMs: invalid value: a number with a fraction or out of range (read as 1.8446744073709552e+19), expected a whole number from 0 to 18446744073709551615"), "{e}");
+        let e = err(&pool_json(r#","concurrency":2.5"#));
+        assert!(e.contains("pools.p1.concurrency: invalid value: a number with a fraction or out of range (read as 2.5), expected a whole number from 0 to 4294967295"), "{e}");
+        assert!(!e.contains("floating point"), "{e}");
     }
 
     /// Every numeric field at both ends of its documented range (the README's

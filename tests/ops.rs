@@ -1178,6 +1178,15 @@ fn a_descriptor_limit_under_max_connections_lowers_the_cap_instead_of_running_ou
     let c = held.last_mut().unwrap();
     c.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
     assert_eq!(read_response(c).expect("an answer").status, 200);
+    // Said once: a reload that leaves the cap as it was says nothing more,
+    // one that changes it says the new one.
+    let said = |log: &str| log.matches("open descriptors allow").count();
+    s.reload(&config("", ""));
+    assert_eq!(said(&s.log()), 1, "{}", s.log());
+    s.reload(&config("", r#""maxConnections":5000"#));
+    let log = s.log();
+    assert_eq!(said(&log), 2, "{log}");
+    assert!(log.contains("maxConnections is 5000, but 300 open descriptors allow about 156"), "{log}");
 }
 
 #[test]

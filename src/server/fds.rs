@@ -39,23 +39,31 @@ pub fn connections_allowed(limit: u64, proxies: bool) -> usize {
     usize::try_from(room).unwrap_or(usize::MAX)
 }
 
-/// `configured` connections, or fewer when the descriptor `limit` allows
-/// fewer (saying so).
-pub fn connection_cap(configured: usize, limit: Option<u64>, proxies: bool) -> usize {
-    let Some(limit) = limit else {
-        return configured;
-    };
-    let allowed = connections_allowed(limit, proxies);
-    if configured <= allowed {
-        return configured;
+/// The connection cap in force, and the `maxConnections` it comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionCap {
+    pub configured: usize,
+    /// `configured`, or fewer when the descriptor limit allows fewer.
+    pub cap: usize,
+}
+
+impl ConnectionCap {
+    /// The cap for `configured` connections under the descriptor `limit`.
+    /// A cap lower than configured is said once: at start (`before` is
+    /// `None`), or at a reload that changes it, not at every reload.
+    pub fn new(configured: usize, limit: Option<u64>, proxies: bool, before: Option<ConnectionCap>) -> ConnectionCap {
+        let cap = limit.map_or(configured, |limit| configured.min(connections_allowed(limit, proxies)));
+        let now = ConnectionCap { configured, cap };
+        if let Some(limit) = limit.filter(|_| cap < configured && before != Some(now)) {
+            warn!(
+                "maxConnections is {configured}, but {limit} open descriptors allow about {cap}{}: \
+                 accepting {cap} at most (clients beyond get 503); raise the limit \
+                 (systemd LimitNOFILE, ulimit -n) to serve more",
+                if proxies { " with proxying" } else { "" }
+            );
+        }
+        now
     }
-    warn!(
-        "maxConnections is {configured}, but {limit} open descriptors allow about {allowed}{}: \
-         accepting {allowed} at most (clients beyond get 503); raise the limit \
-         (systemd LimitNOFILE, ulimit -n) to serve more",
-        if proxies { " with proxying" } else { "" }
-    );
-    allowed
 }
 
 #[cfg(test)]
@@ -65,11 +73,12 @@ mod tests {
     #[test]
     fn the_cap_is_what_the_descriptors_allow_beside_the_rest() {
         let reserved = 64 + 16 + 64;
-        assert_eq!(connection_cap(10_000, Some(1024), false), 1024 - reserved);
-        assert_eq!(connection_cap(10_000, Some(1024), true), (1024 - reserved) / 2);
-        assert_eq!(connection_cap(500, Some(1024), false), 500, "within the limit: as configured");
-        assert_eq!(connection_cap(10_000, None, false), 10_000, "no known limit");
-        assert_eq!(connection_cap(10_000, Some(10), false), 1, "never none");
+        let cap = |configured, limit, proxies| ConnectionCap::new(configured, limit, proxies, None).cap;
+        assert_eq!(cap(10_000, Some(1024), false), 1024 - reserved);
+        assert_eq!(cap(10_000, Some(1024), true), (1024 - reserved) / 2);
+        assert_eq!(cap(500, Some(1024), false), 500, "within the limit: as configured");
+        assert_eq!(cap(10_000, None, false), 10_000, "no known limit");
+        assert_eq!(cap(10_000, Some(10), false), 1, "never none");
     }
 
     #[test]

@@ -212,7 +212,7 @@ pub struct Server {
     turn_time: TurnTime,
     next_serial: u32,
     /// `maxConnections`, or fewer when the open-descriptor limit allows fewer.
-    max_connections: usize,
+    connection_cap: fds::ConnectionCap,
     /// The open-descriptor limit, raised at start to the hard limit.
     fd_limit: Option<u64>,
     /// Open connections per listener, each against its own budget.
@@ -347,7 +347,7 @@ impl Server {
             turn_started: Instant::now(),
             turn_time: TurnTime::default(),
             next_serial: 0,
-            max_connections: fds::connection_cap(config.max_connections, fd_limit, proxies(config)),
+            connection_cap: fds::ConnectionCap::new(config.max_connections, fd_limit, proxies(config), None),
             fd_limit,
             open_public: 0,
             open_admin: 0,
@@ -632,7 +632,9 @@ impl Server {
         });
         match result {
             Ok(config) => {
-                self.max_connections = fds::connection_cap(config.max_connections, self.fd_limit, proxies(&config));
+                let before = Some(self.connection_cap);
+                self.connection_cap =
+                    fds::ConnectionCap::new(config.max_connections, self.fd_limit, proxies(&config), before);
                 self.timeouts = Timeouts::from(&config);
                 self.idle_spin = Duration::from_micros(config.idle_spin_us);
                 self.input_limit = input_limit(&config);
@@ -782,7 +784,7 @@ impl Server {
 
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) -> Option<ConnId> {
         let (open, budget) =
-            if admin { (self.open_admin, ADMIN_MAX_CONNECTIONS) } else { (self.open_public, self.max_connections) };
+            if admin { (self.open_admin, ADMIN_MAX_CONNECTIONS) } else { (self.open_public, self.connection_cap.cap) };
         // A full admin listener closes its longest-idle connection for the
         // new one: idle connections must not keep health checks out.
         if open >= budget && !(admin && self.close_idlest_admin()) {

@@ -31,6 +31,11 @@
 //!   above it raise it. While it paces the pool, far fewer calls are in
 //!   flight than the limit: a window's first refusal, or a probe's, there is
 //!   taken as the window running out and cuts nothing.
+//! - With `remaining` but no reset, the windows' openings (`openings`: more
+//!   left than a call granted before found) give their length and phase;
+//!   once known, a report's window ends where they put it, and that window's
+//!   grants are paced up to it. Until then a spent window is probed blindly.
+use super::openings::Openings;
 use super::pattern::{Pattern, PROBE_BACKOFF_MAX_MS, PROBE_BACKOFF_MIN_MS};
 use crate::time::Ms;
 
@@ -381,6 +386,10 @@ pub struct Learning {
     /// retry (not saved: a restarted pool probes again on the next one).
     #[serde(skip)]
     pub blind: BlindProbe,
+    /// When the upstream's windows open, learned from what is left where no
+    /// reset is said: the end of a report's window, in the reset's place.
+    #[serde(skip)]
+    pub openings: Openings,
     /// One call at a time probes a spent upstream: the pattern probes a
     /// pool-wide run, or a blind probe goes on. Kept in one flag, brought up
     /// to date after every report, because every grant reads it.
@@ -443,6 +452,7 @@ impl Learning {
             token_block_until: 0,
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
+            openings: Openings::default(),
             one_at_a_time: false,
         }
     }
@@ -507,6 +517,7 @@ impl Learning {
             marks: GrantMarks::default(),
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
+            openings: Openings::default(),
             one_at_a_time: false,
             ..self.clone()
         }
@@ -688,6 +699,8 @@ impl Learning {
         if !self.adaptive {
             return wake;
         }
+        let (o, learned_reset) = self.with_learned_reset(o, lease, now);
+        let o = &o;
         let evidence = o.evidence();
         if self.pattern.in_force
             && evidence == Evidence::Concurrency
@@ -724,7 +737,7 @@ impl Learning {
                 wake.cooldown_until = Some(until);
             }
         }
-        wake.budget_reset_at = self.learn_budget(&o.rate, lease, now, evidence == Evidence::Concurrency);
+        wake.budget_reset_at = self.learn_budget(&o.rate, lease, now, evidence == Evidence::Concurrency, learned_reset);
         if let (Some(0), Some(reset)) = (o.rate.token_remaining, o.rate.token_reset_ms) {
             let until = now + reset.min(MAX_BUDGET_WINDOW_MS);
             if until > self.token_block_until {
@@ -734,6 +747,20 @@ impl Learning {
         }
         self.one_at_a_time = self.pattern.probing || self.blind.backoff_ms > 0;
         wake
+    }
+
+    /// `o`, where it says what is left of a window but not when the window
+    /// resets, with the reset the openings seen so far put its call's window
+    /// at (`Openings`; true when there is one): the budget then runs out
+    /// where the upstream's does, instead of at a refusal, and a spent
+    /// window waits for the next opening instead of being probed blindly.
+    fn with_learned_reset(&mut self, o: &Outcome, lease: Reported, now: Ms) -> (Outcome, bool) {
+        let mut o = *o;
+        let (Some(left), None) = (o.rate.remaining, o.rate.reset_ms) else { return (o, false) };
+        self.openings.on_report(lease.grant_seq, lease.granted_at, left, o.rate.limit.or(self.budget_limit));
+        let Some(end) = self.openings.end_of(lease.granted_at).filter(|&end| end > now) else { return (o, false) };
+        o.rate.reset_ms = Some(end - now);
+        (o, true)
     }
 
     /// A lease granted at `granted_at` released without a report: a call of a
@@ -990,6 +1017,17 @@ impl Learning {
         self.grants.saturating_sub(before.max(lease.grant_seq)).min(lease.in_flight as u64)
     }
 
+    /// A window whose end the openings gave (`with_learned_reset`) has its
+    /// grants paced over it from its opening, as a refill's are: they then
+    /// run up to its end, and the next opening is found where it is, not
+    /// where the pool came back after a spent budget.
+    fn pace_learned(&mut self, end: Ms) {
+        let (from, seq) = self.openings.opened();
+        let Some(per_window) = self.budget_limit.filter(|_| end > from) else { return };
+        let granted = self.grants.saturating_sub(seq.saturating_sub(1));
+        self.pace = Some(Pace { from, per_window, window_ms: end - from, granted });
+    }
+
     /// A window's budget as a report told it (no refill's guess, no pace):
     /// its end no earlier than `earliest`, told by the lease granted `seq`th.
     fn told_budget(&mut self, budget: Budget, earliest: Ms, seq: u64) {
@@ -1004,7 +1042,10 @@ impl Learning {
     /// `remaining` (`refused`) was stamped before the refused calls of its
     /// burst left, and those may not count upstream: it is taken as it is,
     /// a bound the budget never exceeds, not less the grants made since.
-    fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms, refused: bool) -> Option<Ms> {
+    ///
+    /// A `learned` reset is the pool's own estimate (`with_learned_reset`):
+    /// to the millisecond, counted from `now`, and no vote on the stamping.
+    fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms, refused: bool, learned: bool) -> Option<Ms> {
         if rate.limit.is_some() || rate.remaining.is_some() {
             // The upstream says its budget: what refusals taught gives way.
             self.pattern.in_force = false;
@@ -1032,10 +1073,16 @@ impl Learning {
         // may have been rounded up by up to a second: a window ending near a
         // second's boundary reads as that second in one report and the next
         // in another, and a window's length is its whole seconds.
-        let coarse = rate.reset_coarse || reset % 1000 == 0;
+        let coarse = !learned && (rate.reset_coarse || reset % 1000 == 0);
         let slack = if coarse { 1000 } else { 0 };
-        self.window_ms = self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset });
-        let earliest = (lease.granted_at + reset).saturating_sub(slack);
+        // A learned reset is what is left of a window whose length the
+        // openings tell.
+        self.window_ms = match self.openings.window_ms().filter(|_| learned) {
+            Some(w) => w,
+            None => self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset }),
+        };
+        // A learned reset is an instant the pool placed, not a stamp.
+        let earliest = if learned { now + reset } else { (lease.granted_at + reset).saturating_sub(slack) };
         let latest = now + reset;
         // Whole seconds to go, from a header (`x-ratelimit-reset: 5`), may
         // have been stamped when the upstream admitted the call, as SPEC §7's
@@ -1078,7 +1125,7 @@ impl Learning {
         }
         // Whole seconds cannot tell a service time from a rounding; a date
         // reads the same whenever it was stamped.
-        if same_window && !coarse && !refused {
+        if same_window && !coarse && !refused && !learned {
             self.vote_stamp(latest);
         }
         let left = if refused { remaining } else { remaining.saturating_sub(self.unseen_grants(lease, now)) };
@@ -1112,6 +1159,9 @@ impl Learning {
                     self.ended_reset_at = b.reset_at;
                 }
                 self.told_budget(Budget { remaining: left, reset_at: end }, earliest, lease.grant_seq);
+                if learned {
+                    self.pace_learned(end);
+                }
                 Some(end)
             }
         }
@@ -1604,6 +1654,42 @@ mod tests {
     /// and no retry hint: nothing said when the window ends, so the pool
     /// let every call through into it. It now pauses 250 ms, then one call
     /// at a time probes; a refused probe doubles the pause (to 1 s), and the
+    /// `remaining` alone, no reset and no hint: once two openings were
+    /// seen in what is left, a window ends where they put it. Its refusal
+    /// waits for that end instead of probing blindly, and its grants are
+    /// paced up to it from its opening.
+    #[test]
+    fn what_is_left_alone_tells_where_windows_end_once_two_openings_were_seen() {
+        let left = |status: u16, remaining| Outcome {
+            status: Some(status),
+            throttled: u64::from(status == 429),
+            rate: RateInfo { limit: Some(10), remaining: Some(remaining), ..RateInfo::default() },
+        };
+        let run = |windows: u64| {
+            let mut l = Learning::new(8, true);
+            // Windows of 10 calls opening every 6 s; each call reports at once.
+            for from in (0..windows).map(|w| w * 6000) {
+                for i in 0..10 {
+                    let g = grant(&mut l, from + i * 100);
+                    l.on_report(&left(200, 9 - i), about(g, 0), from + i * 100 + 1);
+                }
+            }
+            let at = (windows - 1) * 6000 + 1500;
+            let g = grant(&mut l, at);
+            l.on_report(&left(429, 0), about(g, 0), at + 1);
+            l
+        };
+        let l = run(3);
+        assert_eq!(l.blind, BlindProbe::default(), "not probed blindly");
+        assert_eq!(l.budget().map(|b| (b.remaining, b.reset_at)), Some((0, 18_000)));
+        assert_eq!(l.cooldown_until, 0);
+        assert_eq!(l.pace.map(|p| (p.from, p.per_window, p.window_ms)), Some((12_000, 10, 6000)));
+        // One opening seen: nothing says where the window ends yet.
+        let l = run(2);
+        assert_eq!(l.blind.backoff_ms, PROBE_BACKOFF_MIN_MS);
+        assert_eq!((l.budget(), l.cooldown_until), (None, 7501 + PROBE_BACKOFF_MIN_MS));
+    }
+
     /// first call that gets through restores the limit. The refusals of the
     /// calls already out when the pause began change nothing.
     #[test]

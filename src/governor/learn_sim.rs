@@ -28,6 +28,9 @@ pub struct Upstream {
     pub headers: bool,
     /// A refusal says `Retry-After`; without, nothing at all.
     pub hints: bool,
+    /// The rate headers say when the window resets; without, only the
+    /// limit and what is left of it.
+    pub resets: bool,
     /// The limits change at these instants (in order of time).
     pub changes: &'static [Change],
     /// The pool's callers, each asking again as soon as its call ends;
@@ -48,6 +51,7 @@ pub const STANDARD: Upstream = Upstream {
     stamp_at_admission: true,
     headers: true,
     hints: true,
+    resets: true,
     changes: &[],
     callers: None,
     date_phase_ms: None,
@@ -198,7 +202,7 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
                 RateInfo {
                     limit: budget.map(u64::from),
                     remaining: headers.map(|h| h.0 as u64),
-                    reset_ms: headers.map(|h| h.1).filter(|&r| r > 0),
+                    reset_ms: headers.map(|h| h.1).filter(|&r| r > 0 && up.resets),
                     reset_coarse: up.date_phase_ms.is_some(),
                     reset_instant: up.date_phase_ms.is_some(),
                     retry_after_ms: hint.filter(|_| !c.ok),
@@ -382,6 +386,19 @@ mod tests {
             assert!(r.goodput_late() >= 0.7, "hints {hints}: {:.3} ({r:?})", r.goodput_late());
             assert!(r.refused_late * 100 < r.calls_late, "hints {hints}: {r:?}");
         }
+    }
+
+    /// `x-ratelimit-limit` and `-remaining` alone: no reset, no hint. A
+    /// spent window is probed blindly until the openings found in what is
+    /// left give the windows' length and phase; from then on each window's
+    /// end is known and its grants are paced up to it (measured: 1.7-2.5 %
+    /// refused, most while the first two windows are learned; before, 6.7-7.3 %
+    /// with the probes of every window. 93-99 % of the maximum: paced, the
+    /// last window's calls end after the run, as for every paced dialect).
+    #[test]
+    fn a_wrong_pool_told_only_what_is_left() {
+        let up = Upstream { resets: false, hints: false, ..STANDARD };
+        assert_goal("remaining only", &wrong_pool(up), 0.90, 0.03);
     }
 
     /// Anthropic's reset: a date in whole seconds, rounded up. A window

@@ -792,6 +792,34 @@ fn an_absolute_form_target_with_an_empty_path_goes_up_as_the_root() {
     assert_eq!(paths, [Some("/"), Some("/")], "the path, without its query: {lines:?}");
 }
 
+/// A proxied request the pool's access policy refuses is logged with the
+/// client that policy saw (behind a trusted proxy, the forwarded address;
+/// an unknown one as `0.0.0.0`), as a lock route's refusal is, not with the
+/// proxy's own address.
+#[test]
+fn a_refused_proxied_request_logs_the_client_the_policy_saw() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let c = config(
+        &format!(
+            r#""access":{{"ipAllow":["10.0.0.0/8"],"trustedProxies":["127.0.0.1"]}},
+            "upstream":{{"url":"{}","hosts":["{HOST}"]}}"#,
+            up.url()
+        ),
+        "",
+    );
+    let mut server = TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1));
+    let mut s = server.connect();
+    for (from, status) in [("8.8.8.8", 403), ("unknown", 403), ("10.2.2.2", 200)] {
+        s.write_all(&proxied("GET", "/v1/x", &format!("X-Forwarded-For: {from}\r\n"), "")).unwrap();
+        let r = read_any(&mut s).unwrap();
+        assert_eq!(r.status, status, "{from}: {r:?}");
+    }
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let clients: Vec<_> = lines.iter().map(|l| l["client"].as_str()).collect();
+    assert_eq!(clients, [Some("8.8.8.8"), Some("0.0.0.0"), Some("10.2.2.2")], "{lines:?}");
+}
+
 #[test]
 fn sigterm_lets_a_proxied_request_in_flight_finish() {
     let up = MockUpstream::start(|_| {

@@ -271,7 +271,9 @@ impl App {
     /// answered into `out`, counted, and logged with its method and path.
     pub fn refuse_proxied(&mut self, ctx: &Ctx, pid: PoolId, head: &Head, error: ApiError, out: &mut Vec<u8>) {
         self.write_error_of(Some(pid), out, error, ctx.close, b"");
-        let attempt = Attempt { pool: pid, client: ctx.peer, wait_ms: 0, started: ctx.started };
+        // The client the pool's policies see, as a lock route's refusal logs it.
+        let client = self.client_addr(pid, ctx, head);
+        let attempt = Attempt { pool: pid, client, wait_ms: 0, started: ctx.started };
         // Timed and kept in the pool's attempts like a lock route's refusal.
         self.observe_acquire(&attempt, ctx.now.wall(), error.status(), Some(error.code()), None, 0, None);
         let line = ProxiedLine::refused(method_and_path(head), error.status().code(), error.code(), 0);

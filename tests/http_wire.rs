@@ -1292,6 +1292,18 @@ fn an_unknown_transfer_coding_is_501_and_closes() {
     let r = exchange(&mut c, raw.as_bytes());
     assert_error(&r, 501, "not_implemented", "gzip, chunked");
     assert_answer_closes(&mut c, &r, "gzip, chunked");
+    // With a Content-Length too, in either order, it is both at once: `400`.
+    for fields in [
+        "Transfer-Encoding: gzip, chunked\r\nContent-Length: 5",
+        "Content-Length: 5\r\nTransfer-Encoding: gzip, chunked",
+    ] {
+        let mut c = s.connect();
+        let raw =
+            format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n{fields}\r\n\r\n0\r\n\r\n");
+        let r = exchange(&mut c, raw.as_bytes());
+        assert_error(&r, 400, "bad_request", fields);
+        assert_answer_closes(&mut c, &r, fields);
+    }
 }
 
 #[test]

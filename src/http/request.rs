@@ -719,6 +719,7 @@ fn assemble<'b>(
         (true, None) if !http11 => {
             return Err(HeadError::Malformed("Transfer-Encoding is not allowed in an HTTP/1.0 request."))
         }
+        (true, None) if f.unimplemented_coding => return Err(UNIMPLEMENTED_CODING),
         (true, None) => BodyFraming::Chunked,
         (false, None | Some(0)) => BodyFraming::None,
         (false, Some(n)) => BodyFraming::Length(n),
@@ -851,6 +852,10 @@ pub struct FieldSpans {
     /// The first `Content-Type`, to refuse a second one that differs.
     content_type: Option<Span>,
     chunked: bool,
+    /// `chunked` after codings this server does not implement (`gzip,
+    /// chunked`): `501`, unless `Content-Length` came too, which is `400`
+    /// whatever the codings (SPEC §4: both at once).
+    unimplemented_coding: bool,
     close: bool,
     keep_alive: bool,
     expect_continue: bool,
@@ -998,7 +1003,10 @@ fn scan_fields(headers: &[Header], block: &[u8], f: &mut FieldSpans) -> Result<(
                 }
                 let value = trim(h.value);
                 if !value.eq_ignore_ascii_case(b"chunked") {
-                    return Err(other_transfer_codings(value));
+                    match other_transfer_codings(value) {
+                        HeadError::NotImplemented(_) => f.unimplemented_coding = true,
+                        malformed => return Err(malformed),
+                    }
                 }
                 f.chunked = true;
             }
@@ -1039,6 +1047,8 @@ fn value_may_vary(name: &[u8]) -> bool {
     !starts(b"x-nthpool-") && !starts(b"proxy-") && !READ.iter().any(|read| name_is(name, read))
 }
 
+const UNIMPLEMENTED_CODING: HeadError = HeadError::NotImplemented("Only the chunked transfer coding is implemented.");
+
 /// The refusal of a `Transfer-Encoding` other than `chunked` alone. A list
 /// of codings, each a token and only the last `chunked`, names codings
 /// this server does not implement: `501` (RFC 9112 §6.1). Anything else is
@@ -1050,7 +1060,7 @@ fn other_transfer_codings(value: &[u8]) -> HeadError {
     let others_are_codings =
         codings.all(|c| !c.is_empty() && c.iter().all(|&b| is_tchar(b)) && !c.eq_ignore_ascii_case(b"chunked"));
     if value.contains(&b',') && last_is_chunked && others_are_codings {
-        HeadError::NotImplemented("Only the chunked transfer coding is implemented.")
+        UNIMPLEMENTED_CODING
     } else {
         HeadError::Malformed("Transfer-Encoding must be exactly 'chunked'.")
     }
@@ -1552,6 +1562,8 @@ mod tests {
         }
         let gzip = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
         assert!(matches!(error(gzip), HeadError::NotImplemented(_)));
+        let both = b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 5\r\n\r\n";
+        assert!(matches!(error(both), HeadError::Malformed(_)), "both at once is 400, whatever the codings");
     }
 
     #[test]

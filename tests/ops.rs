@@ -913,6 +913,41 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
     assert!(r.status.success(), "{}", r.stderr);
 }
 
+/// The access log is appended to: named as the slot secret, the state file,
+/// its lock or the configuration, it would corrupt that file (a secret that
+/// no longer reads costs every later start its slots). Refused by
+/// `--check-config`, at start before any file is opened, and by a reload.
+#[test]
+fn an_access_log_that_is_a_file_the_server_keeps_is_refused() {
+    let dir = scratch_dir();
+    let secret = dir.join("nthpool.secret");
+    std::fs::write(&secret, [7u8; 32]).unwrap();
+    let logged = |log: &str| config("", "").replacen(r#""accessLog":null"#, &format!(r#""accessLog":"{log}""#), 1);
+    let cases: [(&str, &[&str]); 4] = [
+        ("nthpool.secret", &["accessLog", "slot secret"]),
+        ("./config.json", &["accessLog", "configuration file"]),
+        ("nthpool.state", &["accessLog", "the state file"]),
+        ("nthpool.state.lock", &["accessLog", "the state file's lock"]),
+    ];
+    for (log, needles) in cases {
+        let path = write_config(&dir, &logged(log));
+        assert_fails_with(&run(&dir, &["--check-config", &path]), needles);
+        assert_fails_with(&run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]), needles);
+        assert_eq!(std::fs::read(&secret).unwrap(), [7u8; 32], "{log}: the secret was written");
+        assert!(!dir.join("nthpool.state").exists(), "{log}: a state file was created");
+    }
+    // A reload naming the secret is refused.
+    let path = write_config(&dir, &logged("access.log"));
+    let s = TestServer::start_with(dir, path.into(), &[]);
+    let refused = || s.metric("nthpool_config_reload_failures_total").expect("the reload failures counter");
+    let before = refused();
+    std::fs::write(&s.config_path, logged("nthpool.secret")).unwrap();
+    s.signal("HUP");
+    common::eventually("the reload refused", || refused() > before);
+    assert_eq!(std::fs::read(s.dir.join("nthpool.secret")).unwrap(), [7u8; 32], "the secret was written");
+    assert!(s.dir.join("access.log").exists());
+}
+
 #[test]
 fn check_config_and_start_up_say_in_words_what_is_wrong_with_a_ca_file() {
     let dir = scratch_dir();

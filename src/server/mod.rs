@@ -318,6 +318,11 @@ impl Server {
             .register(&mut signals, SIGNALS, Interest::READABLE)
             .map_err(|e| format!("cannot register signals: {e}"))?;
         let mut clock = Clock::start();
+        // Before the access log is opened: it must not be one of the files
+        // checked (opened, it would create or grow that file).
+        if let Some(path) = config_path.as_deref() {
+            state::check_files(config, path)?;
+        }
         let mut app = App::new(config, Entropy::from_fn(state::os_random))?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;

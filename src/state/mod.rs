@@ -226,6 +226,8 @@ impl Persistence {
         if self.secret_path.as_ref().is_some_and(|p| *p != secret_path) {
             secret::check(&secret_path)?;
         }
+        let kept = self.secret_path.iter().chain([&secret_path]).map(|p| (p.as_path(), "the slot secret's file"));
+        access_log_apart(config, config_path, kept)?;
         let Some(path) = state_path(config, Some(config_path)) else {
             return Ok(());
         };
@@ -372,6 +374,7 @@ pub fn check_files(config: &Config, config_path: &Path) -> Result<(), String> {
         return Err(format!("slotSecretFile: {} is the configuration file", secret_path.display()));
     }
     secret::check(&secret_path)?;
+    access_log_apart(config, config_path, [(&*secret_path, "the slot secret's file")])?;
     let Some(path) = state_path(config, Some(config_path)) else {
         return Ok(());
     };
@@ -384,9 +387,7 @@ pub fn check_files(config: &Config, config_path: &Path) -> Result<(), String> {
 /// returned file is open; refused when another process holds it.
 fn lock(path: &Path) -> Result<std::fs::File, String> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut name = path.as_os_str().to_owned();
-    name.push(".lock");
-    let lock_path = PathBuf::from(name);
+    let lock_path = lock_path(path);
     let cannot = |e: &dyn std::fmt::Display| format!("stateFile: cannot lock {} ({e})", lock_path.display());
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -407,10 +408,42 @@ fn lock(path: &Path) -> Result<std::fs::File, String> {
     }
 }
 
+/// `<path>.lock`: the lock beside a state file `path`.
+fn lock_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    PathBuf::from(name)
+}
+
 /// Refuses a state file `path` that is one of `others` (each named by what it is).
 fn state_file_apart<'a>(path: &Path, others: impl IntoIterator<Item = (&'a Path, &'a str)>) -> Result<(), String> {
     match others.into_iter().find(|(other, _)| same_file(path, other)) {
         Some((_, what)) => Err(format!("stateFile: {} is {what} too", path.display())),
+        None => Ok(()),
+    }
+}
+
+/// Refuses an access log (opened as written, from the working directory)
+/// that is a file the server keeps: the configuration, the state file, its
+/// lock (which holds the terms record) or one of `kept`. Its lines appended
+/// to any of them would corrupt it, and a slot secret or a snapshot that
+/// no longer reads would cost the next start its slots.
+fn access_log_apart<'a>(
+    config: &Config,
+    config_path: &Path,
+    kept: impl IntoIterator<Item = (&'a Path, &'a str)>,
+) -> Result<(), String> {
+    let Some(log) = config.access_log.as_deref().filter(|&p| p != "-").map(Path::new) else {
+        return Ok(());
+    };
+    let state = state_path(config, Some(config_path));
+    let lock = state.as_deref().map(lock_path);
+    let ours = [(Some(config_path), "the configuration file"), (state.as_deref(), "the state file")];
+    let ours = ours.into_iter().chain([(lock.as_deref(), "the state file's lock")]);
+    let same = |(other, what): (&Path, &str)| same_file(log, other).then(|| what.to_owned());
+    let found = kept.into_iter().find_map(same).or_else(|| ours.filter_map(|(p, what)| same((p?, what))).next());
+    match found {
+        Some(what) => Err(format!("accessLog: {} is {what}; log to a file of its own", log.display())),
         None => Ok(()),
     }
 }

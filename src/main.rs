@@ -90,6 +90,14 @@ fn parse_args() -> Result<Option<Args>, String> {
 }
 
 fn main() -> ExitCode {
+    // First: a reload asked for while the configuration is read must not end the process.
+    let early = match server::EarlySignals::catch() {
+        Ok(early) => early,
+        Err(e) => {
+            eprintln!("nthpool: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = match parse_args() {
         Ok(Some(args)) => args,
@@ -120,7 +128,7 @@ fn main() -> ExitCode {
     // With the access log on standard output, that stream holds JSON lines
     // only (a log shipper parses each): the banner goes to standard error.
     let banner_to_stderr = config.access_log.as_deref() == Some("-");
-    let result = server::serve(&config, listen, args.config.clone(), |addr, admin, proxies| {
+    let result = server::serve(&config, listen, args.config.clone(), early, |addr, admin, proxies| {
         // Not `println!`: standard output may be the access log's, written
         // without blocking, and a full pipe must not end the server.
         let mut banner = String::new();

@@ -913,6 +913,81 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
     assert!(r.status.success(), "{}", r.stderr);
 }
 
+/// A SIGHUP while the configuration is still being read (a large one takes
+/// a while; here the file is a pipe written late) does not end the process,
+/// which systemd would count as a clean exit: the reload it asks for is done
+/// once the server is up.
+#[test]
+fn a_reload_asked_for_while_starting_is_done_once_started() {
+    use std::io::{BufRead, BufReader};
+    let dir = scratch_dir();
+    let fifo = dir.join("config.json");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    /// Killed however the test ends (blocked on the pipe, it would outlive it).
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+            .args(["--config", "config.json", "--listen", "127.0.0.1:0"])
+            .current_dir(&dir)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    // Reading the pipe blocks until it is written: SIGHUP is caught by then.
+    let caught = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).unwrap_or("0").trim().to_string();
+        u64::from_str_radix(&mask, 16).unwrap_or(0) & 1 != 0
+    };
+    common::eventually("SIGHUP caught while the configuration is read", caught);
+    assert!(std::process::Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap().success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let lines = |stream: Box<dyn std::io::Read + Send>, tx: std::sync::mpsc::Sender<String>| {
+        thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        })
+    };
+    lines(Box::new(child.0.stdout.take().unwrap()), tx.clone());
+    lines(Box::new(child.0.stderr.take().unwrap()), tx);
+    let next = |what: &str| loop {
+        let line = rx.recv_timeout(PATIENCE).unwrap_or_else(|e| panic!("{what}: {e}"));
+        if line.contains(what) {
+            break line;
+        }
+    };
+    let text = config("", "");
+    let write = {
+        let (fifo, text) = (fifo.clone(), text.clone());
+        thread::spawn(move || std::fs::write(&fifo, &text).unwrap())
+    };
+    // Once read, the start reloads it: the pipe is written again for that.
+    next("SIGHUP during start-up: reloading the configuration");
+    write.join().unwrap();
+    thread::spawn(move || std::fs::write(&fifo, &text).unwrap());
+    // The log and the banner, on two streams, come in either order.
+    let (mut reloaded, mut admin) = (false, None);
+    while !reloaded || admin.is_none() {
+        let line = rx.recv_timeout(PATIENCE).expect("the reload and the banner");
+        reloaded |= line.contains("configuration reloaded from");
+        let banner = line.trim().strip_prefix("nthpool admin on http://");
+        admin = admin.or_else(|| banner.map(|a| a.parse::<SocketAddr>().unwrap()));
+    }
+    let admin = admin.unwrap();
+    let text = admin_get(admin, "/metrics");
+    assert!(text.lines().any(|l| l == "nthpool_config_reloads_total 1"), "{text}");
+}
+
 /// The access log is appended to: named as the slot secret, the state file,
 /// its lock or the configuration, it would corrupt that file (a secret that
 /// no longer reads costs every later start its slots). Refused by

@@ -57,6 +57,8 @@ mod turn;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
@@ -1464,13 +1466,45 @@ impl From<&Config> for Timeouts {
 
 /// Starts a server and runs it until a graceful shutdown; the binary's body.
 /// `on_ready` gets the bound public and admin addresses.
+/// SIGHUP, SIGUSR1 and SIGUSR2 that arrive while the server starts (a large
+/// configuration takes a while to read): by default each would end the
+/// process, which systemd counts as a clean exit and does not restart.
+/// Caught from the first line of `main`; a reload or a reopen asked for
+/// then is done once the server is up, before it serves. The default
+/// catches none (a server started in-process, as the bench tools do).
+#[derive(Default)]
+pub struct EarlySignals {
+    reload: Arc<AtomicBool>,
+    reopen: Arc<AtomicBool>,
+}
+
+impl EarlySignals {
+    pub fn catch() -> Result<EarlySignals, String> {
+        let (reload, reopen) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        for (signal, flag) in [(SIGHUP, &reload), (SIGUSR1, &reopen), (SIGUSR2, &Arc::default())] {
+            signal_hook::flag::register(signal, Arc::clone(flag))
+                .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+        }
+        Ok(EarlySignals { reload, reopen })
+    }
+}
+
 pub fn serve(
     config: &Config,
     listen: SocketAddr,
     config_path: Option<PathBuf>,
+    early: EarlySignals,
     on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>, &[(String, SocketAddr)]),
 ) -> Result<(), String> {
     let mut server = Server::bind(config, listen, config_path)?;
+    if early.reopen.load(Ordering::Relaxed) {
+        info!("SIGUSR1 during start-up: reopening the access log");
+        server.reopen_access_log();
+    }
+    if early.reload.load(Ordering::Relaxed) {
+        info!("SIGHUP during start-up: reloading the configuration");
+        server.reload();
+    }
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     info!("listening on {addr}");
     on_ready(addr, server.admin_addr(), &server.proxy_addrs());

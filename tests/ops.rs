@@ -913,6 +913,27 @@ fn check_config_and_start_up_refuse_the_same_state_and_secret_files_before_writi
     assert!(r.status.success(), "{}", r.stderr);
 }
 
+/// Started with `--listen`, a reload is checked as the next start with the
+/// same command line would check it: a pool's own listener on that address
+/// is refused, not accepted now and refused at the restart.
+#[test]
+fn a_reload_is_checked_against_the_listen_address_of_the_command_line() {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let dir = scratch_dir();
+    let path = write_config(&dir, &config("", ""));
+    let s = TestServer::start_with(dir, path.into(), &["--listen", &listen]);
+    let upstream = |at: &str| config(&format!(r#""upstream":{{"url":"http://127.0.0.1:9","listen":"{at}"}}"#), "");
+    let refused = || s.metric("nthpool_config_reload_failures_total").expect("the reload failures counter");
+    std::fs::write(&s.config_path, upstream(&listen)).unwrap();
+    s.signal("HUP");
+    common::eventually("the reload refused", || refused() == 1.0);
+    let r = run(&s.dir, &["--check-config", s.config_path.to_str().unwrap()]);
+    assert!(r.status.success(), "the file alone is valid: {}", r.stderr);
+    // Another address is accepted (and bound at the next start).
+    s.reload(&upstream(&format!("127.0.0.1:{}", free_port())));
+    assert_eq!(refused(), 1.0);
+}
+
 /// A SIGHUP while the configuration is still being read (a large one takes
 /// a while; here the file is a pipe written late) does not end the process,
 /// which systemd would count as a clean exit: the reload it asks for is done

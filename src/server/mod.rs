@@ -629,9 +629,15 @@ impl Server {
             return;
         };
         let bound_admin = self.admin.as_ref().and_then(|l| l.local_addr().ok());
+        let bound = self.listener.as_ref().and_then(|l| l.local_addr().ok());
         let result = Config::load(path).map_err(|e| e.to_string()).and_then(|config| {
             if let Some(bound) = bound_admin {
                 config.check_admin_bound(bound).map_err(|e| e.to_string())?;
+            }
+            // Started with `--listen`: checked as the next start with the
+            // same command line would check it.
+            if let Some(bound) = bound.filter(|&b| b != config.listen_addr()) {
+                config.check_listen_override(bound).map_err(|e| e.to_string())?;
             }
             self.persistence.check_reload(&config, path)?;
             self.app.reconfigure(&config, self.now)?;

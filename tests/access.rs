@@ -1497,3 +1497,49 @@ fn a_changing_trace_id_carries_no_client_address_or_key_over() {
         lines.iter().map(|l| (l["client"].as_str().unwrap().to_string(), l["status"].as_u64().unwrap())).collect();
     assert_eq!(logged, sent, "{text}");
 }
+
+/// A reload that removes the key a queued acquire presented, or stops
+/// admitting its address, refuses it at once (`401`, `403`), as a new
+/// request would be: granted, it would hold a slot it could neither renew
+/// nor release until its term ran out. A waiter whose key stays waits on
+/// and is granted as before.
+#[test]
+fn a_reload_that_revokes_a_waiters_key_or_address_refuses_it() {
+    let json = |keys: &str, extra: &str| {
+        format!(
+            r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"p":{{"keys":[{keys}],
+            "concurrency":1,"adaptive":false,"queue":{{"size":10,"timeoutMs":20000}}{extra}}}}}}}"#
+        )
+    };
+    const KEPT: &str = "kept-key-0123456";
+    let both = format!(r#""{KEY}","{KEPT}""#);
+    let s = TestServer::start(&json(&both, ""));
+    let holder = s.request(&post("/pools/p/lock/acquire", KEY, "", "")).slot();
+    let queue = |key: &str| {
+        let mut c = s.connect();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(&post("/pools/p/lock/acquire", key, "", r#"{"waitMs":15000}"#)).unwrap();
+        c
+    };
+    let waiting = |n: f64| eventually("the waiters queued", || s.metric("nthpool_waiters{pool=\"p\"}") == Some(n));
+    let mut revoked = queue(KEY);
+    waiting(1.0);
+    let mut kept = queue(KEPT);
+    waiting(2.0);
+    s.reload(&json(&format!(r#""{KEPT}""#), ""));
+    let r = read_response(&mut revoked).expect("an answer at the reload");
+    assert_eq!((r.status, r.error_code()), (401, "unauthorized".to_string()), "{r:?}");
+    waiting(1.0);
+    // The slot the removed key holds is released with a key the pool still has.
+    let released = s.request(&post(&format!("/pools/p/lock/{holder}/release"), KEPT, "", ""));
+    assert_eq!(released.status, 200, "{released:?}");
+    let r = read_response(&mut kept).expect("the kept key's grant");
+    assert_eq!(r.status, 200, "{r:?}");
+    // The pool now admits only 10.0.0.0/8: a waiter from 127.0.0.1 is refused.
+    let mut outside = queue(KEPT);
+    waiting(1.0);
+    s.reload(&json(&format!(r#""{KEPT}""#), r#","access":{"ipAllow":["10.0.0.0/8"]}"#));
+    let r = read_response(&mut outside).expect("an answer at the reload");
+    assert_eq!((r.status, r.error_code()), (403, "unauthorized".to_string()), "{r:?}");
+    waiting(0.0);
+}

@@ -244,21 +244,28 @@ impl PoolAccess {
         ip::client_addr(peer, newest_first, &self.trusted_proxies)
     }
 
+    /// The IP allowlist, for the caller's address `client`.
+    pub fn check_address(&self, client: IpAddr) -> Result<(), AccessError> {
+        let Some(allow) = &self.ip_allow else {
+            return Ok(());
+        };
+        if client == ip::UNKNOWN_CLIENT {
+            return Err(AccessError::Forbidden(
+                "Your proxy's X-Forwarded-For entry is not an address, so your address cannot be checked.",
+            ));
+        }
+        if !allow.contains(client) {
+            return Err(AccessError::Forbidden("Your address is not allowed to use this pool."));
+        }
+        Ok(())
+    }
+
     /// Checks decidable from the head: IP allowlist, JWT, Cloudflare Access.
     /// `Authorization: Bearer` may carry the JWT only when the pool key came
     /// in `X-Nthpool-Key` (`head.api.key()`).
     pub fn check_head(&self, head: &Head, client: IpAddr, now: EpochMs) -> Result<(), AccessError> {
         let now_epoch_ms = now.0;
-        if let Some(allow) = &self.ip_allow {
-            if client == ip::UNKNOWN_CLIENT {
-                return Err(AccessError::Forbidden(
-                    "Your proxy's X-Forwarded-For entry is not an address, so your address cannot be checked.",
-                ));
-            }
-            if !allow.contains(client) {
-                return Err(AccessError::Forbidden("Your address is not allowed to use this pool."));
-            }
-        }
+        self.check_address(client)?;
         if let Some(policy) = &self.jwt {
             let token = single(head, "x-nthpool-jwt", "X-Nthpool-Jwt is sent twice; send it once.")?.or_else(|| {
                 head.api.key()?;

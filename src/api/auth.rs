@@ -15,6 +15,21 @@ pub struct PoolKeys {
     allow_authorization_header: bool,
 }
 
+/// What a waiting acquire keeps of the key it presented: enough to tell,
+/// after a reload, whether that key still opens the pool, and not the key.
+/// An FNV-1a hash of the key to find it among plain keys, and the first
+/// bytes of its SHA-256 among `keySha256` entries (taken only where the
+/// pool has some). A key can only have got here by matching one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyPrint {
+    plain: u64,
+    digest: Option<u64>,
+}
+
+fn digest_prefix(digest: &[u8; 32]) -> u64 {
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
 const MISSING: ApiError = ApiError::Unauthorized("A valid pool key is required (X-Nthpool-Key).");
 /// Proxy mode with `allowAuthorizationHeader`: where an SDK puts its key is
 /// named too. (The lock API keeps one message for every pool, so a 401 does
@@ -55,6 +70,20 @@ impl PoolKeys {
 
     pub fn check(&self, head: &Head) -> Result<(), ApiError> {
         self.check_key(self.presented(head).ok_or(MISSING)?)
+    }
+
+    /// The print of the key `head` presents (one `check` accepted).
+    pub fn print(&self, head: &Head) -> KeyPrint {
+        let key = self.presented(head).unwrap_or_default();
+        let digest = (!self.hashed.is_empty()).then(|| digest_prefix(&Sha256::digest(key).into()));
+        KeyPrint { plain: crate::governor::fnv1a(crate::governor::FNV_OFFSET, key), digest }
+    }
+
+    /// Whether the key `print` was taken of is still one of these keys.
+    pub fn still_opens(&self, print: KeyPrint) -> bool {
+        let fnv = |k: &[u8]| crate::governor::fnv1a(crate::governor::FNV_OFFSET, k);
+        self.plain.iter().any(|k| fnv(k) == print.plain)
+            || print.digest.is_some_and(|d| self.hashed.iter().any(|h| digest_prefix(h) == d))
     }
 
     /// Proxy mode: the key may also come in `x-api-key` (what SDKs send) when

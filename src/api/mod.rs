@@ -34,7 +34,7 @@ use crate::http::response::{json_u64, push_u64, Status, Writer};
 use crate::metrics::Histogram;
 use crate::report::{self, check_object, is_blank};
 use crate::time::{EpochMs, Now};
-use auth::PoolKeys;
+use auth::{KeyPrint, PoolKeys};
 pub use door::{Answer, ConnId, Event, Wake};
 pub use error::ApiError;
 use route::Route;
@@ -92,6 +92,18 @@ pub struct Queued {
     pub attempt: Attempt,
     /// A proxied request's wait: its log line is its exchange's, with method and path.
     pub proxied: bool,
+    /// The key it presented, and the configuration it was admitted under:
+    /// a reload that revokes the key refuses it (`App::recheck_waiter`).
+    pub key_print: KeyPrint,
+    pub generation: u64,
+}
+
+impl Queued {
+    /// A proxied request's wait. Its slot is the server's to use and give
+    /// back: a reload does not recheck it.
+    pub fn proxied(key: WaiterKey, attempt: Attempt) -> Queued {
+        Queued { key, attempt, proxied: true, key_print: KeyPrint::default(), generation: 0 }
+    }
 }
 
 pub enum Handled {
@@ -648,7 +660,16 @@ impl App {
                         self.answer_denial(out, &denial, Status::TooManyRequests, &attempt, ctx.now, ctx.close);
                         Ok(Handled::Done)
                     }
-                    Admission::Queued(key) => Ok(Handled::Queued(Queued { key, attempt, proxied: false })),
+                    Admission::Queued(key) => {
+                        let key_print = self.creds[pid.0 as usize].keys.print(head);
+                        Ok(Handled::Queued(Queued {
+                            key,
+                            attempt,
+                            proxied: false,
+                            key_print,
+                            generation: self.generation,
+                        }))
+                    }
                 }
             }
             Lock::Renew(slot) => {
@@ -838,6 +859,33 @@ impl App {
         self.rejections.count(Some(attempt.pool), error.status());
         self.log_queued_end(attempt, now.wall(), error.status().code(), error.code(), true);
         error.write(out, &mut self.scratch, close);
+    }
+
+    /// A queued acquire after a reload: one whose key the reload removed, or
+    /// whose address the pool's `ipAllow` no longer admits, leaves the
+    /// queue and is answered as a new request would be (`401`, `403`),
+    /// instead of being granted a slot it could neither renew nor release.
+    /// (Tokens and signatures were checked when the request came, and are
+    /// not kept.) `false` when it still waits, or no longer does: the
+    /// governor answered it already.
+    pub fn recheck_waiter(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) -> bool {
+        if queued.generation == self.generation || queued.proxied {
+            return false;
+        }
+        let creds = &self.creds[queued.attempt.pool.0 as usize];
+        let error = if !creds.keys.still_opens(queued.key_print) {
+            ApiError::Unauthorized("The pool key this acquire presented was removed while it waited.")
+        } else {
+            match creds.access.check_address(queued.attempt.client) {
+                Ok(()) => return false,
+                Err(e) => ApiError::from(e),
+            }
+        };
+        if self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms).is_none() {
+            return false;
+        }
+        self.answer_queued_error(out, &queued.attempt, now, error, close);
+        true
     }
 
     /// A queued acquire whose connection ended before it was answered: it

@@ -670,6 +670,7 @@ impl Server {
                 }
                 self.stats.reloads_ok += 1;
                 info!("configuration reloaded from {}", path.display());
+                self.recheck_waiters();
                 self.drain_events();
             }
             Err(e) => {
@@ -1300,6 +1301,27 @@ impl Server {
         if write_kept_alive(&mut conn.output, say_kept_alive, |out| self.app.withdraw(out, &queued, id, now, close)) {
             conn.stop_waiting();
             self.mark_dirty(id);
+        }
+    }
+
+    /// After a reload: the acquires waiting in a queue whose key or address
+    /// the configuration no longer admits are answered (`App::recheck_waiter`).
+    #[cold]
+    fn recheck_waiters(&mut self) {
+        let now = self.now;
+        for id in self.conn_ids() {
+            let Some(conn) = client_mut(&mut self.conns, id) else {
+                continue;
+            };
+            let Some(queued) = conn.queued().copied().filter(|_| conn.exchange.is_none()) else {
+                continue;
+            };
+            let (close, say_kept_alive) = (conn.waits_to_close(), conn.waits_http10_keep_alive());
+            let refused = |out: &mut Vec<u8>| self.app.recheck_waiter(out, &queued, id, now, close);
+            if write_kept_alive(&mut conn.output, say_kept_alive, refused) {
+                conn.stop_waiting();
+                self.mark_dirty(id);
+            }
         }
     }
 

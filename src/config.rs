@@ -724,7 +724,7 @@ impl PoolConfig {
             if self.access.hmac.is_some() {
                 // The signature covers the whole body, which a streaming proxy
                 // forwards before it has all of it.
-                return fail("upstream: proxy mode cannot be combined with access.hmac (use keys, ipAllow or jwt)");
+                return fail("upstream: proxy mode cannot be combined with access.hmac (use keys, ipAllow, jwt or cloudflareAccess)");
             }
         }
         if let Some(jwt) = &self.access.jwt {
@@ -1047,6 +1047,16 @@ mod tests {
         assert_eq!(EMPTY_KEY_SHA256, <[u8; 32]>::from(sha2::Sha256::digest(b"")));
         let empty = r#","keySha256":["3b6c7f0e1c4e0b8f7f1e4b1b7e2a3e8f0d5c6b7a8f9e0d1c2b3a4f5e6d7c8b9a","e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"]"#;
         assert_eq!(err(&pool_json(empty)), "pools.p1.keySha256: entry 2 is the SHA-256 of an empty key");
+    }
+
+    /// A proxied request is not signed by its caller for this server (SDKs
+    /// do not know the scheme): HMAC and an upstream are refused together,
+    /// naming every policy proxy mode takes.
+    #[test]
+    fn hmac_with_an_upstream_is_refused_naming_what_proxy_mode_takes() {
+        let e = err(&pool_json(r#","access":{"hmac":{"secret":"s"}},"upstream":{"url":"http://127.0.0.1:9"}"#));
+        assert!(e.contains("proxy mode cannot be combined with access.hmac"), "{e}");
+        assert!(e.contains("keys, ipAllow, jwt or cloudflareAccess"), "{e}");
     }
 
     #[test]

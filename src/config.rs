@@ -429,6 +429,9 @@ impl Config {
     }
 
     pub fn parse(text: &[u8]) -> Result<Config, ConfigError> {
+        // A UTF-8 byte order mark, which some editors write, is no part of
+        // the JSON (RFC 8259 §8.1 lets a parser ignore it).
+        let text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
         // Broken JSON is left to the typed pass, which says where.
         let positional = serde_json::from_slice::<serde_json::Value>(text)
             .map_or(Ok(()), |value| refuse_positional(&value, &mut Vec::new()));
@@ -1047,6 +1050,16 @@ mod tests {
         assert_eq!(EMPTY_KEY_SHA256, <[u8; 32]>::from(sha2::Sha256::digest(b"")));
         let empty = r#","keySha256":["3b6c7f0e1c4e0b8f7f1e4b1b7e2a3e8f0d5c6b7a8f9e0d1c2b3a4f5e6d7c8b9a","e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"]"#;
         assert_eq!(err(&pool_json(empty)), "pools.p1.keySha256: entry 2 is the SHA-256 of an empty key");
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_the_configuration_is_ignored() {
+        let text = pool_json("");
+        let marked = [&b"\xEF\xBB\xBF"[..], text.as_bytes()].concat();
+        assert_eq!(Config::parse(&marked).map(|c| c.pools.len()).map_err(|e| e.0), Ok(1));
+        // Only at the start.
+        let inside = text.replacen("{", "{\u{feff}", 1);
+        assert!(Config::parse(inside.as_bytes()).is_err());
     }
 
     /// A proxied request is not signed by its caller for this server (SDKs

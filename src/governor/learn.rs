@@ -358,8 +358,13 @@ pub struct Learning {
     pub pace: Option<Pace>,
     /// The requests the upstream allows per window, when it said.
     pub budget_limit: Option<u64>,
-    /// The longest reset the upstream announced: the window length.
+    /// The longest reset the upstream announced: the window length (or the
+    /// one the openings gave, with `window_learned`).
     pub window_ms: u64,
+    /// The budget's window is the openings' (`with_learned_reset`): refilled
+    /// only while they still give a length, and to theirs.
+    #[serde(default)]
+    pub window_learned: bool,
     /// The reset instant of the window that ended last: reports of it are stale.
     pub ended_reset_at: Ms,
     /// The budget's reset is the refill's guess (one window after the last),
@@ -444,6 +449,7 @@ impl Learning {
             pace: None,
             budget_limit: None,
             window_ms: 0,
+            window_learned: false,
             ended_reset_at: 0,
             reset_guessed: false,
             budget_not_before: 0,
@@ -669,6 +675,12 @@ impl Learning {
     pub fn on_budget_reset(&mut self, now: Ms) -> Option<Ms> {
         let b = self.budget.filter(|b| b.reset_at <= now)?;
         self.ended_reset_at = b.reset_at;
+        if self.window_learned {
+            // A length the openings no longer give (they learn it again)
+            // refills nothing: the reports' place it once they know it.
+            self.window_ms = self.openings.window_ms().map_or(0, |w| w.min(MAX_BUDGET_WINDOW_MS));
+            self.window_learned = self.window_ms > 0;
+        }
         (self.budget_not_before, self.budget_seq) = (0, 0);
         if self.pattern.in_force {
             // A budget learned from refusals moves its probe on.
@@ -924,7 +936,7 @@ impl Learning {
         self.pattern.in_force = true;
         self.pattern.window_seq = lease.grant_seq.saturating_sub(1);
         (self.budget_limit, self.budget_limit_seq) = (Some(per_window), 0);
-        self.window_ms = window_ms;
+        (self.window_ms, self.window_learned) = (window_ms, false);
         self.budget = Some(Budget { remaining: per_window.saturating_sub(granted), reset_at: from + window_ms });
         (self.budget_not_before, self.budget_seq) = (0, 0);
         self.pace = Some(Pace { from, per_window, window_ms, granted });
@@ -1077,8 +1089,9 @@ impl Learning {
         let slack = if coarse { 1000 } else { 0 };
         // A learned reset is what is left of a window whose length the
         // openings tell.
+        self.window_learned = learned;
         self.window_ms = match self.openings.window_ms().filter(|_| learned) {
-            Some(w) => w,
+            Some(w) => w.min(MAX_BUDGET_WINDOW_MS),
             None => self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset }),
         };
         // A learned reset is an instant the pool placed, not a stamp.
@@ -1650,10 +1663,41 @@ mod tests {
         }
     }
 
-    /// A rate refusal with `remaining: 0` and no reset (or one already past)
-    /// and no retry hint: nothing said when the window ends, so the pool
-    /// let every call through into it. It now pauses 250 ms, then one call
-    /// at a time probes; a refused probe doubles the pause (to 1 s), and the
+    /// An opening found after ten idle minutes gives no window length: one
+    /// measured from it was fifty windows long, and the pool paced itself
+    /// to a call every five seconds for good (review). And a length the
+    /// openings drop refills nothing.
+    #[test]
+    fn an_idle_stretch_teaches_no_window_and_a_dropped_one_refills_nothing() {
+        let left = |r| Outcome {
+            status: Some(200),
+            rate: RateInfo { limit: Some(60), remaining: Some(r), ..RateInfo::default() },
+            ..Outcome::default()
+        };
+        let mut l = Learning::new(8, true);
+        for from in [0, 600_000, 606_000] {
+            for i in 0..10 {
+                let g = grant(&mut l, from + i * 100);
+                l.on_report(&left(59 - i), about(g, 0), from + i * 100 + 1);
+            }
+        }
+        assert!(l.window_ms <= 7000, "{}", l.window_ms);
+        assert_eq!(l.pause(607_000), None);
+        // A learned window, then the openings learn the length again: the
+        // budget in force runs to its end, and is not refilled after it.
+        let mut l = Learning::new(8, true);
+        for from in [0, 6000, 12_000] {
+            for i in 0..60 {
+                let g = grant(&mut l, from + i * 100);
+                l.on_report(&left(59 - i.min(59)), about(g, 0), from + i * 100 + 1);
+            }
+        }
+        assert!((l.window_learned, l.window_ms) == (true, 6000), "{} {}", l.window_learned, l.window_ms);
+        l.openings = Openings::default();
+        assert_eq!(l.on_budget_reset(18_000), None);
+        assert_eq!((l.budget, l.pace, l.window_ms), (None, None, 0));
+    }
+
     /// `remaining` alone, no reset and no hint: once two openings were
     /// seen in what is left, a window ends where they put it. Its refusal
     /// waits for that end instead of probing blindly, and its grants are
@@ -1667,14 +1711,15 @@ mod tests {
         };
         let run = |windows: u64| {
             let mut l = Learning::new(8, true);
-            // Windows of 10 calls opening every 6 s; each call reports at once.
+            // Windows of 10 calls opening every 6 s, the calls spread over
+            // them (each reports at once); the 11th is refused.
             for from in (0..windows).map(|w| w * 6000) {
                 for i in 0..10 {
-                    let g = grant(&mut l, from + i * 100);
-                    l.on_report(&left(200, 9 - i), about(g, 0), from + i * 100 + 1);
+                    let g = grant(&mut l, from + i * 550);
+                    l.on_report(&left(200, 9 - i), about(g, 0), from + i * 550 + 1);
                 }
             }
-            let at = (windows - 1) * 6000 + 1500;
+            let at = (windows - 1) * 6000 + 5500;
             let g = grant(&mut l, at);
             l.on_report(&left(429, 0), about(g, 0), at + 1);
             l
@@ -1687,9 +1732,13 @@ mod tests {
         // One opening seen: nothing says where the window ends yet.
         let l = run(2);
         assert_eq!(l.blind.backoff_ms, PROBE_BACKOFF_MIN_MS);
-        assert_eq!((l.budget(), l.cooldown_until), (None, 7501 + PROBE_BACKOFF_MIN_MS));
+        assert_eq!((l.budget(), l.cooldown_until), (None, 11_501 + PROBE_BACKOFF_MIN_MS));
     }
 
+    /// A rate refusal with `remaining: 0` and no reset (or one already past)
+    /// and no retry hint: nothing said when the window ends, so the pool
+    /// let every call through into it. It now pauses 250 ms, then one call
+    /// at a time probes; a refused probe doubles the pause (to 1 s), and the
     /// first call that gets through restores the limit. The refusals of the
     /// calls already out when the pause began change nothing.
     #[test]

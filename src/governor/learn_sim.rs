@@ -399,6 +399,9 @@ mod tests {
     fn a_wrong_pool_told_only_what_is_left() {
         let up = Upstream { resets: false, hints: false, ..STANDARD };
         assert_goal("remaining only", &wrong_pool(up), 0.90, 0.03);
+        // Calls reaching the upstream out of order find less left than
+        // calls granted before them (measured: 2.4-4.5 % refused).
+        assert_goal("remaining only, jitter", &wrong_pool(Upstream { jitter_ms: 20, ..up }), 0.90, 0.05);
     }
 
     /// Anthropic's reset: a date in whole seconds, rounded up. A window

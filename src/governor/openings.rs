@@ -1,40 +1,53 @@
 //! When an upstream's request windows open, for one that says what is left
 //! of its budget (`remaining`) but never when the window resets.
 //!
-//! Within a window `remaining` only goes down from call to call; a call that
-//! finds clearly more left than one granted before it found is in a new
-//! window, which opened between the two grants. The middles of those spans,
-//! counted in windows, give the window's length; the later grant of the
-//! last one gives the phase, never early: the end of the window a call was
-//! granted in, which `Learning` takes as the reset the upstream did not
-//! say. A pool whose grants run through the opening (paced over the
-//! window) finds it within a grant's spacing.
+//! Within a window `remaining` only goes down from call to call. A call
+//! that finds clearly more left than the latest one granted before it is in
+//! a new window, which opened somewhere between the two grants (the span).
+//! Say a window of 60 opens every 6 s and the pool grants a call every
+//! 100 ms: the call granted at 11 950 ms finds 2 left, the one at 12 050 ms
+//! finds 59: a window opened in (11 950, 12 050]. The middles of such spans,
+//! counted in windows, give the windows' length; the last opening gives
+//! their phase, taken at the grant that found it (the span's end, so the
+//! next end is not put early by the span). `Learning` takes the end of the
+//! window a call was granted in as the reset the upstream did not say, and
+//! paces the window's grants up to it, so the next opening is found within
+//! a grant's spacing.
+//!
+//! A length is only measured between openings found closely (a span under
+//! a quarter of the interval): an opening found after an idle stretch may
+//! lie anywhere in it. Nor is a `limit` raised by the upstream an opening.
 //!
 //! Pure arithmetic on instants and grant counts; O(1) per report. Not
 //! saved: a restarted pool learns the openings again.
 use crate::time::Ms;
 
+/// One report's view of the window: the lease's grant count and grant
+/// instant, what it found left, and the limit it was told.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Seen {
+    seq: u64,
+    at: Ms,
+    left: u64,
+    limit: Option<u64>,
+}
+
 /// The openings of an upstream's windows seen so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Openings {
-    /// The report of the latest grant seen: its grant count, its grant's
-    /// instant and what it found left.
-    latest: Option<(u64, Ms, u64)>,
-    /// The same of the latest grant seen before the last opening: a report
-    /// of a grant between it and the opening's that finds much more left
-    /// found the opening first.
-    before: (u64, Ms, u64),
-    /// The last opening (the first grant seen to find its window) and its
-    /// grant count.
+    /// The report of the latest grant seen: later grants are compared with it.
+    latest: Option<Seen>,
+    /// The latest grant seen before the last opening: the start of that
+    /// opening's span.
+    before: Seen,
+    /// The last opening: the grant that found it, and its grant count.
     last: Ms,
     last_seq: u64,
-    /// The opening the window's length is measured from: the one found
-    /// closest after the grant before it (the span), as a window found
-    /// by a probe a second after the one before may have opened anywhere
-    /// in that second; and the windows counted from it to the last.
+    /// The opening the length is measured from (its grant, its span), and
+    /// the windows counted from it to the last opening.
     anchor: Option<(Ms, Ms)>,
     windows: u64,
-    /// The window's length (0: not known yet).
+    /// The windows' length (0: not known yet).
     window_ms: Ms,
 }
 
@@ -43,26 +56,28 @@ impl Openings {
     /// `remaining` left of a window's `limit` (`None`: not said). More left
     /// than the latest grant found, by more than calls reordered on their
     /// way to the upstream can explain (a quarter of the limit, from 1 to
-    /// 8 calls), marks an opening. Reports come back out of order: one of
-    /// an earlier grant that finds the last opening's window moves that
-    /// opening to its grant; any other of an earlier grant says nothing.
+    /// 8 calls), marks an opening, unless the report tells a higher limit.
+    /// Reports come back out of order: one of an earlier grant that finds
+    /// the last opening's window moves that opening to its grant; any other
+    /// of an earlier grant says nothing.
     pub fn on_report(&mut self, seq: u64, granted_at: Ms, remaining: u64, limit: Option<u64>) {
+        let seen = Seen { seq, at: granted_at, left: remaining, limit };
         let jump = limit.map_or(4, |l| (l / 4).clamp(1, 8));
         let Some(latest) = self.latest else {
-            self.latest = Some((seq, granted_at, remaining));
+            self.latest = Some(seen);
             return;
         };
-        let (before_seq, before_at, before_left) = self.before;
-        if seq > latest.0 {
-            if remaining >= latest.2.saturating_add(jump) {
+        if seq > latest.seq {
+            let raised = matches!((limit, latest.limit), (Some(now), Some(then)) if now > then);
+            if remaining >= latest.left.saturating_add(jump) && !raised {
                 self.before = latest;
-                self.open(granted_at, seq, granted_at.saturating_sub(latest.1));
+                self.open(granted_at, seq, granted_at.saturating_sub(latest.at));
             }
-            self.latest = Some((seq, granted_at, remaining));
-        } else if seq > before_seq && seq < self.last_seq && remaining >= before_left.saturating_add(jump) {
-            let span = granted_at.saturating_sub(before_at);
-            if self.anchor.is_some_and(|(at, _)| at == self.last) {
-                self.anchor = self.anchor.map(|(at, known)| (at.min(granted_at), known.min(span)));
+            self.latest = Some(seen);
+        } else if seq > self.before.seq && seq < self.last_seq && remaining >= self.before.left.saturating_add(jump) {
+            let span = granted_at.saturating_sub(self.before.at);
+            if let Some((at, known)) = self.anchor.filter(|&(at, _)| at == self.last) {
+                self.anchor = Some((at.min(granted_at), known.min(span)));
             }
             (self.last, self.last_seq) = (self.last.min(granted_at), seq);
         }
@@ -71,33 +86,41 @@ impl Openings {
     /// An opening found at `at` by the grant counted `seq`, `span` after
     /// the grant before it.
     fn open(&mut self, at: Ms, seq: u64, span: Ms) {
-        let Some((anchor, anchor_span)) = self.anchor else {
-            (self.anchor, self.last, self.last_seq) = (Some((at, span)), at, seq);
+        let Some((anchor, anchor_span)) = self.anchor.filter(|_| at > self.last) else {
+            if self.anchor.is_none() {
+                (self.anchor, self.last, self.last_seq) = (Some((at, span)), at, seq);
+            }
             return;
         };
-        if at <= self.last {
+        let interval = at - self.last;
+        (self.last, self.last_seq) = (at, seq);
+        let w = self.window_ms;
+        if w == 0 {
+            // The first length: both openings found closely, or none is
+            // measured and the newer one becomes the anchor.
+            if span.max(anchor_span) <= interval / 4 {
+                self.windows = 1;
+                self.window_ms = (at - span / 2).saturating_sub(anchor - anchor_span / 2);
+            }
+            if self.window_ms == 0 || span < anchor_span {
+                (self.anchor, self.windows) = (Some((at, span)), 0);
+            }
             return;
         }
         // Openings after a quiet stretch span several windows. One a
         // quarter of a window or more before where the length puts it says
-        // the length was wrong (taken from two windows that looked like
-        // one, or the upstream changed it): learn it again from here.
-        let interval = at - self.last;
-        let w = self.window_ms;
-        let (windows, early) = match w {
-            0 => (1, false),
-            w => ((interval + w / 2) / w, interval + w / 4 <= (interval + w / 2) / w * w),
-        };
-        (self.last, self.last_seq) = (at, seq);
-        if windows == 0 || early || anchor > at || span / 2 > at {
+        // the length was wrong (or the upstream changed it): learn it again
+        // from here.
+        let windows = (interval + w / 2) / w;
+        if windows == 0 || interval + w / 4 <= windows * w {
             (self.anchor, self.windows, self.window_ms) = (Some((at, span)), 0, 0);
             return;
         }
         self.windows += windows;
         // From the middle of one span to the middle of the other; a span
         // wider than the anchor's (a probe that waited for the calls out)
-        // measures nothing once a length is known.
-        if w == 0 || span <= (w / 16).max(anchor_span) {
+        // measures nothing.
+        if span <= (w / 16).max(anchor_span) {
             let (from, to) = (anchor - anchor_span / 2, at - span / 2);
             self.window_ms = to.saturating_sub(from) / self.windows;
         }
@@ -108,13 +131,13 @@ impl Openings {
         }
     }
 
-    /// The window's length, once two openings were found.
+    /// The windows' length, once two openings found closely gave it.
     pub fn window_ms(&self) -> Option<Ms> {
         (self.window_ms > 0).then_some(self.window_ms)
     }
 
     /// The end of the window a call granted at `granted_at` was in, when
-    /// that window is the one the last opening began and its length is
+    /// that window is the one the last opening began and the length is
     /// known. A call granted past that window's end is in one whose opening
     /// is still to be seen, which may come later than the length says:
     /// `None`.
@@ -209,13 +232,43 @@ mod tests {
         let mut o = Openings::default();
         let mut seq = 0;
         for from in [0, 6000, 12_000, 30_000] {
+            window(&mut o, &mut seq, from, 60, 60);
+        }
+        assert_eq!((o.window_ms(), o.opened().0), (Some(6000), 30_000), "three windows counted, none measured");
+        // The upstream's windows became 2 s long.
+        window(&mut o, &mut seq, 36_000, 20, 60);
+        window(&mut o, &mut seq, 38_000, 20, 60);
+        assert_eq!((o.anchor, o.window_ms()), (Some((38_000, 100)), None));
+        window(&mut o, &mut seq, 40_000, 20, 60);
+        assert_eq!(o.window_ms(), Some(2000));
+    }
+
+    /// An opening found after an idle stretch may lie anywhere in it: no
+    /// length is measured from it (a pool would otherwise take ten minutes
+    /// for one window and pace itself to a call a minute).
+    #[test]
+    fn no_length_is_measured_from_an_opening_found_after_an_idle_stretch() {
+        let mut o = Openings::default();
+        let mut seq = 0;
+        for from in [0, 600_000, 606_000] {
             window(&mut o, &mut seq, from, 10, 60);
         }
+        assert_eq!((o.window_ms(), o.anchor), (None, Some((606_000, 5100))));
+        // Calls all through the windows find them closely (the first such
+        // window's opening was still found after a stretch with none).
+        for from in [612_000, 618_000, 624_000] {
+            window(&mut o, &mut seq, from, 60, 60);
+        }
         assert_eq!(o.window_ms(), Some(6000));
-        // The upstream's windows became 2 s long.
-        window(&mut o, &mut seq, 32_000, 10, 60);
-        assert_eq!((o.anchor, o.window_ms()), (Some((32_000, 1100)), None));
-        window(&mut o, &mut seq, 34_000, 10, 60);
-        assert_eq!(o.window_ms(), Some(2000));
+    }
+
+    #[test]
+    fn a_limit_the_upstream_raises_is_no_opening() {
+        let mut o = Openings::default();
+        o.on_report(1, 100, 20, Some(60));
+        o.on_report(2, 200, 79, Some(120));
+        assert_eq!(o.anchor, None);
+        o.on_report(3, 6000, 119, Some(120));
+        assert_eq!(o.opened(), (6000, 3));
     }
 }

@@ -1535,6 +1535,17 @@ fn a_reload_that_revokes_a_waiters_key_or_address_refuses_it() {
     assert_eq!(released.status, 200, "{released:?}");
     let r = read_response(&mut kept).expect("the kept key's grant");
     assert_eq!(r.status, 200, "{r:?}");
+    // A key moved from `keys` to `keySha256` still opens the pool: its waiter waits on.
+    let digest: String = Sha256::digest(KEPT.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let mut moved = queue(KEPT);
+    waiting(1.0);
+    s.reload(&json(r#""other-key-0123456""#, &format!(r#","keySha256":["{digest}"]"#)));
+    let holder = r.slot();
+    let released = s.request(&post(&format!("/pools/p/lock/{holder}/release"), KEPT, "", ""));
+    assert_eq!(released.status, 200, "{released:?}");
+    let r = read_response(&mut moved).expect("the moved key's grant");
+    assert_eq!(r.status, 200, "{r:?}");
+    s.reload(&json(&format!(r#""{KEPT}""#), ""));
     // The pool now admits only 10.0.0.0/8: a waiter from 127.0.0.1 is refused.
     let mut outside = queue(KEPT);
     waiting(1.0);

@@ -18,12 +18,12 @@ pub struct PoolKeys {
 /// What a waiting acquire keeps of the key it presented: enough to tell,
 /// after a reload, whether that key still opens the pool, and not the key.
 /// An FNV-1a hash of the key to find it among plain keys, and the first
-/// bytes of its SHA-256 among `keySha256` entries (taken only where the
-/// pool has some). A key can only have got here by matching one.
+/// bytes of its SHA-256 among `keySha256` entries (a key may move from one
+/// list to the other). A key can only have got here by matching one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KeyPrint {
     plain: u64,
-    digest: Option<u64>,
+    digest: u64,
 }
 
 fn digest_prefix(digest: &[u8; 32]) -> u64 {
@@ -72,18 +72,18 @@ impl PoolKeys {
         self.check_key(self.presented(head).ok_or(MISSING)?)
     }
 
-    /// The print of the key `head` presents (one `check` accepted).
+    /// The print of the key `head` presents (one `check` accepted). Taken
+    /// only for an acquire that waits: its SHA-256 is not for every request.
     pub fn print(&self, head: &Head) -> KeyPrint {
         let key = self.presented(head).unwrap_or_default();
-        let digest = (!self.hashed.is_empty()).then(|| digest_prefix(&Sha256::digest(key).into()));
+        let digest = digest_prefix(&Sha256::digest(key).into());
         KeyPrint { plain: crate::governor::fnv1a(crate::governor::FNV_OFFSET, key), digest }
     }
 
     /// Whether the key `print` was taken of is still one of these keys.
     pub fn still_opens(&self, print: KeyPrint) -> bool {
         let fnv = |k: &[u8]| crate::governor::fnv1a(crate::governor::FNV_OFFSET, k);
-        self.plain.iter().any(|k| fnv(k) == print.plain)
-            || print.digest.is_some_and(|d| self.hashed.iter().any(|h| digest_prefix(h) == d))
+        self.plain.iter().any(|k| fnv(k) == print.plain) || self.hashed.iter().any(|h| digest_prefix(h) == print.digest)
     }
 
     /// Proxy mode: the key may also come in `x-api-key` (what SDKs send) when

@@ -123,12 +123,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let listen = args.listen.unwrap_or_else(|| config.listen_addr());
     let embedded = args.config.is_none();
     // With the access log on standard output, that stream holds JSON lines
     // only (a log shipper parses each): the banner goes to standard error.
     let banner_to_stderr = config.access_log.as_deref() == Some("-");
-    let result = server::serve(&config, listen, args.config.clone(), early, |addr, admin, proxies| {
+    let result = server::serve(&config, args.listen, args.config.clone(), early, |addr, admin, proxies| {
         // Not `println!`: standard output may be the access log's, written
         // without blocking, and a full pipe must not end the server.
         let mut banner = String::new();

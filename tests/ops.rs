@@ -932,6 +932,22 @@ fn a_reload_is_checked_against_the_listen_address_of_the_command_line() {
     // Another address is accepted (and bound at the next start).
     s.reload(&upstream(&format!("127.0.0.1:{}", free_port())));
     assert_eq!(refused(), 1.0);
+    // Started on the file's `listen`, a reload that moves it frees the old
+    // address for a pool's own listener, as the next start would.
+    let dir = scratch_dir();
+    let on_file = |listen: &str, upstream_at: &str| {
+        let pool = format!(r#""upstream":{{"url":"http://127.0.0.1:9","listen":"{upstream_at}"}}"#);
+        config(&pool, &format!(r#""listen":"{listen}""#))
+    };
+    let (first, second, third) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let path = write_config(&dir, &on_file(&first, &third));
+    let s = TestServer::start_with(dir, path.into(), &[FILE_LISTEN]);
+    assert_eq!(s.addr.to_string(), first);
+    s.reload(&on_file(&second, &first));
 }
 
 /// A SIGHUP while the configuration is still being read (a large one takes

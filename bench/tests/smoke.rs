@@ -28,8 +28,9 @@ fn start_server() -> SocketAddr {
     std::thread::spawn(move || {
         let listen = "127.0.0.1:0".parse().unwrap();
         // Runs until the test process exits.
-        let result =
-            nthpool::server::serve(&config, listen, None, Default::default(), |addr, _, _| tx.send(addr).unwrap());
+        let result = nthpool::server::serve(&config, Some(listen), None, Default::default(), |addr, _, _| {
+            tx.send(addr).unwrap()
+        });
         panic!("server stopped: {result:?}");
     });
     rx.recv_timeout(Duration::from_secs(10)).expect("server listening")

@@ -186,6 +186,9 @@ pub struct Server {
     config_path: Option<PathBuf>,
     /// The listener addresses as last configured, to warn when a reload changes them.
     configured_listen: Listening,
+    /// `--listen`, in place of the file's `listen`: a reload is checked
+    /// against it as the next start with the same command line would be.
+    listen_override: Option<SocketAddr>,
     conns: Slab<Entry>,
     /// What is sent, best effort, to a connection over the `maxConnections` cap.
     over_capacity: Vec<u8>,
@@ -292,7 +295,12 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 
 impl Server {
     /// Binds the listeners; errors name the cause for a one-line start-up failure.
-    pub fn bind(config: &Config, listen: SocketAddr, config_path: Option<PathBuf>) -> Result<Server, String> {
+    pub fn bind(
+        config: &Config,
+        listen_override: Option<SocketAddr>,
+        config_path: Option<PathBuf>,
+    ) -> Result<Server, String> {
+        let listen = listen_override.unwrap_or_else(|| config.listen_addr());
         let poll = Poll::new().map_err(|e| format!("cannot create the event loop: {e}"))?;
         let mut listener = self::listen(listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         poll.registry()
@@ -339,6 +347,7 @@ impl Server {
             signals,
             config_path,
             configured_listen: Listening::of(config),
+            listen_override,
             conns: Slab::with_capacity(1024),
             over_capacity: Vec::new(),
             stats: ServerStats::default(),
@@ -629,15 +638,12 @@ impl Server {
             return;
         };
         let bound_admin = self.admin.as_ref().and_then(|l| l.local_addr().ok());
-        let bound = self.listener.as_ref().and_then(|l| l.local_addr().ok());
         let result = Config::load(path).map_err(|e| e.to_string()).and_then(|config| {
             if let Some(bound) = bound_admin {
                 config.check_admin_bound(bound).map_err(|e| e.to_string())?;
             }
-            // Started with `--listen`: checked as the next start with the
-            // same command line would check it.
-            if let Some(bound) = bound.filter(|&b| b != config.listen_addr()) {
-                config.check_listen_override(bound).map_err(|e| e.to_string())?;
+            if let Some(listen) = self.listen_override {
+                config.check_listen_override(listen).map_err(|e| e.to_string())?;
             }
             self.persistence.check_reload(&config, path)?;
             self.app.reconfigure(&config, self.now)?;
@@ -1492,8 +1498,6 @@ impl From<&Config> for Timeouts {
     }
 }
 
-/// Starts a server and runs it until a graceful shutdown; the binary's body.
-/// `on_ready` gets the bound public and admin addresses.
 /// SIGHUP, SIGUSR1 and SIGUSR2 that arrive while the server starts (a large
 /// configuration takes a while to read): by default each would end the
 /// process, which systemd counts as a clean exit and does not restart.
@@ -1517,9 +1521,12 @@ impl EarlySignals {
     }
 }
 
+/// Starts a server and runs it until a graceful shutdown; the binary's body.
+/// `listen` is the command line's `--listen`, in place of the file's.
+/// `on_ready` gets the bound public and admin addresses.
 pub fn serve(
     config: &Config,
-    listen: SocketAddr,
+    listen: Option<SocketAddr>,
     config_path: Option<PathBuf>,
     early: EarlySignals,
     on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>, &[(String, SocketAddr)]),

@@ -75,6 +75,9 @@ pub fn config(pool_extra: &str, top_extra: &str) -> String {
     )
 }
 
+/// In `start_with`'s arguments: no `--listen`, the file's `listen` is bound.
+pub const FILE_LISTEN: &str = "(the file's listen)";
+
 impl TestServer {
     /// Starts a server with `config_json`; panics with its stderr if it fails.
     pub fn start(config_json: &str) -> TestServer {
@@ -145,10 +148,12 @@ impl TestServer {
         log_level: &str,
     ) -> TestServer {
         command.arg("--config").arg(&config_path);
-        // A fresh loopback port, unless the test names the listener.
-        if !extra_args.contains(&"--listen") {
+        // A fresh loopback port, unless the test names the listener (or
+        // leaves it to the file: `FILE_LISTEN`).
+        if !extra_args.contains(&"--listen") && !extra_args.contains(&FILE_LISTEN) {
             command.arg("--listen").arg("127.0.0.1:0");
         }
+        let extra_args: Vec<&str> = extra_args.iter().copied().filter(|&a| a != FILE_LISTEN).collect();
         let mut child = command
             .args(extra_args)
             .current_dir(&dir)

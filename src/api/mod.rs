@@ -92,18 +92,6 @@ pub struct Queued {
     pub attempt: Attempt,
     /// A proxied request's wait: its log line is its exchange's, with method and path.
     pub proxied: bool,
-    /// The key it presented, and the configuration it was admitted under:
-    /// a reload that revokes the key refuses it (`App::recheck_waiter`).
-    pub key_print: KeyPrint,
-    pub generation: u64,
-}
-
-impl Queued {
-    /// A proxied request's wait. Its slot is the server's to use and give
-    /// back: a reload does not recheck it.
-    pub fn proxied(key: WaiterKey, attempt: Attempt) -> Queued {
-        Queued { key, attempt, proxied: true, key_print: KeyPrint::default(), generation: 0 }
-    }
 }
 
 pub enum Handled {
@@ -159,6 +147,11 @@ pub struct App {
     /// Bumped by every (re)configuration: verdicts kept under an older one
     /// do not hold (see `verdict`).
     generation: u64,
+    /// What each lock-route acquire waiting in a queue presented, and the
+    /// `generation` it was admitted under, by its waiter's index: a reload
+    /// that revokes its key refuses it (`recheck_waiter`). Kept beside the
+    /// waiters, not in `Queued`, which every answer carries.
+    waiter_prints: Vec<(KeyPrint, u64)>,
 }
 
 /// Lock API answers of 400 and above, by pool and status code: one counter
@@ -273,6 +266,7 @@ impl App {
             answered: Vec::new(),
             answered_names: String::new(),
             generation: 0,
+            waiter_prints: Vec::new(),
         };
         app.reconfigure(config, Now::default())?;
         Ok(app)
@@ -661,14 +655,8 @@ impl App {
                         Ok(Handled::Done)
                     }
                     Admission::Queued(key) => {
-                        let key_print = self.creds[pid.0 as usize].keys.print(head);
-                        Ok(Handled::Queued(Queued {
-                            key,
-                            attempt,
-                            proxied: false,
-                            key_print,
-                            generation: self.generation,
-                        }))
+                        self.keep_print(key, pid, head);
+                        Ok(Handled::Queued(Queued { key, attempt, proxied: false }))
                     }
                 }
             }
@@ -861,6 +849,18 @@ impl App {
         error.write(out, &mut self.scratch, close);
     }
 
+    /// Keeps what a reload needs to recheck a waiting acquire
+    /// (`recheck_waiter`). Out of line: the usual acquire does not wait.
+    #[inline(never)]
+    fn keep_print(&mut self, key: WaiterKey, pid: PoolId, head: &Head) {
+        let print = (self.creds[pid.0 as usize].keys.print(head), self.generation);
+        let at = key.index();
+        if self.waiter_prints.len() <= at {
+            self.waiter_prints.resize(at + 1, Default::default());
+        }
+        self.waiter_prints[at] = print;
+    }
+
     /// A queued acquire after a reload: one whose key the reload removed, or
     /// whose address the pool's `ipAllow` no longer admits, leaves the
     /// queue and is answered as a new request would be (`401`, `403`),
@@ -869,11 +869,12 @@ impl App {
     /// not kept.) `false` when it still waits, or no longer does: the
     /// governor answered it already.
     pub fn recheck_waiter(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) -> bool {
-        if queued.generation == self.generation || queued.proxied {
+        let kept = self.waiter_prints.get(queued.key.index()).copied();
+        let Some((print, _)) = kept.filter(|&(_, generation)| generation != self.generation && !queued.proxied) else {
             return false;
-        }
+        };
         let creds = &self.creds[queued.attempt.pool.0 as usize];
-        let error = if !creds.keys.still_opens(queued.key_print) {
+        let error = if !creds.keys.still_opens(print) {
             ApiError::Unauthorized("The pool key this acquire presented was removed while it waited.")
         } else {
             match creds.access.check_address(queued.attempt.client) {

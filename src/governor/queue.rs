@@ -19,6 +19,14 @@ pub const NO_KEY: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WaiterKey(pub(super) u32);
 
+impl WaiterKey {
+    /// Its place among the waiters now queued (taken again once it leaves):
+    /// for a side table of what its caller keeps per waiter.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
 pub struct Waiter {
     pub pool: PoolId,
     pub owner: u64,

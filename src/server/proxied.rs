@@ -153,7 +153,7 @@ pub fn begin(
             say_kept(output, close);
             Begun::Answered { close }
         }
-        Admission::Queued(key) => Begun::Queued(open(proxy), Queued::proxied(key, admitted.attempt)),
+        Admission::Queued(key) => Begun::Queued(open(proxy), Queued { key, attempt: admitted.attempt, proxied: true }),
         Admission::Granted(grant) => Begun::Granted(open(proxy), grant),
     }
 }

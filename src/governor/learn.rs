@@ -361,7 +361,7 @@ pub struct Learning {
     /// The longest reset the upstream announced: the window length (or the
     /// one the openings gave, with `window_learned`).
     pub window_ms: u64,
-    /// The budget's window is the openings' (`with_learned_reset`): refilled
+    /// The budget's window is the openings' (`learned_reset`): refilled
     /// only while they still give a length, and to theirs.
     #[serde(default)]
     pub window_learned: bool,
@@ -711,8 +711,17 @@ impl Learning {
         if !self.adaptive {
             return wake;
         }
-        let (o, learned_reset) = self.with_learned_reset(o, lease, now);
-        let o = &o;
+        // Copied only when a learned reset takes the place of the unsaid one.
+        let with_reset;
+        let learned_reset = self.learned_reset(o, lease, now);
+        let o = match learned_reset {
+            Some(reset_ms) => {
+                with_reset = Outcome { rate: RateInfo { reset_ms: Some(reset_ms), ..o.rate }, ..*o };
+                &with_reset
+            }
+            None => o,
+        };
+        let learned_reset = learned_reset.is_some();
         let evidence = o.evidence();
         if self.pattern.in_force
             && evidence == Evidence::Concurrency
@@ -761,18 +770,15 @@ impl Learning {
         wake
     }
 
-    /// `o`, where it says what is left of a window but not when the window
-    /// resets, with the reset the openings seen so far put its call's window
-    /// at (`Openings`; true when there is one): the budget then runs out
-    /// where the upstream's does, instead of at a refusal, and a spent
-    /// window waits for the next opening instead of being probed blindly.
-    fn with_learned_reset(&mut self, o: &Outcome, lease: Reported, now: Ms) -> (Outcome, bool) {
-        let mut o = *o;
-        let (Some(left), None) = (o.rate.remaining, o.rate.reset_ms) else { return (o, false) };
+    /// Where `o` says what is left of a window but not when the window
+    /// resets: the reset the openings seen so far put its call's window at
+    /// (`Openings`), when they know it. The budget then runs out where the
+    /// upstream's does, instead of at a refusal, and a spent window waits
+    /// for the next opening instead of being probed blindly.
+    fn learned_reset(&mut self, o: &Outcome, lease: Reported, now: Ms) -> Option<u64> {
+        let (Some(left), None) = (o.rate.remaining, o.rate.reset_ms) else { return None };
         self.openings.on_report(lease.grant_seq, lease.granted_at, left, o.rate.limit.or(self.budget_limit));
-        let Some(end) = self.openings.end_of(lease.granted_at).filter(|&end| end > now) else { return (o, false) };
-        o.rate.reset_ms = Some(end - now);
-        (o, true)
+        self.openings.end_of(lease.granted_at).filter(|&end| end > now).map(|end| end - now)
     }
 
     /// A lease granted at `granted_at` released without a report: a call of a
@@ -1029,7 +1035,7 @@ impl Learning {
         self.grants.saturating_sub(before.max(lease.grant_seq)).min(lease.in_flight as u64)
     }
 
-    /// A window whose end the openings gave (`with_learned_reset`) has its
+    /// A window whose end the openings gave (`learned_reset`) has its
     /// grants paced over it from its opening, as a refill's are: they then
     /// run up to its end, and the next opening is found where it is, not
     /// where the pool came back after a spent budget.
@@ -1055,7 +1061,7 @@ impl Learning {
     /// burst left, and those may not count upstream: it is taken as it is,
     /// a bound the budget never exceeds, not less the grants made since.
     ///
-    /// A `learned` reset is the pool's own estimate (`with_learned_reset`):
+    /// A `learned` reset is the pool's own estimate (`learned_reset`):
     /// to the millisecond, counted from `now`, and no vote on the stamping.
     fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms, refused: bool, learned: bool) -> Option<Ms> {
         if rate.limit.is_some() || rate.remaining.is_some() {

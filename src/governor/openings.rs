@@ -16,10 +16,17 @@
 //!
 //! A length is only measured between openings found closely (a span under
 //! a quarter of the interval): an opening found after an idle stretch may
-//! lie anywhere in it. Nor is a `limit` raised by the upstream an opening.
+//! lie anywhere in it, and takes its place from the length instead. Calls
+//! granted within `REORDER_MS` of each other may reach the upstream in
+//! either order, so more left found by the later one is no opening; nor is
+//! a `limit` raised by the upstream. An opening found closely but not where
+//! the length puts it (more than an eighth of a window off the last one
+//! found closely, in whole windows), or found a quarter of a window early,
+//! says the length is wrong: it is learned again.
 //!
 //! Pure arithmetic on instants and grant counts; O(1) per report. Not
 //! saved: a restarted pool learns the openings again.
+use super::learn::{MAX_BUDGET_WINDOW_MS, REORDER_MS};
 use crate::time::Ms;
 
 /// One report's view of the window: the lease's grant count and grant
@@ -32,6 +39,21 @@ struct Seen {
     limit: Option<u64>,
 }
 
+/// An opening: the grant that found its window, and how long after the
+/// grant before it (the window opened somewhere in that span).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Found {
+    at: Ms,
+    span: Ms,
+}
+
+impl Found {
+    /// The middle of its span: where the window most likely opened.
+    fn middle(self) -> Ms {
+        self.at - self.span / 2
+    }
+}
+
 /// The openings of an upstream's windows seen so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Openings {
@@ -40,13 +62,14 @@ pub struct Openings {
     /// The latest grant seen before the last opening: the start of that
     /// opening's span.
     before: Seen,
-    /// The last opening: the grant that found it, and its grant count.
+    /// Where the last window opened, as far as is known, and the grant
+    /// count of the grant that found it.
     last: Ms,
     last_seq: u64,
-    /// The opening the length is measured from (its grant, its span), and
-    /// the windows counted from it to the last opening.
-    anchor: Option<(Ms, Ms)>,
-    windows: u64,
+    /// The opening the length is measured from: the most closely found one.
+    anchor: Option<Found>,
+    /// The last opening found closely: where the length puts the next ones.
+    base: Ms,
     /// The windows' length (0: not known yet).
     window_ms: Ms,
 }
@@ -56,10 +79,11 @@ impl Openings {
     /// `remaining` left of a window's `limit` (`None`: not said). More left
     /// than the latest grant found, by more than calls reordered on their
     /// way to the upstream can explain (a quarter of the limit, from 1 to
-    /// 8 calls), marks an opening, unless the report tells a higher limit.
-    /// Reports come back out of order: one of an earlier grant that finds
-    /// the last opening's window moves that opening to its grant; any other
-    /// of an earlier grant says nothing.
+    /// 8 calls, and granted at least `REORDER_MS` later), marks an opening,
+    /// unless the report tells a higher limit. Reports come back out of
+    /// order: one of an earlier grant that finds the last opening's window
+    /// moves that opening to its grant; any other of an earlier grant says
+    /// nothing.
     pub fn on_report(&mut self, seq: u64, granted_at: Ms, remaining: u64, limit: Option<u64>) {
         let seen = Seen { seq, at: granted_at, left: remaining, limit };
         let jump = limit.map_or(4, |l| (l / 4).clamp(1, 8));
@@ -69,66 +93,88 @@ impl Openings {
         };
         if seq > latest.seq {
             let raised = matches!((limit, latest.limit), (Some(now), Some(then)) if now > then);
-            if remaining >= latest.left.saturating_add(jump) && !raised {
+            let span = granted_at.saturating_sub(latest.at);
+            if remaining >= latest.left.saturating_add(jump) && !raised && span >= REORDER_MS {
                 self.before = latest;
-                self.open(granted_at, seq, granted_at.saturating_sub(latest.at));
+                self.open(Found { at: granted_at, span }, seq);
             }
             self.latest = Some(seen);
         } else if seq > self.before.seq && seq < self.last_seq && remaining >= self.before.left.saturating_add(jump) {
             let span = granted_at.saturating_sub(self.before.at);
-            if let Some((at, known)) = self.anchor.filter(|&(at, _)| at == self.last) {
-                self.anchor = Some((at.min(granted_at), known.min(span)));
+            if span < REORDER_MS {
+                return;
+            }
+            if let Some(anchor) = self.anchor.filter(|a| a.at == self.last) {
+                self.anchor = Some(Found { at: anchor.at.min(granted_at), span: anchor.span.min(span) });
             }
             (self.last, self.last_seq) = (self.last.min(granted_at), seq);
         }
     }
 
-    /// An opening found at `at` by the grant counted `seq`, `span` after
-    /// the grant before it.
-    fn open(&mut self, at: Ms, seq: u64, span: Ms) {
-        let Some((anchor, anchor_span)) = self.anchor.filter(|_| at > self.last) else {
+    /// An opening `found` by the grant counted `seq`.
+    fn open(&mut self, found: Found, seq: u64) {
+        let Some(anchor) = self.anchor.filter(|_| found.at > self.last) else {
             if self.anchor.is_none() {
-                (self.anchor, self.last, self.last_seq) = (Some((at, span)), at, seq);
+                self.restart(found, seq);
             }
             return;
         };
-        let interval = at - self.last;
-        (self.last, self.last_seq) = (at, seq);
         let w = self.window_ms;
         if w == 0 {
-            // The first length: both openings found closely, or none is
-            // measured and the newer one becomes the anchor.
-            if span.max(anchor_span) <= interval / 4 {
-                self.windows = 1;
-                self.window_ms = (at - span / 2).saturating_sub(anchor - anchor_span / 2);
-            }
-            if self.window_ms == 0 || span < anchor_span {
-                (self.anchor, self.windows) = (Some((at, span)), 0);
+            // The first length, between two openings in a row: both found
+            // closely, or none is measured and the newer one is the anchor.
+            if found.span.max(anchor.span) <= (found.at - anchor.at) / 4 {
+                self.window_ms = found.middle().saturating_sub(anchor.middle()).min(MAX_BUDGET_WINDOW_MS);
+                (self.last, self.last_seq, self.base) = (found.at, seq, found.at);
+                if found.span < anchor.span {
+                    self.anchor = Some(found);
+                }
+            } else {
+                self.restart(found, seq);
             }
             return;
         }
-        // Openings after a quiet stretch span several windows. One a
-        // quarter of a window or more before where the length puts it says
-        // the length was wrong (or the upstream changed it): learn it again
-        // from here.
-        let windows = (interval + w / 2) / w;
-        if windows == 0 || interval + w / 4 <= windows * w {
-            (self.anchor, self.windows, self.window_ms) = (Some((at, span)), 0, 0);
+        // Where the length puts this opening: whole windows (counted to the
+        // middle of its span) after the last one found closely.
+        let windows = (found.middle().saturating_sub(self.base) + w / 2) / w;
+        let expected = self.base + windows * w;
+        let close = found.span <= w / 16;
+        if windows == 0 {
+            // Half a window after an opening: no new window.
             return;
         }
-        self.windows += windows;
-        // From the middle of one span to the middle of the other; a span
-        // wider than the anchor's (a probe that waited for the calls out)
-        // measures nothing.
-        if span <= (w / 16).max(anchor_span) {
-            let (from, to) = (anchor - anchor_span / 2, at - span / 2);
-            self.window_ms = to.saturating_sub(from) / self.windows;
+        if found.at + w / 4 <= expected || close && found.at.abs_diff(expected) > w / 8 {
+            // Open before the length says, or found closely away from it:
+            // the length is wrong (or the upstream changed it). Learned
+            // again from here.
+            self.restart(found, seq);
+            return;
         }
-        // A closer opening measures the length from now on (the length
-        // found so far is kept until the next one).
-        if span < anchor_span {
-            (self.anchor, self.windows) = (Some((at, span)), 0);
+        // The window opened by the grant that found it (maybe earlier, after
+        // a stretch without calls: the next window's grants, paced, find
+        // the next opening closely).
+        (self.last, self.last_seq) = (found.at, seq);
+        if close {
+            self.base = found.at;
         }
+        // Measured from the middle of the anchor's span to this one's,
+        // unless this span is wider (a probe that waited for the calls out).
+        if close || found.span <= anchor.span {
+            let since = (found.at - anchor.at + w / 2) / w;
+            if let Some(w) = found.middle().saturating_sub(anchor.middle()).checked_div(since) {
+                self.window_ms = w.min(MAX_BUDGET_WINDOW_MS);
+            }
+        }
+        // A closer opening measures the length from now on.
+        if found.span < anchor.span {
+            self.anchor = Some(found);
+        }
+    }
+
+    /// Learns the length again, from the opening `found`.
+    fn restart(&mut self, found: Found, seq: u64) {
+        (self.anchor, self.window_ms) = (Some(found), 0);
+        (self.last, self.last_seq, self.base) = (found.at, seq, found.at);
     }
 
     /// The windows' length, once two openings found closely gave it.
@@ -176,7 +222,7 @@ mod tests {
         window(&mut o, &mut seq, 0, 60, 60);
         assert_eq!(o.anchor, None, "the first call opens nothing: nothing was seen before it");
         window(&mut o, &mut seq, 6000, 60, 60);
-        assert_eq!((o.anchor, o.window_ms(), o.end_of(6500)), (Some((6000, 100)), None, None));
+        assert_eq!((o.anchor, o.window_ms(), o.end_of(6500)), (Some(Found { at: 6000, span: 100 }), None, None));
         window(&mut o, &mut seq, 12_000, 30, 60);
         assert_eq!(o.window_ms(), Some(6000));
         assert_eq!(o.opened(), (12_000, 121));
@@ -201,7 +247,7 @@ mod tests {
         // the old one.
         o.on_report(5, 6000, 58, Some(60));
         o.on_report(4, 5900, 0, Some(60));
-        assert_eq!((o.opened(), o.anchor), ((6000, 5), Some((6000, 5890))));
+        assert_eq!((o.opened(), o.anchor), ((6000, 5), Some(Found { at: 6000, span: 5890 })));
     }
 
     #[test]
@@ -217,14 +263,15 @@ mod tests {
         o.on_report(5, 17_950, 0, Some(60));
         o.on_report(6, 18_020, 59, Some(60));
         assert_eq!(o.window_ms(), Some(6005), "from the close one at 12 010");
-        o.on_report(7, 23_990, 0, Some(60));
+        o.on_report(7, 23_950, 0, Some(60));
         o.on_report(8, 24_000, 59, Some(60));
-        assert_eq!(o.window_ms(), Some(6007));
-        // A wider span than the anchor's measures nothing.
+        assert_eq!(o.window_ms(), Some(5997));
+        // A wider span than the anchor's measures nothing; the window is
+        // taken to open at the grant that found it (late, never early).
         o.on_report(9, 29_000, 0, Some(60));
         o.on_report(10, 30_900, 59, Some(60));
-        assert_eq!(o.window_ms(), Some(6007));
-        assert_eq!(o.opened(), (30_900, 10), "but the window opened by then");
+        assert_eq!(o.window_ms(), Some(5997));
+        assert_eq!(o.opened(), (30_900, 10));
     }
 
     #[test]
@@ -235,11 +282,13 @@ mod tests {
             window(&mut o, &mut seq, from, 60, 60);
         }
         assert_eq!((o.window_ms(), o.opened().0), (Some(6000), 30_000), "three windows counted, none measured");
-        // The upstream's windows became 2 s long.
-        window(&mut o, &mut seq, 36_000, 20, 60);
-        window(&mut o, &mut seq, 38_000, 20, 60);
-        assert_eq!((o.anchor, o.window_ms()), (Some((38_000, 100)), None));
-        window(&mut o, &mut seq, 40_000, 20, 60);
+        // The upstream's windows became 2 s long: an opening a third of a
+        // window after the last says nothing yet, the next one is early.
+        for from in [36_000, 38_000, 40_000] {
+            window(&mut o, &mut seq, from, 20, 60);
+        }
+        assert_eq!((o.anchor, o.window_ms()), (Some(Found { at: 40_000, span: 100 }), None));
+        window(&mut o, &mut seq, 42_000, 20, 60);
         assert_eq!(o.window_ms(), Some(2000));
     }
 
@@ -253,7 +302,7 @@ mod tests {
         for from in [0, 600_000, 606_000] {
             window(&mut o, &mut seq, from, 10, 60);
         }
-        assert_eq!((o.window_ms(), o.anchor), (None, Some((606_000, 5100))));
+        assert_eq!((o.window_ms(), o.anchor), (None, Some(Found { at: 606_000, span: 5100 })));
         // Calls all through the windows find them closely (the first such
         // window's opening was still found after a stretch with none).
         for from in [612_000, 618_000, 624_000] {
@@ -270,5 +319,63 @@ mod tests {
         assert_eq!(o.anchor, None);
         o.on_report(3, 6000, 119, Some(120));
         assert_eq!(o.opened(), (6000, 3));
+    }
+
+    /// Calls granted together reach the upstream in either order: the
+    /// later one finding more left is no opening (review: a burst's swap
+    /// made a span-0 anchor that fixed a third of the real length for good).
+    #[test]
+    fn calls_granted_together_open_nothing_whatever_they_find() {
+        let mut o = Openings::default();
+        o.on_report(1, 5402, 0, Some(60));
+        o.on_report(2, 6419, 59, Some(60));
+        o.on_report(3, 6901, 40, Some(60));
+        o.on_report(4, 6901, 49, Some(60));
+        assert_eq!(o.opened(), (6419, 2));
+        o.on_report(5, 10_977, 0, Some(60));
+        o.on_report(6, 11_986, 59, Some(60));
+        let mut seq = 6;
+        for from in (1..18).map(|w| 12_000 + w * 6000) {
+            window(&mut o, &mut seq, from, 60, 60);
+        }
+        assert_eq!(o.window_ms(), Some(6000));
+    }
+
+    /// A known length survives a stretch without calls: the opening found
+    /// late after it takes its place from the length, and the next one,
+    /// found closely, is where the length puts it (review: it looked early
+    /// and the length was dropped).
+    #[test]
+    fn a_stretch_without_calls_keeps_the_length_and_the_phase() {
+        let mut o = Openings::default();
+        let mut seq = 0;
+        for from in [0, 6000, 12_000, 18_000] {
+            window(&mut o, &mut seq, from, 60, 60);
+        }
+        assert_eq!(o.window_ms(), Some(6000));
+        // Found late, at the first call after the stretch: that window's end
+        // is put late (never early), and its paced calls find the next
+        // opening where it is.
+        window(&mut o, &mut seq, 26_500, 30, 60);
+        assert_eq!((o.window_ms(), o.end_of(26_500)), (Some(6000), Some(32_500)));
+        window(&mut o, &mut seq, 30_000, 60, 60);
+        assert_eq!((o.window_ms(), o.opened().0), (Some(6000), 30_000));
+    }
+
+    /// A length that is a fraction of the real one (the openings still fall
+    /// near its multiples) is caught by an opening found closely more than
+    /// an eighth of a window from where it puts it.
+    #[test]
+    fn a_closely_found_opening_away_from_the_length_drops_it() {
+        let mut o = Openings::default();
+        let mut seq = 0;
+        for from in [0, 1600] {
+            window(&mut o, &mut seq, from, 16, 60);
+        }
+        window(&mut o, &mut seq, 3200, 60, 60);
+        assert_eq!(o.window_ms(), Some(1600));
+        // The real windows are 6 s: the next opens 3.75 of those later.
+        window(&mut o, &mut seq, 9200, 60, 60);
+        assert_eq!((o.window_ms(), o.opened().0), (None, 9200));
     }
 }

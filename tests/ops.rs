@@ -950,6 +950,20 @@ fn a_reload_is_checked_against_the_listen_address_of_the_command_line() {
     s.reload(&on_file(&second, &first));
 }
 
+/// Started with `--listen`, the file's `listen` is not the address in use:
+/// a reload that changes it changes nothing and says nothing; one that moves
+/// `adminListen` still says it waits for a restart.
+#[test]
+fn a_reload_moving_the_files_listen_under_a_listen_override_says_nothing() {
+    let s = TestServer::start_logged(&config("", ""), "warn");
+    let waits = |log: &str| log.matches("take effect at the next restart").count();
+    s.reload(&config("", r#""listen":"127.0.0.1:1""#));
+    assert_eq!(waits(&s.log()), 0, "{}", s.log());
+    let admin = format!(r#""listen":"127.0.0.1:1","adminListen":"127.0.0.1:{}""#, free_port());
+    s.reload(&config("", "").replacen(r#""adminListen":"127.0.0.1:0","#, &format!("{admin},"), 1));
+    assert_eq!(waits(&s.log()), 1, "{}", s.log());
+}
+
 /// A SIGHUP while the configuration is still being read (a large one takes
 /// a while; here the file is a pipe written late) does not end the process,
 /// which systemd would count as a clean exit: the reload it asks for is done

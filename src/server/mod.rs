@@ -346,7 +346,7 @@ impl Server {
             admin,
             signals,
             config_path,
-            configured_listen: Listening::of(config),
+            configured_listen: Listening::of(config, listen_override),
             listen_override,
             conns: Slab::with_capacity(1024),
             over_capacity: Vec::new(),
@@ -660,7 +660,7 @@ impl Server {
                 if let Some(resolver) = self.proxy.resolver.as_mut() {
                     resolver.reconfigure(config.resolver.policy(), config.resolver.nameservers());
                 }
-                let listen = Listening::of(&config);
+                let listen = Listening::of(&config, self.listen_override);
                 if listen != self.configured_listen {
                     warn!(
                         "reload: new `listen`, `adminListen` or pool `upstream.listen` addresses take effect at the next restart"
@@ -1433,13 +1433,16 @@ struct Listening {
 }
 
 impl Listening {
-    fn of(config: &Config) -> Listening {
+    /// The addresses `config` asks for, `--listen` (`listen_override`) in
+    /// place of its `listen`.
+    fn of(config: &Config, listen_override: Option<SocketAddr>) -> Listening {
         let pools = config
             .pools
             .iter()
             .filter_map(|(name, pool)| Some((name.clone(), pool.upstream.as_ref()?.listen.clone()?)))
             .collect();
-        Listening { listen: config.listen.clone(), admin: config.admin_listen.clone(), pools }
+        let listen = listen_override.map_or_else(|| config.listen.clone(), |l| l.to_string());
+        Listening { listen, admin: config.admin_listen.clone(), pools }
     }
 }
 

@@ -36,13 +36,12 @@
 //!   once known, a report's window ends where they put it, and that window's
 //!   grants are paced up to it. Until then a spent window is probed blindly.
 use super::openings::Openings;
+pub use super::openings::{MAX_BUDGET_WINDOW_MS, REORDER_MS};
 use super::pattern::{Pattern, PROBE_BACKOFF_MAX_MS, PROBE_BACKOFF_MIN_MS};
 use crate::time::Ms;
 
 /// The longest pause a single retry hint can impose.
 pub const MAX_COOLDOWN_MS: u64 = 120_000;
-/// The furthest ahead a learned budget window may reach.
-pub const MAX_BUDGET_WINDOW_MS: u64 = 3_600_000;
 
 /// What the upstream said about its budget: parsed from its response headers
 /// (`report::ratelimit::parse_headers`) or sent pre-parsed as `rate`.
@@ -221,10 +220,6 @@ pub const PROBE_WAIT_MS: Ms = 20_000;
 /// Concurrency refusals in a row of leases granted after the last cut (no
 /// success of one between) that make a retry hint pool-wide.
 pub const POOL_WIDE_STREAK: u32 = 3;
-/// Calls granted this close together may reach the upstream in either
-/// order (they leave through different connections and threads), so a
-/// report's `remaining` may already count them.
-pub const REORDER_MS: Ms = 50;
 /// Grant instants remembered to place reports among the grants.
 const MARKS: usize = 64;
 /// A fresh adaptive pool grants at most this many at once before evidence

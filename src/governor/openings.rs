@@ -26,8 +26,15 @@
 //!
 //! Pure arithmetic on instants and grant counts; O(1) per report. Not
 //! saved: a restarted pool learns the openings again.
-use super::learn::{MAX_BUDGET_WINDOW_MS, REORDER_MS};
 use crate::time::Ms;
+
+/// The furthest ahead a learned budget window may reach.
+pub const MAX_BUDGET_WINDOW_MS: u64 = 3_600_000;
+/// Calls granted this close together may reach the upstream in either
+/// order (they leave through different connections and threads), so a
+/// report's `remaining` may already count them, and a later one may find
+/// more left than an earlier one.
+pub const REORDER_MS: Ms = 50;
 
 /// One report's view of the window: the lease's grant count and grant
 /// instant, what it found left, and the limit it was told.

@@ -31,17 +31,13 @@
 //!   above it raise it. While it paces the pool, far fewer calls are in
 //!   flight than the limit: a window's first refusal, or a probe's, there is
 //!   taken as the window running out and cuts nothing.
-//! - With `remaining` but no reset, the windows' openings (`openings`: more
-//!   left than a call granted before found) give their length and phase;
-//!   once known, a report's window ends where they put it, and that window's
-//!   grants are paced up to it. Until then a spent window is probed blindly.
-use super::openings::Openings;
-pub use super::openings::{MAX_BUDGET_WINDOW_MS, REORDER_MS};
 use super::pattern::{Pattern, PROBE_BACKOFF_MAX_MS, PROBE_BACKOFF_MIN_MS};
 use crate::time::Ms;
 
 /// The longest pause a single retry hint can impose.
 pub const MAX_COOLDOWN_MS: u64 = 120_000;
+/// The furthest ahead a learned budget window may reach.
+pub const MAX_BUDGET_WINDOW_MS: u64 = 3_600_000;
 
 /// What the upstream said about its budget: parsed from its response headers
 /// (`report::ratelimit::parse_headers`) or sent pre-parsed as `rate`.
@@ -220,6 +216,10 @@ pub const PROBE_WAIT_MS: Ms = 20_000;
 /// Concurrency refusals in a row of leases granted after the last cut (no
 /// success of one between) that make a retry hint pool-wide.
 pub const POOL_WIDE_STREAK: u32 = 3;
+/// Calls granted this close together may reach the upstream in either
+/// order (they leave through different connections and threads), so a
+/// report's `remaining` may already count them.
+pub const REORDER_MS: Ms = 50;
 /// Grant instants remembered to place reports among the grants.
 const MARKS: usize = 64;
 /// A fresh adaptive pool grants at most this many at once before evidence
@@ -353,13 +353,8 @@ pub struct Learning {
     pub pace: Option<Pace>,
     /// The requests the upstream allows per window, when it said.
     pub budget_limit: Option<u64>,
-    /// The longest reset the upstream announced: the window length (or the
-    /// one the openings gave, with `window_learned`).
+    /// The longest reset the upstream announced: the window length.
     pub window_ms: u64,
-    /// The budget's window is the openings' (`learned_reset`): refilled
-    /// only while they still give a length, and to theirs.
-    #[serde(default)]
-    pub window_learned: bool,
     /// The reset instant of the window that ended last: reports of it are stale.
     pub ended_reset_at: Ms,
     /// The budget's reset is the refill's guess (one window after the last),
@@ -386,10 +381,6 @@ pub struct Learning {
     /// retry (not saved: a restarted pool probes again on the next one).
     #[serde(skip)]
     pub blind: BlindProbe,
-    /// When the upstream's windows open, learned from what is left where no
-    /// reset is said: the end of a report's window, in the reset's place.
-    #[serde(skip)]
-    pub openings: Openings,
     /// One call at a time probes a spent upstream: the pattern probes a
     /// pool-wide run, or a blind probe goes on. Kept in one flag, brought up
     /// to date after every report, because every grant reads it.
@@ -444,7 +435,6 @@ impl Learning {
             pace: None,
             budget_limit: None,
             window_ms: 0,
-            window_learned: false,
             ended_reset_at: 0,
             reset_guessed: false,
             budget_not_before: 0,
@@ -453,7 +443,6 @@ impl Learning {
             token_block_until: 0,
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
-            openings: Openings::default(),
             one_at_a_time: false,
         }
     }
@@ -518,7 +507,6 @@ impl Learning {
             marks: GrantMarks::default(),
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
-            openings: Openings::default(),
             one_at_a_time: false,
             ..self.clone()
         }
@@ -670,12 +658,6 @@ impl Learning {
     pub fn on_budget_reset(&mut self, now: Ms) -> Option<Ms> {
         let b = self.budget.filter(|b| b.reset_at <= now)?;
         self.ended_reset_at = b.reset_at;
-        if self.window_learned {
-            // A length the openings no longer give (they learn it again)
-            // refills nothing: the reports' place it once they know it.
-            self.window_ms = self.openings.window_ms().map_or(0, |w| w.min(MAX_BUDGET_WINDOW_MS));
-            self.window_learned = self.window_ms > 0;
-        }
         (self.budget_not_before, self.budget_seq) = (0, 0);
         if self.pattern.in_force {
             // A budget learned from refusals moves its probe on.
@@ -706,17 +688,6 @@ impl Learning {
         if !self.adaptive {
             return wake;
         }
-        // Copied only when a learned reset takes the place of the unsaid one.
-        let with_reset;
-        let learned_reset = self.learned_reset(o, lease, now);
-        let o = match learned_reset {
-            Some(reset_ms) => {
-                with_reset = Outcome { rate: RateInfo { reset_ms: Some(reset_ms), ..o.rate }, ..*o };
-                &with_reset
-            }
-            None => o,
-        };
-        let learned_reset = learned_reset.is_some();
         let evidence = o.evidence();
         if self.pattern.in_force
             && evidence == Evidence::Concurrency
@@ -753,7 +724,7 @@ impl Learning {
                 wake.cooldown_until = Some(until);
             }
         }
-        wake.budget_reset_at = self.learn_budget(&o.rate, lease, now, evidence == Evidence::Concurrency, learned_reset);
+        wake.budget_reset_at = self.learn_budget(&o.rate, lease, now, evidence == Evidence::Concurrency);
         if let (Some(0), Some(reset)) = (o.rate.token_remaining, o.rate.token_reset_ms) {
             let until = now + reset.min(MAX_BUDGET_WINDOW_MS);
             if until > self.token_block_until {
@@ -763,17 +734,6 @@ impl Learning {
         }
         self.one_at_a_time = self.pattern.probing || self.blind.backoff_ms > 0;
         wake
-    }
-
-    /// Where `o` says what is left of a window but not when the window
-    /// resets: the reset the openings seen so far put its call's window at
-    /// (`Openings`), when they know it. The budget then runs out where the
-    /// upstream's does, instead of at a refusal, and a spent window waits
-    /// for the next opening instead of being probed blindly.
-    fn learned_reset(&mut self, o: &Outcome, lease: Reported, now: Ms) -> Option<u64> {
-        let (Some(left), None) = (o.rate.remaining, o.rate.reset_ms) else { return None };
-        self.openings.on_report(lease.grant_seq, lease.granted_at, left, o.rate.limit.or(self.budget_limit));
-        self.openings.end_of(lease.granted_at).filter(|&end| end > now).map(|end| end - now)
     }
 
     /// A lease granted at `granted_at` released without a report: a call of a
@@ -937,7 +897,7 @@ impl Learning {
         self.pattern.in_force = true;
         self.pattern.window_seq = lease.grant_seq.saturating_sub(1);
         (self.budget_limit, self.budget_limit_seq) = (Some(per_window), 0);
-        (self.window_ms, self.window_learned) = (window_ms, false);
+        self.window_ms = window_ms;
         self.budget = Some(Budget { remaining: per_window.saturating_sub(granted), reset_at: from + window_ms });
         (self.budget_not_before, self.budget_seq) = (0, 0);
         self.pace = Some(Pace { from, per_window, window_ms, granted });
@@ -1030,17 +990,6 @@ impl Learning {
         self.grants.saturating_sub(before.max(lease.grant_seq)).min(lease.in_flight as u64)
     }
 
-    /// A window whose end the openings gave (`learned_reset`) has its
-    /// grants paced over it from its opening, as a refill's are: they then
-    /// run up to its end, and the next opening is found where it is, not
-    /// where the pool came back after a spent budget.
-    fn pace_learned(&mut self, end: Ms) {
-        let (from, seq) = self.openings.opened();
-        let Some(per_window) = self.budget_limit.filter(|_| end > from) else { return };
-        let granted = self.grants.saturating_sub(seq.saturating_sub(1));
-        self.pace = Some(Pace { from, per_window, window_ms: end - from, granted });
-    }
-
     /// A window's budget as a report told it (no refill's guess, no pace):
     /// its end no earlier than `earliest`, told by the lease granted `seq`th.
     fn told_budget(&mut self, budget: Budget, earliest: Ms, seq: u64) {
@@ -1055,10 +1004,7 @@ impl Learning {
     /// `remaining` (`refused`) was stamped before the refused calls of its
     /// burst left, and those may not count upstream: it is taken as it is,
     /// a bound the budget never exceeds, not less the grants made since.
-    ///
-    /// A `learned` reset is the pool's own estimate (`learned_reset`):
-    /// to the millisecond, counted from `now`, and no vote on the stamping.
-    fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms, refused: bool, learned: bool) -> Option<Ms> {
+    fn learn_budget(&mut self, rate: &RateInfo, lease: Reported, now: Ms, refused: bool) -> Option<Ms> {
         if rate.limit.is_some() || rate.remaining.is_some() {
             // The upstream says its budget: what refusals taught gives way.
             self.pattern.in_force = false;
@@ -1086,17 +1032,10 @@ impl Learning {
         // may have been rounded up by up to a second: a window ending near a
         // second's boundary reads as that second in one report and the next
         // in another, and a window's length is its whole seconds.
-        let coarse = !learned && (rate.reset_coarse || reset % 1000 == 0);
+        let coarse = rate.reset_coarse || reset % 1000 == 0;
         let slack = if coarse { 1000 } else { 0 };
-        // A learned reset is what is left of a window whose length the
-        // openings tell.
-        self.window_learned = learned;
-        self.window_ms = match self.openings.window_ms().filter(|_| learned) {
-            Some(w) => w.min(MAX_BUDGET_WINDOW_MS),
-            None => self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset }),
-        };
-        // A learned reset is an instant the pool placed, not a stamp.
-        let earliest = if learned { now + reset } else { (lease.granted_at + reset).saturating_sub(slack) };
+        self.window_ms = self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset });
+        let earliest = (lease.granted_at + reset).saturating_sub(slack);
         let latest = now + reset;
         // Whole seconds to go, from a header (`x-ratelimit-reset: 5`), may
         // have been stamped when the upstream admitted the call, as SPEC §7's
@@ -1139,7 +1078,7 @@ impl Learning {
         }
         // Whole seconds cannot tell a service time from a rounding; a date
         // reads the same whenever it was stamped.
-        if same_window && !coarse && !refused && !learned {
+        if same_window && !coarse && !refused {
             self.vote_stamp(latest);
         }
         let left = if refused { remaining } else { remaining.saturating_sub(self.unseen_grants(lease, now)) };
@@ -1173,9 +1112,6 @@ impl Learning {
                     self.ended_reset_at = b.reset_at;
                 }
                 self.told_budget(Budget { remaining: left, reset_at: end }, earliest, lease.grant_seq);
-                if learned {
-                    self.pace_learned(end);
-                }
                 Some(end)
             }
         }
@@ -1662,78 +1598,6 @@ mod tests {
             }
             assert!(l.effective() < 8, "cut as too many at once first");
         }
-    }
-
-    /// An opening found after ten idle minutes gives no window length: one
-    /// measured from it was fifty windows long, and the pool paced itself
-    /// to a call every five seconds for good (review). And a length the
-    /// openings drop refills nothing.
-    #[test]
-    fn an_idle_stretch_teaches_no_window_and_a_dropped_one_refills_nothing() {
-        let left = |r| Outcome {
-            status: Some(200),
-            rate: RateInfo { limit: Some(60), remaining: Some(r), ..RateInfo::default() },
-            ..Outcome::default()
-        };
-        let mut l = Learning::new(8, true);
-        for from in [0, 600_000, 606_000] {
-            for i in 0..10 {
-                let g = grant(&mut l, from + i * 100);
-                l.on_report(&left(59 - i), about(g, 0), from + i * 100 + 1);
-            }
-        }
-        assert_eq!(l.window_ms, 0, "no length from openings found after idle stretches");
-        assert_eq!(l.pause(607_000), None);
-        // A learned window, then the openings learn the length again: the
-        // budget in force runs to its end, and is not refilled after it.
-        let mut l = Learning::new(8, true);
-        for from in [0, 6000, 12_000] {
-            for i in 0..60 {
-                let g = grant(&mut l, from + i * 100);
-                l.on_report(&left(59 - i.min(59)), about(g, 0), from + i * 100 + 1);
-            }
-        }
-        assert!((l.window_learned, l.window_ms) == (true, 6000), "{} {}", l.window_learned, l.window_ms);
-        l.openings = Openings::default();
-        assert_eq!(l.on_budget_reset(18_000), None);
-        assert_eq!((l.budget, l.pace, l.window_ms), (None, None, 0));
-    }
-
-    /// `remaining` alone, no reset and no hint: once two openings were
-    /// seen in what is left, a window ends where they put it. Its refusal
-    /// waits for that end instead of probing blindly, and its grants are
-    /// paced up to it from its opening.
-    #[test]
-    fn what_is_left_alone_tells_where_windows_end_once_two_openings_were_seen() {
-        let left = |status: u16, remaining| Outcome {
-            status: Some(status),
-            throttled: u64::from(status == 429),
-            rate: RateInfo { limit: Some(10), remaining: Some(remaining), ..RateInfo::default() },
-        };
-        let run = |windows: u64| {
-            let mut l = Learning::new(8, true);
-            // Windows of 10 calls opening every 6 s, the calls spread over
-            // them (each reports at once); the 11th is refused.
-            for from in (0..windows).map(|w| w * 6000) {
-                for i in 0..10 {
-                    let g = grant(&mut l, from + i * 550);
-                    l.on_report(&left(200, 9 - i), about(g, 0), from + i * 550 + 1);
-                }
-            }
-            let at = (windows - 1) * 6000 + 5500;
-            let g = grant(&mut l, at);
-            l.on_report(&left(429, 0), about(g, 0), at + 1);
-            l
-        };
-        let l = run(3);
-        assert_eq!(l.blind, BlindProbe::default(), "not probed blindly");
-        assert_eq!(l.budget().map(|b| (b.remaining, b.reset_at)), Some((0, 18_000)));
-        assert_eq!(l.cooldown_until, 0);
-        assert_eq!(l.pace.map(|p| (p.from, p.per_window, p.window_ms)), Some((12_000, 10, 6000)));
-        // One opening seen: nothing says where the window ends yet.
-        let l = run(2);
-        assert_eq!(l.blind.backoff_ms, PROBE_BACKOFF_MIN_MS);
-        assert_eq!((l.budget(), l.cooldown_until), (None, 11_501 + PROBE_BACKOFF_MIN_MS));
     }
 
     /// A rate refusal with `remaining: 0` and no reset (or one already past)

@@ -25,7 +25,6 @@ pub mod learn;
 #[cfg(test)]
 mod learn_sim;
 pub mod lease;
-mod openings;
 mod pattern;
 pub mod pool;
 pub mod queue;

@@ -38,7 +38,7 @@ fn each_pool_counts_its_own_proxied_exchanges_beside_the_totals() {
     let failing = MockUpstream::start(|_| {
         Reply::Raw(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops".to_vec())
     });
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = refused_addr();
     let pool = |url: String, host: &str| {
         format!(r#"{{"keys":["{KEY}"],"adaptive":false,"upstream":{{"url":"{url}","hosts":["{host}"]}}}}"#)
     };

@@ -587,7 +587,7 @@ fn proxied_429s_with_openai_headers_teach_the_pool() {
 
 #[test]
 fn an_unreachable_upstream_is_a_502_and_frees_the_slot() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = refused_addr();
     let server = TestServer::start(&config(
         &format!(r#""concurrency":1,"upstream":{{"url":"http://{closed}","hosts":["{HOST}"]}}"#),
         "",
@@ -1006,7 +1006,7 @@ fn a_client_that_stalls_its_body_gets_a_408_and_the_upstream_is_not_blamed() {
 
 #[test]
 fn a_refused_connect_logs_no_upstream_time() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = refused_addr();
     let c = config(&format!(r#""concurrency":1,"upstream":{{"url":"http://{closed}","hosts":["{HOST}"]}}"#), "");
     let mut server = TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1));
     let r = exchange(&server, &proxied("GET", "/refused", "", ""));

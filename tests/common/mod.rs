@@ -327,6 +327,13 @@ fn read_request_head(s: &mut impl Read) -> Vec<u8> {
     head
 }
 
+/// An address nothing listens on, so a connect to it is refused at once:
+/// a privileged port no test binds. (A port bound and freed again could be
+/// taken by another test's server before it is used.)
+pub fn refused_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 1))
+}
+
 /// A free loopback port for a listener the server binds itself (a pool's
 /// own listener, an admin listener), taken below Linux's ephemeral range
 /// (32768 and up): a port the kernel hands out for port 0 may be handed to

@@ -438,12 +438,12 @@ fn access_log_apart<'a>(
     };
     let state = state_path(config, Some(config_path));
     let lock = state.as_deref().map(lock_path);
-    let ours = [(Some(config_path), "the configuration file"), (state.as_deref(), "the state file")];
-    let ours = ours.into_iter().chain([(lock.as_deref(), "the state file's lock")]);
-    let same = |(other, what): (&Path, &str)| same_file(log, other).then(|| what.to_owned());
-    let found = kept.into_iter().find_map(same).or_else(|| ours.filter_map(|(p, what)| same((p?, what))).next());
-    match found {
-        Some(what) => Err(format!("accessLog: {} is {what}; log to a file of its own", log.display())),
+    let mut files: Vec<(&Path, &str)> = kept.into_iter().collect();
+    files.push((config_path, "the configuration file"));
+    files.extend(state.as_deref().map(|p| (p, "the state file")));
+    files.extend(lock.as_deref().map(|p| (p, "the state file's lock")));
+    match files.into_iter().find(|(other, _)| same_file(log, other)) {
+        Some((_, what)) => Err(format!("accessLog: {} is {what}; log to a file of its own", log.display())),
         None => Ok(()),
     }
 }

@@ -137,3 +137,50 @@ fn bad_keys_are_a_clear_400() {
     assert_eq!(keyed(&s, &"k".repeat(128), "").status, 200);
     assert_eq!(held(&s), 1, "the refused attempts took nothing");
 }
+
+#[test]
+fn a_retrys_answer_that_never_arrives_leaves_the_holder_its_slot() {
+    // The holder got its grant; a retry of the same acquire then comes on a
+    // connection that never reads and goes away: its answers (the same
+    // grant) were never delivered. The slot is the holder's still: it
+    // renews it, and a one-slot pool grants no second caller beside it.
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = keyed(&s, "job-9", "").slot();
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&s.addr.into()).unwrap();
+    let mut retries = std::net::TcpStream::from(socket);
+    // Sent until the server stops taking them: its output to this client is
+    // then full, and what is in it is never delivered.
+    let burst = post("/pools/p/lock/acquire", KEY, "Idempotency-Key: job-9\r\n", "");
+    let burst = burst.repeat(20_000);
+    retries.set_nonblocking(true).unwrap();
+    let (mut sent, mut replays) = (0, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        while sent < burst.len() {
+            match retries.write(&burst[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let now = metric(&s, "nthpool_idempotent_replays_total");
+        if now == replays && now > 0 {
+            break;
+        }
+        replays = now;
+        assert!(std::time::Instant::now() < deadline, "{replays} replays, the server still answering");
+    }
+    assert!(replays > 100, "only {replays} replays: the server's output never filled");
+    // Closed with unread answers: a reset, and the server's output is dropped.
+    drop(retries);
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.metric("nthpool_connections_open").is_some_and(|open| open > 1.0) && std::time::Instant::now() < gone {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(s.renew(&slot).status, 200, "the holder's slot was released with the retry's lost answers");
+    assert_eq!(held(&s), 1);
+    assert_eq!(s.acquire("X-Nthpool-No-Queue: 1\r\n", "").status, 429, "a second caller beside the holder");
+}

@@ -348,6 +348,10 @@ pub struct Lease {
     /// Restored from a snapshot taken while running, and neither renewed
     /// nor released since (see `Pool::unconfirmed`).
     pub unconfirmed: bool,
+    /// An idempotent retry was answered with it: its grant may have reached
+    /// the holder on that answer or on the first, so neither one's failing to
+    /// arrive releases it (`Governor::release_undelivered`).
+    pub replayed: bool,
     /// Its `Idempotency-Key`'s entry in the pool's store, or `NO_KEY`.
     pub idem: u32,
 }
@@ -538,6 +542,7 @@ mod tests {
             timer: crate::wheel::Wheel::<()>::new().insert(0, ()),
             adopted: false,
             unconfirmed: false,
+            replayed: false,
             idem: super::super::idempotency::NO_KEY,
         };
         assert_eq!(lease.renewed_deadline(90), 120);

@@ -432,6 +432,7 @@ impl<T: Copy> Governor<T> {
                     self.wheel.cancel(timer);
                     self.reclaim(idx as usize, now);
                 } else if self.confirm(idx as usize, now) {
+                    self.leases[idx as usize].replayed = true;
                     let pool = &mut self.pools[pid.0 as usize];
                     pool.stats.idempotent_replays += 1;
                     pool.refill_gate(now);
@@ -604,9 +605,12 @@ impl<T: Copy> Governor<T> {
         self.release_as(pid, &text, outcome, false, now)
     }
 
-    /// Releases a grant whose answer could not be delivered.
+    /// Releases a grant whose answer could not be delivered, unless an
+    /// idempotent retry was answered with it too: that answer, or this
+    /// one's first, may have reached its holder, who then renews and
+    /// releases it; if neither did, its term reclaims it.
     pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
-        if let Some(idx) = self.held(slot) {
+        if let Some(idx) = self.held(slot).filter(|&idx| !self.leases[idx].replayed) {
             let (pid, text) = (self.leases[idx].pool, self.leases[idx].text);
             self.release_as(pid, &text, None, false, now);
         }
@@ -749,6 +753,7 @@ impl<T: Copy> Governor<T> {
             timer,
             adopted: false,
             unconfirmed: false,
+            replayed: false,
             idem: NO_KEY,
         });
         debug_assert_eq!(inserted, idx);
@@ -856,6 +861,7 @@ impl<T: Copy> Governor<T> {
             timer,
             adopted: true,
             unconfirmed: false,
+            replayed: false,
             idem: NO_KEY,
         });
         self.adopted.insert(id, Some(idx));

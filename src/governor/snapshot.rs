@@ -319,6 +319,7 @@ impl<T: Copy> Governor<T> {
                 timer,
                 adopted: l.adopted,
                 unconfirmed,
+                replayed: false,
                 idem: NO_KEY,
             };
             table.push((place as usize, lease));

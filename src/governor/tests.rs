@@ -609,6 +609,30 @@ fn undelivered_grant_is_released() {
     granted(g.acquire(p, 0, 2, 6));
 }
 
+/// A keyed grant answered twice (the first acquire, then its retry) is not
+/// released when either answer fails to arrive: the other may have, and
+/// its holder works with it. If neither did, the term reclaims it.
+#[test]
+fn a_grant_an_idempotent_retry_was_answered_with_stays_held_if_one_answer_is_lost() {
+    let (mut g, p) = governor(r#","concurrency":1,"termMs":1000,"renewIntervalMs":300"#);
+    let key = crate::governor::idempotency::IdemKey::new(7, b"job").unwrap();
+    let Ok(Admission::Granted(first)) = g.acquire_keyed(p, &key, 0, 1, 0) else { panic!("granted") };
+    let Ok(Admission::Granted(again)) = g.acquire_keyed(p, &key, 0, 2, 10) else { panic!("the same grant") };
+    assert_eq!(again.slot, first.slot);
+    g.release_undelivered(&again.slot, 20);
+    assert_eq!(g.pool(p).held, 1, "the retry's lost answer leaves the first one's holder its slot");
+    g.release_undelivered(&first.slot, 30);
+    assert_eq!(g.pool(p).held, 1, "the first's lost answer leaves the retry's holder its slot");
+    assert_eq!(g.renew(p, &id(&first), 40), Ok(1040));
+    assert!(matches!(g.acquire(p, 0, 3, 50), Admission::Denied(_)), "one slot, held");
+    g.advance(1040);
+    assert_eq!(g.pool(p).held, 0, "reclaimed at its term's end");
+    // An unkeyed grant, answered once, still goes back at once.
+    let lone = granted(g.acquire(p, 0, 4, 1050));
+    g.release_undelivered(&lone.slot, 1055);
+    assert_eq!(g.pool(p).held, 0);
+}
+
 #[test]
 fn external_timers_come_back_as_notices() {
     let (mut g, _) = governor("");

@@ -384,9 +384,12 @@ fn temporary(path: &Path) -> PathBuf {
     tmp.into()
 }
 
-/// Whether a snapshot could be written to `path`: its temporary file is
-/// created there and removed again (a missing or read-only directory fails),
-/// and `path` is no directory (a rename cannot replace one).
+/// Whether a snapshot could be written to `path`: a file is created beside
+/// it and removed again (a missing or read-only directory fails), and `path`
+/// is no directory (a rename cannot replace one). The file is this
+/// process's own, never `write_atomic`'s temporary one: `--check-config` or
+/// a second start checks the file of a server that may be writing its
+/// snapshot right then.
 pub fn check_writable(path: &Path) -> std::io::Result<()> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => return Err(std::io::Error::other("it is a directory")),
@@ -399,9 +402,18 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
         }
         _ => {}
     }
-    let tmp = temporary(path);
-    OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-    std::fs::remove_file(&tmp)
+    let mut probe = path.as_os_str().to_owned();
+    probe.push(format!(".check-{}", std::process::id()));
+    let create = || OpenOptions::new().write(true).create_new(true).mode(0o600).open(&probe);
+    match create() {
+        // Left by a process that had this id and ended in between.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&probe)?;
+            create()?
+        }
+        opened => opened?,
+    };
+    std::fs::remove_file(&probe)
 }
 
 /// Replaces `path` with `bytes` atomically: a temporary file beside it,
@@ -677,6 +689,28 @@ mod tests {
         std::fs::create_dir_all(&path).unwrap();
         assert!(write_atomic(&path, b"third").is_err());
         assert!(!dir.join("nthpool.state.tmp").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `--check-config`, or a second start the lock will refuse, checks the
+    /// file of a server that may be writing its snapshot at that moment:
+    /// the check touches nothing of that write.
+    #[test]
+    fn the_writability_check_leaves_a_snapshot_being_written_alone() {
+        let dir = std::env::temp_dir().join(format!("nthpool-state-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("nthpool.state");
+        let writing = temporary(&path);
+        std::fs::write(&writing, b"a snapshot halfway written").unwrap();
+        check_writable(&path).unwrap();
+        assert_eq!(std::fs::read(&writing).unwrap(), b"a snapshot halfway written");
+        // It leaves nothing of its own, and one left by a process that had
+        // this id before does not fail it.
+        let names = || std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>();
+        assert_eq!(names(), vec![std::ffi::OsString::from("nthpool.state.tmp")]);
+        std::fs::write(dir.join(format!("nthpool.state.check-{}", std::process::id())), b"").unwrap();
+        check_writable(&path).unwrap();
+        assert_eq!(names(), vec![std::ffi::OsString::from("nthpool.state.tmp")]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

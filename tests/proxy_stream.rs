@@ -192,6 +192,98 @@ fn a_64_mb_upload_to_a_slow_upstream_keeps_server_memory_bounded() {
     assert!(grown_mib < 16, "server memory grew by {grown_mib} MiB relaying a 64 MB upload to a slow upstream");
 }
 
+/// Writes `bytes` without blocking until the socket has taken none for
+/// 300 ms (every buffer on the way is full) or all of it; the bytes written.
+fn write_until_stuck(s: &mut TcpStream, bytes: &[u8]) -> usize {
+    s.set_nonblocking(true).unwrap();
+    let (mut sent, mut stuck_since) = (0, Instant::now());
+    while sent < bytes.len() && stuck_since.elapsed() < Duration::from_millis(300) {
+        match s.write(&bytes[sent..]) {
+            Ok(n) => {
+                sent += n;
+                stuck_since = Instant::now();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    sent
+}
+
+/// Pipelined behind a proxied request: more than the server buffers for a
+/// connection (16 KiB of head, twice `maxBodyBytes` (64 KiB), 64 KiB) by
+/// 40 KiB, which the kernel's receive buffer holds, so the client's FIN
+/// reaches the server behind bytes it has no room to read.
+fn overflowing_tail() -> Vec<u8> {
+    proxied("POST", "/behind", "", &"t".repeat(248 * 1024))
+}
+
+#[test]
+fn a_client_that_leaves_with_more_pipelined_than_the_server_buffers_frees_its_slot_at_once() {
+    // The upstream takes the request and answers nothing for 8 s. The client
+    // pipelined more than the server reads while the exchange runs, then
+    // closes: its FIN waits behind unread input, but it is seen, and the
+    // client is gone: its slot comes back now, not when the upstream ends.
+    let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(8)));
+    let server = TestServer::start(
+        &config(
+            &format!(
+                r#""concurrency":1,"adaptive":false,"upstream":{{"url":"{}","hosts":["{HOST}"],"timeoutMs":30000}}"#,
+                up.url()
+            ),
+            "",
+        )
+        .replace(r#""accessLog":null"#, r#""accessLog":"access.log""#),
+    );
+    let mut s = server.connect();
+    let mut request = proxied("GET", "/stall", "", "");
+    request.extend_from_slice(&overflowing_tail());
+    assert_eq!(write_until_stuck(&mut s, &request), request.len(), "the kernel took less than it should");
+    let start = Instant::now();
+    while up.seen().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(5), "the request never reached the upstream");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(s);
+    let took = slot_comes_back(&server);
+    assert!(took < Duration::from_secs(4), "the slot came back after {took:?}");
+    let line = access_log(&server, 1).into_iter().find(|l| l["path"] == "/stall").expect("the request's line");
+    assert_eq!(line["status"], 499, "{line}");
+}
+
+#[test]
+fn a_queued_client_that_left_behind_a_full_buffer_is_never_forwarded() {
+    // A proxied request waits for the one slot, with more pipelined behind it
+    // than the server buffers; then its client closes. Its FIN is behind
+    // bytes never read, but it is seen: the request leaves the queue and
+    // never reaches the upstream when the slot is freed.
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = TestServer::start(&config(
+        &format!(r#""concurrency":1,"adaptive":false,"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()),
+        "",
+    ));
+    let holder = server.acquire("", "").slot();
+    let mut s = server.connect();
+    let mut ghost = proxied("GET", "/ghost", "X-Nthpool-Queue-Timeout-Ms: 20000\r\n", "");
+    ghost.extend_from_slice(&overflowing_tail());
+    assert_eq!(write_until_stuck(&mut s, &ghost), ghost.len(), "the kernel took less than it should");
+    let start = Instant::now();
+    while server.metric("nthpool_waiters{pool=\"p\"}") != Some(1.0) {
+        assert!(start.elapsed() < Duration::from_secs(5), "the request never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(s);
+    while server.metric("nthpool_waiters{pool=\"p\"}") != Some(0.0) {
+        assert!(start.elapsed() < Duration::from_secs(5), "the client that left still waits");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(server.release(&holder, "").json()["released"], true);
+    slot_comes_back(&server);
+    std::thread::sleep(Duration::from_millis(200));
+    let lines: Vec<String> = up.seen().iter().map(|r| r.request_line().to_string()).collect();
+    assert!(lines.is_empty(), "a client that had left was forwarded: {lines:?}");
+}
+
 #[test]
 fn an_upstream_reading_a_large_upload_steadily_is_not_taken_for_one_that_stalled() {
     const KIB: usize = 1024;

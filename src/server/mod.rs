@@ -1122,7 +1122,8 @@ impl Server {
         // is seen, even when a full input buffer keeps it from being read. It
         // is answered (a half-closed client still reads), and what it
         // pipelined behind the acquire is answered after it. A proxied
-        // request's wait ends with its exchange, once the FIN is read.
+        // request's wait ends with its exchange (`pump_exchange`), which
+        // counts the FIN the same way.
         if conn.read_closed | conn.hangup {
             self.withdraw_stopped_waiter(id, now);
         } else if conn.is_waiting() && conn.input_full() {

@@ -359,8 +359,10 @@ impl Server {
         let Some(ex) = conn.exchange else {
             return;
         };
-        if conn.read_closed {
-            // A client that closes mid-exchange is gone: its slot is freed now.
+        if conn.peer_done_sending() {
+            // A client that closes mid-exchange is gone: its slot is freed now,
+            // also when its FIN waits behind input a full buffer left unread
+            // (an upload the upstream reads slowly, a pipeline behind a wait).
             self.end_exchange(id, End::Closed(crate::api::UNANSWERED_CLIENT_GONE));
             return;
         }

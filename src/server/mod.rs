@@ -73,6 +73,7 @@ use crate::api::{ApiError, App, ConnId, Entropy, Event, PoolId, Wake};
 use crate::config::Config;
 use crate::http::request::MAX_HEAD_BYTES;
 use crate::http::response::write_kept_alive;
+use crate::outstream;
 use crate::proxy::Proxy;
 use crate::state;
 use crate::time::{Ms, Now};
@@ -121,6 +122,8 @@ const CLOSE_BEFORE_SNAPSHOT_MS: u64 = 100;
 /// reader of standard output or a pipe (SPEC §2: the stop takes at most a
 /// second, the snapshot aside).
 const STOP_LOG_UNTIL_MS: u64 = 950;
+/// How soon lines a slow reader of the server's log left waiting are tried again.
+const STDERR_RETRY: Duration = Duration::from_millis(100);
 /// Open connections on the admin listener: its own budget, so health checks
 /// and scrapes are answered however many public connections are open.
 pub const ADMIN_MAX_CONNECTIONS: usize = 16;
@@ -483,6 +486,9 @@ impl Server {
             // What writing and accepting answered in turn (rarely anything).
             self.settle_answers();
             self.app.end_turn(self.now.ms);
+            if outstream::stderr_waiting() {
+                outstream::flush_stderr();
+            }
             self.ready_carry = if self.postponed.is_empty() {
                 std::mem::replace(&mut self.ready, carried)
             } else {
@@ -507,6 +513,8 @@ impl Server {
                     info!(
                         "shut down ({cut} connections cut at the deadline, {draining} closed while draining after their last answer)"
                     );
+                    let left = (self.shutdown_began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
+                    outstream::close_stderr(Instant::now() + Duration::from_millis(left));
                     return Ok(());
                 }
             }
@@ -751,7 +759,12 @@ impl Server {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        wake.map(|at| Duration::from_millis(at.saturating_sub(now)))
+        let wait = wake.map(|at| Duration::from_millis(at.saturating_sub(now)));
+        if outstream::stderr_waiting() {
+            // Lines wait for a slow reader of the server's log: tried again soon.
+            return Some(wait.map_or(STDERR_RETRY, |wait| wait.min(STDERR_RETRY)));
+        }
+        wait
     }
 
     fn accept(&mut self, admin: bool) {

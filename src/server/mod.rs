@@ -486,9 +486,6 @@ impl Server {
             // What writing and accepting answered in turn (rarely anything).
             self.settle_answers();
             self.app.end_turn(self.now.ms);
-            if outstream::stderr_waiting() {
-                outstream::flush_stderr();
-            }
             self.ready_carry = if self.postponed.is_empty() {
                 std::mem::replace(&mut self.ready, carried)
             } else {
@@ -750,6 +747,12 @@ impl Server {
     /// turn's clock reading (as event loops commonly do), so a deadline fires
     /// at most one turn's work late and a turn costs one clock read.
     fn poll_timeout(&mut self) -> Option<Duration> {
+        // Lines wait for a slow reader of the server's log: what it takes
+        // now goes, the rest is tried again soon.
+        let log_waits = outstream::stderr_waiting() && {
+            outstream::flush_stderr();
+            outstream::stderr_waiting()
+        };
         if !self.ready_carry.is_empty() || !self.dirty.is_empty() || !self.stopping.is_empty() {
             return Some(Duration::ZERO);
         }
@@ -760,8 +763,7 @@ impl Server {
             (a, b) => a.or(b),
         };
         let wait = wake.map(|at| Duration::from_millis(at.saturating_sub(now)));
-        if outstream::stderr_waiting() {
-            // Lines wait for a slow reader of the server's log: tried again soon.
+        if log_waits {
             return Some(wait.map_or(STDERR_RETRY, |wait| wait.min(STDERR_RETRY)));
         }
         wait

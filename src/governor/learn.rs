@@ -38,10 +38,6 @@ use crate::time::Ms;
 pub const MAX_COOLDOWN_MS: u64 = 120_000;
 /// The furthest ahead a learned budget window may reach.
 pub const MAX_BUDGET_WINDOW_MS: u64 = 3_600_000;
-/// A reset more than this many times the learned window length, with the
-/// same limit, is taken as the length only when a second report says one too
-/// (`Learning::longer_reset`).
-const LONGER_WINDOW: u64 = 4;
 
 /// What the upstream said about its budget: parsed from its response headers
 /// (`report::ratelimit::parse_headers`) or sent pre-parsed as `rate`.
@@ -359,17 +355,6 @@ pub struct Learning {
     pub budget_limit: Option<u64>,
     /// The longest reset the upstream announced: the window length.
     pub window_ms: u64,
-    /// The other limit the upstream last told (another of its policies, or
-    /// the limit before it changed one) with the window length learned for
-    /// it: when reports tell that limit again, that length comes back.
-    #[serde(default)]
-    pub other_window: Option<(u64, u64)>,
-    /// A reset many times the window length, said once with the same limit
-    /// and not taken as the length: one report alone (a wrong one) does not
-    /// spread the limit over a far longer window; a second one before the
-    /// next refill does.
-    #[serde(default)]
-    pub longer_reset: bool,
     /// The reset instant of the window that ended last: reports of it are stale.
     pub ended_reset_at: Ms,
     /// The budget's reset is the refill's guess (one window after the last),
@@ -450,8 +435,6 @@ impl Learning {
             pace: None,
             budget_limit: None,
             window_ms: 0,
-            other_window: None,
-            longer_reset: false,
             ended_reset_at: 0,
             reset_guessed: false,
             budget_not_before: 0,
@@ -675,7 +658,6 @@ impl Learning {
     pub fn on_budget_reset(&mut self, now: Ms) -> Option<Ms> {
         let b = self.budget.filter(|b| b.reset_at <= now)?;
         self.ended_reset_at = b.reset_at;
-        self.longer_reset = false;
         (self.budget_not_before, self.budget_seq) = (0, 0);
         if self.pattern.in_force {
             // A budget learned from refusals moves its probe on.
@@ -1032,19 +1014,9 @@ impl Learning {
         // Said by a call admitted before the one that told the known limit
         // (a slow call reporting late), it is the limit before the upstream
         // lowered it: an older view, which neither raises nor replaces it.
-        let (mut raised, mut new_limit) = (false, false);
+        let mut raised = false;
         if let Some(limit) = rate.limit.filter(|&l| l > 0 && lease.grant_seq >= self.budget_limit_seq) {
             raised = self.budget_limit.is_some_and(|known| limit > known);
-            if let Some(known) = self.budget_limit.filter(|&known| known != limit) {
-                // Another limit: the window length learned for it, if it was
-                // told before; else the one learned so far (a changed limit
-                // keeps its window), which this limit's resets may lengthen.
-                let back = self.other_window.filter(|&(other, _)| other == limit);
-                new_limit = back.is_none();
-                self.other_window = Some((known, self.window_ms));
-                self.window_ms = back.map_or(self.window_ms, |(_, w)| w);
-                self.longer_reset = false;
-            }
             self.budget_limit = Some(limit);
             self.budget_limit_seq = lease.grant_seq;
         }
@@ -1062,12 +1034,7 @@ impl Learning {
         // in another, and a window's length is its whole seconds.
         let coarse = rate.reset_coarse || reset % 1000 == 0;
         let slack = if coarse { 1000 } else { 0 };
-        let length = if coarse { reset / 1000 * 1000 } else { reset };
-        let far_longer = self.window_ms > 0 && length > LONGER_WINDOW * self.window_ms;
-        if !far_longer || new_limit || std::mem::replace(&mut self.longer_reset, true) {
-            self.window_ms = self.window_ms.max(length);
-            self.longer_reset = false;
-        }
+        self.window_ms = self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset });
         let earliest = (lease.granted_at + reset).saturating_sub(slack);
         let latest = now + reset;
         // Whole seconds to go, from a header (`x-ratelimit-reset: 5`), may
@@ -1530,92 +1497,6 @@ mod tests {
         let old = Outcome { rate: RateInfo { remaining: Some(0), reset_ms: Some(605), ..RateInfo::default() }, ..ok() };
         l.on_report(&old, about(late, 0), 700);
         assert_eq!(l.budget().unwrap().remaining, 5);
-    }
-
-    /// One caller against an upstream of 10 calls per 2-s window (fixed
-    /// windows from 0), each call 100 ms, its answer saying the window's
-    /// limit, what is left of it and its reset, stamped at the response;
-    /// `tell` may change what the call that ends at `done` says. The calls
-    /// that succeeded in `[from, to)`.
-    fn one_caller_of_10_per_2s(
-        l: &mut Learning,
-        tell: impl Fn(Ms, Outcome) -> (bool, Outcome),
-        from: Ms,
-        to: Ms,
-    ) -> u64 {
-        let (mut used, mut window, mut ok) = (0u64, 0u64, 0u64);
-        let mut t = 0;
-        while t < to {
-            let _ = l.on_budget_reset(t);
-            if l.pause(t).is_some() {
-                t += 10;
-                continue;
-            }
-            let lease = grant(l, t);
-            let done = t + 100;
-            if t / 2000 != window {
-                (window, used) = (t / 2000, 0);
-            }
-            used += 1;
-            let reset = 2000 - done % 2000;
-            let (admitted, told) = if used <= 10 {
-                tell(done, said(10, 10 - used, reset))
-            } else {
-                tell(done, Outcome { status: Some(429), ..said(10, 0, reset) })
-            };
-            l.on_report(&told, about(lease, 0), done);
-            ok += u64::from(admitted && t >= from);
-            t = done;
-        }
-        ok
-    }
-
-    /// One report of a long reset (a wrong one) made it the window's length
-    /// for good: every refill spread the limit over an hour, and the
-    /// reports of the real 2-s windows that followed were dropped as late
-    /// ones of the window that ended. One such report is not taken as the
-    /// length; the pool keeps the upstream's pace.
-    #[test]
-    fn one_long_reset_does_not_pace_the_pool_to_it_for_good() {
-        let as_is = |_: Ms, o: Outcome| (o.status != Some(429), o);
-        let clean = one_caller_of_10_per_2s(&mut ramped(4), as_is, 10_000, 20_000);
-        assert!(clean >= 45, "{clean} calls in 10 s");
-        let once = |done: Ms, o: Outcome| {
-            let ok = o.status != Some(429);
-            (ok, if done == 10_100 { said(10, 9, 3_600_000) } else { o })
-        };
-        let after = one_caller_of_10_per_2s(&mut ramped(4), once, 14_000, 24_000);
-        assert!(after >= 45, "{after} calls in 10 s, 4 s after one report of an hour's reset");
-    }
-
-    /// An upstream with two policies: 10 calls per 2 s, and 1 000 an hour
-    /// whose last 5 are left 10 minutes before its end (at 610 s). Its
-    /// answers tell the policy with the fewest left: the hour's, until it
-    /// ends. The pool makes those 5 calls and waits; then the 2-s policy is
-    /// told again, and its windows get the length learned for it back, not
-    /// the 10 minutes the hour's reset said (17 calls in 10 s, not 50).
-    #[test]
-    fn a_second_policy_told_for_a_while_leaves_the_first_ones_window_as_it_was() {
-        let calls_in_hour = std::cell::Cell::new(0u64);
-        let two = |done: Ms, o: Outcome| {
-            let ok = o.status != Some(429);
-            if !(10_000..610_000).contains(&done) {
-                return (ok, o);
-            }
-            calls_in_hour.set(calls_in_hour.get() + 1);
-            let left = 5u64.checked_sub(calls_in_hour.get());
-            let fewer = left.is_none_or(|left| left < o.rate.remaining.unwrap_or(0));
-            let told = |left| said(1000, left, 610_000 - done);
-            match left {
-                Some(left) if fewer => (ok, told(left)),
-                Some(_) => (ok, o),
-                None => (false, Outcome { status: Some(429), ..told(0) }),
-            }
-        };
-        let mut l = ramped(4);
-        let after = one_caller_of_10_per_2s(&mut l, two, 614_000, 624_000);
-        assert!(calls_in_hour.get() <= 6, "{} calls in the hour's last 10 minutes", calls_in_hour.get());
-        assert!(after >= 45, "{after} calls in 10 s, 4 s after the hour's end");
     }
 
     /// The upstream raises its limit from 6 to 12 a window in the middle of

@@ -138,6 +138,43 @@ fn bad_keys_are_a_clear_400() {
     assert_eq!(held(&s), 1, "the refused attempts took nothing");
 }
 
+/// Sends `request` many times on a connection that never reads, until the
+/// server stops answering (its output to the connection is full: what is in
+/// it is never delivered), then drops the connection unread (a reset).
+/// Returns when the server has closed it.
+fn flood_unread(s: &TestServer, request: &[u8]) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&s.addr.into()).unwrap();
+    let mut flood = std::net::TcpStream::from(socket);
+    let burst = request.repeat(20_000);
+    flood.set_nonblocking(true).unwrap();
+    let (mut sent, mut answered) = (0, 0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        while sent < burst.len() {
+            match flood.write(&burst[sent..]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let now = metric(s, "nthpool_idempotent_replays_total");
+        if now == answered && now > 0 {
+            break;
+        }
+        answered = now;
+        assert!(std::time::Instant::now() < deadline, "{answered} replays, the server still answering");
+    }
+    assert!(answered > 100, "only {answered} replays: the server's output never filled");
+    drop(flood);
+    let gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.metric("nthpool_connections_open").is_some_and(|open| open > 1.0) && std::time::Instant::now() < gone {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_retrys_answer_that_never_arrives_leaves_the_holder_its_slot() {
     // The holder got its grant; a retry of the same acquire then comes on a
@@ -146,40 +183,7 @@ fn a_retrys_answer_that_never_arrives_leaves_the_holder_its_slot() {
     // renews it, and a one-slot pool grants no second caller beside it.
     let s = TestServer::start(&config(r#""concurrency":1"#, ""));
     let slot = keyed(&s, "job-9", "").slot();
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    socket.connect(&s.addr.into()).unwrap();
-    let mut retries = std::net::TcpStream::from(socket);
-    // Sent until the server stops taking them: its output to this client is
-    // then full, and what is in it is never delivered.
-    let burst = post("/pools/p/lock/acquire", KEY, "Idempotency-Key: job-9\r\n", "");
-    let burst = burst.repeat(20_000);
-    retries.set_nonblocking(true).unwrap();
-    let (mut sent, mut replays) = (0, 0);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        while sent < burst.len() {
-            match retries.write(&burst[sent..]) {
-                Ok(n) => sent += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let now = metric(&s, "nthpool_idempotent_replays_total");
-        if now == replays && now > 0 {
-            break;
-        }
-        replays = now;
-        assert!(std::time::Instant::now() < deadline, "{replays} replays, the server still answering");
-    }
-    assert!(replays > 100, "only {replays} replays: the server's output never filled");
-    // Closed with unread answers: a reset, and the server's output is dropped.
-    drop(retries);
-    let gone = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while s.metric("nthpool_connections_open").is_some_and(|open| open > 1.0) && std::time::Instant::now() < gone {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    flood_unread(&s, &post("/pools/p/lock/acquire", KEY, "Idempotency-Key: job-9\r\n", ""));
     assert_eq!(s.renew(&slot).status, 200, "the holder's slot was released with the retry's lost answers");
     assert_eq!(held(&s), 1);
     assert_eq!(s.acquire("X-Nthpool-No-Queue: 1\r\n", "").status, 429, "a second caller beside the holder");

@@ -348,10 +348,12 @@ pub struct Lease {
     /// Restored from a snapshot taken while running, and neither renewed
     /// nor released since (see `Pool::unconfirmed`).
     pub unconfirmed: bool,
-    /// An idempotent retry was answered with it: its grant may have reached
-    /// the holder on that answer or on the first, so neither one's failing to
-    /// arrive releases it (`Governor::release_undelivered`).
-    pub replayed: bool,
+    /// The answers that carried it: its grant, and each idempotent retry
+    /// answered with it since. One that could not be delivered takes one
+    /// off; the last one's failing releases it, since then none arrived
+    /// (`Governor::release_undelivered`). A lease restored or re-adopted
+    /// counts its holder's one.
+    pub answers: u16,
     /// Its `Idempotency-Key`'s entry in the pool's store, or `NO_KEY`.
     pub idem: u32,
 }
@@ -542,7 +544,7 @@ mod tests {
             timer: crate::wheel::Wheel::<()>::new().insert(0, ()),
             adopted: false,
             unconfirmed: false,
-            replayed: false,
+            answers: 1,
             idem: super::super::idempotency::NO_KEY,
         };
         assert_eq!(lease.renewed_deadline(90), 120);

@@ -432,7 +432,8 @@ impl<T: Copy> Governor<T> {
                     self.wheel.cancel(timer);
                     self.reclaim(idx as usize, now);
                 } else if self.confirm(idx as usize, now) {
-                    self.leases[idx as usize].replayed = true;
+                    let lease = &mut self.leases[idx as usize];
+                    lease.answers = lease.answers.saturating_add(1);
                     let pool = &mut self.pools[pid.0 as usize];
                     pool.stats.idempotent_replays += 1;
                     pool.refill_gate(now);
@@ -605,12 +606,17 @@ impl<T: Copy> Governor<T> {
         self.release_as(pid, &text, outcome, false, now)
     }
 
-    /// Releases a grant whose answer could not be delivered, unless an
-    /// idempotent retry was answered with it too: that answer, or this
-    /// one's first, may have reached its holder, who then renews and
-    /// releases it; if neither did, its term reclaims it.
+    /// Releases a grant whose answer could not be delivered, unless another
+    /// answer carried it too (an idempotent retry's, or the first one a
+    /// retry's lost answer repeated): that one may have reached its holder,
+    /// who renews and releases it. The last answer lost releases it.
     pub fn release_undelivered(&mut self, slot: &SlotId, now: Ms) {
-        if let Some(idx) = self.held(slot).filter(|&idx| !self.leases[idx].replayed) {
+        let Some(idx) = self.held(slot) else {
+            return;
+        };
+        let lease = &mut self.leases[idx];
+        lease.answers = lease.answers.saturating_sub(1);
+        if lease.answers == 0 {
             let (pid, text) = (self.leases[idx].pool, self.leases[idx].text);
             self.release_as(pid, &text, None, false, now);
         }
@@ -753,7 +759,7 @@ impl<T: Copy> Governor<T> {
             timer,
             adopted: false,
             unconfirmed: false,
-            replayed: false,
+            answers: 1,
             idem: NO_KEY,
         });
         debug_assert_eq!(inserted, idx);
@@ -861,7 +867,7 @@ impl<T: Copy> Governor<T> {
             timer,
             adopted: true,
             unconfirmed: false,
-            replayed: false,
+            answers: 1,
             idem: NO_KEY,
         });
         self.adopted.insert(id, Some(idx));

@@ -319,7 +319,7 @@ impl<T: Copy> Governor<T> {
                 timer,
                 adopted: l.adopted,
                 unconfirmed,
-                replayed: false,
+                answers: 1,
                 idem: NO_KEY,
             };
             table.push((place as usize, lease));

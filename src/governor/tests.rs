@@ -610,10 +610,10 @@ fn undelivered_grant_is_released() {
 }
 
 /// A keyed grant answered twice (the first acquire, then its retry) is not
-/// released when either answer fails to arrive: the other may have, and
-/// its holder works with it. If neither did, the term reclaims it.
+/// released when one answer fails to arrive: the other may have, and its
+/// holder works with it. When both are lost, none arrived: it is released.
 #[test]
-fn a_grant_an_idempotent_retry_was_answered_with_stays_held_if_one_answer_is_lost() {
+fn a_grant_an_idempotent_retry_was_answered_with_goes_back_only_with_its_last_answer() {
     let (mut g, p) = governor(r#","concurrency":1,"termMs":1000,"renewIntervalMs":300"#);
     let key = crate::governor::idempotency::IdemKey::new(7, b"job").unwrap();
     let Ok(Admission::Granted(first)) = g.acquire_keyed(p, &key, 0, 1, 0) else { panic!("granted") };
@@ -621,15 +621,17 @@ fn a_grant_an_idempotent_retry_was_answered_with_stays_held_if_one_answer_is_los
     assert_eq!(again.slot, first.slot);
     g.release_undelivered(&again.slot, 20);
     assert_eq!(g.pool(p).held, 1, "the retry's lost answer leaves the first one's holder its slot");
-    g.release_undelivered(&first.slot, 30);
-    assert_eq!(g.pool(p).held, 1, "the first's lost answer leaves the retry's holder its slot");
     assert_eq!(g.renew(p, &id(&first), 40), Ok(1040));
     assert!(matches!(g.acquire(p, 0, 3, 50), Admission::Denied(_)), "one slot, held");
-    g.advance(1040);
-    assert_eq!(g.pool(p).held, 0, "reclaimed at its term's end");
-    // An unkeyed grant, answered once, still goes back at once.
-    let lone = granted(g.acquire(p, 0, 4, 1050));
-    g.release_undelivered(&lone.slot, 1055);
+    // Retried again, and this answer and the first are lost too: none arrived.
+    let Ok(Admission::Granted(third)) = g.acquire_keyed(p, &key, 0, 4, 60) else { panic!("the same grant") };
+    g.release_undelivered(&first.slot, 70);
+    assert_eq!(g.pool(p).held, 1, "the third answer may have arrived");
+    g.release_undelivered(&third.slot, 80);
+    assert_eq!(g.pool(p).held, 0, "every answer that carried it was lost");
+    // An unkeyed grant, answered once, goes back at once.
+    let lone = granted(g.acquire(p, 0, 5, 90));
+    g.release_undelivered(&lone.slot, 95);
     assert_eq!(g.pool(p).held, 0);
 }
 

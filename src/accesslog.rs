@@ -14,12 +14,11 @@
 //! non-reversible reference).
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{ErrorKind, Write};
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileTypeExt;
 
 use mio::unix::pipe::Sender;
-
-use crate::outstream::{write_some, Stream};
 
 use log::warn;
 
@@ -34,8 +33,10 @@ pub const FLUSH_INTERVAL_MS: u64 = 200;
 
 enum Sink {
     Off,
-    /// Standard output, written without blocking (`outstream::Stream`).
-    Stdout(Stream),
+    /// A duplicate of standard output, non-blocking. The mode belongs to
+    /// what standard output is open on, so it is set back when the log
+    /// stops writing there (`close`, or a reload to a file).
+    Stdout(Sender),
     /// A named pipe (a log shipper reads it), opened for reading and
     /// writing so that opening it never waits for a reader, and written
     /// without blocking, as standard output is.
@@ -171,12 +172,9 @@ impl AccessLog {
         let sink = match path {
             None => Sink::Off,
             Some("-") => {
-                let (out, warning) =
-                    Stream::stdout().map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?;
-                if let Some(warning) = warning {
-                    warn!("accessLog: standard output: {warning}");
-                }
-                Sink::Stdout(out)
+                let out = std::io::stdout().as_fd().try_clone_to_owned().map(Sender::from);
+                let out = out.and_then(|out| out.set_nonblocking(true).map(|()| out));
+                Sink::Stdout(out.map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?)
             }
             Some(p) if std::fs::metadata(p).is_ok_and(|m| m.file_type().is_fifo()) => {
                 // Opened for writing only, a pipe without a reader would
@@ -221,9 +219,7 @@ impl AccessLog {
         }
         // Standard output again: the one already in use stays.
         if !matches!((&self.sink, &other.sink), (Sink::Stdout(_), Sink::Stdout(_))) {
-            if let Sink::Fifo(fifo) = &self.sink {
-                warn_unread_in_pipe(fifo, "the reload");
-            }
+            self.restore_blocking();
             std::mem::swap(&mut self.sink, &mut other.sink);
         }
         self.path = other.path;
@@ -267,31 +263,20 @@ impl AccessLog {
     }
 
     /// Writes what is buffered, waiting until `until` for a pipe or
-    /// standard output whose reader is slow (at shutdown). What a reader has
-    /// not taken by then is dropped, counted and reported (its first line may
-    /// be cut short where the reader stopped).
+    /// standard output whose reader is slow, and leaves standard output
+    /// blocking again, as the terminal or pipe it is open on was found (at
+    /// shutdown). What a reader has not taken by then is dropped, counted and
+    /// reported (its first line may be cut short where the reader stopped).
     pub fn close(&mut self, until: std::time::Instant) {
         self.flush();
         while !self.buf.is_empty() && !self.failing && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(1));
             self.flush();
         }
-        // A named pipe holds what was written to it until its reader takes
-        // it, and loses it when the last process that has it open (this one,
-        // which opened it for reading too) closes it without a reader.
-        if let Sink::Fifo(fifo) = &self.sink {
-            while unread_in_pipe(fifo) > 0 && std::time::Instant::now() < until {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            warn_unread_in_pipe(fifo, "the stop");
-        }
         if !self.buf.is_empty() {
             let lines = count_lines(&self.buf);
             self.dropped += lines;
-            match self.sink {
-                Sink::File(_) => warn!("access log: {lines} lines could not be written before the stop and are lost"),
-                _ => warn!("access log: {lines} lines were not taken by its reader before the stop and are lost"),
-            }
+            warn!("access log: {lines} lines were not taken by its reader before the stop and are lost");
             self.buf.clear();
             // The rest of a torn line is gone with them: its line is ended
             // if the file takes a newline now (else the next start ends it).
@@ -300,6 +285,13 @@ impl AccessLog {
                     let _ = f.write_all(b"\n");
                 }
             }
+        }
+        self.restore_blocking();
+    }
+
+    fn restore_blocking(&self) {
+        if let Sink::Stdout(out) = &self.sink {
+            let _ = out.set_nonblocking(false);
         }
     }
 
@@ -412,8 +404,7 @@ impl AccessLog {
         self.drop_torn_rest_if_moved();
         let (written, error) = match &mut self.sink {
             Sink::Off => (self.buf.len(), None),
-            Sink::Stdout(out) => write_some(out, &self.buf),
-            Sink::Fifo(out) => write_some(out, &self.buf),
+            Sink::Stdout(out) | Sink::Fifo(out) => write_some(out, &self.buf),
             Sink::File(f) => write_some(f, &self.buf),
         };
         let Some(e) = error else {
@@ -465,22 +456,6 @@ impl AccessLog {
     }
 }
 
-/// Bytes written to a named pipe that its reader has not taken yet.
-fn unread_in_pipe(fifo: &Sender) -> u64 {
-    rustix::io::ioctl_fionread(fifo).unwrap_or(0)
-}
-
-/// Says what a named pipe still holds when the log stops writing to it:
-/// lost unless a reader has the pipe open (then it reads them later).
-fn warn_unread_in_pipe(fifo: &Sender, when: &str) {
-    let unread = unread_in_pipe(fifo);
-    if unread > 0 {
-        warn!(
-            "access log: {unread} bytes were still in the named pipe at {when}, not yet read: lost unless its reader has the pipe open"
-        );
-    }
-}
-
 /// Which file a sink writes to, and how long it is: device, inode, length.
 type FileEnd = (u64, u64, u64);
 
@@ -498,6 +473,20 @@ fn count_lines(text: &[u8]) -> u64 {
 
 /// Writes as much of `buf` as `out` takes without blocking: how much that
 /// was, and the error that stopped it short, if one did.
+fn write_some(mut out: impl Write, buf: &[u8]) -> (usize, Option<std::io::Error>) {
+    let mut written = 0;
+    while written < buf.len() {
+        match out.write(&buf[written..]) {
+            Ok(0) => return (written, Some(ErrorKind::WriteZero.into())),
+            Ok(n) => written += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) => return (written, Some(e)),
+        }
+    }
+    (written, None)
+}
+
 use crate::calendar::civil_from_days;
 use crate::http::response::push_u64;
 use crate::http::target::implied_slash;

@@ -17,9 +17,8 @@
 //! - leaves: `wheel` (the one hierarchical timer wheel), `time` (the units of
 //!   time and the one monotonic → wall conversion), `calendar` (date
 //!   arithmetic), `ct` (constant-time comparison), `files` (the bounded
-//!   read of a file the configuration names), `metrics` (the histograms
-//!   and the Prometheus text, rendered from plain data) and `outstream`
-//!   (standard output and error written without blocking).
+//!   read of a file the configuration names) and `metrics` (the histograms
+//!   and the Prometheus text, rendered from plain data).
 //!
 //! The README's code map lists every module and the table in
 //! `tests/layers.rs` every import between them.
@@ -38,7 +37,6 @@ pub mod governor;
 pub mod http;
 pub mod metrics;
 pub mod net;
-pub mod outstream;
 pub mod proxy;
 pub mod report;
 pub mod server;

@@ -98,15 +98,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // The server's own lines never stop the event loop on a slow reader
-    // (`outstream`): a line it cannot take now waits for the next turn.
-    let stderr_warning = nthpool::outstream::install_stderr();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .target(env_logger::Target::Pipe(Box::new(nthpool::outstream::StderrLog)))
-        .init();
-    if let Some(warning) = stderr_warning {
-        log::warn!("standard error: {warning}");
-    }
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = match parse_args() {
         Ok(Some(args)) => args,
         Ok(None) => return ExitCode::SUCCESS,

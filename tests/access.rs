@@ -901,90 +901,6 @@ fn a_reader_of_standard_output_that_stalls_never_stalls_the_server() {
 }
 
 #[test]
-fn a_log_and_standard_error_on_one_stalled_pipe_lose_no_line_and_never_hold_the_server() {
-    // `2>&1 | shipper`, or systemd's journal: the access log and the
-    // server's own log share one pipe, whose reader falls behind. Neither
-    // log makes the other's writes fail or block: answers go on, a warning
-    // said meanwhile reaches the reader once it reads again, and a graceful
-    // stop exits even though the reader stalls for good.
-    let (port, admin) = (free_port(), free_port());
-    let dir = scratch_dir();
-    let config = dir.join("config.json");
-    std::fs::write(
-        &config,
-        format!(
-            r#"{{"listen":"127.0.0.1:{port}","adminListen":"127.0.0.1:{admin}","accessLog":"-",
-            "pools":{{"p":{{"keys":["{KEY}"],"concurrency":100000,"adaptive":false}}}}}}"#
-        ),
-    )
-    .unwrap();
-    struct Server(std::process::Child);
-    impl Drop for Server {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let (mut reader, writer) = std::io::pipe().unwrap();
-    let mut server = Server(
-        std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
-            .arg("--config")
-            .arg(&config)
-            .stdout(writer.try_clone().unwrap())
-            .stderr(writer)
-            .spawn()
-            .unwrap(),
-    );
-    let child = &mut server.0;
-    let mut c = connect_when_listening(port);
-    // About 200 bytes of log each: ten times what the pipe holds.
-    for i in 0..3_000 {
-        c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();
-        let r = read_response(&mut c).unwrap_or_else(|| panic!("acquire {i} got no answer"));
-        assert_eq!(r.status, 200, "acquire {i}: {r:?}");
-    }
-    let signal = |name: &str| {
-        let ok = std::process::Command::new("kill").arg(format!("-{name}")).arg(child.id().to_string()).status();
-        assert!(ok.unwrap().success());
-    };
-    // A warning said while the pipe is full, then an answer: not held up by it.
-    signal("USR2");
-    thread::sleep(Duration::from_millis(100));
-    c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();
-    assert_eq!(read_response(&mut c).expect("an answer after the warning").status, 200);
-    // The reader catches up: the warning reaches it. It then holds the pipe
-    // open and reads no more.
-    let (tx, rx) = std::sync::mpsc::channel();
-    thread::spawn(move || {
-        let (mut seen, mut buf) = (Vec::new(), vec![0u8; 1 << 16]);
-        while !String::from_utf8_lossy(&seen).contains("SIGUSR2 means nothing") {
-            match std::io::Read::read(&mut reader, &mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => seen.extend_from_slice(&buf[..n]),
-            }
-        }
-        let _ = tx.send((String::from_utf8_lossy(&seen).contains("SIGUSR2 means nothing"), reader));
-    });
-    let (warned, _stalled) = rx.recv_timeout(Duration::from_secs(10)).expect("the reader never got the warning");
-    assert!(warned, "the warning said while the pipe was full never reached its reader");
-    // Filled again, and never read from here on: the stop still ends.
-    for _ in 0..3_000 {
-        c.write_all(&post(ACQUIRE, KEY, "", "")).unwrap();
-        assert_eq!(read_response(&mut c).expect("an answer").status, 200);
-    }
-    signal("TERM");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "SIGTERM did not end the server within 5 s: its log's reader stalls");
-        thread::sleep(Duration::from_millis(10));
-    };
-    assert!(status.success(), "{status:?}");
-}
-
-#[test]
 fn a_refused_sighup_still_reopens_the_access_log() {
     let mut s = TestServer::start_logged(&config_with_access_log(""), "info");
     assert_eq!(s.acquire("", "").status, 200);
@@ -1479,47 +1395,6 @@ fn a_pipe_reader_that_fell_behind_gets_the_backlog_without_traffic_and_at_the_st
         got.extend(piece);
     }
     assert_eq!(count_lines(&got), 2 * LINES, "every line reached the reader by the stop");
-}
-
-#[test]
-fn lines_waiting_in_a_named_pipe_at_a_stop_wait_for_its_reader_or_are_reported() {
-    // The server holds the pipe open for reading too, so what it wrote
-    // lives in the pipe while no shipper reads: closed by the stop with no
-    // reader, it would be gone without a trace. The stop waits (until 0.95 s
-    // after its signal) for a reader to take it, and says what is left.
-    let Some((dir, fifo, config_path)) = fifo_log_setup() else {
-        return;
-    };
-    let mut s = TestServer::start_with(dir, config_path, &[]);
-    for _ in 0..10 {
-        assert_eq!(s.request(&post(ACQUIRE, "wrong-key", "", "")).status, 401);
-    }
-    thread::sleep(Duration::from_millis(300));
-    s.signal("TERM");
-    // A shipper that comes back 200 ms into the stop gets every line.
-    thread::sleep(Duration::from_millis(200));
-    let (tx, rx) = std::sync::mpsc::channel();
-    thread::spawn(move || {
-        // Opening waits for a writer: none if the server is gone already.
-        let mut got = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut std::fs::File::open(&fifo).unwrap(), &mut got);
-        let _ = tx.send(got);
-    });
-    assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
-    let got = rx.recv_timeout(Duration::from_secs(5)).expect("the stop did not wait for the reader");
-    assert_eq!(count_lines(&got), 10, "{}", String::from_utf8_lossy(&got));
-
-    // With no reader at all, the stop says what was left in the pipe.
-    let Some((_dir, fifo, _)) = fifo_log_setup() else {
-        return;
-    };
-    let logged = config("", "").replacen(r#""accessLog":null"#, &format!(r#""accessLog":{:?}"#, fifo), 1);
-    let mut s = TestServer::start_logged(&logged, "warn");
-    assert_eq!(s.request(&post(ACQUIRE, "wrong-key", "", "")).status, 401);
-    thread::sleep(Duration::from_millis(300));
-    s.signal("TERM");
-    assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
-    assert!(s.log().contains("still in the named pipe at the stop"), "{}", s.log());
 }
 
 fn count_lines(bytes: &[u8]) -> usize {

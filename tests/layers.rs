@@ -25,8 +25,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("governor", &["ct", "time", "wheel"]),
     ("report", &["calendar", "governor", "time"]),
     ("access", &["config", "files", "http", "time", "wheel"]),
-    ("outstream", &[]),
-    ("accesslog", &["calendar", "http", "outstream", "time"]),
+    ("accesslog", &["calendar", "http", "time"]),
     (
         "api",
         &["access", "ct", "accesslog", "config", "governor", "http", "metrics", "report", "state", "time", "wheel"],
@@ -36,20 +35,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("proxy", &["api", "config", "governor", "http", "metrics", "net", "report", "time"]),
     (
         "server",
-        &[
-            "accesslog",
-            "api",
-            "config",
-            "dashboard",
-            "http",
-            "metrics",
-            "net",
-            "outstream",
-            "proxy",
-            "state",
-            "time",
-            "wheel",
-        ],
+        &["accesslog", "api", "config", "dashboard", "http", "metrics", "net", "proxy", "state", "time", "wheel"],
     ),
 ];
 

@@ -73,7 +73,6 @@ use crate::api::{ApiError, App, ConnId, Entropy, Event, PoolId, Wake};
 use crate::config::Config;
 use crate::http::request::MAX_HEAD_BYTES;
 use crate::http::response::write_kept_alive;
-use crate::outstream;
 use crate::proxy::Proxy;
 use crate::state;
 use crate::time::{Ms, Now};
@@ -122,8 +121,6 @@ const CLOSE_BEFORE_SNAPSHOT_MS: u64 = 100;
 /// reader of standard output or a pipe (SPEC §2: the stop takes at most a
 /// second, the snapshot aside).
 const STOP_LOG_UNTIL_MS: u64 = 950;
-/// How soon lines a slow reader of the server's log left waiting are tried again.
-const STDERR_RETRY: Duration = Duration::from_millis(100);
 /// Open connections on the admin listener: its own budget, so health checks
 /// and scrapes are answered however many public connections are open.
 pub const ADMIN_MAX_CONNECTIONS: usize = 16;
@@ -510,8 +507,6 @@ impl Server {
                     info!(
                         "shut down ({cut} connections cut at the deadline, {draining} closed while draining after their last answer)"
                     );
-                    let left = (self.shutdown_began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
-                    outstream::close_stderr(Instant::now() + Duration::from_millis(left));
                     return Ok(());
                 }
             }
@@ -747,12 +742,6 @@ impl Server {
     /// turn's clock reading (as event loops commonly do), so a deadline fires
     /// at most one turn's work late and a turn costs one clock read.
     fn poll_timeout(&mut self) -> Option<Duration> {
-        // Lines wait for a slow reader of the server's log: what it takes
-        // now goes, the rest is tried again soon.
-        let log_waits = outstream::stderr_waiting() && {
-            outstream::flush_stderr();
-            outstream::stderr_waiting()
-        };
         if !self.ready_carry.is_empty() || !self.dirty.is_empty() || !self.stopping.is_empty() {
             return Some(Duration::ZERO);
         }
@@ -762,11 +751,7 @@ impl Server {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let wait = wake.map(|at| Duration::from_millis(at.saturating_sub(now)));
-        if log_waits {
-            return Some(wait.map_or(STDERR_RETRY, |wait| wait.min(STDERR_RETRY)));
-        }
-        wait
+        wake.map(|at| Duration::from_millis(at.saturating_sub(now)))
     }
 
     fn accept(&mut self, admin: bool) {

@@ -263,10 +263,10 @@ impl AccessLog {
     }
 
     /// Writes what is buffered, waiting until `until` for a pipe or
-    /// standard output whose reader is slow, and leaves standard output
-    /// blocking again, as the terminal or pipe it is open on was found (at
-    /// shutdown). What a reader has not taken by then is dropped, counted and
-    /// reported (its first line may be cut short where the reader stopped).
+    /// standard output whose reader is slow (at shutdown). What a reader has
+    /// not taken by then is dropped, counted and reported (its first line
+    /// may be cut short where the reader stopped). Standard output stays
+    /// non-blocking until `leave_stdout_as_found`.
     pub fn close(&mut self, until: std::time::Instant) {
         self.flush();
         while !self.buf.is_empty() && !self.failing && std::time::Instant::now() < until {
@@ -286,6 +286,14 @@ impl AccessLog {
                 }
             }
         }
+    }
+
+    /// Leaves standard output blocking again, as the terminal or pipe it is
+    /// open on was found: the last thing before the process exits. Not at
+    /// `close`: standard error is often the same open pipe (`2>&1`, the
+    /// journal), which the mode is a property of, and a line the server
+    /// logs after that would block on a reader that stalled, for good.
+    pub fn leave_stdout_as_found(&self) {
         self.restore_blocking();
     }
 

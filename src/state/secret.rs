@@ -57,13 +57,13 @@ fn cannot_create(path: &Path, e: std::io::Error) -> String {
 }
 
 /// The name a new secret is written under before it is linked to `path`:
-/// one no other creator uses at the same time (the process, and a count
-/// within it).
+/// one no other creator uses at the same time. Random: a process id is not
+/// unique across containers sharing a volume (each may run as pid 1).
 fn temporary(path: &Path) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut random = [0u8; 8];
+    super::os_random(&mut random);
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}-{n}.tmp", std::process::id()));
+    tmp.push(format!(".{:016x}.tmp", u64::from_ne_bytes(random)));
     PathBuf::from(tmp)
 }
 

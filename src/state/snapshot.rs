@@ -402,17 +402,13 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
         }
         _ => {}
     }
+    // A name no other check uses, never removed unless created here: a
+    // process id is not one (containers sharing a volume each run as pid 1).
+    let mut random = [0u8; 8];
+    super::os_random(&mut random);
     let mut probe = path.as_os_str().to_owned();
-    probe.push(format!(".check-{}", std::process::id()));
-    let create = || OpenOptions::new().write(true).create_new(true).mode(0o600).open(&probe);
-    match create() {
-        // Left by a process that had this id and ended in between.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            std::fs::remove_file(&probe)?;
-            create()?
-        }
-        opened => opened?,
-    };
+    probe.push(format!(".check-{:016x}", u64::from_ne_bytes(random)));
+    OpenOptions::new().write(true).create_new(true).mode(0o600).open(&probe)?;
     std::fs::remove_file(&probe)
 }
 
@@ -704,12 +700,8 @@ mod tests {
         std::fs::write(&writing, b"a snapshot halfway written").unwrap();
         check_writable(&path).unwrap();
         assert_eq!(std::fs::read(&writing).unwrap(), b"a snapshot halfway written");
-        // It leaves nothing of its own, and one left by a process that had
-        // this id before does not fail it.
+        // It leaves nothing of its own.
         let names = || std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>();
-        assert_eq!(names(), vec![std::ffi::OsString::from("nthpool.state.tmp")]);
-        std::fs::write(dir.join(format!("nthpool.state.check-{}", std::process::id())), b"").unwrap();
-        check_writable(&path).unwrap();
         assert_eq!(names(), vec![std::ffi::OsString::from("nthpool.state.tmp")]);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -286,6 +286,16 @@ impl AccessLog {
                 }
             }
         }
+        // This process holds a named pipe open for reading too (so opening
+        // it never waits for a reader): what its reader has not taken yet
+        // is lost with the last process that has it open. Said, not waited
+        // for: a reader that has it open still gets it.
+        if let Sink::Fifo(fifo) = &self.sink {
+            let unread = rustix::io::ioctl_fionread(fifo).unwrap_or(0);
+            if unread > 0 {
+                warn!("access log: {unread} bytes were still in the named pipe at the stop, not yet read: lost unless a reader has it open");
+            }
+        }
     }
 
     /// Leaves standard output blocking again, as the terminal or pipe it is

@@ -1455,6 +1455,23 @@ fn a_pipe_reader_that_fell_behind_gets_the_backlog_without_traffic_and_at_the_st
     assert_eq!(count_lines(&got), 2 * LINES, "every line reached the reader by the stop");
 }
 
+#[test]
+fn lines_left_unread_in_a_named_pipe_at_a_stop_are_reported() {
+    // The server holds the pipe open for reading too, so what it wrote
+    // lives in the pipe while no shipper reads, and is gone once the stop
+    // closes the last descriptor of it: the stop says so.
+    let Some((_dir, fifo, _)) = fifo_log_setup() else {
+        return;
+    };
+    let logged = config("", "").replacen(r#""accessLog":null"#, &format!(r#""accessLog":{fifo:?}"#), 1);
+    let mut s = TestServer::start_logged(&logged, "warn");
+    assert_eq!(s.request(&post(ACQUIRE, "wrong-key", "", "")).status, 401);
+    thread::sleep(Duration::from_millis(300));
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
+    assert!(s.log().contains("bytes were still in the named pipe at the stop"), "{}", s.log());
+}
+
 fn count_lines(bytes: &[u8]) -> usize {
     bytes.iter().filter(|&&b| b == b'\n').count()
 }

@@ -33,10 +33,8 @@ pub const FLUSH_INTERVAL_MS: u64 = 200;
 
 enum Sink {
     Off,
-    /// A duplicate of standard output, non-blocking. The mode belongs to
-    /// what standard output is open on, so it is set back when the log
-    /// stops writing there (`close`, or a reload to a file).
-    Stdout(Sender),
+    /// A duplicate of standard output, non-blocking (`NonBlockingStdout`).
+    Stdout(NonBlockingStdout),
     /// A named pipe (a log shipper reads it), opened for reading and
     /// writing so that opening it never waits for a reader, and written
     /// without blocking, as standard output is.
@@ -171,11 +169,9 @@ impl AccessLog {
     pub fn open(path: Option<&str>) -> Result<AccessLog, String> {
         let sink = match path {
             None => Sink::Off,
-            Some("-") => {
-                let out = std::io::stdout().as_fd().try_clone_to_owned().map(Sender::from);
-                let out = out.and_then(|out| out.set_nonblocking(true).map(|()| out));
-                Sink::Stdout(out.map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?)
-            }
+            Some("-") => Sink::Stdout(
+                NonBlockingStdout::open().map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?,
+            ),
             Some(p) if std::fs::metadata(p).is_ok_and(|m| m.file_type().is_fifo()) => {
                 // Opened for writing only, a pipe without a reader would
                 // block the event loop in `open` (at a SIGHUP, after the
@@ -219,7 +215,11 @@ impl AccessLog {
         }
         // Standard output again: the one already in use stays.
         if !matches!((&self.sink, &other.sink), (Sink::Stdout(_), Sink::Stdout(_))) {
-            self.restore_blocking();
+            // Reopened (a rotation's SIGHUP), the pipe keeps what it holds.
+            let reopened = matches!(other.sink, Sink::Fifo(_)) && other.path == self.path;
+            if let (Sink::Fifo(fifo), false) = (&self.sink, reopened) {
+                say_unread_in_pipe(fifo, "a reload that moved the log off it");
+            }
             std::mem::swap(&mut self.sink, &mut other.sink);
         }
         self.path = other.path;
@@ -266,7 +266,7 @@ impl AccessLog {
     /// standard output whose reader is slow (at shutdown). What a reader has
     /// not taken by then is dropped, counted and reported (its first line
     /// may be cut short where the reader stopped). Standard output stays
-    /// non-blocking until `leave_stdout_as_found`.
+    /// non-blocking while the log lives (`NonBlockingStdout`).
     pub fn close(&mut self, until: std::time::Instant) {
         self.flush();
         while !self.buf.is_empty() && !self.failing && std::time::Instant::now() < until {
@@ -291,25 +291,7 @@ impl AccessLog {
         // is lost with the last process that has it open. Said, not waited
         // for: a reader that has it open still gets it.
         if let Sink::Fifo(fifo) = &self.sink {
-            let unread = rustix::io::ioctl_fionread(fifo).unwrap_or(0);
-            if unread > 0 {
-                warn!("access log: {unread} bytes were still in the named pipe at the stop, not yet read: lost unless a reader has it open");
-            }
-        }
-    }
-
-    /// Leaves standard output blocking again, as the terminal or pipe it is
-    /// open on was found: the last thing before the process exits. Not at
-    /// `close`: standard error is often the same open pipe (`2>&1`, the
-    /// journal), which the mode is a property of, and a line the server
-    /// logs after that would block on a reader that stalled, for good.
-    pub fn leave_stdout_as_found(&self) {
-        self.restore_blocking();
-    }
-
-    fn restore_blocking(&self) {
-        if let Sink::Stdout(out) = &self.sink {
-            let _ = out.set_nonblocking(false);
+            say_unread_in_pipe(fifo, "the stop");
         }
     }
 
@@ -422,7 +404,7 @@ impl AccessLog {
         self.drop_torn_rest_if_moved();
         let (written, error) = match &mut self.sink {
             Sink::Off => (self.buf.len(), None),
-            Sink::Stdout(out) | Sink::Fifo(out) => write_some(out, &self.buf),
+            Sink::Stdout(NonBlockingStdout(out)) | Sink::Fifo(out) => write_some(out, &self.buf),
             Sink::File(f) => write_some(f, &self.buf),
         };
         let Some(e) = error else {
@@ -491,6 +473,46 @@ fn count_lines(text: &[u8]) -> u64 {
 
 /// Writes as much of `buf` as `out` takes without blocking: how much that
 /// was, and the error that stopped it short, if one did.
+/// Says how much of what was written to a named pipe its reader has not
+/// taken when this process lets go of it (`when`): lost unless a reader
+/// has the pipe open.
+fn say_unread_in_pipe(fifo: &Sender, when: &str) {
+    let unread = rustix::io::ioctl_fionread(fifo).unwrap_or(0);
+    if unread > 0 {
+        warn!("access log: {unread} bytes were still in the named pipe at {when}, not yet read: lost unless a reader has it open");
+    }
+}
+
+/// Standard output, duplicated and non-blocking. The mode belongs to the
+/// open pipe or terminal, which standard error shares under `2>&1` or
+/// systemd's journal, and which the shell or the next program in a pipeline
+/// keeps using: the last of these to go sets it back to blocking, however
+/// the server ends (a stop, after its last line; a start that failed; a
+/// reload that was refused or moved the log to a file). Not earlier: a line
+/// the stop logs to a shared, stalled pipe would then block for good.
+pub struct NonBlockingStdout(Sender);
+
+/// How many `NonBlockingStdout`s live (a reload opens the next before the
+/// running one goes).
+static NON_BLOCKING_STDOUTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl NonBlockingStdout {
+    fn open() -> std::io::Result<NonBlockingStdout> {
+        let out = Sender::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+        out.set_nonblocking(true)?;
+        NON_BLOCKING_STDOUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(NonBlockingStdout(out))
+    }
+}
+
+impl Drop for NonBlockingStdout {
+    fn drop(&mut self) {
+        if NON_BLOCKING_STDOUTS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed) == 1 {
+            let _ = self.0.set_nonblocking(false);
+        }
+    }
+}
+
 fn write_some(mut out: impl Write, buf: &[u8]) -> (usize, Option<std::io::Error>) {
     let mut written = 0;
     while written < buf.len() {

@@ -765,6 +765,11 @@ fn config_with_access_log(pool_extra: &str) -> String {
     c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1)
 }
 
+/// `config` with the access log at `log` (a file, or `-`).
+fn config_json_with_log(log: &str, pool_extra: &str) -> String {
+    config(pool_extra, "").replacen(r#""accessLog":null"#, &format!(r#""accessLog":{log:?}"#), 1)
+}
+
 /// The access log's text and its lines.
 fn access_log(s: &TestServer) -> (String, Vec<serde_json::Value>) {
     let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
@@ -914,6 +919,56 @@ fn a_reader_of_standard_output_that_stalls_never_stalls_the_server() {
 #[test]
 fn a_log_sharing_its_stalled_pipe_with_standard_error_never_holds_up_the_stop() {
     a_stalled_standard_output_holds_up_nothing(true);
+}
+
+/// Whether the open file behind descriptor `fd` of process `pid` is
+/// non-blocking (`O_NONBLOCK`, 04000 in `/proc/…/fdinfo`'s octal flags).
+fn non_blocking(pid: u32, fd: i32) -> bool {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap();
+    let flags = info.lines().find_map(|l| l.strip_prefix("flags:")).expect("a flags line").trim();
+    u32::from_str_radix(flags, 8).unwrap() & 0o4000 != 0
+}
+
+#[test]
+fn standard_output_is_left_as_found_by_a_failed_start_and_a_refused_reload() {
+    // Non-blocking is a mode of the open pipe, which outlives the server
+    // (the next program in a pipeline, the shell's terminal): a start that
+    // fails after the log opened, and a reload refused after it opened the
+    // log anew, leave it blocking as they found it.
+    let dir = scratch_dir();
+    let config = dir.join("config.json");
+    let pool = &CF_POOL.replace("certs.json", "absent.json");
+    std::fs::write(&config, config_json_with_log("-", pool)).unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    let ours = writer.try_clone().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("absent.json"), "{}", String::from_utf8_lossy(&out.stderr));
+    use std::os::fd::AsRawFd;
+    assert!(!non_blocking(std::process::id(), ours.as_raw_fd()), "the failed start left standard output non-blocking");
+    drop((reader, ours));
+
+    // Running with a file, a reload to standard output is refused (its
+    // JWKS file is absent) after it opened that log: still blocking.
+    let mut s = TestServer::start(&config_json_with_log("access.log", ""));
+    std::fs::write(&s.config_path, config_json_with_log("-", pool)).unwrap();
+    s.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get_metric(&s, "nthpool_config_reload_failures_total") < 1 {
+        assert!(Instant::now() < deadline, "the reload was never refused");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!non_blocking(s.pid(), 1), "the refused reload left standard output non-blocking");
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
 }
 
 #[test]
@@ -1428,6 +1483,23 @@ fn lines_left_unread_in_a_named_pipe_at_a_stop_are_reported() {
     s.signal("TERM");
     assert!(wait_for_exit(&mut s, Duration::from_secs(5)).success());
     assert!(s.log().contains("bytes were still in the named pipe at the stop"), "{}", s.log());
+
+    // A SIGHUP that reopens the same pipe (a rotation) keeps what it holds
+    // and says nothing; one that moves the log to a file says what it left.
+    let Some((_dir, fifo, _)) = fifo_log_setup() else {
+        return;
+    };
+    let on_fifo = config("", "").replacen(r#""accessLog":null"#, &format!(r#""accessLog":{fifo:?}"#), 1);
+    let s = TestServer::start_logged(&on_fifo, "warn");
+    assert_eq!(s.request(&post(ACQUIRE, "wrong-key", "", "")).status, 401);
+    thread::sleep(Duration::from_millis(300));
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    assert!(!s.log().contains("still in the named pipe"), "{}", s.log());
+    std::fs::write(&s.config_path, config_json_with_log("access.log", "")).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 2);
+    assert!(s.log().contains("still in the named pipe at a reload that moved the log off it"), "{}", s.log());
 }
 
 fn count_lines(bytes: &[u8]) -> usize {

@@ -352,7 +352,8 @@ pub struct Lease {
     /// answered with it since. One that could not be delivered takes one
     /// off; the last one's failing releases it, since then none arrived
     /// (`Governor::release_undelivered`). A lease restored or re-adopted
-    /// counts its holder's one.
+    /// counts its holder's one. At `u16::MAX` it stops counting, and the
+    /// lease is left to its term.
     pub answers: u16,
     /// Its `Idempotency-Key`'s entry in the pool's store, or `NO_KEY`.
     pub idem: u32,

@@ -615,7 +615,12 @@ impl<T: Copy> Governor<T> {
             return;
         };
         let lease = &mut self.leases[idx];
-        lease.answers = lease.answers.saturating_sub(1);
+        // Past the count's top, answers are no longer counted: such a
+        // lease is left to its term.
+        if lease.answers == u16::MAX {
+            return;
+        }
+        lease.answers -= 1;
         if lease.answers == 0 {
             let (pid, text) = (self.leases[idx].pool, self.leases[idx].text);
             self.release_as(pid, &text, None, false, now);

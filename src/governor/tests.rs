@@ -635,6 +635,22 @@ fn a_grant_an_idempotent_retry_was_answered_with_goes_back_only_with_its_last_an
     assert_eq!(g.pool(p).held, 0);
 }
 
+/// Past the top of its count of answers, a lease is no longer counted
+/// down: lost answers could otherwise reach 0 while some were delivered.
+#[test]
+fn a_grant_answered_more_often_than_counted_is_left_to_its_term() {
+    let (mut g, p) = governor(r#","concurrency":1,"termMs":60000,"renewIntervalMs":1000,"requestTimeoutMs":120000"#);
+    let key = crate::governor::idempotency::IdemKey::new(7, b"job").unwrap();
+    let Ok(Admission::Granted(first)) = g.acquire_keyed(p, &key, 0, 1, 0) else { panic!("granted") };
+    for _ in 0..u16::MAX {
+        assert!(matches!(g.acquire_keyed(p, &key, 0, 2, 1), Ok(Admission::Granted(_))));
+    }
+    for _ in 0..u16::MAX {
+        g.release_undelivered(&first.slot, 2);
+    }
+    assert_eq!(g.pool(p).held, 1, "counted down past what was counted");
+}
+
 #[test]
 fn external_timers_come_back_as_notices() {
     let (mut g, _) = governor("");

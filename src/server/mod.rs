@@ -507,7 +507,6 @@ impl Server {
                     info!(
                         "shut down ({cut} connections cut at the deadline, {draining} closed while draining after their last answer)"
                     );
-                    self.app.log.leave_stdout_as_found();
                     return Ok(());
                 }
             }

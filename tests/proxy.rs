@@ -657,6 +657,7 @@ fn an_answer_before_the_whole_upload_reaches_a_client_still_sending_it() {
     let r = read_any(&mut s).expect("the upstream's answer");
     assert_eq!(r.status, 413, "{r:?}");
     assert_eq!(r.body, b"nope");
+    assert_eq!(r.header("connection"), Some("close"), "the answer closes the connection and says so: {r:?}");
     slot_comes_back(&server);
 }
 

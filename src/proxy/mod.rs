@@ -974,7 +974,14 @@ impl Exchange {
         if self.phase != Phase::Sending || up.input.is_empty() {
             return Ok(false);
         }
-        let taken = head::take_response(up.input.data(), self.client_side, &self.signals, now_epoch_ms, client.output);
+        // An answer that comes before the whole request body closes the
+        // client's connection (the rest of the body cannot be told from a
+        // next request), and says so in its head.
+        let side = match self.request.is_done() {
+            true => self.client_side,
+            false => head::ClientSide { keep_alive: false, ..self.client_side },
+        };
+        let taken = head::take_response(up.input.data(), side, &self.signals, now_epoch_ms, client.output);
         let (rh, to_client) = match taken {
             Ok(None) => return Ok(false),
             Ok(Some(taken)) => taken,
@@ -989,7 +996,7 @@ impl Exchange {
                 ResponseBody::Close => Framing::Close,
             };
             self.response = Some(Relay::new(framing, to_client == ClientBody::Chunked));
-            self.close_client |= to_client == ClientBody::Close || !self.client_side.keep_alive;
+            self.close_client |= to_client == ClientBody::Close || !side.keep_alive;
             self.response_head = Some(rh);
             self.phase = Phase::Relaying;
             self.deadline = self.request_deadline;

@@ -452,6 +452,19 @@ hosts_map "$CONFIG" >"$DIR/hosts.map"
 if [ ! -f "$DIR/nthpool.secret" ]; then
     (umask 077 && head -c 32 /dev/urandom >"$DIR/nthpool.secret")
 fi
+# The stop that ended an earlier run of this cluster ended HAProxy too, and with
+# it the table of where failed-over pools live: they go back to their hash home
+# now, which may have no record of their holders. An instance starting from its
+# own stop snapshot would open no re-adoption window and grant beside them, so
+# earlier snapshots are set aside (renamed *.before-start): every instance takes
+# the crash path, its window re-adopts the holders of any instance (they share
+# the slot secret), and no pool is over-admitted. What the pools learned is lost.
+STATE_NAME=$(jq -r 'if has("stateFile") then (.stateFile // "") else "nthpool.state" end' "$CONFIG")
+for i in $(seq 1 "$N"); do
+    if [ -n "$STATE_NAME" ] && [ -f "$DIR/n$i/$STATE_NAME" ]; then
+        mv -f "$DIR/n$i/$STATE_NAME" "$DIR/n$i/$STATE_NAME.before-start"
+    fi
+done
 for i in $(seq 1 "$N"); do
     mkdir -p "$DIR/n$i"
     # HAProxy reaches the instances from $PROXY_SOURCE: each pool trusts it,

@@ -159,11 +159,42 @@ fn lenient<'de, D: Deserializer<'de>, const ARRAY: bool>(d: D) -> Result<Vec<Str
     }
     match serde_json::Deserializer::from_str(raw).deserialize_any(Values::<ARRAY>) {
         Ok(values) => Ok(values),
-        // Of well-formed JSON, only a number can fail to read (an array's
-        // elements come back here one by one).
-        Err(_) if raw.starts_with(|c: char| c == '-' || c.is_ascii_digit()) => Ok(Vec::new()),
+        // Of well-formed JSON, only a number can fail to read, or a string
+        // that spells a lone UTF-16 surrogate (`"\ud800"`), which no string
+        // holds: both are unparseable values, ignored (an array's elements
+        // come back here one by one).
+        Err(_) if raw.starts_with(|c: char| c == '-' || c == '"' || c.is_ascii_digit()) => Ok(Vec::new()),
         Err(e) => Err(D::Error::custom(e)),
     }
+}
+
+/// A header name as a report gives it, read as bytes: a name JSON can spell
+/// but no string holds (a lone UTF-16 surrogate, `"\ud800"`) is no header a
+/// dialect reads, and is skipped as one (SPEC §7: never an error).
+struct HeaderName(Option<String>);
+
+impl<'de> Deserialize<'de> for HeaderName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = HeaderName;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a header name")
+            }
+            fn visit_str<E: Error>(self, name: &str) -> Result<HeaderName, E> {
+                Ok(HeaderName(Some(name.to_owned())))
+            }
+            fn visit_bytes<E: Error>(self, name: &[u8]) -> Result<HeaderName, E> {
+                Ok(HeaderName(std::str::from_utf8(name).ok().map(str::to_owned)))
+            }
+        }
+        d.deserialize_bytes(V)
+    }
+}
+
+/// The dialect's spelling of `name`, when a dialect reads it.
+fn known(name: &HeaderName) -> Option<&'static str> {
+    name.0.as_deref().and_then(ratelimit::name_of)
 }
 
 /// One header of a report: its name as the dialects spell it when they read
@@ -182,8 +213,8 @@ impl<'de> Deserialize<'de> for Header {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Header, A::Error> {
                 let pair = &"a [name, value] pair";
-                let name: String = seq.next_element()?.ok_or_else(|| Error::invalid_length(0, pair))?;
-                let known = ratelimit::name_of(&name);
+                let name: HeaderName = seq.next_element()?.ok_or_else(|| Error::invalid_length(0, pair))?;
+                let known = known(&name);
                 let values = match known {
                     Some(_) => seq.next_element::<HeaderValues>()?.map(|v| v.0),
                     None => seq.next_element::<IgnoredAny>()?.map(|_| Vec::new()),
@@ -217,8 +248,8 @@ impl<'de> Deserialize<'de> for RawHeaders {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeaders, A::Error> {
                 let mut out = RawHeaders(Vec::new());
-                while let Some(name) = map.next_key::<String>()? {
-                    let known = ratelimit::name_of(&name);
+                while let Some(name) = map.next_key::<HeaderName>()? {
+                    let known = known(&name);
                     let values = match known {
                         Some(_) => map.next_value::<HeaderValues>()?.0,
                         None => map.next_value::<IgnoredAny>().map(|_| Vec::new())?,
@@ -519,6 +550,28 @@ mod tests {
         assert_eq!(o.rate.remaining, Some(5));
         assert_eq!(o.rate.reset_ms, Some(700));
         assert_eq!(o.rate.limit, Some(60));
+    }
+
+    /// JSON can spell a lone UTF-16 surrogate (`"\ud800"`, as JavaScript's
+    /// `JSON.stringify` writes a malformed string), which no string holds:
+    /// in a header's value or name it is unparseable, ignored (SPEC §7), and
+    /// the rest of the report applies.
+    #[test]
+    fn a_lone_surrogate_in_a_header_is_ignored_not_an_error() {
+        let o = ok(r#"{"status":429,"headers":{"retry-after":"\ud800","x-ratelimit-remaining":"\udc00x"}}"#);
+        assert_eq!((o.status, o.rate.retry_after_ms, o.rate.remaining), (Some(429), None, None));
+        let o = ok(r#"{"headers":{"retry-after":["\ud800","2"],"\ud800":"5"}}"#);
+        assert_eq!(
+            o.rate.retry_after_ms,
+            Some(2000),
+            "the other value of the list, and a name no string holds skipped"
+        );
+        let o = ok(r#"{"headers":[["retry-after","\ud800"],["\udc00","1"],["Retry-After","4"]]}"#);
+        assert_eq!(o.rate.retry_after_ms, Some(4000));
+        // An escape that is whole still reads.
+        let o = ok(r#"{"headers":{"retry-\u0061fter":"\u0033"}}"#);
+        assert_eq!(o.rate.retry_after_ms, Some(3000));
+        bad(r#"{"headers":{"retry-after":"\ud800}}"#);
     }
 
     #[test]

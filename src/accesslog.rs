@@ -471,8 +471,6 @@ fn count_lines(text: &[u8]) -> u64 {
     text.iter().filter(|&&c| c == b'\n').count() as u64
 }
 
-/// Writes as much of `buf` as `out` takes without blocking: how much that
-/// was, and the error that stopped it short, if one did.
 /// Says how much of what was written to a named pipe its reader has not
 /// taken when this process lets go of it (`when`): lost unless a reader
 /// has the pipe open.
@@ -513,6 +511,8 @@ impl Drop for NonBlockingStdout {
     }
 }
 
+/// Writes as much of `buf` as `out` takes without blocking: how much that
+/// was, and the error that stopped it short, if one did.
 fn write_some(mut out: impl Write, buf: &[u8]) -> (usize, Option<std::io::Error>) {
     let mut written = 0;
     while written < buf.len() {

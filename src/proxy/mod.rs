@@ -1027,11 +1027,8 @@ impl Exchange {
             return None;
         }
         let rh = self.response_head.expect("relaying has a head");
-        if !self.request.is_done() {
-            // The upstream answered before taking the whole body: the
-            // rest of it cannot be told from a next request.
-            self.close_client = true;
-        }
+        // A request body not whole now was not at the head either: the
+        // client's connection is marked for closing already (`take_head`).
         if !(rh.keep_alive && self.request.is_done() && !up.eof) {
             up.eof = true;
         }

@@ -168,10 +168,11 @@ fn lenient<'de, D: Deserializer<'de>, const ARRAY: bool>(d: D) -> Result<Vec<Str
     }
 }
 
-/// A header name as a report gives it, read as bytes: a name JSON can spell
+/// A header name as a report gives it, as the dialects spell it when one
+/// reads it (`None`: no dialect does). Read as bytes: a name JSON can spell
 /// but no string holds (a lone UTF-16 surrogate, `"\ud800"`) is no header a
 /// dialect reads, and is skipped as one (SPEC §7: never an error).
-struct HeaderName(Option<String>);
+struct HeaderName(Option<&'static str>);
 
 impl<'de> Deserialize<'de> for HeaderName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -182,23 +183,19 @@ impl<'de> Deserialize<'de> for HeaderName {
                 f.write_str("a header name")
             }
             fn visit_str<E: Error>(self, name: &str) -> Result<HeaderName, E> {
-                Ok(HeaderName(Some(name.to_owned())))
+                Ok(HeaderName(ratelimit::name_of(name)))
             }
             fn visit_bytes<E: Error>(self, name: &[u8]) -> Result<HeaderName, E> {
                 // Read as bytes, a name is not checked for control characters
                 // JSON holds only escaped: none is in a header name a dialect
                 // reads, so such a name is skipped like any unknown one.
                 let readable = !name.iter().any(|&b| b < 0x20);
-                Ok(HeaderName(std::str::from_utf8(name).ok().filter(|_| readable).map(str::to_owned)))
+                let name = std::str::from_utf8(name).ok().filter(|_| readable);
+                Ok(HeaderName(name.and_then(ratelimit::name_of)))
             }
         }
         d.deserialize_bytes(V)
     }
-}
-
-/// The dialect's spelling of `name`, when a dialect reads it.
-fn known(name: &HeaderName) -> Option<&'static str> {
-    name.0.as_deref().and_then(ratelimit::name_of)
 }
 
 /// One header of a report: its name as the dialects spell it when they read
@@ -217,8 +214,7 @@ impl<'de> Deserialize<'de> for Header {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Header, A::Error> {
                 let pair = &"a [name, value] pair";
-                let name: HeaderName = seq.next_element()?.ok_or_else(|| Error::invalid_length(0, pair))?;
-                let known = known(&name);
+                let HeaderName(known) = seq.next_element()?.ok_or_else(|| Error::invalid_length(0, pair))?;
                 let values = match known {
                     Some(_) => seq.next_element::<HeaderValues>()?.map(|v| v.0),
                     None => seq.next_element::<IgnoredAny>()?.map(|_| Vec::new()),
@@ -252,8 +248,7 @@ impl<'de> Deserialize<'de> for RawHeaders {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawHeaders, A::Error> {
                 let mut out = RawHeaders(Vec::new());
-                while let Some(name) = map.next_key::<HeaderName>()? {
-                    let known = known(&name);
+                while let Some(HeaderName(known)) = map.next_key()? {
                     let values = match known {
                         Some(_) => map.next_value::<HeaderValues>()?.0,
                         None => map.next_value::<IgnoredAny>().map(|_| Vec::new())?,

@@ -467,6 +467,15 @@ fn state_path(config: &Config, config_path: Option<&Path>) -> Option<PathBuf> {
     config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f))
 }
 
+/// 64 random bits in hex, for a file beside one the server keeps that no
+/// other process names the same (a process id is not unique across
+/// containers sharing a volume: each may run as pid 1).
+fn random_hex() -> String {
+    let mut random = [0u8; 8];
+    os_random(&mut random);
+    format!("{:016x}", u64::from_ne_bytes(random))
+}
+
 /// The OS random source: the slot secret's bytes, and the governor's
 /// (`governor::Entropy::from_fn(state::os_random)`).
 pub fn os_random(buf: &mut [u8]) {

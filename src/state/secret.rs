@@ -57,13 +57,10 @@ fn cannot_create(path: &Path, e: std::io::Error) -> String {
 }
 
 /// The name a new secret is written under before it is linked to `path`:
-/// one no other creator uses at the same time. Random: a process id is not
-/// unique across containers sharing a volume (each may run as pid 1).
+/// one no other creator uses at the same time (`random_hex`).
 fn temporary(path: &Path) -> PathBuf {
-    let mut random = [0u8; 8];
-    super::os_random(&mut random);
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{:016x}.tmp", u64::from_ne_bytes(random)));
+    tmp.push(format!(".{}.tmp", super::random_hex()));
     PathBuf::from(tmp)
 }
 

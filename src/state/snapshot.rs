@@ -402,12 +402,9 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
         }
         _ => {}
     }
-    // A name no other check uses, never removed unless created here: a
-    // process id is not one (containers sharing a volume each run as pid 1).
-    let mut random = [0u8; 8];
-    super::os_random(&mut random);
+    // A name no other check uses (`random_hex`), never removed unless created here.
     let mut probe = path.as_os_str().to_owned();
-    probe.push(format!(".check-{:016x}", u64::from_ne_bytes(random)));
+    probe.push(format!(".check-{}", super::random_hex()));
     OpenOptions::new().write(true).create_new(true).mode(0o600).open(&probe)?;
     std::fs::remove_file(&probe)
 }

@@ -3,7 +3,11 @@
 //! A grant's body is `{"slotId":"<56 characters>"` followed by its two
 //! deadlines and its pool's `termMs` and `renewIntervalMs`. Every grant of a
 //! pool in the same reactor turn has the same deadlines, so that tail is
-//! formatted once and copied for the others. Of the head, only the
+//! formatted once and copied for the others; a later turn's deadlines differ
+//! from the last ones in their last digits only (by the milliseconds between
+//! the two grants), and only those digits are written again, so a client
+//! that sends one request a millisecond or slower pays for a few digits, not
+//! for four numbers. Of the head, only the
 //! remaining-slots number changes from one grant to the next while nobody
 //! queues: the governor lines after it, `Content-Type`, `Content-Length` and
 //! the connection line are kept as one text, rebuilt when one of their
@@ -24,6 +28,8 @@ pub struct GrantTail {
     /// Unix lease deadline, Unix request deadline, termMs, renewIntervalMs.
     values: Option<[u64; 4]>,
     text: Vec<u8>,
+    /// Where the two deadlines' digits end in `text`.
+    deadline_ends: [usize; 2],
     /// What `head` was built from: the signals (remaining slots zeroed), the
     /// queued time, the body length and whether the connection closes.
     head_values: Option<(Signals, u64, usize, bool)>,
@@ -35,24 +41,56 @@ pub struct GrantTail {
 impl GrantTail {
     /// The tail for these values, formatted only when they changed since the last grant.
     fn text(&mut self, values: [u64; 4]) -> &[u8] {
-        if self.values != Some(values) {
-            let [lease, request, term, renew] = values;
-            let t = &mut self.text;
-            t.clear();
-            t.push(b'"');
-            for (name, value) in [
-                (&b"leaseDeadline"[..], lease),
-                (b"requestDeadline", request),
-                (b"termMs", term),
-                (b"renewIntervalMs", renew),
-            ] {
-                t.push(b',');
-                json_u64(t, name, value);
-            }
-            t.push(b'}');
-            self.values = Some(values);
+        let kept = self.values.is_some_and(|old| {
+            old == values
+                || old[2..] == values[2..] && self.rewrite(0, old[0], values[0]) && self.rewrite(1, old[1], values[1])
+        });
+        if !kept {
+            self.build(values);
         }
+        self.values = Some(values);
         &self.text
+    }
+
+    /// Formats the tail afresh.
+    fn build(&mut self, values: [u64; 4]) {
+        let [lease, request, term, renew] = values;
+        let t = &mut self.text;
+        t.clear();
+        t.push(b'"');
+        for (i, (name, value)) in [
+            (&b"leaseDeadline"[..], lease),
+            (b"requestDeadline", request),
+            (b"termMs", term),
+            (b"renewIntervalMs", renew),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            t.push(b',');
+            json_u64(t, name, value);
+            if let Some(end) = self.deadline_ends.get_mut(i) {
+                *end = t.len();
+            }
+        }
+        t.push(b'}');
+    }
+
+    /// Writes deadline `i`, in the text as `old`, as `new`: the digits from
+    /// the last up to the first that the two share with all before it.
+    /// False, with the text half written, when the two have not the same
+    /// number of digits.
+    fn rewrite(&mut self, i: usize, mut old: u64, mut new: u64) -> bool {
+        let mut at = self.deadline_ends[i];
+        while old != new {
+            at -= 1;
+            self.text[at] = b'0' + (new % 10) as u8;
+            (old, new) = (old / 10, new / 10);
+            if (old == 0) != (new == 0) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Writes the whole `200` answer, governor headers included.
@@ -112,6 +150,41 @@ mod tests {
         let len: usize = head.split("Content-Length: ").nth(1).unwrap().split("\r\n").next().unwrap().parse().unwrap();
         assert_eq!(len, out.len() - at, "Content-Length matches the body");
         serde_json::from_slice(&out[at..]).unwrap()
+    }
+
+    #[test]
+    fn a_tail_rewritten_in_place_reads_as_one_formatted_afresh() {
+        let mut tail = GrantTail::default();
+        let mut fresh = GrantTail::default();
+        let base = 1_799_999_999_990u64;
+        // Steps of one millisecond and more, carries through every digit,
+        // a deadline gaining and losing a digit, a term that changes.
+        let steps: &[(u64, u64, u64)] = &[
+            (base, 30_000, 30_000),
+            (base + 1, 30_000, 30_000),
+            (base + 9, 30_000, 30_000),
+            (base + 10, 30_000, 30_000),
+            (base + 10, 30_000, 30_000),
+            (base + 123_456, 30_000, 30_000),
+            (9_999_999_999_998, 1, 30_000),
+            (9_999_999_999_999, 1, 30_000),
+            (9_999_999_999_999, 2, 30_000),
+            (10_000_000_000_000, 0, 30_000),
+            (9_999_999_999_999, 0, 30_000),
+            (5, 7, 30_000),
+            (5, 7, 500),
+            (base, 30_000, 30_000),
+            (base - 1, 30_000, 30_000),
+        ];
+        for &(lease, request, term) in steps {
+            let values = [lease, request, term, 10_000];
+            fresh.values = None;
+            let want = fresh.text(values).to_vec();
+            assert_eq!(tail.text(values), &want[..], "{values:?}");
+            let v: serde_json::Value =
+                serde_json::from_slice(&[b"{\"slotId\":\"x".as_slice(), &want].concat()).unwrap();
+            assert_eq!((v["leaseDeadline"].as_u64(), v["requestDeadline"].as_u64()), (Some(lease), Some(request)));
+        }
     }
 
     #[test]

@@ -209,6 +209,10 @@ pub struct Conn {
     /// the end of that turn; the next check closes it unless the write went
     /// through (`Server::on_conn_timer`).
     pub write_probed: bool,
+    /// Registered for writability too: once a write left output unsent.
+    /// Until then only reads are watched, so the ACKs of answers a client
+    /// took at once wake nobody.
+    pub watch_writable: bool,
     /// Accepted over its listener's budget: its only answer is the `503`
     /// it was given, then it lingers and closes (counted apart).
     pub refused: bool,
@@ -270,6 +274,7 @@ impl Conn {
             admin,
             refused: false,
             write_probed: false,
+            watch_writable: false,
             received: 0,
             sent: 0,
             input: Input::new(input_limit),

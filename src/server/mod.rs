@@ -5,7 +5,9 @@
 //! acquires their answers, then flush every connection with output — replies
 //! to pipelined requests go out in one write (Redis's `beforeSleep`).
 //!
-//! Readiness is edge-triggered: reads and writes are drained to `WouldBlock`,
+//! Readiness is edge-triggered: reads and writes are drained to `WouldBlock`
+//! (a client connection is watched for writability only once a write left
+//! output unsent: until then the ACK of every answer would wake the loop),
 //! except that a connection has a budget per turn — `READ_BUDGET` reads and
 //! `REQUEST_BUDGET` requests answered, however often the turn comes back to
 //! it — and is revisited on the next turn, so one busy client cannot starve
@@ -848,7 +850,7 @@ impl Server {
         let _ = stream.set_nodelay(true);
         let entry = self.conns.vacant_entry();
         let token = entry.key();
-        if self.poll.registry().register(&mut stream, Token(token), Interest::READABLE | Interest::WRITABLE).is_err() {
+        if self.poll.registry().register(&mut stream, Token(token), Interest::READABLE).is_err() {
             return None;
         }
         let serial = self.next_serial;
@@ -1197,6 +1199,16 @@ impl Server {
         }
         let sent = conn.sent;
         let flushed = conn.flush(now.ms);
+        if matches!(flushed, Ok(Flush::Pending)) && !conn.watch_writable {
+            // Re-registering reports the socket writable if it already is.
+            let both = Interest::READABLE | Interest::WRITABLE;
+            if self.poll.registry().reregister(&mut conn.stream, Token(id.index as usize), both).is_ok() {
+                conn.watch_writable = true;
+            } else {
+                // Never woken to write the rest: its deadline closes it.
+                warn!("{}: cannot watch the connection for writability", conn.peer);
+            }
+        }
         let (app, timeouts) = (&mut self.app, &self.timeouts);
         self.stats.bytes_sent += conn.sent - sent;
         match flushed {

@@ -290,6 +290,47 @@ fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot
 }
 
 #[test]
+fn a_reload_leaves_an_exchange_in_flight_the_upstream_settings_it_started_with() {
+    // An exchange sends its head and half its body; a reload then lowers
+    // the pool's `timeoutMs` below the upstream's answer time, or takes the
+    // `upstream` away. Both apply to the exchanges that start after it: the
+    // one in flight sends the rest and gets the upstream's answer (it once
+    // read the new timeout, and 0 for a removed upstream, and got a 504).
+    let with = |timeout_ms: u64, up: &MockUpstream| {
+        config(&format!(r#""upstream":{{"url":"{}","hosts":["{HOST}"],"timeoutMs":{timeout_ms}}}"#, up.url()), "")
+    };
+    for after in ["no upstream", "timeoutMs 100"] {
+        let answer = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let go = answer.clone();
+        let up = MockUpstream::start(move |_| {
+            let until = Instant::now() + PATIENCE;
+            while !go.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            ok("up", "")
+        });
+        let server = TestServer::start(&with(30_000, &up));
+        let mut c = server.connect();
+        let head =
+            format!("POST /v1/slow HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 10\r\n\r\n");
+        c.write_all(format!("{head}01234").as_bytes()).unwrap();
+        eventually("the exchange holds the slot", || server.metric(r#"nthpool_slots_held{pool="p"}"#) == Some(1.0));
+        server.reload(&match after {
+            "no upstream" => config("", ""),
+            _ => with(100, &up),
+        });
+        c.write_all(b"56789").unwrap();
+        eventually("the upstream has the whole request", || up.seen().len() == 1);
+        // Well past the lowered timeout.
+        std::thread::sleep(Duration::from_millis(300));
+        answer.store(true, std::sync::atomic::Ordering::SeqCst);
+        let r = read_any(&mut c).expect("the proxied answer");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"up"[..]), "{after}: {r:?}");
+        assert_eq!(up.seen()[0].body, b"0123456789", "{after}");
+    }
+}
+
+#[test]
 fn a_queued_request_never_carries_the_old_upstreams_credentials_to_a_new_one() {
     // A proxied request queues behind one that holds the only slot; a
     // reload then points the pool at another upstream with another managed

@@ -215,6 +215,10 @@ pub struct Exchange {
     /// The governor headers for the response head.
     pub signals: Vec<u8>,
     pub response_head: Option<ResponseHead>,
+    /// The upstream's `timeoutMs` and TLS settings when the exchange
+    /// started: a reload changes them for the exchanges that start after it.
+    pub timeout_ms: Ms,
+    pub tls: Option<ClientTls>,
     /// When the head must have come (`timeoutMs`), then the request's cap.
     pub deadline: Ms,
     pub request_deadline: Ms,
@@ -401,6 +405,8 @@ impl Proxy {
             expect_continue: new.expect_continue,
             signals,
             response_head: None,
+            timeout_ms: 0,
+            tls: None,
             deadline: Ms::MAX,
             request_deadline: Ms::MAX,
             request_sent: false,

@@ -202,7 +202,8 @@ fn start(
     e.signals.clear();
     governor_headers(&mut e.signals, &grant.signals, grant.queued_ms);
     e.request_deadline = grant.request_deadline.saturating_sub(CAP_LEAD_MS).max(now.ms);
-    e.deadline = (now.ms + upstream.timeout_ms).min(e.request_deadline);
+    (e.timeout_ms, e.tls) = (upstream.timeout_ms, upstream.tls.clone());
+    e.deadline = (now.ms + e.timeout_ms).min(e.request_deadline);
     conn.exchange_deadline = e.deadline;
     // Body bytes already here (sent with the head, or while it queued) were
     // not held back for the 100: it is omitted (RFC 9110 §10.1.1).
@@ -253,7 +254,7 @@ fn attach(proxy: &mut Proxy, ex: usize, upstream: &Upstream, now: Ms, registry: 
 /// when the whole request has left for the upstream: the response head's
 /// timeout runs from there (SPEC §12), so a client slow to send its body
 /// does not eat the upstream's time, and one that stalls it is told apart.
-fn restart_timer(proxy: &mut Proxy, app: &App, ex: usize, now: Ms, body_progress: bool) {
+fn restart_timer(proxy: &mut Proxy, ex: usize, now: Ms, body_progress: bool) {
     let e = &proxy.exchanges[ex];
     if e.request_sent || e.phase != Phase::Sending {
         return;
@@ -262,10 +263,9 @@ fn restart_timer(proxy: &mut Proxy, app: &App, ex: usize, now: Ms, body_progress
     if !flushed && !body_progress {
         return;
     }
-    let timeout_ms = app.upstream(e.pool).map_or(0, |u| u.timeout_ms);
     let e = &mut proxy.exchanges[ex];
     e.request_sent = flushed;
-    e.deadline = (now + timeout_ms).min(e.request_deadline);
+    e.deadline = (now + e.timeout_ms).min(e.request_deadline);
 }
 
 impl Server {
@@ -389,13 +389,13 @@ impl Server {
             if step != Step::Retry {
                 break step;
             }
-            let tls = self.app.upstream(self.proxy.exchanges[ex].pool).and_then(|u| u.tls.as_ref());
-            if self.proxy.reattach(ex, tls, self.now.ms, self.poll.registry(), UPSTREAM_BASE).is_err() {
+            let tls = self.proxy.exchanges[ex].tls.clone();
+            if self.proxy.reattach(ex, tls.as_ref(), self.now.ms, self.poll.registry(), UPSTREAM_BASE).is_err() {
                 break Step::BadGateway("cannot reconnect");
             }
         };
         if step == Step::Pending {
-            restart_timer(&mut self.proxy, &self.app, ex, self.now.ms, body_progress);
+            restart_timer(&mut self.proxy, ex, self.now.ms, body_progress);
         }
         conn.exchange_deadline = self.proxy.deadline(ex);
         if before == 0 && conn.unsent() > 0 {
@@ -477,8 +477,8 @@ impl Server {
         if expired == Some(Expired::TryNext) {
             // Each address takes one of the name's finite list, and the
             // request's deadline still holds: this ends.
-            let tls = self.app.upstream(self.proxy.exchanges[ex].pool).and_then(|u| u.tls.as_ref());
-            if self.proxy.reattach(ex, tls, self.now.ms, self.poll.registry(), UPSTREAM_BASE).is_ok() {
+            let tls = self.proxy.exchanges[ex].tls.clone();
+            if self.proxy.reattach(ex, tls.as_ref(), self.now.ms, self.poll.registry(), UPSTREAM_BASE).is_ok() {
                 // Its timer is armed again for the new handshake's deadline.
                 return self.pump_exchange(id);
             }

@@ -1030,6 +1030,42 @@ fn a_state_file_another_running_process_uses_is_refused() {
     assert_eq!(s.renew(&slot).status, 200, "the first process's slot, held");
 }
 
+/// A reload that names the running `stateFile` and `slotSecretFile` with
+/// another spelling (here through a symlinked directory; in use, as often
+/// `./nthpool.state` beside a configuration named by a relative path) moves nothing: it applies (it
+/// was once refused, the server's own lock taken for another process's), the
+/// lock stays held, and the stop snapshot lands there.
+#[test]
+fn a_reload_naming_the_same_state_file_otherwise_applies_and_keeps_its_lock() {
+    let s = TestServer::start_logged(&config(POOL, ""), "info");
+    let slot = s.acquire("", "").slot();
+    let state = s.dir.join("nthpool.state");
+    let secret = s.dir.join("nthpool.secret");
+    let failed = || s.metric("nthpool_config_reload_failures_total").unwrap();
+    std::os::unix::fs::symlink(".", s.dir.join("here")).unwrap();
+    let spellings = [
+        r#""stateFile":"here/nthpool.state","slotSecretFile":"here/nthpool.secret""#.to_string(),
+        format!(r#""stateFile":"{}","slotSecretFile":"{}""#, state.display(), secret.display()),
+    ];
+    for (i, spelled) in spellings.iter().enumerate() {
+        let concurrency = 4 + i;
+        s.reload(&config(&POOL.replace(r#""concurrency":3"#, &format!(r#""concurrency":{concurrency}"#)), spelled));
+        assert_eq!(failed(), 0.0, "{spelled}: {}", s.log());
+        assert_eq!(s.metric(r#"nthpool_limit{pool="p"}"#), Some(concurrency as f64), "{spelled}");
+    }
+    assert!(!s.log().contains("slotSecretFile"), "the same secret taken for a new one: {}", s.log());
+    // Still locked: another process is refused the file.
+    let dir = common::scratch_dir();
+    let on_shared =
+        config(POOL, &format!(r#""stateFile":"{}","slotSecretFile":"{}""#, state.display(), secret.display()));
+    std::fs::write(dir.join("config.json"), &on_shared).unwrap();
+    let second = common::run(&dir, &["--config", "config.json", "--listen", "127.0.0.1:0"]);
+    assert!(second.stderr.contains("is in use by another running nthpool"), "{}", second.stderr);
+    let (dir, config_path) = stop(s, "TERM");
+    let s = TestServer::start_with(dir, config_path, &[]);
+    assert_eq!(s.renew(&slot).status, 200, "the slot, restored from the stop snapshot");
+}
+
 /// A device or a pipe named as the state file (`/dev/null` meant as "none")
 /// is refused at start and by `--check-config`, never read (a pipe blocks)
 /// nor renamed out of the way as a refused snapshot.

@@ -223,7 +223,7 @@ impl Persistence {
         // A new slot secret is read at the next start: one that start would
         // refuse is refused now, not found out then.
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
-        if self.secret_path.as_ref().is_some_and(|p| *p != secret_path) {
+        if self.secret_path.as_ref().is_some_and(|p| !same_file(p, &secret_path)) {
             secret::check(&secret_path)?;
         }
         let kept = self.secret_path.iter().chain([&secret_path]).map(|p| (p.as_path(), "the slot secret's file"));
@@ -233,7 +233,7 @@ impl Persistence {
         };
         let secret = self.secret_path.as_deref().map(|p| (p, "the slot secret's file"));
         state_file_apart(&path, secret.into_iter().chain([(config_path, "the configuration file")]))?;
-        if self.path.as_ref() == Some(&path) {
+        if self.path.as_ref().is_some_and(|p| same_file(p, &path)) {
             return Ok(());
         }
         snapshot::check_writable(&path)
@@ -250,11 +250,17 @@ impl Persistence {
         self.identity.reconfigured(gov);
         self.terms.reconfigured(config, now.wall().0);
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
-        if self.secret_path.as_ref().is_some_and(|p| *p != secret_path) {
+        if self.secret_path.as_ref().is_some_and(|p| !same_file(p, &secret_path)) {
             warn!("reload: a new `slotSecretFile` takes effect at the next restart (held slots are signed with the current one)");
         }
         let path = state_path(config, Some(config_path));
-        if path != self.path {
+        // The same file spelled otherwise (`./nthpool.state`, an absolute
+        // path) keeps its lock: taken again, it would be found in use.
+        let moved = match (&path, &self.path) {
+            (Some(new), Some(old)) => !same_file(new, old),
+            (new, old) => new.is_some() != old.is_some(),
+        };
+        if moved {
             // `check_reload` found it free; the old one is let go.
             self.lock = path.as_deref().and_then(|p| lock(p).map_err(|e| warn!("reload: {e}")).ok());
             match &path {
@@ -267,8 +273,8 @@ impl Persistence {
                 },
                 None => info!("reload: `stateFile` is null, no snapshot is written from now on"),
             }
-            self.path = path;
         }
+        self.path = path;
         self.write_terms();
         let before = self.interval_ms();
         self.interval_ms = config.snapshot_interval_ms;

@@ -83,6 +83,58 @@ fn rss_kib(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+/// CPU time a process has used, user and system, in clock ticks (`/proc/PID/stat`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split_whitespace().skip(11).take(2).map(|t| t.parse::<u64>().unwrap()).sum()
+}
+
+#[test]
+fn a_client_that_stopped_reading_a_relayed_response_costs_the_server_no_cpu() {
+    // The server's output to the client is full and the upstream's answer
+    // waits behind it: the loop sleeps until the client reads (it once
+    // retried the full socket on every turn, a whole core per such client,
+    // for as long as a slow download ran).
+    const MB: usize = 1024 * 1024;
+    const TOTAL: usize = 16 * MB;
+    let up = MockUpstream::start(|_| Reply::Repeat {
+        head: format!("HTTP/1.1 200 OK\r\nContent-Length: {TOTAL}\r\n\r\n").into_bytes(),
+        piece: vec![b'x'; MB],
+        times: TOTAL / MB,
+    });
+    let server = proxy_server(&up, 2, "");
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(&server.addr.into()).unwrap();
+    let mut s = TcpStream::from(socket);
+    s.write_all(&proxied("GET", "/big", "", "")).unwrap();
+    // Stalled once the server's own buffer stops growing.
+    let buffered = || server.metric("nthpool_connection_buffer_bytes").unwrap();
+    let mut last = -1.0;
+    eventually("the server's output to the client is full", || {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = buffered();
+        std::mem::replace(&mut last, now) == now && now > 0.0
+    });
+    let before = cpu_ticks(server.pid());
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_ticks(server.pid()) - before;
+    // A clock tick is 10 ms: a spinning loop takes most of the 100.
+    assert!(used < 25, "the server used {used} ticks of CPU in a second while the client read nothing");
+    // Writing resumes when the client reads: the whole body arrives.
+    let head = read_head(&mut s);
+    assert!(String::from_utf8_lossy(&head).contains(&format!("Content-Length: {TOTAL}\r\n")));
+    let mut buf = vec![0u8; MB];
+    let mut received = 0;
+    while received < TOTAL {
+        let n = s.read_some(&mut buf[..MB.min(TOTAL - received)]).unwrap();
+        assert!(n > 0, "the body ended after {received} of {TOTAL} bytes");
+        received += n;
+    }
+}
+
 #[test]
 fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
     const MB: usize = 1024 * 1024;

@@ -213,6 +213,9 @@ pub struct Conn {
     /// Until then only reads are watched, so the ACKs of answers a client
     /// took at once wake nobody.
     pub watch_writable: bool,
+    /// The last write left output the socket would not take: writing again
+    /// waits for its writable edge (trying before would find it full).
+    pub write_blocked: bool,
     /// Accepted over its listener's budget: its only answer is the `503`
     /// it was given, then it lingers and closes (counted apart).
     pub refused: bool,
@@ -275,6 +278,7 @@ impl Conn {
             refused: false,
             write_probed: false,
             watch_writable: false,
+            write_blocked: false,
             received: 0,
             sent: 0,
             input: Input::new(input_limit),

@@ -973,6 +973,9 @@ impl Server {
                     self.on_readable(id, hangup);
                 }
                 if writable {
+                    if let Some(conn) = client_mut(&mut self.conns, id) {
+                        conn.write_blocked = false;
+                    }
                     self.mark_dirty(id);
                 }
             }
@@ -1199,7 +1202,8 @@ impl Server {
         }
         let sent = conn.sent;
         let flushed = conn.flush(now.ms);
-        if matches!(flushed, Ok(Flush::Pending)) && !conn.watch_writable {
+        conn.write_blocked = matches!(flushed, Ok(Flush::Pending));
+        if conn.write_blocked && !conn.watch_writable {
             // Re-registering reports the socket writable if it already is.
             let both = Interest::READABLE | Interest::WRITABLE;
             if self.poll.registry().reregister(&mut conn.stream, Token(id.index as usize), both).is_ok() {
@@ -1230,8 +1234,11 @@ impl Server {
             }
             Ok(Flush::Done | Flush::Pending) if conn.exchange.is_some() => {
                 // Room in the output: the upstream may be read on, and the
-                // client's body taken.
-                self.read_and_process(id);
+                // client's body taken. Not when the socket took nothing: the
+                // exchange is as it was (and would mark it for a flush again).
+                if !conn.write_blocked || conn.sent > sent {
+                    self.read_and_process(id);
+                }
             }
             Ok(Flush::Done | Flush::Pending) => {
                 let resume = conn.unsent() == 0 && (conn.readable || !conn.input.is_empty()) && !conn.is_waiting();

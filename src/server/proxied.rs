@@ -429,8 +429,9 @@ impl Server {
         let Some(conn) = client_mut(&mut self.conns, id) else {
             return;
         };
-        // Output to write, or input it can take now that the upstream took some.
-        if conn.unsent() > 0 || conn.may_read() || conn.closes_after_flush() {
+        // Output to write (unless the socket is full: its writable edge
+        // flushes it), or input it can take now that the upstream took some.
+        if conn.unsent() > 0 && !conn.write_blocked || conn.may_read() || conn.closes_after_flush() {
             self.mark_dirty(id);
         }
         self.arm_timer(id);

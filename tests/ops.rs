@@ -672,6 +672,27 @@ fn sighup_cannot_drop_the_admin_token_of_a_listener_bound_beyond_loopback() {
 }
 
 #[test]
+fn sighup_shortened_connection_timeouts_reach_the_connections_already_open() {
+    // Both open under a minute's timeouts: one idle after its answer, one
+    // whose head never ends. A reload to 300 ms closes both about then, as
+    // it does new ones (they once kept their old deadlines: 60 s and 10 s).
+    let s = TestServer::start(&config("", r#""headTimeoutMs":60000,"idleTimeoutMs":60000"#));
+    let mut idle = s.connect();
+    let acquire = format!("POST /pools/p/lock/acquire HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    idle.write_all(acquire.as_bytes()).unwrap();
+    assert_eq!(read_response(&mut idle).expect("an answer").status, 200);
+    let mut partial = s.connect();
+    partial.write_all(b"POST /pools/p/lock/acq").unwrap();
+    s.reload(&config("", r#""headTimeoutMs":300,"idleTimeoutMs":300"#));
+    for (what, c) in [("idle", &mut idle), ("a head never finished", &mut partial)] {
+        // Within the 10 s read timeout; whatever it is told first, it ends.
+        let mut rest = Vec::new();
+        let read = std::io::Read::read_to_end(c, &mut rest);
+        assert!(read.is_ok(), "{what}: still open ({read:?})");
+    }
+}
+
+#[test]
 fn sighup_cannot_send_snapshots_over_the_slot_secret_or_where_none_can_be_written() {
     let with = |state: &str| config("", &format!(r#""stateFile":"{state}""#));
     let mut s = TestServer::start_logged(&with("x.state"), "info");

@@ -32,7 +32,7 @@ use crate::wheel::TimerKey;
 pub const NEVER: Ms = u64::MAX;
 
 /// How long a connection may take over each phase (from the configuration).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
     /// A request head (and its body) must arrive within this.
     pub head_ms: u64,

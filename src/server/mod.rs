@@ -656,7 +656,11 @@ impl Server {
                 let before = Some(self.connection_cap);
                 self.connection_cap =
                     fds::ConnectionCap::new(config.max_connections, self.fd_limit, proxies(&config), before);
-                self.timeouts = Timeouts::from(&config);
+                let timeouts = Timeouts::from(&config);
+                if std::mem::replace(&mut self.timeouts, timeouts) != timeouts {
+                    // A shorter timeout reaches the connections open now.
+                    rearm_conn_timers(&mut self.app, &self.timeouts, &mut self.conns);
+                }
                 self.idle_spin = Duration::from_micros(config.idle_spin_us);
                 self.input_limit = input_limit(&config);
                 if let Some(resolver) = self.proxy.resolver.as_mut() {
@@ -1477,6 +1481,16 @@ fn arm_snapshot(app: &mut App, persistence: &state::Persistence, now: Ms) -> Opt
 }
 
 /// `Server::arm_timer` for a connection already in hand.
+/// Every connection's timer, brought forward where its deadline under
+/// `timeouts` is sooner (a later one is found when the timer fires).
+fn rearm_conn_timers(app: &mut App, timeouts: &Timeouts, conns: &mut Slab<Entry>) {
+    for (index, entry) in conns.iter_mut() {
+        let Entry::Client(conn) = entry;
+        let id = ConnId { index: index as u32, serial: conn.serial };
+        arm_conn_timer(app, timeouts, conn, id);
+    }
+}
+
 fn arm_conn_timer(app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
     let at = conn.deadline(timeouts);
     if at == NEVER {

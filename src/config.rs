@@ -134,7 +134,8 @@ fn plain_types(message: &str) -> String {
         let value = at + "invalid type: floating point `".len();
         if let Some(n) = out[value..].find('`') {
             let read = out[value..value + n].to_owned();
-            let words = format!("invalid value: a number with a fraction or out of range (read as {read})");
+            let words =
+                format!("invalid value: a number with a fraction, an exponent or out of range (read as {read})");
             out.replace_range(at..value + n + 1, &words);
         }
     }
@@ -489,7 +490,7 @@ impl Config {
     /// `adminListen` waits for a restart): a non-loopback one keeps
     /// requiring `adminToken`.
     pub fn check_admin_bound(&self, bound: SocketAddr) -> Result<(), ConfigError> {
-        if !bound.ip().is_loopback() && self.admin_token.is_none() {
+        if !bound.ip().to_canonical().is_loopback() && self.admin_token.is_none() {
             return fail(format!(
                 "adminToken: the admin listener stays bound to {bound}, not a loopback address, until a restart: it keeps requiring a token"
             ));
@@ -518,7 +519,8 @@ impl Config {
                     false => format!("adminListen: {admin} and `listen` {listen} {OVERLAP}"),
                 });
             }
-            if !addr.ip().is_loopback() && self.admin_token.is_none() {
+            // `[::ffff:127.0.0.1]` is loopback as much as `127.0.0.1`.
+            if !addr.ip().to_canonical().is_loopback() && self.admin_token.is_none() {
                 return fail(format!(
                     "adminListen {admin} is not a loopback address: set adminToken (16 bytes or more) to protect the dashboard"
                 ));
@@ -602,8 +604,14 @@ impl Config {
                         "pools.{name}.upstream.hosts: {host} is publicHost, where the lock API is served"
                     ));
                 }
-                if let Some(other) = hosts.insert(host_key(host), name) {
-                    return fail(format!("pools.{name}.upstream.hosts: {host} is already routed to pool {other}"));
+                match hosts.insert(host_key(host), name) {
+                    Some(other) if other == name => {
+                        return fail(format!("pools.{name}.upstream.hosts: {host} is listed twice"));
+                    }
+                    Some(other) => {
+                        return fail(format!("pools.{name}.upstream.hosts: {host} is already routed to pool {other}"));
+                    }
+                    None => {}
                 }
             }
             if let Some(listen) = &upstream.listen {
@@ -977,6 +985,12 @@ mod tests {
             &format!(r#""p":{{"keys":["k"],{hosts}}},"q":{{"keys":["k"],{}}}"#, hosts.replace("a.ex", "A.Ex")),
         );
         assert!(e.starts_with("pools.q.upstream.hosts: A.Example is already routed to pool p"), "{e}");
+        // One proxy host, twice in one pool.
+        let e = with(
+            "",
+            &format!(r#""p":{{"keys":["k"],{}}}"#, hosts.replace(r#""a.example""#, r#""a.example","A.example.""#)),
+        );
+        assert_eq!(e, "pools.p.upstream.hosts: A.example. is listed twice");
         // Requests are routed without a host's final dot, so the checks are too.
         let e = with(
             "",
@@ -1156,9 +1170,11 @@ mod tests {
         assert!(e.starts_with("invalid configuration: pools.p1.concurrency: JSON syntax error: expected value"), "{e}");
         // A number past 64 bits but within a float's range, or with a fraction, is named as such.
         let e = err(&pool_json(r#","termMs":18446744073709551616"#));
-        assert!(e.starts_with("invalid configuration: pools.p1.termMs: invalid value: a number with a fraction or out of range (read as 1.8446744073709552e+19), expected a whole number from 0 to 18446744073709551615"), "{e}");
+        assert!(e.starts_with("invalid configuration: pools.p1.termMs: invalid value: a number with a fraction, an exponent or out of range (read as 1.8446744073709552e+19), expected a whole number from 0 to 18446744073709551615"), "{e}");
+        let e = err(&pool_json(r#","termMs":3e4"#));
+        assert!(e.contains("pools.p1.termMs: invalid value: a number with a fraction, an exponent or out of range (read as 30000.0)"), "{e}");
         let e = err(&pool_json(r#","concurrency":2.5"#));
-        assert!(e.contains("pools.p1.concurrency: invalid value: a number with a fraction or out of range (read as 2.5), expected a whole number from 0 to 4294967295"), "{e}");
+        assert!(e.contains("pools.p1.concurrency: invalid value: a number with a fraction, an exponent or out of range (read as 2.5), expected a whole number from 0 to 4294967295"), "{e}");
         assert!(!e.contains("floating point"), "{e}");
     }
 
@@ -1301,6 +1317,9 @@ mod tests {
         assert_eq!(Config::parse(ok.as_bytes()).unwrap().admin_token.as_deref(), Some("0123456789abcdef"));
         let loopback = r#"{"adminListen":"[::1]:7071","pools":{"p":{"keys":["k"]}}}"#;
         assert!(Config::parse(loopback.as_bytes()).is_ok());
+        let mapped = r#"{"adminListen":"[::ffff:127.0.0.1]:7071","pools":{"p":{"keys":["k"]}}}"#;
+        let mapped = Config::parse(mapped.as_bytes()).expect("an IPv4-mapped loopback address is loopback");
+        assert!(mapped.check_admin_bound("[::ffff:127.0.0.1]:7071".parse().unwrap()).is_ok());
         // A reload is judged by the address bound, not the one it names.
         let loopback = Config::parse(loopback.as_bytes()).unwrap();
         let e = loopback.check_admin_bound("0.0.0.0:7071".parse().unwrap()).unwrap_err().0;

@@ -487,6 +487,7 @@ fn jwt_every_bad_token_is_refused() {
         ("crit present", hs256(JWT_SECRET, r#"{"alg":"HS256","crit":["exp"]}"#, &good_claims)),
         ("another secret", hs256(b"fedcba9876543210fedc", hs, &good_claims)),
         ("not a JWS", "not-a-token".to_string()),
+        ("another type of token", hs256(JWT_SECRET, r#"{"alg":"HS256","typ":"at+jwt"}"#, &good_claims)),
     ];
     for (case, token) in &cases {
         assert_refused(&s.acquire(&jwt_header(token), ""), 401, "unauthorized", case);
@@ -498,6 +499,9 @@ fn jwt_every_bad_token_is_refused() {
     let no_key = post(ACQUIRE, "", &format!("Authorization: Bearer {}\r\n", good_jwt()), "");
     assert_refused(&s.request(&no_key), 401, "unauthorized", "token without a key");
     assert_eq!(s.acquire(&jwt_header(&good_jwt()), "").status, 200, "and a good token still passes");
+    // Its type may be named as a media type too (RFC 7515 §4.1.9).
+    let media = hs256(JWT_SECRET, r#"{"alg":"HS256","typ":"application/jwt"}"#, &good_claims);
+    assert_eq!(s.acquire(&jwt_header(&media), "").status, 200, "typ application/jwt");
 }
 
 // ---------------------------------------------------------------- Cloudflare Access

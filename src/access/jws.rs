@@ -13,7 +13,8 @@
 //!   are refused (a duplicated `alg` could be read two ways).
 //! - `crit` present in any form, even `null`, is refused: we implement no
 //!   extensions, and RFC 7515 §4.1.11 requires refusing what we do not understand.
-//! - `typ`, if present, is `JWT` in any case.
+//! - `typ`, if present, is `JWT` or `application/jwt` in any case: a token of
+//!   another type (`JOSE`, `at+jwt`) is refused.
 //! - `jku`, `x5u`, `jwk`, `x5c` are ignored, never followed: the verifying key
 //!   always comes from configuration, so a key named or embedded in the token can
 //!   neither be fetched nor change which key verifies it. Refusing them instead
@@ -120,7 +121,14 @@ impl<'a> Compact<'a> {
             return Err(Denied::TOKEN_CRIT_REFUSED);
         }
         if let Some(typ) = raw.typ {
-            if !typ.eq_ignore_ascii_case("JWT") {
+            // A media type may come whole: `application/jwt` is `JWT` (RFC 7515 §4.1.9).
+            const MEDIA: &[u8] = b"application/";
+            let typ = typ.as_bytes();
+            let subtype = match typ.get(..MEDIA.len()) {
+                Some(prefix) if prefix.eq_ignore_ascii_case(MEDIA) => &typ[MEDIA.len()..],
+                _ => typ,
+            };
+            if !subtype.eq_ignore_ascii_case(b"JWT") {
                 return Err(Denied::TOKEN_TYP_REFUSED);
             }
         }
@@ -316,6 +324,13 @@ mod tests {
         assert_eq!(h.kid.as_deref(), Some("k1"));
         assert_eq!(header_result(r#"{"typ":"JWT"}"#).unwrap().alg, "");
         assert_eq!(header_result(r#"{"alg":"HS256","typ":"JOSE"}"#), Err(Denied::TOKEN_TYP_REFUSED));
+        assert_eq!(header_result(r#"{"alg":"HS256","typ":"Application/JWT"}"#).unwrap().alg, "HS256");
+        for other in
+            ["application/at+jwt", "at+jwt", "application/", "xapplication/jwt", "application/jwtx", "jwt ", "é/jwt"]
+        {
+            let header = format!(r#"{{"alg":"HS256","typ":"{other}"}}"#);
+            assert_eq!(header_result(&header), Err(Denied::TOKEN_TYP_REFUSED), "{other}");
+        }
         for crit in [r#"["exp"]"#, "[]", "null"] {
             let h = format!(r#"{{"alg":"HS256","crit":{crit}}}"#);
             assert_eq!(header_result(&h), Err(Denied::TOKEN_CRIT_REFUSED), "{crit}");

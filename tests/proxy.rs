@@ -1163,3 +1163,43 @@ fn a_chunked_body_past_max_request_bytes_is_413_and_its_upstream_connection_is_c
     let next = exchange(&server, &proxied("GET", "/next", "", ""));
     assert_eq!((next.status, next.body.as_slice()), (200, &b"n1"[..]), "a fresh connection: {next:?}");
 }
+
+#[test]
+fn upstream_connections_kept_idle_give_way_when_descriptors_run_out() {
+    // 300 descriptors allow about 78 client connections with proxying. Four
+    // pools each take a wave of 70 requests at once, and each wave leaves
+    // its upstream connections idle for reuse (`idleConnections` 100): the
+    // fourth needs more descriptors than the idle ones of the other three
+    // leave. Those are closed for it, as for its clients' accepts (it once
+    // got 502s, reported to its pool as the upstream's failures).
+    const WAVE: usize = 70;
+    let up = MockUpstream::start(|_| {
+        std::thread::sleep(Duration::from_millis(200));
+        ok("up", "")
+    });
+    let pools: Vec<String> = (0..4)
+        .map(|i| {
+            format!(
+                r#""p{i}":{{"keys":["{KEY}"],"concurrency":100,"upstream":{{"url":"{}","hosts":["h{i}.test"],"idleConnections":100,"idleTimeoutMs":60000}}}}"#,
+                up.url()
+            )
+        })
+        .collect();
+    let config = format!(r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{{}}}}}"#, pools.join(","));
+    let s = TestServer::start_with_fd_limit(&config, 300);
+    for i in 0..4 {
+        let calls: Vec<_> = (0..WAVE)
+            .map(|_| {
+                let mut c = s.connect();
+                std::thread::spawn(move || {
+                    let head = format!("GET /v1/x HTTP/1.1\r\nHost: h{i}.test\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+                    c.write_all(head.as_bytes()).unwrap();
+                    read_any(&mut c).map(|r| r.status)
+                })
+            })
+            .collect();
+        let statuses: Vec<Option<u16>> = calls.into_iter().map(|c| c.join().unwrap()).collect();
+        assert!(statuses.iter().all(|&s| s == Some(200)), "wave {i}: {statuses:?}\n{}", s.log());
+    }
+    assert!(up.connections() > 3 * WAVE, "the waves opened connections of their own");
+}

@@ -413,6 +413,11 @@ impl Dial {
                     limit_unsent(&stream);
                     return Ok((stream, addr));
                 }
+                Err(e) if out_of_descriptors(&e) => {
+                    // No fault of the address: it is tried again next.
+                    self.next -= 1;
+                    return Err(e);
+                }
                 Err(e) => self.failed(addr, e),
             }
         }
@@ -454,6 +459,14 @@ impl Dial {
             None => io::Error::new(io::ErrorKind::NotFound, "no address to connect to"),
         }
     }
+}
+
+/// The process or the system is out of file descriptors (`EMFILE`,
+/// `ENFILE`): a socket could not even be made, and closing one lets it be.
+pub fn out_of_descriptors(e: &io::Error) -> bool {
+    const ENFILE: i32 = 23;
+    const EMFILE: i32 = 24;
+    matches!(e.raw_os_error(), Some(ENFILE | EMFILE))
 }
 
 #[cfg(test)]

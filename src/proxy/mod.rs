@@ -29,7 +29,7 @@ use crate::config::upstream::Target;
 use crate::governor::lease::SlotId;
 use crate::governor::{Ms, Outcome, PoolId};
 use crate::http::chunked::ChunkError;
-use crate::net::resolve::{with_port, Dial, Lookup, Resolver};
+use crate::net::resolve::{out_of_descriptors, with_port, Dial, Lookup, Resolver};
 use crate::net::tls::{ClientTls, TlsError, DEFAULT_HANDSHAKE_TIMEOUT_MS};
 use body::{Framing, Relay};
 use head::{ClientBody, ClientSide, ResponseBody, ResponseHead};
@@ -545,8 +545,14 @@ impl Proxy {
     ) -> io::Result<usize> {
         self.stats.upstream_connects += 1;
         let trust = security.tls.map_or(0, ClientTls::identity);
-        let (mut transport, addr) =
-            Transport::connect(&mut dial, security).inspect_err(|_| self.stats.connect_error(pool.0 as usize))?;
+        let (mut transport, addr) = loop {
+            match Transport::connect(&mut dial, security) {
+                // Idle connections are kept only for reuse: out of
+                // descriptors, one goes for the one needed now.
+                Err(e) if out_of_descriptors(&e) && self.close_oldest_idle(registry) => {}
+                done => break done.inspect_err(|_| self.stats.connect_error(pool.0 as usize))?,
+            }
+        };
         let entry = self.ups.vacant_entry();
         let idx = entry.key();
         registry
@@ -759,6 +765,18 @@ impl Proxy {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             _ => self.close_up(idx, registry),
         }
+    }
+
+    /// Closes the idle connection, of any pool, that would expire first:
+    /// whether there was one. For a descriptor the process ran out of.
+    pub fn close_oldest_idle(&mut self, registry: &mio::Registry) -> bool {
+        let ups = &self.ups;
+        let oldest = self.idle.iter().filter_map(|list| list.first().copied()).min_by_key(|&idx| ups[idx].idle_until);
+        if let Some(idx) = oldest {
+            debug!("out of descriptors: closing an idle upstream connection");
+            self.close_up(idx, registry);
+        }
+        oldest.is_some()
     }
 
     /// Idle connections kept, over all pools.

@@ -783,9 +783,16 @@ impl Server {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if self.free_a_descriptor(&e) => {}
                 Err(e) => return self.pause_accepts(&e),
             }
         }
+    }
+
+    /// Out of descriptors with upstream connections kept idle for reuse:
+    /// one is closed for the client waiting to be accepted. Whether one was.
+    pub(super) fn free_a_descriptor(&mut self, e: &io::Error) -> bool {
+        crate::net::resolve::out_of_descriptors(e) && self.proxy.close_oldest_idle(self.poll.registry())
     }
 
     /// EMFILE and friends: the pending connection stays in the backlog and

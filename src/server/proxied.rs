@@ -287,6 +287,7 @@ impl Server {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if self.free_a_descriptor(&e) => {}
                 Err(e) => return self.pause_accepts(&e),
             }
         }

@@ -20,7 +20,11 @@
 #     header block repeats byte for byte (the server's per-connection memo
 #     learns where the value lies); then, on another fresh server, releases
 #     without a report (`--no-report`), whose header block is the acquire's;
-#     each measured like the empty runs, over 1 and 50 connections
+#     each measured like the empty runs, over 1 and 50 connections; then one
+#     connection paced at 500 requests/s (`--rate 500`, a request every 2 ms,
+#     as a sidecar's calls come), 1000 then 3000 requests: what the loop does
+#     between requests (its wake-ups, the clock, the once-a-second work)
+#     counts with them
 #   - nthpool with 1,000,000 slots held on another pool, filled with
 #     `nthpool-bench --fill` before the measured runs (instrumentation is off
 #     during the fill, so it is not counted at all; the subtraction removes
@@ -217,6 +221,12 @@ if [ "$VARY" = 1 ]; then
     variant bare "no report" --no-report
     stop "$SERVER"
     keep bare
+    say "nthpool, empty, one connection paced at 500 requests/s: 1000 then 3000 requests..."
+    start_nthpool paced
+    record "nthpool acquire/release, empty, paced 2 ms, c=1" "$(N1=1000 N2=3000 measure paced1 "$SERVER" \
+        "$WORK/paced.out" --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c 1 --rate 500)"
+    stop "$SERVER"
+    keep paced
 fi
 
 if [ "${CG_QUICK:-0}" != 1 ]; then

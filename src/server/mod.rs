@@ -1487,7 +1487,6 @@ fn arm_snapshot(app: &mut App, persistence: &state::Persistence, now: Ms) -> Opt
     Some((at, app.schedule(at, Wake::Snapshot)))
 }
 
-/// `Server::arm_timer` for a connection already in hand.
 /// Every connection's timer, brought forward where its deadline under
 /// `timeouts` is sooner (a later one is found when the timer fires).
 fn rearm_conn_timers(app: &mut App, timeouts: &Timeouts, conns: &mut Slab<Entry>) {
@@ -1498,6 +1497,7 @@ fn rearm_conn_timers(app: &mut App, timeouts: &Timeouts, conns: &mut Slab<Entry>
     }
 }
 
+/// `Server::arm_timer` for a connection already in hand.
 fn arm_conn_timer(app: &mut App, timeouts: &Timeouts, conn: &mut Conn, id: ConnId) {
     let at = conn.deadline(timeouts);
     if at == NEVER {

@@ -703,6 +703,38 @@ fn an_answer_before_the_whole_upload_reaches_a_client_still_sending_it() {
 }
 
 #[test]
+fn an_answer_the_upstream_sends_before_closing_on_an_upload_is_relayed_not_a_502() {
+    // As an SDK sends it: the head and a large body in one go. The upstream
+    // answers at the head and closes (a reset, with the body unread) while
+    // the server is still writing the body to it: the write fails, and the
+    // answer already in the socket is what the client gets (it was once a
+    // 502, retried by the SDKs, and the pool never saw the upstream's status).
+    let addr = answer_at_head(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope", false);
+    let server = TestServer::start(&config(
+        &format!(
+            r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"],"maxRequestBytes":100000000}}"#
+        ),
+        "",
+    ));
+    let total = 4 << 20;
+    for round in 0..5 {
+        let mut s = server.connect();
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut request =
+            format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {total}\r\n\r\n")
+                .into_bytes();
+        request.resize(request.len() + total, b'z');
+        let mut writer = s.try_clone().unwrap();
+        let upload = std::thread::spawn(move || writer.write_all(&request));
+        let r = read_any(&mut s).expect("the upstream's answer");
+        assert_eq!((r.status, r.body.as_slice()), (413, &b"nope"[..]), "round {round}: {r:?}");
+        assert_eq!(r.header("connection"), Some("close"), "round {round}: {r:?}");
+        let _ = upload.join();
+        slot_comes_back(&server);
+    }
+}
+
+#[test]
 fn no_head_within_timeout_is_a_504_and_frees_the_slot() {
     let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(5)));
     let server = proxy_server(&up, 1, r#""timeoutMs":300"#);

@@ -115,6 +115,11 @@ pub struct UpConn {
     /// The connection ended otherwise than by a clean close (a reset, a TLS
     /// peer without `close_notify`): a close-delimited body was cut short.
     unclean_eof: bool,
+    /// Writing the request failed (the upstream closed or reset the
+    /// connection): nothing more is sent, but an answer it sent first, say
+    /// a `413` at the head of a large upload, is still read and relayed.
+    /// Never kept for reuse.
+    send_failed: bool,
     /// The end of its TLS handshake has been counted.
     handshake_noted: bool,
     /// The socket may hold bytes not yet read: cleared when a read drains
@@ -576,6 +581,7 @@ impl Proxy {
             idle_until: Ms::MAX,
             eof: false,
             unclean_eof: false,
+            send_failed: false,
             handshake_noted: false,
             readable: true,
             hangup: false,
@@ -682,7 +688,8 @@ impl Proxy {
         if let Some(idx) = e.up.take() {
             let up = &mut self.ups[idx];
             up.exchange = None;
-            let clean = reusable && up.connected && !up.eof && up.unsent() == 0 && up.input.is_empty();
+            let clean =
+                reusable && up.connected && !up.eof && !up.send_failed && up.unsent() == 0 && up.input.is_empty();
             let list = {
                 let pid = up.pool.0 as usize;
                 if self.idle.len() <= pid {
@@ -950,6 +957,9 @@ impl Exchange {
     /// The client's body onto the upstream's output, then out; `true` when
     /// bytes reached the upstream.
     fn send(&mut self, up: &mut UpConn, stats: &mut ProxyStats, client: &mut ClientIo) -> Result<bool, Halt> {
+        if up.send_failed {
+            return Ok(false);
+        }
         if !self.request.is_done() && up.unsent() < UP_OUTPUT_HIGH {
             let input = &client.input[client.consumed..];
             let room = (UP_OUTPUT_HIGH - up.unsent()).min(input.len());
@@ -982,7 +992,14 @@ impl Exchange {
             if let Some(tls) = TlsError::of(&err) {
                 return Err(Halt::Tls(tls.clone()));
             }
-            return Err(Halt::Upstream("write failed"));
+            // What it answered before it closed is read on: with no answer,
+            // its end is a 502 (`end_of_input`).
+            debug!("writing the request to the upstream failed ({err}); reading what it answered");
+            up.send_failed = true;
+            up.output.clear();
+            up.out_pos = 0;
+            up.hangup = true;
+            return Ok(false);
         }
         let wrote = up.written > written_before;
         if wrote && self.sent_at.is_none() {

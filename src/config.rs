@@ -486,6 +486,22 @@ impl Config {
         self.admin_listen.as_ref().map(|a| a.parse().expect("validated"))
     }
 
+    /// What is valid but likely not meant, one sentence each: logged at a
+    /// start and a reload, printed by `--check-config`.
+    pub fn cautions(&self) -> Vec<String> {
+        let mut said = Vec::new();
+        for (name, pool) in &self.pools {
+            if let Some(upstream) = pool.upstream.as_ref().filter(|u| u.timeout_ms > pool.request_timeout_ms) {
+                said.push(format!(
+                    "pools.{name}: requestTimeoutMs ({}) cuts every proxied exchange, streams included, before \
+                     upstream.timeoutMs ({}) can run out: raise requestTimeoutMs for calls that take longer",
+                    pool.request_timeout_ms, upstream.timeout_ms
+                ));
+            }
+        }
+        said
+    }
+
     /// A reload's check against the admin listener actually bound (a new
     /// `adminListen` waits for a restart): a non-loopback one keeps
     /// requiring `adminToken`.
@@ -1305,6 +1321,24 @@ mod tests {
         assert_eq!(c.pools["p1"].rpm_burst_or_default(), Some(10));
         let c = Config::parse(pool_json(r#","rpm":30"#).as_bytes()).unwrap();
         assert_eq!(c.pools["p1"].rpm_burst_or_default(), Some(1));
+    }
+
+    #[test]
+    fn a_request_cap_below_the_upstreams_timeout_is_a_caution() {
+        let proxy = |extra: &str| {
+            let json = format!(
+                r#"{{"pools":{{"p":{{"keys":["k"]{extra},"upstream":{{"url":"http://127.0.0.1:9","hosts":["a.example"]}}}}}}}}"#
+            );
+            Config::parse(json.as_bytes()).unwrap().cautions()
+        };
+        let said = proxy("");
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].starts_with("pools.p: requestTimeoutMs (60000) cuts") && said[0].contains("(600000)"),
+            "{said:?}"
+        );
+        assert!(proxy(r#","requestTimeoutMs":600000"#).is_empty());
+        assert!(Config::parse(pool_json("").as_bytes()).unwrap().cautions().is_empty(), "no upstream, no caution");
     }
 
     #[test]

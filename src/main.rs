@@ -83,6 +83,9 @@ fn parse_args() -> Result<Option<Args>, String> {
         let config = Config::load(path).map_err(|e| e.to_string())?;
         nthpool::api::check(&config).map_err(|e| format!("{}: {e}", path.display()))?;
         nthpool::state::check_files(&config, path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for caution in config.cautions() {
+            eprintln!("nthpool: warning: {caution}");
+        }
         println!("{}: configuration is valid", path.display());
         return Ok(None);
     }
@@ -117,6 +120,9 @@ fn main() -> ExitCode {
         },
         None => Config::embedded(),
     };
+    for caution in config.cautions() {
+        log::warn!("{caution}");
+    }
     if let Some(listen) = args.listen {
         if let Err(e) = config.check_listen_override(listen) {
             eprintln!("nthpool: {e}");

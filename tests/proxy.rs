@@ -1235,3 +1235,21 @@ fn upstream_connections_kept_idle_give_way_when_descriptors_run_out() {
     }
     assert!(up.connections() > 3 * WAVE, "the waves opened connections of their own");
 }
+
+#[test]
+fn a_request_cap_below_the_upstreams_timeout_is_warned_of_not_refused() {
+    // `requestTimeoutMs` (60 s by default) cuts an exchange, a stream
+    // included, before `upstream.timeoutMs` (600 s) could: valid, but said.
+    let pool = r#""upstream":{"url":"http://127.0.0.1:9","hosts":["a.test"]}"#;
+    let said = "pools.p: requestTimeoutMs (60000) cuts every proxied exchange";
+    let dir = scratch_dir();
+    let path = dir.join("config.json");
+    std::fs::write(&path, config(pool, "")).unwrap();
+    let r = run(&dir, &["--check-config", path.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", r.stderr);
+    assert!(r.stderr.contains(&format!("warning: {said}")), "{}", r.stderr);
+    let s = TestServer::start_logged(&config(pool, ""), "warn");
+    assert!(s.log().contains(said), "{}", s.log());
+    s.reload(&config(&format!(r#"{pool},"requestTimeoutMs":600000"#), ""));
+    assert_eq!(s.log().matches(said).count(), 1, "not said of a cap that allows it: {}", s.log());
+}

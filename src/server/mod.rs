@@ -682,6 +682,9 @@ impl Server {
                 }
                 self.stats.reloads_ok += 1;
                 info!("configuration reloaded from {}", path.display());
+                for caution in config.cautions() {
+                    warn!("reload: {caution}");
+                }
                 self.recheck_waiters();
                 self.drain_events();
             }

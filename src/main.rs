@@ -120,9 +120,6 @@ fn main() -> ExitCode {
         },
         None => Config::embedded(),
     };
-    for caution in config.cautions() {
-        log::warn!("{caution}");
-    }
     if let Some(listen) = args.listen {
         if let Err(e) = config.check_listen_override(listen) {
             eprintln!("nthpool: {e}");
@@ -134,6 +131,10 @@ fn main() -> ExitCode {
     // only (a log shipper parses each): the banner goes to standard error.
     let banner_to_stderr = config.access_log.as_deref() == Some("-");
     let result = server::serve(&config, args.listen, args.config.clone(), early, |addr, admin, proxies| {
+        // Said once the start can no longer fail: a failed one says only why.
+        for caution in config.cautions() {
+            log::warn!("{caution}");
+        }
         // Not `println!`: standard output may be the access log's, written
         // without blocking, and a full pipe must not end the server.
         let mut banner = String::new();

@@ -1066,6 +1066,43 @@ fn a_reload_naming_the_same_state_file_otherwise_applies_and_keeps_its_lock() {
     assert_eq!(s.renew(&slot).status, 200, "the slot, restored from the stop snapshot");
 }
 
+/// Which state file a reload names is judged by the lock file held, not by
+/// what a name leads to now: a symlinked directory swapped to another since
+/// the start leads the old name elsewhere, and the file there is a new one
+/// (its lock is taken, so another process is refused it); a directory
+/// renamed since keeps the file whose lock is held under its new name (not
+/// taken for another process's).
+#[test]
+fn a_reload_tells_a_state_file_moved_from_one_renamed_by_its_lock() {
+    let dir = common::scratch_dir();
+    for d in ["a", "b"] {
+        std::fs::create_dir(dir.join(d)).unwrap();
+    }
+    std::os::unix::fs::symlink("a", dir.join("cur")).unwrap();
+    let with = |state: &str| config(POOL, &format!(r#""stateFile":"{state}","slotSecretFile":"a/s.secret""#));
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, with("cur/nthpool.state")).unwrap();
+    let s = TestServer::start_with(dir, config_path, &[]);
+    // `cur` now leads to `b`: `b/nthpool.state` is a new file.
+    std::fs::remove_file(s.dir.join("cur")).unwrap();
+    std::os::unix::fs::symlink("b", s.dir.join("cur")).unwrap();
+    s.reload(&with("b/nthpool.state"));
+    let other = common::scratch_dir();
+    let on_b = config(POOL, &format!(r#""stateFile":"{}""#, s.dir.join("b/nthpool.state").display()));
+    std::fs::write(other.join("config.json"), on_b).unwrap();
+    let second = common::run(&other, &["--config", "config.json", "--listen", "127.0.0.1:0"]);
+    assert!(second.stderr.contains("is in use by another running nthpool"), "b's lock not taken: {}", second.stderr);
+    // `b` renamed to `c`: the file whose lock is held, under another name.
+    std::fs::rename(s.dir.join("b"), s.dir.join("c")).unwrap();
+    s.reload(&with("c/nthpool.state"));
+    assert_eq!(s.metric("nthpool_config_reload_failures_total"), Some(0.0));
+    let slot = s.acquire("", "").slot();
+    let (dir, config_path) = stop(s, "TERM");
+    assert!(dir.join("c/nthpool.state").exists(), "the stop snapshot where the lock is");
+    let s = TestServer::start_with(dir, config_path, &[]);
+    assert_eq!(s.renew(&slot).status, 200, "the slot, restored from the stop snapshot");
+}
+
 /// A device or a pipe named as the state file (`/dev/null` meant as "none")
 /// is refused at start and by `--check-config`, never read (a pipe blocks)
 /// nor renamed out of the way as a refused snapshot.

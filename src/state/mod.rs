@@ -12,6 +12,7 @@ pub mod snapshot;
 pub mod terms;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -30,8 +31,10 @@ pub struct Persistence {
     /// `None`: no snapshot is written (the embedded demo, `stateFile: null`).
     path: Option<PathBuf>,
     interval_ms: Option<u64>,
-    /// The secret's file as the configuration named it at start.
+    /// The secret's file as the configuration named it at start, and which
+    /// file that was (device and inode).
     secret_path: Option<PathBuf>,
+    secret_file: Option<(u64, u64)>,
     identity: Identity,
     /// The periodic snapshot being written, if one is; it hands its lease
     /// buffer back for the next one.
@@ -76,6 +79,7 @@ pub fn start<T: Copy>(
     let mut persistence = Persistence {
         path,
         interval_ms: config.snapshot_interval_ms,
+        secret_file: secret_path.as_deref().and_then(file_id),
         secret_path,
         identity: Identity::new(gov, &secret.bytes),
         writer: None,
@@ -223,7 +227,7 @@ impl Persistence {
         // A new slot secret is read at the next start: one that start would
         // refuse is refused now, not found out then.
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
-        if self.secret_path.as_ref().is_some_and(|p| !same_file(p, &secret_path)) {
+        if self.secret_path.is_some() && !self.secret_is(&secret_path) {
             secret::check(&secret_path)?;
         }
         let kept = self.secret_path.iter().chain([&secret_path]).map(|p| (p.as_path(), "the slot secret's file"));
@@ -233,7 +237,7 @@ impl Persistence {
         };
         let secret = self.secret_path.as_deref().map(|p| (p, "the slot secret's file"));
         state_file_apart(&path, secret.into_iter().chain([(config_path, "the configuration file")]))?;
-        if self.path.as_ref().is_some_and(|p| same_file(p, &path)) {
+        if self.holds_lock_of(&path) {
             return Ok(());
         }
         snapshot::check_writable(&path)
@@ -250,15 +254,16 @@ impl Persistence {
         self.identity.reconfigured(gov);
         self.terms.reconfigured(config, now.wall().0);
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
-        if self.secret_path.as_ref().is_some_and(|p| !same_file(p, &secret_path)) {
+        if self.secret_path.is_some() && !self.secret_is(&secret_path) {
             warn!("reload: a new `slotSecretFile` takes effect at the next restart (held slots are signed with the current one)");
         }
         let path = state_path(config, Some(config_path));
-        // The same file spelled otherwise (`./nthpool.state`, an absolute
-        // path) keeps its lock: taken again, it would be found in use.
-        let moved = match (&path, &self.path) {
-            (Some(new), Some(old)) => !same_file(new, old),
-            (new, old) => new.is_some() != old.is_some(),
+        // The file whose lock is held, however spelled (`./nthpool.state`, an
+        // absolute path) or wherever it is now, keeps its lock: taken again,
+        // it would be found in use.
+        let moved = match &path {
+            Some(new) => !self.holds_lock_of(new),
+            None => self.path.is_some(),
         };
         if moved {
             // `check_reload` found it free; the old one is let go.
@@ -279,6 +284,19 @@ impl Persistence {
         let before = self.interval_ms();
         self.interval_ms = config.snapshot_interval_ms;
         before != self.interval_ms()
+    }
+
+    /// Whether `path`'s lock file is the one this process holds: the same
+    /// file by device and inode, not by name (a name may now lead elsewhere,
+    /// through a symlink changed since, and the file may have moved).
+    fn holds_lock_of(&self, path: &Path) -> bool {
+        let held = self.lock.as_ref().and_then(|f| f.metadata().ok()).map(|m| (m.dev(), m.ino()));
+        held.is_some() && file_id(&lock_path(path)) == held
+    }
+
+    /// Whether `path` is the slot secret's file read at start.
+    fn secret_is(&self, path: &Path) -> bool {
+        self.secret_file.is_some() && file_id(path) == self.secret_file
     }
 
     /// Writes the terms a crash must wait for into the lock file.
@@ -415,6 +433,11 @@ fn lock(path: &Path) -> Result<std::fs::File, String> {
 }
 
 /// `<path>.lock`: the lock beside a state file `path`.
+/// A file's device and inode: which file a path leads to now.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
 fn lock_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".lock");

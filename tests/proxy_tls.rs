@@ -4,6 +4,8 @@
 //! leaks them.
 
 mod common;
+#[path = "common/dns.rs"]
+mod dns;
 mod sdk_support;
 mod tls_support;
 
@@ -191,6 +193,33 @@ fn a_reload_that_changes_the_trusted_roots_reuses_no_connection_verified_under_t
     assert_eq!(completion_text(&s.request(&chat_request(false))), "Hello from the mock upstream.");
     // The first, the one refused after the first reload, a new one after the second.
     assert_eq!(up.seen(3).len(), 3, "a new connection after each reload");
+}
+
+#[test]
+fn an_exchange_waiting_for_its_upstreams_name_keeps_the_trust_it_started_with() {
+    // The name resolves slowly; meanwhile a reload gives the pool roots that
+    // do not sign the upstream. The exchange, granted before, connects with
+    // the roots it started with (it once took the new ones and got a 502),
+    // and the next exchange is judged under the new ones.
+    let ca = Ca::new("test ca");
+    let stranger = Ca::new("stranger ca");
+    let (up, _) = llm_upstream(&ca.leaf(&["up.test"]));
+    let dns = dns::MockDns::start();
+    let delay = Duration::from_millis(800);
+    dns.set("up.test", dns::Zone { a: vec![std::net::Ipv4Addr::LOCALHOST], ttl_s: 0, delay, nxdomain: false });
+    let dir = scratch_dir();
+    let url = format!("https://up.test:{}", up.addr.port());
+    let with = |ca: &Ca, ca_dir: &Path| config(&pool(&url, &dir, &with_ca(ca, ca_dir)), &dns.resolver_config(""));
+    let s = TestServer::start_logged(&with(&ca, &dir), "info");
+    let mut c = s.connect();
+    c.write_all(&chat_request(false)).unwrap();
+    eventually("the name is asked for", || !dns.a_queries("up.test").is_empty());
+    let other_dir = scratch_dir();
+    s.reload(&with(&stranger, &other_dir));
+    let r = read_response(&mut c).expect("the answer");
+    assert_eq!(completion_text(&r), "Hello from the mock upstream.");
+    let r = s.request(&chat_request(false));
+    assert_eq!(r.status, 502, "{:?}", String::from_utf8_lossy(&r.body));
 }
 
 #[test]

@@ -242,7 +242,10 @@ fn upstream_for<'a>(app: &'a App, e: &Exchange) -> Result<&'a Upstream, ApiError
 /// Attaches an upstream connection to the exchange, or leaves it waiting
 /// for its upstream's name.
 fn attach(proxy: &mut Proxy, ex: usize, upstream: &Upstream, now: Ms, registry: &Registry) -> Result<(), ApiError> {
-    match proxy.attach(ex, &upstream.target, upstream.tls.as_ref(), now, registry, UPSTREAM_BASE) {
+    // The TLS settings the exchange started with (a reload may have changed
+    // the pool's while its upstream's name was looked up).
+    let tls = proxy.exchanges[ex].tls.clone();
+    match proxy.attach(ex, &upstream.target, tls.as_ref(), now, registry, UPSTREAM_BASE) {
         Attached::Yes | Attached::Resolving => Ok(()),
         // Counted as a failed connection by `Proxy::attach`.
         Attached::No(why) => Err(ApiError::BadGatewayBecause(why)),

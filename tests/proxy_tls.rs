@@ -196,6 +196,47 @@ fn a_reload_that_changes_the_trusted_roots_reuses_no_connection_verified_under_t
 }
 
 #[test]
+fn an_answer_a_tls_upstream_sends_before_closing_on_an_upload_is_relayed() {
+    // The upstream reads the head, answers 413 a moment later and closes
+    // with the body unread (a reset), while the server still writes the
+    // body: the answer, already decrypted, is relayed (the session's failed
+    // push of the rest once hid it behind a 502).
+    let ca = Ca::new("test ca");
+    let up = TlsServer::start(
+        &ca.leaf(&["localhost"]),
+        Arc::new(|stream: &mut TlsServerStream| {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read_some(&mut buf) {
+                    Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                    _ => return,
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let _ = stream.write_all(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope");
+        }),
+    );
+    let dir = scratch_dir();
+    let url = format!("https://localhost:{}", up.addr.port());
+    let s = server(&pool(&url, &dir, &format!(r#"{},"maxRequestBytes":100000000"#, with_ca(&ca, &dir))));
+    let total = 4 << 20;
+    for round in 0..3 {
+        let mut c = s.connect();
+        c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut request =
+            format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {total}\r\n\r\n")
+                .into_bytes();
+        request.resize(request.len() + total, b'z');
+        let mut writer = c.try_clone().unwrap();
+        let upload = std::thread::spawn(move || writer.write_all(&request));
+        let r = read_response(&mut c).expect("the upstream's answer");
+        assert_eq!((r.status, r.body.as_slice()), (413, &b"nope"[..]), "round {round}: {r:?}");
+        let _ = upload.join();
+    }
+}
+
+#[test]
 fn an_exchange_waiting_for_its_upstreams_name_keeps_the_trust_it_started_with() {
     // The name resolves slowly; meanwhile a reload gives the pool roots that
     // do not sign the upstream. The exchange, granted before, connects with

@@ -588,7 +588,12 @@ impl TlsStream {
             self.failure = Some(failure.clone());
             return Err(failure.into_io());
         }
-        pushed
+        match pushed {
+            // The peer closed: what it sent before is still read (an answer
+            // to a request it did not read whole); a write says it failed.
+            Err(e) if matches!(e.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset) => Ok(()),
+            other => other,
+        }
     }
 
     /// Writes queued TLS records until the socket would block or none are left.

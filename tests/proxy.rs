@@ -251,12 +251,9 @@ fn a_pools_own_listener_proxies_every_request() {
     drop(server);
 }
 
-#[test]
-fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot() {
-    // One proxied request holds the pool's only slot (the upstream answers
-    // when the test says so), a second waits in the queue; a reload then
-    // takes the pool's `upstream` away. The waiter, granted afterwards, has
-    // no upstream left to go to: it gets a 503 and its slot is given back.
+/// An upstream that answers `200 body` once the flag it returns is set (or
+/// after `PATIENCE`).
+fn answering_when_told(body: &'static str) -> (MockUpstream, std::sync::Arc<std::sync::atomic::AtomicBool>) {
     let answer = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let go = answer.clone();
     let up = MockUpstream::start(move |_| {
@@ -264,8 +261,18 @@ fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot
         while !go.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
         }
-        ok("first", "")
+        ok(body, "")
     });
+    (up, answer)
+}
+
+#[test]
+fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot() {
+    // One proxied request holds the pool's only slot (the upstream answers
+    // when the test says so), a second waits in the queue; a reload then
+    // takes the pool's `upstream` away. The waiter, granted afterwards, has
+    // no upstream left to go to: it gets a 503 and its slot is given back.
+    let (up, answer) = answering_when_told("first");
     let pool = r#""concurrency":1,"adaptive":false,"queue":{"size":10,"timeoutMs":30000}"#;
     let server =
         TestServer::start(&config(&format!(r#"{pool},"upstream":{{"url":"{}","hosts":["{HOST}"]}}"#, up.url()), ""));
@@ -300,15 +307,7 @@ fn a_reload_leaves_an_exchange_in_flight_the_upstream_settings_it_started_with()
         config(&format!(r#""upstream":{{"url":"{}","hosts":["{HOST}"],"timeoutMs":{timeout_ms}}}"#, up.url()), "")
     };
     for after in ["no upstream", "timeoutMs 100"] {
-        let answer = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let go = answer.clone();
-        let up = MockUpstream::start(move |_| {
-            let until = Instant::now() + PATIENCE;
-            while !go.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            ok("up", "")
-        });
+        let (up, answer) = answering_when_told("up");
         let server = TestServer::start(&with(30_000, &up));
         let mut c = server.connect();
         let head =
@@ -668,18 +667,24 @@ fn a_queued_request_whose_upstream_cannot_be_connected_at_its_grant_is_answered_
     slot_comes_back(&server);
 }
 
+/// A server whose pool's upstream reads a request's head, answers `413`
+/// and closes without reading the body.
+fn refusing_at_the_head() -> TestServer {
+    let addr = answer_at_head(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope", false);
+    TestServer::start(&config(
+        &format!(
+            r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"],"maxRequestBytes":100000000}}"#
+        ),
+        "",
+    ))
+}
+
 #[test]
 fn an_answer_before_the_whole_upload_reaches_a_client_still_sending_it() {
     // The upstream refuses at the head and closes without reading the body:
     // the client, still writing it, must be able to finish and read the
     // answer (the lingering close drains what it sends) rather than be reset.
-    let addr = answer_at_head(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope", false);
-    let server = TestServer::start(&config(
-        &format!(
-            r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"],"maxRequestBytes":100000000}}"#
-        ),
-        "",
-    ));
+    let server = refusing_at_the_head();
     let mut s = server.connect();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -709,23 +714,10 @@ fn an_answer_the_upstream_sends_before_closing_on_an_upload_is_relayed_not_a_502
     // the server is still writing the body to it: the write fails, and the
     // answer already in the socket is what the client gets (it was once a
     // 502, retried by the SDKs, and the pool never saw the upstream's status).
-    let addr = answer_at_head(b"HTTP/1.1 413 Too Big\r\nConnection: close\r\nContent-Length: 4\r\n\r\nnope", false);
-    let server = TestServer::start(&config(
-        &format!(
-            r#""concurrency":1,"upstream":{{"url":"http://{addr}","hosts":["{HOST}"],"maxRequestBytes":100000000}}"#
-        ),
-        "",
-    ));
-    let total = 4 << 20;
+    let server = refusing_at_the_head();
     for round in 0..5 {
         let mut s = server.connect();
-        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut request =
-            format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {total}\r\n\r\n")
-                .into_bytes();
-        request.resize(request.len() + total, b'z');
-        let mut writer = s.try_clone().unwrap();
-        let upload = std::thread::spawn(move || writer.write_all(&request));
+        let upload = upload_in_background(&s, HOST, 4 << 20);
         let r = read_any(&mut s).expect("the upstream's answer");
         assert_eq!((r.status, r.body.as_slice()), (413, &b"nope"[..]), "round {round}: {r:?}");
         assert_eq!(r.header("connection"), Some("close"), "round {round}: {r:?}");

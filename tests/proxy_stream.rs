@@ -83,6 +83,18 @@ fn rss_kib(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
+const MB: usize = 1024 * 1024;
+
+/// An upstream that answers every request with a `200` of `total` bytes
+/// (a whole number of megabytes), written as fast as the socket takes it.
+fn upstream_of(total: usize) -> MockUpstream {
+    MockUpstream::start(move |_| Reply::Repeat {
+        head: format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n").into_bytes(),
+        piece: vec![b'x'; MB],
+        times: total / MB,
+    })
+}
+
 /// CPU time a process has used, user and system, in clock ticks (`/proc/PID/stat`).
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -97,13 +109,8 @@ fn a_client_that_stopped_reading_a_relayed_response_costs_the_server_no_cpu() {
     // waits behind it: the loop sleeps until the client reads (it once
     // retried the full socket on every turn, a whole core per such client,
     // for as long as a slow download ran).
-    const MB: usize = 1024 * 1024;
     const TOTAL: usize = 16 * MB;
-    let up = MockUpstream::start(|_| Reply::Repeat {
-        head: format!("HTTP/1.1 200 OK\r\nContent-Length: {TOTAL}\r\n\r\n").into_bytes(),
-        piece: vec![b'x'; MB],
-        times: TOTAL / MB,
-    });
+    let up = upstream_of(TOTAL);
     let server = proxy_server(&up, 2, "");
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
@@ -137,13 +144,8 @@ fn a_client_that_stopped_reading_a_relayed_response_costs_the_server_no_cpu() {
 
 #[test]
 fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
-    const MB: usize = 1024 * 1024;
     const TOTAL: usize = 200 * MB;
-    let up = MockUpstream::start(|_| Reply::Repeat {
-        head: format!("HTTP/1.1 200 OK\r\nContent-Length: {TOTAL}\r\n\r\n").into_bytes(),
-        piece: vec![b'x'; MB],
-        times: TOTAL / MB,
-    });
+    let up = upstream_of(TOTAL);
     let server = proxy_server(&up, 2, "");
     let baseline = rss_kib(server.pid());
     let mut s = server.connect();
@@ -193,7 +195,6 @@ fn a_200_mb_response_to_a_slow_reader_keeps_server_memory_bounded() {
 
 #[test]
 fn a_64_mb_upload_to_a_slow_upstream_keeps_server_memory_bounded() {
-    const MB: usize = 1024 * 1024;
     const TOTAL: usize = 64 * MB;
     // The upstream reads 64 KiB a millisecond, far below what the client
     // sends, so the server's output to it never empties; then it answers.

@@ -220,16 +220,9 @@ fn an_answer_a_tls_upstream_sends_before_closing_on_an_upload_is_relayed() {
     let dir = scratch_dir();
     let url = format!("https://localhost:{}", up.addr.port());
     let s = server(&pool(&url, &dir, &format!(r#"{},"maxRequestBytes":100000000"#, with_ca(&ca, &dir))));
-    let total = 4 << 20;
     for round in 0..3 {
         let mut c = s.connect();
-        c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut request =
-            format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {total}\r\n\r\n")
-                .into_bytes();
-        request.resize(request.len() + total, b'z');
-        let mut writer = c.try_clone().unwrap();
-        let upload = std::thread::spawn(move || writer.write_all(&request));
+        let upload = upload_in_background(&c, HOST, 4 << 20);
         let r = read_response(&mut c).expect("the upstream's answer");
         assert_eq!((r.status, r.body.as_slice()), (413, &b"nope"[..]), "round {round}: {r:?}");
         let _ = upload.join();

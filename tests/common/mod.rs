@@ -370,6 +370,20 @@ pub fn answer_at_head(answer: &'static [u8], drain: bool) -> SocketAddr {
     addr
 }
 
+/// Writes `POST /upload` for `host`, with a body of `total` bytes, as an SDK
+/// sends a request (the head and the body in one go), from a thread of its
+/// own, so the caller reads the answer meanwhile; the handle gives the
+/// write's result (an answer that comes first may end it early).
+pub fn upload_in_background(s: &TcpStream, host: &str, total: usize) -> std::thread::JoinHandle<std::io::Result<()>> {
+    let mut request =
+        format!("POST /upload HTTP/1.1\r\nHost: {host}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: {total}\r\n\r\n")
+            .into_bytes();
+    request.resize(request.len() + total, b'z');
+    let mut writer = s.try_clone().unwrap();
+    writer.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    std::thread::spawn(move || writer.write_all(&request))
+}
+
 /// One `read` that is tried again when it fails with `EINTR`. Linux fails a
 /// blocking socket read that has a timeout with `EINTR` when this process is
 /// stopped and continued, even with no signal handler; a test must not take

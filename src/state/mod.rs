@@ -227,7 +227,7 @@ impl Persistence {
         // A new slot secret is read at the next start: one that start would
         // refuse is refused now, not found out then.
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
-        if self.secret_path.is_some() && !self.secret_is(&secret_path) {
+        if self.new_secret(&secret_path) {
             secret::check(&secret_path)?;
         }
         let kept = self.secret_path.iter().chain([&secret_path]).map(|p| (p.as_path(), "the slot secret's file"));
@@ -254,7 +254,7 @@ impl Persistence {
         self.identity.reconfigured(gov);
         self.terms.reconfigured(config, now.wall().0);
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
-        if self.secret_path.is_some() && !self.secret_is(&secret_path) {
+        if self.new_secret(&secret_path) {
             warn!("reload: a new `slotSecretFile` takes effect at the next restart (held slots are signed with the current one)");
         }
         let path = state_path(config, Some(config_path));
@@ -294,9 +294,10 @@ impl Persistence {
         held.is_some() && file_id(&lock_path(path)) == held
     }
 
-    /// Whether `path` is the slot secret's file read at start.
-    fn secret_is(&self, path: &Path) -> bool {
-        self.secret_file.is_some() && file_id(path) == self.secret_file
+    /// Whether a reload names a slot secret other than the file read at
+    /// start (never for the embedded configuration, which has none).
+    fn new_secret(&self, path: &Path) -> bool {
+        self.secret_path.is_some() && (self.secret_file.is_none() || file_id(path) != self.secret_file)
     }
 
     /// Writes the terms a crash must wait for into the lock file.

@@ -170,6 +170,40 @@ fn a_request_written_one_byte_at_a_time_is_answered() {
     }
 }
 
+#[test]
+fn a_body_arriving_in_pieces_is_taken_once_whole_and_one_cut_short_is_not_taken() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, r#""idleTimeoutMs":30000"#));
+    let slot = s.acquire("", "").slot();
+    // The release's body comes in three writes, the last one with an
+    // acquire pipelined behind it: both are answered, in order.
+    let release = post(&release_path(&slot), KEY, "", r#"{"status":200,"throttled":0}"#);
+    let cut = release.len() - 20;
+    let mut c = s.connect();
+    for piece in [&release[..cut], &release[cut..cut + 10]] {
+        c.write_all(piece).unwrap();
+        thread::sleep(Duration::from_millis(30));
+    }
+    let mut last = release[cut + 10..].to_vec();
+    last.extend(post(ACQUIRE, KEY, "", ""));
+    c.write_all(&last).unwrap();
+    let r = read_response(&mut c).expect("the release's answer");
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    let r = read_response(&mut c).expect("the pipelined acquire's answer");
+    assert_eq!(r.status, 200, "the release came before the acquire behind it: {r:?}");
+    let slot = r.slot();
+    assert_open(&mut c, "after a body read in pieces");
+    // A body its client stops short of: nothing is answered or released,
+    // and the connection closes.
+    let release = post(&release_path(&slot), KEY, "", r#"{"status":200}"#);
+    c.write_all(&release[..release.len() - 3]).unwrap();
+    thread::sleep(Duration::from_millis(30));
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    // Bytes instead of the end fail here: a cut body is not answered.
+    assert_closed(&mut c, "a body that can never end");
+    assert_eq!(s.acquire("", "").status, 429, "the cut release released its slot");
+    assert_eq!(s.release(&slot, "").json()["released"], true);
+}
+
 /// An HTTP/1.0 POST to `path` that asks for keep-alive.
 fn http_1_0_keep_alive(path: &str, body: &str) -> String {
     format!(

@@ -10,8 +10,8 @@
 
 use super::conn::{self, Conn, PendingBody};
 use super::pipeline::{
-    adapt_answer, after_answers, close_refused, head_cannot_be_complete, head_incomplete, is_head_request, take_body,
-    Answer, Body,
+    adapt_answer, after_answers, cannot_be_complete, close_refused, incomplete, is_head_request, take_body, Answer,
+    Body,
 };
 use super::{carry, client_mut, Entry, Server};
 use crate::api::{ApiError, App, ConnId, Handled};
@@ -53,8 +53,8 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            if head_cannot_be_complete(conn) {
-                head_incomplete(conn);
+            if cannot_be_complete(conn) {
+                incomplete(conn);
                 break;
             }
             let input_full = conn.input_full();
@@ -62,7 +62,7 @@ impl Server {
             let head = match parse_head(data, &mut storage) {
                 Ok(Some(head)) => head,
                 Ok(None) => {
-                    head_incomplete(conn);
+                    incomplete(conn);
                     break;
                 }
                 Err(HeadError::NewerMinorVersion) => {

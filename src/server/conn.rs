@@ -195,6 +195,10 @@ pub struct PendingBody {
     /// body so far is in `Conn::body`).
     pub chunked: Option<(ChunkedDecoder, usize)>,
     pub continue_sent: bool,
+    /// For a `Content-Length` body: the input bytes the request takes, head
+    /// and whole body. Until the input holds them its head is not parsed
+    /// again (a body arriving in many reads would cost a parse per read).
+    pub need: usize,
 }
 
 pub struct Conn {

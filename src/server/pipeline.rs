@@ -45,9 +45,9 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            if head_cannot_be_complete(conn) {
+            if cannot_be_complete(conn) {
                 log_if_gone(app, conn, *turn_started, now);
-                head_incomplete(conn);
+                incomplete(conn);
                 break;
             }
             let input_full = conn.input_full();
@@ -59,7 +59,7 @@ impl Server {
                 Ok(Some(head)) => head,
                 Ok(None) => {
                     log_if_gone(app, conn, *turn_started, now);
-                    head_incomplete(conn);
+                    incomplete(conn);
                     break;
                 }
                 Err(HeadError::NewerMinorVersion) => {
@@ -230,21 +230,27 @@ pub(super) fn log_unanswered(app: &mut App, conn: &Conn, started: Instant, now: 
     }
 }
 
-/// Whether the head at the front of the input cannot be complete yet: a
-/// head usually arrives whole and is parsed at once; after a partial parse,
-/// only new bytes that could end it (or break it) trigger another.
+/// Whether the request at the front of the input cannot be complete yet:
+/// a head usually arrives whole and is parsed at once; after a partial
+/// parse, only new bytes that could end it (or break it) trigger another.
+/// A head whose `Content-Length` body is still arriving is parsed again
+/// only once the input holds all of it (or is full, which a body within
+/// the limit never makes it, so the parse's refusal is not put off).
 #[inline]
-pub(super) fn head_cannot_be_complete(conn: &Conn) -> bool {
+pub(super) fn cannot_be_complete(conn: &Conn) -> bool {
     let data = &conn.input.buf[conn.input.start..conn.input.end];
-    conn.pending.is_none() && !head_may_be_complete(data, conn.head_scanned)
+    match &conn.pending {
+        None => !head_may_be_complete(data, conn.head_scanned),
+        Some(body) => data.len() < body.need && !conn.input_full(),
+    }
 }
 
-/// The head at the front of the input is incomplete, all of the input
+/// The request at the front of the input is incomplete, all of the input
 /// looked at. When the client has sent all it will (its FIN was read), it
 /// never will be, and the connection closes once what was answered before
 /// it is written.
 #[inline]
-pub(super) fn head_incomplete(conn: &mut Conn) {
+pub(super) fn incomplete(conn: &mut Conn) {
     conn.head_scanned = conn.input.end - conn.input.start;
     if conn.read_closed {
         conn.close_after_flush();
@@ -327,7 +333,7 @@ pub(super) fn take_body<'a>(
             }
             let end = head_len + n as usize;
             if data.len() < end {
-                pending.get_or_insert(PendingBody { chunked: None, continue_sent: false });
+                pending.get_or_insert(PendingBody { chunked: None, continue_sent: false, need: end });
                 return Body::Incomplete;
             }
             Body::Ready(&data[head_len..end], end)
@@ -340,7 +346,7 @@ pub(super) fn take_body<'a>(
                 Some(PendingBody { chunked: Some(state), .. }) => state,
                 _ => {
                     decoded.clear();
-                    let fresh = pending.insert(PendingBody { chunked: None, continue_sent: false });
+                    let fresh = pending.insert(PendingBody { chunked: None, continue_sent: false, need: 0 });
                     fresh.chunked.insert((ChunkedDecoder::new(max_body), 0))
                 }
             };

@@ -455,6 +455,25 @@ fn a_204_and_interim_answers_reach_the_client_without_framing_fields() {
 }
 
 #[test]
+fn a_final_answer_read_with_an_interim_one_reaches_an_http_1_0_client_however_large() {
+    // An HTTP/1.0 client is sent no interim answer, so nothing written to it
+    // wakes the exchange again: the final answer, already read with the 103
+    // and filling the input, must be relayed from what is there.
+    let body = vec![b'x'; 100_000];
+    let head = b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n";
+    let reply = [head.as_slice(), &body].concat();
+    let up = MockUpstream::start(move |_| Reply::Raw(reply.clone()));
+    let server = proxy_server(&up, 1, r#""timeoutMs":3000"#);
+    let mut s = server.connect();
+    s.write_all(format!("GET /v1/hints HTTP/1.0\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\n\r\n").as_bytes()).unwrap();
+    let got = read_to_close(&mut s);
+    let text = String::from_utf8_lossy(&got[..got.len().min(400)]).into_owned();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.contains("Content-Length: 100000\r\n"), "{text}");
+    assert!(got.ends_with(&body), "{} bytes came: {text}", got.len());
+    slot_comes_back(&server);
+}
+
+#[test]
 fn head_requests_get_the_head_and_no_body() {
     let up = MockUpstream::start(|seen| {
         assert!(seen.request_line().starts_with("HEAD "));

@@ -883,7 +883,15 @@ fn relay(
             continue;
         }
         // Read more only while the client keeps up.
-        if !client.has_room() || up.input.is_full() {
+        if !client.has_room() {
+            return Ok(Step::Pending);
+        }
+        // What was taken may have left the next head (after an interim
+        // answer) or more body in the input: no read event will announce it.
+        if progressed && !up.input.is_empty() {
+            continue;
+        }
+        if up.input.is_full() {
             return Ok(Step::Pending);
         }
         // More of the body may fit now that some was written.

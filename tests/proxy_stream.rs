@@ -474,6 +474,26 @@ fn a_final_answer_read_with_an_interim_one_reaches_an_http_1_0_client_however_la
 }
 
 #[test]
+fn an_http_1_0_client_is_named_no_transfer_coding_in_a_bodiless_answer() {
+    // RFC 9112 §6.1: no `Transfer-Encoding` to an HTTP/1.0 client, even in
+    // the head of a HEAD or 304 answer; an HTTP/1.1 client still sees it.
+    let up = MockUpstream::start(|seen| match seen.request_line().starts_with("HEAD ") {
+        true => Reply::Raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nETag: \"v\"\r\n\r\n".to_vec()),
+        false => Reply::Raw(b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\nETag: \"v\"\r\n\r\n".to_vec()),
+    });
+    let server = proxy_server(&up, 1, "");
+    for (method, version) in [("HEAD", "1.0"), ("GET", "1.0"), ("HEAD", "1.1"), ("GET", "1.1")] {
+        let mut s = server.connect();
+        let request = format!("{method} /v1/file HTTP/{version}\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+        s.write_all(request.as_bytes()).unwrap();
+        let text = String::from_utf8(read_head(&mut s)).unwrap();
+        assert!(text.contains("ETag: \"v\"\r\n"), "{method} HTTP/{version}: {text}");
+        let named = text.to_ascii_lowercase().contains("transfer-encoding");
+        assert_eq!(named, version == "1.1", "{method} HTTP/{version}: {text}");
+    }
+}
+
+#[test]
 fn head_requests_get_the_head_and_no_body() {
     let up = MockUpstream::start(|seen| {
         assert!(seen.request_line().starts_with("HEAD "));

@@ -412,7 +412,9 @@ fn write_client_head(out: &mut Vec<u8>, resp: &httparse::Response, to: ToClient,
         let forwarded = if h.name.eq_ignore_ascii_case("content-length") {
             framing_passes
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            framing_passes || to.codings_pass
+            // An HTTP/1.0 client is sent no transfer coding (RFC 9112 §6.1):
+            // its full answer would have been delimited by the close.
+            (framing_passes && to.side.http11) || to.codings_pass
         } else {
             // The governor headers are this server's own: an upstream's are not relayed.
             !is_hop_by_hop(h.name.as_bytes())

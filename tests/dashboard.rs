@@ -715,19 +715,20 @@ fn a_real_browser_recovers_when_the_connection_goes_silent() {
     assert!(page.contains(r#"<dd data-field="held">3</dd>"#), "the page never got past the silent request: {page}");
 }
 
-/// The page's script tag, ahead of which `rotation_proxy` puts the test's own.
+/// The page's script tag, ahead of which `operator_proxy` puts the test's own.
 const APP_JS_TAG: &str = r#"<script src="/assets/app.js" defer>"#;
 
 /// A proxy in front of the admin listener that forwards every request, one
 /// per connection, with two additions of its own. The page gets
 /// `/test/helper.js` (`helper_js`, served from the same origin so the
 /// page's CSP lets it run) as a plain script ahead of the deferred app.js,
-/// so it runs first. And `GET /test/rotate` is the helper's way to ask the
-/// test to rotate the token: the proxy says so on the returned receiver,
+/// so it runs first. And `GET /test/operate` is the helper's way to ask the
+/// test to act as an operator would (rotate the token, reload the
+/// configuration): the proxy says so on the returned receiver,
 /// and answers only once the test says it is done on the returned sender
 /// (or after a minute). The browser's virtual time stands still while that
 /// fetch is pending, so the page polls nothing in between.
-fn rotation_proxy(admin: SocketAddr, helper_js: String) -> (SocketAddr, mpsc::Receiver<()>, mpsc::Sender<()>) {
+fn operator_proxy(admin: SocketAddr, helper_js: String) -> (SocketAddr, mpsc::Receiver<()>, mpsc::Sender<()>) {
     use std::sync::{Arc, Mutex};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -751,10 +752,10 @@ fn rotation_proxy(admin: SocketAddr, helper_js: String) -> (SocketAddr, mpsc::Re
                     let _ = client.write_all(own("text/javascript", &helper_js).as_bytes());
                     return;
                 }
-                if path == "/test/rotate" {
+                if path == "/test/operate" {
                     let _ = asked_tx.send(());
                     let _ = done_rx.lock().unwrap().recv_timeout(Duration::from_secs(60));
-                    let _ = client.write_all(own("text/plain", "rotated").as_bytes());
+                    let _ = client.write_all(own("text/plain", "done").as_bytes());
                     return;
                 }
                 let Some(answer) = forward(admin, &text) else { return };
@@ -793,7 +794,7 @@ let phase = "signed-in";
 const step = setInterval(async () => {{
   if (phase === "signed-in" && document.getElementById("example-acquire")) {{
     phase = "rotating";
-    await fetch("/test/rotate", {{ cache: "no-store" }});
+    await fetch("/test/operate", {{ cache: "no-store" }});
     phase = "rotated";
   }} else if (phase === "rotated" && !document.getElementById("login").hidden) {{
     phase = "done";
@@ -809,7 +810,7 @@ const step = setInterval(async () => {{
         first = serde_json::to_string(TOKEN).unwrap(),
         rotated = serde_json::to_string(ROTATED).unwrap(),
     );
-    let (proxy, asked, rotated) = rotation_proxy(admin(&s), helper_js);
+    let (proxy, asked, rotated) = operator_proxy(admin(&s), helper_js);
     // The virtual time covers the refresh that meets the 401 (one second
     // after the rotation) and the sign-in after it, with room to spare.
     let url = format!("http://{proxy}/pools/demo");
@@ -841,6 +842,61 @@ const step = setInterval(async () => {{
         assert!(page.contains(&format!(r#"id="example-{id}""#)), "example {id} not drawn again: {page}");
     }
     assert_eq!(page.matches("Copy</button>").count(), 5, "{page}");
+}
+
+#[test]
+fn a_real_browser_keeps_every_pool_listed_and_live_after_a_reload_adds_one() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(""));
+    // The helper waits for the list, then asks the test to add a pool (a
+    // reload) and lets the page refresh for the rest of its virtual time.
+    let helper_js = r#""use strict";
+let phase = "listing";
+const step = setInterval(async () => {
+  if (phase === "listing" && document.querySelector('tr[data-pool="other"]')) {
+    phase = "reloading";
+    clearInterval(step);
+    await fetch("/test/operate", { cache: "no-store" });
+  }
+}, 50);
+"#;
+    let (proxy, asked, reloaded) = operator_proxy(admin(&s), helper_js.to_string());
+    let url = format!("http://{proxy}/");
+    let browser = std::thread::spawn(move || dump_dom(&bin, &url));
+    asked.recv_timeout(Duration::from_secs(60)).expect("the page never listed the pools");
+    let added = r#""middle":{"keys":["middle-secret-key-1"],"concurrency":2},"other":"#;
+    std::fs::write(&s.config_path, demo_config("").replace(r#""other":"#, added)).unwrap();
+    s.signal("HUP");
+    let until = Instant::now() + Duration::from_secs(20);
+    while get_json(&s, "/api/pools")["pools"].as_array().unwrap().len() != 3 {
+        assert!(Instant::now() < until, "the reload never added the pool");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut c = s.connect();
+    let req = "POST /pools/middle/lock/acquire HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: middle-secret-key-1\r\nContent-Length: 0\r\n\r\n";
+    c.write_all(req.as_bytes()).unwrap();
+    let slot = read_response(&mut c).expect("an answer").slot();
+    reloaded.send(()).unwrap();
+
+    // Several refreshes later, every pool is still listed, the new one with its live numbers.
+    let page = browser.join().expect("the browser's thread");
+    let listed: Vec<&str> =
+        page.split(r#"<tr data-pool=""#).skip(1).map(|row| row.split('"').next().unwrap()).collect();
+    let mut expected: Vec<String> = get_json(&s, "/api/pools")["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
+    expected.sort();
+    let mut sorted = listed.clone();
+    sorted.sort();
+    assert_eq!(sorted, expected, "the pools listed: {listed:?}");
+    let row = page.split(r#"<tr data-pool="middle">"#).nth(1).unwrap().split("</tr>").next().unwrap();
+    assert!(row.contains(r#"data-field="held">1<"#), "{row}");
+    assert!(!page.contains(&slot), "a slot id reached the page");
 }
 
 /// Runs `text` (an Example as the page shows it) in bash with `env`, and

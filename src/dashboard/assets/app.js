@@ -275,7 +275,7 @@ function route() {
     return { api: "/api/pools/" + m[1], render: renderPool, still: renderExamples, pool: name,
       title: "nthpool · " + name };
   }
-  return { api: "/api/pools", render: renderIndex, still: null, title: "nthpool · pools" };
+  return { api: "/api/pools", render: renderIndex, inPlace: true, still: null, title: "nthpool · pools" };
 }
 
 // The pool of this page does not exist (a mistyped address, or removed by
@@ -343,10 +343,13 @@ async function tick(r) {
     }
     document.title = r.title;
     const nodes = r.render(data);
-    // A view updated in place is already there; a view drawn anew is
-    // brought onto the one shown, changing only what differs.
+    // A view updated in place is already there, or put there whole once it
+    // is built anew (copied over the old one, its nodes would be moved out
+    // of the view, which updates them, by the copy itself). A view drawn
+    // anew every time is brought onto the one shown, changing only what differs.
     if (nodes.length !== live.childNodes.length || nodes.some((n, i) => live.childNodes[i] !== n)) {
-      patchChildren(live, nodes);
+      if (r.inPlace) live.replaceChildren(...nodes);
+      else patchChildren(live, nodes);
     }
     if (r.still) {
       const key = JSON.stringify(data.examples);

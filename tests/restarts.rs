@@ -454,6 +454,49 @@ fn a_crash_after_the_term_was_lowered_waits_for_the_old_term() {
     }
 }
 
+/// The terms record in `<stateFile>.lock` grows with the pools (about
+/// 130 bytes each after a reload lowered their terms): one of megabytes is
+/// read whole, and one that cannot be read is named in the log.
+#[test]
+fn a_crash_after_the_term_was_lowered_waits_for_the_old_term_however_many_pools_there_are() {
+    let old_pool = r#""concurrency":2,"termMs":6000,"renewIntervalMs":2000"#;
+    let new_pool = r#""concurrency":2,"termMs":1000,"renewIntervalMs":300"#;
+    let first = TestServer::start(&config(old_pool, ""));
+    let slots: Vec<String> = (0..2).map(|_| first.acquire("", "").slot()).collect();
+    first.reload(&config(new_pool, ""));
+    let kept = kill_9(first);
+    // Other pools' terms, as 12 000 pools after such a reload leave them.
+    let lock = kept.0.join("nthpool.state.lock");
+    let mut record: serde_json::Value = serde_json::from_slice(&std::fs::read(&lock).unwrap()).unwrap();
+    let until = unix_ms() + 60_000;
+    let pools = record["pools"].as_object_mut().unwrap();
+    for i in 0..12_000 {
+        let terms = serde_json::json!([
+            {"termMs": 6000, "untilUnixMs": until, "requestTimeoutMs": 60000},
+            {"termMs": 1000, "untilUnixMs": 0, "requestTimeoutMs": 60000}
+        ]);
+        pools.insert(format!("tenant-{i:05}"), terms);
+    }
+    let text = serde_json::to_vec(&record).unwrap();
+    assert!(text.len() > 1 << 20, "a record over 1 MiB: {} bytes", text.len());
+    std::fs::write(&lock, text).unwrap();
+    let s = TestServer::start_with_logged(kept.0, kept.1, "warn");
+    std::thread::sleep(Duration::from_millis(1300));
+    let denied = s.acquire("", "");
+    assert_eq!((denied.status, denied.header("x-nthpool-deny-reason")), (429, Some("recovering")), "{denied:?}");
+    for slot in &slots {
+        assert_eq!(s.renew(slot).status, 200, "the old holder is re-adopted");
+    }
+    assert!(s.log().contains("pool `p`: its window lasts"), "{}", s.log());
+    // A record that cannot be read is said to be so.
+    let kept = kill_9(s);
+    std::fs::write(kept.0.join("nthpool.state.lock"), b"{\"pools\":{\"p\":[{\"termMs\":6000,").unwrap();
+    let s = TestServer::start_with_logged(kept.0, kept.1, "warn");
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering");
+    let log = s.log();
+    assert!(log.contains("nthpool.state.lock cannot be read") && log.contains("not a record of lease terms"), "{log}");
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }

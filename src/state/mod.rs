@@ -75,7 +75,17 @@ pub fn start<T: Copy>(
     let path = state_path(config, config_path);
     let mut lock = path.as_deref().map(lock).transpose()?;
     // What the last process here left: the terms its leases may still have.
-    let left = lock.as_mut().map(Terms::read).unwrap_or_default();
+    let left = match (lock.as_mut().map(Terms::read), &path) {
+        (Some(Ok(left)), _) => left,
+        (Some(Err(why)), Some(path)) => {
+            warn!(
+                "the lease terms left in {} cannot be read: {why}; a re-adoption window lasts each pool's termMs",
+                lock_path(path).display()
+            );
+            Terms::default()
+        }
+        _ => Terms::default(),
+    };
     let mut persistence = Persistence {
         path,
         interval_ms: config.snapshot_interval_ms,

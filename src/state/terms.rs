@@ -12,8 +12,11 @@
 //! keeps each window open for the longest term still in force, and no
 //! longer than the leases of that term can still live.
 //!
-//! The record is advisory: one that is missing or unreadable (the first
-//! start, a torn write) leaves each window at the configured term.
+//! The record is advisory: one that is missing (the first start) leaves
+//! each window at the configured term, and so does one that cannot be read
+//! (a torn write, a foreign file), with a warning naming it. A rewrite that
+//! stopped before it cut the file to its new length left the old record's
+//! tail behind the new one, which is read past.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -102,21 +105,36 @@ pub struct Terms {
 /// bound the ones granted with and those that end last are kept.
 const MAX_TERMS: usize = 16;
 
+/// A record is read up to this size: `MAX_TERMS` terms of 63-character pool
+/// names take about 1.1 KB a pool, so this is room for over 200 000 pools.
+const MAX_RECORD_BYTES: u64 = 256 << 20;
+
 impl Terms {
     /// What a previous process left in `file` (from its start): nothing when
-    /// it is empty or unreadable. Its durations are held to what a
-    /// configuration allows: a file is not trusted to be sane.
-    pub fn read(file: &mut File) -> Terms {
-        let mut text = String::new();
-        if file.rewind().is_err() || file.take(1 << 20).read_to_string(&mut text).is_err() {
-            return Terms::default();
+    /// it is empty, why when it cannot be read. Its durations are held to
+    /// what a configuration allows: a file is not trusted to be sane.
+    pub fn read(file: &mut File) -> Result<Terms, String> {
+        let mut bytes = Vec::new();
+        file.rewind().map_err(|e| e.to_string())?;
+        file.take(MAX_RECORD_BYTES + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+        if bytes.len() as u64 > MAX_RECORD_BYTES {
+            return Err(format!("it is over {} MiB, more than any record takes", MAX_RECORD_BYTES >> 20));
         }
-        let mut terms: Terms = serde_json::from_str(&text).unwrap_or_default();
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Terms::default());
+        }
+        // The first value: what follows it is an older, longer record's tail.
+        let first = serde_json::Deserializer::from_slice(&bytes).into_iter::<Terms>().next();
+        let mut terms = match first {
+            Some(Ok(terms)) => terms,
+            Some(Err(e)) => return Err(format!("it is not a record of lease terms ({e})")),
+            None => return Ok(Terms::default()),
+        };
         for t in terms.pools.values_mut().flatten() {
             t.term_ms = t.term_ms.min(MAX_DURATION_MS);
             t.request_timeout_ms = t.request_timeout_ms.min(MAX_DURATION_MS);
         }
-        terms
+        Ok(terms)
     }
 
     /// Whether any pool's leases may still be alive at `now`: a process ran
@@ -303,22 +321,29 @@ mod tests {
     }
 
     #[test]
-    fn the_record_round_trips_through_its_file_and_a_torn_one_reads_as_none() {
+    fn the_record_round_trips_through_its_file_and_a_torn_one_is_told_unreadable() {
         let dir = std::env::temp_dir().join(format!("nthpool-terms-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("state.lock");
         let mut file =
             std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        assert_eq!(Terms::read(&mut file), Ok(Terms::default()), "a new lock file holds none");
         let terms = Terms::default().carried(1_000, &BTreeMap::new(), &config(6_000, 60_000));
         terms.write(&mut file).unwrap();
-        assert_eq!(Terms::read(&mut file), terms);
+        assert_eq!(Terms::read(&mut file), Ok(terms.clone()));
         // A shorter record written over a longer one is read whole.
         let shorter = Terms::default();
         shorter.write(&mut file).unwrap();
-        assert_eq!(Terms::read(&mut file), shorter);
+        assert_eq!(Terms::read(&mut file), Ok(shorter.clone()));
+        // ...also when the write stopped before the file was cut to its length.
+        terms.write(&mut file).unwrap();
+        file.rewind().unwrap();
+        std::io::Write::write_all(&mut file, &serde_json::to_vec(&shorter).unwrap()).unwrap();
+        assert_eq!(Terms::read(&mut file), Ok(shorter));
+        // A write cut short is unreadable, and says so.
         terms.write(&mut file).unwrap();
         file.set_len(10).unwrap();
-        assert_eq!(Terms::read(&mut file), Terms::default());
+        assert!(Terms::read(&mut file).unwrap_err().contains("not a record of lease terms"));
         // Durations past any a configuration allows are held to that bound.
         file.set_len(0).unwrap();
         file.rewind().unwrap();
@@ -327,7 +352,34 @@ mod tests {
             br#"{"pools":{"p":[{"termMs":18446744073709551615,"untilUnixMs":0,"requestTimeoutMs":18446744073709551615}]}}"#,
         )
         .unwrap();
-        assert_eq!(Terms::read(&mut file).window("p", 1_000), Some(MAX_DURATION_MS));
+        assert_eq!(Terms::read(&mut file).unwrap().window("p", 1_000), Some(MAX_DURATION_MS));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Tens of thousands of pools with a term lowered each make a record of
+    /// megabytes: it is read whole, not cut at some size and dropped.
+    #[test]
+    fn a_record_of_many_pools_is_read_whole() {
+        let dir = std::env::temp_dir().join(format!("nthpool-terms-many-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("state.lock"))
+            .unwrap();
+        let mut terms = Terms::default();
+        for i in 0..30_000 {
+            let pool = format!("tenant-{i:05}-with-a-name-long-enough-to-weigh");
+            terms.add(&pool, Term { term_ms: 6_000, until_unix_ms: 90_000, request_timeout_ms: 60_000 }, 1_000);
+            terms.add(&pool, Term { term_ms: 1_000, until_unix_ms: 0, request_timeout_ms: 60_000 }, 1_000);
+        }
+        terms.write(&mut file).unwrap();
+        assert!(file.metadata().unwrap().len() > 4 << 20, "a record of megabytes");
+        let read = Terms::read(&mut file).unwrap();
+        assert_eq!(read.window("tenant-29999-with-a-name-long-enough-to-weigh", 2_000), Some(6_000));
+        assert_eq!(read, terms);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

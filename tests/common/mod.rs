@@ -97,6 +97,12 @@ impl TestServer {
         Self::spawn(dir, config_path, &[], Stdio::from(log), log_level)
     }
 
+    /// `start_with`, the server's log written as by `start_logged` (anew).
+    pub fn start_with_logged(dir: Scratch, config_path: PathBuf, log_level: &str) -> TestServer {
+        let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        Self::spawn(dir, config_path, &[], Stdio::from(log), log_level)
+    }
+
     /// `start_logged`, the server started with at most `nofile` open
     /// descriptors (soft and hard: util-linux's `prlimit`).
     pub fn start_with_fd_limit(config_json: &str, nofile: u64) -> TestServer {

@@ -497,6 +497,35 @@ fn a_crash_after_the_term_was_lowered_waits_for_the_old_term_however_many_pools_
     assert!(log.contains("nthpool.state.lock cannot be read") && log.contains("not a record of lease terms"), "{log}");
 }
 
+/// A `stateFile` that is a symbolic link stands for the file it leads to: a
+/// second process naming that file is refused while the first runs, the
+/// stop snapshot is written there (the link stays a link), and the
+/// snapshot, once used, is gone from there, so a later crash takes the crash path.
+#[test]
+fn a_state_file_named_through_a_symbolic_link_is_the_file_it_leads_to() {
+    let dir = common::scratch_dir();
+    std::fs::create_dir(dir.join("real")).unwrap();
+    std::os::unix::fs::symlink("real/nthpool.state", dir.join("link.state")).unwrap();
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, config(POOL, r#""stateFile":"link.state""#)).unwrap();
+    let s = TestServer::start_with(dir, config_path, &[]);
+    let slot = s.acquire("", "").slot();
+    let other = common::scratch_dir();
+    let target = s.dir.join("real/nthpool.state");
+    std::fs::write(other.join("config.json"), config(POOL, &format!(r#""stateFile":"{}""#, target.display()))).unwrap();
+    let second = common::run(&other, &["--config", "config.json", "--listen", "127.0.0.1:0"]);
+    assert!(second.stderr.contains("is in use by another running nthpool"), "{}", second.stderr);
+    let (dir, config_path) = stop(s, "TERM");
+    assert!(dir.join("link.state").symlink_metadata().unwrap().file_type().is_symlink(), "the link was replaced");
+    assert!(dir.join("real/nthpool.state").exists(), "the stop snapshot, where the link leads");
+    let s = TestServer::start_with(dir, config_path, &[]);
+    assert_eq!(s.get_admin("/healthz").json()["status"], "ok", "restored from the stop snapshot");
+    assert!(!s.dir.join("real/nthpool.state").exists(), "a snapshot used once stays where a later start finds it");
+    let s = restart(kill_9(s));
+    assert_eq!(s.get_admin("/healthz").json()["status"], "recovering", "a crash takes the crash path");
+    assert_eq!(s.renew(&slot).status, 200, "the holder, re-adopted");
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }

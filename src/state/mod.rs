@@ -502,9 +502,27 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// Where `config` keeps its snapshot: beside the configuration file; none
-/// for the embedded configuration or `stateFile: null`.
+/// for the embedded configuration or `stateFile: null`. A name that is a
+/// symbolic link stands for the file it leads to: the snapshot is renamed
+/// over it, removed once used and locked by a file named after it, and
+/// each must reach that file, not replace or unlink the link (nor take a
+/// lock another process naming the file itself does not see).
 fn state_path(config: &Config, config_path: Option<&Path>) -> Option<PathBuf> {
-    config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f))
+    let named = config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f))?;
+    Some(through_links(named))
+}
+
+/// `path` with the symbolic links it names followed, a link to a link
+/// included (up to 40, the kernel's own bound), its directories as they are.
+fn through_links(mut path: PathBuf) -> PathBuf {
+    for _ in 0..40 {
+        let Ok(target) = std::fs::read_link(&path) else {
+            break;
+        };
+        // A relative target is relative to the link's directory; an absolute one replaces it.
+        path = path.parent().map_or_else(|| target.clone(), |dir| dir.join(&target));
+    }
+    path
 }
 
 /// 64 random bits in hex, for a file beside one the server keeps that no

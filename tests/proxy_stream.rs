@@ -577,6 +577,36 @@ fn expect_continue_interim_answers_and_upgrades() {
 }
 
 #[test]
+fn max_forwards_is_counted_down_and_an_options_at_zero_is_answered_by_the_proxy() {
+    // RFC 9110 §7.6.2: an intermediary decrements `Max-Forwards` on an
+    // OPTIONS it relays, and answers one at 0 itself; other methods pass it as sent.
+    let up = MockUpstream::start(|seen| match seen.request_line().contains("/v1/slow") {
+        true => Reply::Silent(Duration::from_secs(3)),
+        false => ok("up", ""),
+    });
+    let server = proxy_server(&up, 1, "");
+    let r = exchange(&server, &proxied("OPTIONS", "/v1/models", "Max-Forwards: 3\r\n", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"up"[..]), "{r:?}");
+    assert_eq!(up.seen()[0].header("max-forwards").as_deref(), Some("2"));
+    let r = exchange(&server, &proxied("GET", "/v1/models", "Max-Forwards: 3\r\n", ""));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(up.seen()[1].header("max-forwards").as_deref(), Some("3"));
+    // At 0: answered here, with no slot taken (the one slot is held).
+    let mut holder = server.connect();
+    holder.write_all(&proxied("GET", "/v1/slow", "", "")).unwrap();
+    eventually("the slow request holds the slot", || up.seen().len() == 3);
+    let r = exchange(&server, &proxied("OPTIONS", "/v1/models", "Max-Forwards: 0\r\n", ""));
+    assert_eq!((r.status, r.body.len()), (200, 0), "{r:?}");
+    assert!(r.header("x-nthpool-deny-reason").is_none(), "{r:?}");
+    assert_eq!(up.seen().len(), 3, "an OPTIONS at 0 was relayed");
+    // Only for a caller the pool admits.
+    let wrong_key = "OPTIONS /v1/models HTTP/1.1\r\nHost: ".to_string()
+        + HOST
+        + "\r\nX-Nthpool-Key: nope\r\nMax-Forwards: 0\r\n\r\n";
+    assert_eq!(exchange(&server, wrong_key.as_bytes()).status, 401);
+}
+
+#[test]
 fn the_request_cap_cuts_a_long_exchange_and_frees_the_slot() {
     let events = paced_events(50, 100);
     let up = MockUpstream::start(move |_| Reply::Paced(events.clone()));

@@ -122,14 +122,16 @@ impl App {
     }
 
     /// Auth, limits and one acquire for a proxied request. A refusal is
-    /// answered into `out` (logged and counted like an acquire's).
+    /// answered into `out` (logged and counted like an acquire's). `None`:
+    /// the request is not relayed but answered by the caller, `OPTIONS`
+    /// with `Max-Forwards: 0`.
     pub fn admit_proxied(
         &mut self,
         ctx: &Ctx,
         pid: PoolId,
         head: &Head,
         out: &mut Vec<u8>,
-    ) -> Result<Admitted, ApiError> {
+    ) -> Result<Option<Admitted>, ApiError> {
         head.check_target()?;
         let upstream = self.upstream(pid).ok_or(ApiError::NO_ROUTE)?;
         let (default_wait, max_bytes) = (upstream.wait_ms, upstream.max_request_bytes);
@@ -155,6 +157,11 @@ impl App {
         if head.method_name.eq_ignore_ascii_case("TRACE") {
             return Err(ApiError::NotImplemented("TRACE is not relayed by the proxy."));
         }
+        // An `OPTIONS` that may go no further is answered here, as its final
+        // recipient (RFC 9110 §7.6.2), and takes no slot.
+        if head.method_name.eq_ignore_ascii_case("OPTIONS") && head.max_forwards() == Some(0) {
+            return Ok(None);
+        }
         if matches!(head.framing, BodyFraming::Length(n) if n > max_bytes) {
             return Err(ApiError::PayloadTooLarge);
         }
@@ -170,7 +177,7 @@ impl App {
             let line = method_and_path(head);
             self.deny_proxied(out, &attempt, denial, Status::TooManyRequests, ctx.now, ctx.close, line);
         }
-        Ok(Admitted { attempt, admission })
+        Ok(Some(Admitted { attempt, admission }))
     }
 
     /// A `429` (at once) or `504` (after queueing) for a proxied request:

@@ -207,6 +207,16 @@ impl<'b> Head<'b> {
         self.headers.into_iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
     }
 
+    /// `Max-Forwards` (RFC 9110 §7.6.2), when the first such field is a
+    /// number (`1*DIGIT`; past 64 bits, the most a `u64` holds).
+    pub fn max_forwards(&self) -> Option<u64> {
+        let digits = trim(self.header("max-forwards")?);
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        Some(digits.iter().fold(0u64, |n, &d| n.saturating_mul(10).saturating_add(u64::from(d - b'0'))))
+    }
+
     /// The target as text (it is always valid UTF-8; see `path`).
     pub fn path_str(&self) -> &'b str {
         let text = std::str::from_utf8(self.path);

@@ -107,6 +107,7 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
             || connection.lists(name, fields())
     };
     let mut spelled = [0u8; DASHED_MAX];
+    let hops = hops_left(head);
     // `Content-Length: 0` has no body to frame, and goes up as sent.
     let mut client_length = false;
     for h in head.headers {
@@ -117,6 +118,12 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
         }
         if creds.cf_access && name.eq_ignore_ascii_case(b"cookie") {
             push_cookie_without(out, name, h.value, CF_ACCESS_COOKIE);
+        } else if let Some(n) = hops.filter(|_| name.eq_ignore_ascii_case(b"max-forwards")) {
+            // One hop fewer (RFC 9110 §7.6.2); 0 was answered here, never relayed.
+            out.extend_from_slice(name);
+            out.extend_from_slice(b": ");
+            crate::http::response::push_u64(out, n - 1);
+            out.extend_from_slice(b"\r\n");
         } else {
             push_field(out, name, h.value);
         }
@@ -135,6 +142,13 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
         RequestBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// For an `OPTIONS` or `TRACE` request (the methods it applies to), the
+/// hops its `Max-Forwards` allows: that field is relayed with one fewer.
+fn hops_left(head: &Head) -> Option<u64> {
+    let counted = head.method_name.eq_ignore_ascii_case("OPTIONS") || head.method_name.eq_ignore_ascii_case("TRACE");
+    counted.then(|| head.max_forwards()).flatten().filter(|&n| n > 0)
 }
 
 /// The longest name `dashed` spells out; no field dropped on the way up is

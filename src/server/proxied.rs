@@ -23,7 +23,7 @@ use crate::config::upstream::Upstream;
 use crate::config::Config;
 use crate::http::chunked::ChunkError;
 use crate::http::request::{BodyFraming, Head, Method};
-use crate::http::response::{say_kept_alive, CONTINUE};
+use crate::http::response::{say_kept_alive, Status, Writer, CONTINUE};
 use crate::proxy::head::{self, ClientSide};
 use crate::proxy::{request_relay, Attached, ClientIo, Exchange, Expired, Keep, NewExchange, Phase, Proxy, Step};
 use crate::time::{Ms, Now};
@@ -115,7 +115,14 @@ pub fn begin(
         |output: &mut Vec<u8>, close: bool| adapt_own_answer(output, start, close, head.http11, head_request);
     // A refusal leaves the body unread: its answer closes the connection.
     let admitted = match app.admit_proxied(&Ctx { close: ctx.close || has_body, ..*ctx }, pid, head, output) {
-        Ok(admitted) => admitted,
+        Ok(Some(admitted)) => admitted,
+        Ok(None) => {
+            // What the proxy itself offers is no more than relaying: no `Allow`.
+            let close = ctx.close || has_body;
+            Writer::start(output, Status::Ok).finish(b"", close);
+            say_kept(output, close);
+            return Begun::Answered { close };
+        }
         Err(e) => {
             // The body is not read: nothing after it could be told apart.
             let close = ctx.close || has_body || e.closes();

@@ -204,6 +204,24 @@ fn a_body_arriving_in_pieces_is_taken_once_whole_and_one_cut_short_is_not_taken(
     assert_eq!(s.release(&slot, "").json()["released"], true);
 }
 
+#[test]
+fn a_reload_that_lowers_the_body_limit_refuses_a_body_still_arriving_at_its_next_read() {
+    let with_limit = |bytes: u32| config("", &format!(r#""maxBodyBytes":{bytes},"idleTimeoutMs":30000"#));
+    let s = TestServer::start(&with_limit(65_536));
+    let slot = s.acquire("", "").slot();
+    let report = format!(r#"{{"status":200,"headers":{{"x-pad":"{}"}}}}"#, "p".repeat(40_000));
+    let release = post(&release_path(&slot), KEY, "", &report);
+    let mut c = s.connect();
+    c.write_all(&release[..release.len() - 20_000]).unwrap();
+    thread::sleep(Duration::from_millis(50));
+    s.reload(&with_limit(1_024));
+    c.write_all(&release[release.len() - 20_000..release.len() - 10_000]).unwrap();
+    // Refused now, before the rest is sent, and nothing released.
+    let r = read_response(&mut c).expect("an answer before the body's end");
+    assert_error(&r, 413, "payload_too_large", "a body over the new limit");
+    assert_eq!(s.release(&slot, "").json()["released"], true, "the refused release released its slot");
+}
+
 /// An HTTP/1.0 POST to `path` that asks for keep-alive.
 fn http_1_0_keep_alive(path: &str, body: &str) -> String {
     format!(

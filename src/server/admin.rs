@@ -53,7 +53,7 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            if cannot_be_complete(conn) {
+            if cannot_be_complete(conn, app.max_body) {
                 incomplete(conn);
                 break;
             }

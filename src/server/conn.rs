@@ -197,8 +197,11 @@ pub struct PendingBody {
     pub continue_sent: bool,
     /// For a `Content-Length` body: the input bytes the request takes, head
     /// and whole body. Until the input holds them its head is not parsed
-    /// again (a body arriving in many reads would cost a parse per read).
+    /// again (a body arriving in many reads would cost a parse per read)...
     pub need: usize,
+    /// ...while the body limit is the one it was judged under (a reload
+    /// that lowers it refuses the body at the next read, not once it is in).
+    pub max_body: usize,
 }
 
 pub struct Conn {

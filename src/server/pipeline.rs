@@ -45,7 +45,7 @@ impl Server {
                 break;
             }
             let data = &conn.input.buf[conn.input.start..conn.input.end];
-            if cannot_be_complete(conn) {
+            if cannot_be_complete(conn, app.max_body) {
                 log_if_gone(app, conn, *turn_started, now);
                 incomplete(conn);
                 break;
@@ -234,14 +234,15 @@ pub(super) fn log_unanswered(app: &mut App, conn: &Conn, started: Instant, now: 
 /// a head usually arrives whole and is parsed at once; after a partial
 /// parse, only new bytes that could end it (or break it) trigger another.
 /// A head whose `Content-Length` body is still arriving is parsed again
-/// only once the input holds all of it (or is full, which a body within
-/// the limit never makes it, so the parse's refusal is not put off).
+/// only once the input holds all of it, unless the body limit `max_body`
+/// changed since (a reload) or the input is full (which a body within the
+/// limit never makes it): then the parse's refusal is not put off.
 #[inline]
-pub(super) fn cannot_be_complete(conn: &Conn) -> bool {
+pub(super) fn cannot_be_complete(conn: &Conn, max_body: usize) -> bool {
     let data = &conn.input.buf[conn.input.start..conn.input.end];
     match &conn.pending {
         None => !head_may_be_complete(data, conn.head_scanned),
-        Some(body) => data.len() < body.need && !conn.input_full(),
+        Some(body) => data.len() < body.need && body.max_body == max_body && !conn.input_full(),
     }
 }
 
@@ -333,7 +334,10 @@ pub(super) fn take_body<'a>(
             }
             let end = head_len + n as usize;
             if data.len() < end {
-                pending.get_or_insert(PendingBody { chunked: None, continue_sent: false, need: end });
+                let body =
+                    pending.get_or_insert(PendingBody { chunked: None, continue_sent: false, need: end, max_body });
+                // Judged again under a new limit (a reload): that one holds from now.
+                body.max_body = max_body;
                 return Body::Incomplete;
             }
             Body::Ready(&data[head_len..end], end)
@@ -346,7 +350,7 @@ pub(super) fn take_body<'a>(
                 Some(PendingBody { chunked: Some(state), .. }) => state,
                 _ => {
                     decoded.clear();
-                    let fresh = pending.insert(PendingBody { chunked: None, continue_sent: false, need: 0 });
+                    let fresh = pending.insert(PendingBody { chunked: None, continue_sent: false, need: 0, max_body });
                     fresh.chunked.insert((ChunkedDecoder::new(max_body), 0))
                 }
             };

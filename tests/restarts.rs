@@ -526,6 +526,44 @@ fn a_state_file_named_through_a_symbolic_link_is_the_file_it_leads_to() {
     assert_eq!(s.renew(&slot).status, 200, "the holder, re-adopted");
 }
 
+/// A `stateFile` link pointed elsewhere while the server runs, with no
+/// reload: the stop snapshot goes where the lock is held, and the log says
+/// the name now leads elsewhere.
+#[test]
+fn a_state_file_link_repointed_without_a_reload_is_warned_of_at_the_stop() {
+    let dir = common::scratch_dir();
+    for d in ["a", "b"] {
+        std::fs::create_dir(dir.join(d)).unwrap();
+    }
+    std::os::unix::fs::symlink("a/nthpool.state", dir.join("link.state")).unwrap();
+    std::fs::write(dir.join("config.json"), config(POOL, r#""stateFile":"link.state""#)).unwrap();
+    let config_path = dir.join("config.json");
+    let s = TestServer::start_with_logged(dir, config_path, "warn");
+    s.acquire("", "").slot();
+    std::fs::remove_file(s.dir.join("link.state")).unwrap();
+    std::os::unix::fs::symlink("b/nthpool.state", s.dir.join("link.state")).unwrap();
+    let (dir, _) = stop(s, "TERM");
+    assert!(dir.join("a/nthpool.state").exists(), "the stop snapshot, where the lock is held");
+    let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
+    assert!(log.contains("now leads elsewhere"), "{log}");
+}
+
+/// A `stateFile` whose links lead round in a loop names no file: refused
+/// at start and by `--check-config`, not taken for one that cannot be read.
+#[test]
+fn a_state_file_that_is_a_loop_of_links_is_refused() {
+    let dir = common::scratch_dir();
+    std::os::unix::fs::symlink("b.state", dir.join("a.state")).unwrap();
+    std::os::unix::fs::symlink("a.state", dir.join("b.state")).unwrap();
+    std::fs::write(dir.join("config.json"), config(POOL, r#""stateFile":"a.state""#)).unwrap();
+    for args in [&["--check-config", "config.json"][..], &["--config", "config.json", "--listen", "127.0.0.1:0"]] {
+        let run = common::run(&dir, args);
+        assert!(run.stderr.contains("is a loop of symbolic links"), "{args:?}: {}", run.stderr);
+        assert!(!run.status.success(), "{args:?}");
+    }
+    assert!(dir.join("a.state").symlink_metadata().unwrap().file_type().is_symlink(), "the link was replaced");
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
 }

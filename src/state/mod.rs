@@ -30,6 +30,8 @@ use terms::Terms;
 pub struct Persistence {
     /// `None`: no snapshot is written (the embedded demo, `stateFile: null`).
     path: Option<PathBuf>,
+    /// `stateFile` as named, when that is a symbolic link to `path`.
+    link: Option<PathBuf>,
     interval_ms: Option<u64>,
     /// The secret's file as the configuration named it at start, and which
     /// file that was (device and inode).
@@ -73,6 +75,7 @@ pub fn start<T: Copy>(
     };
     gov.set_identity(&secret.bytes, epoch);
     let path = state_path(config, config_path);
+    let link = state_name(config, config_path).filter(|named| Some(named) != path.as_ref());
     let mut lock = path.as_deref().map(lock).transpose()?;
     // What the last process here left: the terms its leases may still have.
     let left = match (lock.as_mut().map(Terms::read), &path) {
@@ -88,6 +91,7 @@ pub fn start<T: Copy>(
     };
     let mut persistence = Persistence {
         path,
+        link,
         interval_ms: config.snapshot_interval_ms,
         secret_file: secret_path.as_deref().and_then(file_id),
         secret_path,
@@ -245,6 +249,7 @@ impl Persistence {
         let Some(path) = state_path(config, Some(config_path)) else {
             return Ok(());
         };
+        leads_to_a_file(&path)?;
         let secret = self.secret_path.as_deref().map(|p| (p, "the slot secret's file"));
         state_file_apart(&path, secret.into_iter().chain([(config_path, "the configuration file")]))?;
         if self.holds_lock_of(&path) {
@@ -289,6 +294,7 @@ impl Persistence {
                 None => info!("reload: `stateFile` is null, no snapshot is written from now on"),
             }
         }
+        self.link = state_name(config, Some(config_path)).filter(|named| Some(named) != path.as_ref());
         self.path = path;
         self.write_terms();
         let before = self.interval_ms();
@@ -361,6 +367,14 @@ impl Persistence {
         let Some(path) = &self.path else {
             return;
         };
+        if let Some(link) = self.link.as_ref().filter(|link| through_links(link.to_path_buf()) != *path) {
+            warn!(
+                "stateFile {} now leads elsewhere: the stop snapshot goes to {}, whose lock this process holds \
+                 (repoint the link with a reload, or the next start there takes the crash path)",
+                link.display(),
+                path.display()
+            );
+        }
         let started = Instant::now();
         let snap = gov.export(now);
         let copied = started.elapsed();
@@ -413,6 +427,7 @@ pub fn check_files(config: &Config, config_path: &Path) -> Result<(), String> {
     let Some(path) = state_path(config, Some(config_path)) else {
         return Ok(());
     };
+    leads_to_a_file(&path)?;
     state_file_apart(&path, [(&*secret_path, "the slot secret's file"), (config_path, "the configuration file")])?;
     snapshot::check_writable(&path)
         .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))
@@ -508,8 +523,22 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// each must reach that file, not replace or unlink the link (nor take a
 /// lock another process naming the file itself does not see).
 fn state_path(config: &Config, config_path: Option<&Path>) -> Option<PathBuf> {
-    let named = config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f))?;
-    Some(through_links(named))
+    state_name(config, config_path).map(through_links)
+}
+
+/// `stateFile` as the configuration names it, beside its file.
+fn state_name(config: &Config, config_path: Option<&Path>) -> Option<PathBuf> {
+    config_path.zip(config.state_file.as_deref()).map(|(c, f)| secret::path_beside(c, f))
+}
+
+/// Refuses a state file whose links lead nowhere but to links (a loop).
+fn leads_to_a_file(path: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            Err(format!("stateFile: {} is a loop of symbolic links (or a chain of more than 40)", path.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `path` with the symbolic links it names followed, a link to a link

@@ -604,6 +604,12 @@ fn max_forwards_is_counted_down_and_an_options_at_zero_is_answered_by_the_proxy(
         + HOST
         + "\r\nX-Nthpool-Key: nope\r\nMax-Forwards: 0\r\n\r\n";
     assert_eq!(exchange(&server, wrong_key.as_bytes()).status, 401);
+    // Nor does it pass a field the request would be refused for.
+    let r = exchange(
+        &server,
+        &proxied("OPTIONS", "/v1/models", "Max-Forwards: 0\r\nX-Nthpool-Queue-Timeout-Ms: -1\r\n", ""),
+    );
+    assert_eq!(r.status, 400, "{r:?}");
 }
 
 #[test]

@@ -157,11 +157,6 @@ impl App {
         if head.method_name.eq_ignore_ascii_case("TRACE") {
             return Err(ApiError::NotImplemented("TRACE is not relayed by the proxy."));
         }
-        // An `OPTIONS` that may go no further is answered here, as its final
-        // recipient (RFC 9110 §7.6.2), and takes no slot.
-        if head.method_name.eq_ignore_ascii_case("OPTIONS") && head.max_forwards() == Some(0) {
-            return Ok(None);
-        }
         if matches!(head.framing, BodyFraming::Length(n) if n > max_bytes) {
             return Err(ApiError::PayloadTooLarge);
         }
@@ -171,6 +166,11 @@ impl App {
             None => default_wait,
             Some(_) => wait_budget(head, &[])?,
         };
+        // An `OPTIONS` that may go no further is answered here, as its final
+        // recipient (RFC 9110 §7.6.2), and takes no slot.
+        if head.method_name.eq_ignore_ascii_case("OPTIONS") && head.max_forwards() == Some(0) {
+            return Ok(None);
+        }
         let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
         let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
         if let Admission::Denied(denial) = &admission {

@@ -272,6 +272,36 @@ fn hmac_a_wider_tolerance_after_a_reload_does_not_reopen_replay() {
     assert_refused(&s.request(&captured), 401, "unauthorized", "replay inside the widened window");
 }
 
+/// A pool removed by a reload forgets its nonces once it holds nothing (they
+/// guarded only its leases); named again, it refuses what was signed before
+/// it forgot them, as a new process does, so nothing it accepted is replayed.
+#[test]
+fn hmac_a_pool_removed_and_named_again_does_not_replay_what_it_accepted_before() {
+    let s = TestServer::start(&config(&hmac_pool(""), ""));
+    let captured = signed(ACQUIRE, "");
+    let slot = s.request(&captured).slot();
+    let r = s.request(&signed(&format!("/pools/p/lock/{slot}/release"), ""));
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    std::fs::write(
+        &s.config_path,
+        r#"{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{"other":{"keys":["other-key"]}}}"#,
+    )
+    .unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 1);
+    // Drained at once; what it no longer needs goes at the next second's turn.
+    thread::sleep(Duration::from_millis(1100));
+    assert_eq!(s.get_admin("/healthz").status, 200);
+    std::fs::write(&s.config_path, config(&hmac_pool(""), "")).unwrap();
+    s.signal("HUP");
+    wait_for_reloads(&s, 2);
+    let r = s.request(&captured);
+    assert_refused(&r, 401, "unauthorized", "replay in the pool named again");
+    let message = r.json()["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("signed before this server began remembering nonces"), "{message}");
+    assert_eq!(s.request(&signed(ACQUIRE, "")).status, 200, "a request signed now passes");
+}
+
 /// Stops `s` with `signal`, waits for it to exit and starts a server again
 /// in its directory (configuration, slot secret, snapshot).
 fn restart(mut s: TestServer, signal: &str) -> TestServer {

@@ -198,6 +198,17 @@ impl PoolAccess {
         }
     }
 
+    /// The pool was removed and holds nothing any more: its nonces, which
+    /// guarded only its leases, are forgotten, and the store starts empty
+    /// at `now` (should a reload name the pool again, a request signed
+    /// before then is refused, as after a start).
+    pub fn shed(&mut self, now: EpochMs) {
+        if let Some(policy) = &mut self.hmac {
+            policy.nonces = NonceStore::new(policy.nonces.capacity());
+            policy.not_before_ms = policy.not_before_ms.max(now.0);
+        }
+    }
+
     /// The process started at `at` with empty nonce stores: a request
     /// signed before then may have been accepted by the process before it
     /// (its nonce spent there), so it is refused rather than replayed.

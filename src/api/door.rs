@@ -147,15 +147,24 @@ impl App {
             return;
         }
         self.history_second = Some(now.ms / 1000);
-        for ((_, pool), (h, attempts)) in self.gov.pools().zip(&mut self.history) {
-            if pool.drained_away() {
-                // Nobody is shown it any more: give its memory back.
-                h.forget();
-                *attempts = Attempts::default();
-            } else {
+        let pools = self.gov.pools().zip(self.history.iter_mut().zip(&mut self.creds));
+        for ((_, pool), ((h, attempts), creds)) in pools {
+            if !pool.drained_away() {
                 h.sample(pool, now.ms);
+                continue;
+            }
+            // Nobody is shown it any more: give its memory back.
+            h.forget();
+            *attempts = Attempts::default();
+            if !creds.shed {
+                // Nor has it leases to guard: its nonces and upstream go too.
+                // Its keys stay, to tell a release of one of its ids `404`.
+                creds.access.shed(now.wall());
+                creds.upstream = None;
+                creds.shed = true;
             }
         }
+        self.gov.shed_drained();
     }
 
     /// Fires every deadline due by `now`: reclaims, queue deadlines,

@@ -109,6 +109,9 @@ struct Credentials {
     access: PoolAccess,
     /// Proxy mode: where this pool's traffic goes (SPEC §12).
     upstream: Option<crate::config::upstream::Upstream>,
+    /// Its pool was removed and drained, and what only its traffic needed
+    /// was given back (`App::begin_turn`).
+    shed: bool,
 }
 
 pub struct App {
@@ -231,7 +234,7 @@ fn credentials<'c, 'p>(
             .map(|u| crate::config::upstream::Upstream::rebuild(u, running.and_then(|c| c.upstream.as_ref())))
             .transpose()
             .map_err(|e| format!("pools.{name}.{e}"))?;
-        fresh.insert(name.as_str(), Credentials { keys: PoolKeys::new(pool), access, upstream });
+        fresh.insert(name.as_str(), Credentials { keys: PoolKeys::new(pool), access, upstream, shed: false });
     }
     Ok(fresh)
 }
@@ -322,6 +325,7 @@ impl App {
                 keys: PoolKeys::none(),
                 access: PoolAccess::build("", &Default::default(), None, EpochMs(0)).expect("no policy to build"),
                 upstream: None,
+                shed: false,
             });
         }
         self.latency.resize_with(pools, Histogram::acquire_us);

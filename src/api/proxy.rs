@@ -133,11 +133,11 @@ impl App {
         out: &mut Vec<u8>,
     ) -> Result<Option<Admitted>, ApiError> {
         head.check_target()?;
-        let upstream = self.upstream(pid).ok_or(ApiError::NO_ROUTE)?;
-        let (default_wait, max_bytes) = (upstream.wait_ms, upstream.max_request_bytes);
         if self.gov.pool(pid).retired {
             return Err(UNKNOWN_POOL);
         }
+        let upstream = self.upstream(pid).ok_or(ApiError::NO_ROUTE)?;
+        let (default_wait, max_bytes) = (upstream.wait_ms, upstream.max_request_bytes);
         let creds = &self.creds[pid.0 as usize];
         creds.keys.check_proxied(head)?;
         let client = creds.access.client_addr(ctx.peer, head);

@@ -97,6 +97,15 @@ impl Store {
         self.capacity = capacity as usize;
     }
 
+    /// Gives back the room made at the first key when no key is live (a
+    /// pool a reload removed, drained): made again at the next key, if any.
+    pub fn shed(&mut self) {
+        if self.entries.is_empty() && self.entries.capacity() > 0 {
+            self.entries = Slab::new();
+            self.index = HashMap::default();
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -143,6 +152,11 @@ impl Store {
         let entry = self.entries.insert((key, holder)) as u32;
         self.index.insert(key, entry);
         entry
+    }
+
+    /// Whether the store holds room for keys (made at its first key).
+    pub fn has_room(&self) -> bool {
+        self.entries.capacity() > 0
     }
 
     /// The key of a live entry.

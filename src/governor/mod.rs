@@ -332,6 +332,14 @@ impl<T: Copy> Governor<T> {
         &self.pools[pid.0 as usize]
     }
 
+    /// Pools a reload removed that hold and queue nothing any more give
+    /// back what only their traffic needed (their `Idempotency-Key` room).
+    pub fn shed_drained(&mut self) {
+        for pool in self.pools.iter_mut().filter(|p| p.drained_away()) {
+            pool.idem.shed();
+        }
+    }
+
     pub fn pools(&self) -> impl Iterator<Item = (PoolId, &Pool)> {
         self.pools.iter().enumerate().map(|(i, p)| (PoolId(i as u32), p))
     }

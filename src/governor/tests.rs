@@ -536,6 +536,29 @@ fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
     assert_eq!(g.timers_total(), 1);
 }
 
+/// A removed pool keeps what its leases need until they end; drained, it
+/// gives its `Idempotency-Key` room back (about 790 KB at the default
+/// bound), and a reload that names it again makes the room anew.
+#[test]
+fn a_removed_pool_gives_back_its_key_room_once_drained() {
+    let (mut g, p) = governor("");
+    let key = crate::governor::idempotency::IdemKey::new(7, b"job").unwrap();
+    let Ok(Admission::Granted(a)) = g.acquire_keyed(p, &key, 0, 1, 0) else { panic!("granted") };
+    let removed = Config::parse(br#"{"pools":{"other":{"keys":["k2"]}}}"#).unwrap();
+    g.reconfigure(&pool_settings(&removed), 10);
+    g.shed_drained();
+    assert!(g.pool(p).idem.has_room(), "its lease still holds a key");
+    assert!(g.release(p, &id(&a), None, 20));
+    g.shed_drained();
+    assert!(!g.pool(p).idem.has_room(), "drained, its room is given back");
+    let again = Config::parse(br#"{"pools":{"p":{"keys":["k"]},"other":{"keys":["k2"]}}}"#).unwrap();
+    g.reconfigure(&pool_settings(&again), 30);
+    g.shed_drained();
+    let Ok(Admission::Granted(b)) = g.acquire_keyed(p, &key, 0, 2, 40) else { panic!("granted") };
+    let Ok(Admission::Granted(retry)) = g.acquire_keyed(p, &key, 0, 3, 50) else { panic!("the same grant") };
+    assert_eq!(retry.slot, b.slot, "keys work again in the pool named again");
+}
+
 #[test]
 fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#);

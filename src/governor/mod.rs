@@ -176,6 +176,9 @@ pub struct Governor<T = u64> {
     waiters: Waiters,
     wheel: Wheel<Timer<T>>,
     notices: VecDeque<Notice<T>>,
+    /// Pools whose rate-gate wake-up came due in the `advance` under way:
+    /// pumped once everything else due by then has fired (kept for its room).
+    woken: Vec<PoolId>,
     entropy: Entropy,
     /// The `now` of the last `advance`: what the metrics read the learned
     /// instants against.
@@ -206,6 +209,7 @@ impl<T: Copy> Governor<T> {
             waiters: Waiters::default(),
             wheel: Wheel::new(),
             notices: VecDeque::new(),
+            woken: Vec::new(),
             entropy,
             advanced_to: 0,
             key: SlotKey::new(&[0; 32]),
@@ -698,8 +702,28 @@ impl<T: Copy> Governor<T> {
     }
 
     /// Fires everything due by `now`: reclaims, queue deadlines, wake-ups.
+    /// A pool's wake-up pumps its queue after the rest: a lease whose
+    /// deadline falls in the same millisecond is reclaimed first, so a
+    /// grant it wakes neither counts that lease nor waits behind it, and a
+    /// waiter whose deadline it is has timed out.
     pub fn advance(&mut self, now: Ms) {
         self.advanced_to = self.advanced_to.max(now);
+        loop {
+            self.fire_due(now);
+            if self.woken.is_empty() {
+                return;
+            }
+            let mut woken = std::mem::take(&mut self.woken);
+            for &pid in &woken {
+                self.pump(pid, now);
+            }
+            woken.clear();
+            self.woken = woken;
+        }
+    }
+
+    /// Fires the timers due by `now` but for wake-ups, which go on `woken`.
+    fn fire_due(&mut self, now: Ms) {
         while let Some(timer) = self.wheel.poll(now) {
             match timer {
                 Timer::Lease(idx) => {
@@ -717,7 +741,7 @@ impl<T: Copy> Governor<T> {
                 }
                 Timer::Wake(pid) => {
                     self.pools[pid.0 as usize].wake = None;
-                    self.pump(pid, now);
+                    self.woken.push(pid);
                 }
                 Timer::External(payload) => self.notices.push_back(Notice::Timer(payload)),
                 Timer::Tombstone(idx) => {

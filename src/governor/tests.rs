@@ -559,6 +559,35 @@ fn a_removed_pool_gives_back_its_key_room_once_drained() {
     assert_eq!(retry.slot, b.slot, "keys work again in the pool named again");
 }
 
+/// A token's wake-up and a lease's deadline in the same millisecond: the
+/// lease is reclaimed first, so the grant the token wakes tells the room
+/// left without the lease that just ended.
+#[test]
+fn a_grant_woken_by_a_token_as_a_lease_ends_does_not_count_that_lease() {
+    let (mut g, p) = governor(
+        r#","concurrency":4,"rpm":6000,"rpmBurst":1,"termMs":30,"renewIntervalMs":10,"requestTimeoutMs":3000,"adaptive":false"#,
+    );
+    let a = granted(g.acquire(p, 0, 1, 0));
+    assert_eq!(a.lease_deadline, 30);
+    queued(g.acquire(p, 2000, 2, 1));
+    g.advance(10);
+    queued(g.acquire(p, 2000, 3, 11));
+    g.advance(20);
+    queued(g.acquire(p, 2000, 4, 21));
+    assert_eq!(granted_owners(&mut g), vec![2, 3]);
+    g.advance(30);
+    let grants: Vec<Grant> = notices(&mut g)
+        .into_iter()
+        .filter_map(|n| match n {
+            Notice::Granted { grant, .. } => Some(grant),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(grants.len(), 1, "the waiter granted at 30");
+    assert_eq!(g.pool(p).held, 3, "a's lease ended at 30");
+    assert_eq!(grants[0].signals.remaining_slots, 1, "4 less the 3 held after this grant");
+}
+
 #[test]
 fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#);

@@ -306,7 +306,7 @@ impl Persistence {
     /// file by device and inode, not by name (a name may now lead elsewhere,
     /// through a symlink changed since, and the file may have moved).
     fn holds_lock_of(&self, path: &Path) -> bool {
-        let held = self.lock.as_ref().and_then(|f| f.metadata().ok()).map(|m| (m.dev(), m.ino()));
+        let held = self.lock.as_ref().and_then(|f| f.metadata().ok()).as_ref().map(identity_of);
         held.is_some() && file_id(&lock_path(path)) == held
     }
 
@@ -367,7 +367,7 @@ impl Persistence {
         let Some(path) = &self.path else {
             return;
         };
-        if let Some(link) = self.link.as_ref().filter(|link| through_links(link.to_path_buf()) != *path) {
+        if let Some(link) = self.link.as_ref().filter(|link| through_links((*link).clone()) != *path) {
             warn!(
                 "stateFile {} now leads elsewhere: the stop snapshot goes to {}, whose lock this process holds \
                  (repoint the link with a reload, or the next start there takes the crash path)",
@@ -458,12 +458,16 @@ fn lock(path: &Path) -> Result<std::fs::File, String> {
     }
 }
 
-/// `<path>.lock`: the lock beside a state file `path`.
 /// A file's device and inode: which file a path leads to now.
 fn file_id(path: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    std::fs::metadata(path).ok().as_ref().map(identity_of)
 }
 
+fn identity_of(meta: &std::fs::Metadata) -> (u64, u64) {
+    (meta.dev(), meta.ino())
+}
+
+/// `<path>.lock`: the lock beside a state file `path`.
 fn lock_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".lock");

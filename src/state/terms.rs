@@ -120,10 +120,8 @@ impl Terms {
         if bytes.len() as u64 > MAX_RECORD_BYTES {
             return Err(format!("it is over {} MiB, more than any record takes", MAX_RECORD_BYTES >> 20));
         }
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Terms::default());
-        }
-        // The first value: what follows it is an older, longer record's tail.
+        // The first value (none in an empty file): what follows it is an
+        // older, longer record's tail.
         let first = serde_json::Deserializer::from_slice(&bytes).into_iter::<Terms>().next();
         let mut terms = match first {
             Some(Ok(terms)) => terms,

@@ -296,6 +296,61 @@ fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot
     assert_eq!(server.acquire("", "").status, 200, "the server goes on serving");
 }
 
+/// A reload that removes the key a queued proxied request presented (in
+/// `X-Nthpool-Key`, or in `x-api-key` as an SDK sends it), or stops
+/// admitting its address, refuses it at once with the answer a new request
+/// would get: granted, it would reach the upstream with the pool's managed
+/// credentials. One whose key stays waits on and is relayed.
+#[test]
+fn a_reload_that_revokes_a_queued_proxied_requests_key_or_address_refuses_it() {
+    const KEPT: &str = "kept-key-0123456";
+    const SDK: &str = "sdk-key-0123456";
+    let up = MockUpstream::start(|_| ok("up", ""));
+    let json = |keys: &str, extra: &str| {
+        format!(
+            r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"p":{{"keys":[{keys}],
+            "concurrency":1,"adaptive":false,"allowAuthorizationHeader":true,"queue":{{"size":10,"timeoutMs":20000}},
+            "upstream":{{"url":"{}","hosts":["{HOST}"]}}{extra}}}}}}}"#,
+            up.url()
+        )
+    };
+    let s = TestServer::start(&json(&format!(r#""{KEY}","{KEPT}","{SDK}""#), ""));
+    // The slot is held through the lock API; the proxied requests queue behind it.
+    let holder = s.request(&post("/pools/p/lock/acquire", KEPT, "", "")).slot();
+    let waiting = |n: f64| eventually("the waiters queued", || s.metric(r#"nthpool_waiters{pool="p"}"#) == Some(n));
+    let queue = |key_header: &str, n: f64| {
+        let mut c = s.connect();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(format!("GET /v1/x HTTP/1.1\r\nHost: {HOST}\r\n{key_header}\r\n\r\n").as_bytes()).unwrap();
+        waiting(n);
+        c
+    };
+    let mut revoked = queue(&format!("X-Nthpool-Key: {KEY}"), 1.0);
+    let mut revoked_sdk = queue(&format!("x-api-key: {SDK}"), 2.0);
+    let mut kept = queue(&format!("x-api-key: {KEPT}"), 3.0);
+    s.reload(&json(&format!(r#""{KEPT}""#), ""));
+    for (c, how) in [(&mut revoked, "X-Nthpool-Key"), (&mut revoked_sdk, "x-api-key")] {
+        let r = read_any(c).unwrap_or_else(|| panic!("{how}: an answer at the reload"));
+        assert_eq!((r.status, r.error_code().as_str()), (401, "unauthorized"), "{how}: {r:?}");
+        assert!(r.json()["message"].as_str().unwrap().contains("removed while it waited"), "{how}: {r:?}");
+    }
+    waiting(1.0);
+    let released = s.request(&post(&format!("/pools/p/lock/{holder}/release"), KEPT, "", ""));
+    assert_eq!(released.status, 200, "{released:?}");
+    let r = read_any(&mut kept).expect("the kept key's answer");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"up"[..]), "{r:?}");
+    assert_eq!(up.seen().len(), 1, "only the kept key's request reached the upstream");
+
+    // The pool now admits only 10.0.0.0/8: a waiter from 127.0.0.1 is refused.
+    let _holder = s.request(&post("/pools/p/lock/acquire", KEPT, "", "")).slot();
+    let mut outside = queue(&format!("X-Nthpool-Key: {KEPT}"), 1.0);
+    s.reload(&json(&format!(r#""{KEPT}""#), r#","access":{"ipAllow":["10.0.0.0/8"]}"#));
+    let r = read_any(&mut outside).expect("an answer at the reload");
+    assert_eq!((r.status, r.error_code().as_str()), (403, "unauthorized"), "{r:?}");
+    waiting(0.0);
+    assert_eq!(up.seen().len(), 1, "nothing more reached the upstream");
+}
+
 #[test]
 fn a_reload_leaves_an_exchange_in_flight_the_upstream_settings_it_started_with() {
     // An exchange sends its head and half its body; a reload then lowers

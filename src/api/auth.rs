@@ -26,6 +26,13 @@ pub struct KeyPrint {
     digest: u64,
 }
 
+impl KeyPrint {
+    fn of(key: &[u8]) -> KeyPrint {
+        let digest = digest_prefix(&Sha256::digest(key).into());
+        KeyPrint { plain: crate::governor::fnv1a(crate::governor::FNV_OFFSET, key), digest }
+    }
+}
+
 fn digest_prefix(digest: &[u8; 32]) -> u64 {
     u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
 }
@@ -75,9 +82,13 @@ impl PoolKeys {
     /// The print of the key `head` presents (one `check` accepted). Taken
     /// only for an acquire that waits: its SHA-256 is not for every request.
     pub fn print(&self, head: &Head) -> KeyPrint {
-        let key = self.presented(head).unwrap_or_default();
-        let digest = digest_prefix(&Sha256::digest(key).into());
-        KeyPrint { plain: crate::governor::fnv1a(crate::governor::FNV_OFFSET, key), digest }
+        KeyPrint::of(self.presented(head).unwrap_or_default())
+    }
+
+    /// The same for a proxied request (one `check_proxied` accepted), whose
+    /// key may have come in `x-api-key`.
+    pub fn print_proxied(&self, head: &Head) -> KeyPrint {
+        KeyPrint::of(self.presented_proxied(head).unwrap_or_default())
     }
 
     /// Whether the key `print` was taken of is still one of these keys.
@@ -91,19 +102,25 @@ impl PoolKeys {
     /// credential header: sent twice, which copy counts would be a guess.
     pub fn check_proxied(&self, head: &Head) -> Result<(), ApiError> {
         let missing = if self.allow_authorization_header { MISSING_PROXIED } else { MISSING };
-        let key = match self.presented(head) {
-            Some(key) => key,
-            None if self.allow_authorization_header => {
-                let mut copies = head.headers.into_iter().filter(|h| h.name.eq_ignore_ascii_case(b"x-api-key"));
-                let first = copies.next().ok_or(missing)?;
-                if copies.next().is_some() {
-                    return Err(API_KEY_TWICE);
-                }
-                trim(first.value)
-            }
-            None => return Err(missing),
-        };
+        let key = self.presented_proxied(head).map_err(|e| e.unwrap_or(missing))?;
         self.check_key(key).map_err(|_| missing)
+    }
+
+    /// The key a proxied request presents; `Err(None)` when it presents
+    /// none, `Err(Some(_))` when its `x-api-key` comes twice.
+    fn presented_proxied<'h>(&self, head: &Head<'h>) -> Result<&'h [u8], Option<ApiError>> {
+        if let Some(key) = self.presented(head) {
+            return Ok(key);
+        }
+        if !self.allow_authorization_header {
+            return Err(None);
+        }
+        let mut copies = head.headers.into_iter().filter(|h| h.name.eq_ignore_ascii_case(b"x-api-key"));
+        let first = copies.next().ok_or(None)?;
+        if copies.next().is_some() {
+            return Err(Some(API_KEY_TWICE));
+        }
+        Ok(trim(first.value))
     }
 
     /// Whether `Authorization` and `x-api-key` may carry the key.

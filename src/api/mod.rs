@@ -659,7 +659,7 @@ impl App {
                         Ok(Handled::Done)
                     }
                     Admission::Queued(key) => {
-                        self.keep_print(key, pid, head);
+                        self.keep_print(key, self.creds[pid.0 as usize].keys.print(head));
                         Ok(Handled::Queued(Queued { key, attempt, proxied: false }))
                     }
                 }
@@ -856,8 +856,8 @@ impl App {
     /// Keeps what a reload needs to recheck a waiting acquire
     /// (`recheck_waiter`). Out of line: the usual acquire does not wait.
     #[inline(never)]
-    fn keep_print(&mut self, key: WaiterKey, pid: PoolId, head: &Head) {
-        let print = (self.creds[pid.0 as usize].keys.print(head), self.generation);
+    fn keep_print(&mut self, key: WaiterKey, print: KeyPrint) {
+        let print = (print, self.generation);
         let at = key.index();
         if self.waiter_prints.len() <= at {
             self.waiter_prints.resize(at + 1, Default::default());
@@ -873,24 +873,31 @@ impl App {
     /// not kept.) `false` when it still waits, or no longer does: the
     /// governor answered it already.
     pub fn recheck_waiter(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) -> bool {
-        let kept = self.waiter_prints.get(queued.key.index()).copied();
-        let Some((print, _)) = kept.filter(|&(_, generation)| generation != self.generation && !queued.proxied) else {
+        let Some(error) = self.refused_since_reload(queued, conn, now) else {
             return false;
         };
-        let creds = &self.creds[queued.attempt.pool.0 as usize];
-        let error = if !creds.keys.still_opens(print) {
-            ApiError::Unauthorized("The pool key this acquire presented was removed while it waited.")
-        } else {
-            match creds.access.check_address(queued.attempt.client) {
-                Ok(()) => return false,
-                Err(e) => ApiError::from(e),
-            }
-        };
-        if self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms).is_none() {
-            return false;
-        }
         self.answer_queued_error(out, &queued.attempt, now, error, close);
         true
+    }
+
+    /// `recheck_waiter` for either kind of waiter: the refusal of one the
+    /// reload no longer admits, which has left the queue; the caller
+    /// answers it (a proxied request's exchange ends with that answer).
+    pub fn refused_since_reload(&mut self, queued: &Queued, conn: ConnId, now: Now) -> Option<ApiError> {
+        let kept = self.waiter_prints.get(queued.key.index()).copied();
+        let (print, _) = kept.filter(|&(_, generation)| generation != self.generation)?;
+        let creds = &self.creds[queued.attempt.pool.0 as usize];
+        let error = if !creds.keys.still_opens(print) {
+            ApiError::Unauthorized(if queued.proxied {
+                "The pool key this request presented was removed while it waited."
+            } else {
+                "The pool key this acquire presented was removed while it waited."
+            })
+        } else {
+            ApiError::from(creds.access.check_address(queued.attempt.client).err()?)
+        };
+        self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms)?;
+        Some(error)
     }
 
     /// A queued acquire whose connection ended before it was answered: it

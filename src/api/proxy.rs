@@ -67,6 +67,8 @@ pub enum WaitEnd {
     Superseded,
     /// The server is shutting down: `503`.
     ShuttingDown,
+    /// A reload no longer admits it (`App::refused_since_reload`).
+    Refused(ApiError),
 }
 
 /// A proxied request let through auth, with what its admission came to.
@@ -173,9 +175,14 @@ impl App {
         }
         let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
         let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
-        if let Admission::Denied(denial) = &admission {
-            let line = method_and_path(head);
-            self.deny_proxied(out, &attempt, denial, Status::TooManyRequests, ctx.now, ctx.close, line);
+        match &admission {
+            Admission::Denied(denial) => {
+                let line = method_and_path(head);
+                self.deny_proxied(out, &attempt, denial, Status::TooManyRequests, ctx.now, ctx.close, line);
+            }
+            // A reload may revoke its key while it waits (`refused_since_reload`).
+            Admission::Queued(key) => self.keep_print(*key, self.creds[pid.0 as usize].keys.print_proxied(head)),
+            Admission::Granted(_) => {}
         }
         Ok(Some(Admitted { attempt, admission }))
     }
@@ -226,6 +233,7 @@ impl App {
                 return self.deny_proxied(out, &queued.attempt, &denial, status, now, close, method_and_path);
             }
             WaitEnd::Superseded => ApiError::Superseded,
+            WaitEnd::Refused(error) => error,
             WaitEnd::ShuttingDown => {
                 self.gov.cancel_waiter(queued.key, conn.owner());
                 SHUTTING_DOWN

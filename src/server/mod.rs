@@ -1344,8 +1344,9 @@ impl Server {
         }
     }
 
-    /// After a reload: the acquires waiting in a queue whose key or address
-    /// the configuration no longer admits are answered (`App::recheck_waiter`).
+    /// After a reload: the acquires and proxied requests waiting in a queue
+    /// whose key or address the configuration no longer admits are answered
+    /// (`App::refused_since_reload`).
     #[cold]
     fn recheck_waiters(&mut self) {
         let now = self.now;
@@ -1353,10 +1354,17 @@ impl Server {
             let Some(conn) = client_mut(&mut self.conns, id) else {
                 continue;
             };
-            let Some(queued) = conn.queued().copied().filter(|_| conn.exchange.is_none()) else {
+            let Some(queued) = conn.queued().copied() else {
                 continue;
             };
             let (close, say_kept_alive) = (conn.waits_to_close(), conn.waits_http10_keep_alive());
+            if conn.exchange.is_some() {
+                if let Some(error) = self.app.refused_since_reload(&queued, id, now) {
+                    conn.stop_waiting();
+                    self.end_queued_exchange(id, &queued, WaitEnd::Refused(error), close);
+                }
+                continue;
+            }
             let refused = |out: &mut Vec<u8>| self.app.recheck_waiter(out, &queued, id, now, close);
             if write_kept_alive(&mut conn.output, say_kept_alive, refused) {
                 conn.stop_waiting();

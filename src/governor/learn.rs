@@ -736,15 +736,19 @@ impl Learning {
         wake
     }
 
-    /// A lease granted at `granted_at` released without a report: a call of a
-    /// blind probe that its caller released without a word got an answer
-    /// it did not call a refusal, so the probe ends (else a pool whose
-    /// callers report only their refusals would stay at one call at a time).
-    pub fn on_unreported(&mut self, granted_at: Ms) {
-        if self.blind.backoff_ms > 0 && granted_at > self.blind.since {
-            self.blind = BlindProbe::default();
-            self.one_at_a_time = self.pattern.probing;
+    /// `lease` released by its holder without a report: its call got an
+    /// answer the caller did not call a refusal (the lock API asks for
+    /// outcome fields when a call saw throttling), so it counts as a
+    /// success that says nothing of the budget. Else a pool whose callers
+    /// report only their refusals would never grow back after a cut, and
+    /// its refusals would count as a run however many calls succeeded
+    /// between them; a call of a blind probe released so ends the probe.
+    pub fn on_unreported(&mut self, lease: Reported, now: Ms) {
+        if !self.adaptive {
+            return;
         }
+        self.on_success(lease, now);
+        self.one_at_a_time = self.pattern.probing || self.blind.backoff_ms > 0;
     }
 
     /// A rate refusal: one that says when its window ends, or when to

@@ -578,23 +578,23 @@ impl<T: Copy> Governor<T> {
         let pool = &mut self.pools[pid.0 as usize];
         pool.held -= 1;
         pool.stats.released += 1;
+        let reported = learn::Reported {
+            epoch: lease.epoch,
+            granted_at: lease.granted_at,
+            grant_seq: lease.grant_seq,
+            in_flight: pool.held,
+            oks_beside: pool.learning.oks.wrapping_sub(lease.oks_seq),
+        };
         if let Some(o) = outcome {
             if o.is_throttled() {
                 pool.stats.reports_throttled += 1;
             }
-            let reported = learn::Reported {
-                epoch: lease.epoch,
-                granted_at: lease.granted_at,
-                grant_seq: lease.grant_seq,
-                in_flight: pool.held,
-                oks_beside: pool.learning.oks.wrapping_sub(lease.oks_seq),
-            };
             let wake = pool.learning.on_report(o, reported, now);
             if wake.cooldown_until.is_some() {
                 pool.stats.cooldowns += 1;
             }
         } else if holder {
-            pool.learning.on_unreported(lease.granted_at);
+            pool.learning.on_unreported(reported, now);
         }
         self.pump(pid, now);
         true

@@ -351,6 +351,54 @@ fn a_burst_of_throttled_reports_cuts_the_limit_to_the_calls_in_flight() {
     assert_eq!(denied(g.acquire(p, 0, 99, 20)).reason, DenyReason::Concurrency);
 }
 
+/// A release without a report is a call its caller did not see refused
+/// (the lock API asks for outcome fields when a call saw throttling): at
+/// full use it counts towards growing a cut limit back, as a reported 200
+/// does, and it ends a run of refusals, so isolated 429s between such
+/// calls never add up to a pool-wide pause.
+#[test]
+fn releases_without_a_report_grow_a_cut_limit_back_and_end_a_run_of_refusals() {
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let throttled = Outcome { status: Some(429), ..OK };
+    let held: Vec<_> = (0..4).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+    let refused = granted(g.acquire(p, 0, 4, 0));
+    g.release(p, &id(&refused), Some(&throttled), 10);
+    assert_eq!(g.pool(p).effective_limit(), 4, "cut to the calls beside the refused one");
+    for grant in &held {
+        g.release(p, &id(grant), None, 20);
+    }
+    // Calls at full use, each released without a report: the step onto
+    // the refused level waits `PROBE_WAIT_MIN` of them.
+    let mut now = 100;
+    for round in 0..1_000u64 {
+        let limit = g.pool(p).effective_limit();
+        let grants: Vec<_> = (0..limit).map(|i| granted(g.acquire(p, 0, round * 100 + u64::from(i), now))).collect();
+        for grant in &grants {
+            g.release(p, &id(grant), None, now + 5);
+        }
+        now += 10;
+    }
+    assert_eq!(g.pool(p).effective_limit(), 8, "grown back to concurrency");
+
+    // A 429 with a retry hint now and then, many silent successes between:
+    // the pool never pauses.
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let hinted = Outcome { status: Some(429), rate: RateInfo { retry_after_ms: Some(10_000), ..OK.rate }, ..OK };
+    let mut now = 0;
+    for round in 0..3u64 {
+        for i in 0..50 {
+            let grant = granted(g.acquire(p, 0, round * 100 + i, now));
+            g.release(p, &id(&grant), None, now + 1);
+            now += 2;
+        }
+        let grant = granted(g.acquire(p, 0, round * 100 + 99, now));
+        g.release(p, &id(&grant), Some(&hinted), now + 1);
+        now += 2;
+    }
+    assert_eq!(g.pool(p).learning.cooldown_until, 0, "no pause");
+    granted(g.acquire(p, 0, 1_000, now));
+}
+
 #[test]
 fn a_lowered_limit_never_revokes_held_slots() {
     let (mut g, p) = governor(r#","concurrency":4"#);

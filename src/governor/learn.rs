@@ -373,6 +373,11 @@ pub struct Learning {
     #[serde(default)]
     pub budget_limit_seq: u64,
     pub token_block_until: Ms,
+    /// The lease (its grant count) whose report set `token_block_until`: a
+    /// report of a call granted after it is a newer view of the token
+    /// window, which may end the block early or move it.
+    #[serde(default)]
+    pub token_block_seq: u64,
     /// The budget learned from refusals when the upstream sends no rate
     /// headers (`pattern`).
     #[serde(skip)]
@@ -441,6 +446,7 @@ impl Learning {
             budget_seq: 0,
             budget_limit_seq: 0,
             token_block_until: 0,
+            token_block_seq: 0,
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
             one_at_a_time: false,
@@ -725,13 +731,7 @@ impl Learning {
             }
         }
         wake.budget_reset_at = self.learn_budget(&o.rate, lease, now, evidence == Evidence::Concurrency);
-        if let (Some(0), Some(reset)) = (o.rate.token_remaining, o.rate.token_reset_ms) {
-            let until = now + reset.min(MAX_BUDGET_WINDOW_MS);
-            if until > self.token_block_until {
-                self.token_block_until = until;
-                wake.token_block_until = Some(until);
-            }
-        }
+        wake.token_block_until = self.learn_token_block(&o.rate, lease, now);
         self.one_at_a_time = self.pattern.probing || self.blind.backoff_ms > 0;
         wake
     }
@@ -749,6 +749,35 @@ impl Learning {
         }
         self.on_success(lease, now);
         self.one_at_a_time = self.pattern.probing || self.blind.backoff_ms > 0;
+    }
+
+    /// Learns the token window: `tokenRemaining: 0` with its reset blocks
+    /// grants until then. A report of a call granted after the one whose
+    /// report set the block is a newer view, and replaces it: tokens left
+    /// end the block at once, a sooner reset moves it earlier. An older
+    /// call's report can only make it longer. Returns the block's end when
+    /// it was set or moved later.
+    fn learn_token_block(&mut self, rate: &RateInfo, lease: Reported, now: Ms) -> Option<Ms> {
+        let blocked = self.token_block_until > now;
+        let newer = blocked && lease.grant_seq > self.token_block_seq;
+        match (rate.token_remaining, rate.token_reset_ms) {
+            (Some(0), Some(reset)) if reset > 0 => {
+                let until = now + reset.min(MAX_BUDGET_WINDOW_MS);
+                if until > self.token_block_until || newer {
+                    self.token_block_seq =
+                        if blocked { self.token_block_seq.max(lease.grant_seq) } else { lease.grant_seq };
+                    let later = until > self.token_block_until;
+                    self.token_block_until = until;
+                    return later.then_some(until);
+                }
+                None
+            }
+            (Some(left), _) if left > 0 && newer => {
+                self.token_block_until = now;
+                None
+            }
+            _ => None,
+        }
     }
 
     /// A rate refusal: one that says when its window ends, or when to

@@ -511,6 +511,46 @@ fn a_budget_spent_past_a_cooldown_decides_the_denial_and_the_wake() {
     assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Cooldown, 120_000));
 }
 
+/// A spent token window blocks grants until its reset; a report of a call
+/// granted after the one that set the block is a newer view of the window:
+/// tokens left lift the block at once, a sooner reset moves it earlier. A
+/// call granted before it can only make it longer.
+#[test]
+fn a_newer_calls_report_lifts_or_moves_a_token_block_and_an_older_one_cannot() {
+    let tokens = |left: u64, reset_ms: u64| Outcome {
+        rate: RateInfo {
+            token_limit: Some(100_000),
+            token_remaining: Some(left),
+            token_reset_ms: Some(reset_ms),
+            ..OK.rate
+        },
+        ..OK
+    };
+    let (mut g, p) = governor(r#","concurrency":10"#);
+    let (old, blocking, newer) =
+        (granted(g.acquire(p, 0, 1, 0)), granted(g.acquire(p, 0, 2, 0)), granted(g.acquire(p, 0, 3, 0)));
+    g.release(p, &id(&blocking), Some(&tokens(0, 3_600_000)), 10);
+    let d = denied(g.acquire(p, 0, 4, 20));
+    assert_eq!((d.reason, d.retry_after_ms), (DenyReason::Rate, 3_599_990));
+    // The older call saw tokens left before the window was spent: no change.
+    g.release(p, &id(&old), Some(&tokens(90_000, 2_000)), 30);
+    assert_eq!(denied(g.acquire(p, 0, 5, 40)).retry_after_ms, 3_599_970);
+    // The newer one sees tokens left: the block ends.
+    g.release(p, &id(&newer), Some(&tokens(90_000, 2_000)), 50);
+    granted(g.acquire(p, 0, 6, 60));
+
+    // A newer call's sooner reset moves the block earlier; waiters are
+    // granted when it ends.
+    let (mut g, p) = governor(r#","concurrency":10,"queue":{"size":10,"timeoutMs":60000}"#);
+    let (blocking, newer) = (granted(g.acquire(p, 0, 1, 0)), granted(g.acquire(p, 0, 2, 0)));
+    g.release(p, &id(&blocking), Some(&tokens(0, 3_600_000)), 10);
+    queued(g.acquire(p, 60_000, 7, 20));
+    g.release(p, &id(&newer), Some(&tokens(0, 2_000)), 30);
+    assert_eq!(denied(g.acquire(p, 0, 8, 40)).retry_after_ms, 1_990);
+    g.advance(2_030);
+    assert_eq!(granted_owners(&mut g), [7]);
+}
+
 /// The learned budget is a rate gate: its remaining grants are in
 /// `rpm_remaining`, the smaller of the two when the pool also has `rpm`.
 #[test]

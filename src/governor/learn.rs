@@ -405,6 +405,11 @@ pub struct BlindProbe {
     /// When the pause began: the calls granted by then were out in the
     /// spent window, and what they report neither doubles it nor ends it.
     pub since: Ms,
+    /// Those calls still held. They are no probe, and hold none back: the
+    /// one call at a time goes out beside them once the pause ends, not
+    /// only when the last of them (a long call, a holder that vanished)
+    /// has come back.
+    pub out_before: u32,
 }
 
 /// Why a pool cannot grant right now, and for how long that is known to last.
@@ -470,7 +475,8 @@ impl Learning {
     pub fn effective_at(&self, now: Ms) -> u32 {
         match self.start {
             Start::Since(since) if !self.one_at_a_time => self.effective.max(self.ramp_cap(since, now)),
-            _ => self.effective(),
+            _ if self.one_at_a_time => 1 + self.exempt_at(now),
+            _ => self.effective,
         }
     }
 
@@ -794,10 +800,36 @@ impl Learning {
         if b.backoff_ms > 0 && lease.granted_at <= b.since {
             return None;
         }
+        if b.backoff_ms == 0 {
+            b.out_before = lease.in_flight;
+        }
         b.backoff_ms =
             if b.backoff_ms == 0 { PROBE_BACKOFF_MIN_MS } else { (b.backoff_ms * 2).min(PROBE_BACKOFF_MAX_MS) };
         b.since = now;
         Some(b.backoff_ms)
+    }
+
+    /// A lease granted at `granted_at` left the pool (released, reclaimed),
+    /// before its report, if any, is applied.
+    pub fn on_lease_left(&mut self, granted_at: Ms) {
+        let b = &mut self.blind;
+        if b.backoff_ms > 0 && granted_at <= b.since {
+            b.out_before = b.out_before.saturating_sub(1);
+        }
+    }
+
+    /// The calls a blind probe's one at a time goes out beside at `now`:
+    /// those that were out when its pause began and are still held, once
+    /// they have had the longest pause (`PROBE_BACKOFF_MAX_MS`) to come
+    /// back. Sooner, a probe waits for them: sent into the window they
+    /// found spent, it would most likely be refused as they were.
+    fn exempt_at(&self, now: Ms) -> u32 {
+        let b = &self.blind;
+        if b.backoff_ms > 0 && !self.pattern.probing && now >= b.since + PROBE_BACKOFF_MAX_MS {
+            b.out_before
+        } else {
+            0
+        }
     }
 
     /// A refusal while a budget learned from refusals is in force, of a
@@ -1649,13 +1681,17 @@ mod tests {
             assert_eq!(spent.evidence(), Evidence::Rate);
             let mut l = ramped(8);
             let burst: Vec<_> = (0..8).map(|_| grant(&mut l, 0)).collect();
+            l.on_lease_left(burst[0].1);
             let wake = l.on_report(&spent, about(burst[0], 7), 10);
             assert_eq!(wake.cooldown_until, Some(10 + PROBE_BACKOFF_MIN_MS));
-            assert_eq!(l.effective(), 1, "one call at a time probes");
+            assert_eq!(l.effective_at(10 + PROBE_BACKOFF_MAX_MS), 1 + 7, "in time, beside the 7 still out");
+            assert_eq!(l.effective_at(20), 1, "one call at a time probes");
             for (i, lease) in burst.iter().enumerate().skip(1) {
+                l.on_lease_left(lease.1);
                 let wake = l.on_report(&spent, about(*lease, 7 - i as u32), 20);
                 assert_eq!(wake.cooldown_until, None, "the same spent window, already paused");
             }
+            assert_eq!(l.effective(), 1, "one call at a time probes");
             let mut at = 10 + PROBE_BACKOFF_MIN_MS;
             for pause in [500, 1_000, 1_000] {
                 assert_eq!(l.pause(at), None);
@@ -1688,7 +1724,9 @@ mod tests {
         }
         assert_eq!(l.effective(), 1, "the run probes");
         let run_probe = grant(&mut l, 300);
+        l.on_lease_left(early.1);
         l.on_report(&blind_429(), about(early, 1), 310);
+        l.on_lease_left(run_probe.1);
         l.on_report(&ok(), about(run_probe, 0), 320);
         assert!(!l.pattern.probing, "the run's window opened");
         assert_eq!(l.effective(), 1, "the blind probe goes on");

@@ -192,6 +192,7 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
                 in_flight -= 1;
             }
             held -= 1;
+            l.on_lease_left(c.granted_at);
             let (headers, stamped) =
                 if up.stamp_at_admission || !c.ok { (c.admitted, c.arrived_at) } else { (stamp(used), now) };
             let headers = headers.map(|(left, reset)| (left, as_read(up, stamped, reset, now)));
@@ -224,7 +225,7 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
         }
         let _ = l.on_budget_reset(now);
         let _ = l.ramp(now);
-        while held < l.effective() && held < up.callers.unwrap_or(u32::MAX) && l.pause(now).is_none() {
+        while held < l.effective_at(now) && held < up.callers.unwrap_or(u32::MAX) && l.pause(now).is_none() {
             l.on_grant(now);
             held += 1;
             calls.push(Call {

@@ -765,7 +765,7 @@ impl<T: Copy> Governor<T> {
         pool.learning.on_grant(now);
         pool.held += 1;
         pool.stats.grants += 1;
-        debug_assert!(pool.held <= pool.effective_limit());
+        debug_assert!(pool.held <= pool.effective_limit_at(now));
         let s = pool.settings;
         let request_deadline = now + s.request_timeout_ms;
         let lease_deadline = lease::lease_deadline(now, s.term_ms, request_deadline);
@@ -927,6 +927,7 @@ impl<T: Copy> Governor<T> {
             oks_seq: lease.oks_seq,
         };
         let pool = &mut self.pools[lease.pool.0 as usize];
+        pool.learning.on_lease_left(lease.granted_at);
         if lease.idem != NO_KEY {
             pool.idem.remove(lease.idem);
         }

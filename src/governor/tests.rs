@@ -1042,6 +1042,38 @@ fn blindly_refused() -> (Governor, PoolId) {
     (g, p)
 }
 
+/// The calls out when a blind probe's pause began are no probe and hold
+/// none back: once the pause ends, one call at a time goes out beside them,
+/// not only when the last of them (a long call, a vanished holder) is back.
+/// What they report changes nothing; the probe's own success gives the
+/// limit back.
+#[test]
+fn a_blind_probe_goes_out_beside_the_calls_already_out() {
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let out: Vec<_> = (0..3).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+    let refused = granted(g.acquire(p, 0, 3, 0));
+    let blind = Outcome { status: Some(429), throttled: 1, rate: RateInfo { remaining: Some(0), ..OK.rate } };
+    g.release(p, &id(&refused), Some(&blind), 10);
+    denied(g.acquire(p, 0, 10, 100));
+    // They have the longest pause to come back; then the probe goes.
+    g.advance(300);
+    assert_eq!(denied(g.acquire(p, 0, 9, 300)).reason, DenyReason::Concurrency, "the calls out may come back");
+    g.advance(1_010);
+    let probe = granted(g.acquire(p, 0, 11, 1_010));
+    // The limit shown counts the calls out beside the probe.
+    assert_eq!((probe.signals.effective_limit, probe.signals.remaining_slots), (4, 0));
+    assert_eq!(denied(g.acquire(p, 0, 12, 1_020)).reason, DenyReason::Concurrency, "one probe at a time");
+    // An old call succeeding says nothing of the spent window; the limit
+    // falls with the calls still out.
+    g.release(p, &id(&out[0]), Some(&OK), 1_100);
+    assert_eq!(g.signals(p, 1_100).effective_limit, 3);
+    assert_eq!(denied(g.acquire(p, 0, 13, 1_110)).reason, DenyReason::Concurrency);
+    g.release(p, &id(&probe), Some(&OK), 1_200);
+    assert_eq!(g.pool(p).effective_limit(), 8, "the probe got through");
+    let again = granted(g.acquire(p, 0, 14, 1_210));
+    assert_eq!(again.signals.remaining_slots, 8 - 3, "the calls still out count again");
+}
+
 /// A blind probe (a `remaining: 0` refusal with no end said) whose calls
 /// are released without a report: those got an answer their caller did not
 /// call a refusal, so the probe ends, rather than hold the pool at one call

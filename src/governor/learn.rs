@@ -1138,7 +1138,7 @@ impl Learning {
         // budget (a slow call reporting late), it is an older view: it never
         // moves the reset earlier, which would re-open at that reset a budget
         // the newer report closed.
-        if same_window && latest < self.budget_not_before && lease.grant_seq < self.budget_seq {
+        if same_window && end < self.budget_not_before && lease.grant_seq < self.budget_seq {
             return None;
         }
         // Whole seconds cannot tell a service time from a rounding; a date
@@ -1327,6 +1327,25 @@ mod tests {
         // A late report of the window that ended is ignored.
         l.on_report(&with_budget(ok(), 0, 1000), about(b, 0), 5500);
         assert_eq!(l.budget().unwrap().remaining, 40);
+    }
+
+    /// The same in whole seconds, stamped at admission: the older call's
+    /// window ends at its grant + reset, a window before the one the newer
+    /// refusal closed (its `now + reset` would put it in that window).
+    #[test]
+    fn an_older_report_in_whole_seconds_does_not_reopen_a_budget_a_newer_refusal_closed() {
+        let coarse = |o: Outcome, remaining: u64| Outcome {
+            rate: RateInfo { limit: Some(60), reset_coarse: true, ..with_budget(o, remaining, 3000).rate },
+            ..o
+        };
+        let mut l = ramped(20);
+        let older = grant(&mut l, 0);
+        let newer = grant(&mut l, 3200);
+        l.on_report(&coarse(concurrency_429(), 0), about(newer, 1), 3210);
+        assert!(matches!(l.pause(3210), Some(Pause::Budget(_))));
+        l.on_report(&coarse(ok(), 59), about(older, 0), 3400);
+        assert!(matches!(l.pause(3400), Some(Pause::Budget(_))), "still closed: {:?}", l.budget());
+        assert_eq!(l.budget().map(|b| b.remaining), Some(0));
     }
 
     /// A late report of a call admitted earlier, whose window ends before

@@ -1150,6 +1150,27 @@ fn access_log_has_one_line_per_acquire_attempt_and_no_secrets() {
     assert!(!text.contains(WRONG_KEY), "a presented wrong key is never logged");
 }
 
+/// An acquire of a pool no configuration has is logged, under the name
+/// its path gave only when that could be a pool name: a key a client put
+/// in the path by mistake, or a name of thousands of bytes, is never
+/// written out (SPEC §9: never a key).
+#[test]
+fn an_unknown_pools_line_names_it_only_when_it_could_be_a_pool_name() {
+    let mut s = TestServer::start(&config_with_access_log(""));
+    const IN_PATH: &str = "sk_live_Key0123456789";
+    let long = "x".repeat(8_000);
+    for (name, status) in [("typo-pool", 401), (IN_PATH, 401), (&format!("p%2F{IN_PATH}"), 400), (&long, 401)] {
+        let r = s.request(&post(&format!("/pools/{name}/lock/acquire"), KEY, "", ""));
+        assert_eq!(r.status, status, "{r:?}");
+    }
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let (text, lines) = access_log(&s);
+    let pools: Vec<&str> = lines.iter().map(|l| l["pool"].as_str().unwrap()).collect();
+    assert_eq!(pools, ["typo-pool", "", "", ""], "{text}");
+    assert!(!text.contains("Key0123456789") && text.len() < 2_000, "{text}");
+}
+
 /// "Renew and release are not" written to the access log, refused ones
 /// neither: a wrong key, another method, a bad or oversized body, a framing
 /// error or an unknown slot on a renew or release route leaves no line; the
@@ -1218,7 +1239,7 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
         assert_eq!(s.request(raw.as_bytes()).status, 400, "{raw}");
     }
     // A request line refused for bytes that are not UTF-8 still names an
-    // acquire route: logged too, as what a JSON string can hold.
+    // acquire route: logged too.
     let raw = b"POST /pools/p\xff\\\"/lock/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n";
     assert_eq!(s.request(raw).status, 400);
     // An absolute-form target with an empty path names the root, whatever
@@ -1264,7 +1285,8 @@ fn access_log_counts_gone_waiters_framing_refusals_and_shutdown_waits() {
     }
     assert!(lines[9]["queuedMs"].as_u64().unwrap() >= 300, "the wait before shutdown is logged: {}", lines[9]);
     assert!(lines[4..6].iter().all(|l| l["pool"] == "p" && l["client"] == "127.0.0.1"), "{text}");
-    assert_eq!(lines[6]["pool"], "p\u{fffd}\\\"", "{text}");
+    // A name no pool could have is not written out.
+    assert_eq!(lines[6]["pool"], "", "{text}");
     assert_eq!(lines[7]["pool"], "p", "{text}");
     assert_eq!(lines[8]["pool"], "p", "{text}");
 }

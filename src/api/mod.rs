@@ -77,8 +77,8 @@ struct Answered {
     /// Its pool, when the request named a known one.
     pid: Option<PoolId>,
     /// Where the pool name the request gave lies in `App::answered_names`
-    /// (empty: the line goes under the pool's own name).
-    name: (u32, u32),
+    /// (`None`: the line goes under the pool's own name).
+    name: Option<(u32, u32)>,
     /// Counted in the pool's latency histogram.
     timed: bool,
     /// Written to the access log (else the history and histogram only).
@@ -155,6 +155,18 @@ pub struct App {
     /// that revokes its key refuses it (`recheck_waiter`). Kept beside the
     /// waiters, not in `Queued`, which every answer carries.
     waiter_prints: Vec<(KeyPrint, u64)>,
+}
+
+/// The name an acquire's access-log line gives a pool no configuration has:
+/// the one its path named when that could be a pool's (a DNS label, as every
+/// configured name is), else empty. A path is the client's: one that put a
+/// key there by mistake, or thousands of bytes, has neither written out.
+fn logged_pool_name(name: &str) -> &str {
+    if crate::config::is_dns_label(name) {
+        name
+    } else {
+        ""
+    }
 }
 
 /// Lock API answers of 400 and above, by pool and status code: one counter
@@ -528,7 +540,10 @@ impl App {
             };
             // A known pool's line goes under its own name, also when the
             // path spelled it with percent-escapes.
-            let name = if pool.is_some() { None } else { std::str::from_utf8(name).ok() };
+            let name = match pool {
+                Some(_) => None,
+                None => Some(logged_pool_name(std::str::from_utf8(name).unwrap_or_default())),
+            };
             self.record_attempt(pool, name, client, line, ctx.started, true);
         }
     }
@@ -548,14 +563,11 @@ impl App {
         timed: bool,
     ) {
         let logged = self.log.is_on() && (name.is_some() || pid.is_some());
-        let name = match name.filter(|_| logged) {
-            Some(name) => {
-                let start = self.answered_names.len();
-                self.answered_names.push_str(name);
-                (start as u32, self.answered_names.len() as u32)
-            }
-            None => (0, 0),
-        };
+        let name = name.filter(|_| logged).map(|name| {
+            let start = self.answered_names.len();
+            self.answered_names.push_str(name);
+            (start as u32, self.answered_names.len() as u32)
+        });
         self.answered.push(Answered { line, started, client, pid, name, timed, logged });
     }
 
@@ -563,7 +575,7 @@ impl App {
     /// only (a proxied request's line is written by its exchange).
     fn observe(&mut self, attempt: &Attempt, line: history::Attempt, timed: bool) {
         let (started, client, pid) = (attempt.started, attempt.client, Some(attempt.pool));
-        self.answered.push(Answered { line, started, client, pid, name: (0, 0), timed, logged: false });
+        self.answered.push(Answered { line, started, client, pid, name: None, timed, logged: false });
     }
 
     /// Whether attempts answered since the last `settle_answers` wait for it.
@@ -599,10 +611,10 @@ impl App {
                 self.history[pid.0 as usize].1.push(history::Attempt { server_us, ..a.line });
             }
             if a.logged {
-                let pool = match a.pid {
-                    _ if a.name.1 > 0 => &self.answered_names[a.name.0 as usize..a.name.1 as usize],
-                    Some(pid) => &*self.gov.pool(pid).name,
-                    None => continue,
+                let pool = match (a.name, a.pid) {
+                    (Some((start, end)), _) => &self.answered_names[start as usize..end as usize],
+                    (None, Some(pid)) => &*self.gov.pool(pid).name,
+                    (None, None) => continue,
                 };
                 self.log.record(&Record { server_us, ..record_of(pool, a.client, &a.line) });
             }
@@ -975,13 +987,12 @@ impl App {
         };
         let line =
             history::Attempt { epoch_ms: now.wall().0, status, error: Some(code), ..history::Attempt::default() };
-        // No pool is looked up: the line is the access log's only. A name
-        // that is not UTF-8 (a refused request line) is logged all the
-        // same, its stray bytes as U+FFFD; one spelled with percent-escapes
-        // is logged decoded, as a routed request's line names its pool.
+        // No pool is looked up: the line is the access log's only. One
+        // spelled with percent-escapes is logged decoded, as a routed
+        // request's line names its pool.
         let decoded = if pool.contains(&b'%') { route::decode_pool(pool).ok().flatten() } else { None };
-        let name = String::from_utf8_lossy(decoded.as_ref().map_or(pool, |name| name.as_bytes()));
-        self.record_attempt(None, Some(&name), peer, line, started, false);
+        let name = std::str::from_utf8(decoded.as_ref().map_or(pool, |name| name.as_bytes())).unwrap_or_default();
+        self.record_attempt(None, Some(logged_pool_name(name)), peer, line, started, false);
     }
 
     /// A `429` or `504` for an acquire, logged.

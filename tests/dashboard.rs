@@ -386,6 +386,48 @@ fn the_admin_token_guards_every_route_but_health() {
     assert_eq!(get(admin(&s), "/pools/no-such-pool", &bearer).status, 404);
 }
 
+/// `Expect: 100-continue` on the admin listener: a request its head alone
+/// refuses (no token, a foreign host, a method, an unknown route) gets that
+/// refusal at once, not `100 Continue`, and the connection closes without
+/// the body being asked for; a request it admits gets `100 Continue`.
+#[test]
+fn an_admin_refusal_decided_by_the_head_comes_before_the_body_is_asked_for() {
+    let guarded = TestServer::start(&demo_config(&format!(r#","adminToken":"{TOKEN}""#)));
+    let open = TestServer::start(&demo_config(""));
+    let bearer = format!("Authorization: Bearer {TOKEN}\r\n");
+    let expecting = |line: &str, host: &str, extra: &str| {
+        format!("{line} HTTP/1.1\r\nHost: {host}\r\n{extra}Expect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+    };
+    let cases = [
+        ("no token", &guarded, expecting("GET /metrics", "127.0.0.1", ""), 401, "unauthorized"),
+        ("no token, dashboard data", &guarded, expecting("GET /api/pools", "localhost", ""), 401, "unauthorized"),
+        ("a foreign host", &open, expecting("GET /metrics", "evil.example", ""), 403, "forbidden_host"),
+        ("a method", &guarded, expecting("POST /healthz", "localhost", ""), 405, "method_not_allowed"),
+        ("an unknown route", &guarded, expecting("GET /nope", "localhost", &bearer), 404, "not_found"),
+    ];
+    for (what, s, request, status, code) in cases {
+        let mut c = TcpStream::connect(admin(s)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(request.as_bytes()).unwrap();
+        let r = read_response(&mut c).expect("an answer");
+        assert_eq!(r.status, status, "{what}: {r:?}");
+        assert_eq!(r.error_code(), code, "{what}: {r:?}");
+        assert_eq!(r.header("connection"), Some("close"), "{what}: {r:?}");
+        assert_secured(&r, what);
+        assert!(common::is_closed(&mut c), "{what}: the body is never read");
+    }
+    // Admitted: the body is asked for, then the answer comes.
+    let mut c = TcpStream::connect(admin(&guarded)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(expecting("GET /metrics", "localhost", &bearer).as_bytes()).unwrap();
+    let interim = read_response(&mut c).expect("an interim answer");
+    assert_eq!(interim.status, 100, "{interim:?}");
+    c.write_all(b"{}").unwrap();
+    let r = read_response(&mut c).expect("an answer");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(String::from_utf8_lossy(&r.body).contains("nthpool_connections_open"), "{r:?}");
+}
+
 /// Without `adminToken` the listener is loopback-only, but a page of another
 /// site can reach it from a browser on this machine once its name resolves
 /// to 127.0.0.1 (DNS rebinding). Its requests name that site in `Host`: the

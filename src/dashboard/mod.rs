@@ -92,10 +92,10 @@ fn names_this_machine(name: &[u8]) -> bool {
 }
 
 /// Answers the dashboard's routes and refuses what the token does not
-/// allow; returns false for routes left to the caller (`/healthz`,
-/// `/metrics`, unknown ones), which are then authorized already. Only GET
-/// and HEAD reach here.
-pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
+/// allow, returning the status written; `None` for routes left to the
+/// caller (`/healthz`, `/metrics`, unknown ones), which are then authorized
+/// already. Only GET and HEAD reach here.
+pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> Option<Status> {
     let path = path_without_query(head.path_str());
     let asset = |out: &mut Vec<u8>, kind: &[u8], body: &[u8]| {
         let mut w = start(out, Status::Ok);
@@ -109,12 +109,12 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         "/assets/app.js" => Some((&b"text/javascript; charset=utf-8"[..], APP_JS)),
         "/assets/app.css" => Some((&b"text/css; charset=utf-8"[..], APP_CSS)),
         "/assets/icon.svg" => Some((&b"image/svg+xml"[..], ICON_SVG)),
-        "/healthz" => return false,
+        "/healthz" => return None,
         _ => None,
     };
     if let Some((kind, body)) = shell {
         asset(out, kind, body);
-        return true;
+        return Some(Status::Ok);
     }
     if let Some(name) = pool_name(path, "/pools/") {
         // An escape that can name no pool is refused whoever asks: it
@@ -123,7 +123,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
             Ok(shown) => shown,
             Err(e) => {
                 error(out, Status::BadRequest, "bad_request", e.message(), close);
-                return true;
+                return Some(Status::BadRequest);
             }
         };
         // The shell holds no data: without the token, any pool name gets it,
@@ -135,7 +135,7 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
             // JSON error every other admin refusal is.
             if !accepts_html(head) {
                 error(out, Status::NotFound, "not_found", "No such pool.", close);
-                return true;
+                return Some(Status::NotFound);
             }
             Status::NotFound
         } else {
@@ -144,20 +144,20 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
         let mut w = start(out, status);
         w.header(b"Content-Type", b"text/html; charset=utf-8");
         w.finish(INDEX_HTML, close);
-        return true;
+        return Some(status);
     }
     match access(head, app) {
         Access::Granted => {}
         Access::NoToken => {
             let message = "This admin route needs Authorization: Bearer <adminToken>.";
             error(out, Status::Unauthorized, "unauthorized", message, close);
-            return true;
+            return Some(Status::Unauthorized);
         }
         Access::ForeignHost => {
             let message = "Without adminToken the admin listener answers requests addressed to localhost or an IP \
                 address only; set adminToken to reach it under a host name.";
             error(out, Status::Forbidden, "forbidden_host", message, close);
-            return true;
+            return Some(Status::Forbidden);
         }
     }
     let body = match path {
@@ -166,17 +166,17 @@ pub fn handle(head: &Head, app: &App, out: &mut Vec<u8>, close: bool) -> bool {
             Some(Ok(Some(pid))) => pool_json(app, pid, head.host),
             Some(Ok(None)) => {
                 error(out, Status::NotFound, "not_found", "No such pool.", close);
-                return true;
+                return Some(Status::NotFound);
             }
             Some(Err(e)) => {
                 error(out, Status::BadRequest, "bad_request", e.message(), close);
-                return true;
+                return Some(Status::BadRequest);
             }
-            None => return false,
+            None => return None,
         },
     };
     start(out, Status::Ok).finish_json(body.to_string().as_bytes(), close);
-    true
+    Some(Status::Ok)
 }
 
 /// Whether the client asks for HTML (`Accept: text/html`, as a browser

@@ -94,10 +94,12 @@ impl Server {
                 }
                 Body::Incomplete => {
                     let pending: &mut PendingBody = conn.pending.as_mut().expect("an incomplete body is pending");
-                    // No admin route is decided by its head alone.
                     if head.expect_continue && !pending.continue_sent {
                         pending.continue_sent = true;
-                        conn.output.extend_from_slice(CONTINUE);
+                        let (start, head_request) = (conn.output.len(), head.method == Method::Head);
+                        if refused_at_head(&head, app, (stats, metrics_len), &mut conn.output, now.ms) {
+                            close_refused(conn, start, head_request);
+                        }
                     }
                     break;
                 }
@@ -124,14 +126,41 @@ impl Server {
     }
 }
 
-/// Answers one admin request into `out`; `metrics` are the reactor's
-/// counters and the length of the last scrape's text, updated by this one.
-pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut usize), out: &mut Vec<u8>, close: bool, now: Ms) {
+/// `Expect: 100-continue` on a request whose body has not all arrived. No
+/// admin route reads a body, so its head decides the answer: a refusal
+/// (a method, the token, the host, an unknown route) is written to `out`
+/// at once (`true`: the connection closes, the body unread, RFC 9110
+/// §10.1.1); any other answer waits for the body, asked for with
+/// `100 Continue`. The answer written to judge it is then taken back, and
+/// written again once the body is in.
+#[cold]
+fn refused_at_head(head: &Head, app: &App, metrics: (&ServerStats, &mut usize), out: &mut Vec<u8>, now: Ms) -> bool {
+    let start = out.len();
+    if handle(head, app, metrics, out, true, now).code() >= 400 {
+        return true;
+    }
+    out.truncate(start);
+    out.extend_from_slice(CONTINUE);
+    false
+}
+
+/// Answers one admin request into `out`, returning the status written;
+/// `metrics` are the reactor's counters and the length of the last scrape's
+/// text, updated by this one.
+pub fn handle(
+    head: &Head,
+    app: &App,
+    metrics: (&ServerStats, &mut usize),
+    out: &mut Vec<u8>,
+    close: bool,
+    now: Ms,
+) -> Status {
     // `OPTIONS *` asks what the server as a whole supports (RFC 9110 §9.3.7).
     if head.path == b"*" {
         let mut w = dashboard::start(out, Status::Ok);
         w.header(b"Allow", b"GET, HEAD");
-        return w.finish(b"", close);
+        w.finish(b"", close);
+        return Status::Ok;
     }
     let path = crate::api::proxy::path_without_query(head.path_str());
     let is_route = |path: &str| matches!(path, "/healthz" | "/metrics") || crate::dashboard::is_route(path);
@@ -146,13 +175,14 @@ pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut usize), out: 
         let mut w = dashboard::start(out, Status::MethodNotAllowed);
         w.header(b"Allow", b"GET, HEAD");
         w.finish_json(&body, close);
-        return;
+        return Status::MethodNotAllowed;
     }
     if let Some(route) = with_slash {
-        return dashboard::redirect(out, route, head.path_str(), close);
+        dashboard::redirect(out, route, head.path_str(), close);
+        return Status::PermanentRedirect;
     }
-    if crate::dashboard::handle(head, app, out, close) {
-        return;
+    if let Some(status) = crate::dashboard::handle(head, app, out, close) {
+        return status;
     }
     match path {
         // Still 200 while re-adopting: the holders' renewals must reach this
@@ -160,9 +190,13 @@ pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut usize), out: 
         // the window into lost slots); the body tells an operator why
         // acquires are refused.
         "/healthz" if app.recovering(now) => {
-            dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"recovering\"}", close)
+            dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"recovering\"}", close);
+            Status::Ok
         }
-        "/healthz" => dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close),
+        "/healthz" => {
+            dashboard::start(out, Status::Ok).finish_json(b"{\"status\":\"ok\"}", close);
+            Status::Ok
+        }
         "/metrics" => {
             let (stats, last_len) = metrics;
             // The text is rendered straight into the answer, then moved past
@@ -182,11 +216,13 @@ pub fn handle(head: &Head, app: &App, metrics: (&ServerStats, &mut usize), out: 
             out.extend_from_slice(&text_head);
             out.copy_within(start..start + len, start + text_head.len());
             out[start..start + text_head.len()].copy_from_slice(&text_head);
+            Status::Ok
         }
         _ => {
             let mut body = Vec::new();
             error_body(&mut body, "not_found", "No such route.");
             dashboard::start(out, Status::NotFound).finish_json(&body, close);
+            Status::NotFound
         }
     }
 }

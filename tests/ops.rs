@@ -824,6 +824,31 @@ fn sigterm_answers_an_http_1_0_keep_alive_waiter_kept_alive_when_more_follows() 
     assert!(status.success(), "exit status {status}");
 }
 
+/// A waiter cut short by the stop with requests pipelined behind it: they
+/// are answered in order, and the last answer before the close says
+/// `Connection: close` (RFC 9112 §9.6), the ones before it do not.
+#[test]
+fn sigterm_says_close_in_the_last_answer_pipelined_behind_a_waiter() {
+    let mut s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":60000}"#, ""));
+    s.acquire("", "").slot();
+    let mut waiter = s.connect();
+    let mut raw = post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":60000}"#);
+    raw.extend_from_slice(b"GET /x HTTP/1.1\r\nHost: localhost\r\n\r\nGET /y HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    waiter.write_all(&raw).unwrap();
+    eventually(&s, "the waiter queued", |m| m.pool("nthpool_waiters", "p") == 1.0);
+
+    s.signal("TERM");
+    let r = read_response(&mut waiter).expect("the waiter is answered");
+    assert_eq!((r.status, r.header("connection")), (503, None), "more follows: {r:?}");
+    let r = read_response(&mut waiter).expect("the first request behind it is answered");
+    assert_eq!((r.status, r.header("connection")), (404, None), "more follows: {r:?}");
+    let r = read_response(&mut waiter).expect("the last request behind it is answered");
+    assert_eq!((r.status, r.header("connection")), (404, Some("close")), "the last answer: {r:?}");
+    assert!(is_closed(&mut waiter), "and its connection closed");
+    let status = wait_for_exit(&mut s, Duration::from_secs(3));
+    assert!(status.success(), "exit status {status}");
+}
+
 /// A request whose head came before the stop and whose body comes during
 /// its grace is answered (then the connection closes), not dropped: a
 /// release the caller sent is done, and counted as answered, not cut.

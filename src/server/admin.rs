@@ -108,7 +108,7 @@ impl Server {
                     break;
                 }
             };
-            let close = !head.keep_alive || conn.last_request;
+            let close = !head.keep_alive || conn.last_request || conn.stopping && consumed == data.len();
             let start = conn.output.len();
             handle(&head, app, (stats, metrics_len), &mut conn.output, close, now.ms);
             if head.method == Method::Head || !head.http11 {

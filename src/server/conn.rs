@@ -264,6 +264,10 @@ pub struct Conn {
     /// answered (with `Connection: close`) if it completes within the
     /// grace, and the connection then closes.
     pub last_request: bool,
+    /// A stop began: the requests it had read are answered, and the one
+    /// that ends its input is the last, its answer saying `Connection:
+    /// close` (RFC 9112 §9.6); those before it keep the connection for it.
+    pub stopping: bool,
     pub last_active: Ms,
     pub out_since: Ms,
     pub timer: Option<(Ms, TimerKey)>,
@@ -307,6 +311,7 @@ impl Conn {
             hangup: false,
             request_started: None,
             last_request: false,
+            stopping: false,
             last_active: now,
             out_since: now,
             timer: None,

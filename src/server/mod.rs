@@ -1005,13 +1005,15 @@ impl Server {
     }
 
     /// Every request already read is answered: a waiter gets its 503, then
-    /// what was pipelined behind it runs. Then the connection closes; one in
+    /// what was pipelined behind it runs, the last answer saying the
+    /// connection closes (`Conn::stopping`). Then the connection closes; one in
     /// a proxied exchange closes once the exchange ends (`end_exchange` lists
     /// it in `stopping`), or is cut at the end of the grace (`cut_exchanges`).
     fn shut_down_client(&mut self, id: ConnId) {
         let (now, turn) = (self.now, self.turn);
         if let Some(conn) = client_mut(&mut self.conns, id) {
             conn.lift_budget(turn);
+            conn.stopping = true;
         }
         self.process(id);
         while let Some(conn) = client_mut(&mut self.conns, id) {

@@ -156,6 +156,7 @@ impl Server {
                     break;
                 }
             };
+            let ctx = Ctx { close: ctx.close || conn.stopping && consumed == data.len(), ..ctx };
             let handled = app.handle(&ctx, head, body, &mut conn.output, &mut conn.verdicts);
             let mut http10_keep_alive = false;
             if head_request || !head.http11 {

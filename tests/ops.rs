@@ -1010,6 +1010,43 @@ fn a_reload_moving_the_files_listen_under_a_listen_override_says_nothing() {
     assert_eq!(waits(&s.log()), 1, "{}", s.log());
 }
 
+/// The warning that new listener addresses wait for a restart compares
+/// with what is bound: a reload that goes back to the bound addresses
+/// (after one that moved them) says nothing, one that still names another
+/// address says it again.
+#[test]
+fn a_reload_back_to_the_bound_addresses_says_nothing_of_a_restart() {
+    let waits = |s: &TestServer| s.log().matches("take effect at the next restart").count();
+    // Started on the file's `listen`: the lock listener, the admin listener
+    // and a pool's own listener (none at start).
+    let (listen, elsewhere) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let on = |listen: &str, admin: &str, pool: &str| {
+        config(pool, &format!(r#""listen":"{listen}""#)).replacen(
+            r#""adminListen":"127.0.0.1:0""#,
+            &format!(r#""adminListen":"{admin}""#),
+            1,
+        )
+    };
+    let upstream = format!(r#""upstream":{{"url":"http://127.0.0.1:9","listen":"127.0.0.1:{}"}}"#, free_port());
+    let bound = on(&listen, "127.0.0.1:0", "");
+    let dir = scratch_dir();
+    let path = write_config(&dir, &bound);
+    let s = TestServer::start_with_args_logged(dir, path.into(), &[FILE_LISTEN], "warn");
+    let moved = [
+        on(&elsewhere, "127.0.0.1:0", ""),
+        on(&listen, &format!("127.0.0.1:{}", free_port()), ""),
+        on(&listen, "127.0.0.1:0", &upstream),
+    ];
+    for (i, other) in moved.iter().enumerate() {
+        s.reload(other);
+        assert_eq!(waits(&s), 2 * i + 1, "moved: {}", s.log());
+        s.reload(other);
+        assert_eq!(waits(&s), 2 * i + 2, "still not what is bound: {}", s.log());
+        s.reload(&bound);
+        assert_eq!(waits(&s), 2 * i + 2, "back to what is bound: {}", s.log());
+    }
+}
+
 /// A SIGHUP while the configuration is still being read (a large one takes
 /// a while; here the file is a pipe written late) does not end the process,
 /// which systemd would count as a clean exit: the reload it asks for is done

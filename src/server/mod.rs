@@ -186,8 +186,10 @@ pub struct Server {
     signals: Signals,
     /// The file SIGHUP re-reads; `None` for the embedded configuration.
     config_path: Option<PathBuf>,
-    /// The listener addresses as last configured, to warn when a reload changes them.
-    configured_listen: Listening,
+    /// The listener addresses bound at start, as the configuration (and
+    /// `--listen`) named them: a reload that names others is told they wait
+    /// for a restart, one that names these again is not.
+    bound_listen: Listening,
     /// `--listen`, in place of the file's `listen`: a reload is checked
     /// against it as the next start with the same command line would be.
     listen_override: Option<SocketAddr>,
@@ -348,7 +350,7 @@ impl Server {
             admin,
             signals,
             config_path,
-            configured_listen: Listening::of(config, listen_override),
+            bound_listen: Listening::of(config, listen_override),
             listen_override,
             conns: Slab::with_capacity(1024),
             over_capacity: Vec::new(),
@@ -666,12 +668,10 @@ impl Server {
                 if let Some(resolver) = self.proxy.resolver.as_mut() {
                     resolver.reconfigure(config.resolver.policy(), config.resolver.nameservers());
                 }
-                let listen = Listening::of(&config, self.listen_override);
-                if listen != self.configured_listen {
+                if Listening::of(&config, self.listen_override) != self.bound_listen {
                     warn!(
                         "reload: new `listen`, `adminListen` or pool `upstream.listen` addresses take effect at the next restart"
                     );
-                    self.configured_listen = listen;
                 }
                 if self.app.reconfigure_state(&mut self.persistence, &config, path, self.now) {
                     // A new interval counts from the reload.
@@ -1467,7 +1467,7 @@ impl Server {
 }
 
 /// The addresses a configuration listens on: bound at start only, so a
-/// reload that changes them is told to need a restart.
+/// reload that names others than the start's is told to need a restart.
 #[derive(PartialEq, Eq)]
 struct Listening {
     listen: String,

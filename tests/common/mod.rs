@@ -99,8 +99,18 @@ impl TestServer {
 
     /// `start_with`, the server's log written as by `start_logged` (anew).
     pub fn start_with_logged(dir: Scratch, config_path: PathBuf, log_level: &str) -> TestServer {
+        Self::start_with_args_logged(dir, config_path, &[], log_level)
+    }
+
+    /// `start_with_logged` with `start_with`'s `extra_args`.
+    pub fn start_with_args_logged(
+        dir: Scratch,
+        config_path: PathBuf,
+        extra_args: &[&str],
+        log_level: &str,
+    ) -> TestServer {
         let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
-        Self::spawn(dir, config_path, &[], Stdio::from(log), log_level)
+        Self::spawn(dir, config_path, extra_args, Stdio::from(log), log_level)
     }
 
     /// `start_logged`, the server started with at most `nofile` open

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use nthpool::api::pool_settings;
 use nthpool::config::Config;
 use nthpool::governor::{
-    Admission, Entropy, Governor, Notice, Outcome, PoolId, PoolSettings, RateInfo, RenewError, WaiterKey,
+    Admission, Entropy, Governor, Leaving, Notice, Outcome, PoolId, PoolSettings, RateInfo, RenewError, WaiterKey,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -626,9 +626,9 @@ impl Model {
                 let (key, owner) = (self.waiters[w].key, self.waiters[w].owner);
                 if wrong_owner {
                     // Owners are unique, so this one owns nothing.
-                    g.cancel_waiter(key, owner ^ (1 << 63));
+                    g.cancel_waiter(key, owner ^ (1 << 63), Leaving::ClientGone);
                 } else {
-                    g.cancel_waiter(key, owner);
+                    g.cancel_waiter(key, owner, Leaving::ClientGone);
                     if self.waiters[w].state == WaiterState::Waiting {
                         self.waiters[w].state = WaiterState::Cancelled;
                         let pool = self.waiters[w].pool;
@@ -729,7 +729,7 @@ impl Model {
         self.step += 1;
         for w in 0..self.waiters.len() {
             if self.waiters[w].state == WaiterState::Waiting {
-                g.cancel_waiter(self.waiters[w].key, self.waiters[w].owner);
+                g.cancel_waiter(self.waiters[w].key, self.waiters[w].owner, Leaving::ClientGone);
                 self.waiters[w].state = WaiterState::Cancelled;
                 let pool = self.waiters[w].pool;
                 self.queues[pool].retain(|&x| x != w);

@@ -1231,3 +1231,35 @@ fn a_state_file_that_is_not_a_regular_file_is_refused() {
     use std::os::unix::fs::FileTypeExt;
     assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the pipe is where it was");
 }
+
+/// `nthpool_waiters_gone_total` counts the waiters whose client went away,
+/// not those the server answered: one a reload refused (its key removed)
+/// and one a stop answered `503`, a count the snapshot carries to the next
+/// start. Both count by their status in `nthpool_rejections_total`.
+#[test]
+fn waiters_the_server_answered_are_not_counted_as_gone() {
+    const FRESH: &str = "fresh-key-0002";
+    let keyed =
+        |key: &str| config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":60000}"#, "").replacen(KEY, key, 1);
+    let gone = |s: &TestServer| metric(s, r#"nthpool_waiters_gone_total{pool="p"}"#);
+    let queue = |s: &TestServer, key: &str| {
+        let mut c = s.connect();
+        c.write_all(&post("/pools/p/lock/acquire", key, "", r#"{"waitMs":60000}"#)).unwrap();
+        eventually("the waiter queued", || metric(s, r#"nthpool_waiters{pool="p"}"#) == 1);
+        c
+    };
+    let s = TestServer::start(&keyed(KEY));
+    s.acquire("", "").slot();
+    let mut refused = queue(&s, KEY);
+    s.reload(&keyed(FRESH));
+    let r = read_response(&mut refused).expect("the waiter is answered");
+    assert_eq!(r.status, 401, "{r:?}");
+    assert_eq!(gone(&s), 0, "refused by the reload, not gone");
+    assert_eq!(metric(&s, r#"nthpool_rejections_total{pool="p",code="401"}"#), 1);
+    let mut stopped = queue(&s, FRESH);
+    let kept = stop(s, "TERM");
+    let r = read_response(&mut stopped).expect("the waiter is answered");
+    assert_eq!(r.status, 503, "{r:?}");
+    let s = restart(kept);
+    assert_eq!(gone(&s), 0, "answered by the stop, not gone");
+}

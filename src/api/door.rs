@@ -13,7 +13,7 @@ use crate::accesslog;
 use crate::config::Config;
 use crate::governor::history::Attempts;
 use crate::governor::lease::SlotId;
-use crate::governor::{Denial, Grant, Notice, PoolId};
+use crate::governor::{Denial, Grant, Leaving, Notice, PoolId};
 use crate::http::response::Status;
 use crate::state::Persistence;
 use crate::time::{Epoch, Ms, Now};
@@ -255,7 +255,7 @@ impl App {
     /// governor answered it already and that answer is on its way as an
     /// `Event::Answer`.
     pub fn withdraw(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) -> bool {
-        let Some(denial) = self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms) else {
+        let Some(denial) = self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms, Leaving::ClientGone) else {
             return false;
         };
         if queued.proxied {
@@ -272,7 +272,7 @@ impl App {
     /// known. It leaves the queue, and is answered `400` (the connection
     /// closes, what was pipelined unanswered). `false` when it no longer waits.
     pub fn refuse_deep_waiter(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now) -> bool {
-        if self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms).is_none() {
+        if self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms, Leaving::Answered).is_none() {
             return false;
         }
         let error = ApiError::BadRequest(

@@ -28,7 +28,7 @@ use crate::governor::idempotency::IdemKey;
 pub use crate::governor::lease::SlotId;
 /// The governor's types the reactor handles, through this one door.
 pub use crate::governor::{Admission, Entropy, Grant, PoolId};
-use crate::governor::{Denial, DenyReason, Governor, RenewError, WaiterKey};
+use crate::governor::{Denial, DenyReason, Governor, Leaving, RenewError, WaiterKey};
 use crate::http::request::{Head, Method};
 use crate::http::response::{json_u64, push_u64, Status, Writer};
 use crate::metrics::Histogram;
@@ -770,7 +770,7 @@ impl App {
     /// A queued acquire cut short by shutdown: `503` with `Retry-After`,
     /// logged with the time it waited; `close` when nothing was pipelined behind it.
     pub fn answer_shutdown(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now, close: bool) {
-        self.gov.cancel_waiter(queued.key, conn.owner());
+        self.gov.cancel_waiter(queued.key, conn.owner(), Leaving::Answered);
         self.answer_queued_error(out, &queued.attempt, now, SHUTTING_DOWN, close);
     }
 
@@ -908,7 +908,7 @@ impl App {
         } else {
             ApiError::from(creds.access.check_address(queued.attempt.client).err()?)
         };
-        self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms)?;
+        self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms, Leaving::Answered)?;
         Some(error)
     }
 
@@ -916,7 +916,7 @@ impl App {
     /// leaves the queue, and its log line says `client_gone` with status 499
     /// (no answer was sent) and the time it waited.
     pub fn waiter_gone(&mut self, queued: &Queued, conn: ConnId, now: Now) {
-        self.gov.cancel_waiter(queued.key, conn.owner());
+        self.gov.cancel_waiter(queued.key, conn.owner(), Leaving::ClientGone);
         if queued.proxied {
             // Logged when its exchange ends.
             self.observe_queued_end(&queued.attempt, now.wall(), CLIENT_GONE_STATUS, "client_gone", false);

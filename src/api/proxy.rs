@@ -8,7 +8,7 @@ use crate::accesslog::Proxied;
 use crate::config::upstream::Upstream;
 use crate::governor::history;
 use crate::governor::lease::SlotId;
-use crate::governor::{Admission, Denial, DenyReason, Grant, Ms, Outcome, PoolId};
+use crate::governor::{Admission, Denial, DenyReason, Grant, Leaving, Ms, Outcome, PoolId};
 use crate::http::request::{BodyFraming, Head};
 use crate::http::response::Status;
 use crate::time::{EpochMs, Now};
@@ -235,7 +235,7 @@ impl App {
             WaitEnd::Superseded => ApiError::Superseded,
             WaitEnd::Refused(error) => error,
             WaitEnd::ShuttingDown => {
-                self.gov.cancel_waiter(queued.key, conn.owner());
+                self.gov.cancel_waiter(queued.key, conn.owner(), Leaving::Answered);
                 SHUTTING_DOWN
             }
         };

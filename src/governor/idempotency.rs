@@ -179,6 +179,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::governor::Leaving;
 
     #[test]
     fn keys_are_bounded_printable_and_scoped_by_credential() {
@@ -278,7 +279,7 @@ mod tests {
         assert!(matches!(g.pop_notice(), Some(Notice::Superseded { owner: 2 })));
         assert_eq!(g.pool(p).queue.len(), 2);
         // The earlier owner can no longer cancel it.
-        g.cancel_waiter(w, 2);
+        g.cancel_waiter(w, 2, Leaving::ClientGone);
         assert_eq!(g.pool(p).queue.len(), 2);
         assert!(g.release(p, &holder.encode(), None, 20));
         let Some(Notice::Granted { owner: 4, grant }) = g.pop_notice() else { panic!("the retry is granted first") };
@@ -295,7 +296,7 @@ mod tests {
         assert!(matches!(g.pop_notice(), Some(Notice::TimedOut { owner: 2, .. })));
         assert_eq!(g.pool(p).idem.len(), 1, "a timed-out waiter's key expires");
         let Ok(Admission::Queued(w2)) = g.acquire_keyed(p, &key("q"), 100, 4, 100) else { panic!("queued") };
-        g.cancel_waiter(w2, 4);
+        g.cancel_waiter(w2, 4, Leaving::ClientGone);
         assert_eq!(g.pool(p).idem.len(), 1, "a cancelled waiter's key expires");
         let _ = w;
         assert!(matches!(g.acquire_keyed(p, &key("new"), 0, 5, 100), Ok(Admission::Denied(_))));

@@ -110,6 +110,16 @@ pub struct Denial {
     pub signals: Signals,
 }
 
+/// Why a waiter leaves its queue other than by a grant or its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leaving {
+    /// Its client went away, or half-closed: `PoolStats::waiters_gone`.
+    ClientGone,
+    /// The server answers it: a stop, a reload that no longer admits it, a
+    /// pipeline deeper than its connection buffers. Counted by that answer.
+    Answered,
+}
+
 #[derive(Debug)]
 pub enum Admission {
     Granted(Grant),
@@ -646,9 +656,9 @@ impl<T: Copy> Governor<T> {
         self.leases.get(idx).filter(|lease| secret_eq(&lease.id.0, &slot.0)).map(|_| idx)
     }
 
-    /// Drops a queued acquire whose client went away. Checking the owner
-    /// makes a stale key harmless.
-    pub fn cancel_waiter(&mut self, key: WaiterKey, owner: u64) {
+    /// Drops a queued acquire, for `why`; only a client that went away is
+    /// counted as gone. Checking the owner makes a stale key harmless.
+    pub fn cancel_waiter(&mut self, key: WaiterKey, owner: u64, why: Leaving) {
         let Some(w) = self.waiters.get(key) else {
             return;
         };
@@ -662,16 +672,19 @@ impl<T: Copy> Governor<T> {
         if w.idem != NO_KEY {
             pool.idem.remove(w.idem);
         }
-        pool.stats.waiters_gone += 1;
+        if why == Leaving::ClientGone {
+            pool.stats.waiters_gone += 1;
+        }
     }
 
-    /// Takes a queued acquire out of the queue because its client will send
-    /// nothing more (a half-close), returning the `504` it is answered with
-    /// so the requests pipelined behind it can be answered in order.
-    pub fn withdraw_waiter(&mut self, key: WaiterKey, owner: u64, now: Ms) -> Option<Denial> {
+    /// Takes a queued acquire out of the queue, for `why`, before it is
+    /// answered: its client will send nothing more (a half-close, answered
+    /// `504` with the returned denial, so the requests pipelined behind it
+    /// can be answered in order), or the server refuses it.
+    pub fn withdraw_waiter(&mut self, key: WaiterKey, owner: u64, now: Ms, why: Leaving) -> Option<Denial> {
         let w = self.waiters.get(key).filter(|w| w.owner == owner)?;
         let (pid, enqueued_at) = (w.pool, w.enqueued_at);
-        self.cancel_waiter(key, owner);
+        self.cancel_waiter(key, owner, why);
         Some(self.left_queue(pid, now - enqueued_at, now))
     }
 

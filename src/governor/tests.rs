@@ -281,15 +281,32 @@ fn zero_wait_or_zero_queue_timeout_fails_fast() {
     assert_eq!(d.reason, DenyReason::Concurrency);
 }
 
+/// `waiters_gone` counts the waiters whose client went away (or
+/// half-closed), not those the server answered (a stop, a reload's
+/// recheck, a pipeline too deep).
+#[test]
+fn only_a_waiter_whose_client_went_away_counts_as_gone() {
+    let (mut g, p) = governor(r#","concurrency":1,"adaptive":false"#);
+    granted(g.acquire(p, 0, 1, 0));
+    let keys: Vec<WaiterKey> = (2..=5).map(|owner| queued(g.acquire(p, 5000, owner, 0))).collect();
+    g.cancel_waiter(keys[0], 2, Leaving::ClientGone);
+    g.cancel_waiter(keys[1], 3, Leaving::Answered);
+    assert!(g.withdraw_waiter(keys[2], 4, 10, Leaving::ClientGone).is_some());
+    assert!(g.withdraw_waiter(keys[3], 5, 10, Leaving::Answered).is_some());
+    assert_eq!(g.signals(p, 10).queue_depth, 0);
+    assert_eq!(g.pool(p).stats.waiters_gone, 2);
+    assert_eq!(g.pool(p).stats.queue_timeouts, 0);
+}
+
 #[test]
 fn a_cancelled_waiter_is_never_granted_and_leaks_nothing() {
     let (mut g, p) = governor(r#","concurrency":1,"adaptive":false"#);
     let a = granted(g.acquire(p, 0, 1, 0));
     let k2 = queued(g.acquire(p, 5000, 2, 0));
     queued(g.acquire(p, 5000, 3, 0));
-    g.cancel_waiter(k2, 999); // wrong owner: no effect
+    g.cancel_waiter(k2, 999, Leaving::ClientGone); // wrong owner: no effect
     assert_eq!(g.signals(p, 0).queue_depth, 2);
-    g.cancel_waiter(k2, 2);
+    g.cancel_waiter(k2, 2, Leaving::ClientGone);
     assert_eq!(g.signals(p, 0).queue_depth, 1);
     g.release(p, &id(&a), None, 10);
     assert_eq!(granted_owners(&mut g), vec![3]);

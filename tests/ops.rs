@@ -1124,19 +1124,29 @@ fn a_reload_asked_for_while_starting_is_done_once_started() {
 
 /// The access log is appended to: named as the slot secret, the state file,
 /// its lock or the configuration, it would corrupt that file (a secret that
-/// no longer reads costs every later start its slots). Refused by
-/// `--check-config`, at start before any file is opened, and by a reload.
+/// no longer reads costs every later start its slots); named as the file a
+/// snapshot is written to before it is renamed, or the one a refused
+/// snapshot is moved to, it would be lost. Another name of one of them (a
+/// hard link) is the same file. Refused by `--check-config`, at start
+/// before any file is opened, and by a reload.
 #[test]
 fn an_access_log_that_is_a_file_the_server_keeps_is_refused() {
     let dir = scratch_dir();
     let secret = dir.join("nthpool.secret");
     std::fs::write(&secret, [7u8; 32]).unwrap();
     let logged = |log: &str| config("", "").replacen(r#""accessLog":null"#, &format!(r#""accessLog":"{log}""#), 1);
-    let cases: [(&str, &[&str]); 4] = [
+    write_config(&dir, &logged("access.log"));
+    std::fs::hard_link(dir.join("config.json"), dir.join("config-link.json")).unwrap();
+    std::fs::hard_link(&secret, dir.join("secret-link")).unwrap();
+    let cases: [(&str, &[&str]); 8] = [
         ("nthpool.secret", &["accessLog", "slot secret"]),
         ("./config.json", &["accessLog", "configuration file"]),
         ("nthpool.state", &["accessLog", "the state file"]),
         ("nthpool.state.lock", &["accessLog", "the state file's lock"]),
+        ("nthpool.state.tmp", &["accessLog", "nthpool.state.tmp", "temporary file"]),
+        ("nthpool.state.refused", &["accessLog", "nthpool.state.refused", "refused snapshot"]),
+        ("config-link.json", &["accessLog", "configuration file"]),
+        ("secret-link", &["accessLog", "slot secret"]),
     ];
     for (log, needles) in cases {
         let path = write_config(&dir, &logged(log));
@@ -1145,14 +1155,16 @@ fn an_access_log_that_is_a_file_the_server_keeps_is_refused() {
         assert_eq!(std::fs::read(&secret).unwrap(), [7u8; 32], "{log}: the secret was written");
         assert!(!dir.join("nthpool.state").exists(), "{log}: a state file was created");
     }
-    // A reload naming the secret is refused.
+    // A reload naming the secret, or the snapshot's temporary file, is refused.
     let path = write_config(&dir, &logged("access.log"));
     let s = TestServer::start_with(dir, path.into(), &[]);
     let refused = || s.metric("nthpool_config_reload_failures_total").expect("the reload failures counter");
-    let before = refused();
-    std::fs::write(&s.config_path, logged("nthpool.secret")).unwrap();
-    s.signal("HUP");
-    common::eventually("the reload refused", || refused() > before);
+    for log in ["nthpool.secret", "nthpool.state.tmp"] {
+        let before = refused();
+        std::fs::write(&s.config_path, logged(log)).unwrap();
+        s.signal("HUP");
+        common::eventually("the reload refused", || refused() > before);
+    }
     assert_eq!(std::fs::read(s.dir.join("nthpool.secret")).unwrap(), [7u8; 32], "the secret was written");
     assert!(s.dir.join("access.log").exists());
 }

@@ -211,9 +211,7 @@ impl Persistence {
     /// configuration rolled back, the old secret put back) would restore it
     /// with no window. Returns `why`, completed with where the file went.
     fn set_aside(&self, path: &Path, config_path: Option<&Path>, why: String) -> String {
-        let mut aside = path.as_os_str().to_owned();
-        aside.push(".refused");
-        let aside = PathBuf::from(aside);
+        let aside = refused_path(path);
         // Only a file: a directory or a device named as the state file is
         // the operator's (start-up refuses them; this guards the rename).
         if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
@@ -467,6 +465,13 @@ fn identity_of(meta: &std::fs::Metadata) -> (u64, u64) {
     (meta.dev(), meta.ino())
 }
 
+/// `<path>.refused`: where a refused snapshot at `path` is moved (`set_aside`).
+fn refused_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".refused");
+    PathBuf::from(name)
+}
+
 /// `<path>.lock`: the lock beside a state file `path`.
 fn lock_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
@@ -486,7 +491,9 @@ fn state_file_apart<'a>(path: &Path, others: impl IntoIterator<Item = (&'a Path,
 /// that is a file the server keeps: the configuration, the state file, its
 /// lock (which holds the terms record) or one of `kept`. Its lines appended
 /// to any of them would corrupt it, and a slot secret or a snapshot that
-/// no longer reads would cost the next start its slots.
+/// no longer reads would cost the next start its slots. Nor may it be the
+/// snapshot's temporary file, or where a refused snapshot is moved: each
+/// snapshot (each refusal) would replace it, the log lost.
 fn access_log_apart<'a>(
     config: &Config,
     config_path: &Path,
@@ -497,20 +504,28 @@ fn access_log_apart<'a>(
     };
     let state = state_path(config, Some(config_path));
     let lock = state.as_deref().map(lock_path);
+    let writing = state.as_deref().map(snapshot::temporary);
+    let aside = state.as_deref().map(refused_path);
     let mut files: Vec<(&Path, &str)> = kept.into_iter().collect();
     files.push((config_path, "the configuration file"));
     files.extend(state.as_deref().map(|p| (p, "the state file")));
     files.extend(lock.as_deref().map(|p| (p, "the state file's lock")));
+    files.extend(writing.as_deref().map(|p| (p, "the temporary file each snapshot is written to")));
+    files.extend(aside.as_deref().map(|p| (p, "where a refused snapshot is moved")));
     match files.into_iter().find(|(other, _)| same_file(log, other)) {
         Some((_, what)) => Err(format!("accessLog: {} is {what}; log to a file of its own", log.display())),
         None => Ok(()),
     }
 }
 
-/// Whether two paths name one file: compared by their directories as the
-/// file system resolves them (`./a` and `a`, a symlinked directory), or as
-/// written when a directory does not exist.
+/// Whether two paths name one file: by device and inode when both exist (a
+/// hard link is the file it links), else compared by their directories as
+/// the file system resolves them (`./a` and `a`, a symlinked directory), or
+/// as written when a directory does not exist.
 fn same_file(a: &Path, b: &Path) -> bool {
+    if file_id(a).is_some_and(|id| file_id(b) == Some(id)) {
+        return true;
+    }
     let resolved = |p: &Path| {
         let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.components().collect());

@@ -378,7 +378,7 @@ pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Sna
 }
 
 /// The temporary file `write_atomic` writes before renaming it over `path`.
-fn temporary(path: &Path) -> PathBuf {
+pub(super) fn temporary(path: &Path) -> PathBuf {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     tmp.into()

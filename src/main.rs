@@ -126,6 +126,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    // What `--check-config` refuses is refused here as it says it, naming
+    // the file, before the start opens or binds anything.
+    if let Some(path) = &args.config {
+        let checked = nthpool::api::check(&config).and_then(|()| nthpool::state::check_files(&config, path));
+        if let Err(e) = checked {
+            eprintln!("nthpool: {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
     let embedded = args.config.is_none();
     // With the access log on standard output, that stream holds JSON lines
     // only (a log shipper parses each): the banner goes to standard error.

@@ -1122,6 +1122,31 @@ fn a_reload_asked_for_while_starting_is_done_once_started() {
     assert!(text.lines().any(|l| l == "nthpool_config_reloads_total 1"), "{text}");
 }
 
+/// A configuration start-up refuses is named as `--check-config` names it,
+/// `nthpool: FILE: …`, with the same exit code: whichever step of the
+/// start finds it.
+#[test]
+fn start_up_names_the_file_of_a_configuration_it_refuses_as_check_config_does() {
+    let dir = scratch_dir();
+    let jwks = r#""access":{"cloudflareAccess":{"jwksFile":"absent.json","audience":"a","issuer":"https://t.cloudflareaccess.com"}}"#;
+    let unset = r#""upstream":{"url":"http://127.0.0.1:9","setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_TEST_NEVER_SET}"}}"#;
+    let cases: [(String, &str); 4] = [
+        (config(r#""access":{"ipAllow":["10.0.0.0/33"]}"#, ""), "pools.p.access.ipAllow"),
+        (config("", "").replacen(r#""accessLog":null"#, r#""accessLog":"config.json""#, 1), "accessLog"),
+        (config(jwks, ""), "absent.json"),
+        (config(unset, ""), "NTHPOOL_TEST_NEVER_SET"),
+    ];
+    for (json, needle) in cases {
+        let path = write_config(&dir, &json);
+        let checked = run(&dir, &["--check-config", &path]);
+        let started = run(&dir, &["--config", &path, "--listen", "127.0.0.1:0"]);
+        assert_fails_with(&checked, &[&format!("nthpool: {path}: "), needle]);
+        assert_eq!(started.stderr, checked.stderr, "{needle}: start-up and --check-config differ");
+        assert_eq!(started.status.code(), Some(2), "{needle}: {}", started.stderr);
+        assert_eq!(checked.status.code(), Some(2), "{needle}: {}", checked.stderr);
+    }
+}
+
 /// The access log is appended to: named as the slot secret, the state file,
 /// its lock or the configuration, it would corrupt that file (a secret that
 /// no longer reads costs every later start its slots); named as the file a

@@ -1122,6 +1122,66 @@ fn a_reload_asked_for_while_starting_is_done_once_started() {
     assert!(text.lines().any(|l| l == "nthpool_config_reloads_total 1"), "{text}");
 }
 
+/// A stop asked for while the configuration is still being read (here the
+/// file is a pipe written late) does not end the process as the signal's
+/// default action would: the server stops as soon as it is up, without
+/// serving, and exits 0.
+#[test]
+fn a_stop_asked_for_while_starting_ends_the_start_with_exit_0() {
+    for (sig, number) in [("TERM", 15), ("INT", 2), ("QUIT", 3)] {
+        let dir = scratch_dir();
+        let fifo = dir.join("config.json");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+            .args(["--config", "config.json", "--listen", "127.0.0.1:0"])
+            .current_dir(&dir)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Reading the pipe blocks until it is written: the signals are caught by then.
+        let caught = || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).unwrap_or("0").trim().to_string();
+            u64::from_str_radix(&mask, 16).unwrap_or(0) & 1 != 0
+        };
+        common::eventually("SIGHUP caught while the configuration is read", caught);
+        assert!(std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+        // Written once the signal has had its chance to end the process.
+        thread::sleep(Duration::from_millis(50));
+        let text = config("", "");
+        let writer = thread::spawn(move || {
+            let _ = std::fs::write(&fifo, &text);
+        });
+        let deadline = Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("SIG{sig} while starting: still running after {PATIENCE:?}");
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
+        assert_eq!(status.code(), Some(0), "SIG{sig} ({number}) while starting: {status}; log: {log}");
+        writer.join().unwrap();
+        assert!(log.contains("during start-up: stopping as soon as the server is up"), "{log}");
+        let mut banner = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut banner).unwrap();
+        assert!(!banner.contains("listening on"), "served after a stop was asked for: {banner}");
+    }
+}
+
 /// A configuration start-up refuses is named as `--check-config` names it,
 /// `nthpool: FILE: …`, with the same exit code: whichever step of the
 /// start finds it.

@@ -754,6 +754,10 @@ impl Server {
         if !self.ready_carry.is_empty() || !self.dirty.is_empty() || !self.stopping.is_empty() {
             return Some(Duration::ZERO);
         }
+        // Stopping with nothing left to answer (a stop asked for while starting): the next turn ends it.
+        if self.shutdown_at.is_some() && self.conns.len() == self.lingering {
+            return Some(Duration::ZERO);
+        }
         let now = self.now.ms;
         // A stopping server wakes at its deadline whatever else is (or is not) due.
         let wake = match (self.app.next_deadline(), self.shutdown_at) {
@@ -1555,26 +1559,37 @@ impl From<&Config> for Timeouts {
     }
 }
 
-/// SIGHUP, SIGUSR1 and SIGUSR2 that arrive while the server starts (a large
-/// configuration takes a while to read): by default each would end the
-/// process, which systemd counts as a clean exit and does not restart.
+/// Signals that arrive while the server starts (a large configuration
+/// takes a while to read): by default each would end the process, which
+/// systemd counts as a clean exit (SIGHUP, SIGUSR1, SIGUSR2) or which
+/// leaves no snapshot and no exit status of 0 (SIGTERM, SIGINT, SIGQUIT).
 /// Caught from the first line of `main`; a reload or a reopen asked for
-/// then is done once the server is up, before it serves. The default
-/// catches none (a server started in-process, as the bench tools do).
+/// then is done once the server is up, before it serves; a stop makes the
+/// server stop as soon as it is up, serving nothing. The default catches
+/// none (a server started in-process, as the bench tools do).
 #[derive(Default)]
 pub struct EarlySignals {
+    stop: Arc<AtomicBool>,
     reload: Arc<AtomicBool>,
     reopen: Arc<AtomicBool>,
 }
 
 impl EarlySignals {
     pub fn catch() -> Result<EarlySignals, String> {
-        let (reload, reopen) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-        for (signal, flag) in [(SIGHUP, &reload), (SIGUSR1, &reopen), (SIGUSR2, &Arc::default())] {
+        let early = EarlySignals::default();
+        let flags = [
+            (SIGTERM, &early.stop),
+            (SIGINT, &early.stop),
+            (SIGQUIT, &early.stop),
+            (SIGHUP, &early.reload),
+            (SIGUSR1, &early.reopen),
+            (SIGUSR2, &Arc::default()),
+        ];
+        for (signal, flag) in flags {
             signal_hook::flag::register(signal, Arc::clone(flag))
                 .map_err(|e| format!("cannot install signal handlers: {e}"))?;
         }
-        Ok(EarlySignals { reload, reopen })
+        Ok(early)
     }
 }
 
@@ -1589,6 +1604,11 @@ pub fn serve(
     on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>, &[(String, SocketAddr)]),
 ) -> Result<(), String> {
     let mut server = Server::bind(config, listen, config_path)?;
+    if early.stop.load(Ordering::Relaxed) {
+        info!("a stop was asked for during start-up: stopping as soon as the server is up");
+        server.begin_shutdown();
+        return server.run().map_err(|e| format!("event loop failed: {e}"));
+    }
     if early.reopen.load(Ordering::Relaxed) {
         info!("SIGUSR1 during start-up: reopening the access log");
         server.reopen_access_log();

@@ -15,10 +15,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
-use std::os::fd::AsFd;
 use std::os::unix::fs::FileTypeExt;
 
 use mio::unix::pipe::Sender;
+
+use crate::stdio::NonBlocking;
 
 use log::warn;
 
@@ -33,8 +34,8 @@ pub const FLUSH_INTERVAL_MS: u64 = 200;
 
 enum Sink {
     Off,
-    /// A duplicate of standard output, non-blocking (`NonBlockingStdout`).
-    Stdout(NonBlockingStdout),
+    /// A duplicate of standard output, non-blocking.
+    Stdout(NonBlocking),
     /// A named pipe (a log shipper reads it), opened for reading and
     /// writing so that opening it never waits for a reader, and written
     /// without blocking, as standard output is.
@@ -170,7 +171,7 @@ impl AccessLog {
         let sink = match path {
             None => Sink::Off,
             Some("-") => Sink::Stdout(
-                NonBlockingStdout::open().map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?,
+                NonBlocking::stdout().map_err(|e| format!("accessLog: cannot write to standard output: {e}"))?,
             ),
             Some(p) if std::fs::metadata(p).is_ok_and(|m| m.file_type().is_fifo()) => {
                 // Opened for writing only, a pipe without a reader would
@@ -266,7 +267,7 @@ impl AccessLog {
     /// standard output whose reader is slow (at shutdown). What a reader has
     /// not taken by then is dropped, counted and reported (its first line
     /// may be cut short where the reader stopped). Standard output stays
-    /// non-blocking while the log lives (`NonBlockingStdout`).
+    /// non-blocking while the log lives (`NonBlocking`).
     pub fn close(&mut self, until: std::time::Instant) {
         self.flush();
         while !self.buf.is_empty() && !self.failing && std::time::Instant::now() < until {
@@ -404,7 +405,8 @@ impl AccessLog {
         self.drop_torn_rest_if_moved();
         let (written, error) = match &mut self.sink {
             Sink::Off => (self.buf.len(), None),
-            Sink::Stdout(NonBlockingStdout(out)) | Sink::Fifo(out) => write_some(out, &self.buf),
+            Sink::Stdout(out) => write_some(out.sender(), &self.buf),
+            Sink::Fifo(out) => write_some(out, &self.buf),
             Sink::File(f) => write_some(f, &self.buf),
         };
         let Some(e) = error else {
@@ -478,36 +480,6 @@ fn say_unread_in_pipe(fifo: &Sender, when: &str) {
     let unread = rustix::io::ioctl_fionread(fifo).unwrap_or(0);
     if unread > 0 {
         warn!("access log: {unread} bytes were still in the named pipe at {when}, not yet read: lost unless a reader has it open");
-    }
-}
-
-/// Standard output, duplicated and non-blocking. The mode belongs to the
-/// open pipe or terminal, which standard error shares under `2>&1` or
-/// systemd's journal, and which the shell or the next program in a pipeline
-/// keeps using: the last of these to go sets it back to blocking, however
-/// the server ends (a stop, after its last line; a start that failed; a
-/// reload that was refused or moved the log to a file). Not earlier: a line
-/// the stop logs to a shared, stalled pipe would then block for good.
-pub struct NonBlockingStdout(Sender);
-
-/// How many `NonBlockingStdout`s live (a reload opens the next before the
-/// running one goes).
-static NON_BLOCKING_STDOUTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-impl NonBlockingStdout {
-    fn open() -> std::io::Result<NonBlockingStdout> {
-        let out = Sender::from(std::io::stdout().as_fd().try_clone_to_owned()?);
-        out.set_nonblocking(true)?;
-        NON_BLOCKING_STDOUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(NonBlockingStdout(out))
-    }
-}
-
-impl Drop for NonBlockingStdout {
-    fn drop(&mut self) {
-        if NON_BLOCKING_STDOUTS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed) == 1 {
-            let _ = self.0.set_nonblocking(false);
-        }
     }
 }
 

@@ -17,8 +17,9 @@
 //! - leaves: `wheel` (the one hierarchical timer wheel), `time` (the units of
 //!   time and the one monotonic → wall conversion), `calendar` (date
 //!   arithmetic), `ct` (constant-time comparison), `files` (the bounded
-//!   read of a file the configuration names) and `metrics` (the histograms
-//!   and the Prometheus text, rendered from plain data).
+//!   read of a file the configuration names), `metrics` (the histograms
+//!   and the Prometheus text, rendered from plain data) and `stdio`
+//!   (standard output and error written without blocking).
 //!
 //! The README's code map lists every module and the table in
 //! `tests/layers.rs` every import between them.
@@ -41,5 +42,6 @@ pub mod proxy;
 pub mod report;
 pub mod server;
 pub mod state;
+pub mod stdio;
 pub mod time;
 pub mod wheel;

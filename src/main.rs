@@ -101,7 +101,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Through `stdio`, which writes standard error without blocking while the server runs.
+    let mut logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    logger.target(env_logger::Target::Pipe(Box::new(nthpool::stdio::LogWriter)));
+    // A pipe target is not coloured by default: a terminal keeps its colours.
+    let plain = ["RUST_LOG_STYLE", "NO_COLOR"].iter().any(|v| std::env::var_os(v).is_some());
+    if !plain && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        logger.write_style(env_logger::WriteStyle::Always);
+    }
+    logger.init();
     let args = match parse_args() {
         Ok(Some(args)) => args,
         Ok(None) => return ExitCode::SUCCESS,
@@ -139,6 +147,9 @@ fn main() -> ExitCode {
     // With the access log on standard output, that stream holds JSON lines
     // only (a log shipper parses each): the banner goes to standard error.
     let banner_to_stderr = config.access_log.as_deref() == Some("-");
+    // Standard error is non-blocking while the server runs, and blocking
+    // again (when standard output is not the access log's) for the last line below.
+    let stderr = nthpool::stdio::StderrLog::begin();
     let result = server::serve(&config, args.listen, args.config.clone(), early, |addr, admin, proxies| {
         // Said once the start can no longer fail: a failed one says only why.
         for caution in config.cautions() {
@@ -161,12 +172,13 @@ fn main() -> ExitCode {
             banner +=
                 &format!("try: curl -sS -X POST http://{addr}/pools/{name}/lock/acquire -H 'X-Nthpool-Key: {key}'\n");
         }
-        let _ = if banner_to_stderr {
-            std::io::Write::write_all(&mut std::io::stderr(), banner.as_bytes())
+        if banner_to_stderr {
+            nthpool::stdio::write_stderr(banner.as_bytes());
         } else {
-            std::io::Write::write_all(&mut std::io::stdout(), banner.as_bytes())
-        };
+            nthpool::stdio::write_stdout(banner.as_bytes());
+        }
     });
+    drop(stderr);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -18,6 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("calendar", &[]),
     ("metrics", &[]),
     ("files", &[]),
+    ("stdio", &[]),
     ("config", &["files", "net"]),
     ("state", &["config", "governor", "time"]),
     ("wheel", &["time"]),
@@ -25,7 +26,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("governor", &["ct", "time", "wheel"]),
     ("report", &["calendar", "governor", "time"]),
     ("access", &["config", "files", "http", "time", "wheel"]),
-    ("accesslog", &["calendar", "http", "time"]),
+    ("accesslog", &["calendar", "http", "stdio", "time"]),
     (
         "api",
         &["access", "ct", "accesslog", "config", "governor", "http", "metrics", "report", "state", "time", "wheel"],
@@ -35,7 +36,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("proxy", &["api", "config", "governor", "http", "metrics", "net", "report", "time"]),
     (
         "server",
-        &["accesslog", "api", "config", "dashboard", "http", "metrics", "net", "proxy", "state", "time", "wheel"],
+        &[
+            "accesslog",
+            "api",
+            "config",
+            "dashboard",
+            "http",
+            "metrics",
+            "net",
+            "proxy",
+            "state",
+            "stdio",
+            "time",
+            "wheel",
+        ],
     ),
 ];
 

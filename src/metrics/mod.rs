@@ -151,6 +151,8 @@ pub struct ServerStats {
     pub bytes_sent: u64,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
+    /// The server's own log lines a standard error with no room dropped.
+    pub log_lines_dropped: u64,
     /// Proxy mode's counters, as of the scrape.
     pub proxy: ProxyStats,
 }
@@ -421,7 +423,7 @@ pub fn render(t: &mut Vec<u8>, m: &MetricsSnapshot<'_>) {
         }
     }
     let (s, log) = (m.server, &m.access_log);
-    let server: [(&str, &str, &str, u64); 11] = [
+    let server: [(&str, &str, &str, u64); 12] = [
         ("nthpool_connections_open", "gauge", "Open client connections (both listeners).", s.connections_open),
         (
             "nthpool_connection_buffer_bytes",
@@ -447,6 +449,12 @@ pub fn render(t: &mut Vec<u8>, m: &MetricsSnapshot<'_>) {
             "counter",
             "Access log lines dropped while writes failed or fell behind.",
             log.dropped,
+        ),
+        (
+            "nthpool_log_lines_dropped_total",
+            "counter",
+            "Server log lines dropped: standard error was not being read.",
+            s.log_lines_dropped,
         ),
     ];
     unlabelled(t, &server);

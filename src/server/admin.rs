@@ -36,6 +36,7 @@ impl Server {
             Entry::Client(c) => c.input.data().windows(8).any(|w| w == b"/metrics"),
         }) {
             proxy.stats_into(&mut stats.proxy);
+            stats.log_lines_dropped = crate::stdio::log_lines_dropped();
             stats.connection_buffer_bytes = conns
                 .iter()
                 .map(|(_, entry)| match entry {

@@ -412,6 +412,8 @@ impl Server {
         let mut events = Events::with_capacity(1024);
         // Whether the wait spins before it sleeps (`idle`): after concurrent work.
         let mut spin = false;
+        // From here until the stop's end, a log line never waits for standard error.
+        crate::stdio::serving();
         loop {
             let timeout = self.poll_timeout();
             let spin_for = if spin { self.idle_spin } else { Duration::ZERO };
@@ -499,12 +501,14 @@ impl Server {
                 // keep-alive connection (HAProxy keeps some) ends the stop's
                 // wait as soon as its FIN is sent.
                 if self.conns.len() == self.lingering || self.clock.now_ms() >= at {
+                    // A slow reader of either log gets what is left of the stop's second.
+                    let left = (self.shutdown_began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
+                    let log_until = Instant::now() + Duration::from_millis(left);
+                    crate::stdio::stopping(log_until);
                     self.cut_exchanges();
                     let (cut, draining) = (self.conns.len() - self.lingering, self.lingering);
                     let unclosed = self.close_all();
-                    // A slow reader of the log gets what is left of the stop's second.
-                    let left = (self.shutdown_began + STOP_LOG_UNTIL_MS).saturating_sub(self.clock.now_ms());
-                    self.app.flush_log(Instant::now() + Duration::from_millis(left));
+                    self.app.flush_log(log_until);
                     self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
                     // The snapshot is safe: the kernel's part of the closes put off can take its time.
                     drop(unclosed);

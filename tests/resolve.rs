@@ -352,3 +352,27 @@ fn a_lookup_that_outlasts_the_upstream_timeout_is_answered_504() {
     assert!(started.elapsed() < Duration::from_millis(1_400), "answered at the lookup's end, not at timeoutMs");
     upstream::slot_comes_back(&s);
 }
+
+/// One upstream failing the same way for every request is not one warning
+/// per request: the same warning is written at most about once a second,
+/// the next one counting those left out.
+#[test]
+fn an_upstream_failing_every_request_is_warned_of_about_once_a_second() {
+    let dns = MockDns::start();
+    let s = server(&dns, "http://nowhere.resolve.test:9", "", "");
+    let warned = |log: &str| log.lines().filter(|l| l.contains("upstream nowhere.resolve.test")).count();
+    let started = Instant::now();
+    for _ in 0..40 {
+        assert_eq!(get(&s).status, 502);
+    }
+    let seconds = started.elapsed().as_secs() as usize;
+    let log = s.log();
+    assert!(warned(&log) >= 1, "{log}");
+    assert!(warned(&log) <= seconds + 2, "{} warnings in {seconds} s: {log}", warned(&log));
+    // A second later the next one is written, with how many were not.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(get(&s).status, 502);
+    let log = s.log();
+    let last = log.lines().rfind(|l| l.contains("upstream nowhere.resolve.test")).unwrap();
+    assert!(last.contains("more since the last such warning"), "{log}");
+}

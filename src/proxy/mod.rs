@@ -16,6 +16,7 @@
 pub mod body;
 pub mod head;
 pub mod transport;
+mod warned;
 
 use std::io;
 use std::net::SocketAddr;
@@ -34,6 +35,7 @@ use crate::net::tls::{ClientTls, TlsError, DEFAULT_HANDSHAKE_TIMEOUT_MS};
 use body::{Framing, Relay};
 use head::{ClientBody, ClientSide, ResponseBody, ResponseHead};
 use transport::{Security, Transport};
+use warned::{Cause, Warned};
 
 /// Above this much unsent request data, no more of the client's body is taken.
 pub const UP_OUTPUT_HIGH: usize = 64 * 1024;
@@ -319,6 +321,8 @@ pub struct Proxy {
     /// Exchanges holding a slot while their upstream's name is looked up.
     resolving: Vec<usize>,
     pub stats: ProxyStats,
+    /// The warnings about failing upstreams lately written (`warned.rs`).
+    warned: Warned,
 }
 
 /// What attaching an upstream connection to an exchange came to.
@@ -447,8 +451,10 @@ impl Proxy {
                 return Attached::Resolving;
             }
             Some(Lookup::Failed(err)) => {
-                warn!("upstream {}: {err}", target.authority);
                 let why = err.sentence();
+                if let Some(unlogged) = self.warned.allow("lookup", &target.authority, Cause::Said(why)) {
+                    warn!("upstream {}: {err}{unlogged}", target.authority);
+                }
                 return self.not_opened(pool, why);
             }
             None => {
@@ -623,15 +629,19 @@ impl Proxy {
         // have it, as after a handshake cut off; not once the request's own
         // deadline has passed, which no new handshake could meet.
         if now < deadline && up.may_try_next() {
-            warn!(
-                "the upstream {} at {} did not finish its TLS handshake in time; trying its next address",
-                up.target.authority, up.addr
-            );
+            if let Some(unlogged) = self.warned.allow("handshake", &up.target.authority, Cause::Said("next")) {
+                warn!(
+                    "the upstream {} at {} did not finish its TLS handshake in time; trying its next address{unlogged}",
+                    up.target.authority, up.addr
+                );
+            }
             up.dial.failed(up.addr, io::Error::new(io::ErrorKind::TimedOut, err));
             return Some(Expired::TryNext);
         }
         self.stats.tls_failures += 1;
-        warn!("TLS with the upstream {} at {}: {err}", up.target.authority, up.addr);
+        if let Some(unlogged) = self.warned.allow("tls", &up.target.authority, Cause::Said(err.sentence())) {
+            warn!("TLS with the upstream {} at {}: {err}{unlogged}", up.target.authority, up.addr);
+        }
         up.eof = true;
         Some(Expired::Failed(err.sentence()))
     }
@@ -807,7 +817,7 @@ impl Proxy {
             return Step::Pending;
         };
         let up = &mut self.ups[idx];
-        match relay(e, up, &mut self.stats, client, now_epoch_ms) {
+        match relay(e, up, &mut self.stats, &mut self.warned, client, now_epoch_ms) {
             Ok(step) | Err(Halt::Now(step)) => step,
             Err(Halt::Tls(err)) => self.tls_failed(ex, err),
             Err(Halt::Upstream(why)) => self.upstream_failed(ex, why),
@@ -820,7 +830,9 @@ impl Proxy {
         self.stats.tls_failures += 1;
         let e = &self.exchanges[ex];
         if let Some(up) = e.up.map(|i| &mut self.ups[i]) {
-            warn!("TLS with the upstream {} at {}: {err}", up.target.authority, up.addr);
+            if let Some(unlogged) = self.warned.allow("tls", &up.target.authority, Cause::Said(err.sentence())) {
+                warn!("TLS with the upstream {} at {}: {err}{unlogged}", up.target.authority, up.addr);
+            }
             up.eof = true;
         }
         match e.phase {
@@ -867,12 +879,13 @@ fn relay(
     e: &mut Exchange,
     up: &mut UpConn,
     stats: &mut ProxyStats,
+    warned: &mut Warned,
     client: &mut ClientIo,
     now_epoch_ms: u64,
 ) -> Result<Step, Halt> {
     up.finish_connect(stats)?;
     loop {
-        let wrote = e.send(up, stats, client)?;
+        let wrote = e.send(up, stats, warned, client)?;
         let mut progressed = e.take_head(up, client, now_epoch_ms)?;
         progressed |= e.relay_body(up, client)?;
         if let Some(step) = e.completed(up) {
@@ -896,7 +909,7 @@ fn relay(
         }
         // More of the body may fit now that some was written.
         let more_body = wrote && !e.request.is_done();
-        if !up.fill()? && !more_body && !progressed {
+        if !up.fill(warned)? && !more_body && !progressed {
             return Ok(Step::Pending);
         }
     }
@@ -923,13 +936,15 @@ impl UpConn {
     }
 
     /// One read of what the upstream sent; `false` when nothing was there.
-    fn fill(&mut self) -> Result<bool, Halt> {
+    fn fill(&mut self, warned: &mut Warned) -> Result<bool, Halt> {
         match self.read_input() {
             Ok(0) if self.may_try_next() => {
-                warn!(
-                    "the upstream {} at {} closed before the request was sent; trying its next address",
-                    self.target.authority, self.addr
-                );
+                if let Some(unlogged) = warned.allow("closed", &self.target.authority, Cause::Said("next")) {
+                    warn!(
+                        "the upstream {} at {} closed before the request was sent; trying its next address{unlogged}",
+                        self.target.authority, self.addr
+                    );
+                }
                 return Err(Halt::Now(Step::Retry));
             }
             Ok(0) => self.eof = true,
@@ -939,10 +954,12 @@ impl UpConn {
             }
             Err(_) if self.may_retry() => return Err(Halt::Now(Step::Retry)),
             Err(err) if self.may_try_next() => {
-                warn!(
-                    "the upstream {} at {} failed before the request was sent ({err}); trying its next address",
-                    self.target.authority, self.addr
-                );
+                if let Some(unlogged) = warned.allow("failed", &self.target.authority, Cause::Io(err.kind())) {
+                    warn!(
+                        "the upstream {} at {} failed before the request was sent ({err}); trying its next address{unlogged}",
+                        self.target.authority, self.addr
+                    );
+                }
                 self.dial.failed(self.addr, err);
                 return Err(Halt::Now(Step::Retry));
             }
@@ -964,7 +981,13 @@ impl UpConn {
 impl Exchange {
     /// The client's body onto the upstream's output, then out; `true` when
     /// bytes reached the upstream.
-    fn send(&mut self, up: &mut UpConn, stats: &mut ProxyStats, client: &mut ClientIo) -> Result<bool, Halt> {
+    fn send(
+        &mut self,
+        up: &mut UpConn,
+        stats: &mut ProxyStats,
+        warned: &mut Warned,
+        client: &mut ClientIo,
+    ) -> Result<bool, Halt> {
         if up.send_failed {
             return Ok(false);
         }
@@ -990,10 +1013,12 @@ impl Exchange {
                 return Err(Halt::Now(Step::Retry));
             }
             if up.may_try_next() {
-                warn!(
-                    "the upstream {} at {} failed before the request was sent ({err}); trying its next address",
-                    up.target.authority, up.addr
-                );
+                if let Some(unlogged) = warned.allow("failed", &up.target.authority, Cause::Io(err.kind())) {
+                    warn!(
+                        "the upstream {} at {} failed before the request was sent ({err}); trying its next address{unlogged}",
+                        up.target.authority, up.addr
+                    );
+                }
                 up.dial.failed(up.addr, err);
                 return Err(Halt::Now(Step::Retry));
             }

@@ -6,9 +6,10 @@
 //! description, which the process shares with the shell or supervisor that
 //! started it, and which the two streams share with each other when they go
 //! to one place (`2>&1`, systemd's journal): it is set by the first
-//! `NonBlocking` and set back to blocking, on both streams, when the last one
-//! goes, so that neither the access log nor the server's own lines are left
-//! writing to a stream some other user made blocking again.
+//! `NonBlocking` and set back to blocking when the last one on that file
+//! goes (on both streams when they are one file), so that neither the
+//! access log nor the server's own lines are left writing to a stream some
+//! other user made blocking again.
 //!
 //! The log writer never blocks the event loop: while the server serves, a
 //! line a full pipe has no room for is dropped and counted, and the next
@@ -26,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use mio::unix::pipe::Sender;
 
-/// How many `NonBlocking`s live, on either stream.
-static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// How many `NonBlocking`s live, on standard output and on standard error.
+static LIVE: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
 /// Which streams a `NonBlocking` made non-blocking: standard output, standard error.
 static MADE: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 /// Server log lines dropped because standard error had no room for them.
@@ -46,7 +47,7 @@ const STOP_MIN_WAIT: Duration = Duration::from_millis(20);
 /// after its last line; a start that failed; a reload that was refused or
 /// moved the access log to a file). Not earlier: a line the stop logs to a
 /// shared, stalled pipe would then block for good.
-pub struct NonBlocking(Sender);
+pub struct NonBlocking(Sender, usize);
 
 impl NonBlocking {
     pub fn stdout() -> io::Result<NonBlocking> {
@@ -61,8 +62,8 @@ impl NonBlocking {
         let out = Sender::from(fd.try_clone_to_owned()?);
         out.set_nonblocking(true)?;
         MADE[stream].store(true, Ordering::Relaxed);
-        LIVE.fetch_add(1, Ordering::Relaxed);
-        Ok(NonBlocking(out))
+        LIVE[stream].fetch_add(1, Ordering::Relaxed);
+        Ok(NonBlocking(out, stream))
     }
 
     pub fn sender(&mut self) -> &mut Sender {
@@ -72,18 +73,36 @@ impl NonBlocking {
 
 impl Drop for NonBlocking {
     fn drop(&mut self) {
-        if LIVE.fetch_sub(1, Ordering::Relaxed) != 1 {
+        let stream = self.1;
+        if LIVE[stream].fetch_sub(1, Ordering::Relaxed) != 1 {
             return;
         }
-        // Both streams: either may be the one description the other was made non-blocking through.
-        for (stream, fd) in [(0, io::stdout().as_fd()), (1, io::stderr().as_fd())] {
-            if MADE[stream].swap(false, Ordering::Relaxed) {
+        // One pipe or terminal for both: the other stream's users need it as it is.
+        let shared = one_file();
+        if shared && LIVE[1 - stream].load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        for (other, fd) in [(0, io::stdout().as_fd()), (1, io::stderr().as_fd())] {
+            if (other == stream || shared) && MADE[other].swap(false, Ordering::Relaxed) {
                 if let Ok(fd) = fd.try_clone_to_owned() {
                     let _ = Sender::from(fd).set_nonblocking(false);
                 }
             }
         }
     }
+}
+
+/// Whether standard output and standard error are the same file (a pipe,
+/// a terminal): then, short of a way to tell open file descriptions
+/// apart, they are taken to share one, and its mode.
+fn one_file() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |fd: BorrowedFd<'_>| {
+        let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+        file.metadata().ok().map(|m| (m.dev(), m.ino()))
+    };
+    let (out, err) = (id(io::stdout().as_fd()), id(io::stderr().as_fd()));
+    out.is_some() && out == err
 }
 
 /// Server log lines standard error had no room for, since the start.

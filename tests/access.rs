@@ -972,7 +972,12 @@ fn standard_output_is_left_as_found_by_a_failed_start_and_a_refused_reload() {
     let dir = scratch_dir();
     let config = dir.join("config.json");
     let pool = &CF_POOL.replace("certs.json", "absent.json");
-    std::fs::write(&config, config_json_with_log("-", pool)).unwrap();
+    // A pool's own listener on a port in use: found after the log opened
+    // (a configuration --check-config refuses is refused before).
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_at = taken.local_addr().unwrap().to_string();
+    let on_taken = format!(r#""upstream":{{"url":"http://127.0.0.1:9","listen":"{taken_at}"}}"#);
+    std::fs::write(&config, config_json_with_log("-", &on_taken)).unwrap();
     let (reader, writer) = std::io::pipe().unwrap();
     let ours = writer.try_clone().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
@@ -985,7 +990,7 @@ fn standard_output_is_left_as_found_by_a_failed_start_and_a_refused_reload() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("absent.json"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&taken_at), "{}", String::from_utf8_lossy(&out.stderr));
     use std::os::fd::AsRawFd;
     assert!(!non_blocking(std::process::id(), ours.as_raw_fd()), "the failed start left standard output non-blocking");
     drop((reader, ours));

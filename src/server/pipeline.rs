@@ -81,7 +81,7 @@ impl Server {
                     break;
                 }
             };
-            let ctx = Ctx {
+            let mut ctx = Ctx {
                 now,
                 conn: id,
                 peer: conn.peer.ip(),
@@ -156,7 +156,9 @@ impl Server {
                     break;
                 }
             };
-            let ctx = Ctx { close: ctx.close || conn.stopping && consumed == data.len(), ..ctx };
+            if conn.stopping && consumed == data.len() {
+                ctx.close = true;
+            }
             let handled = app.handle(&ctx, head, body, &mut conn.output, &mut conn.verdicts);
             let mut http10_keep_alive = false;
             if head_request || !head.http11 {

@@ -81,8 +81,7 @@ fn parse_args() -> Result<Option<Args>, String> {
             return Err("--check-config checks one file and takes no other option".into());
         }
         let config = Config::load(path).map_err(|e| e.to_string())?;
-        nthpool::api::check(&config).map_err(|e| format!("{}: {e}", path.display()))?;
-        nthpool::state::check_files(&config, path).map_err(|e| format!("{}: {e}", path.display()))?;
+        check(&config, path)?;
         for caution in config.cautions() {
             eprintln!("nthpool: warning: {caution}");
         }
@@ -90,6 +89,14 @@ fn parse_args() -> Result<Option<Args>, String> {
         return Ok(None);
     }
     Ok(Some(args))
+}
+
+/// What `--check-config` checks beyond the file's own fields (access
+/// policies' files, the files the server keeps), said as `FILE: …`.
+fn check(config: &Config, path: &std::path::Path) -> Result<(), String> {
+    nthpool::api::check(config)
+        .and_then(|()| nthpool::state::check_files(config, path))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn main() -> ExitCode {
@@ -137,9 +144,8 @@ fn main() -> ExitCode {
     // What `--check-config` refuses is refused here as it says it, naming
     // the file, before the start opens or binds anything.
     if let Some(path) = &args.config {
-        let checked = nthpool::api::check(&config).and_then(|()| nthpool::state::check_files(&config, path));
-        if let Err(e) = checked {
-            eprintln!("nthpool: {}: {e}", path.display());
+        if let Err(e) = check(&config, path) {
+            eprintln!("nthpool: {e}");
             return ExitCode::from(2);
         }
     }

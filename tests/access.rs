@@ -817,14 +817,7 @@ fn status_and_error(lines: &[serde_json::Value]) -> Vec<(u64, &str)> {
 }
 
 fn wait_for_exit(s: &mut TestServer, within: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = s.child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "the server did not exit within {within:?} of SIGTERM");
-        thread::sleep(Duration::from_millis(10));
-    }
+    exit_within(&mut s.child, within).unwrap_or_else(|| panic!("the server did not exit within {within:?} of SIGTERM"))
 }
 
 /// A connection to a server started by hand on `port`, once it listens
@@ -928,17 +921,8 @@ fn a_stalled_standard_output_holds_up_nothing(shared: bool) {
     assert_eq!(read_response(&mut h).expect("/healthz answers").status, 200);
     let ok = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
     assert!(ok.success());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "SIGTERM did not end the server within 5 s while its standard output was full"
-        );
-        thread::sleep(Duration::from_millis(10));
-    };
+    let status = exit_within(child, Duration::from_secs(5))
+        .expect("SIGTERM ends the server within 5 s while its standard output is full");
     assert!(status.success(), "{status:?}");
 }
 

@@ -739,14 +739,7 @@ fn sighup_cannot_send_snapshots_over_the_slot_secret_or_where_none_can_be_writte
 // ---------------------------------------------------------------- SIGTERM
 
 fn wait_for_exit(s: &mut TestServer, within: Duration) -> ExitStatus {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = s.child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "still running {within:?} after SIGTERM");
-        thread::sleep(Duration::from_millis(10));
-    }
+    exit_within(&mut s.child, within).unwrap_or_else(|| panic!("still running {within:?} after SIGTERM"))
 }
 
 #[test]
@@ -1160,17 +1153,10 @@ fn a_stop_asked_for_while_starting_ends_the_start_with_exit_0() {
         let writer = thread::spawn(move || {
             let _ = std::fs::write(&fifo, &text);
         });
-        let deadline = Instant::now() + PATIENCE;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("SIG{sig} while starting: still running after {PATIENCE:?}");
-            }
-            thread::sleep(Duration::from_millis(10));
+        let Some(status) = exit_within(&mut child, PATIENCE) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("SIG{sig} while starting: still running after {PATIENCE:?}");
         };
         let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
         assert_eq!(status.code(), Some(0), "SIG{sig} ({number}) while starting: {status}; log: {log}");

@@ -880,14 +880,7 @@ fn logged_proxy_server(up: &MockUpstream, concurrency: u32, extra: &str) -> Test
 
 /// The access log's lines, once the server has exited.
 fn final_access_log(s: &mut TestServer) -> Vec<serde_json::Value> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = s.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = exit_within(&mut s.child, Duration::from_secs(10)).expect("the server exits after SIGTERM");
     assert!(status.success(), "{status:?}");
     let text = std::fs::read_to_string(s.dir.join("access.log")).unwrap();
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()

@@ -11,7 +11,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use mio::unix::pipe::{Receiver, Sender};
@@ -111,14 +111,7 @@ impl Server {
     /// SIGTERM, then the exit status (within `PATIENCE`).
     fn stop(&mut self) -> std::process::ExitStatus {
         self.signal("TERM");
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "still running {PATIENCE:?} after SIGTERM");
-            thread::sleep(Duration::from_millis(10));
-        }
+        exit_within(&mut self.child, PATIENCE).unwrap_or_else(|| panic!("still running {PATIENCE:?} after SIGTERM"))
     }
 }
 

@@ -500,17 +500,10 @@ pub fn run(dir: &Path, args: &[&str]) -> Run {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn nthpool");
-    let deadline = Instant::now() + RUN_PATIENCE;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nthpool {args:?} was still running after {RUN_PATIENCE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let Some(status) = exit_within(&mut child, RUN_PATIENCE) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("nthpool {args:?} was still running after {RUN_PATIENCE:?}");
     };
     let mut stdout = String::new();
     child.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
@@ -523,6 +516,21 @@ pub fn run(dir: &Path, args: &[&str]) -> Run {
 pub const PATIENCE: Duration = Duration::from_secs(15);
 
 /// Polls `done` until it holds; fails the test after `PATIENCE`.
+/// `child`'s exit status once it has exited, waiting up to `within`;
+/// `None` when it is still running then.
+pub fn exit_within(child: &mut Child, within: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 pub fn eventually(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + PATIENCE;
     while !done() {

@@ -818,6 +818,21 @@ impl Learning {
         }
     }
 
+    /// When the limit next rises with the clock alone, if it will: the
+    /// start's ramp (`ramp`, which it carries to `now`), or a blind probe's
+    /// calls out ceasing to count (`exempt_at`). A queue held by the limit
+    /// is woken then.
+    pub fn rises_at(&mut self, now: Ms) -> Option<Ms> {
+        let ramp = self.ramp(now);
+        let b = &self.blind;
+        if b.backoff_ms == 0 {
+            return ramp;
+        }
+        let exempt_from = b.since + PROBE_BACKOFF_MAX_MS;
+        let exempts = b.out_before > 0 && !self.pattern.probing && now < exempt_from;
+        ramp.into_iter().chain(exempts.then_some(exempt_from)).min()
+    }
+
     /// The calls a blind probe's one at a time goes out beside at `now`:
     /// those that were out when its pause began and are still held, once
     /// they have had the longest pause (`PROBE_BACKOFF_MAX_MS`) to come

@@ -400,7 +400,7 @@ impl<T: Copy> Governor<T> {
     pub fn acquire(&mut self, pid: PoolId, wait_ms: u64, owner: u64, now: Ms) -> Admission {
         let pool = &mut self.pools[pid.0 as usize];
         pool.refill_gate(now);
-        let ramp = pool.learning.ramp(now);
+        let ramp = pool.learning.rises_at(now);
         let blocked = pool.blocked(now);
         if pool.queue.is_empty() && blocked.is_none() {
             return Admission::Granted(self.grant(pid, now, 0));
@@ -421,7 +421,7 @@ impl<T: Copy> Governor<T> {
         if reason != DenyReason::Concurrency {
             self.arm_wake(pid, now + wait);
         } else if let Some(at) = ramp {
-            // The start's limit grows by the clock, not by releases.
+            // The start's limit (or a blind probe's) grows by the clock, not by releases.
             self.arm_wake(pid, at);
         }
         Admission::Queued(key)
@@ -1015,7 +1015,7 @@ impl<T: Copy> Governor<T> {
                 return;
             };
             pool.refill_gate(now);
-            let ramp = pool.learning.ramp(now);
+            let ramp = pool.learning.rises_at(now);
             match pool.blocked(now) {
                 None => {
                     let w = self.waiters.remove(&mut pool.queue, head);

@@ -1091,6 +1091,24 @@ fn a_blind_probe_goes_out_beside_the_calls_already_out() {
     assert_eq!(again.signals.remaining_slots, 8 - 3, "the calls still out count again");
 }
 
+/// A waiter is granted when the calls out stop holding the probe back, at
+/// the end of the longest pause, with nothing else to wake the queue.
+#[test]
+fn a_queued_acquire_goes_out_as_a_blind_probe_once_the_calls_out_stop_counting() {
+    let (mut g, p) = governor(r#","concurrency":8,"queue":{"size":10,"timeoutMs":30000}"#);
+    for i in 0..3 {
+        granted(g.acquire(p, 0, i, 0));
+    }
+    let refused = granted(g.acquire(p, 0, 3, 0));
+    let blind = Outcome { status: Some(429), throttled: 1, rate: RateInfo { remaining: Some(0), ..OK.rate } };
+    g.release(p, &id(&refused), Some(&blind), 10);
+    queued(g.acquire(p, 20_000, 7, 100));
+    g.advance(1_000);
+    assert!(granted_owners(&mut g).is_empty(), "the calls out may still come back");
+    g.advance(1_010);
+    assert_eq!(granted_owners(&mut g), [7]);
+}
+
 /// A blind probe (a `remaining: 0` refusal with no end said) whose calls
 /// are released without a report: those got an answer their caller did not
 /// call a refusal, so the probe ends, rather than hold the pool at one call

@@ -29,7 +29,9 @@ use mio::unix::pipe::Sender;
 
 /// How many `NonBlocking`s live, on standard output and on standard error.
 static LIVE: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
-/// Which streams a `NonBlocking` made non-blocking: standard output, standard error.
+/// Which streams a `NonBlocking` made non-blocking (standard output,
+/// standard error): only those are set back, so a stream the server was
+/// handed non-blocking is left as it was.
 static MADE: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 /// Server log lines dropped because standard error had no room for them.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -59,9 +61,12 @@ impl NonBlocking {
     }
 
     fn of(fd: BorrowedFd<'_>, stream: usize) -> io::Result<NonBlocking> {
+        let blocking = !rustix::fs::fcntl_getfl(fd)?.contains(rustix::fs::OFlags::NONBLOCK);
         let out = Sender::from(fd.try_clone_to_owned()?);
-        out.set_nonblocking(true)?;
-        MADE[stream].store(true, Ordering::Relaxed);
+        if blocking {
+            out.set_nonblocking(true)?;
+            MADE[stream].store(true, Ordering::Relaxed);
+        }
         LIVE[stream].fetch_add(1, Ordering::Relaxed);
         Ok(NonBlocking(out, stream))
     }

@@ -203,6 +203,22 @@ fn one_pipe_for_both_streams_stays_non_blocking_until_the_exit() {
     drop(rx);
 }
 
+/// A standard error the server was handed non-blocking (a supervisor that
+/// writes the same pipe without blocking) is left so at the exit: only the
+/// mode the server set is set back.
+#[test]
+fn a_standard_error_handed_over_non_blocking_is_left_so() {
+    let (tx, rx) = mio::unix::pipe::new().unwrap();
+    tx.set_nonblocking(true).unwrap();
+    let keep = tx.as_fd_dup();
+    let mut s = start(&config("", ""), "info", OwnedFd::from(tx), None, None);
+    assert_eq!(s.acquire_status(), Some(200));
+    let status = s.stop();
+    assert!(status.success(), "{status}");
+    assert!(non_blocking(&keep), "the pipe the server was handed non-blocking was set to blocking");
+    drop(rx);
+}
+
 /// Duplicates of pipe ends (the same open file description).
 trait Dup {
     fn as_fd_dup(&self) -> OwnedFd;

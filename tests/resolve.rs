@@ -369,10 +369,11 @@ fn an_upstream_failing_every_request_is_warned_of_about_once_a_second() {
     let log = s.log();
     assert!(warned(&log) >= 1, "{log}");
     assert!(warned(&log) <= seconds + 2, "{} warnings in {seconds} s: {log}", warned(&log));
-    // A second later the next one is written, with how many were not.
+    // A second later the next one is written, with how many were not (the
+    // one at a second's turn among the 40 may have said it already).
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(get(&s).status, 502);
     let log = s.log();
-    let last = log.lines().rfind(|l| l.contains("upstream nowhere.resolve.test")).unwrap();
-    assert!(last.contains("more since the last such warning"), "{log}");
+    let mut later = log.lines().filter(|l| l.contains("upstream nowhere.resolve.test")).skip(1);
+    assert!(later.any(|l| l.contains("more since the last such warning")), "{log}");
 }

@@ -550,6 +550,9 @@ impl Learning {
             ended_reset_at: self.ended_reset_at.min(horizon),
             budget_not_before: self.budget_not_before.min(horizon),
             token_block_until: self.token_block_until.min(horizon),
+            // A lease this process re-adopts counts as granted at the restore
+            // (`grants`), but may be older than the block: it is no newer view.
+            token_block_seq: self.token_block_seq.max(self.grants),
             successes_since: self.successes_since.min(now),
             ..self
         }
@@ -1361,6 +1364,27 @@ mod tests {
         l.on_report(&coarse(ok(), 59), about(older, 0), 3400);
         assert!(matches!(l.pause(3400), Some(Pause::Budget(_))), "still closed: {:?}", l.budget());
         assert_eq!(l.budget().map(|b| b.remaining), Some(0));
+    }
+
+    /// A restored token block is not lifted by a lease re-adopted after the
+    /// restart (counted as granted at the restore, but of unknown age); a
+    /// call granted after the restore is a newer view.
+    #[test]
+    fn a_restored_token_block_is_lifted_by_a_new_call_not_by_a_readopted_one() {
+        let tokens = |left: u64| Outcome {
+            rate: RateInfo { token_remaining: Some(left), token_reset_ms: Some(3_600_000), ..RateInfo::default() },
+            ..ok()
+        };
+        let mut l = ramped(8);
+        let (blocking, _) = (grant(&mut l, 0), grant(&mut l, 0));
+        l.on_report(&tokens(0), about(blocking, 1), 10);
+        let mut l = l.bounded(20, 8, true);
+        let readopted = (l.epoch, 20, l.grants);
+        l.on_report(&tokens(500), about(readopted, 0), 30);
+        assert!(matches!(l.pause(40), Some(Pause::Budget(_))), "still blocked");
+        let newer = grant(&mut l, 50);
+        l.on_report(&tokens(500), about(newer, 0), 60);
+        assert_eq!(l.pause(70), None);
     }
 
     /// A late report of a call admitted earlier, whose window ends before

@@ -262,3 +262,25 @@ fn metrics_show_the_budget_the_next_grant_finds() {
     assert_eq!(gauge(&m, r#"nthpool_budget_limit{pool="p"}"#), i64::MAX.to_string());
     assert_eq!(gauge(&m, r#"nthpool_budget_remaining{pool="p"}"#), i64::MAX.to_string());
 }
+
+/// A spent token window shows where operators look for the budget: the
+/// dashboard's pool (`tokenBlockedUntil`) and `/metrics`
+/// (`nthpool_token_block_ms`), not only as a `rate` status.
+#[test]
+fn a_spent_token_window_shows_in_the_dashboard_and_the_metrics() {
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let m = metrics(&s);
+    assert_eq!(gauge(&m, r#"nthpool_token_block_ms{pool="p"}"#), "-1", "none spent yet");
+    let slot = s.acquire("", "").slot();
+    let report = r#"{"status":429,"rate":{"tokenLimit":1000,"tokenRemaining":0,"tokenResetMs":60000}}"#;
+    assert_eq!(s.release(&slot, report).json()["released"], true);
+    let block: i64 = gauge(&metrics(&s), r#"nthpool_token_block_ms{pool="p"}"#).parse().unwrap();
+    assert!((50_000..=60_000).contains(&block), "{block} ms");
+    let admin = s.admin.expect("an admin listener");
+    let page = common::admin_get(admin, "/api/pools/p");
+    let body = &page[page.find("\r\n\r\n").unwrap() + 4..];
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    let (until, server) = (v["tokenBlockedUntil"].as_u64(), v["serverTime"].as_u64().unwrap());
+    let left = until.map(|until| until.saturating_sub(server));
+    assert!(left.is_some_and(|ms| (50_000..=60_000).contains(&ms)), "{v}");
+}

@@ -66,6 +66,10 @@ fn pool_metrics(p: &Pool, now: Ms, learned_at: Ms, acquire_us: Option<Histogram>
         cooldown_ms: gauge(l.cooldown_until.saturating_sub(learned_at)),
         learning_starting: l.starting_at(learned_at),
         budget_paced_next_ms: pace.map_or(-1, |pace| gauge(pace.next_at().saturating_sub(learned_at))),
+        token_block_ms: match l.token_block_until {
+            until if until > learned_at => gauge(until - learned_at),
+            _ => -1,
+        },
         rpm_tokens: p.rpm_tokens_at(now),
         recovering: p.recovering(now),
         readopted: s.readopted,

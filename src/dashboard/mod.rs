@@ -277,6 +277,8 @@ fn pool_json(app: &App, pid: PoolId, reached_as: Option<&[u8]>) -> Value {
         .budget_at(now)
         .0
         .map(|b| json!({ "remaining": b.remaining, "resetAt": epoch_now + b.reset_at.saturating_sub(now) }));
+    let token_block = pool.learning.token_block_until;
+    let token_blocked_until = (token_block > now).then(|| epoch_now + (token_block - now));
     let series = |f: fn(&Sample) -> u32| -> Vec<u32> { history.iter().map(f).collect() };
     let end = history.last_second().map(|sec| epoch_now - now + (sec * 1000));
     let attempts: Vec<Value> = attempts
@@ -316,6 +318,7 @@ fn pool_json(app: &App, pid: PoolId, reached_as: Option<&[u8]>) -> Value {
             "publicHost": app.public_host().map(String::from_utf8_lossy),
         },
         "budget": budget,
+        "tokenBlockedUntil": token_blocked_until,
         "history": {
             "resolutionMs": 1000,
             "endTime": end,

@@ -111,6 +111,8 @@ pub struct PoolMetrics {
     pub learning_starting: bool,
     /// -1: not paced.
     pub budget_paced_next_ms: i64,
+    /// Time until a spent token window lets grants through; -1: none spent.
+    pub token_block_ms: i64,
     /// `None`: the pool has no rate gate.
     pub rpm_tokens: Option<u32>,
     pub recovering: bool,
@@ -471,7 +473,7 @@ fn render_learning(t: &mut Vec<u8>, pools: &[PoolMetrics]) {
         }
     }
     type Learned = fn(&PoolMetrics) -> i64;
-    let learned: [(&str, &str, Learned); 6] = [
+    let learned: [(&str, &str, Learned); 7] = [
         ("nthpool_learned_refused_at", "Lowest in-flight count the upstream refused (0: none known).", |p| {
             p.learned_refused_at
         }),
@@ -483,6 +485,9 @@ fn render_learning(t: &mut Vec<u8>, pools: &[PoolMetrics]) {
         }),
         ("nthpool_budget_paced_next_ms", "Time until a paced refill allows the next grant (-1: not paced).", |p| {
             p.budget_paced_next_ms
+        }),
+        ("nthpool_token_block_ms", "Time until a spent upstream token window lets grants through (-1: none).", |p| {
+            p.token_block_ms
         }),
     ];
     for (name, help, value) in learned {

@@ -202,6 +202,7 @@ function renderPool(data) {
       ["Cool-down left", p.cooldownMs > 0 ? fmtMs(p.cooldownMs) : "none", "cooldown"],
       ["Learned budget", budget ? budget.remaining : "none learned", "budget"],
       ["Budget resets", budget ? fmtTime(budget.resetAt) : "—", "budgetReset"],
+      ["Token window", data.tokenBlockedUntil ? "spent until " + fmtTime(data.tokenBlockedUntil) : "—", "tokenBlock"],
     ]),
     el("h2", {}, "Last 15 minutes"),
     el("div", { class: "charts" }, ...CHARTS.map((spec) => chart(spec, h))),

@@ -55,21 +55,22 @@ impl Free {
         &self.ranges[..usize::from(self.len)]
     }
 
-    /// `input` starts with `block` but for visible characters in place of
-    /// the free values (and none are free: no match).
-    fn matches(&self, input: &[u8], block: &[u8]) -> bool {
-        if self.len == 0 || input.len() < block.len() {
+    /// `input` starts with `block` but for visible characters in the free
+    /// places. The input's visible values are first copied into `block`
+    /// (nobody reads a free value's kept bytes: a head's fields are read
+    /// from the head), so one comparison of the whole block decides; a value
+    /// with other bytes is compared with the kept one as it is.
+    fn matches(&self, input: &[u8], block: &mut [u8]) -> bool {
+        if input.len() < block.len() {
             return false;
         }
-        let mut at = 0;
         for &(start, end) in self.ranges() {
-            let (start, end) = (usize::from(start), usize::from(end));
-            if input[at..start] != block[at..start] || !visible(&input[start..end]) {
-                return false;
+            let place = usize::from(start)..usize::from(end);
+            if visible(&input[place.clone()]) {
+                block[place.clone()].copy_from_slice(&input[place]);
             }
-            at = end;
         }
-        input[at..block.len()] == block[at..]
+        starts_with_block(input, block)
     }
 
     /// The free places of a block that is `kept` but for bytes in some of
@@ -195,14 +196,14 @@ impl<T: Copy, L: Copy, F> BlockMemo<T, L, F> {
     /// The remembered block that `head` holds right after a request line of
     /// the length that came with it before (which counts as a use of it).
     pub fn recall(&mut self, head: &[u8]) -> Option<Recalled> {
-        let found = self.entries.iter().position(|e| {
+        let found = self.entries.iter_mut().position(|e| {
             let n = e.line_len;
             n >= 2
                 && head.get(n - 2..n) == Some(b"\r\n")
                 // An entry with no free places (the usual client's) makes no call to `matches`.
                 && match e.free.len {
                     0 => starts_with_block(&head[n..], &e.block),
-                    _ => e.free.matches(&head[n..], &e.block) || starts_with_block(&head[n..], &e.block),
+                    _ => e.free.matches(&head[n..], &mut e.block),
                 }
         });
         let Some(at) = found else {

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{config, TestServer};
+use common::{config, post, read_response, TestServer, KEY};
 
 const POOL: &str = r#""concurrency":64,"queue":{"size":10,"timeoutMs":5000}"#;
 
@@ -283,4 +283,42 @@ fn a_spent_token_window_shows_in_the_dashboard_and_the_metrics() {
     let (until, server) = (v["tokenBlockedUntil"].as_u64(), v["serverTime"].as_u64().unwrap());
     let left = until.map(|until| until.saturating_sub(server));
     assert!(left.is_some_and(|ms| (50_000..=60_000).contains(&ms)), "{v}");
+}
+
+/// A report with no status and no 429 (`{}`, `{"throttled":0}`, as a
+/// client that always sends its count of upstream 429s writes it) says the
+/// call was not refused, as a release without a body does: a limit cut by
+/// a 429 grows back on such reports.
+#[test]
+fn reports_without_a_status_grow_a_cut_limit_back() {
+    let s = TestServer::start(&config(r#""concurrency":8"#, ""));
+    let mut c = s.connect();
+    let mut send = |path: &str, body: &str| {
+        c.write_all(&post(path, KEY, "", body)).unwrap();
+        read_response(&mut c).expect("a response")
+    };
+    let release = |slot: &str| format!("/pools/p/lock/{slot}/release");
+    let held: Vec<String> = (0..5).map(|_| send("/pools/p/lock/acquire", "").slot()).collect();
+    assert_eq!(send(&release(&held[4]), r#"{"status":429}"#).json()["released"], true);
+    for slot in &held[..4] {
+        assert_eq!(send(&release(slot), r#"{"throttled":0}"#).json()["released"], true);
+    }
+    let mut limit = 0;
+    for round in 0..1_000 {
+        let first = send("/pools/p/lock/acquire", "");
+        limit = first.header_u64("x-nthpool-effective-limit");
+        if round == 0 {
+            assert_eq!(limit, 4, "cut to the calls beside the refused one");
+        }
+        if limit == 8 {
+            break;
+        }
+        let mut slots = vec![first.slot()];
+        slots.extend((1..limit).map(|_| send("/pools/p/lock/acquire", "").slot()));
+        for (i, slot) in slots.iter().enumerate() {
+            let report = if i % 2 == 0 { "{}" } else { r#"{"throttled":0}"# };
+            assert_eq!(send(&release(slot), report).json()["released"], true);
+        }
+    }
+    assert_eq!(limit, 8, "grown back to concurrency");
 }

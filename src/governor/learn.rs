@@ -84,8 +84,14 @@ impl Outcome {
         self.status == Some(429) || self.throttled > 0
     }
 
+    /// Not refused: a status under 400, or none with no throttling. A
+    /// report that gives no status and no 429 (`{}`, `{"throttled":0}`)
+    /// says what a release without a report says, since the lock API asks
+    /// for outcome fields when a call saw throttling: the same success
+    /// (`Learning::on_unreported`), or a limit cut by a 429 would never
+    /// grow back for a caller that always sends a report object.
     fn is_success(&self) -> bool {
-        !self.is_throttled() && matches!(self.status, Some(s) if s < 400)
+        !self.is_throttled() && self.status.is_none_or(|s| s < 400)
     }
 }
 
@@ -96,9 +102,9 @@ pub enum Evidence {
     Rate,
     /// Refused with no sign of a spent budget: too many at once, or overload.
     Concurrency,
-    /// Served (`status < 400`, not throttled).
+    /// Served (`status < 400`, or no status), not throttled.
     Success,
-    /// Anything else (a 5xx, no status): teaches only its rate headers.
+    /// Anything else (a 4xx other than 429, a 5xx): teaches only its rate headers.
     Other,
 }
 

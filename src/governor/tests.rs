@@ -416,6 +416,39 @@ fn releases_without_a_report_grow_a_cut_limit_back_and_end_a_run_of_refusals() {
     granted(g.acquire(p, 0, 1_000, now));
 }
 
+/// A report with no status and no 429 (`{}`, `{"throttled":0}`) says what
+/// a release without a report says: the call was not refused. A limit cut
+/// by a 429 grows back on such reports as on silent releases; a `503`
+/// report is not a success and grows nothing.
+#[test]
+fn reports_without_a_status_or_a_429_grow_a_cut_limit_back() {
+    // What `{}` and `{"throttled":0}` parse to.
+    let unrefused = Outcome::default();
+    let failed = Outcome { status: Some(503), ..OK };
+    for (report, grows) in [(unrefused, true), (failed, false)] {
+        let (mut g, p) = governor(r#","concurrency":8"#);
+        let held: Vec<_> = (0..4).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
+        let refused = granted(g.acquire(p, 0, 4, 0));
+        g.release(p, &id(&refused), Some(&Outcome { status: Some(429), ..OK }), 10);
+        assert_eq!(g.pool(p).effective_limit(), 4, "cut to the calls beside the refused one");
+        for grant in &held {
+            g.release(p, &id(grant), Some(&report), 20);
+        }
+        let mut now = 100;
+        for round in 0..1_000u64 {
+            let limit = g.pool(p).effective_limit();
+            let grants: Vec<_> =
+                (0..limit).map(|i| granted(g.acquire(p, 0, round * 100 + u64::from(i), now))).collect();
+            for grant in &grants {
+                g.release(p, &id(grant), Some(&report), now + 5);
+            }
+            now += 10;
+        }
+        let limit = g.pool(p).effective_limit();
+        assert_eq!(limit == 8, grows, "{report:?}: limit {limit}");
+    }
+}
+
 #[test]
 fn a_lowered_limit_never_revokes_held_slots() {
     let (mut g, p) = governor(r#","concurrency":4"#);

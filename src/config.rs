@@ -566,6 +566,18 @@ impl Config {
                 return fail("accessLog: use a file path, \"-\" for standard output, or null");
             }
         }
+        // No file can be named so: said here, by `--check-config` too, not
+        // found out by the start that opens it.
+        let paths = [
+            ("accessLog", self.access_log.as_deref()),
+            ("slotSecretFile", Some(self.slot_secret_file.as_str())),
+            ("stateFile", self.state_file.as_deref()),
+        ];
+        for (field, path) in paths {
+            if path.is_some_and(|p| p.contains('\0')) {
+                return fail(format!("{field}: a file path cannot hold a NUL character"));
+            }
+        }
         if self.max_body_bytes == 0 || self.max_body_bytes > MAX_BODY_LIMIT {
             return fail(format!("maxBodyBytes must be between 1 and {MAX_BODY_LIMIT}"));
         }

@@ -1241,6 +1241,24 @@ fn an_access_log_that_is_a_file_the_server_keeps_is_refused() {
 }
 
 #[test]
+fn a_file_path_holding_a_nul_is_a_configuration_error() {
+    let dir = scratch_dir();
+    for (top, field) in [
+        (r#""accessLog":"access\u0000.log""#, "accessLog"),
+        (r#""slotSecretFile":"nthpool\u0000.secret""#, "slotSecretFile"),
+        (r#""stateFile":"nthpool\u0000.state""#, "stateFile"),
+    ] {
+        let json = config("", "").replacen(r#""accessLog":null"#, top, 1);
+        let path = write_config(&dir, &json);
+        for args in [&["--check-config", &path][..], &["--config", &path, "--listen", "127.0.0.1:0"]] {
+            let r = run(&dir, args);
+            assert_fails_with(&r, &[field, "NUL character"]);
+            assert_eq!(r.status.code(), Some(2), "{args:?}: a configuration that is wrong");
+        }
+    }
+}
+
+#[test]
 fn check_config_and_start_up_say_in_words_what_is_wrong_with_a_ca_file() {
     let dir = scratch_dir();
     let ca = tls_support::Ca::new("ops test ca");

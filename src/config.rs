@@ -486,6 +486,23 @@ impl Config {
         self.admin_listen.as_ref().map(|a| a.parse().expect("validated"))
     }
 
+    /// The files the configuration reads besides itself (a JWKS, a CA
+    /// bundle, a `${file:PATH}` value), each with the field that names it.
+    pub fn files_read(&self) -> Vec<(String, &Path)> {
+        let mut files = Vec::new();
+        for (name, pool) in &self.pools {
+            if let Some(cf) = &pool.access.cloudflare_access {
+                files.push((format!("pools.{name}.access.cloudflareAccess.jwksFile"), Path::new(&cf.jwks_file)));
+            }
+            if let Some(upstream) = &pool.upstream {
+                files.extend(
+                    upstream.files_read().map(|(field, path)| (format!("pools.{name}.upstream.{field}"), path)),
+                );
+            }
+        }
+        files
+    }
+
     /// What is valid but likely not meant, one sentence each: logged at a
     /// start and a reload, printed by `--check-config`.
     pub fn cautions(&self) -> Vec<String> {

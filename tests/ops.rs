@@ -1259,6 +1259,44 @@ fn a_file_path_holding_a_nul_is_a_configuration_error() {
 }
 
 #[test]
+fn a_state_file_or_access_log_that_is_a_file_the_configuration_reads_is_refused() {
+    let dir = scratch_dir();
+    let jwks = format!(r#"{{"keys":[{{"kty":"RSA","alg":"RS256","kid":"k1","n":"{}","e":"AQAB"}}]}}"#, "_".repeat(344));
+    std::fs::write(dir.join("certs.json"), &jwks).unwrap();
+    std::fs::write(dir.join("token.txt"), "upstream-token\n").unwrap();
+    let cloudflare =
+        r#""access":{"cloudflareAccess":{"jwksFile":"certs.json","audience":"a","issuer":"https://t.example"}}"#;
+    let upstream =
+        r#""upstream":{"url":"http://127.0.0.1:9","setHeaders":{"Authorization":"Bearer ${file:token.txt}"}}"#;
+    let with = |pool: &str, top: &str| config(pool, "").replacen(r#""accessLog":null"#, top, 1);
+    let cases = [
+        (with(cloudflare, r#""accessLog":null,"stateFile":"certs.json""#), &["stateFile", "jwksFile"][..]),
+        (with(cloudflare, r#""accessLog":"./certs.json""#), &["accessLog", "jwksFile"][..]),
+        (with(upstream, r#""accessLog":null,"stateFile":"token.txt""#), &["stateFile", "setHeaders.Authorization"][..]),
+        (with(upstream, r#""accessLog":"token.txt""#), &["accessLog", "setHeaders.Authorization"][..]),
+    ];
+    for (json, needles) in &cases {
+        let path = write_config(&dir, json);
+        for args in [&["--check-config", &path][..], &["--config", &path, "--listen", "127.0.0.1:0"]] {
+            let r = run(&dir, args);
+            assert_fails_with(&r, needles);
+            assert_eq!(r.status.code(), Some(2), "{args:?}");
+        }
+        assert_eq!(std::fs::read_to_string(dir.join("certs.json")).unwrap(), jwks, "the JWKS was written");
+        assert_eq!(std::fs::read_to_string(dir.join("token.txt")).unwrap(), "upstream-token\n");
+        assert!(!dir.join("certs.json.refused").exists() && !dir.join("token.txt.refused").exists());
+    }
+    // Nor can a reload send the snapshots there.
+    let path = write_config(&dir, &with(cloudflare, r#""accessLog":null"#));
+    let mut s = TestServer::start_with(dir, path.into(), &[]);
+    let (ok, failed) = reload_with(&s, &cases[0].0);
+    assert_eq!((ok, failed), (0.0, 1.0), "the reload is refused");
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(3)).success());
+    assert_eq!(std::fs::read_to_string(s.dir.join("certs.json")).unwrap(), jwks, "the stop wrote over the JWKS");
+}
+
+#[test]
 fn check_config_and_start_up_say_in_words_what_is_wrong_with_a_ca_file() {
     let dir = scratch_dir();
     let ca = tls_support::Ca::new("ops test ca");

@@ -153,6 +153,16 @@ pub struct Upstream {
 }
 
 impl UpstreamConfig {
+    /// The files this section reads (`caFile`, `${file:PATH}` in
+    /// `setHeaders`), each with the field that names it.
+    pub fn files_read(&self) -> impl Iterator<Item = (String, &Path)> {
+        let ca = self.ca_file.iter().map(|f| ("caFile".to_string(), Path::new(f.as_str())));
+        let values = self.set_headers.iter().flat_map(|(name, value)| {
+            file_references(value.expose()).map(move |path| (format!("setHeaders.{name}"), Path::new(path)))
+        });
+        ca.chain(values)
+    }
+
     /// Checks what the JSON alone decides; `pools.<name>.upstream` is prefixed by the caller.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let target = parse_url(&self.url)?;
@@ -353,6 +363,11 @@ fn parse_url(url: &str) -> Result<Target, ConfigError> {
     Ok(Target { tls, name: host.to_ascii_lowercase().into(), port, authority: authority.into() })
 }
 
+/// The paths of the `${file:PATH}` references in `value`.
+fn file_references(value: &str) -> impl Iterator<Item = &str> {
+    value.split("${").skip(1).filter_map(|tail| tail.split_once('}')?.0.strip_prefix("file:"))
+}
+
 /// Replaces every `${env:NAME}` and `${file:PATH}` in `value`. A file's
 /// trailing line break is dropped (editors add one).
 fn resolve(value: &str) -> Result<String, String> {
@@ -473,6 +488,8 @@ mod tests {
         assert_eq!(resolved.unwrap(), "Bearer sk-123/from-file");
         assert!(resolve("${env:NTHPOOL_UPSTREAM_TEST_MISSING}").unwrap_err().contains("NTHPOOL_UPSTREAM_TEST_MISSING"));
         assert!(resolve("${file:/nonexistent/nthpool}").unwrap_err().contains("/nonexistent/nthpool"));
+        let named: Vec<&str> = file_references("a ${file:x} ${env:Y}${file:/run/z}, $ {file:no}").collect();
+        assert_eq!(named, ["x", "/run/z"], "the files a value reads");
         assert!(resolve("${vault:x}").is_err());
         for empty in ["${env:}", "${file:}"] {
             assert!(resolve(empty).unwrap_err().contains("names nothing"), "{empty}");

@@ -249,7 +249,9 @@ impl Persistence {
         };
         leads_to_a_file(&path)?;
         let secret = self.secret_path.as_deref().map(|p| (p, "the slot secret's file"));
-        state_file_apart(&path, secret.into_iter().chain([(config_path, "the configuration file")]))?;
+        let read = files_read(config);
+        let read = read.iter().map(|(p, what)| (*p, what.as_str()));
+        state_file_apart(&path, secret.into_iter().chain([(config_path, "the configuration file")]).chain(read))?;
         if self.holds_lock_of(&path) {
             return Ok(());
         }
@@ -426,7 +428,9 @@ pub fn check_files(config: &Config, config_path: &Path) -> Result<(), String> {
         return Ok(());
     };
     leads_to_a_file(&path)?;
-    state_file_apart(&path, [(&*secret_path, "the slot secret's file"), (config_path, "the configuration file")])?;
+    let read = files_read(config);
+    let kept = [(&*secret_path, "the slot secret's file"), (config_path, "the configuration file")];
+    state_file_apart(&path, kept.into_iter().chain(read.iter().map(|(p, what)| (*p, what.as_str()))))?;
     snapshot::check_writable(&path)
         .map_err(|e| format!("stateFile: cannot write a snapshot to {} ({e})", path.display()))
 }
@@ -479,6 +483,15 @@ fn lock_path(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The files `config` reads (a JWKS, a CA bundle, a `${file:PATH}` value),
+/// each said as what it is. The server's own files are kept apart from them:
+/// a snapshot renamed over one, or log lines appended to it, would leave the
+/// next start unable to read it (and a start that finds one where its state
+/// file goes moves it aside as a refused snapshot).
+fn files_read(config: &Config) -> Vec<(&Path, String)> {
+    config.files_read().into_iter().map(|(field, path)| (path, format!("the file of {field}"))).collect()
+}
+
 /// Refuses a state file `path` that is one of `others` (each named by what it is).
 fn state_file_apart<'a>(path: &Path, others: impl IntoIterator<Item = (&'a Path, &'a str)>) -> Result<(), String> {
     match others.into_iter().find(|(other, _)| same_file(path, other)) {
@@ -512,6 +525,8 @@ fn access_log_apart<'a>(
     files.extend(lock.as_deref().map(|p| (p, "the state file's lock")));
     files.extend(writing.as_deref().map(|p| (p, "the temporary file each snapshot is written to")));
     files.extend(aside.as_deref().map(|p| (p, "where a refused snapshot is moved")));
+    let read = files_read(config);
+    files.extend(read.iter().map(|(p, what)| (*p, what.as_str())));
     match files.into_iter().find(|(other, _)| same_file(log, other)) {
         Some((_, what)) => Err(format!("accessLog: {} is {what}; log to a file of its own", log.display())),
         None => Ok(()),

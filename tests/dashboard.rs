@@ -140,7 +140,12 @@ fn pool_json_has_history_attempts_and_examples_without_secrets() {
         assert!(text.starts_with(&lock_api), "{text}");
         assert!(text.contains("-H \"X-Nthpool-Key: $POOL_KEY\""), "{text}");
     }
-    assert!(examples[1]["text"].as_str().unwrap().contains(r#"-d '{"waitMs":30000}'"#));
+    // The queued acquire waits what this pool's queue timeout allows, and says so.
+    assert!(examples[1]["text"].as_str().unwrap().contains(r#"-d '{"waitMs":5000}'"#), "{}", examples[1]);
+    assert_eq!(examples[1]["title"], "Acquire, wait up to 5 s in the queue");
+    let other = &get_json(&s, "/api/pools/other")["examples"][1];
+    assert!(other["text"].as_str().unwrap().contains(r#"-d '{"waitMs":30000}'"#), "{other}");
+    assert_eq!(other["title"], "Acquire, wait up to 30 s in the queue");
     assert!(examples[2]["text"].as_str().unwrap().contains(r#""$LOCK_API/$SLOT_ID/renew""#));
     assert!(examples[4]["text"].as_str().unwrap().contains(r#""status":429,"throttled":1"#));
 

@@ -16,7 +16,7 @@ use crate::api::route::BadEscape;
 use crate::api::{App, CredentialsAsked};
 use crate::ct::secret_eq;
 use crate::governor::history::Sample;
-use crate::governor::{DenyReason, Pool, PoolId};
+use crate::governor::{DenyReason, Pool, PoolId, PoolSettings};
 use crate::http::request::Head;
 use crate::http::response::{error_body, Status, Writer};
 
@@ -335,8 +335,21 @@ fn pool_json(app: &App, pid: PoolId, reached_as: Option<&[u8]>) -> Value {
             "queueDepth": series(|x| x.queue),
         },
         "attempts": attempts,
-        "examples": examples(&lock_api, &lock_path, app.credentials_asked(pid)),
+        "examples": examples(&lock_api, &lock_path, app.credentials_asked(pid), queued_wait(s)),
     })
+}
+
+/// The queued acquire's wait and title: 30 s, or the pool's queue timeout
+/// when that is shorter (the server would clamp the wait to it), so the
+/// title says what the line does with this pool.
+fn queued_wait(s: &PoolSettings) -> (u64, String) {
+    const WAIT_MS: u64 = 30_000;
+    match s.queue_timeout_ms.min(WAIT_MS) {
+        _ if s.queue_size == 0 => (WAIT_MS, "Acquire with a wait (this pool has no queue: it answers at once)".into()),
+        0 => (WAIT_MS, "Acquire with a wait (this pool's queue.timeoutMs is 0: it answers at once)".into()),
+        ms if ms % 1000 == 0 => (ms, format!("Acquire, wait up to {} s in the queue", ms / 1000)),
+        ms => (ms, format!("Acquire, wait up to {ms} ms in the queue")),
+    }
 }
 
 /// Ready `curl` lines in the shapes of the lock-API page, with the key as
@@ -344,7 +357,7 @@ fn pool_json(app: &App, pid: PoolId, reached_as: Option<&[u8]>) -> Value {
 /// pool whose access policies want more than the key gets those too: its
 /// JWT as `$POOL_JWT`, its Cloudflare Access token as `$CF_ACCESS_JWT`, and
 /// an `hmac` signature computed with `openssl` from `$POOL_HMAC_SECRET`.
-fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
+fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked, queued: (u64, String)) -> Value {
     // Single-quoted for the shell; a quote in publicHost is closed and escaped.
     let head = format!("export LOCK_API='{}'\n", lock_api.replace('\'', "'\\''"));
     let signed = asked.hmac;
@@ -401,8 +414,8 @@ fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked) -> Value {
     let throttled = Some("{\"status\":429,\"throttled\":1,\"retryAfterMs\":2000}");
     json!([
         { "id": "acquire", "title": "Acquire, fail fast", "text": call("acquire", None, "", true) },
-        { "id": "acquire-queued", "title": "Acquire, wait up to 30 s in the queue",
-          "text": call("acquire", Some("{\"waitMs\":30000}"), "", true) },
+        { "id": "acquire-queued", "title": queued.1,
+          "text": call("acquire", Some(&format!("{{\"waitMs\":{}}}", queued.0)), "", true) },
         { "id": "renew", "title": "Renew", "text": call("$SLOT_ID/renew", None, "", false) },
         { "id": "release", "title": "Release", "text": call("$SLOT_ID/release", Some("{\"status\":200}"), "", false) },
         { "id": "release-throttled", "title": "Release with a throttle report",

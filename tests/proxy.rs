@@ -934,6 +934,57 @@ fn a_refused_proxied_request_logs_the_client_the_policy_saw() {
     assert_eq!(clients, [Some("8.8.8.8"), Some("0.0.0.0"), Some("10.2.2.2")], "{lines:?}");
 }
 
+/// Every request on a pool's own proxy listener is that pool's proxy
+/// traffic: one whose head is refused for its framing, or whose client
+/// closes before it is complete, gets its access-log line and counts as the
+/// pool's rejection too, with the method and path its request line gives (the
+/// query left out), as a lock API acquire would.
+#[test]
+fn a_request_on_a_pools_listener_refused_at_its_head_or_cut_short_is_logged() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let c = config(&format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:0"}}"#, up.url()), "");
+    let mut server = TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1));
+    let announced = server.banner.split("nthpool proxy for pool `p` on http://").nth(1).expect("the proxy listener");
+    let listener = announced.lines().next().unwrap().to_string();
+    let mut refused = TcpStream::connect(&listener).unwrap();
+    refused.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    refused
+        .write_all(
+            b"POST /v1/refused?key=secret HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        )
+        .unwrap();
+    let r = read_any(&mut refused).unwrap();
+    assert_eq!((r.status, r.error_code().as_str()), (400, "bad_request"), "{r:?}");
+    // A stray line end is no request: its close is not logged.
+    let mut stray = TcpStream::connect(&listener).unwrap();
+    stray.write_all(b"\r\n").unwrap();
+    drop(stray);
+    let mut cut = TcpStream::connect(&listener).unwrap();
+    cut.write_all(b"\r\nGET /v1/cut HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    drop(cut);
+    let log = server.dir.join("access.log");
+    eventually("both lines are written", || std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == 2));
+    assert_eq!(server.metric(r#"nthpool_rejections_total{pool="p",code="400"}"#), Some(1.0));
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let got: Vec<_> = lines
+        .iter()
+        .map(|l| {
+            (l["pool"].as_str(), l["status"].as_u64(), l["error"].as_str(), l["method"].as_str(), l["path"].as_str())
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some("p"), Some(400), Some("bad_request"), Some("POST"), Some("/v1/refused")),
+            (Some("p"), Some(499), Some("client_gone"), Some("GET"), Some("/v1/cut")),
+        ],
+        "{lines:?}"
+    );
+    assert!(up.seen().is_empty(), "nothing reached the upstream");
+}
+
 #[test]
 fn sigterm_lets_a_proxied_request_in_flight_finish() {
     let up = MockUpstream::start(|_| {

@@ -956,32 +956,41 @@ impl App {
     }
 
     /// Answers a head refused before it could be used (framing, version,
-    /// size) and closes; if its request line names an acquire route, the
-    /// attempt is logged (by the peer's address: no header is trusted).
+    /// size) and closes; if its request line names an acquire route, or it
+    /// came on a pool's own proxy listener (`listener_pool`: every request
+    /// there is that pool's proxy traffic), the attempt is logged (by the
+    /// peer's address: no header is trusted).
+    #[allow(clippy::too_many_arguments)]
     pub fn refuse_head(
         &mut self,
         input: &[u8],
         peer: IpAddr,
+        listener_pool: Option<PoolId>,
         started: Instant,
         now: Now,
         error: ApiError,
         out: &mut Vec<u8>,
     ) {
-        self.write_error(out, error, true);
-        self.log_unanswered(input, peer, started, now, (error.status().code(), error.code()));
+        self.write_error_of(listener_pool, out, error, true, b"");
+        self.log_unanswered(input, peer, listener_pool, started, now, (error.status().code(), error.code()));
     }
 
     /// The access-log line of an acquire known only by its request line, at
     /// the start of `input`: a refused head, or one its connection closes on
-    /// before it was complete or read (`UNANSWERED_*`: neither is sent).
+    /// before it was complete or read (`UNANSWERED_*`: neither is sent). On
+    /// a pool's own proxy listener that is a proxied request of the pool's.
     pub fn log_unanswered(
         &mut self,
         input: &[u8],
         peer: IpAddr,
+        listener_pool: Option<PoolId>,
         started: Instant,
         now: Now,
         (status, code): (u16, &'static str),
     ) {
+        if let Some(pid) = listener_pool {
+            return self.log_unanswered_proxied(pid, input, peer, started, now, (status, code));
+        }
         let Some(Route::Acquire { pool }) = logged_path(input).and_then(route::route) else {
             return;
         };

@@ -295,6 +295,31 @@ impl App {
         self.log_proxied(&attempt, ctx.now.wall(), &line);
     }
 
+    /// A request on `pid`'s own proxy listener known only by its request
+    /// line: its head was refused, or its connection closed before it was
+    /// complete (`App::log_unanswered`). Logged with the method and path
+    /// that line gives, as far as it came, and the peer's address.
+    #[cold]
+    pub(super) fn log_unanswered_proxied(
+        &mut self,
+        pid: PoolId,
+        input: &[u8],
+        peer: std::net::IpAddr,
+        started: std::time::Instant,
+        now: Now,
+        (status, code): (u16, &'static str),
+    ) {
+        let (method, path) = request_line_parts(input);
+        // Bytes that do not start with a method (a stray line end, noise)
+        // are not known to be a request.
+        if method.is_empty() {
+            return;
+        }
+        let attempt = Attempt { pool: pid, client: peer, wait_ms: 0, started };
+        let line = ProxiedLine::refused((method, path), status, code, 0);
+        self.log_proxied(&attempt, now.wall(), &line);
+    }
+
     /// The exchange is over: the slot goes back with what the upstream said.
     pub fn release_proxied(&mut self, pid: PoolId, slot: &SlotId, outcome: Option<&Outcome>, now: Ms) {
         self.gov.release_id(pid, slot, outcome, now);
@@ -304,6 +329,19 @@ impl App {
 /// A request's method and its path without the query, for the log.
 fn method_and_path<'h>(head: &Head<'h>) -> (&'h str, &'h str) {
     (head.method_name, path_without_query(head.path_str()))
+}
+
+/// The method and the path without its query of the request line at the
+/// start of `input` (after the empty lines a client may send before it, RFC
+/// 9112 §2.2), each empty when that line does not give one.
+fn request_line_parts(input: &[u8]) -> (&str, &str) {
+    let input = &input[input.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(input.len())..];
+    let method = input.split(|&b| b == b' ').next().filter(|m| m.iter().all(|&b| crate::http::is_tchar(b)));
+    let method = method.and_then(|m| std::str::from_utf8(m).ok()).unwrap_or_default();
+    let path = super::logged_path(input).and_then(|p| std::str::from_utf8(p).ok()).map(path_without_query);
+    // An empty path before a query (`http://h?q`) is the root, as it is relayed.
+    let path = path.map(|p| if p.is_empty() { "/" } else { p }).unwrap_or_default();
+    (method, path)
 }
 
 /// `/v1/chat?key=x` → `/v1/chat`: queries may carry secrets.

@@ -375,9 +375,10 @@ impl Conn {
         matches!(self.phase, Phase::Lingering { .. })
     }
 
-    /// A lock API request of it is arriving, or waits to be read, with no
-    /// answer written or decided for it: what closing it now leaves
-    /// unanswered (an acquire among them is logged as such).
+    /// A request of it is arriving, or waits to be read, with no answer
+    /// written or decided for it: what closing it now leaves unanswered (an
+    /// acquire among them is logged as such, as is any request on a pool's
+    /// own proxy listener; one relayed is its exchange's to log).
     pub fn has_unanswered_request(&self) -> bool {
         self.request_started.is_some()
             && !self.input.is_empty()
@@ -385,7 +386,6 @@ impl Conn {
             && !self.is_lingering()
             && !self.admin
             && !self.refused
-            && self.listener_pool.is_none()
             && self.exchange.is_none()
     }
 

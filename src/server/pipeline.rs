@@ -76,7 +76,8 @@ impl Server {
                 &Err(e) => {
                     let (head_request, answer_start) = (is_head_request(data), conn.output.len());
                     let error = ApiError::from(e);
-                    app.refuse_head(data, conn.peer.ip(), *turn_started, now, error, &mut conn.output);
+                    let peer = conn.peer.ip();
+                    app.refuse_head(data, peer, conn.listener_pool, *turn_started, now, error, &mut conn.output);
                     close_refused(conn, answer_start, head_request);
                     break;
                 }
@@ -229,7 +230,7 @@ fn log_if_gone(app: &mut App, conn: &Conn, started: Instant, now: Now) {
 pub(super) fn log_unanswered(app: &mut App, conn: &Conn, started: Instant, now: Now, why: (u16, &'static str)) {
     if conn.has_unanswered_request() {
         let input = &conn.input.buf[conn.input.start..conn.input.end];
-        app.log_unanswered(input, conn.peer.ip(), started, now, why);
+        app.log_unanswered(input, conn.peer.ip(), conn.listener_pool, started, now, why);
     }
 }
 

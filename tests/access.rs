@@ -1160,6 +1160,33 @@ fn an_unknown_pools_line_names_it_only_when_it_could_be_a_pool_name() {
     assert!(!text.contains("Key0123456789") && text.len() < 2_000, "{text}");
 }
 
+/// A key that is itself a DNS label (a UUID, say) put where the pool's name
+/// goes is never written out either: any pool's key, plain or given as its
+/// SHA-256, is logged as `""`, on an answered acquire and on a refused head.
+#[test]
+fn a_key_in_the_pool_segment_is_never_logged_even_when_it_could_be_a_pool_name() {
+    const UUID_KEY: &str = "0b9f3c1e-2d4a-4f6b-8c7d-9e0f1a2b3c4d";
+    const HASHED_KEY: &str = "9d2c41aa-77e0-4b1f-a3c5-5e6f7a8b9c0d";
+    let hashed: String = Sha256::digest(HASHED_KEY).iter().map(|b| format!("{b:02x}")).collect();
+    let pool = format!(r#""keys":["{KEY}","{UUID_KEY}"],"keySha256":["{hashed}"]"#);
+    let mut s = TestServer::start(&config_with_access_log("").replacen(&format!(r#""keys":["{KEY}"]"#), &pool, 1));
+    for in_path in [UUID_KEY, HASHED_KEY] {
+        let r = s.request(&post(&format!("/pools/{in_path}/lock/acquire"), in_path, "", ""));
+        assert_eq!(r.status, 401, "{r:?}");
+        let framing = format!(
+            "POST /pools/{in_path}/lock/acquire HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        assert_eq!(s.request(framing.as_bytes()).status, 400);
+    }
+    assert_eq!(s.request(&post("/pools/typo-pool/lock/acquire", KEY, "", "")).status, 401);
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let (text, lines) = access_log(&s);
+    let pools: Vec<&str> = lines.iter().map(|l| l["pool"].as_str().unwrap()).collect();
+    assert_eq!(pools, ["", "", "", "", "typo-pool"], "{text}");
+    assert!(!text.contains(UUID_KEY) && !text.contains(HASHED_KEY), "{text}");
+}
+
 /// "Renew and release are not" written to the access log, refused ones
 /// neither: a wrong key, another method, a bad or oversized body, a framing
 /// error or an unknown slot on a renew or release route leaves no line; the

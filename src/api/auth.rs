@@ -1,6 +1,8 @@
 //! Pool keys: who may use a pool at all. Every configured access policy
 //! comes on top of this; the key is always required.
 
+use std::collections::HashSet;
+
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
@@ -145,5 +147,33 @@ impl PoolKeys {
         } else {
             Err(MISSING)
         }
+    }
+}
+
+/// Every pool's keys, so that text a client sent where a pool's name goes
+/// can be told to be a key (and kept out of the access log, SPEC §9) with a
+/// look-up or two, however many keys there are: the plain keys as they are,
+/// the `keySha256` entries by digest (the text is hashed only when there are
+/// some).
+#[derive(Default)]
+pub struct KnownKeys {
+    plain: HashSet<Box<[u8]>>,
+    hashed: HashSet<[u8; 32]>,
+}
+
+impl KnownKeys {
+    pub fn of<'k>(pools: impl Iterator<Item = &'k PoolKeys>) -> KnownKeys {
+        let mut known = KnownKeys::default();
+        for keys in pools {
+            known.plain.extend(keys.plain.iter().cloned());
+            known.hashed.extend(keys.hashed.iter().copied());
+        }
+        known
+    }
+
+    /// Whether `text` is a key of some pool.
+    pub fn holds(&self, text: &[u8]) -> bool {
+        self.plain.contains(text)
+            || !self.hashed.is_empty() && self.hashed.contains(&<[u8; 32]>::from(Sha256::digest(text)))
     }
 }

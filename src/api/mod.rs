@@ -34,7 +34,7 @@ use crate::http::response::{json_u64, push_u64, Status, Writer};
 use crate::metrics::Histogram;
 use crate::report::{self, check_object, is_blank};
 use crate::time::{EpochMs, Now};
-use auth::{KeyPrint, PoolKeys};
+use auth::{KeyPrint, KnownKeys, PoolKeys};
 pub use door::{Answer, ConnId, Event, Wake};
 pub use error::ApiError;
 use route::Route;
@@ -155,18 +155,8 @@ pub struct App {
     /// that revokes its key refuses it (`recheck_waiter`). Kept beside the
     /// waiters, not in `Queued`, which every answer carries.
     waiter_prints: Vec<(KeyPrint, u64)>,
-}
-
-/// The name an acquire's access-log line gives a pool no configuration has:
-/// the one its path named when that could be a pool's (a DNS label, as every
-/// configured name is), else empty. A path is the client's: one that put a
-/// key there by mistake, or thousands of bytes, has neither written out.
-fn logged_pool_name(name: &str) -> &str {
-    if crate::config::is_dns_label(name) {
-        name
-    } else {
-        ""
-    }
+    /// Every pool's keys, retired pools' too (`logged_pool_name`).
+    known_keys: KnownKeys,
 }
 
 /// Lock API answers of 400 and above, by pool and status code: one counter
@@ -282,6 +272,7 @@ impl App {
             answered_names: String::new(),
             generation: 0,
             waiter_prints: Vec::new(),
+            known_keys: KnownKeys::default(),
         };
         app.reconfigure(config, Now::default())?;
         Ok(app)
@@ -322,8 +313,22 @@ impl App {
             };
             self.creds.push(creds);
         }
+        self.known_keys = KnownKeys::of(self.creds.iter().map(|c| &c.keys));
         self.index_proxy_hosts();
         Ok(())
+    }
+
+    /// The name an acquire's access-log line gives a pool no configuration
+    /// has: the one its path named when that could be a pool's (a DNS label,
+    /// as every configured name is) and is no pool's key, else empty. A path
+    /// is the client's: one that put a key there by mistake (a UUID is a DNS
+    /// label), or thousands of bytes, has neither written out.
+    fn logged_pool_name<'n>(&self, name: &'n str) -> &'n str {
+        if crate::config::is_dns_label(name) && !self.known_keys.holds(name.as_bytes()) {
+            name
+        } else {
+            ""
+        }
     }
 
     /// Pools the snapshot brought back retired, beyond the configured ones:
@@ -542,7 +547,7 @@ impl App {
             // path spelled it with percent-escapes.
             let name = match pool {
                 Some(_) => None,
-                None => Some(logged_pool_name(std::str::from_utf8(name).unwrap_or_default())),
+                None => Some(self.logged_pool_name(std::str::from_utf8(name).unwrap_or_default())),
             };
             self.record_attempt(pool, name, client, line, ctx.started, true);
         }
@@ -1001,7 +1006,7 @@ impl App {
         // request's line names its pool.
         let decoded = if pool.contains(&b'%') { route::decode_pool(pool).ok().flatten() } else { None };
         let name = std::str::from_utf8(decoded.as_ref().map_or(pool, |name| name.as_bytes())).unwrap_or_default();
-        self.record_attempt(None, Some(logged_pool_name(name)), peer, line, started, false);
+        self.record_attempt(None, Some(self.logged_pool_name(name)), peer, line, started, false);
     }
 
     /// A `429` or `504` for an acquire, logged.

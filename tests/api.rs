@@ -333,6 +333,29 @@ fn a_body_without_wait_ms_leaves_the_wait_to_the_header() {
     }
 }
 
+/// A wait budget is a floor: the server's clock reads whole milliseconds,
+/// and a deadline counted from that rounded-down instant answered `504` up
+/// to a millisecond before the caller's budget had passed (4 in 40 of 50-ms
+/// waits did). Timed from before the request is sent, so the client's own
+/// measure is never shorter than the server's.
+#[test]
+fn a_queued_acquire_is_never_answered_504_before_its_wait_budget() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":5000}"#, ""));
+    s.acquire("", "").slot();
+    let budget = Duration::from_millis(7);
+    let acquire = post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":7}"#);
+    let mut c = s.connect();
+    for round in 0..150 {
+        let sent = Instant::now();
+        c.write_all(&acquire).unwrap();
+        let r = read_response(&mut c).expect("an answer");
+        let waited = sent.elapsed();
+        assert_eq!((r.status, r.error_code().as_str()), (504, "queue_timeout"), "{r:?}");
+        assert!(waited >= budget, "round {round}: answered 504 after {waited:?}, under the 7 ms asked for");
+        assert!(r.header_u64("x-nthpool-queued-ms") >= 7, "{r:?}");
+    }
+}
+
 #[test]
 fn a_reclaim_grants_the_head_waiter() {
     let s = TestServer::start(&config(

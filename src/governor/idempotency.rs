@@ -292,7 +292,7 @@ mod tests {
         slot(g.acquire_keyed(p, &key("h"), 0, 1, 0));
         let Ok(Admission::Queued(w)) = g.acquire_keyed(p, &key("q"), 100, 2, 0) else { panic!("queued") };
         assert_eq!(g.acquire_keyed(p, &key("new"), 0, 3, 0).unwrap_err(), KeyStoreFull);
-        g.advance(100);
+        g.advance(101);
         assert!(matches!(g.pop_notice(), Some(Notice::TimedOut { owner: 2, .. })));
         assert_eq!(g.pool(p).idem.len(), 1, "a timed-out waiter's key expires");
         let Ok(Admission::Queued(w2)) = g.acquire_keyed(p, &key("q"), 100, 4, 100) else { panic!("queued") };

@@ -415,7 +415,10 @@ impl<T: Copy> Governor<T> {
         if pool.queue.len() >= pool.settings.queue_size {
             return Admission::Denied(self.deny(pid, DenyReason::QueueFull, wait, now));
         }
-        let timer = self.wheel.insert(now + budget, Timer::Waiter(self.waiters.vacant_key()));
+        // `now` is whole milliseconds, rounded down: the acquire came up to a
+        // millisecond after it, and a deadline at `now + budget` could answer
+        // 504 before the caller's budget had passed. One more never does.
+        let timer = self.wheel.insert(now + budget + 1, Timer::Waiter(self.waiters.vacant_key()));
         let pool = &mut self.pools[pid.0 as usize];
         let key = self.waiters.push_back(&mut pool.queue, pid, owner, now, timer);
         if reason != DenyReason::Concurrency {

@@ -84,27 +84,35 @@ impl Outcome {
         self.status == Some(429) || self.throttled > 0
     }
 
-    /// Not refused: a status under 400, or none with no throttling. A
-    /// report that gives no status and no 429 (`{}`, `{"throttled":0}`)
+    /// Not refused: a status under 400, or none with no sign of a refusal.
+    /// A report that gives no status and no 429 (`{}`, `{"throttled":0}`)
     /// says what a release without a report says, since the lock API asks
     /// for outcome fields when a call saw throttling: the same success
     /// (`Learning::on_unreported`), or a limit cut by a 429 would never
-    /// grow back for a caller that always sends a report object.
+    /// grow back for a caller that always sends a report object. One with
+    /// a retry hint and no status may be of a refused call: it teaches only
+    /// its rate headers, as a `5xx` does (one showing a spent window is a
+    /// rate refusal: `evidence`).
     fn is_success(&self) -> bool {
-        !self.is_throttled() && self.status.is_none_or(|s| s < 400)
+        let r = &self.rate;
+        let refusal_sign =
+            r.retry_after_ms.is_some_and(|ms| ms > 0) || r.remaining == Some(0) || r.token_remaining == Some(0);
+        !self.is_throttled() && self.status.map_or(!refusal_sign, |s| s < 400)
     }
 }
 
 /// What one report says about the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Evidence {
-    /// Refused because a request or token window is spent.
+    /// Refused because a request or token window is spent (or, with no
+    /// status, showing it spent).
     Rate,
     /// Refused with no sign of a spent budget: too many at once, or overload.
     Concurrency,
-    /// Served (`status < 400`, or no status), not throttled.
+    /// Served (`status < 400`, or no status and no sign of a refusal), not throttled.
     Success,
-    /// Anything else (a 4xx other than 429, a 5xx): teaches only its rate headers.
+    /// Anything else (a 4xx other than 429, a 5xx, no status with a retry
+    /// hint): teaches only its rate headers.
     Other,
 }
 
@@ -120,7 +128,12 @@ impl Outcome {
         let spent = r.remaining == Some(0)
             || r.token_remaining == Some(0)
             || r.silent_reset().is_some() && r.retry_after_ms.is_some_and(|ms| ms > 0);
-        match (self.is_throttled(), spent) {
+        // A report with no status that shows the window spent is the rate
+        // refusal's sign (SPEC §7: "the report shows `remaining` 0"): the
+        // lock API asks for outcome fields when a call saw throttling, and
+        // the next call would be refused whatever this one got.
+        let refused = self.is_throttled() || self.status.is_none() && spent;
+        match (refused, spent) {
             (true, true) => Evidence::Rate,
             (true, false) => Evidence::Concurrency,
             (false, _) if self.is_success() => Evidence::Success,

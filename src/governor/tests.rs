@@ -427,7 +427,9 @@ fn reports_without_a_status_or_a_429_grow_a_cut_limit_back() {
     // What `{}` and `{"throttled":0}` parse to.
     let unrefused = Outcome::default();
     let failed = Outcome { status: Some(503), ..OK };
-    for (report, grows) in [(unrefused, true), (failed, false)] {
+    // No status, but a retry hint: the call may have been refused.
+    let hinted = Outcome { rate: RateInfo { retry_after_ms: Some(2_000), ..OK.rate }, ..unrefused };
+    for (report, grows) in [(unrefused, true), (failed, false), (hinted, false)] {
         let (mut g, p) = governor(r#","concurrency":8"#);
         let held: Vec<_> = (0..4).map(|i| granted(g.acquire(p, 0, i, 0))).collect();
         let refused = granted(g.acquire(p, 0, 4, 0));
@@ -1156,6 +1158,40 @@ fn a_blind_probe_ends_at_a_probe_released_without_a_report() {
     let probe = granted(g.acquire(p, 0, 2, 1_000));
     assert!(g.release(p, &id(&probe), None, 1_005));
     assert_eq!(g.pool(p).effective_limit(), 8, "the probe's caller said nothing of a refusal");
+}
+
+/// A probe's report with no status that still shows the window spent, or
+/// a retry hint, is no success: the blind probe goes on.
+#[test]
+fn a_blind_probe_goes_on_past_a_report_with_no_status_that_shows_a_refusal() {
+    let spent = Outcome { status: None, throttled: 0, rate: RateInfo { remaining: Some(0), ..OK.rate } };
+    let hinted = Outcome { status: None, throttled: 0, rate: RateInfo { retry_after_ms: Some(5), ..OK.rate } };
+    for report in [spent, hinted] {
+        let (mut g, p) = blindly_refused();
+        g.advance(1_000);
+        let probe = granted(g.acquire(p, 0, 2, 1_000));
+        assert!(g.release(p, &id(&probe), Some(&report), 1_005));
+        assert_eq!(g.pool(p).effective_limit(), 1, "{report:?} is no success");
+    }
+}
+
+/// A report with no status that shows the window spent is a rate refusal
+/// (SPEC §7): with a retry hint it pauses the pool for it; with neither a
+/// hint nor a reset, one call at a time probes.
+#[test]
+fn a_report_with_no_status_that_shows_a_spent_window_is_a_rate_refusal() {
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let hinted = RateInfo { remaining: Some(0), retry_after_ms: Some(5_000), ..OK.rate };
+    g.release(p, &id(&a), Some(&Outcome { status: None, throttled: 0, rate: hinted }), 10);
+    assert_eq!(denied(g.acquire(p, 0, 2, 20)).reason, DenyReason::Cooldown);
+    assert_eq!(g.pool(p).learning.cooldown_until, 5_010);
+
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    let spent = RateInfo { token_remaining: Some(0), ..OK.rate };
+    g.release(p, &id(&a), Some(&Outcome { status: None, throttled: 0, rate: spent }), 10);
+    assert_eq!(g.pool(p).effective_limit(), 1, "a blind probe");
 }
 
 /// A probe's grant that never reached its holder (released by the server),

@@ -494,7 +494,9 @@ impl Learning {
     pub fn effective_at(&self, now: Ms) -> u32 {
         match self.start {
             Start::Since(since) if !self.one_at_a_time => self.effective.max(self.ramp_cap(since, now)),
-            _ if self.one_at_a_time => 1 + self.exempt_at(now),
+            // Beside the calls out, but never past the configured limit (a
+            // reload may have lowered it under them).
+            _ if self.one_at_a_time => (1 + self.exempt_at(now)).min(self.concurrency.max(1)),
             _ => self.effective,
         }
     }

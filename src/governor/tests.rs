@@ -1128,6 +1128,24 @@ fn a_blind_probe_goes_out_beside_the_calls_already_out() {
     assert_eq!(again.signals.remaining_slots, 8 - 3, "the calls still out count again");
 }
 
+/// A blind probe goes out beside the calls already out, but never past the
+/// configured limit: one lowered by a reload below them grants nothing.
+#[test]
+fn a_blind_probe_beside_the_calls_out_keeps_to_a_lowered_concurrency() {
+    let (mut g, p) = governor(r#","concurrency":8"#);
+    for i in 0..7 {
+        granted(g.acquire(p, 0, i, 0));
+    }
+    let refused = granted(g.acquire(p, 0, 7, 0));
+    let blind = Outcome { status: Some(429), throttled: 1, rate: RateInfo { remaining: Some(0), ..OK.rate } };
+    g.release(p, &id(&refused), Some(&blind), 10);
+    let lowered = Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":2},"other":{"keys":["k2"]}}}"#).unwrap();
+    g.reconfigure(&pool_settings(&lowered), 20);
+    g.advance(1_010);
+    assert_eq!(denied(g.acquire(p, 0, 8, 1_010)).reason, DenyReason::Concurrency, "7 out of 2 allowed");
+    assert!(g.signals(p, 1_010).effective_limit <= 2);
+}
+
 /// A waiter is granted when the calls out stop holding the probe back, at
 /// the end of the longest pause, with nothing else to wake the queue.
 #[test]

@@ -265,15 +265,15 @@ pub fn write_stderr(text: &[u8]) {
 }
 
 /// Text for standard output (the banner): waits for room as a start-up
-/// log line does, standard output being non-blocking when it shares
-/// standard error's pipe.
+/// log line does, then is dropped. Standard output is non-blocking while
+/// it is written (`NonBlocking`): a full pipe nobody reads must not hold
+/// up the start for good.
 pub fn write_stdout(text: &[u8]) {
-    let Ok(fd) = io::stdout().as_fd().try_clone_to_owned() else { return };
-    let mut out = Sender::from(fd);
+    let Ok(mut out) = NonBlocking::stdout() else { return };
     let until = Instant::now() + START_WAIT;
     let mut written = 0;
     while written < text.len() {
-        match out.write(&text[written..]) {
+        match out.sender().write(&text[written..]) {
             Ok(0) => return,
             Ok(n) => written += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}

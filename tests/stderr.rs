@@ -239,3 +239,40 @@ impl ReceiverDup for Receiver {
         Receiver::from(std::os::fd::AsFd::as_fd(self).try_clone_to_owned().unwrap())
     }
 }
+
+/// A standard output nobody reads (the banner's pipe, full) holds up
+/// neither the start nor the stop: the banner waits a while for room, as a
+/// start-up log line does, then is dropped.
+#[test]
+fn a_standard_output_nobody_reads_holds_up_neither_the_start_nor_the_stop() {
+    let (tx, rx) = full_pipe();
+    let keep = tx.as_fd_dup();
+    let dir = scratch_dir();
+    std::fs::write(dir.join("config.json"), config("", "")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        .args(["--config", "config.json", "--listen", "127.0.0.1:0"])
+        .current_dir(&dir)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(OwnedFd::from(tx)))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nthpool");
+    let mut s =
+        Server { child, addr: "127.0.0.1:1".parse().unwrap(), admin: "127.0.0.1:1".parse().unwrap(), _dir: dir };
+    let log = BufReader::new(s.child.stderr.take().unwrap());
+    let (found, lines) = mpsc::channel();
+    thread::spawn(move || {
+        for line in log.lines().map_while(Result::ok) {
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                let _ = found.send(addr.trim().to_string());
+            }
+        }
+    });
+    s.addr = lines.recv_timeout(PATIENCE).expect("the start's log line").parse().unwrap();
+    assert_eq!(s.acquire_status(), Some(200), "the start waited for standard output");
+    let status = s.stop();
+    assert!(status.success(), "{status}");
+    assert!(!non_blocking(&keep), "standard output was left non-blocking");
+    drop(rx);
+}

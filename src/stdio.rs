@@ -170,7 +170,8 @@ impl Log {
             }
             self.unsaid = 0;
         }
-        true
+        // A count line the pipe took only part of must end before the next.
+        self.rest.is_empty()
     }
 
     fn dropped(&mut self) {

@@ -60,7 +60,7 @@ class Slot:
     def __exit__(self, *_):
         self.done.set()  # no report (the upstream never answered): release without one
         try:
-            self._post(f"/{self.slot}/release", self.outcome, 10)
+            self._post(f"/{self.slot}/release", self.outcome or None, 10)
         except OSError:  # nthpool unreachable: the slot comes back at the end of its term
             self.lost.set()
 

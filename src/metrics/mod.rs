@@ -426,7 +426,7 @@ pub fn render(t: &mut Vec<u8>, m: &MetricsSnapshot<'_>) {
     }
     let (s, log) = (m.server, &m.access_log);
     let server: [(&str, &str, &str, u64); 12] = [
-        ("nthpool_connections_open", "gauge", "Open client connections (both listeners).", s.connections_open),
+        ("nthpool_connections_open", "gauge", "Open client connections (every listener).", s.connections_open),
         (
             "nthpool_connection_buffer_bytes",
             "gauge",

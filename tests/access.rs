@@ -1187,6 +1187,31 @@ fn a_key_in_the_pool_segment_is_never_logged_even_when_it_could_be_a_pool_name()
     assert!(!text.contains(UUID_KEY) && !text.contains(HASHED_KEY), "{text}");
 }
 
+/// An unknown pool spelled with percent-escapes is logged under the name
+/// they spell (`n%6fpe` is `nope`, as the look-up reads it), whether its
+/// acquire was answered or cut short, and a name that cannot be a pool's
+/// (`-abc-`) under `""` either way.
+#[test]
+fn an_unknown_pool_spelled_with_escapes_is_logged_under_one_name_answered_or_cut_short() {
+    let mut s = TestServer::start(&config_with_access_log(""));
+    for name in ["n%6fpe", "-abc-"] {
+        let path = format!("/pools/{name}/lock/acquire");
+        assert_eq!(s.request(&post(&path, KEY, "", "")).status, 401);
+        let mut cut = s.connect();
+        cut.write_all(format!("POST {path} HTTP/1.1\r\nHost: h\r\n").as_bytes()).unwrap();
+        cut.shutdown(std::net::Shutdown::Write).unwrap();
+        cut.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 64];
+        assert_eq!(cut.read_some(&mut buf).unwrap(), 0, "closed without an answer");
+    }
+    s.signal("TERM");
+    assert!(wait_for_exit(&mut s, Duration::from_secs(10)).success());
+    let (text, lines) = access_log(&s);
+    let logged: Vec<(&str, u64)> =
+        lines.iter().map(|l| (l["pool"].as_str().unwrap(), l["status"].as_u64().unwrap())).collect();
+    assert_eq!(logged, [("nope", 401), ("nope", 499), ("", 401), ("", 499)], "{text}");
+}
+
 /// "Renew and release are not" written to the access log, refused ones
 /// neither: a wrong key, another method, a bad or oversized body, a framing
 /// error or an unknown slot on a renew or release route leaves no line; the

@@ -331,6 +331,16 @@ impl App {
         }
     }
 
+    /// `logged_pool_name` of a path's `{pool}` segment read as the look-up
+    /// reads it, its percent-escapes decoded into `room` (`n%6fpe` is
+    /// `nope`), so a request is logged under one name whether it was
+    /// answered or cut short.
+    fn logged_segment<'a>(&self, segment: &'a [u8], room: &'a mut Option<route::DecodedName>) -> &'a str {
+        *room = if segment.contains(&b'%') { route::decode_pool(segment).ok().flatten() } else { None };
+        let name = room.as_ref().map_or(segment, |name| name.as_bytes());
+        self.logged_pool_name(std::str::from_utf8(name).unwrap_or_default())
+    }
+
     /// Pools the snapshot brought back retired, beyond the configured ones:
     /// their keys and policies are not in it, so no key opens them. Their
     /// leases count until they end; a reload that names a pool again gives
@@ -544,10 +554,12 @@ impl App {
                 ..history::Attempt::default()
             };
             // A known pool's line goes under its own name, also when the
-            // path spelled it with percent-escapes.
+            // path spelled it with percent-escapes; an unknown one's under
+            // the name the escapes spell.
+            let mut room = None;
             let name = match pool {
                 Some(_) => None,
-                None => Some(self.logged_pool_name(std::str::from_utf8(name).unwrap_or_default())),
+                None => Some(self.logged_segment(name, &mut room)),
             };
             self.record_attempt(pool, name, client, line, ctx.started, true);
         }
@@ -1004,9 +1016,9 @@ impl App {
         // No pool is looked up: the line is the access log's only. One
         // spelled with percent-escapes is logged decoded, as a routed
         // request's line names its pool.
-        let decoded = if pool.contains(&b'%') { route::decode_pool(pool).ok().flatten() } else { None };
-        let name = std::str::from_utf8(decoded.as_ref().map_or(pool, |name| name.as_bytes())).unwrap_or_default();
-        self.record_attempt(None, Some(self.logged_pool_name(name)), peer, line, started, false);
+        let mut room = None;
+        let name = self.logged_segment(pool, &mut room);
+        self.record_attempt(None, Some(name), peer, line, started, false);
     }
 
     /// A `429` or `504` for an acquire, logged.

@@ -62,6 +62,8 @@ pub type LookupFn = dyn Fn(&str) -> io::Result<Found> + Send + Sync;
 pub enum ResolveError {
     /// The resolver answered, with an error or with no address.
     NotFound { host: String, why: String },
+    /// No nameserver answered in time: the name may well exist.
+    Unanswered { host: String, why: String },
     /// The name is longer than [`MAX_HOST_LEN`] or empty.
     InvalidName(String),
     /// The resolver thread is gone (it panicked); no lookup can be made.
@@ -75,6 +77,7 @@ impl ResolveError {
             ResolveError::NotFound { .. } | ResolveError::InvalidName(_) => {
                 "The upstream's host name does not resolve."
             }
+            ResolveError::Unanswered { .. } => "The upstream's host name could not be resolved in time.",
             ResolveError::ResolverGone => "The upstream's host name cannot be resolved: the resolver has stopped.",
         }
     }
@@ -85,6 +88,9 @@ impl fmt::Display for ResolveError {
         match self {
             ResolveError::NotFound { host, why } => {
                 write!(f, "the upstream host name {host} does not resolve: {why}")
+            }
+            ResolveError::Unanswered { host, why } => {
+                write!(f, "the upstream host name {host} could not be resolved in time: {why}")
             }
             ResolveError::InvalidName(host) => {
                 write!(f, "{host:?} is not a host name that can be resolved")
@@ -340,8 +346,12 @@ impl Resolver {
                     entry.failure = Some((ResolveError::NotFound { host: host.clone(), why }, now));
                 }
                 Err(e) => {
-                    let why = e.to_string();
-                    entry.failure = Some((ResolveError::NotFound { host: host.clone(), why }, now));
+                    let (host, why) = (host.clone(), e.to_string());
+                    let failure = match e.kind() {
+                        io::ErrorKind::TimedOut => ResolveError::Unanswered { host, why },
+                        _ => ResolveError::NotFound { host, why },
+                    };
+                    entry.failure = Some((failure, now));
                 }
             }
             ready(&host);
@@ -557,6 +567,25 @@ mod tests {
         assert_eq!(l.resolver.lookup("[::1]", u64::MAX / 2), Lookup::Ready(&[v6]));
         assert!(calls.lock().unwrap().is_empty());
         assert!(!l.resolver.started(), "literals start no thread");
+    }
+
+    /// A nameserver that did not answer in time says nothing of the name:
+    /// the client is not told it does not resolve.
+    #[test]
+    fn a_lookup_no_nameserver_answered_in_time_is_told_apart() {
+        let lookup =
+            |_: &str| -> io::Result<Found> { Err(io::Error::new(io::ErrorKind::TimedOut, "no answer in time")) };
+        let mut l = Loop::new(Arc::new(lookup));
+        assert_eq!(l.resolver.lookup("slow.test", 0), Lookup::Pending);
+        l.wait_answers(10);
+        match l.resolver.lookup("slow.test", 20) {
+            Lookup::Failed(err) => {
+                assert_eq!(err.sentence(), "The upstream's host name could not be resolved in time.");
+                let text = err.to_string();
+                assert!(text.contains("slow.test") && text.contains("no answer in time"), "{text}");
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
     }
 
     #[test]

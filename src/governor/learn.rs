@@ -1171,7 +1171,14 @@ impl Learning {
             return None;
         }
         let _ = self.on_budget_reset(now);
-        let same_window = self.budget.is_some_and(|b| earliest <= b.reset_at);
+        // A refill's end is a guess, early when the window's length was
+        // learned from resets all shorter than it: a report ending nearer
+        // the guessed end than the next window's is of the refilled window
+        // (which ends later than guessed), and its grants since the refill
+        // still count (its end, a guess, tells nothing of the stamping).
+        let outlasts_guess = self.reset_guessed
+            && self.budget.is_some_and(|b| earliest > b.reset_at && earliest < b.reset_at + self.window_ms / 2);
+        let same_window = outlasts_guess || self.budget.is_some_and(|b| earliest <= b.reset_at);
         // A window that ends before the budget's can is another, earlier
         // one. Said by a call admitted before the newest one that said the
         // budget (a slow call reporting late), it is an older view: it never
@@ -1182,7 +1189,7 @@ impl Learning {
         }
         // Whole seconds cannot tell a service time from a rounding; a date
         // reads the same whenever it was stamped.
-        if same_window && !coarse && !refused {
+        if same_window && !outlasts_guess && !coarse && !refused {
             self.vote_stamp(latest);
         }
         let left = if refused { remaining } else { remaining.saturating_sub(self.unseen_grants(lease, now)) };
@@ -1429,6 +1436,31 @@ mod tests {
         let newest = grant(&mut l, 5300);
         l.on_report(&with_budget(ok(), 7, 5000), about(newest, 0), 5400);
         assert_eq!(l.budget().unwrap().remaining, 7);
+    }
+
+    /// A refill's guess of the next window's end is early when the window's
+    /// length was learned from resets that were all shorter than it. The
+    /// first report of the refilled window then ends later than guessed: it
+    /// is the same window, whose grants since the refill still count, even
+    /// those made in the refill's millisecond (taken to have reached the
+    /// upstream first, which the report's `remaining` says they did not).
+    #[test]
+    fn a_refilled_window_that_ends_later_than_guessed_keeps_its_grants() {
+        let mut l = ramped(10);
+        let spent = Outcome { rate: RateInfo { limit: Some(30), ..with_budget(ok(), 0, 4500).rate }, ..ok() };
+        let a = grant(&mut l, 1000);
+        l.on_report(&spent, about(a, 0), 1500);
+        assert_eq!(l.budget(), Some(Budget { remaining: 0, reset_at: 6000 }));
+        // Held past the end (a cool-down), then a burst at the refill.
+        let first = grant(&mut l, 6100);
+        for _ in 0..4 {
+            grant(&mut l, 6100);
+        }
+        assert_eq!(l.budget(), Some(Budget { remaining: 25, reset_at: 10_500 }), "refilled on a guess");
+        // Stamped at admission, the first of the burst: 29 left until 12 000.
+        l.on_report(&with_budget(ok(), 29, 5900), about(first, 4), 6600);
+        assert_eq!(l.budget().map(|b| b.remaining), Some(25), "{:?}", l.budget());
+        assert_eq!(l.budget().map(|b| b.reset_at), Some(12_500));
     }
 
     /// A concurrency refusal's `remaining` is a bound the budget never

@@ -47,7 +47,11 @@ fn haproxy_available() -> bool {
 /// They lie below Linux's ephemeral range (32768 and up by default), so the
 /// outgoing connections of tests running meanwhile cannot take one between
 /// this check and HAProxy's bind.
+/// `NTHPOOL_CLUSTER_TEST_PORT` names the base instead (one test at a time).
 fn free_base_port(instances: u16) -> u16 {
+    if let Some(base) = std::env::var("NTHPOOL_CLUSTER_TEST_PORT").ok().and_then(|p| p.parse().ok()) {
+        return base;
+    }
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let seed = std::process::id() as usize * 7919;
     for _ in 0..200 {
@@ -921,6 +925,65 @@ fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
             pools[i]
         );
     }
+}
+
+/// A map older than the instances' configuration places a host by the pool
+/// it named before a reload moved the host to another pool. When such a
+/// request is the first of that pool after its instance went down, it is
+/// refused (`421`), yet HAProxy moves the pool it placed the request by all
+/// the same: that pool's window opens, its holder renews, nothing is granted.
+#[test]
+fn a_moved_pool_opens_its_window_when_its_first_request_is_misdirected() {
+    // Never reached: every proxied request here is refused.
+    let url = "http://127.0.0.1:9";
+    let settings = r#""concurrency":2,"termMs":6000,"renewIntervalMs":1000,"requestTimeoutMs":60000,
+        "queue":{"size":100,"timeoutMs":8000}"#;
+    let pools = format!(
+        r#"{{"from":{{"keys":["{KEY}"],{settings},"upstream":{{"url":"{url}","hosts":["moving.proxy.test"]}}}},
+            "to":{{"keys":["{KEY}"],{settings},"upstream":{{"url":"{url}","hosts":["to.proxy.test"]}}}}}}"#
+    );
+    let Some(cluster) = Cluster::start(3, &pools, 250, 120_000) else { return };
+    // Waiting through the fresh instances' start windows.
+    let granted = cluster.request(&post("/pools/from/lock/acquire", KEY, "", r#"{"waitMs":8000}"#));
+    assert_eq!(granted.status, 200, "{granted:?}");
+    let (victim, slot) = (instance(&granted), granted.slot());
+
+    // Every instance moves the host to `to`; HAProxy's map still says `from`.
+    for n in 1..=3u16 {
+        let path = cluster.dir.join(format!("n{n}/config.json"));
+        let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config["pools"]["from"]["upstream"]["hosts"] = serde_json::json!([]);
+        config["pools"]["to"]["upstream"]["hosts"] = serde_json::json!(["to.proxy.test", "moving.proxy.test"]);
+        std::fs::write(&path, config.to_string()).unwrap();
+        cluster.signal(&format!("n{n}"), "HUP");
+    }
+    // Applied once an instance, asked as HAProxy asks it, refuses the host.
+    for n in 1..=3u16 {
+        let to = SocketAddr::from(([127, 0, 0, 1], cluster.port + 10 + n));
+        eventually(&format!("n{n} applied the reload"), || {
+            let mut s = connect_from(Ipv4Addr::new(127, 0, 0, 2), to);
+            let raw = format!(
+                "GET /v1/models HTTP/1.1\r\nHost: moving.proxy.test\r\nX-Nthpool-Pool: from\r\nX-Nthpool-Key: {KEY}\r\n\r\n"
+            );
+            s.write_all(raw.as_bytes()).unwrap();
+            read_response(&mut s).unwrap().status == 421
+        });
+    }
+    let raw = format!("GET /v1/models HTTP/1.1\r\nHost: moving.proxy.test\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+
+    cluster.kill_9(&victim);
+    cluster.wait_status(&victim, "DOWN");
+    let first = cluster.request(raw.as_bytes());
+    assert_eq!(first.status, 421, "{first:?}");
+    assert_ne!(instance(&first), victim);
+    let renewed = cluster.request(&post(&format!("/pools/from/lock/{slot}/renew"), KEY, "", ""));
+    assert_eq!(renewed.status, 200, "the holder lost its slot when the pool moved: {renewed:?}");
+    let acquired = cluster.request(&post("/pools/from/lock/acquire", KEY, "", ""));
+    assert_eq!(
+        (acquired.status, acquired.header("x-nthpool-deny-reason")),
+        (429, Some("recovering")),
+        "granted at once after its move: {acquired:?}"
+    );
 }
 
 /// HAProxy records where a pool lives when the instance it chose answers,

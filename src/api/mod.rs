@@ -807,11 +807,19 @@ impl App {
     /// until this instance answers one (its stick table names this instance
     /// from then on: see `moved_by_trusted_proxy`), and the first may be one
     /// this instance refuses (a bad key, an unknown route under the pool, a
-    /// proxied request's bad head), yet the pool has moved all the same. The pool is found as the proxy finds it: by the
-    /// host of proxy traffic, else by the `{pool}` segment of `/pools/{pool}`.
+    /// proxied request's bad head, one placed by a stale map and refused
+    /// `421`), yet the pool has moved all the same. The pool that moved is
+    /// the one the proxy placed the request by (`X-Nthpool-Pool`, the key of
+    /// its stick table), whatever pool the request reaches here; without
+    /// that field it is found as the proxy finds it: by the host of proxy
+    /// traffic, else by the `{pool}` segment of `/pools/{pool}`.
     #[cold]
     pub fn note_move(&mut self, listener_pool: Option<PoolId>, ctx: &Ctx, head: &Head) {
-        if let Some((pid, _)) = self.routed_by_trusted_proxy(listener_pool, head, ctx.peer) {
+        let moved = match head.api.placed_as() {
+            Some(placed_as) => self.gov.pool_id(placed_as).filter(|&pid| self.moved_by_trusted_proxy(pid, ctx.peer)),
+            None => self.routed_by_trusted_proxy(listener_pool, head, ctx.peer).map(|(pid, _)| pid),
+        };
+        if let Some(pid) = moved {
             self.gov.moved_here(pid, ctx.now.ms);
         }
     }

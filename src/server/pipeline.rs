@@ -91,21 +91,22 @@ impl Server {
                 close: !head.keep_alive || conn.last_request,
                 started: *turn_started,
             };
-            // Before a move is noted: the router's pool may not be this one.
-            // A line read by comparison has its target checked late; a head
-            // whose target a fresh parse refuses acts on neither field (its
-            // `400` comes when it is answered).
+            // A move is noted first: a request the router placed by a stale
+            // map (refused below) moves the pool it was placed by all the
+            // same. A line read by comparison has its target checked late; a
+            // head whose target a fresh parse refuses acts on neither field
+            // (its `400` comes when it is answered).
             let answer_start = conn.output.len();
             let head_request = head.method == Method::Head;
+            if head.api.moved() && head.check_target().is_ok() {
+                app.note_move(conn.listener_pool, &ctx, head);
+            }
             if head.api.placed_as().is_some()
                 && head.check_target().is_ok()
                 && app.refuse_misplaced(conn.listener_pool, &ctx, head, &mut conn.output)
             {
                 close_refused(conn, answer_start, head_request);
                 break;
-            }
-            if head.api.moved() && head.check_target().is_ok() {
-                app.note_move(conn.listener_pool, &ctx, head);
             }
             // A body refused for its framing or size: a target a fresh parse
             // refuses is what the answer names, as it would on a fresh connection.

@@ -927,6 +927,56 @@ fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
     }
 }
 
+/// The same when the first request is refused for its head before its
+/// fields are read (a control field sent twice: `400`; more than 64 fields:
+/// `431`) or for a byte its target may not hold (`400`): HAProxy passes
+/// them, and has moved the pool they were placed by all the same.
+#[test]
+fn a_moved_pool_opens_its_window_even_when_its_first_head_is_refused() {
+    let pools = names("head", 12);
+    let Some((cluster, held)) = one_slot_in_each(&pools) else { return };
+    let victim = held[0].0.clone();
+    let on_victim: Vec<usize> = (0..pools.len()).filter(|&i| held[i].0 == victim).take(3).collect();
+    assert_eq!(on_victim.len(), 3, "fewer than three of 12 pools on {victim}: {held:?}");
+    let renew =
+        |i: usize| cluster.request(&post(&format!("/pools/{}/lock/{}/renew", pools[i], held[i].1), KEY, "", ""));
+    for &i in &on_victim {
+        assert_eq!(renew(i).status, 200);
+    }
+    cluster.kill_9(&victim);
+    cluster.wait_status(&victim, "DOWN");
+    let padding: String = (0..70).map(|n| format!("X-Padding-{n}: {n}\r\n")).collect();
+    let firsts = [
+        (
+            post(
+                &format!("/pools/{}/lock/acquire", pools[on_victim[0]]),
+                KEY,
+                &format!("X-Nthpool-Key: {KEY}\r\n"),
+                "",
+            ),
+            400,
+        ),
+        (post(&format!("/pools/{}/lock/acquire", pools[on_victim[1]]), KEY, &padding, ""), 431),
+        (post(&format!("/pools/{}/lock/acq\"uire", pools[on_victim[2]]), KEY, "", ""), 400),
+    ];
+    for (raw, status) in &firsts {
+        let first = cluster.request(raw);
+        assert_eq!(first.status, *status, "{first:?}");
+    }
+    for &i in &on_victim {
+        let renewed = renew(i);
+        assert_eq!(renewed.status, 200, "{}'s holder lost its slot when the pool moved: {renewed:?}", pools[i]);
+        assert_ne!(instance(&renewed), victim);
+        let acquired = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[i]), KEY, "", ""));
+        assert_eq!(
+            (acquired.status, acquired.header("x-nthpool-deny-reason")),
+            (429, Some("recovering")),
+            "{} granted at once after its move: {acquired:?}",
+            pools[i]
+        );
+    }
+}
+
 /// A map older than the instances' configuration places a host by the pool
 /// it named before a reload moved the host to another pool. When such a
 /// request is the first of that pool after its instance went down, it is

@@ -33,7 +33,7 @@ use crate::http::request::{Head, Method};
 use crate::http::response::{json_u64, push_u64, Status, Writer};
 use crate::metrics::Histogram;
 use crate::report::{self, check_object, is_blank};
-use crate::time::{EpochMs, Now};
+use crate::time::{EpochMs, Ms, Now};
 use auth::{KeyPrint, KnownKeys, PoolKeys};
 pub use door::{Answer, ConnId, Event, Wake};
 pub use error::ApiError;
@@ -815,12 +815,31 @@ impl App {
     /// traffic, else by the `{pool}` segment of `/pools/{pool}`.
     #[cold]
     pub fn note_move(&mut self, listener_pool: Option<PoolId>, ctx: &Ctx, head: &Head) {
-        let moved = match head.api.placed_as() {
-            Some(placed_as) => self.gov.pool_id(placed_as).filter(|&pid| self.moved_by_trusted_proxy(pid, ctx.peer)),
-            None => self.routed_by_trusted_proxy(listener_pool, head, ctx.peer).map(|(pid, _)| pid),
-        };
-        if let Some(pid) = moved {
-            self.gov.moved_here(pid, ctx.now.ms);
+        match head.api.placed_as() {
+            Some(placed_as) => self.note_move_of(placed_as, ctx.peer, ctx.now.ms),
+            None => {
+                if let Some((pid, _)) = self.routed_by_trusted_proxy(listener_pool, head, ctx.peer) {
+                    self.gov.moved_here(pid, ctx.now.ms);
+                }
+            }
+        }
+    }
+
+    /// `note_move` for a head refused before its fields were read (`400`,
+    /// `431`, …, answered by `refuse_head`): the pool the proxy placed it by
+    /// has moved all the same.
+    #[cold]
+    pub fn note_refused_move(&mut self, input: &[u8], peer: IpAddr, now: Now) {
+        if let Some(placed_as) = crate::http::request::moved_placed_as(input) {
+            self.note_move_of(placed_as, peer, now.ms);
+        }
+    }
+
+    /// Opens the window of the pool named `placed_as`, moved here by one of
+    /// its trusted proxies.
+    fn note_move_of(&mut self, placed_as: &[u8], peer: IpAddr, now: Ms) {
+        if let Some(pid) = self.gov.pool_id(placed_as).filter(|&pid| self.moved_by_trusted_proxy(pid, peer)) {
+            self.gov.moved_here(pid, now);
         }
     }
 

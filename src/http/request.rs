@@ -543,6 +543,31 @@ fn too_large(head: &[u8]) -> HeadError {
     }
 }
 
+/// For a head refused before its fields were read (a `HeadError`): the
+/// pool the router in front placed it by (`X-Nthpool-Pool`), when the head
+/// also says the router moved that pool here (`X-Nthpool-Moved`). The router
+/// moved the pool whatever this server makes of the rest, so the two fields
+/// are read from the raw lines, up to the empty line or `MAX_HEAD_BYTES`;
+/// `None` when either is missing or the pool field is sent twice.
+pub fn moved_placed_as(buf: &[u8]) -> Option<&[u8]> {
+    let head = &buf[..buf.len().min(MAX_HEAD_BYTES)];
+    let (mut moved, mut placed_as) = (false, None);
+    let lines = head.split(|&b| b == b'\n').map(|line| line.strip_suffix(b"\r").unwrap_or(line));
+    for line in lines.skip(1).take_while(|line| !line.is_empty()) {
+        let Some(colon) = line.iter().position(|&b| b == b':') else { continue };
+        let (name, value) = (&line[..colon], trim(&line[colon + 1..]));
+        if name_is(name, b"x-nthpool-moved") {
+            moved = true;
+        } else if name_is(name, b"x-nthpool-pool") {
+            if placed_as.is_some() {
+                return None;
+            }
+            placed_as = Some(value);
+        }
+    }
+    placed_as.filter(|_| moved)
+}
+
 /// The head at the start of `buf`, up to and with its empty line, when that
 /// has come: what follows it (a body, the next request) is none of its bytes.
 fn complete_head(buf: &[u8]) -> Option<&[u8]> {
@@ -1184,6 +1209,17 @@ mod tests {
     use super::*;
     use crate::http::target::implied_slash;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_refused_head_still_names_the_pool_the_router_moved() {
+        let moved = b"POST /p HTTP/1.1\r\nHost: h\r\nX-Nthpool-Key: k\r\nX-Nthpool-Key: k\r\nx-nthpool-moved: n3\r\nX-Nthpool-Pool:  demo \r\n\r\nX-Nthpool-Pool: body";
+        assert_eq!(moved_placed_as(moved), Some(&b"demo"[..]));
+        let not_moved = b"POST /p HTTP/1.1\r\nHost: h\r\nX-Nthpool-Pool: demo\r\n\r\nX-Nthpool-Moved: n3\r\n";
+        assert_eq!(moved_placed_as(not_moved), None, "a field past the head's end is none of it");
+        let twice = b"POST /p HTTP/1.1\r\nX-Nthpool-Moved: n3\r\nX-Nthpool-Pool: a\r\nX-Nthpool-Pool: b\r\n\r\n";
+        assert_eq!(moved_placed_as(twice), None);
+        assert_eq!(moved_placed_as(b"POST /p HTTP/1.1\r\nX-Nthpool-Moved: n3\r\n\r\n"), None);
+    }
 
     #[test]
     fn another_major_version_is_its_own_error() {

@@ -77,6 +77,7 @@ impl Server {
                     let (head_request, answer_start) = (is_head_request(data), conn.output.len());
                     let error = ApiError::from(e);
                     let peer = conn.peer.ip();
+                    app.note_refused_move(data, peer, now);
                     app.refuse_head(data, peer, conn.listener_pool, *turn_started, now, error, &mut conn.output);
                     close_refused(conn, answer_start, head_request);
                     break;
@@ -93,12 +94,13 @@ impl Server {
             };
             // A move is noted first: a request the router placed by a stale
             // map (refused below) moves the pool it was placed by all the
-            // same. A line read by comparison has its target checked late; a
-            // head whose target a fresh parse refuses acts on neither field
-            // (its `400` comes when it is answered).
+            // same, as does one whose target is refused (its `400` comes
+            // when it is answered). A line read by comparison has its target
+            // checked late; a head whose target a fresh parse refuses acts on
+            // no pool the router did not name.
             let answer_start = conn.output.len();
             let head_request = head.method == Method::Head;
-            if head.api.moved() && head.check_target().is_ok() {
+            if head.api.moved() && (head.api.placed_as().is_some() || head.check_target().is_ok()) {
                 app.note_move(conn.listener_pool, &ctx, head);
             }
             if head.api.placed_as().is_some()

@@ -27,12 +27,15 @@ class Slot:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, json.loads(r.read()), r.headers
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}"), e.headers
+            try:
+                return e.code, json.loads(e.read() or b"{}"), e.headers
+            except ValueError:  # not nthpool's answer: a proxy in front (HAProxy's 502, 503, 504)
+                return e.code, {}, e.headers
 
     def __enter__(self):
         # The HTTP timeout outlasts the wait budget: a queued acquire is never cut short.
         status, body, headers = self._post("/acquire", {"waitMs": self.wait_ms}, self.wait_ms / 1000 + 10)
-        if status in (429, 503, 504):
+        if status in (429, 502, 503, 504):
             raise Busy(status, int(headers.get("Retry-After", "1")))
         if status != 200:  # 400, 401, 403, 413: a bug or a wrong key; retrying will not help
             raise RuntimeError(f"nthpool refused the acquire: {status} {body}")
@@ -46,9 +49,11 @@ class Slot:
         while not self.done.wait(every):  # the server's clock decides; renew early, not late
             try:
                 status = self._post(f"/{self.slot}/renew", None, 10)[0]
-            except OSError:  # nthpool unreachable (a crash, the network): try again next time
+            except OSError:  # nthpool unreachable (a crash, the network)
+                status = None
+            if status in (None, 502, 503, 504):  # or a proxy in front could not reach it (a failover)
                 if time.monotonic() - renewed < term:
-                    continue
+                    continue  # try again next time: renewing is idempotent
                 status = None  # a whole term without a renewal: the lease is over on any server
             if status != 200:  # 404 reclaimed, 409 capped, or unreachable for a term
                 return self.lost.set()  # the lease has ended or will: stop the upstream work
@@ -60,8 +65,10 @@ class Slot:
     def __exit__(self, *_):
         self.done.set()  # no report (the upstream never answered): release without one
         try:
-            self._post(f"/{self.slot}/release", self.outcome or None, 10)
-        except OSError:  # nthpool unreachable: the slot comes back at the end of its term
+            status = self._post(f"/{self.slot}/release", self.outcome or None, 10)[0]
+        except OSError:
+            status = None
+        if status in (None, 502, 503, 504):  # unreachable: the slot comes back at the end of its term
             self.lost.set()
 
 

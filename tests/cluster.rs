@@ -977,6 +977,88 @@ fn a_moved_pool_opens_its_window_even_when_its_first_head_is_refused() {
     }
 }
 
+/// The README's reference client, holding a slot through HAProxy when the
+/// slot's instance is killed: a renewal sent before HAProxy marks the
+/// instance down gets HAProxy's own `503` (HTML, not nthpool's JSON); the
+/// client tries again, its next renewal is re-adopted by the instance the
+/// pool moved to, and it keeps its slot, which that instance counts: once
+/// the window has passed, the pool grants only what the client left free.
+#[test]
+fn the_reference_client_keeps_its_slot_through_a_failover() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: python3 is not installed");
+        return;
+    }
+    let settings = r#""concurrency":2,"termMs":6000,"renewIntervalMs":1000,"requestTimeoutMs":600000,
+        "queue":{"size":100,"timeoutMs":8000}"#;
+    // Health checks every second: renewals reach the killed instance before it is down.
+    let Some(cluster) = Cluster::start(3, &pools_json(&["refc".to_string()], settings), 1000, 60_000) else { return };
+    // Through the fresh instances' start windows; which instance the pool is on.
+    let granted = cluster.request(&post("/pools/refc/lock/acquire", KEY, "", r#"{"waitMs":8000}"#));
+    assert_eq!(granted.status, 200, "{granted:?}");
+    let owner = instance(&granted);
+    let released = cluster.request(&post(&format!("/pools/refc/lock/{}/release", granted.slot()), KEY, "", ""));
+    assert_eq!(released.json()["released"], true);
+
+    let harness = r#"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from nthpool_client import Slot
+slot = Slot(sys.argv[2], "refc", sys.argv[3]).__enter__()
+print("acquired", flush=True)
+sys.stdin.readline()
+print(json.dumps({"lost": slot.lost.is_set()}), flush=True)
+slot.__exit__(None, None, None)
+print(json.dumps({"lost": slot.lost.is_set()}), flush=True)
+"#;
+    use std::io::BufRead;
+    let mut child = Command::new("python3")
+        .args(["-c", harness, concat!(env!("CARGO_MANIFEST_DIR"), "/examples")])
+        .arg(format!("http://127.0.0.1:{}", cluster.port))
+        .arg(KEY)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "acquired");
+    cluster.kill_9(&owner);
+    cluster.wait_status(&owner, "DOWN");
+    // The client's renewals reach the new instance meanwhile; this acquire
+    // waits out the window the first of them opened, and takes the one slot
+    // the client leaves free.
+    std::thread::sleep(Duration::from_secs(3));
+    let wait = || cluster.request(&post("/pools/refc/lock/acquire", KEY, "", r#"{"waitMs":8000}"#));
+    let mut free = wait();
+    if free.header("x-nthpool-deny-reason") == Some("recovering") {
+        // The pool's first request since the move, answered at once.
+        free = wait();
+    }
+    assert_eq!(free.status, 200, "{free:?}");
+    let over = cluster.request(&post("/pools/refc/lock/acquire", KEY, "", ""));
+    assert_eq!(
+        (over.status, over.header("x-nthpool-deny-reason")),
+        (429, Some("concurrency")),
+        "the reference client's slot was not counted after the failover: {over:?}"
+    );
+    child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        lines.push(line.trim().to_string());
+    }
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success() && err.is_empty(), "{err}");
+    assert_eq!(lines, [r#"{"lost": false}"#; 2], "{err}");
+    cluster.request(&post(&format!("/pools/refc/lock/{}/release", free.slot()), KEY, "", ""));
+}
+
 /// A map older than the instances' configuration places a host by the pool
 /// it named before a reload moved the host to another pool. When such a
 /// request is the first of that pool after its instance went down, it is

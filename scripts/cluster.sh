@@ -4,6 +4,7 @@
 #
 #   scripts/cluster.sh [--instances N] [--config FILE] [--dir DIR] [--port PORT]
 #   scripts/cluster.sh --restart NAME [--dir DIR]        start instance NAME (n1…) again
+#                                                        (the binary the cluster started with)
 #   scripts/cluster.sh --stop [--dir DIR]                stop everything it started
 #   scripts/cluster.sh --print-haproxy [options]         print the HAProxy configuration
 #   scripts/cluster.sh --print-hosts-map --config FILE   print hosts.map for FILE
@@ -304,6 +305,11 @@ start_instance() {
     done
 }
 
+# A restarted instance runs the binary its cluster started with (DIR/bin),
+# not whatever the default build is now.
+if [ -z "$BIN" ] && [ "$ACTION" = restart ] && [ -f "$DIR/bin" ]; then
+    BIN=$(cat "$DIR/bin")
+fi
 if [ -z "$BIN" ]; then
     BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/nthpool
     [ -x "$BIN" ] || cargo build --release --quiet -p nthpool || die "build failed"
@@ -424,6 +430,7 @@ for p in "$PORT" $((PORT + 1)) $((PORT + 2)) $(seq $((PORT + 11)) $((PORT + 10 +
 done
 mkdir -p "$DIR"
 echo "$PORT" >"$DIR/port"
+echo "$BIN" >"$DIR/bin"
 # A start that fails half-way stops what it started.
 started=0
 trap 'cleanup; [ "$started" = 1 ] || "$ROOT/scripts/cluster.sh" --stop --dir "$DIR" >/dev/null' EXIT

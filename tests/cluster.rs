@@ -1059,6 +1059,25 @@ print(json.dumps({"lost": slot.lost.is_set()}), flush=True)
     cluster.request(&post(&format!("/pools/refc/lock/{}/release", free.slot()), KEY, "", ""));
 }
 
+/// `--restart NAME` starts the instance again with the binary its cluster
+/// started with (`--bin`), not the default release build, which may be
+/// another version (or be built then, in the middle of a failover).
+#[test]
+fn a_restarted_instance_runs_the_binary_its_cluster_started_with() {
+    let Some(cluster) = Cluster::start(3, &pools_json(&names("bin", 1), r#""concurrency":1"#), 1000, 120_000) else {
+        return;
+    };
+    let pid = cluster.pid("n2").to_string();
+    cluster.kill_9("n2");
+    eventually("the killed instance gone", || {
+        !Command::new("kill").args(["-0", &pid]).stderr(std::process::Stdio::null()).status().unwrap().success()
+    });
+    cluster.restart("n2");
+    let exe = std::fs::read_link(format!("/proc/{}/exe", cluster.pid("n2"))).unwrap();
+    let started_with = std::fs::canonicalize(env!("CARGO_BIN_EXE_nthpool")).unwrap();
+    assert_eq!(exe, started_with, "n2 came back as another binary");
+}
+
 /// A map older than the instances' configuration places a host by the pool
 /// it named before a reload moved the host to another pool. When such a
 /// request is the first of that pool after its instance went down, it is

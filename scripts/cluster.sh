@@ -165,6 +165,11 @@ defaults
     # A failed connection is retried on the same instance, never redispatched to
     # another: a pool must not move while its instance still counts as up.
     retries 2
+    # HAProxy's own answers, when the instance of a pool is unreachable (503)
+    # or drops a request (502), in nthpool's shape: JSON with an error code and
+    # one sentence, and a Retry-After, as the lock API answers every error.
+    http-error status 502 content-type application/json hdr Retry-After 1 string '{"error":"bad_gateway","message":"The instance serving this pool dropped the request; retry in a second."}'
+    http-error status 503 content-type application/json hdr Retry-After 1 string '{"error":"unavailable","message":"No instance can serve this pool right now; retry in a second."}'
 
 peers cluster
     peer local 127.0.0.1:$((PORT + 2))

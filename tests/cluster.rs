@@ -1078,6 +1078,34 @@ fn a_restarted_instance_runs_the_binary_its_cluster_started_with() {
     assert_eq!(exe, started_with, "n2 came back as another binary");
 }
 
+/// A request that reaches a pool's instance just after it died is answered
+/// by HAProxy itself (after its retries): in nthpool's shape (JSON with an
+/// error code and a sentence, and `Retry-After`), as the lock API answers
+/// every error, not HAProxy's HTML page.
+#[test]
+fn haproxys_own_answers_read_as_nthpools() {
+    let pools = names("own", 1);
+    let settings = r#""concurrency":1,"termMs":3000,"renewIntervalMs":1000"#;
+    let Some(cluster) = Cluster::start(3, &pools_json(&pools, settings), 1000, 120_000) else { return };
+    // Through the fresh instances' start windows.
+    let granted = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[0]), KEY, "", r#"{"waitMs":8000}"#));
+    assert_eq!(granted.status, 200, "{granted:?}");
+    cluster.kill_9(&instance(&granted));
+    let refused = cluster.request(&post(&format!("/pools/{}/lock/{}/renew", pools[0], granted.slot()), KEY, "", ""));
+    // 503 when the instance refuses connections; 502 when it died with the
+    // request (or a kept connection to it) in hand.
+    let code = match refused.status {
+        502 => "bad_gateway",
+        503 => "unavailable",
+        _ => panic!("{refused:?}"),
+    };
+    assert_eq!(refused.header("content-type"), Some("application/json"));
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    let body = refused.json();
+    assert_eq!(body["error"], code, "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| m.ends_with('.')), "{body}");
+}
+
 /// A map older than the instances' configuration places a host by the pool
 /// it named before a reload moved the host to another pool. When such a
 /// request is the first of that pool after its instance went down, it is

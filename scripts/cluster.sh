@@ -104,6 +104,9 @@ done
 cd "$ROOT"
 case "$N" in '' | *[!0-9]* | 0) die "--instances takes a number from 1" ;; esac
 [ "$N" -le 9 ] || die "--instances: at most 9 (ports PORT+11 … PORT+19)"
+case "$PORT" in '' | *[!0-9]* | 0*) die "--port takes a port number (HAProxy's; the cluster takes it and up to PORT+29)" ;; esac
+[ "$PORT" -le $((65535 - 29)) ] || die "--port $PORT: the cluster takes ports up to PORT+29, past 65535"
+case "$CHECK_MS" in '' | *[!0-9]* | 0*) die "--check-ms takes milliseconds, at least 1" ;; esac
 
 # The longest a pool's slot or waiter lives without a request of the pool
 # (defaults as nthpool's: termMs 30000, queue.timeoutMs 30000, upstream.waitMs

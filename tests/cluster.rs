@@ -1266,6 +1266,23 @@ fn the_stick_expiry_outlasts_every_slot_that_lives_without_requests() {
     assert!(ok && cfg.contains(" expire 120000ms "), "{cfg}");
 }
 
+/// A port or health-check interval the script cannot use is refused with a
+/// sentence naming the option, not a shell error or a configuration
+/// HAProxy refuses later.
+#[test]
+fn the_cluster_script_refuses_a_port_or_interval_it_cannot_use() {
+    for (args, says) in [
+        (["--port", "abc"], "--port takes a port number"),
+        (["--port", "65530"], "--port 65530: the cluster takes ports up to PORT+29, past 65535"),
+        (["--check-ms", "0"], "--check-ms takes milliseconds"),
+        (["--check-ms", "1s"], "--check-ms takes milliseconds"),
+    ] {
+        let out = Command::new("bash").arg(SCRIPT).args(args).arg("--print-haproxy").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.starts_with(&format!("cluster.sh: {says}")), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn the_committed_haproxy_configuration_is_the_scripts_default() {
     let out = Command::new("bash").arg(SCRIPT).arg("--print-haproxy").output().unwrap();

@@ -87,20 +87,11 @@ lost = slot.lost.wait(8)
 slot.__exit__(None, None, None)
 print(json.dumps({"lost": lost}), flush=True)
 "#;
-    let mut child = Command::new("python3")
-        .args(["-c", harness, concat!(env!("CARGO_MANIFEST_DIR"), "/examples"), &format!("http://{}", s.addr), KEY])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run python3");
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "acquired");
+    let (mut child, mut out) = common::reference_client_holding(harness, &format!("http://{}", s.addr), KEY);
     // The server goes away with the slot held: every renewal now fails to connect.
     s.child.kill().unwrap();
     s.child.wait().unwrap();
-    line.clear();
+    let mut line = String::new();
     out.read_line(&mut line).unwrap();
     let status = child.wait().unwrap();
     let mut err = String::new();

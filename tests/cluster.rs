@@ -887,6 +887,61 @@ fn one_slot_in_each(pools: &[String]) -> Option<(Cluster, Vec<(String, String)>)
     Some((cluster, held))
 }
 
+/// Pools whose holders were on an instance killed (`kill -9`) and seen down
+/// by HAProxy, before any request of theirs since.
+struct Killed {
+    cluster: Cluster,
+    pools: Vec<String>,
+    held: Vec<(String, String)>,
+    victim: String,
+    /// The pools (indices) whose slot was held on `victim`.
+    on_victim: Vec<usize>,
+}
+
+impl Killed {
+    /// `one_slot_in_each` of 12 pools named `prefix`; `n` of those held on
+    /// one instance renewed there, then that instance killed.
+    fn start(prefix: &str, n: usize) -> Option<Killed> {
+        let pools = names(prefix, 12);
+        let (cluster, held) = one_slot_in_each(&pools)?;
+        let victim = held[0].0.clone();
+        let on_victim: Vec<usize> = (0..pools.len()).filter(|&i| held[i].0 == victim).take(n).collect();
+        assert_eq!(on_victim.len(), n, "fewer than {n} of 12 pools on {victim}: {held:?}");
+        let killed = Killed { cluster, pools, held, victim, on_victim };
+        for &i in &killed.on_victim {
+            assert_eq!(killed.renew(i).status, 200);
+        }
+        killed.cluster.kill_9(&killed.victim);
+        killed.cluster.wait_status(&killed.victim, "DOWN");
+        Some(killed)
+    }
+
+    fn renew(&self, i: usize) -> Response {
+        self.cluster.request(&post(&format!("/pools/{}/lock/{}/renew", self.pools[i], self.held[i].1), KEY, "", ""))
+    }
+
+    /// Each pool moved with its window open: its holder keeps its slot on
+    /// another instance, and a new acquire is refused `recovering`.
+    fn assert_moved_in_their_windows(&self) {
+        for &i in &self.on_victim {
+            let renewed = self.renew(i);
+            assert_eq!(
+                renewed.status, 200,
+                "{}'s holder lost its slot when the pool moved: {renewed:?}",
+                self.pools[i]
+            );
+            assert_ne!(instance(&renewed), self.victim);
+            let acquired = self.cluster.request(&post(&format!("/pools/{}/lock/acquire", self.pools[i]), KEY, "", ""));
+            assert_eq!(
+                (acquired.status, acquired.header("x-nthpool-deny-reason")),
+                (429, Some("recovering")),
+                "{} granted at once after its move: {acquired:?}",
+                self.pools[i]
+            );
+        }
+    }
+}
+
 /// HAProxy marks the requests of a pool after its instance went down until
 /// the new instance answers one (its stick table names the new instance from
 /// then on): when the first is one the new instance refuses, the pool has
@@ -894,37 +949,15 @@ fn one_slot_in_each(pools: &[String]) -> Option<(Cluster, Vec<(String, String)>)
 /// renewals are `404` and the full limit is granted beside them.
 #[test]
 fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
-    let pools = names("first", 12);
-    let Some((cluster, held)) = one_slot_in_each(&pools) else { return };
-    let victim = held[0].0.clone();
-    let on_victim: Vec<usize> = (0..pools.len()).filter(|&i| held[i].0 == victim).take(2).collect();
-    assert_eq!(on_victim.len(), 2, "fewer than two of 12 pools on {victim}: {held:?}");
-    let renew =
-        |i: usize| cluster.request(&post(&format!("/pools/{}/lock/{}/renew", pools[i], held[i].1), KEY, "", ""));
-    for &i in &on_victim {
-        assert_eq!(renew(i).status, 200);
-    }
-    cluster.kill_9(&victim);
-    cluster.wait_status(&victim, "DOWN");
+    let Some(k) = Killed::start("first", 2) else { return };
     // The first request of each pool since: a route under the pool that does
     // not exist, and an acquire with a wrong key.
-    let (a, b) = (on_victim[0], on_victim[1]);
-    let first = cluster.request(&post(&format!("/pools/{}/lock/acquire/", pools[a]), KEY, "", ""));
+    let (a, b) = (k.on_victim[0], k.on_victim[1]);
+    let first = k.cluster.request(&post(&format!("/pools/{}/lock/acquire/", k.pools[a]), KEY, "", ""));
     assert_eq!(first.status, 404, "{first:?}");
-    let first = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[b]), "wrong-key", "", ""));
+    let first = k.cluster.request(&post(&format!("/pools/{}/lock/acquire", k.pools[b]), "wrong-key", "", ""));
     assert_eq!(first.status, 401, "{first:?}");
-    for i in [a, b] {
-        let renewed = renew(i);
-        assert_eq!(renewed.status, 200, "{}'s holder lost its slot when the pool moved: {renewed:?}", pools[i]);
-        assert_ne!(instance(&renewed), victim);
-        let acquired = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[i]), KEY, "", ""));
-        assert_eq!(
-            (acquired.status, acquired.header("x-nthpool-deny-reason")),
-            (429, Some("recovering")),
-            "{} granted at once after its move: {acquired:?}",
-            pools[i]
-        );
-    }
+    k.assert_moved_in_their_windows();
 }
 
 /// The same when the first request is refused for its head before its
@@ -933,48 +966,19 @@ fn a_moved_pool_opens_its_window_even_when_its_first_request_is_refused() {
 /// them, and has moved the pool they were placed by all the same.
 #[test]
 fn a_moved_pool_opens_its_window_even_when_its_first_head_is_refused() {
-    let pools = names("head", 12);
-    let Some((cluster, held)) = one_slot_in_each(&pools) else { return };
-    let victim = held[0].0.clone();
-    let on_victim: Vec<usize> = (0..pools.len()).filter(|&i| held[i].0 == victim).take(3).collect();
-    assert_eq!(on_victim.len(), 3, "fewer than three of 12 pools on {victim}: {held:?}");
-    let renew =
-        |i: usize| cluster.request(&post(&format!("/pools/{}/lock/{}/renew", pools[i], held[i].1), KEY, "", ""));
-    for &i in &on_victim {
-        assert_eq!(renew(i).status, 200);
-    }
-    cluster.kill_9(&victim);
-    cluster.wait_status(&victim, "DOWN");
+    let Some(k) = Killed::start("head", 3) else { return };
+    let pool = |n: usize| &k.pools[k.on_victim[n]];
     let padding: String = (0..70).map(|n| format!("X-Padding-{n}: {n}\r\n")).collect();
     let firsts = [
-        (
-            post(
-                &format!("/pools/{}/lock/acquire", pools[on_victim[0]]),
-                KEY,
-                &format!("X-Nthpool-Key: {KEY}\r\n"),
-                "",
-            ),
-            400,
-        ),
-        (post(&format!("/pools/{}/lock/acquire", pools[on_victim[1]]), KEY, &padding, ""), 431),
-        (post(&format!("/pools/{}/lock/acq\"uire", pools[on_victim[2]]), KEY, "", ""), 400),
+        (post(&format!("/pools/{}/lock/acquire", pool(0)), KEY, &format!("X-Nthpool-Key: {KEY}\r\n"), ""), 400),
+        (post(&format!("/pools/{}/lock/acquire", pool(1)), KEY, &padding, ""), 431),
+        (post(&format!("/pools/{}/lock/acq\"uire", pool(2)), KEY, "", ""), 400),
     ];
     for (raw, status) in &firsts {
-        let first = cluster.request(raw);
+        let first = k.cluster.request(raw);
         assert_eq!(first.status, *status, "{first:?}");
     }
-    for &i in &on_victim {
-        let renewed = renew(i);
-        assert_eq!(renewed.status, 200, "{}'s holder lost its slot when the pool moved: {renewed:?}", pools[i]);
-        assert_ne!(instance(&renewed), victim);
-        let acquired = cluster.request(&post(&format!("/pools/{}/lock/acquire", pools[i]), KEY, "", ""));
-        assert_eq!(
-            (acquired.status, acquired.header("x-nthpool-deny-reason")),
-            (429, Some("recovering")),
-            "{} granted at once after its move: {acquired:?}",
-            pools[i]
-        );
-    }
+    k.assert_moved_in_their_windows();
 }
 
 /// The README's reference client, holding a slot through HAProxy when the
@@ -1011,20 +1015,8 @@ print(json.dumps({"lost": slot.lost.is_set()}), flush=True)
 slot.__exit__(None, None, None)
 print(json.dumps({"lost": slot.lost.is_set()}), flush=True)
 "#;
-    use std::io::BufRead;
-    let mut child = Command::new("python3")
-        .args(["-c", harness, concat!(env!("CARGO_MANIFEST_DIR"), "/examples")])
-        .arg(format!("http://127.0.0.1:{}", cluster.port))
-        .arg(KEY)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run python3");
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "acquired");
+    let (mut child, mut out) =
+        common::reference_client_holding(harness, &format!("http://127.0.0.1:{}", cluster.port), KEY);
     cluster.kill_9(&owner);
     cluster.wait_status(&owner, "DOWN");
     // The client's renewals reach the new instance meanwhile; this acquire
@@ -1047,8 +1039,8 @@ print(json.dumps({"lost": slot.lost.is_set()}), flush=True)
     child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
     let mut lines = Vec::new();
     for _ in 0..2 {
-        line.clear();
-        out.read_line(&mut line).unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
         lines.push(line.trim().to_string());
     }
     let status = child.wait().unwrap();

@@ -548,3 +548,22 @@ pub fn admin_get(addr: SocketAddr, path: &str) -> String {
     c.read_to_string(&mut text).unwrap();
     text
 }
+
+/// The README's reference client (`examples/nthpool_client.py`) driven by
+/// `harness`, a Python script given the examples directory, the server's
+/// base URL and the pool key, which prints `acquired` once it holds a slot:
+/// the child once it has, and the rest of its output, line by line.
+pub fn reference_client_holding(harness: &str, base_url: &str, key: &str) -> (Child, BufReader<ChildStdout>) {
+    let mut child = Command::new("python3")
+        .args(["-c", harness, concat!(env!("CARGO_MANIFEST_DIR"), "/examples"), base_url, key])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "acquired");
+    (child, out)
+}

@@ -83,22 +83,6 @@ impl Outcome {
     pub fn is_throttled(&self) -> bool {
         self.status == Some(429) || self.throttled > 0
     }
-
-    /// Not refused: a status under 400, or none with no sign of a refusal.
-    /// A report that gives no status and no 429 (`{}`, `{"throttled":0}`)
-    /// says what a release without a report says, since the lock API asks
-    /// for outcome fields when a call saw throttling: the same success
-    /// (`Learning::on_unreported`), or a limit cut by a 429 would never
-    /// grow back for a caller that always sends a report object. One with
-    /// a retry hint and no status may be of a refused call: it teaches only
-    /// its rate headers, as a `5xx` does (one showing a spent window is a
-    /// rate refusal: `evidence`).
-    fn is_success(&self) -> bool {
-        let r = &self.rate;
-        let refusal_sign =
-            r.retry_after_ms.is_some_and(|ms| ms > 0) || r.remaining == Some(0) || r.token_remaining == Some(0);
-        !self.is_throttled() && self.status.map_or(!refusal_sign, |s| s < 400)
-    }
 }
 
 /// What one report says about the upstream.
@@ -125,9 +109,8 @@ impl Outcome {
         // the refusal was not the window. A silent reset without a hint may
         // be either: it is judged as a concurrency refusal, whose run, once
         // pool-wide, waits for that reset (`Learning::on_report`).
-        let spent = r.remaining == Some(0)
-            || r.token_remaining == Some(0)
-            || r.silent_reset().is_some() && r.retry_after_ms.is_some_and(|ms| ms > 0);
+        let hinted = r.retry_after_ms.is_some_and(|ms| ms > 0);
+        let spent = r.remaining == Some(0) || r.token_remaining == Some(0) || r.silent_reset().is_some() && hinted;
         // A report with no status that shows the window spent is the rate
         // refusal's sign (SPEC §7: "the report shows `remaining` 0"): the
         // lock API asks for outcome fields when a call saw throttling, and
@@ -136,7 +119,15 @@ impl Outcome {
         match (refused, spent) {
             (true, true) => Evidence::Rate,
             (true, false) => Evidence::Concurrency,
-            (false, _) if self.is_success() => Evidence::Success,
+            // Served: a status under 400, or none and no retry hint. A report
+            // that gives no status and no 429 (`{}`, `{"throttled":0}`) says
+            // what a release without a report says, since the lock API asks
+            // for outcome fields when a call saw throttling: the same success
+            // (`Learning::on_unreported`), or a limit cut by a 429 would never
+            // grow back for a caller that always sends a report object. One
+            // with a retry hint and no status may be of a refused call: it
+            // teaches only its rate headers, as a `5xx` does.
+            (false, _) if self.status.map_or(!hinted, |s| s < 400) => Evidence::Success,
             _ => Evidence::Other,
         }
     }

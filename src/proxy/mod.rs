@@ -935,6 +935,19 @@ impl UpConn {
         }
     }
 
+    /// This address failed before the request was sent: warned of (at most
+    /// once a second), kept as the dial's last error, and the next one tried.
+    fn try_next_address(&mut self, warned: &mut Warned, err: io::Error) -> Halt {
+        if let Some(unlogged) = warned.allow("failed", &self.target.authority, Cause::Io(err.kind())) {
+            warn!(
+                "the upstream {} at {} failed before the request was sent ({err}); trying its next address{unlogged}",
+                self.target.authority, self.addr
+            );
+        }
+        self.dial.failed(self.addr, err);
+        Halt::Now(Step::Retry)
+    }
+
     /// One read of what the upstream sent; `false` when nothing was there.
     fn fill(&mut self, warned: &mut Warned) -> Result<bool, Halt> {
         match self.read_input() {
@@ -953,16 +966,7 @@ impl UpConn {
                 return Ok(false)
             }
             Err(_) if self.may_retry() => return Err(Halt::Now(Step::Retry)),
-            Err(err) if self.may_try_next() => {
-                if let Some(unlogged) = warned.allow("failed", &self.target.authority, Cause::Io(err.kind())) {
-                    warn!(
-                        "the upstream {} at {} failed before the request was sent ({err}); trying its next address{unlogged}",
-                        self.target.authority, self.addr
-                    );
-                }
-                self.dial.failed(self.addr, err);
-                return Err(Halt::Now(Step::Retry));
-            }
+            Err(err) if self.may_try_next() => return Err(self.try_next_address(warned, err)),
             Err(err) => {
                 if let Some(tls) = TlsError::of(&err) {
                     return Err(Halt::Tls(tls.clone()));
@@ -1013,14 +1017,7 @@ impl Exchange {
                 return Err(Halt::Now(Step::Retry));
             }
             if up.may_try_next() {
-                if let Some(unlogged) = warned.allow("failed", &up.target.authority, Cause::Io(err.kind())) {
-                    warn!(
-                        "the upstream {} at {} failed before the request was sent ({err}); trying its next address{unlogged}",
-                        up.target.authority, up.addr
-                    );
-                }
-                up.dial.failed(up.addr, err);
-                return Err(Halt::Now(Step::Retry));
+                return Err(up.try_next_address(warned, err));
             }
             if let Some(tls) = TlsError::of(&err) {
                 return Err(Halt::Tls(tls.clone()));

@@ -994,6 +994,26 @@ fn framing_attacks_get_400_or_413_and_a_closed_connection() {
 }
 
 #[test]
+fn whitespace_before_the_first_field_is_named_apart_from_a_folded_line() {
+    // RFC 9112 §2.2: whitespace after the request line folds nothing into
+    // a field, so its `400` says what it is.
+    let s = TestServer::start(&config("", ""));
+    let first = format!("POST {ACQUIRE} HTTP/1.1\r\n Host: localhost\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    let folded = format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n x\r\n\r\n");
+    for (raw, says) in [
+        (first, "Whitespace between the request line and the first header field is not accepted."),
+        (folded, "Obsolete line folding is not accepted."),
+    ] {
+        let mut c = s.connect();
+        let r = exchange(&mut c, raw.as_bytes());
+        assert_error(&r, 400, "bad_request", says);
+        assert_eq!(r.json()["message"], says);
+        assert_answer_closes(&mut c, &r, says);
+    }
+    assert_eq!(s.acquire("", "").header_u64("x-nthpool-remaining-slots"), 15, "nothing took a slot");
+}
+
+#[test]
 fn framing_attacks_behind_a_good_request_still_get_its_answer_first() {
     // A smuggling attempt pipelined after a valid request: the valid one is
     // answered, then the attack is refused and nothing after it is read.

@@ -1165,7 +1165,11 @@ fn check_line_byte(head: &[u8], i: usize) -> Result<(), HeadError> {
                 return Err(HeadError::Malformed("Lines of the request head must end with CRLF, not a bare LF."));
             }
             if let Some(b' ' | b'\t') = head.get(i + 1) {
-                return Err(HeadError::Malformed("Obsolete line folding is not accepted."));
+                return Err(HeadError::Malformed(if ends_the_request_line(head, i) {
+                    "Whitespace between the request line and the first header field is not accepted."
+                } else {
+                    "Obsolete line folding is not accepted."
+                }));
             }
         }
         b'\r' if head.get(i + 1).is_some_and(|&next| next != b'\n') => {
@@ -1174,6 +1178,14 @@ fn check_line_byte(head: &[u8], i: usize) -> Result<(), HeadError> {
         _ => {}
     }
     Ok(())
+}
+
+/// Whether the LF at `i` ends the request line (the first line after any
+/// empty ones): whitespace after it starts no folded value, as there is no
+/// field before it to fold into (RFC 9112 §2.2).
+fn ends_the_request_line(head: &[u8], i: usize) -> bool {
+    let start = head.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(head.len());
+    head[start..].iter().position(|&b| b == b'\n').map(|n| start + n) == Some(i)
 }
 
 const MORE_THAN_THREE_WORDS: &str =
@@ -1271,6 +1283,14 @@ mod tests {
             (&b"POST / HTTP/1.10\r\nHost: h\r\n\r\n"[..], "The request line goes on after its HTTP version."),
             (b"POST / HTTP/1.1 x\r\nHost: h\r\n\r\n", "The request line goes on after its HTTP version."),
             (b"POST / HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n b\r\n\r\n", "Obsolete line folding is not accepted."),
+            (
+                b"POST / HTTP/1.1\r\n Host: h\r\n\r\n",
+                "Whitespace between the request line and the first header field is not accepted.",
+            ),
+            (
+                b"\r\nPOST / HTTP/1.1\r\n\tHost: h\r\n\r\n",
+                "Whitespace between the request line and the first header field is not accepted.",
+            ),
             (b"POST / HTTP/1.x\r\nHost: h\r\n\r\n", "Only HTTP/1.0 and HTTP/1.1 are served."),
             (b"POST /a b HTTP/1.1\r\nHost: h\r\n\r\n", MORE_THAN_THREE_WORDS),
             (b"Extra lineGET / HTTP/1.1\r\nHost: h\r\n\r\n", MORE_THAN_THREE_WORDS),

@@ -148,7 +148,29 @@ fn plain_types(message: &str) -> String {
             }
         }
     }
-    out
+    hide_misplaced_string(out)
+}
+
+/// A string where a list or an object goes is quoted by serde (`invalid
+/// type: string "…", expected a sequence`), yet it is most often a secret
+/// written one level too high (`"keys": "nb_live_…"`, `"setHeaders": "Bearer
+/// …"`, `"hmac": "…"`), and the message lands in the log of a refused start
+/// or reload: it is said to be a string, not quoted. A string where a number
+/// or a word goes (`"termMs": "soon"`) is still quoted.
+fn hide_misplaced_string(mut message: String) -> String {
+    const STRING: &str = "invalid type: string \"";
+    let Some(at) = message.find(STRING) else {
+        return message;
+    };
+    const EXPECTED: &str = "\", expected ";
+    let Some(close) = message[at..].rfind(EXPECTED).map(|n| at + n) else {
+        return message;
+    };
+    let expected = &message[close + EXPECTED.len()..];
+    if ["a sequence", "a map", "an object"].iter().any(|kind| expected.starts_with(kind)) {
+        message.replace_range(at..close + 1, "invalid type: a string (not shown: it may be a secret)");
+    }
+    message
 }
 
 /// The only places a configuration holds arrays, as paths (`*`: any pool
@@ -908,6 +930,28 @@ mod tests {
             assert!(e.contains(&format!("pools.p1.{field}: invalid type: ")), "{e}");
             assert!(e.contains(", expected an object at line 1"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_string_where_a_list_or_an_object_goes_is_not_quoted() {
+        let hidden = "invalid type: a string (not shown: it may be a secret), expected";
+        for (json, expected) in [
+            (
+                r#"{"pools":{"p1":{"keys":"nb_live_SECRET"}}}"#.to_owned(),
+                "pools.p1.keys: {hidden} a sequence at line 1",
+            ),
+            (pool_json(r#","access":{"hmac":"SECRET"}"#), "pools.p1.access.hmac: {hidden} an object at line 1"),
+            (
+                pool_json(r#","upstream":{"url":"http://u","setHeaders":"Bearer SECRET"}"#),
+                "pools.p1.upstream.setHeaders: {hidden} an object of headers by name at line 1",
+            ),
+        ] {
+            let e = err(&json);
+            assert!(e.contains(&expected.replace("{hidden}", hidden)), "{e}");
+            assert!(!e.contains("SECRET"), "{e}");
+        }
+        let e = err(&pool_json(r#","termMs":"soon""#));
+        assert!(e.contains(r#"invalid type: string "soon", expected"#), "a word where a number goes is quoted: {e}");
     }
 
     #[test]

@@ -314,7 +314,16 @@ pub struct Target {
 
 /// `http[s]://HOST[:PORT][/]`, HOST a DNS name or an IP literal.
 fn parse_url(url: &str) -> Result<Target, ConfigError> {
-    let bad = |why: &str| field("url", format!("{url:?}: {why}"));
+    // A user or a query may hold a credential (`https://user:sk-…@host`,
+    // `?api_key=…`), and the message lands in the log of a refused start
+    // or reload: such a URL is not quoted.
+    let bad = |why: &str| {
+        if url.contains(['@', '?']) {
+            field("url", format!("{why} (the URL is not shown: a user or a query in it may be a credential)"))
+        } else {
+            field("url", format!("{url:?}: {why}"))
+        }
+    };
     let (tls, rest) = if let Some(rest) = url.strip_prefix("http://") {
         (false, rest)
     } else if let Some(rest) = url.strip_prefix("https://") {
@@ -435,6 +444,23 @@ mod tests {
             let e = parse_url(bad).unwrap_err().0;
             assert!(e.starts_with("upstream.url"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_url_that_may_hold_a_credential_is_refused_without_quoting_it() {
+        for bad in
+            ["https://user:sk-SECRET@api.example", "https://api.example/v1?api_key=SECRET", "sk-SECRET@api.example"]
+        {
+            let e = parse_url(bad).unwrap_err().0;
+            assert!(
+                e.starts_with("upstream.url: ")
+                    && e.ends_with("(the URL is not shown: a user or a query in it may be a credential)"),
+                "{bad}: {e}"
+            );
+            assert!(!e.contains("SECRET"), "{bad}: {e}");
+        }
+        let e = parse_url("https://api.example/v1").unwrap_err().0;
+        assert!(e.contains(r#""https://api.example/v1""#), "a URL with neither is quoted: {e}");
     }
 
     #[test]

@@ -111,6 +111,28 @@ fn pools_json_shows_live_state_and_status() {
 }
 
 #[test]
+fn a_pool_a_reload_adds_charts_its_first_grants() {
+    let s = TestServer::start(&demo_config(""));
+    let with_alpha = demo_config("").replacen(r#""pools":{"#, r#""pools":{"alpha":{"keys":["alpha-key-0001"]},"#, 1);
+    s.reload(&with_alpha);
+    // Granted at once, in the second of the reload, before any sample of it.
+    for _ in 0..2 {
+        let r = s.request(&common::post("/pools/alpha/lock/acquire", "alpha-key-0001", "", ""));
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    let history = loop {
+        let v = get_json(&s, "/api/pools/alpha");
+        if v["history"]["held"].as_array().and_then(|a| a.last()).and_then(Value::as_u64) == Some(2) {
+            break v["history"].clone();
+        }
+        assert!(Instant::now() < until, "no sample with held=2: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(sum(&history["grants"]), 2, "both grants are charted: {history}");
+}
+
+#[test]
 fn pool_json_has_history_attempts_and_examples_without_secrets() {
     let s = TestServer::start(&demo_config(""));
     let slots = load_demo(&s, "localhost");

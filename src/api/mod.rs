@@ -296,6 +296,11 @@ impl App {
         self.log.replace_sink(log);
         self.latency.resize_with(self.gov.pools().count(), Histogram::acquire_us);
         self.history.resize_with(self.gov.pools().count(), Default::default);
+        for ((_, pool), (history, _)) in self.gov.pools().zip(&mut self.history) {
+            if !pool.drained_away() {
+                history.begin(pool, now.ms);
+            }
+        }
         self.rejections.set_pools(self.gov.pools().count());
         self.admin_token = config.admin_token.as_deref().map(Into::into);
         // Retired pools keep their old credentials so their leases can still be released.

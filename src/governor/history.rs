@@ -75,6 +75,16 @@ impl History {
         self.second = Some(second);
     }
 
+    /// Takes the starting point of a pool that appears at `now` (a reload
+    /// adds it, or names it again), unless it has one: the events from then
+    /// on are its first second's, not taken as the start by the next
+    /// `sample`, which may come after the pool's first grants.
+    pub fn begin(&mut self, pool: &Pool, now: Ms) {
+        if self.second.is_none() {
+            self.sample(pool, now);
+        }
+    }
+
     fn push(&mut self, sample: Sample) {
         if self.samples.len() < SECONDS {
             // Room for the rest of the ring: a no-op once it is allocated

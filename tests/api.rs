@@ -450,6 +450,21 @@ fn a_bad_report_releases_nothing() {
     assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
 }
 
+/// A refused report names the field that is wrong: an unknown member of
+/// `rate` is ignored, as the body's own are, so it is not the one blamed
+/// beside a `status` of the wrong type.
+#[test]
+fn a_bad_report_names_its_wrong_field_not_an_ignored_rate_member() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = s.acquire("", "").slot();
+    let r = s.release(&slot, r#"{"status":"429","rate":{"remaining":0,"note":"from the SDK"}}"#);
+    assert_eq!((r.status, r.error_code()), (400, "bad_request".to_string()), "{r:?}");
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("`status`"), "{message}");
+    assert_eq!(s.acquire("", "").status, 429, "still held");
+    assert_eq!(s.release(&slot, r#"{"status":429,"rate":{"note":"ok"}}"#).json()["released"], true);
+}
+
 /// A number no float holds, in a header nthpool reads, is an unparseable
 /// value (SPEC §7): ignored, the report applied and the slot released, as
 /// under a header nthpool does not read. Refused, a client that retried the

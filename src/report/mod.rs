@@ -378,6 +378,9 @@ const THROTTLED_ERR: BodyError = "`throttled` must be a whole number of at least
 const RETRY_ERR: BodyError = "`retryAfterMs` must be a whole number of milliseconds, at least 0.";
 const RATE_ERR: BodyError = "`rate` fields must be whole numbers of at least 0 (or null).";
 
+/// The members of `rate` a report reads (`RateBody`).
+const RATE_FIELDS: [&str; 6] = ["limit", "remaining", "resetMs", "tokenLimit", "tokenRemaining", "tokenResetMs"];
+
 /// The sentence for a release body serde refused (well-formed JSON with a
 /// member of the wrong type, or not JSON at all): the first member of the
 /// wrong type, named, when one can be told. Runs only for refused bodies.
@@ -399,7 +402,9 @@ fn misread_field(body: &[u8]) -> BodyError {
             "retryAfterMs" if !number_or_null(value) => return RETRY_ERR,
             "rate" => match value {
                 Value::Null => {}
-                Value::Object(rate) if rate.values().all(number_or_null) => {}
+                // Unknown members of `rate` are ignored, as the body's own
+                // are: only the fields it reads can be of the wrong type.
+                Value::Object(rate) if RATE_FIELDS.iter().filter_map(|f| rate.get(*f)).all(number_or_null) => {}
                 Value::Object(_) => return RATE_ERR,
                 _ => return "`rate` must be an object (or null).",
             },
@@ -764,6 +769,9 @@ mod tests {
             (r#"{"headers":[["retry-after"]]}"#, "`headers`"),
             (r#"{"status":200"#, "not valid JSON"),
             (r#"{"status":1e400}"#, "too large"),
+            (r#"{"status":"200","rate":{"note":"from the SDK"}}"#, "`status`"),
+            (r#"{"rate":{"note":"x"},"headers":[["retry-after"]]}"#, "`headers`"),
+            (r#"{"rate":{"note":"x","limit":"10"}}"#, "`rate` fields"),
         ] {
             let why = parse_release(body.as_bytes(), 0).unwrap_err();
             assert!(why.contains(named), "{body}: {why}");

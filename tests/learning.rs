@@ -66,6 +66,29 @@ fn a_late_report_does_not_reopen_a_closed_budget() {
     assert!((1..=5000).contains(&reset), "reset in {reset} ms");
 }
 
+/// One report whose reset is an hour away (a client that sent an instant
+/// as `resetMs`), in the middle of a minute window the reports told, used
+/// to replace that window: the newer reports of the minute were ignored as
+/// of a window that ended, a spent minute went on granting, and its refills
+/// were paced to the limit per hour. It is set aside.
+#[test]
+fn one_far_reset_does_not_replace_the_running_window() {
+    let s = TestServer::start(&config(r#""concurrency":8"#, ""));
+    let report = |remaining: u32, reset_ms: u64| {
+        format!(r#"{{"status":200,"rate":{{"limit":60,"remaining":{remaining},"resetMs":{reset_ms}}}}}"#)
+    };
+    for (remaining, reset_ms) in [(59, 60_000), (58, 3_600_000), (0, 58_000)] {
+        let slot = s.acquire("", "").slot();
+        assert_eq!(s.release(&slot, &report(remaining, reset_ms)).json()["released"], true);
+    }
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("rate")), "{r:?}");
+    assert!(r.header_u64("retry-after") <= 60, "{r:?}");
+    let m = metrics(&s);
+    let reset: i64 = gauge(&m, r#"nthpool_budget_reset_ms{pool="p"}"#).parse().unwrap();
+    assert!((1..=60_000).contains(&reset), "reset in {reset} ms");
+}
+
 /// A rate 429 (`remaining: 0`) teaches the budget and leaves the
 /// concurrency limit alone.
 #[test]

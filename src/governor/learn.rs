@@ -25,7 +25,8 @@
 //!   until the next refusal.
 //! - Budget windows are told apart by their reset instant: within one window
 //!   `remaining` only goes down; a report of a later window replaces it; a
-//!   report of a window that already ended is ignored.
+//!   report of a window that already ended is ignored, and one ending more
+//!   than two windows after the running one is set aside.
 //! - Without rate headers the budget is learned from the pattern of refusals
 //!   (`pattern`), and kept honest both ways: runs under it lower it, probes
 //!   above it raise it. While it paces the pool, far fewer calls are in
@@ -1129,9 +1130,21 @@ impl Learning {
         // in another, and a window's length is its whole seconds.
         let coarse = rate.reset_coarse || reset % 1000 == 0;
         let slack = if coarse { 1000 } else { 0 };
-        self.window_ms = self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset });
         let earliest = (lease.granted_at + reset).saturating_sub(slack);
         let latest = now + reset;
+        // No window begins before the one its reports said is running ends
+        // (`budget_seq`: a report told it, not a refill or the refusals): a
+        // report whose window would end more than two known windows after
+        // it is no next window but one report's odd reset (a client that
+        // sent an instant as `resetMs`). Taken, its window would shut the
+        // pool that long, and its length, as the longest reset, pace every
+        // refill after it. It says nothing; an upstream whose window really
+        // grew is followed once the running window ends.
+        let running = self.budget.filter(|b| self.budget_seq > 0 && b.reset_at > now);
+        if running.is_some_and(|b| earliest > b.reset_at + 2 * self.window_ms + slack) && self.window_ms > 0 {
+            return None;
+        }
+        self.window_ms = self.window_ms.max(if coarse { reset / 1000 * 1000 } else { reset });
         // Whole seconds to go, from a header (`x-ratelimit-reset: 5`), may
         // have been stamped when the upstream admitted the call, as SPEC §7's
         // upstream stamps them: the window then ends that long after the
@@ -1427,6 +1440,26 @@ mod tests {
         let newest = grant(&mut l, 5300);
         l.on_report(&with_budget(ok(), 7, 5000), about(newest, 0), 5400);
         assert_eq!(l.budget().unwrap().remaining, 7);
+    }
+
+    /// One report whose reset is an hour away, in the middle of a minute
+    /// window its reports told, is no next window: taken, it shut the pool
+    /// for the hour, the newer reports of the minute ignored as of a window
+    /// that ended, and, as the longest reset, paced every refill after it
+    /// to the limit per hour. It is set aside; the minute goes on.
+    #[test]
+    fn one_reports_far_reset_inside_a_running_window_is_set_aside() {
+        let mut l = Learning::new(8, true);
+        let first = grant(&mut l, 0);
+        l.on_report(&said(60, 59, 60_000), about(first, 0), 0);
+        let odd = grant(&mut l, 1_000);
+        l.on_report(&said(60, 58, 3_600_000), about(odd, 0), 1_000);
+        assert_eq!(l.budget().unwrap().reset_at, 60_000, "the minute's window still runs");
+        assert_eq!(l.window_ms, 60_000);
+        let newer = grant(&mut l, 2_000);
+        l.on_report(&said(60, 0, 58_000), about(newer, 0), 2_000);
+        assert_eq!(l.budget(), Some(Budget { remaining: 0, reset_at: 60_000 }));
+        assert_eq!(l.on_budget_reset(60_000), Some(120_000), "refilled for a minute, not an hour");
     }
 
     /// A refill's guess of the next window's end is early when the window's

@@ -348,6 +348,10 @@ pub struct Lease {
     /// Restored from a snapshot taken while running, and neither renewed
     /// nor released since (see `Pool::unconfirmed`).
     pub unconfirmed: bool,
+    /// Restored from a snapshot: when it ends here it stays dead, as a
+    /// re-adopted one does, so a renewal after its release or reclaim is
+    /// not taken for a holder this process never saw (a window may be open).
+    pub restored: bool,
     /// The answers that carried it: its grant, and each idempotent retry
     /// answered with it since. One that could not be delivered takes one
     /// off; the last one's failing releases it, since then none arrived
@@ -545,6 +549,7 @@ mod tests {
             timer: crate::wheel::Wheel::<()>::new().insert(0, ()),
             adopted: false,
             unconfirmed: false,
+            restored: false,
             answers: 1,
             idem: super::super::idempotency::NO_KEY,
         };

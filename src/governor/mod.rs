@@ -199,10 +199,12 @@ pub struct Governor<T = u64> {
     /// process can read them.
     epoch: Epoch,
     /// Every id re-adopted by this process: its slab index while held, `None`
-    /// once released or reclaimed, so a dead id is never adopted twice. A dead
-    /// entry lasts until the id's request deadline, after which `readopt`
-    /// refuses the id anyway: so the map holds at most the slots re-adopted
-    /// within one request cap, however many windows run.
+    /// once released or reclaimed, so a dead id is never adopted twice (a
+    /// lease a snapshot restored is entered dead when it ends, for the same
+    /// reason). A dead entry lasts until the id's request deadline, after
+    /// which `readopt` refuses the id anyway: so the map holds at most the
+    /// slots re-adopted or restored within one request cap, however many
+    /// windows run.
     adopted: HashMap<SlotId, Option<usize>>,
     /// The dead entries of `adopted`, each with a wheel entry at its request deadline.
     tombstones: Slab<SlotId>,
@@ -564,6 +566,10 @@ impl<T: Copy> Governor<T> {
             pool.unconfirmed -= 1;
             return true;
         }
+        // One too many, but not seen to end: its holder may be the live one
+        // (a re-adopted holder may have been released after the snapshot),
+        // so it is not kept dead and is re-adopted once there is room.
+        lease.restored = false;
         let timer = lease.timer;
         self.wheel.cancel(timer);
         self.reclaim(idx, now);
@@ -812,6 +818,7 @@ impl<T: Copy> Governor<T> {
             timer,
             adopted: false,
             unconfirmed: false,
+            restored: false,
             answers: 1,
             idem: NO_KEY,
         });
@@ -920,6 +927,7 @@ impl<T: Copy> Governor<T> {
             timer,
             adopted: true,
             unconfirmed: false,
+            restored: false,
             answers: 1,
             idem: NO_KEY,
         });
@@ -927,8 +935,9 @@ impl<T: Copy> Governor<T> {
         Some(idx)
     }
 
-    /// Removes a lease from the table (an adopted one stays dead in the map
-    /// until its request deadline; its `Idempotency-Key` expires with it).
+    /// Removes a lease from the table (a re-adopted or restored one stays
+    /// dead in the map until its request deadline; its `Idempotency-Key`
+    /// expires with it).
     /// Returns what release and reclaim go on with: the lease itself is
     /// dropped where it lies, not moved out whole.
     fn remove_lease(&mut self, idx: usize) -> Removed {
@@ -948,7 +957,7 @@ impl<T: Copy> Governor<T> {
             pool.idem.remove(lease.idem);
         }
         pool.unconfirmed -= u32::from(lease.unconfirmed);
-        if lease.adopted {
+        if lease.adopted || lease.restored {
             let (id, request_deadline) = (lease.id, lease.request_deadline);
             self.bury(id, request_deadline);
         }

@@ -319,6 +319,7 @@ impl<T: Copy> Governor<T> {
                 timer,
                 adopted: l.adopted,
                 unconfirmed,
+                restored: true,
                 answers: 1,
                 idem: NO_KEY,
             };
@@ -706,6 +707,31 @@ mod tests {
         stopped.open_recovery_window(0);
         assert_eq!(stopped.pool(q).stats.grants, 2, "a stop's counters go on");
         assert!(stopped.renew(q, &c.text, 20).is_err());
+    }
+
+    /// A lease a periodic snapshot restored that ends in the window, released
+    /// by its holder or reclaimed by its term, stays dead as a re-adopted one
+    /// does: this process saw it end, so a renewal after that (a holder's
+    /// stray timer) is `404` and a second release `false`, not a re-adoption.
+    #[test]
+    fn a_restored_lease_that_ends_in_the_window_is_never_readopted() {
+        use crate::governor::RenewError;
+        let mut old = governor(BASE);
+        let q = old.pool_id("q").unwrap();
+        let (a, b) = (grant(&mut old, "q", 0), grant(&mut old, "q", 0));
+        let snap = old.export(100);
+        let mut new = governor(BASE + 1000);
+        new.import(&snap, Taken::WhileRunning, 0).unwrap();
+        new.open_recovery_window(0);
+        assert!(new.release(q, &a.text, None, 10));
+        assert_eq!(new.renew(q, &a.text, 20), Err(RenewError::NotFound), "released");
+        assert!(!new.release(q, &a.text, None, 30), "released once");
+        // `b`, granted 1 s before this process's Unix 0 with a 5 s term, ends at 4 000.
+        new.advance(4_000);
+        assert_eq!(new.pool(q).held, 0);
+        assert!(new.pool(q).recovering(4_500));
+        assert_eq!(new.renew(q, &b.text, 4_500), Err(RenewError::NotFound), "reclaimed");
+        assert_eq!((new.pool(q).held, new.pool(q).stats.readopted), (0, 0));
     }
 
     /// After a crash, a retry under the key of a lease the periodic snapshot

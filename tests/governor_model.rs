@@ -476,7 +476,9 @@ impl Model {
                             owner,
                             key,
                             enqueued_at: self.now,
-                            deadline: self.now + budget,
+                            // `now` is whole milliseconds, rounded down: the
+                            // deadline is one after the budget, never before it.
+                            deadline: self.now + budget + 1,
                             state: WaiterState::Waiting,
                         });
                         self.by_owner.insert(owner, w);

@@ -176,11 +176,20 @@ impl<T> Wheel<T> {
     /// Hands out one payload whose deadline is `<= now`, or `None` once no
     /// more are due. Call repeatedly until `None`.
     pub fn poll(&mut self, now: u64) -> Option<T> {
+        self.due_at(now)?;
+        let idx = self.pending_head;
+        self.unlink_pending(idx);
+        Some(self.entries.remove(idx as usize).payload)
+    }
+
+    /// The deadline of the entry `poll(now)` would hand out next, left in
+    /// the wheel (a cancel still removes it); `None` once no more are due.
+    /// Entries come out in deadline order, so a caller can tell where the
+    /// entries of one tick end.
+    pub fn due_at(&mut self, now: u64) -> Option<u64> {
         loop {
             if self.pending_head != NIL {
-                let idx = self.pending_head;
-                self.unlink_pending(idx);
-                return Some(self.entries.remove(idx as usize).payload);
+                return Some(self.entries[self.pending_head as usize].deadline);
             }
             if now < self.next_at {
                 self.elapsed = self.elapsed.max(now);
@@ -488,6 +497,24 @@ mod tests {
         assert_eq!((w.poll(5_000), w.poll(5_000), w.poll(5_000), w.poll(5_000)), (Some(110), Some(130), Some(7), None));
         assert_eq!(w.cancel(k), None);
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn due_at_names_the_next_deadline_and_leaves_the_entry_to_poll_or_cancel() {
+        let mut w = Wheel::new();
+        let a = w.insert(300, 1);
+        w.insert(300, 2);
+        let c = w.insert(550, 3);
+        w.insert(5_000, 4);
+        assert_eq!(w.due_at(299), None);
+        assert_eq!(w.due_at(1_000), Some(300));
+        assert_eq!(w.due_at(1_000), Some(300), "looking hands nothing out");
+        assert_eq!(w.cancel(a), Some(1));
+        assert_eq!((w.due_at(1_000), w.poll(1_000)), (Some(300), Some(2)));
+        assert_eq!(w.due_at(1_000), Some(550));
+        assert_eq!(w.cancel(c), Some(3), "a due entry looked at is still cancelled");
+        assert_eq!((w.due_at(1_000), w.poll(1_000)), (None, None));
+        assert_eq!(drain(&mut w, 5_000), vec![4]);
     }
 
     #[test]

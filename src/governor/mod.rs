@@ -186,8 +186,9 @@ pub struct Governor<T = u64> {
     waiters: Waiters,
     wheel: Wheel<Timer<T>>,
     notices: VecDeque<Notice<T>>,
-    /// Pools whose rate-gate wake-up came due in the `advance` under way:
-    /// pumped once everything else due by then has fired (kept for its room).
+    /// Pools a slot came free in (a reclaim, a wake-up) in the millisecond
+    /// `advance` is firing: pumped once everything due in it has fired
+    /// (kept for its room).
     woken: Vec<PoolId>,
     entropy: Entropy,
     /// The `now` of the last `advance`: what the metrics read the learned
@@ -723,54 +724,90 @@ impl<T: Copy> Governor<T> {
         self.wheel.next_deadline()
     }
 
-    /// Fires everything due by `now`: reclaims, queue deadlines, wake-ups.
-    /// A pool's wake-up pumps its queue after the rest: a lease whose
-    /// deadline falls in the same millisecond is reclaimed first, so a
-    /// grant it wakes neither counts that lease nor waits behind it, and a
-    /// waiter whose deadline it is has timed out.
+    /// Fires everything due by `now`: reclaims, queue deadlines, wake-ups,
+    /// in deadline order. The queues of the pools a reclaim or a wake-up
+    /// freed are pumped once everything due in that millisecond has fired:
+    /// a lease whose deadline falls in it is reclaimed first, so a grant it
+    /// wakes neither counts that lease nor waits behind it, and a waiter
+    /// whose deadline it is has timed out, whichever of them the wheel hands
+    /// out first. They are pumped before a later millisecond's deadlines
+    /// fire, so an advance that comes late (a long turn) grants a waiter the
+    /// slot that came free before its deadline, as it would have on time.
     pub fn advance(&mut self, now: Ms) {
         self.advanced_to = self.advanced_to.max(now);
         loop {
-            self.fire_due(now);
+            let mut tick = None;
+            while let Some(at) = self.wheel.due_at(now) {
+                if tick != Some(at) {
+                    tick = Some(at);
+                    if !self.woken.is_empty() {
+                        // The earlier tick's: a waiter it grants takes its
+                        // timer off the wheel, due or not.
+                        self.pump_woken(now);
+                        continue;
+                    }
+                }
+                let timer = self.wheel.poll(now).expect("an entry is due");
+                self.fire(timer, at, now);
+            }
             if self.woken.is_empty() {
                 return;
             }
-            let mut woken = std::mem::take(&mut self.woken);
-            for &pid in &woken {
-                self.pump(pid, now);
-            }
-            woken.clear();
-            self.woken = woken;
+            self.pump_woken(now);
         }
     }
 
-    /// Fires the timers due by `now` but for wake-ups, which go on `woken`.
-    fn fire_due(&mut self, now: Ms) {
-        while let Some(timer) = self.wheel.poll(now) {
-            match timer {
-                Timer::Lease(idx) => {
-                    let deadline = self.leases[idx as usize].lease_deadline;
-                    if deadline > now {
-                        self.leases[idx as usize].timer = self.wheel.insert(deadline, Timer::Lease(idx));
-                    } else {
-                        self.reclaim(idx as usize, now);
-                    }
-                }
-                Timer::Waiter(idx) => {
-                    let key = WaiterKey(idx);
-                    let pid = self.waiters.get(key).expect("a waiter owns its timer").pool;
-                    self.time_out(key, pid, now, false);
-                }
-                Timer::Wake(pid) => {
-                    self.pools[pid.0 as usize].wake = None;
-                    self.woken.push(pid);
-                }
-                Timer::External(payload) => self.notices.push_back(Notice::Timer(payload)),
-                Timer::Tombstone(idx) => {
-                    let id = self.tombstones.remove(idx as usize);
-                    self.adopted.remove(&id);
+    /// Pumps the queues of the pools on `woken`.
+    fn pump_woken(&mut self, now: Ms) {
+        if self.woken.is_empty() {
+            return;
+        }
+        let mut woken = std::mem::take(&mut self.woken);
+        for &pid in &woken {
+            self.pools[pid.0 as usize].woken = false;
+            self.pump(pid, now);
+        }
+        woken.clear();
+        self.woken = woken;
+    }
+
+    /// Fires one timer that came due at `at`; a pool a slot came free in
+    /// goes on `woken`, pumped when that millisecond's timers have all fired.
+    fn fire(&mut self, timer: Timer<T>, at: Ms, now: Ms) {
+        match timer {
+            Timer::Lease(idx) => {
+                let deadline = self.leases[idx as usize].lease_deadline;
+                if deadline > at {
+                    // Renewed since: it fires again at its deadline, in this
+                    // advance if that has come too.
+                    self.leases[idx as usize].timer = self.wheel.insert(deadline, Timer::Lease(idx));
+                } else {
+                    let pid = self.take_back(idx as usize);
+                    self.wake_up(pid);
                 }
             }
+            Timer::Waiter(idx) => {
+                let key = WaiterKey(idx);
+                let pid = self.waiters.get(key).expect("a waiter owns its timer").pool;
+                self.time_out(key, pid, now, false);
+            }
+            Timer::Wake(pid) => {
+                self.pools[pid.0 as usize].wake = None;
+                self.wake_up(pid);
+            }
+            Timer::External(payload) => self.notices.push_back(Notice::Timer(payload)),
+            Timer::Tombstone(idx) => {
+                let id = self.tombstones.remove(idx as usize);
+                self.adopted.remove(&id);
+            }
+        }
+    }
+
+    /// Puts `pid` on `woken`, once.
+    fn wake_up(&mut self, pid: PoolId) {
+        let pool = &mut self.pools[pid.0 as usize];
+        if !std::mem::replace(&mut pool.woken, true) {
+            self.woken.push(pid);
         }
     }
 
@@ -979,8 +1016,15 @@ impl<T: Copy> Governor<T> {
         self.wheel.insert(until, Timer::Tombstone(tombstone));
     }
 
-    /// Takes back a lease whose holder stopped renewing (or hit the cap).
+    /// Takes back a lease whose holder stopped renewing (or hit the cap),
+    /// and grants its slot to the head waiter.
     fn reclaim(&mut self, idx: usize, now: Ms) {
+        let pid = self.take_back(idx);
+        self.pump(pid, now);
+    }
+
+    /// `reclaim` but for the grant: its pool, whose queue the caller pumps.
+    fn take_back(&mut self, idx: usize) -> PoolId {
         let lease = self.remove_lease(idx);
         let pool = &mut self.pools[lease.pool.0 as usize];
         pool.held -= 1;
@@ -989,7 +1033,7 @@ impl<T: Copy> Governor<T> {
         } else {
             pool.stats.reclaimed_term += 1;
         }
-        self.pump(lease.pool, now);
+        lease.pool
     }
 
     /// Answers a waiter with `504` (its timer fired, or `cancel_timer` is set

@@ -121,6 +121,9 @@ pub struct Pool {
     /// The one wheel entry that wakes this pool's queue when a pause or a
     /// rate wait ends, with its instant.
     pub wake: Option<(Ms, TimerKey)>,
+    /// On the governor's `woken` list: its queue is pumped once the
+    /// millisecond whose deadlines are firing has ended.
+    pub woken: bool,
     pub stats: PoolStats,
     /// The end of the re-adoption window, while one is or was open.
     pub recovering_until: Option<Ms>,
@@ -145,6 +148,7 @@ impl Pool {
             gate: settings.rpm.map(|(rpm, burst)| TokenBucket::new(rpm, burst)),
             learning: Learning::new(settings.concurrency, settings.adaptive),
             wake: None,
+            woken: false,
             stats: PoolStats::default(),
             recovering_until: None,
             moved_until: None,

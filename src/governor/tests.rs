@@ -730,6 +730,49 @@ fn a_grant_woken_by_a_token_as_a_lease_ends_does_not_count_that_lease() {
     assert_eq!(grants[0].signals.remaining_slots, 1, "4 less the 3 held after this grant");
 }
 
+/// A turn that comes late (a busy loop, a paused process) fires several
+/// milliseconds' deadlines at once: a slot that came free before a waiter's
+/// deadline goes to that waiter, as it would have on time.
+#[test]
+fn a_late_advance_grants_a_waiter_the_token_that_came_before_its_deadline() {
+    // 60 rpm, burst 1: the next token at 1000.
+    let (mut g, p) = governor(r#","rpm":60,"rpmBurst":1,"adaptive":false"#);
+    granted(g.acquire(p, 0, 1, 0));
+    queued(g.acquire(p, 1000, 2, 100));
+    g.advance(1200);
+    assert_eq!(granted_owners(&mut g), vec![2], "the token at 1000 came before its deadline at 1101");
+}
+
+/// A lease that ends in the millisecond a waiter's deadline comes: the
+/// waiter has timed out (its budget has passed), and the slot goes to the
+/// next one, whichever of the two timers the wheel hands out first.
+#[test]
+fn a_waiter_whose_deadline_it_is_times_out_when_a_lease_ends_in_that_millisecond() {
+    for renewed in [false, true] {
+        let (mut g, p) = governor(r#","concurrency":1,"termMs":300,"renewIntervalMs":100,"adaptive":false"#);
+        let a = granted(g.acquire(p, 0, 1, 0));
+        // Renewed, the lease's timer fires at 300 and is armed again
+        // for 550, after the waiters': the wheel then hands it out last.
+        let (budget, end) = if renewed { (449, 550) } else { (199, 300) };
+        queued(g.acquire(p, budget, 2, 100));
+        queued(g.acquire(p, 5_000, 3, 150));
+        if renewed {
+            assert_eq!(g.renew(p, &id(&a), 250), Ok(550));
+            g.advance(300);
+        }
+        g.advance(end);
+        let answered: Vec<(u64, bool)> = notices(&mut g)
+            .into_iter()
+            .map(|n| match n {
+                Notice::Granted { owner, .. } => (owner, true),
+                Notice::TimedOut { owner, .. } => (owner, false),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(answered, [(2, false), (3, true)], "renewed: {renewed}");
+    }
+}
+
 #[test]
 fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#);

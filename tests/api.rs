@@ -663,6 +663,28 @@ fn a_waiter_whose_deadline_passed_is_not_granted_by_a_later_release() {
     assert_eq!(s.acquire("", "").status, 200);
 }
 
+#[test]
+fn a_lease_that_ends_while_the_server_is_stopped_is_reclaimed_as_it_resumes() {
+    let s = TestServer::start(&config(
+        r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"termMs":2000,"renewIntervalMs":500"#,
+        "",
+    ));
+    s.acquire("", "").slot();
+    let mut waiter = queue_acquire(&s, 8_000);
+    thread::sleep(Duration::from_millis(100));
+    // The server sleeps until the lease's deadline, 2 s after the grant; it
+    // is stopped past that deadline, and nothing arrives for it to read.
+    s.signal("STOP");
+    wait_stopped(s.pid());
+    thread::sleep(Duration::from_millis(2_200));
+    s.signal("CONT");
+    let resumed = Instant::now();
+    let r = read_response(&mut waiter).unwrap();
+    assert_eq!(r.status, 200, "the holder's term had ended: {r:?}");
+    // Not after the rest of the sleep it had begun before the stop.
+    assert!(resumed.elapsed() < Duration::from_millis(1_000), "granted {:?} after resuming", resumed.elapsed());
+}
+
 /// A server with no upstream host name to resolve runs on one thread: the
 /// resolver's starts with the first lookup, so every socket call skips the
 /// C library's cancellation bookkeeping of a multi-threaded process.

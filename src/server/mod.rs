@@ -414,12 +414,21 @@ impl Server {
         let mut spin = false;
         // From here until the stop's end, a log line never waits for standard error.
         crate::stdio::serving();
+        // The clock reading the next wait counts from, when not the turn's.
+        let mut waited_from = None;
         loop {
-            let timeout = self.poll_timeout();
+            let timeout = self.poll_timeout(waited_from.take().unwrap_or(self.now.ms));
             let spin_for = if spin { self.idle_spin } else { Duration::ZERO };
             match idle::wait(&mut self.poll, &mut events, timeout, spin_for) {
                 Ok(found_spinning) => spin = found_spinning || idle::concurrent(&events),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // A signal, or the process stopped and continued (SIGSTOP, a
+                // debugger), which ends the wait early: any time may have
+                // passed since the turn's reading, so the wait goes on from
+                // a fresh one, not for its whole timeout again.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    waited_from = Some(self.clock.now_ms());
+                    continue;
+                }
                 Err(e) => return Err(e),
             }
             // One clock read per turn serves both the governor and server times.
@@ -751,10 +760,11 @@ impl Server {
         self.stopping = self.conn_ids();
     }
 
-    /// How long the poll may wait: until the next deadline, counted from the
-    /// turn's clock reading (as event loops commonly do), so a deadline fires
-    /// at most one turn's work late and a turn costs one clock read.
-    fn poll_timeout(&mut self) -> Option<Duration> {
+    /// How long the poll may wait: until the next deadline, counted from
+    /// `now`, the turn's clock reading (as event loops commonly do), so a
+    /// deadline fires at most one turn's work late and a turn costs one
+    /// clock read; after an interrupted wait, a fresh reading.
+    fn poll_timeout(&mut self, now: Ms) -> Option<Duration> {
         if !self.ready_carry.is_empty() || !self.dirty.is_empty() || !self.stopping.is_empty() {
             return Some(Duration::ZERO);
         }
@@ -762,7 +772,6 @@ impl Server {
         if self.shutdown_at.is_some() && self.conns.len() == self.lingering {
             return Some(Duration::ZERO);
         }
-        let now = self.now.ms;
         // A stopping server wakes at its deadline whatever else is (or is not) due.
         let wake = match (self.app.next_deadline(), self.shutdown_at) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -270,8 +270,8 @@ fn answering_when_told(body: &'static str) -> (MockUpstream, std::sync::Arc<std:
 fn a_reload_that_ends_proxying_answers_the_queued_request_503_and_frees_its_slot() {
     // One proxied request holds the pool's only slot (the upstream answers
     // when the test says so), a second waits in the queue; a reload then
-    // takes the pool's `upstream` away. The waiter, granted afterwards, has
-    // no upstream left to go to: it gets a 503 and its slot is given back.
+    // takes the pool's `upstream` away. The waiter has no upstream left to
+    // go to: it gets a 503, and no slot is held for it.
     let (up, answer) = answering_when_told("first");
     let pool = r#""concurrency":1,"adaptive":false,"queue":{"size":10,"timeoutMs":30000}"#;
     let server =
@@ -443,6 +443,50 @@ fn a_queued_request_never_carries_the_old_upstreams_credentials_to_a_new_one() {
     assert_eq!((r.status, r.body.as_slice()), (200, &b"from-b"[..]), "{r:?}");
     assert_eq!(up_b.seen()[0].header("authorization"), Some("Bearer secret-for-b".to_string()));
     eventually("the slots are free", || server.metric(r#"nthpool_slots_held{pool="p"}"#) == Some(0.0));
+}
+
+/// A request queued under an upstream that a reload changes can never be
+/// sent (its head carries the old settings): it is answered `503` at the
+/// reload, while the slot is still held, and takes no grant and no rate
+/// token, so the requests after it, sent afresh, find both.
+#[test]
+fn a_queued_request_whose_upstream_a_reload_changed_is_answered_at_once_and_takes_no_slot() {
+    let (up, answer) = answering_when_told("first");
+    let pool = |secret: &str| {
+        config(
+            &format!(
+                r#""concurrency":1,"adaptive":false,"rpm":1,"rpmBurst":2,"queue":{{"size":10,"timeoutMs":30000}},
+                "upstream":{{"url":"{}","hosts":["{HOST}"],"setHeaders":{{"Authorization":"Bearer {secret}"}}}}"#,
+                up.url()
+            ),
+            "",
+        )
+    };
+    let server = TestServer::start(&pool("one"));
+    let mut first = server.connect();
+    first.write_all(&proxied("GET", "/one", "", "")).unwrap();
+    eventually("the first request holds the slot", || up.seen().len() == 1);
+    let mut second = server.connect();
+    second.write_all(&proxied("GET", "/two", "", "")).unwrap();
+    eventually("the second request waits", || server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(1.0));
+
+    server.reload(&pool("two"));
+    eventually("the waiter leaves the queue at the reload", || {
+        server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(0.0)
+    });
+    let r = read_any(&mut second).expect("the waiter is answered");
+    assert_eq!((r.status, r.error_code().as_str()), (503, "unavailable"), "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert_eq!(server.metric(r#"nthpool_slots_held{pool="p"}"#), Some(1.0), "the first still holds the slot");
+    assert_eq!(server.metric(r#"nthpool_grants_total{pool="p"}"#), Some(1.0), "the waiter took no grant");
+    assert_eq!(server.metric(r#"nthpool_rpm_tokens{pool="p"}"#), Some(1.0), "nor a rate token");
+
+    answer.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(read_any(&mut first).expect("the first answer").status, 200);
+    let r = exchange(&server, &proxied("GET", "/three", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"first"[..]), "{r:?}");
+    assert_eq!(up.seen()[1].header("authorization"), Some("Bearer two".to_string()));
+    assert_eq!(up.seen().len(), 2, "the waiter never reached the upstream");
 }
 
 #[test]

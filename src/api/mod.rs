@@ -961,6 +961,14 @@ impl App {
         Some(error)
     }
 
+    /// A queued proxied request whose head was written for an upstream a
+    /// reload changed or took away leaves the queue, to be answered by the
+    /// caller; false when it is no longer waiting (the reload itself
+    /// granted it, and its grant refuses it).
+    pub fn withdraw_unsendable(&mut self, queued: &Queued, conn: ConnId, now: Now) -> bool {
+        self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms, Leaving::Answered).is_some()
+    }
+
     /// A queued acquire whose connection ended before it was answered: it
     /// leaves the queue, and its log line says `client_gone` with status 499
     /// (no answer was sent) and the time it waited.

@@ -1365,7 +1365,10 @@ impl Server {
 
     /// After a reload: the acquires and proxied requests waiting in a queue
     /// whose key or address the configuration no longer admits are answered
-    /// (`App::refused_since_reload`).
+    /// (`App::refused_since_reload`), and so are the proxied requests whose
+    /// head was written for an upstream the reload changed or took away:
+    /// they can never be sent, and left waiting each would take a slot and
+    /// a rate token, and hold its place in the queue, only to be refused.
     #[cold]
     fn recheck_waiters(&mut self) {
         let now = self.now;
@@ -1377,8 +1380,12 @@ impl Server {
                 continue;
             };
             let (close, say_kept_alive) = (conn.waits_to_close(), conn.waits_http10_keep_alive());
-            if conn.exchange.is_some() {
-                if let Some(error) = self.app.refused_since_reload(&queued, id, now) {
+            if let Some(ex) = conn.exchange {
+                let refused = self.app.refused_since_reload(&queued, id, now).or_else(|| {
+                    let error = proxied::upstream_for(&self.app, &self.proxy.exchanges[ex]).err()?;
+                    self.app.withdraw_unsendable(&queued, id, now).then_some(error)
+                });
+                if let Some(error) = refused {
                     conn.stop_waiting();
                     self.end_queued_exchange(id, &queued, WaitEnd::Refused(error), close);
                 }

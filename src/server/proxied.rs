@@ -238,7 +238,7 @@ const UPSTREAM_CHANGED: ApiError =
     ApiError::Unavailable("A configuration reload changed this pool's upstream before the request was sent.", 1);
 
 /// The upstream exchange `e`'s head was written for, if the pool still has it.
-fn upstream_for<'a>(app: &'a App, e: &Exchange) -> Result<&'a Upstream, ApiError> {
+pub(super) fn upstream_for<'a>(app: &'a App, e: &Exchange) -> Result<&'a Upstream, ApiError> {
     match app.upstream(e.pool) {
         Some(upstream) if upstream.head_key == e.head_key => Ok(upstream),
         Some(_) => Err(UPSTREAM_CHANGED),

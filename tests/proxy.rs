@@ -766,6 +766,44 @@ fn a_queued_request_whose_upstream_cannot_be_connected_at_its_grant_is_answered_
     slot_comes_back(&server);
 }
 
+#[test]
+fn a_long_queue_whose_upstream_refuses_every_connection_is_answered_502_and_the_server_lives() {
+    // Each grant fails at once, its release grants the next waiter, and so
+    // on down the queue: that chain once recursed once per waiter, and a
+    // queue of a few thousand overflowed the server's stack (its 8 MiB
+    // held about 9 000). With a 256 KiB stack, 200 waiters were enough.
+    const WAITERS: usize = 200;
+    let closed = refused_addr();
+    let server = TestServer::start_with_stack_limit(
+        &config(
+            &format!(
+                r#""concurrency":1,"adaptive":false,"queue":{{"size":{WAITERS},"timeoutMs":30000}},
+                "upstream":{{"url":"http://{closed}","hosts":["{HOST}"],"waitMs":30000}}"#
+            ),
+            "",
+        ),
+        256,
+    );
+    let held = server.acquire("", "");
+    assert_eq!(held.status, 200, "{held:?}");
+    let mut waiting: Vec<TcpStream> = (0..WAITERS)
+        .map(|i| {
+            let mut s = server.connect();
+            s.write_all(&proxied("GET", &format!("/queued/{i}"), "", "")).unwrap();
+            s
+        })
+        .collect();
+    eventually("every request waits in the queue", || {
+        server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(WAITERS as f64)
+    });
+    assert_eq!(server.release(&held.slot(), "").status, 200);
+    for (i, s) in waiting.iter_mut().enumerate() {
+        let r = read_any(s).unwrap_or_else(|| panic!("waiter {i} got no answer: the server is gone"));
+        assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "waiter {i}: {r:?}");
+    }
+    slot_comes_back(&server);
+}
+
 /// A server whose pool's upstream reads a request's head, answers `413`
 /// and closes without reading the body.
 fn refusing_at_the_head() -> TestServer {

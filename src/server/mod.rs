@@ -264,6 +264,9 @@ pub struct Server {
     /// pipelined answered, then closed): every one at the signal, and later
     /// those whose proxied exchange ended.
     stopping: Vec<ConnId>,
+    /// `drain_events` is running: a call from inside it leaves the events
+    /// to its loop.
+    draining: bool,
 }
 
 /// Whether any pool proxies (each proxied exchange holds two descriptors).
@@ -388,6 +391,7 @@ impl Server {
             proxy: Proxy::new(resolver),
             proxy_listeners,
             stopping: Vec::new(),
+            draining: false,
         })
     }
 
@@ -966,7 +970,17 @@ impl Server {
 
     /// Acts on what the application decided since the last call: queued
     /// acquires answered, the reactor's own timers.
+    ///
+    /// Acting on one event may queue the next: an exchange granted a slot
+    /// fails at once (its upstream refuses connections), its release grants
+    /// the next waiter, and so on down the queue. Those are taken by the
+    /// loop already running, never by a nested one, so the stack does not
+    /// grow with the queue (thousands of waiters overflowed it).
     fn drain_events(&mut self) {
+        if self.draining {
+            return;
+        }
+        self.draining = true;
         while let Some(event) = self.app.next_event() {
             match event {
                 Event::Answer(id, answer) => self.deliver(id, answer),
@@ -993,6 +1007,7 @@ impl Server {
                 }
             }
         }
+        self.draining = false;
     }
 
     // ------------------------------------------------------------ client connections

@@ -125,6 +125,21 @@ impl TestServer {
         Self::spawn_command(command, dir, config_path, &[], Stdio::from(log), "info")
     }
 
+    /// `start_logged`, the server's main thread given a stack of at most
+    /// `kib` KiB (`RLIMIT_STACK`, through `prlimit`), so a test can show
+    /// that what the server does on it does not grow with a count (waiters,
+    /// connections) without making thousands of them.
+    pub fn start_with_stack_limit(config_json: &str, kib: u64) -> TestServer {
+        let dir = scratch_dir();
+        let config_path = dir.join("config.json");
+        std::fs::write(&config_path, config_json).unwrap();
+        let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        let bytes = kib * 1024;
+        let mut command = Command::new("prlimit");
+        command.arg(format!("--stack={bytes}:{bytes}")).arg(env!("CARGO_BIN_EXE_nthpool"));
+        Self::spawn_command(command, dir, config_path, &[], Stdio::from(log), "info")
+    }
+
     /// What the server logged so far (servers started with `start_logged`).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()

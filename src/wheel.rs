@@ -222,6 +222,14 @@ impl<T> Wheel<T> {
         }
     }
 
+    /// Moves the slot's entries due at its start (`elapsed`) to `pending`
+    /// and cascades the others to a lower level. A higher-level slot's later
+    /// deadlines are not handed out with its first, even when `now` has
+    /// passed them: an entry inserted meanwhile (a renewed lease's timer
+    /// armed again, due already) would come out after them, out of order.
+    /// Only an entry beyond the wheel's reach (clamped when linked), which
+    /// cascading would bring one reach nearer at a time, fires once `now`
+    /// has passed it.
     fn process_slot(&mut self, level: usize, slot: usize, now: u64) {
         let mut idx = self.levels[level].heads[slot];
         self.levels[level].heads[slot] = NIL;
@@ -232,7 +240,7 @@ impl<T> Wheel<T> {
             let next = entry.next;
             entry.prev = NIL;
             entry.next = NIL;
-            if entry.deadline <= now {
+            if entry.deadline <= self.elapsed || entry.deadline <= now && entry.deadline - self.elapsed > REACH {
                 fired.push(idx);
             } else {
                 // Cascades to a lower level relative to the new `elapsed`.
@@ -240,9 +248,9 @@ impl<T> Wheel<T> {
             }
             idx = next;
         }
-        // One call may cover many deadlines of a higher-level slot: hand them
-        // out in deadline order. Slots are processed in time order, so this
-        // keeps the order across slots too.
+        // Entries inserted with a deadline already past share the slot of
+        // `elapsed` with its own: hand them out in deadline order. Slots are
+        // processed in time order, so this keeps the order across slots too.
         let entries = &self.entries;
         fired.sort_unstable_by_key(|&i| entries[i as usize].deadline);
         for &i in &fired {
@@ -502,12 +510,13 @@ mod tests {
         // One slot of level 2 (4096..8191) when inserted at 0.
         let keys: Vec<TimerKey> = [140u64, 130, 120, 110, 100].iter().map(|&d| w.insert(d + 4000, d as u32)).collect();
         assert_eq!(w.poll(5_000), Some(100));
-        // 110 to 140 fired with it and wait to be handed out.
+        // 110 to 140 came due with it and wait, cascaded, for their tick.
         assert_eq!(w.cancel(keys[2]), Some(120));
         assert_eq!(w.cancel(keys[0]), Some(140));
         assert!(w.next_deadline().is_some_and(|at| at <= 5_000));
+        // Already past: it comes out in its place, first.
         let k = w.insert(4_000, 7);
-        assert_eq!((w.poll(5_000), w.poll(5_000), w.poll(5_000), w.poll(5_000)), (Some(110), Some(130), Some(7), None));
+        assert_eq!((w.poll(5_000), w.poll(5_000), w.poll(5_000), w.poll(5_000)), (Some(7), Some(110), Some(130), None));
         assert_eq!(w.cancel(k), None);
         assert!(w.is_empty());
     }
@@ -528,6 +537,25 @@ mod tests {
         assert_eq!(w.cancel(c), Some(3), "a due entry looked at is still cancelled");
         assert_eq!((w.due_at(1_000), w.poll(1_000)), (None, None));
         assert_eq!(drain(&mut w, 5_000), vec![4]);
+    }
+
+    /// An entry inserted while due ones are being handed out (a renewed
+    /// lease's timer armed again at its new deadline) comes out in its
+    /// place among them: a late poll that covers a whole higher-level slot
+    /// does not hand out that slot's later deadlines first.
+    #[test]
+    fn an_entry_inserted_between_due_ones_comes_out_in_deadline_order() {
+        let mut w = Wheel::new();
+        w.insert(300, 1);
+        w.insert(315, 2);
+        w.insert(5_000, 4);
+        assert_eq!(w.poll(1_000), Some(1));
+        w.insert(310, 3);
+        let mut order = Vec::new();
+        while let Some(at) = w.due_at(1_000) {
+            order.push((at, w.poll(1_000).unwrap()));
+        }
+        assert_eq!(order, [(310, 3), (315, 2)]);
     }
 
     #[test]

@@ -773,6 +773,23 @@ fn a_waiter_whose_deadline_it_is_times_out_when_a_lease_ends_in_that_millisecond
     }
 }
 
+/// A late turn fires a lease's timer, finds it renewed to a deadline it
+/// has also passed, and arms it again: the lease ends before a waiter's
+/// deadline that the wheel had found due with the timer, so the waiter gets
+/// its slot rather than timing out before the lease is reclaimed.
+#[test]
+fn a_late_advance_reclaims_a_renewed_lease_before_a_later_waiter_deadline() {
+    let (mut g, p) = governor(r#","concurrency":1,"termMs":300,"renewIntervalMs":100,"adaptive":false"#);
+    let a = granted(g.acquire(p, 0, 1, 0));
+    // Its timer stays at 300; the lease now ends at 310.
+    assert_eq!(g.renew(p, &id(&a), 10), Ok(310));
+    // Deadline 315: after the lease's end, in the same stretch of the wheel.
+    queued(g.acquire(p, 214, 2, 100));
+    queued(g.acquire(p, 5_000, 3, 150));
+    g.advance(1_000);
+    assert_eq!(granted_owners(&mut g), vec![2], "the lease ended at 310, before the waiter's deadline at 315");
+}
+
 #[test]
 fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#);

@@ -351,6 +351,7 @@ pub struct Lease {
     /// Restored from a snapshot: when it ends here it stays dead, as a
     /// re-adopted one does, so a renewal after its release or reclaim is
     /// not taken for a holder this process never saw (a window may be open).
+    /// Reclaimed while `unconfirmed`, it was not seen to end (`take_back`).
     pub restored: bool,
     /// The answers that carried it: its grant, and each idempotent retry
     /// answered with it since. One that could not be delivered takes one

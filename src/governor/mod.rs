@@ -201,11 +201,11 @@ pub struct Governor<T = u64> {
     epoch: Epoch,
     /// Every id re-adopted by this process: its slab index while held, `None`
     /// once released or reclaimed, so a dead id is never adopted twice (a
-    /// lease a snapshot restored is entered dead when it ends, for the same
-    /// reason). A dead entry lasts until the id's request deadline, after
-    /// which `readopt` refuses the id anyway: so the map holds at most the
-    /// slots re-adopted or restored within one request cap, however many
-    /// windows run.
+    /// lease a snapshot restored is entered dead when it is seen to end,
+    /// for the same reason). A dead entry lasts until the id's request
+    /// deadline, after which `readopt` refuses the id anyway: so the map
+    /// holds at most the slots re-adopted or restored within one request
+    /// cap, however many windows run.
     adopted: HashMap<SlotId, Option<usize>>,
     /// The dead entries of `adopted`, each with a wheel entry at its request deadline.
     tombstones: Slab<SlotId>,
@@ -569,8 +569,8 @@ impl<T: Copy> Governor<T> {
         }
         // One too many, but not seen to end: its holder may be the live one
         // (a re-adopted holder may have been released after the snapshot),
-        // so it is not kept dead and is re-adopted once there is room.
-        lease.restored = false;
+        // so it is not kept dead (`take_back`) and is re-adopted once there
+        // is room.
         let timer = lease.timer;
         self.wheel.cancel(timer);
         self.reclaim(idx, now);
@@ -1025,6 +1025,12 @@ impl<T: Copy> Governor<T> {
 
     /// `reclaim` but for the grant: its pool, whose queue the caller pumps.
     fn take_back(&mut self, idx: usize) -> PoolId {
+        // A restored lease its holder has not shown for ends at the
+        // snapshot's deadline, which the holder may have renewed past before
+        // the crash (renewals during the downtime failed): not seen to end,
+        // it is not kept dead, and its holder's next renewal re-adopts it.
+        let lease = &mut self.leases[idx];
+        lease.restored &= !lease.unconfirmed;
         let lease = self.remove_lease(idx);
         let pool = &mut self.pools[lease.pool.0 as usize];
         pool.held -= 1;

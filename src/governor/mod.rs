@@ -731,8 +731,10 @@ impl<T: Copy> Governor<T> {
     /// wakes neither counts that lease nor waits behind it, and a waiter
     /// whose deadline it is has timed out, whichever of them the wheel hands
     /// out first. They are pumped before a later millisecond's deadlines
-    /// fire, so an advance that comes late (a long turn) grants a waiter the
-    /// slot that came free before its deadline, as it would have on time.
+    /// fire, as they stand in the millisecond before it, so an advance that
+    /// comes late (a long turn) grants a waiter the slot that came free
+    /// before its deadline, and no token, end of a cool-down or free slot
+    /// that came after it, as it would have on time.
     pub fn advance(&mut self, now: Ms) {
         self.advanced_to = self.advanced_to.max(now);
         loop {
@@ -743,7 +745,7 @@ impl<T: Copy> Governor<T> {
                     if !self.woken.is_empty() {
                         // The earlier tick's: a waiter it grants takes its
                         // timer off the wheel, due or not.
-                        self.pump_woken(now);
+                        self.pump_woken(at.saturating_sub(1), now);
                         continue;
                     }
                 }
@@ -753,19 +755,22 @@ impl<T: Copy> Governor<T> {
             if self.woken.is_empty() {
                 return;
             }
-            self.pump_woken(now);
+            self.pump_woken(now, now);
         }
     }
 
-    /// Pumps the queues of the pools on `woken`.
-    fn pump_woken(&mut self, now: Ms) {
+    /// Pumps the queues of the pools on `woken` as they stood at `at`
+    /// (`pump_queue`).
+    fn pump_woken(&mut self, at: Ms, now: Ms) {
         if self.woken.is_empty() {
             return;
         }
         let mut woken = std::mem::take(&mut self.woken);
         for &pid in &woken {
             self.pools[pid.0 as usize].woken = false;
-            self.pump(pid, now);
+            if self.pools[pid.0 as usize].queue.head().is_some() {
+                self.pump_queue(pid, at, now);
+            }
         }
         woken.clear();
         self.woken = woken;
@@ -1063,22 +1068,26 @@ impl<T: Copy> Governor<T> {
     /// caller (a release pays for no call setting up the loop).
     fn pump(&mut self, pid: PoolId, now: Ms) {
         if self.pools[pid.0 as usize].queue.head().is_some() {
-            self.pump_queue(pid, now);
+            self.pump_queue(pid, now, now);
         }
     }
 
-    /// `pump` for a pool whose queue holds someone. Kept out of line (its
-    /// only caller would take it in, and grow too large to be inlined).
+    /// `pump` for a pool whose queue holds someone, its gates read at `at`
+    /// and its grants made at `now`: a late `advance` pumps at the
+    /// millisecond before the next deadline it fires, so no waiter whose
+    /// deadline that is gets a token or a slot that came after it. Kept out
+    /// of line (its callers would take it in, and grow too large to be
+    /// inlined).
     #[inline(never)]
-    fn pump_queue(&mut self, pid: PoolId, now: Ms) {
+    fn pump_queue(&mut self, pid: PoolId, at: Ms, now: Ms) {
         loop {
             let pool = &mut self.pools[pid.0 as usize];
             let Some(head) = pool.queue.head() else {
                 return;
             };
-            pool.refill_gate(now);
-            let ramp = pool.learning.rises_at(now);
-            match pool.blocked(now) {
+            pool.refill_gate(at);
+            let ramp = pool.learning.rises_at(at);
+            match pool.blocked(at) {
                 None => {
                     let w = self.waiters.remove(&mut pool.queue, head);
                     self.wheel.cancel(w.timer);
@@ -1091,13 +1100,13 @@ impl<T: Copy> Governor<T> {
                     self.notices.push_back(Notice::Granted { owner: w.owner, grant });
                 }
                 Some((DenyReason::Concurrency, _)) => {
-                    if let Some(at) = ramp {
-                        self.arm_wake(pid, at);
+                    if let Some(rise) = ramp {
+                        self.arm_wake(pid, rise);
                     }
                     return;
                 }
                 Some((_, wait)) => {
-                    self.arm_wake(pid, now + wait);
+                    self.arm_wake(pid, at + wait);
                     return;
                 }
             }

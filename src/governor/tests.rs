@@ -790,6 +790,31 @@ fn a_late_advance_reclaims_a_renewed_lease_before_a_later_waiter_deadline() {
     assert_eq!(granted_owners(&mut g), vec![2], "the lease ended at 310, before the waiter's deadline at 315");
 }
 
+/// A late turn pumps a queue a reclaim freed before the next deadline
+/// fires, as it stood then: a token that came only after a waiter's
+/// deadline does not go to that waiter, which times out as on time, and the
+/// next one gets it.
+#[test]
+fn a_late_advance_grants_no_waiter_a_token_that_came_after_its_deadline() {
+    // 60 rpm, burst 1: the next token at 1000.
+    let (mut g, p) =
+        governor(r#","concurrency":1,"termMs":300,"renewIntervalMs":100,"rpm":60,"rpmBurst":1,"adaptive":false"#);
+    granted(g.acquire(p, 0, 1, 0));
+    queued(g.acquire(p, 399, 2, 100));
+    queued(g.acquire(p, 5_000, 3, 150));
+    // The lease ends at 300, waiter 2's deadline is 500, the token comes at 1000.
+    g.advance(1_200);
+    let answered: Vec<(u64, bool)> = notices(&mut g)
+        .into_iter()
+        .map(|n| match n {
+            Notice::Granted { owner, .. } => (owner, true),
+            Notice::TimedOut { owner, .. } => (owner, false),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(answered, [(2, false), (3, true)]);
+}
+
 #[test]
 fn a_held_lease_keeps_the_term_it_was_granted_with_across_a_reload() {
     let (mut g, p) = governor(r#","termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#);

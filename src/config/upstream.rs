@@ -377,6 +377,14 @@ fn file_references(value: &str) -> impl Iterator<Item = &str> {
     value.split("${").skip(1).filter_map(|tail| tail.split_once('}')?.0.strip_prefix("file:"))
 }
 
+/// Whether a reference may be quoted in an error: a name as environment
+/// variables are named (`API_KEY`), not a value written where a name goes
+/// (`${sk-live-…}`, `${env:sk-live-…}`), which would land in the log of a
+/// refused start or reload.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+}
+
 /// Replaces every `${env:NAME}` and `${file:PATH}` in `value`. A file's
 /// trailing line break is dropped (editors add one).
 fn resolve(value: &str) -> Result<String, String> {
@@ -391,15 +399,21 @@ fn resolve(value: &str) -> Result<String, String> {
             return Err(format!("`${{{reference}}}` names nothing: write ${{env:NAME}} or ${{file:PATH}}"));
         }
         if let Some(name) = reference.strip_prefix("env:") {
-            let v = std::env::var(name).map_err(|_| format!("the environment variable {name} is not set"))?;
+            let v = std::env::var(name).map_err(|_| match plain_name(name) {
+                true => format!("the environment variable {name} is not set"),
+                false => "a `${env:…}` names an environment variable that is not set (not shown: it may be a secret)"
+                    .to_string(),
+            })?;
             out.push_str(&v);
         } else if let Some(path) = reference.strip_prefix("file:") {
             let bytes = files::read_bounded(path.as_ref(), MAX_FILE_VALUE_BYTES)
                 .map_err(|e| format!("cannot read {path}: {e}"))?;
             let text = String::from_utf8(bytes).map_err(|_| format!("cannot read {path}: it is not UTF-8 text"))?;
             out.push_str(text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text));
-        } else {
+        } else if plain_name(reference) {
             return Err(format!("`${{{reference}}}` is neither ${{env:NAME}} nor ${{file:PATH}}"));
+        } else {
+            return Err("a `${…}` is neither ${env:NAME} nor ${file:PATH} (not shown: it may be a secret)".into());
         }
         rest = &tail[end + 1..];
     }
@@ -521,6 +535,11 @@ mod tests {
             assert!(resolve(empty).unwrap_err().contains("names nothing"), "{empty}");
         }
         assert!(resolve("${env:X").is_err());
+        assert!(resolve("${API_KEY}").unwrap_err().contains("`${API_KEY}` is neither"), "a name is quoted");
+        for pasted in ["Bearer ${sk-live-SECRET}", "Bearer ${env:sk-live-SECRET}"] {
+            let e = resolve(pasted).unwrap_err();
+            assert!(e.ends_with("(not shown: it may be a secret)") && !e.contains("SECRET"), "{pasted}: {e}");
+        }
         let config = section(r#","setHeaders":{"Authorization":"Bearer ${env:NTHPOOL_UPSTREAM_TEST_MISSING}"}"#);
         let e = Upstream::build(&config).unwrap_err();
         assert!(e.starts_with("upstream.setHeaders.Authorization"), "{e}");

@@ -201,11 +201,11 @@ pub struct Governor<T = u64> {
     epoch: Epoch,
     /// Every id re-adopted by this process: its slab index while held, `None`
     /// once released or reclaimed, so a dead id is never adopted twice (a
-    /// lease a snapshot restored is entered dead when it is seen to end,
-    /// for the same reason). A dead entry lasts until the id's request
-    /// deadline, after which `readopt` refuses the id anyway: so the map
-    /// holds at most the slots re-adopted or restored within one request
-    /// cap, however many windows run.
+    /// lease a snapshot restored is entered dead when it is seen to end in
+    /// a window, for the same reason). A dead entry lasts until the id's
+    /// request deadline, after which `readopt` refuses the id anyway: so the
+    /// map holds at most the slots re-adopted, or restored and ended in a
+    /// window, within one request cap, however many windows run.
     adopted: HashMap<SlotId, Option<usize>>,
     /// The dead entries of `adopted`, each with a wheel entry at its request deadline.
     tombstones: Slab<SlotId>,
@@ -593,7 +593,7 @@ impl<T: Copy> Governor<T> {
             self.pools[pid.0 as usize].stats.release_gone += 1;
             return false;
         };
-        let lease = self.remove_lease(idx);
+        let lease = self.remove_lease(idx, now);
         self.wheel.cancel(lease.timer);
         let pool = &mut self.pools[pid.0 as usize];
         pool.held -= 1;
@@ -787,7 +787,7 @@ impl<T: Copy> Governor<T> {
                     // advance if that has come too.
                     self.leases[idx as usize].timer = self.wheel.insert(deadline, Timer::Lease(idx));
                 } else {
-                    let pid = self.take_back(idx as usize);
+                    let pid = self.take_back(idx as usize, at);
                     self.wake_up(pid);
                 }
             }
@@ -977,12 +977,15 @@ impl<T: Copy> Governor<T> {
         Some(idx)
     }
 
-    /// Removes a lease from the table (a re-adopted or restored one stays
-    /// dead in the map until its request deadline; its `Idempotency-Key`
-    /// expires with it).
+    /// Removes a lease from the table at `now` (a re-adopted one stays dead
+    /// in the map until its request deadline, and so does a restored one
+    /// that ends while its pool's window is open; its `Idempotency-Key`
+    /// expires with it). Outside a window nothing is re-adopted, and a
+    /// restored lease is no more at risk than any this process granted: a
+    /// restart that restored a million leases keeps no record of each.
     /// Returns what release and reclaim go on with: the lease itself is
     /// dropped where it lies, not moved out whole.
-    fn remove_lease(&mut self, idx: usize) -> Removed {
+    fn remove_lease(&mut self, idx: usize, now: Ms) -> Removed {
         let lease = &self.leases[idx];
         let removed = Removed {
             pool: lease.pool,
@@ -999,7 +1002,7 @@ impl<T: Copy> Governor<T> {
             pool.idem.remove(lease.idem);
         }
         pool.unconfirmed -= u32::from(lease.unconfirmed);
-        if lease.adopted || lease.restored {
+        if lease.adopted || lease.restored && pool.recovering(now) {
             let (id, request_deadline) = (lease.id, lease.request_deadline);
             self.bury(id, request_deadline);
         }
@@ -1024,19 +1027,19 @@ impl<T: Copy> Governor<T> {
     /// Takes back a lease whose holder stopped renewing (or hit the cap),
     /// and grants its slot to the head waiter.
     fn reclaim(&mut self, idx: usize, now: Ms) {
-        let pid = self.take_back(idx);
+        let pid = self.take_back(idx, now);
         self.pump(pid, now);
     }
 
     /// `reclaim` but for the grant: its pool, whose queue the caller pumps.
-    fn take_back(&mut self, idx: usize) -> PoolId {
+    fn take_back(&mut self, idx: usize, now: Ms) -> PoolId {
         // A restored lease its holder has not shown for ends at the
         // snapshot's deadline, which the holder may have renewed past before
         // the crash (renewals during the downtime failed): not seen to end,
         // it is not kept dead, and its holder's next renewal re-adopts it.
         let lease = &mut self.leases[idx];
         lease.restored &= !lease.unconfirmed;
-        let lease = self.remove_lease(idx);
+        let lease = self.remove_lease(idx, now);
         let pool = &mut self.pools[lease.pool.0 as usize];
         pool.held -= 1;
         if lease.capped {

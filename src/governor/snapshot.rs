@@ -729,6 +729,24 @@ mod tests {
         assert_eq!((new.pool(q).held, new.pool(q).stats.readopted), (0, 0));
     }
 
+    /// A planned restart restores every held lease and opens no window:
+    /// their releases keep no record of each id (nothing is re-adopted to
+    /// guard against), so a million restored leases leave no tombstones in
+    /// memory and none in every later snapshot.
+    #[test]
+    fn a_restored_lease_released_outside_a_window_leaves_no_record() {
+        let mut old = governor(BASE);
+        let q = old.pool_id("q").unwrap();
+        let a = grant(&mut old, "q", 0);
+        let snap = old.export(100);
+        let mut new = governor(BASE + 1000);
+        new.import(&snap, Taken::AtStop, 0).unwrap();
+        assert!(!new.pool(q).recovering(10));
+        assert!(new.release(q, &a.text, None, 10));
+        assert!(new.export(20).dead_adopted.is_empty());
+        assert_eq!(new.timers_total(), 0);
+    }
+
     /// A lease a periodic snapshot restored ends at the snapshot's deadline,
     /// which its holder renewed past before the crash. Its renewals during
     /// the downtime failed, and the next one comes after that deadline: the

@@ -988,6 +988,32 @@ fn an_absolute_form_target_with_an_empty_path_goes_up_as_the_root() {
     assert_eq!(paths, [Some("/"), Some("/")], "the path, without its query: {lines:?}");
 }
 
+/// `OPTIONS http://host` (no path, no query) asks about the server, and the
+/// last proxy sends it on as `OPTIONS *` (RFC 9112 §3.2.4); with a path or a
+/// query it names a resource and goes up as that.
+#[test]
+fn an_absolute_form_options_without_a_path_goes_up_as_the_asterisk() {
+    let up = MockUpstream::start(|_| ok("opts", ""));
+    let server = proxy_server(&up, 2, "");
+    let mut s = server.connect();
+    // The same line twice: the second is read as the connection's remembered one.
+    let server_wide = format!("http://{HOST}");
+    for target in [
+        &server_wide,
+        &server_wide,
+        &format!("HTTP://{HOST}:80"),
+        &format!("http://{HOST}/"),
+        &format!("http://{HOST}?q"),
+    ] {
+        s.write_all(&proxied("OPTIONS", target, "", "")).unwrap();
+        let r = read_any(&mut s).unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"opts"[..]), "{target}: {r:?}");
+    }
+    let seen: Vec<String> = up.seen().iter().map(|s| s.request_line().to_string()).collect();
+    let asterisk = "OPTIONS * HTTP/1.1";
+    assert_eq!(seen, [asterisk, asterisk, asterisk, "OPTIONS / HTTP/1.1", "OPTIONS /?q HTTP/1.1"]);
+}
+
 /// A proxied request the pool's access policy refuses is logged with the
 /// client that policy saw (behind a trusted proxy, the forwarded address;
 /// an unknown one as `0.0.0.0`), as a lock route's refusal is, not with the

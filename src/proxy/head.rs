@@ -83,12 +83,29 @@ impl<'h> ConnectionTokens<'h> {
     }
 }
 
+/// `OPTIONS http://host`, an absolute-form target with neither path nor
+/// query, asks about the server as `OPTIONS *` does, and the last proxy
+/// sends it on as `*` (RFC 9112 §3.2.4). Only such a target has for its
+/// path the scheme's own `/`, just before the authority that is its `host`
+/// (`http::target::target_parts`): any other path lies after the authority,
+/// or in the request line apart from a `Host` field. Read here, the proxy's
+/// path, the lock path pays nothing for it.
+fn asks_about_the_server(head: &Head) -> bool {
+    head.method_name == "OPTIONS"
+        && head.path == b"/"
+        && head.host.is_some_and(|host| host.as_ptr() as usize == head.path.as_ptr() as usize + 1)
+}
+
 /// Writes the upstream request head for `head`.
 pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds: CredentialFields, body: RequestBody) {
     out.extend_from_slice(head.method_name.as_bytes());
     out.push(b' ');
-    out.extend_from_slice(implied_slash(head.path));
-    out.extend_from_slice(head.path);
+    if asks_about_the_server(head) {
+        out.push(b'*');
+    } else {
+        out.extend_from_slice(implied_slash(head.path));
+        out.extend_from_slice(head.path);
+    }
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     out.extend_from_slice(&upstream.host);
     out.extend_from_slice(b"\r\n");

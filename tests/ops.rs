@@ -1168,6 +1168,68 @@ fn a_stop_asked_for_while_starting_ends_the_start_with_exit_0() {
     }
 }
 
+/// A reload and a stop both asked for while the configuration is still
+/// being read (a restart while a reload is pending): the reload is done
+/// before the stop, so the stop's snapshot is of the configuration the file
+/// holds, and the next start restores it with no re-adoption window.
+#[test]
+fn a_reload_and_a_stop_asked_for_while_starting_leave_a_snapshot_of_the_reloaded_configuration() {
+    let dir = scratch_dir();
+    let fifo = dir.join("config.json");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+        .args(["--config", "config.json", "--listen", "127.0.0.1:0"])
+        .current_dir(&dir)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let caught = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).unwrap_or("0").trim().to_string();
+        u64::from_str_radix(&mask, 16).unwrap_or(0) & 1 != 0
+    };
+    common::eventually("SIGHUP caught while the configuration is read", caught);
+    for sig in ["-HUP", "-TERM"] {
+        assert!(std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
+    }
+    thread::sleep(Duration::from_millis(50));
+    // The start reads the first text; the reload, once it says so, the second.
+    let (started, reloaded) = (config("", ""), config(r#""concurrency":3"#, ""));
+    {
+        let (fifo, reloaded, log) = (fifo.clone(), reloaded.clone(), dir.join("stderr.log"));
+        thread::spawn(move || {
+            let _ = std::fs::write(&fifo, &started);
+            let asked = Instant::now() + PATIENCE;
+            while Instant::now() < asked {
+                if std::fs::read_to_string(&log).unwrap_or_default().contains("SIGHUP during start-up") {
+                    let _ = std::fs::write(&fifo, &reloaded);
+                    return;
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        });
+    }
+    let Some(status) = exit_within(&mut child, PATIENCE) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("still running after {PATIENCE:?}");
+    };
+    let log = std::fs::read_to_string(dir.join("stderr.log")).unwrap();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("configuration reloaded from"), "{log}");
+    std::fs::remove_file(&fifo).unwrap();
+    std::fs::write(&fifo, &reloaded).unwrap();
+    let server = TestServer::start_with_logged(dir, fifo, "info");
+    let log = server.log();
+    assert!(log.contains("restored the stop snapshot"), "{log}");
+    assert!(!log.contains("re-adoption window"), "{log}");
+    assert_eq!(server.get_admin("/healthz").json()["status"], "ok");
+}
+
 /// A configuration start-up refuses is named as `--check-config` names it,
 /// `nthpool: FILE: …`, with the same exit code: whichever step of the
 /// start finds it.

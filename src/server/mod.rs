@@ -1599,8 +1599,8 @@ impl From<&Config> for Timeouts {
 /// systemd counts as a clean exit (SIGHUP, SIGUSR1, SIGUSR2) or which
 /// leaves no snapshot and no exit status of 0 (SIGTERM, SIGINT, SIGQUIT).
 /// Caught from the first line of `main`; a reload or a reopen asked for
-/// then is done once the server is up, before it serves; a stop makes the
-/// server stop as soon as it is up, serving nothing. The default catches
+/// then is done once the server is up, before it serves (or stops); a stop
+/// makes the server stop as soon as it is up, serving nothing. The default catches
 /// none (a server started in-process, as the bench tools do).
 #[derive(Default)]
 pub struct EarlySignals {
@@ -1639,18 +1639,21 @@ pub fn serve(
     on_ready: impl FnOnce(SocketAddr, Option<SocketAddr>, &[(String, SocketAddr)]),
 ) -> Result<(), String> {
     let mut server = Server::bind(config, listen, config_path)?;
-    if early.stop.load(Ordering::Relaxed) {
-        info!("a stop was asked for during start-up: stopping as soon as the server is up");
-        server.begin_shutdown();
-        return server.run().map_err(|e| format!("event loop failed: {e}"));
-    }
     if early.reopen.load(Ordering::Relaxed) {
         info!("SIGUSR1 during start-up: reopening the access log");
         server.reopen_access_log();
     }
+    // Before a stop asked for too: its snapshot is then of the configuration
+    // the file now holds, which the next start reads (as a running server
+    // does both, in either order).
     if early.reload.load(Ordering::Relaxed) {
         info!("SIGHUP during start-up: reloading the configuration");
         server.reload();
+    }
+    if early.stop.load(Ordering::Relaxed) {
+        info!("a stop was asked for during start-up: stopping as soon as the server is up");
+        server.begin_shutdown();
+        return server.run().map_err(|e| format!("event loop failed: {e}"));
     }
     let addr = server.local_addr().map_err(|e| e.to_string())?;
     info!("listening on {addr}");

@@ -81,6 +81,11 @@ pub struct HeldLease {
     pub term_ms: Option<u32>,
     pub epoch: u32,
     pub adopted: bool,
+    /// Restored by a snapshot taken while running and not confirmed since
+    /// (`Lease::unconfirmed`): a stop in the re-adoption window keeps it so,
+    /// or the next start would count it, and refuse the holder of the grant
+    /// that took its place.
+    pub unconfirmed: bool,
 }
 
 /// The `Idempotency-Key` a held lease was granted under, scoped to its
@@ -157,6 +162,7 @@ impl<T: Copy> Governor<T> {
                 term_ms: Some(l.term_ms),
                 epoch: l.epoch,
                 adopted: l.adopted,
+                unconfirmed: l.unconfirmed,
             });
             if l.idem != NO_KEY {
                 keys.push(HeldKey { index: index as u32, key: *self.pools[l.pool.0 as usize].idem.key(l.idem) });
@@ -296,7 +302,7 @@ impl<T: Copy> Governor<T> {
                 continue;
             }
             pool.held += 1;
-            let unconfirmed = taken == Taken::WhileRunning;
+            let unconfirmed = taken == Taken::WhileRunning || l.unconfirmed;
             pool.unconfirmed += u32::from(unconfirmed);
             restored.held += 1;
             restored.retired += usize::from(pool.retired);
@@ -707,6 +713,37 @@ mod tests {
         stopped.open_recovery_window(0);
         assert_eq!(stopped.pool(q).stats.grants, 2, "a stop's counters go on");
         assert!(stopped.renew(q, &c.text, 20).is_err());
+    }
+
+    /// A graceful stop in the window that follows a periodic snapshot's
+    /// restore keeps its leases unconfirmed: the next start does not count
+    /// one whose holder has not shown, so the holder of the grant that took
+    /// its place is still re-adopted.
+    #[test]
+    fn a_stop_in_the_window_keeps_the_periodic_snapshots_leases_unconfirmed() {
+        let mut old = governor(BASE);
+        let q = old.pool_id("q").unwrap();
+        let (a, b) = (grant(&mut old, "q", 0), grant(&mut old, "q", 0));
+        let snap = old.export(100);
+        assert!(old.release(q, &a.text, None, 200));
+        let c = grant(&mut old, "q", 300);
+        // The crash, a start from the periodic snapshot, and a stop at once.
+        let mut mid = governor(BASE + 1000);
+        mid.import(&snap, Taken::WhileRunning, 0).unwrap();
+        mid.open_recovery_window(0);
+        let stop = mid.export(10);
+        assert!(stop.leases.iter().all(|l| l.unconfirmed));
+        let mut new = governor(BASE + 1500);
+        assert_eq!(new.import(&stop, Taken::AtStop, 0).unwrap().held, 2);
+        assert!(new.pool(q).recovering(0), "the window goes on");
+        assert_eq!(new.pool(q).unconfirmed, 2);
+        assert!(new.renew(q, &b.text, 10).is_ok());
+        assert!(new.renew(q, &c.text, 20).is_ok(), "a grant the snapshots never saw is re-adopted");
+        assert_eq!(new.pool(q).stats.readopted, 1);
+        // A confirmed lease is written so, and restored counting.
+        let confirmed = new.export(30);
+        let held = |l: &&super::HeldLease| l.id == b.slot;
+        assert!(!confirmed.leases.iter().find(held).unwrap().unconfirmed);
     }
 
     /// A lease a periodic snapshot restored that its holder releases in the

@@ -49,7 +49,8 @@ const MAGIC: &[u8; 14] = b"nthpool-state\n";
 /// How version 1 files begin: the JSON object's first two fields.
 const JSON_PREFIX: &[u8] = br#"{"format":"nthpool-state","version":"#;
 const DIGEST: usize = 32;
-/// Version 2's lease record: `index u32, pool u32, epoch u32, adopted u8,
+/// Version 2's lease record: `index u32, pool u32, epoch u32, flags u8 (1:
+/// re-adopted; 2: restored from a periodic snapshot and not confirmed since),
 /// slot id, lease deadline, request deadline, granted at (Unix ms, u64
 /// each), grant sequence u64`.
 const LEASE_RECORD_V2: usize = 4 + 4 + 4 + 1 + SLOT_ID_BYTES + 8 * 4;
@@ -200,7 +201,7 @@ pub fn encode(snap: &Snapshot, kind: Kind, identity: &Identity) -> Vec<u8> {
         record[..4].copy_from_slice(&l.index.to_le_bytes());
         record[4..8].copy_from_slice(&l.pool.to_le_bytes());
         record[8..12].copy_from_slice(&l.epoch.to_le_bytes());
-        record[12] = l.adopted as u8;
+        record[12] = u8::from(l.adopted) | u8::from(l.unconfirmed) << 1;
         record[13..13 + SLOT_ID_BYTES].copy_from_slice(&l.id.0);
         let times = [l.lease_deadline, l.request_deadline, l.granted_at, l.grant_seq];
         for (at, n) in record[13 + SLOT_ID_BYTES..LEASE_RECORD_V2].chunks_exact_mut(8).zip(times) {
@@ -315,9 +316,8 @@ pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Sna
     for record in r.take(count * record_len)?.chunks_exact(record_len) {
         let mut r = Reader(record);
         let (index, pool, epoch) = (r.u32()?, r.u32()?, r.u32()?);
-        let adopted = match r.array::<1>()? {
-            [0] => false,
-            [1] => true,
+        let (adopted, unconfirmed) = match r.array::<1>()? {
+            [flags @ 0..=3] => (flags & 1 != 0, flags & 2 != 0),
             _ => return Err("corrupt: a lease record out of place".into()),
         };
         let id = SlotId(r.array()?);
@@ -342,6 +342,7 @@ pub fn decode_any_config(bytes: &[u8], identity: &Identity) -> Result<(Kind, Sna
             term_ms,
             epoch,
             adopted,
+            unconfirmed,
         });
     }
     let mut dead_adopted = Vec::with_capacity(r.room(header.dead_adopted, SLOT_ID_BYTES)?);
@@ -478,6 +479,11 @@ mod tests {
         let identity = Identity::new(&g, &[3; 32]);
         let bytes = encode(&snap, Kind::Stop, &identity);
         assert_eq!(decode(&bytes, &identity).unwrap(), (Kind::Stop, snap.clone()));
+        // A lease still unconfirmed after a periodic snapshot's restore stays so.
+        let mut unconfirmed = snap.clone();
+        unconfirmed.leases[1].unconfirmed = true;
+        let again = encode(&unconfirmed, Kind::Stop, &identity);
+        assert_eq!(decode(&again, &identity).unwrap(), (Kind::Stop, unconfirmed));
 
         for at in [MAGIC.len() + 8, bytes.len() - DIGEST - 1, bytes.len() - 1] {
             let mut flipped = bytes.clone();

@@ -387,7 +387,8 @@ pub(super) fn temporary(path: &Path) -> PathBuf {
 
 /// Whether a snapshot could be written to `path`: a file is created beside
 /// it and removed again (a missing or read-only directory fails), and `path`
-/// is no directory (a rename cannot replace one). The file is this
+/// is no directory (a rename cannot replace one), nor its temporary file
+/// anything but a regular file. The file created is this
 /// process's own, never `write_atomic`'s temporary one: `--check-config` or
 /// a second start checks the file of a server that may be writing its
 /// snapshot right then.
@@ -402,6 +403,17 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
             ))
         }
         _ => {}
+    }
+    // Each snapshot is written there first: a regular file (one being
+    // written, or left by a crash) is replaced, but a directory would fail
+    // every snapshot, a pipe block the stop's for good, and a symbolic link
+    // have it written wherever it leads.
+    let tmp = temporary(path);
+    if std::fs::symlink_metadata(&tmp).is_ok_and(|m| !m.is_file()) {
+        return Err(std::io::Error::other(format!(
+            "{}, where each snapshot is written first, is not a regular file: remove it",
+            tmp.display()
+        )));
     }
     // A name no other check uses (`random_hex`), never removed unless created here.
     let mut probe = path.as_os_str().to_owned();
@@ -706,6 +718,24 @@ mod tests {
         // It leaves nothing of its own.
         let names = || std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>();
         assert_eq!(names(), vec![std::ffi::OsString::from("nthpool.state.tmp")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A temporary file that is no regular file would fail every snapshot
+    /// (a directory), block the stop's (a pipe) or send it elsewhere (a
+    /// link): refused, named, so start-up and a reload say so at once.
+    #[test]
+    fn a_temporary_file_that_is_no_regular_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("nthpool-state-tmp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("nthpool.state");
+        let tmp = temporary(&path);
+        std::fs::create_dir(&tmp).unwrap();
+        let e = check_writable(&path).unwrap_err().to_string();
+        assert!(e.contains("nthpool.state.tmp, where each snapshot is written first, is not a regular file"), "{e}");
+        std::fs::remove_dir(&tmp).unwrap();
+        std::os::unix::fs::symlink(dir.join("elsewhere"), &tmp).unwrap();
+        assert!(check_writable(&path).is_err(), "a link");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1122,26 +1122,8 @@ fn a_reload_asked_for_while_starting_is_done_once_started() {
 #[test]
 fn a_stop_asked_for_while_starting_ends_the_start_with_exit_0() {
     for (sig, number) in [("TERM", 15), ("INT", 2), ("QUIT", 3)] {
-        let dir = scratch_dir();
-        let fifo = dir.join("config.json");
-        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
-        let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
-            .args(["--config", "config.json", "--listen", "127.0.0.1:0"])
-            .current_dir(&dir)
-            .env("RUST_LOG", "info")
-            .stdout(std::process::Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let (dir, fifo, mut child) = start_reading_a_pipe(std::process::Stdio::piped());
         let pid = child.id();
-        // Reading the pipe blocks until it is written: the signals are caught by then.
-        let caught = || {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).unwrap_or("0").trim().to_string();
-            u64::from_str_radix(&mask, 16).unwrap_or(0) & 1 != 0
-        };
-        common::eventually("SIGHUP caught while the configuration is read", caught);
         assert!(std::process::Command::new("kill")
             .args([&format!("-{sig}"), &pid.to_string()])
             .status()
@@ -1168,31 +1150,42 @@ fn a_stop_asked_for_while_starting_ends_the_start_with_exit_0() {
     }
 }
 
-/// A reload and a stop both asked for while the configuration is still
-/// being read (a restart while a reload is pending): the reload is done
-/// before the stop, so the stop's snapshot is of the configuration the file
-/// holds, and the next start restores it with no re-adoption window.
-#[test]
-fn a_reload_and_a_stop_asked_for_while_starting_leave_a_snapshot_of_the_reloaded_configuration() {
+/// A server whose configuration file, `config.json` in its scratch
+/// directory (returned with the pipe's path), is a pipe nobody has written
+/// yet: it is returned blocked reading it, its signal handlers in place
+/// (SIGHUP caught), its standard error in `stderr.log`.
+fn start_reading_a_pipe(stdout: std::process::Stdio) -> (Scratch, std::path::PathBuf, std::process::Child) {
     let dir = scratch_dir();
     let fifo = dir.join("config.json");
     assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
         .args(["--config", "config.json", "--listen", "127.0.0.1:0"])
         .current_dir(&dir)
         .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::null())
+        .stdout(stdout)
         .stderr(log)
         .spawn()
         .unwrap();
     let pid = child.id();
+    // Reading the pipe blocks until it is written: the signals are caught by then.
     let caught = || {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).unwrap_or("0").trim().to_string();
         u64::from_str_radix(&mask, 16).unwrap_or(0) & 1 != 0
     };
     common::eventually("SIGHUP caught while the configuration is read", caught);
+    (dir, fifo, child)
+}
+
+/// A reload and a stop both asked for while the configuration is still
+/// being read (a restart while a reload is pending): the reload is done
+/// before the stop, so the stop's snapshot is of the configuration the file
+/// holds, and the next start restores it with no re-adoption window.
+#[test]
+fn a_reload_and_a_stop_asked_for_while_starting_leave_a_snapshot_of_the_reloaded_configuration() {
+    let (dir, fifo, mut child) = start_reading_a_pipe(std::process::Stdio::null());
+    let pid = child.id();
     for sig in ["-HUP", "-TERM"] {
         assert!(std::process::Command::new("kill").args([sig, &pid.to_string()]).status().unwrap().success());
     }

@@ -399,10 +399,12 @@ fn resolve(value: &str) -> Result<String, String> {
             return Err(format!("`${{{reference}}}` names nothing: write ${{env:NAME}} or ${{file:PATH}}"));
         }
         if let Some(name) = reference.strip_prefix("env:") {
-            let v = std::env::var(name).map_err(|_| match plain_name(name) {
-                true => format!("the environment variable {name} is not set"),
-                false => "a `${env:…}` names an environment variable that is not set (not shown: it may be a secret)"
-                    .to_string(),
+            let v = std::env::var(name).map_err(|_| {
+                if plain_name(name) {
+                    format!("the environment variable {name} is not set")
+                } else {
+                    "a `${env:…}` names an environment variable that is not set (not shown: it may be a secret)".into()
+                }
             })?;
             out.push_str(&v);
         } else if let Some(path) = reference.strip_prefix("file:") {

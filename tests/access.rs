@@ -1756,3 +1756,28 @@ fn a_reload_that_revokes_a_waiters_key_or_address_refuses_it() {
     assert_eq!((r.status, r.error_code()), (403, "unauthorized".to_string()), "{r:?}");
     waiting(0.0);
 }
+
+/// A reload that removes a waiter's key and raises the pool's limit: the
+/// waiter is refused before the room the reload makes is granted, so it is
+/// answered `401`, not granted a slot its key can no longer renew.
+#[test]
+fn a_reload_that_revokes_a_waiters_key_and_raises_the_limit_refuses_it_first() {
+    let json = |keys: &str, concurrency: u32| {
+        format!(
+            r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"p":{{"keys":[{keys}],
+            "concurrency":{concurrency},"adaptive":false,"queue":{{"size":10,"timeoutMs":20000}}}}}}}}"#
+        )
+    };
+    const KEPT: &str = "kept-key-0123456";
+    let s = TestServer::start(&json(&format!(r#""{KEY}","{KEPT}""#), 1));
+    s.request(&post("/pools/p/lock/acquire", KEPT, "", "")).slot();
+    let mut revoked = s.connect();
+    revoked.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    revoked.write_all(&post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":15000}"#)).unwrap();
+    eventually("the waiter queued", || s.metric("nthpool_waiters{pool=\"p\"}") == Some(1.0));
+    s.reload(&json(&format!(r#""{KEPT}""#), 2));
+    let r = read_response(&mut revoked).expect("an answer at the reload");
+    assert_eq!((r.status, r.error_code()), (401, "unauthorized".to_string()), "{r:?}");
+    assert_eq!(s.metric("nthpool_slots_held{pool=\"p\"}"), Some(1.0), "the waiter took no slot");
+    assert_eq!(s.metric("nthpool_grants_total{pool=\"p\"}"), Some(1.0));
+}

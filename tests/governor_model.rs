@@ -643,6 +643,7 @@ impl Model {
                 self.setups[pool].concurrency = concurrency;
                 let configs = pools_config(&self.setups);
                 g.reconfigure(&configs, self.now);
+                g.grant_after_reload(self.now);
             }
         }
         self.drain(g)

@@ -489,6 +489,46 @@ fn a_queued_request_whose_upstream_a_reload_changed_is_answered_at_once_and_take
     assert_eq!(up.seen().len(), 2, "the waiter never reached the upstream");
 }
 
+/// The same when the reload that changes the upstream also raises the
+/// pool's limit: the stale waiter is answered before the room the reload
+/// makes is granted, so it takes no slot, no rate token and no grant on
+/// its way out, and the next request, sent afresh, finds them.
+#[test]
+fn a_queued_request_whose_upstream_a_raising_reload_changed_takes_no_slot_it_frees() {
+    let (up, answer) = answering_when_told("first");
+    let pool = |concurrency: u32, secret: &str| {
+        config(
+            &format!(
+                r#""concurrency":{concurrency},"adaptive":false,"rpm":1,"rpmBurst":2,"queue":{{"size":10,"timeoutMs":30000}},
+                "upstream":{{"url":"{}","hosts":["{HOST}"],"setHeaders":{{"Authorization":"Bearer {secret}"}}}}"#,
+                up.url()
+            ),
+            "",
+        )
+    };
+    let server = TestServer::start(&pool(1, "one"));
+    let mut first = server.connect();
+    first.write_all(&proxied("GET", "/one", "", "")).unwrap();
+    eventually("the first request holds the slot", || up.seen().len() == 1);
+    let mut second = server.connect();
+    second.write_all(&proxied("GET", "/two", "", "")).unwrap();
+    eventually("the second request waits", || server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(1.0));
+
+    server.reload(&pool(2, "two"));
+    let r = read_any(&mut second).expect("the waiter is answered");
+    assert_eq!((r.status, r.error_code().as_str()), (503, "unavailable"), "{r:?}");
+    assert_eq!(server.metric(r#"nthpool_grants_total{pool="p"}"#), Some(1.0), "the waiter took no grant");
+    assert_eq!(server.metric(r#"nthpool_rpm_tokens{pool="p"}"#), Some(1.0), "nor a rate token");
+    assert_eq!(server.metric(r#"nthpool_slots_held{pool="p"}"#), Some(1.0), "nor a slot");
+
+    answer.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(read_any(&mut first).expect("the first answer").status, 200);
+    let r = exchange(&server, &proxied("GET", "/three", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"first"[..]), "{r:?}");
+    assert_eq!(up.seen()[1].header("authorization"), Some("Bearer two".to_string()));
+    assert_eq!(up.seen().len(), 2, "the waiter never reached the upstream");
+}
+
 #[test]
 fn an_exchange_cut_at_the_request_cap_releases_its_slot_with_its_outcome() {
     // The upstream sends a head and part of the body, then stalls past the

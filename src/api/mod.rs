@@ -281,7 +281,8 @@ impl App {
     /// Applies a (re)loaded configuration; pools keep their live state. On
     /// error (an access log or JWKS file that cannot be opened) nothing
     /// changes. The access log is always reopened, so SIGHUP after a log
-    /// rotation writes to the new file.
+    /// rotation writes to the new file. The queues are granted what the
+    /// new limits free only at `grant_after_reload`.
     pub fn reconfigure(&mut self, config: &Config, now: Now) -> Result<(), String> {
         // Everything that can fail comes first, so a failure leaves all as it was.
         let log = AccessLog::open(config.access_log.as_deref())?;
@@ -344,6 +345,14 @@ impl App {
         *room = if segment.contains(&b'%') { route::decode_pool(segment).ok().flatten() } else { None };
         let name = room.as_ref().map_or(segment, |name| name.as_bytes());
         self.logged_pool_name(std::str::from_utf8(name).unwrap_or_default())
+    }
+
+    /// After a reload, once the waiters it refuses are answered
+    /// (`refused_since_reload`, `withdraw_unsendable`): the queues are
+    /// granted what the new limits free, so none of those waiters takes a
+    /// slot, a rate token or a learned budget's grant before its refusal.
+    pub fn grant_after_reload(&mut self, now: Now) {
+        self.gov.grant_after_reload(now.ms);
     }
 
     /// Pools the snapshot brought back retired, beyond the configured ones:
@@ -963,8 +972,8 @@ impl App {
 
     /// A queued proxied request whose head was written for an upstream a
     /// reload changed or took away leaves the queue, to be answered by the
-    /// caller; false when it is no longer waiting (the reload itself
-    /// granted it, and its grant refuses it).
+    /// caller; false when it no longer waits (the reload removed its pool,
+    /// and the governor answers it).
     pub fn withdraw_unsendable(&mut self, queued: &Queued, conn: ConnId, now: Now) -> bool {
         self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms, Leaving::Answered).is_some()
     }

@@ -240,14 +240,14 @@ impl<T: Copy> Governor<T> {
     /// Applies a (re)loaded pool set: existing pools keep held slots, queues
     /// and learned state; new pools appear; pools no longer configured are
     /// retired — they grant nothing more, their waiters are answered now and
-    /// their leases drain (renew and release keep working).
+    /// their leases drain (renew and release keep working). It grants
+    /// nothing: a limit it raises waits for `grant_after_reload`, so the
+    /// caller first answers the waiters the new configuration refuses, and
+    /// none of them takes a slot or a rate token on its way out.
     pub fn reconfigure(&mut self, configs: &BTreeMap<String, PoolSettings>, now: Ms) {
         for (name, &settings) in configs {
             match self.names.get(name.as_bytes()) {
-                Some(&pid) => {
-                    self.pools[pid.0 as usize].reconfigure(settings, now);
-                    self.pump(pid, now);
-                }
+                Some(&pid) => self.pools[pid.0 as usize].reconfigure(settings, now),
                 None => {
                     let pid = PoolId(self.pools.len() as u32);
                     self.pools.push(Pool::new(name, settings, self.key.seal(name)));
@@ -263,6 +263,14 @@ impl<T: Copy> Governor<T> {
                     self.time_out(head, pid, now, true);
                 }
             }
+        }
+    }
+
+    /// After `reconfigure`: every queue is granted what the new settings
+    /// free (a raised limit, a larger burst, a gate taken away).
+    pub fn grant_after_reload(&mut self, now: Ms) {
+        for idx in 0..self.pools.len() {
+            self.pump(PoolId(idx as u32), now);
         }
     }
 

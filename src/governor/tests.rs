@@ -667,6 +667,8 @@ fn raising_the_limit_grants_waiters_and_removing_a_pool_answers_them() {
     queued(g.acquire(p, 5000, 3, 0));
     let raised = Config::parse(br#"{"pools":{"p":{"keys":["k"],"concurrency":2},"other":{"keys":["k2"]}}}"#).unwrap();
     g.reconfigure(&pool_settings(&raised), 10);
+    assert!(notices(&mut g).is_empty(), "the reload grants nothing before its caller has rechecked the waiters");
+    g.grant_after_reload(10);
     assert_eq!(granted_owners(&mut g), vec![2]);
     assert_eq!(g.pool(p).held, 2);
     let removed = Config::parse(br#"{"pools":{"other":{"keys":["k2"]}}}"#).unwrap();

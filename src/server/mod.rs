@@ -703,6 +703,7 @@ impl Server {
                     warn!("reload: {caution}");
                 }
                 self.recheck_waiters();
+                self.app.grant_after_reload(self.now);
                 self.drain_events();
             }
             Err(e) => {
@@ -1384,6 +1385,7 @@ impl Server {
     /// head was written for an upstream the reload changed or took away:
     /// they can never be sent, and left waiting each would take a slot and
     /// a rate token, and hold its place in the queue, only to be refused.
+    /// The reload grants nothing before this (`App::grant_after_reload`).
     #[cold]
     fn recheck_waiters(&mut self) {
         let now = self.now;

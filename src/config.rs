@@ -187,6 +187,33 @@ const ARRAY_FIELDS: [&[&str]; 6] = [
     &["pools", "*", "upstream", "hosts"],
 ];
 
+/// What an error's path says in place of a `setHeaders` name that is no
+/// header name: most often a credential written where the name goes, it
+/// would land in the log of a refused start or reload.
+const HIDDEN_NAME: &str = "(a name that is no header name, not shown: it may be a secret)";
+
+/// serde's path to a wrongly typed value (`pools.p.queue.timeoutMs`), a
+/// `setHeaders` name that is no header name said as `HIDDEN_NAME`.
+fn shown_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut shown = String::new();
+    let mut headers = false;
+    for segment in path {
+        if !shown.is_empty() && !matches!(segment, Segment::Seq { .. }) {
+            shown.push('.');
+        }
+        match segment {
+            Segment::Map { key } if headers && !upstream::is_header_name(key) => shown.push_str(HIDDEN_NAME),
+            segment => shown.push_str(&segment.to_string()),
+        }
+        headers = matches!(segment, Segment::Map { key } if key == "setHeaders");
+    }
+    if shown.is_empty() {
+        shown.push('.');
+    }
+    shown
+}
+
 /// Refuses an array anywhere but at `ARRAY_FIELDS`, naming its path
 /// (`path` is the members walked to `value`).
 fn refuse_positional<'v>(value: &'v serde_json::Value, path: &mut Vec<&'v str>) -> Result<(), ConfigError> {
@@ -209,8 +236,9 @@ fn refuse_positional<'v>(value: &'v serde_json::Value, path: &mut Vec<&'v str>) 
             ))
         }
         Value::Object(members) => {
+            let headers = path.last() == Some(&"setHeaders");
             for (name, member) in members {
-                path.push(name);
+                path.push(if headers && !upstream::is_header_name(name) { HIDDEN_NAME } else { name });
                 refuse_positional(member, path)?;
                 path.pop();
             }
@@ -243,7 +271,14 @@ where
             let mut out = BTreeMap::new();
             while let Some(name) = map.next_key::<String>()? {
                 if out.contains_key(&name) {
-                    return Err(serde::de::Error::custom(format!("duplicate {} `{name}`", self.0)));
+                    // A name that is no token is not quoted: most often a
+                    // credential written where a header's name goes.
+                    let message = if upstream::is_header_name(&name) {
+                        format!("duplicate {} `{name}`", self.0)
+                    } else {
+                        format!("duplicate {} name (not shown: it may be a secret)", self.0)
+                    };
+                    return Err(serde::de::Error::custom(message));
                 }
                 let value = map.next_value()?;
                 out.insert(name, value);
@@ -478,7 +513,7 @@ impl Config {
         // The path names the field of a wrongly typed value (`pools.p.queue.timeoutMs`).
         let mut de = serde_json::Deserializer::from_slice(text);
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let path = e.path().to_string();
+            let path = shown_path(e.path());
             let inner = e.into_inner();
             // Broken JSON names no field (the path would read `?`): its line
             // and column say where. A value that is itself broken (`1e400`,
@@ -952,6 +987,30 @@ mod tests {
         }
         let e = err(&pool_json(r#","termMs":"soon""#));
         assert!(e.contains(r#"invalid type: string "soon", expected"#), "a word where a number goes is quoted: {e}");
+    }
+
+    /// A `setHeaders` name that is no header name is most often a
+    /// credential written where the name goes: an error about it, or about
+    /// its value, names the field and is silent on the name.
+    #[test]
+    fn a_set_headers_name_that_is_no_header_name_is_not_quoted() {
+        let headers =
+            |members: &str| pool_json(&format!(r#","upstream":{{"url":"http://u","setHeaders":{{{members}}}}}"#));
+        for (members, expected) in [
+            (r#""Bearer sk-SECRET":"x""#, "pools.p1.upstream.setHeaders: a name is not a header name"),
+            (r#""Bearer sk-SECRET":"x","Bearer sk-SECRET":"y""#, "pools.p1.upstream.setHeaders: duplicate header name"),
+            (r#""Bearer sk-SECRET":5"#, "pools.p1.upstream.setHeaders.(a name that is no header name, not shown"),
+            (r#""Bearer sk-SECRET":["x"]"#, "pools.p1.upstream.setHeaders.(a name that is no header name, not shown"),
+        ] {
+            let e = err(&headers(members));
+            assert!(e.contains(expected), "{members}: {e}");
+            assert!(!e.contains("SECRET"), "{members}: {e}");
+        }
+        // A header's name is still quoted: it is what the operator looks for.
+        let e = err(&headers(r#""X-Team":"x","X-Team":"y""#));
+        assert!(e.contains("pools.p1.upstream.setHeaders: duplicate header `X-Team`"), "{e}");
+        let e = err(&headers(r#""X-Team":5"#));
+        assert!(e.contains("pools.p1.upstream.setHeaders.X-Team: invalid type: integer"), "{e}");
     }
 
     #[test]

@@ -180,8 +180,16 @@ impl UpstreamConfig {
             }
         }
         for name in self.set_headers.keys() {
-            if name.is_empty() || !name.bytes().all(is_token_byte) {
-                return Err(field("setHeaders", format!("{name:?} is not a header name")));
+            // Not quoted: a credential written where the name goes
+            // (`"Bearer sk-…": ""`) would land in the log of a refused
+            // start or reload.
+            if !is_header_name(name) {
+                return Err(field(
+                    "setHeaders",
+                    "a name is not a header name, which is one or more letters, digits and !#$%&'*+-.^_`|~ \
+                     (not shown: it may be a secret)"
+                        .to_string(),
+                ));
             }
             // `Transfer_Encoding` too: an upstream that maps names to
             // CGI-style variables would take it for the real one.
@@ -294,6 +302,11 @@ impl Upstream {
 
 fn field(name: &str, message: String) -> ConfigError {
     ConfigError(format!("upstream.{name}: {message}"))
+}
+
+/// Whether `name` may be a header's name (RFC 9110 §5.1: a token).
+pub(crate) fn is_header_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(is_token_byte)
 }
 
 fn is_token_byte(b: u8) -> bool {
@@ -590,5 +603,16 @@ mod tests {
             assert!(e.starts_with(name), "{extra}: {e}");
         }
         assert!(section("").validate().is_ok());
+    }
+
+    /// A name that is no header name is most often a credential written
+    /// where the name goes: the error names the field and is silent on it.
+    #[test]
+    fn a_name_that_is_no_header_name_is_not_quoted() {
+        for name in ["Bearer sk-live-SECRET", "Authorization: Bearer SECRET", "SECRET\\u0000", ""] {
+            let e = section(&format!(r#","setHeaders":{{"{name}":"x"}}"#)).validate().unwrap_err().0;
+            assert!(e.starts_with("upstream.setHeaders: a name is not a header name"), "{name}: {e}");
+            assert!(e.ends_with("(not shown: it may be a secret)") && !e.contains("SECRET"), "{name}: {e}");
+        }
     }
 }

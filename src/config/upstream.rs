@@ -329,12 +329,20 @@ pub struct Target {
 fn parse_url(url: &str) -> Result<Target, ConfigError> {
     // A user or a query may hold a credential (`https://user:sk-…@host`,
     // `?api_key=…`), and the message lands in the log of a refused start
-    // or reload: such a URL is not quoted.
+    // or reload: such a URL is not quoted. So may a path or a fragment (a
+    // webhook's `/services/…/…`, a bot's `/bot<token>`): only what comes
+    // before it is.
     let bad = |why: &str| {
         if url.contains(['@', '?']) {
-            field("url", format!("{why} (the URL is not shown: a user or a query in it may be a credential)"))
-        } else {
-            field("url", format!("{url:?}: {why}"))
+            return field("url", format!("{why} (the URL is not shown: a user or a query in it may be a credential)"));
+        }
+        let authority = url.find("://").map_or(0, |at| at + 3);
+        match url[authority..].find(['/', '#']).map(|at| authority + at + 1) {
+            Some(cut) if cut < url.len() => {
+                let shown = format!("{}…", &url[..cut]);
+                field("url", format!("{shown:?}: {why} (the rest is not shown: a path in it may be a credential)"))
+            }
+            _ => field("url", format!("{url:?}: {why}")),
         }
     };
     let (tls, rest) = if let Some(rest) = url.strip_prefix("http://") {
@@ -488,8 +496,19 @@ mod tests {
             );
             assert!(!e.contains("SECRET"), "{bad}: {e}");
         }
-        let e = parse_url("https://api.example/v1").unwrap_err().0;
-        assert!(e.contains(r#""https://api.example/v1""#), "a URL with neither is quoted: {e}");
+        let e = parse_url("https://api.example:0/").unwrap_err().0;
+        assert!(e.contains(r#""https://api.example:0/": the port"#), "a URL with none is quoted: {e}");
+        for (bad, shown) in [
+            ("https://hooks.example/services/T0/B0/SECRET", r#""https://hooks.example/…""#),
+            ("https://api.example/botSECRET", r#""https://api.example/…""#),
+            ("https://api.example#SECRET", r#""https://api.example#…""#),
+            ("api.example/SECRET", r#""api.example/…""#),
+        ] {
+            let e = parse_url(bad).unwrap_err().0;
+            assert!(e.starts_with(&format!("upstream.url: {shown}: must ")), "{bad}: {e}");
+            assert!(e.ends_with("(the rest is not shown: a path in it may be a credential)"), "{bad}: {e}");
+            assert!(!e.contains("SECRET"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -316,6 +316,48 @@ fn a_reload_switches_to_the_new_name_servers() {
     assert_eq!(new.a_queries("switch.resolve.test").len(), 1);
 }
 
+/// A request granted while its upstream's name is looked up has written
+/// nothing yet: a reload that removes its pool, takes the pool's `upstream`
+/// away or changes its `setHeaders` meanwhile answers it `503` when the
+/// name comes, and the upstream never sees it (the managed key of a pool
+/// removed, as of one changed, is not sent). Its slot is given back.
+#[test]
+fn a_request_waiting_for_its_upstreams_name_is_not_sent_after_a_reload_ends_or_changes_it() {
+    let up = MockUpstream::start(|_| ok("up", ""));
+    let dns = MockDns::start();
+    dns.set("slow.reload.test", Zone { delay: Duration::from_millis(1_500), ..zone(&[Ipv4Addr::LOCALHOST], 0) });
+    let url = format!("http://slow.reload.test:{}", up.addr.port());
+    let pool = |secret: &str| {
+        format!(
+            r#""concurrency":4,"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
+            "upstream":{{"url":"{url}","hosts":["{HOST}"],"setHeaders":{{"Authorization":"Bearer {secret}"}}}}"#
+        )
+    };
+    let resolver = dns.resolver_config(r#","timeoutMs":5000"#);
+    let removed = format!(
+        r#"{{"adminListen":"127.0.0.1:0","accessLog":null,{resolver},"pools":{{"other":{{"keys":["other-key"]}}}}}}"#
+    );
+    for (after, json, message) in [
+        ("the pool removed", removed, "ended this pool's proxying"),
+        ("no upstream", config("", &resolver), "ended this pool's proxying"),
+        ("new setHeaders", config(&pool("two"), &resolver), "changed this pool's upstream"),
+    ] {
+        let s = TestServer::start(&config(&pool("one"), &resolver));
+        let mut c = s.connect();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(&proxied("GET", "/v1/models", "", "")).unwrap();
+        eventually("the request holds its slot", || s.metric(r#"nthpool_slots_held{pool="p"}"#) == Some(1.0));
+        s.reload(&json);
+        let r = upstream::read_any(&mut c).expect("an answer when the name comes");
+        assert_eq!((r.status, r.error_code().as_str()), (503, "unavailable"), "{after}: {r:?}");
+        assert!(r.json()["message"].as_str().unwrap().contains(message), "{after}: {r:?}");
+        assert!(up.seen().is_empty(), "{after}: the upstream got {:?}", up.seen());
+        eventually("the slot is given back", || {
+            s.metric(r#"nthpool_slots_held{pool="p"}"#).is_none_or(|held| held == 0.0)
+        });
+    }
+}
+
 #[test]
 fn a_lookup_that_outlasts_the_upstream_timeout_is_answered_504() {
     // The name server holds its answer past `timeoutMs`: the client is told

@@ -110,8 +110,16 @@ impl App {
         self.proxy_hosts.get(&*lower).copied()
     }
 
+    /// The pool's upstream; none for a pool that proxies no more, one a
+    /// reload removed included: its requests not yet sent (waiting for
+    /// the upstream's name) are not sent, as when a reload takes the
+    /// `upstream` away, and its connections are not kept for reuse.
     pub fn upstream(&self, pid: PoolId) -> Option<&Upstream> {
-        self.creds.get(pid.0 as usize)?.upstream.as_ref()
+        let creds = self.creds.get(pid.0 as usize)?;
+        if self.gov.pool(pid).retired {
+            return None;
+        }
+        creds.upstream.as_ref()
     }
 
     pub fn credential_fields(&self, pid: PoolId) -> CredentialFields {

@@ -406,6 +406,13 @@ fn plain_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 
+/// Whether a `${file:…}` path may be quoted in an error: one that reads as
+/// a path (`/run/secrets/key`, `key.txt`), not a value written where the
+/// path goes (`${file:sk-live-…}`: API keys hold neither `/` nor `.`).
+fn reads_as_path(path: &str) -> bool {
+    path.contains(['/', '.'])
+}
+
 /// Replaces every `${env:NAME}` and `${file:PATH}` in `value`. A file's
 /// trailing line break is dropped (editors add one).
 fn resolve(value: &str) -> Result<String, String> {
@@ -429,9 +436,15 @@ fn resolve(value: &str) -> Result<String, String> {
             })?;
             out.push_str(&v);
         } else if let Some(path) = reference.strip_prefix("file:") {
-            let bytes = files::read_bounded(path.as_ref(), MAX_FILE_VALUE_BYTES)
-                .map_err(|e| format!("cannot read {path}: {e}"))?;
-            let text = String::from_utf8(bytes).map_err(|_| format!("cannot read {path}: it is not UTF-8 text"))?;
+            let cannot = |why: &dyn fmt::Display| {
+                if reads_as_path(path) {
+                    format!("cannot read {path}: {why}")
+                } else {
+                    format!("cannot read the file a `${{file:…}}` names: {why} (not shown: it may be a secret)")
+                }
+            };
+            let bytes = files::read_bounded(path.as_ref(), MAX_FILE_VALUE_BYTES).map_err(|e| cannot(&e))?;
+            let text = String::from_utf8(bytes).map_err(|_| cannot(&"it is not UTF-8 text"))?;
             out.push_str(text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text));
         } else if plain_name(reference) {
             return Err(format!("`${{{reference}}}` is neither ${{env:NAME}} nor ${{file:PATH}}"));
@@ -570,7 +583,7 @@ mod tests {
         }
         assert!(resolve("${env:X").is_err());
         assert!(resolve("${API_KEY}").unwrap_err().contains("`${API_KEY}` is neither"), "a name is quoted");
-        for pasted in ["Bearer ${sk-live-SECRET}", "Bearer ${env:sk-live-SECRET}"] {
+        for pasted in ["Bearer ${sk-live-SECRET}", "Bearer ${env:sk-live-SECRET}", "Bearer ${file:sk-live-SECRET}"] {
             let e = resolve(pasted).unwrap_err();
             assert!(e.ends_with("(not shown: it may be a secret)") && !e.contains("SECRET"), "{pasted}: {e}");
         }

@@ -1140,6 +1140,25 @@ fn a_state_file_another_running_process_uses_is_refused() {
     assert_eq!(s.renew(&slot).status, 200, "the first process's slot, held");
 }
 
+/// A start refused because another instance holds the state file's lock
+/// creates nothing first: no slot secret of its own (which would make its
+/// next start look like one after a lost secret), no access log.
+#[test]
+fn a_start_refused_on_the_state_lock_leaves_no_file_behind() {
+    let first = TestServer::start(&config(POOL, ""));
+    let shared = first.dir.join("nthpool.state");
+    let dir = common::scratch_dir();
+    let on_shared = config(POOL, &format!(r#""stateFile":"{}""#, shared.display()))
+        .replace(r#""accessLog":null"#, r#""accessLog":"access.log""#);
+    std::fs::write(dir.join("config.json"), &on_shared).unwrap();
+    let second = common::run(&dir, &["--config", "config.json", "--listen", "127.0.0.1:0"]);
+    assert_eq!(second.status.code(), Some(1), "{}", second.stderr);
+    assert!(second.stderr.contains("is in use by another running nthpool"), "{}", second.stderr);
+    assert!(!dir.join("nthpool.secret").exists(), "a slot secret was created by a start that did not run");
+    assert!(!dir.join("access.log").exists(), "an access log was created by a start that did not run");
+    drop(first);
+}
+
 /// A reload that names the running `stateFile` and `slotSecretFile` with
 /// another spelling (here through a symlinked directory; in use, as often
 /// `./nthpool.state` beside a configuration named by a relative path) moves nothing: it applies (it

@@ -88,12 +88,13 @@ impl App {
         &mut self,
         config: &Config,
         config_path: Option<&std::path::Path>,
+        lock: crate::state::StateLock,
         epoch: Epoch,
     ) -> Result<Persistence, String> {
         for creds in &mut self.creds {
             creds.access.refuse_signed_before(epoch.wall(0));
         }
-        let state = crate::state::start(config, config_path, &mut self.gov, 0, epoch)?;
+        let state = crate::state::start(config, config_path, lock, &mut self.gov, 0, epoch)?;
         self.fit_retired_pools();
         Ok(state)
     }
@@ -331,7 +332,7 @@ mod tests {
                 .unwrap();
         let mut app = App::new(&config, Entropy::seeded(3)).unwrap();
         let (e0, e1) = (Epoch::at(EpochMs(1_700_000_000_000)), Epoch::at(EpochMs(1_700_000_600_000)));
-        app.start_state(&config, None, e0).unwrap();
+        app.start_state(&config, None, crate::state::StateLock::take(&config, None).unwrap(), e0).unwrap();
         let p = app.pool_id("p").unwrap();
         let unix_lease = |a: Admission| match a {
             Admission::Granted(g) => g.slot.fields().lease_deadline_unix,
@@ -357,7 +358,7 @@ mod tests {
         let config = Config::parse(both).unwrap();
         let mut app = App::new(&config, Entropy::seeded(3)).unwrap();
         let epoch = Epoch::at(EpochMs(1_700_000_000_000));
-        app.start_state(&config, None, epoch).unwrap();
+        app.start_state(&config, None, crate::state::StateLock::take(&config, None).unwrap(), epoch).unwrap();
         let (p, q) = (app.pool_id("p").unwrap(), app.pool_id("q").unwrap());
         let Admission::Granted(held) = app.gov.acquire(q, 0, 1, 0) else { panic!("q grants") };
         for second in 0..3 {

@@ -340,12 +340,15 @@ impl Server {
         if let Some(path) = config_path.as_deref() {
             state::check_files(config, path)?;
         }
+        // Before any file is created (the access log, the slot secret): a
+        // second instance on this state file stops here and leaves nothing.
+        let state_lock = state::StateLock::take(config, config_path.as_deref())?;
         let mut app = App::new(config, Entropy::from_fn(state::os_random))?;
         app.listen_addr = listener.local_addr().ok();
         let proxy_listeners = proxied::bind_listeners(config, &app, poll.registry())?;
         let fd_limit = fds::raise_limit();
         let resolver = new_resolver(&poll, &config.resolver)?;
-        let persistence = app.start_state(config, config_path.as_deref(), clock.epoch())?;
+        let persistence = app.start_state(config, config_path.as_deref(), state_lock, clock.epoch())?;
         let snapshot_timer = arm_snapshot(&mut app, &persistence, 0);
         Ok(Server {
             poll,

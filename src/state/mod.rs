@@ -54,13 +54,28 @@ pub struct Persistence {
     epoch: Epoch,
 }
 
+/// The lock on a configuration's `<stateFile>.lock` (none without a state
+/// file), taken at start before the server creates anything: a start that
+/// finds the state file in use by another instance leaves no slot secret,
+/// access log or other file behind it.
+pub struct StateLock(Option<std::fs::File>);
+
+impl StateLock {
+    /// Takes the lock of `config`'s state file, read from `config_path`.
+    pub fn take(config: &Config, config_path: Option<&Path>) -> Result<StateLock, String> {
+        state_path(config, config_path).as_deref().map(lock).transpose().map(StateLock)
+    }
+}
+
 /// Sets up the governor's identity from the slot secret, then restores the
 /// snapshot when there is a usable one. Without one, a start that found an
 /// existing secret opens the re-adoption window; a first start has nothing
 /// to re-adopt. `now` is monotonic ms, `epoch` places it in Unix time.
+/// `lock` is the state file's, taken before (`StateLock::take`).
 pub fn start<T: Copy>(
     config: &Config,
     config_path: Option<&Path>,
+    lock: StateLock,
     gov: &mut Governor<T>,
     now: Ms,
     epoch: Epoch,
@@ -76,7 +91,7 @@ pub fn start<T: Copy>(
     gov.set_identity(&secret.bytes, epoch);
     let path = state_path(config, config_path);
     let link = state_name(config, config_path).filter(|named| Some(named) != path.as_ref());
-    let mut lock = path.as_deref().map(lock).transpose()?;
+    let StateLock(mut lock) = lock;
     // What the last process here left: the terms its leases may still have.
     let left = match (lock.as_mut().map(Terms::read), &path) {
         (Some(Ok(left)), _) => left,

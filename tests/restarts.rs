@@ -1159,6 +1159,45 @@ fn a_start_refused_on_the_state_lock_leaves_no_file_behind() {
     drop(first);
 }
 
+/// What start-up finds beside the state file that would break it later is
+/// refused, named, before anything is written (as a `.tmp` that is no
+/// regular file is): a pipe as its `.lock` (the lease terms a crash waits
+/// for could not be kept in it), a directory where a refused snapshot is
+/// moved (the refused file would stay, for a later start to load).
+#[test]
+fn a_state_lock_that_is_a_pipe_or_a_refused_path_that_is_a_directory_is_refused_at_start() {
+    let dir = common::scratch_dir();
+    std::fs::write(dir.join("config.json"), config(POOL, "")).unwrap();
+    let lock = dir.join("nthpool.state.lock");
+    let made = std::process::Command::new("mkfifo").arg(&lock).status().unwrap();
+    assert!(made.success());
+    let start = common::run(&dir, &["--config", "config.json", "--listen", "127.0.0.1:0"]);
+    assert_eq!(start.status.code(), Some(2), "{}", start.stderr);
+    assert!(
+        start.stderr.contains("nthpool.state.lock, the lock a running server holds, is not a regular file"),
+        "{}",
+        start.stderr
+    );
+    assert!(!common::run(&dir, &["--check-config", "config.json"]).status.success());
+    std::fs::remove_file(&lock).unwrap();
+
+    std::fs::write(dir.join("nthpool.state"), b"not a snapshot").unwrap();
+    std::fs::create_dir(dir.join("nthpool.state.refused")).unwrap();
+    let start = common::run(&dir, &["--config", "config.json", "--listen", "127.0.0.1:0"]);
+    assert_eq!(start.status.code(), Some(2), "{}", start.stderr);
+    assert!(
+        start.stderr.contains("nthpool.state.refused, where a refused snapshot is moved, is a directory"),
+        "{}",
+        start.stderr
+    );
+    assert_eq!(std::fs::read(dir.join("nthpool.state")).unwrap(), b"not a snapshot", "left for the operator");
+    std::fs::remove_dir(dir.join("nthpool.state.refused")).unwrap();
+    let config_path = dir.join("config.json");
+    let s = TestServer::start_with(dir, config_path, &[]);
+    assert!(!s.dir.join("nthpool.state").exists(), "refused and moved aside");
+    assert!(s.dir.join("nthpool.state.refused").is_file());
+}
+
 /// A reload that names the running `stateFile` and `slotSecretFile` with
 /// another spelling (here through a symlinked directory; in use, as often
 /// `./nthpool.state` beside a configuration named by a relative path) moves nothing: it applies (it

@@ -388,7 +388,8 @@ pub(super) fn temporary(path: &Path) -> PathBuf {
 /// Whether a snapshot could be written to `path`: a file is created beside
 /// it and removed again (a missing or read-only directory fails), and `path`
 /// is no directory (a rename cannot replace one), nor its temporary file
-/// anything but a regular file. The file created is this
+/// or its lock anything but a regular file, nor where a refused snapshot
+/// is moved a directory. The file created is this
 /// process's own, never `write_atomic`'s temporary one: `--check-config` or
 /// a second start checks the file of a server that may be writing its
 /// snapshot right then.
@@ -413,6 +414,25 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
         return Err(std::io::Error::other(format!(
             "{}, where each snapshot is written first, is not a regular file: remove it",
             tmp.display()
+        )));
+    }
+    // The lock is opened for reading and writing the lease terms: a pipe
+    // would lose them (and its lock keep out no other process), a
+    // directory or a device cannot hold them.
+    let lock = super::lock_path(path);
+    if std::fs::metadata(&lock).is_ok_and(|m| !m.is_file()) {
+        return Err(std::io::Error::other(format!(
+            "{}, the lock a running server holds, is not a regular file: remove it",
+            lock.display()
+        )));
+    }
+    // A refused snapshot is renamed there, which no rename can do over a
+    // directory: the refused file would stay, for a later start to load.
+    let aside = super::refused_path(path);
+    if std::fs::symlink_metadata(&aside).is_ok_and(|m| m.is_dir()) {
+        return Err(std::io::Error::other(format!(
+            "{}, where a refused snapshot is moved, is a directory: remove it",
+            aside.display()
         )));
     }
     // A name no other check uses (`random_hex`), never removed unless created here.
@@ -736,6 +756,30 @@ mod tests {
         std::fs::remove_dir(&tmp).unwrap();
         std::os::unix::fs::symlink(dir.join("elsewhere"), &tmp).unwrap();
         assert!(check_writable(&path).is_err(), "a link");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A lock that is no regular file could not keep the lease terms, and
+    /// a directory where a refused snapshot goes would leave it in place
+    /// for a later start to load: both refused, named.
+    #[test]
+    fn a_lock_that_is_no_regular_file_or_a_refused_path_that_is_a_directory_is_refused() {
+        let dir = std::env::temp_dir().join(format!("nthpool-state-side-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("nthpool.state");
+        let lock = super::super::lock_path(&path);
+        std::fs::create_dir(&lock).unwrap();
+        let e = check_writable(&path).unwrap_err().to_string();
+        assert!(e.contains("nthpool.state.lock, the lock a running server holds, is not a regular file"), "{e}");
+        std::fs::remove_dir(&lock).unwrap();
+        std::fs::write(&lock, b"").unwrap();
+        let aside = super::super::refused_path(&path);
+        std::fs::create_dir(&aside).unwrap();
+        let e = check_writable(&path).unwrap_err().to_string();
+        assert!(e.contains("nthpool.state.refused, where a refused snapshot is moved, is a directory"), "{e}");
+        std::fs::remove_dir(&aside).unwrap();
+        std::fs::write(&aside, b"an earlier one").unwrap();
+        assert!(check_writable(&path).is_ok(), "a refused snapshot of before is replaced");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

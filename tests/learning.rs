@@ -235,6 +235,19 @@ fn rpm_remaining_reports_the_learned_budget() {
     assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("4"), "the budget, under the bucket's 6: {r:?}");
 }
 
+/// A learned budget larger than 32 bits (an upstream that counts tokens or
+/// bytes as requests) is shown as it is, not as 4 294 967 295.
+#[test]
+fn rpm_remaining_shows_a_budget_past_32_bits_exactly() {
+    let s = TestServer::start(&config(r#""concurrency":10,"adaptive":true"#, ""));
+    let r = s.acquire("", "");
+    let report = r#"{"status":200,"rate":{"limit":10000000000,"remaining":5000000000,"resetMs":60000}}"#;
+    assert_eq!(s.release(&r.slot(), report).json()["released"], true);
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-nthpool-rpm-remaining"), Some("4999999999"), "{r:?}");
+}
+
 /// A whole number past 64 bits in a report field without an upper bound
 /// is as large as any: the report counts (not a `400`), and what it asks
 /// for is capped, a cool-down at 120 s and a budget window at an hour.

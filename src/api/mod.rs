@@ -1352,7 +1352,7 @@ pub(crate) fn governor_headers_after_remaining(out: &mut Vec<u8>, s: &crate::gov
     push_u64(out, s.queue_depth as u64);
     if let Some(tokens) = s.rpm_remaining {
         out.extend_from_slice(b"\r\nx-nthpool-rpm-remaining: ");
-        push_u64(out, tokens as u64);
+        push_u64(out, tokens);
     }
     out.extend_from_slice(b"\r\n");
 }

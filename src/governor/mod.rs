@@ -73,7 +73,9 @@ pub struct Signals {
     pub effective_limit: u32,
     pub limit: u32,
     pub queue_depth: u32,
-    pub rpm_remaining: Option<u32>,
+    /// As wide as a learned budget's `remaining` (a report's whole number):
+    /// the header shows it exactly, not cut to `u32::MAX`.
+    pub rpm_remaining: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -387,9 +389,8 @@ impl<T: Copy> Governor<T> {
     pub fn signals(&self, pid: PoolId, now: Ms) -> Signals {
         let p = self.pool(pid);
         let effective = p.effective_limit_at(now);
-        let mut rpm_remaining = p.rpm_remaining();
+        let mut rpm_remaining = p.rpm_remaining().map(u64::from);
         if let Some(left) = p.learning.budget_remaining(now) {
-            let left = left.min(u32::MAX as u64) as u32;
             rpm_remaining = Some(rpm_remaining.map_or(left, |tokens| tokens.min(left)));
         }
         // A spent token window lets no grant through before it resets.

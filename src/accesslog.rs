@@ -31,6 +31,14 @@ const MAX_BUFFERED: usize = 4 * 1024 * 1024;
 pub const WRITE_THRESHOLD: usize = 64 * 1024;
 /// Buffered lines are written at least this often.
 pub const FLUSH_INTERVAL_MS: u64 = 200;
+/// A proxied request's `method` and `path` are the client's, bounded only
+/// by the 16 KiB head: written at most this many bytes each, then `…`, so
+/// a request of garbage makes no line of 16 KiB. Real methods are far
+/// shorter; real paths rarely reach it.
+pub const METHOD_LOGGED_BYTES: usize = 32;
+pub const PATH_LOGGED_BYTES: usize = 1024;
+/// Ends a field cut at its bound.
+const CUT_MARK: &str = "…";
 
 enum Sink {
     Off,
@@ -377,10 +385,10 @@ impl AccessLog {
             return;
         };
         b.extend_from_slice(b",\"method\":");
-        write_json_str(b, p.method);
+        write_json_str_cut(b, p.method, METHOD_LOGGED_BYTES);
         b.extend_from_slice(b",\"path\":");
         let quote = b.len();
-        write_json_str(b, p.path);
+        write_json_str_cut(b, p.path, PATH_LOGGED_BYTES);
         if !implied_slash(p.path.as_bytes()).is_empty() {
             b.insert(quote + 1, b'/');
         }
@@ -532,6 +540,22 @@ fn write_opt_str(b: &mut Vec<u8>, s: Option<&str>) {
 }
 
 /// A JSON string; pool names in the log come from request paths, so escape.
+/// `s` as a JSON string, cut to at most `max` bytes (at a character's
+/// boundary) and ended with `CUT_MARK` when it was longer.
+fn write_json_str_cut(b: &mut Vec<u8>, s: &str, max: usize) {
+    if s.len() <= max {
+        return write_json_str(b, s);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    write_json_str(b, &s[..end]);
+    b.pop();
+    b.extend_from_slice(CUT_MARK.as_bytes());
+    b.push(b'"');
+}
+
 fn write_json_str(b: &mut Vec<u8>, s: &str) {
     b.push(b'"');
     // Pool names are plain text: the common case is one copy.
@@ -624,6 +648,43 @@ mod tests {
         assert_eq!(v["slot"], "00000abc");
         assert_eq!(v["error"], serde_json::Value::Null);
         assert_eq!(log.lines, 1);
+    }
+
+    /// A proxied request's method and path are the client's: each is cut
+    /// at its bound (at a character's boundary) and marked, and escaped.
+    #[test]
+    fn a_proxied_requests_method_and_path_are_cut_at_their_bounds() {
+        let path = std::env::temp_dir().join(format!("nthpool-log-cut-{}.log", std::process::id()));
+        let mut log = AccessLog::open(Some(path.to_str().unwrap())).unwrap();
+        let record = Record {
+            epoch_ms: 1_696_004_797_000,
+            pool: "p",
+            client: "::1".parse().unwrap(),
+            status: 401,
+            error: Some("unauthorized"),
+            deny_reason: None,
+            wait_ms: 0,
+            queued_ms: 0,
+            server_us: 12,
+            slot_ref: None,
+        };
+        let method = "X".repeat(16_000);
+        let long_path = format!("/\"{}", "é".repeat(8_000));
+        let exact_method = "M".repeat(METHOD_LOGGED_BYTES);
+        for (method, path) in [(&*method, &*long_path), (&*exact_method, "/v1/chat")] {
+            log.record_proxied(&record, &Proxied { method, path, upstream_status: None, upstream_ms: None });
+        }
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert!(text.lines().all(|l| l.len() < 1_400), "{}", text.len());
+        let cut_method = lines[0]["method"].as_str().unwrap();
+        assert_eq!(cut_method, format!("{}…", "X".repeat(METHOD_LOGGED_BYTES)));
+        let cut_path = lines[0]["path"].as_str().unwrap();
+        assert!(cut_path.starts_with("/\"éé") && cut_path.ends_with("é…"), "{cut_path}");
+        assert!(cut_path.len() <= PATH_LOGGED_BYTES + CUT_MARK.len(), "{}", cut_path.len());
+        assert_eq!((lines[1]["method"].as_str(), lines[1]["path"].as_str()), (Some(&*exact_method), Some("/v1/chat")));
     }
 
     #[test]

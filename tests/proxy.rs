@@ -1133,6 +1133,34 @@ fn a_request_on_a_pools_listener_refused_at_its_head_or_cut_short_is_logged() {
     assert!(up.seen().is_empty(), "nothing reached the upstream");
 }
 
+/// A request of garbage on a pool's listener (a method or a path of many
+/// kilobytes, within the 16 KiB head) is refused as any other, and its
+/// access-log line holds at most 32 bytes of the method and 1 024 of the
+/// path, each marked `…` where it was cut: no line of 16 KiB.
+#[test]
+fn a_long_method_or_path_is_cut_in_the_access_log() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let c = config(&format!(r#""upstream":{{"url":"{}","listen":"127.0.0.1:0"}}"#, up.url()), "");
+    let mut server = TestServer::start(&c.replacen(r#""accessLog":null"#, r#""accessLog":"access.log""#, 1));
+    let announced = server.banner.split("nthpool proxy for pool `p` on http://").nth(1).expect("the proxy listener");
+    let listener = announced.lines().next().unwrap().to_string();
+    let (method, path) = ("X".repeat(15_000), format!("/{}", "p".repeat(15_000)));
+    for line in [format!("{method} /v1/x"), format!("GET {path}")] {
+        let mut s = TcpStream::connect(&listener).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(format!("{line} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).unwrap();
+        let r = read_any(&mut s).unwrap();
+        assert_eq!((r.status, r.error_code().as_str()), (401, "unauthorized"), "{r:?}");
+    }
+    server.signal("TERM");
+    let lines = final_access_log(&mut server);
+    let text = std::fs::read_to_string(server.dir.join("access.log")).unwrap();
+    assert!(text.lines().all(|l| l.len() < 1_400), "a line of {} bytes", text.len());
+    let got: Vec<_> = lines.iter().map(|l| (l["method"].as_str().unwrap(), l["path"].as_str().unwrap())).collect();
+    let (cut_method, cut_path) = (format!("{}…", &method[..32]), format!("{}…", &path[..1024]));
+    assert_eq!(got, [(cut_method.as_str(), "/v1/x"), ("GET", cut_path.as_str())]);
+}
+
 #[test]
 fn sigterm_lets_a_proxied_request_in_flight_finish() {
     let up = MockUpstream::start(|_| {

@@ -1629,7 +1629,7 @@ fn a_descriptor_limit_under_max_connections_lowers_the_cap_instead_of_running_ou
 
 #[test]
 fn out_of_descriptors_a_health_check_is_accepted_first_once_some_are_free() {
-    let s = TestServer::start_logged(&config("", ""), "warn");
+    let mut s = TestServer::start_logged(&config("", ""), "warn");
     // Few descriptors for the running server (util-linux's prlimit).
     let limited = std::process::Command::new("prlimit")
         .arg(format!("--pid={}", s.pid()))
@@ -1653,4 +1653,12 @@ fn out_of_descriptors_a_health_check_is_accepted_first_once_some_are_free() {
     // Accepting failed after every 100-ms pause, but says so once in 10 s.
     let log = s.log();
     assert_eq!(log.matches("accept failed").count(), 1, "{log}");
+    // The failures left out since are counted, here by the stop.
+    drop(public);
+    s.signal("TERM");
+    let status = exit_within(&mut s.child, Duration::from_secs(10)).expect("the server exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    let log = s.log();
+    let counted = log.split("failed accepts have stopped (").nth(1).and_then(|rest| rest.split(' ').next());
+    assert!(counted.and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n >= 1), "{log}");
 }

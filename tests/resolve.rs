@@ -419,3 +419,43 @@ fn an_upstream_failing_every_request_is_warned_of_about_once_a_second() {
     let mut later = log.lines().filter(|l| l.contains("upstream nowhere.resolve.test")).skip(1);
     assert!(later.any(|l| l.contains("more since the last such warning")), "{log}");
 }
+
+/// The warnings of one `upstream …` kind in `log`: how many were written,
+/// and how many more they say were left out.
+fn warned_and_left_out(log: &str, upstream: &str) -> (u64, u64) {
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(&format!("upstream {upstream}:"))).collect();
+    let left_out = lines
+        .iter()
+        .filter_map(|l| l.split(" (").last()?.strip_suffix(" more since the last such warning)")?.parse::<u64>().ok())
+        .sum();
+    let counted_only = lines.iter().filter(|l| l.contains("have stopped")).count() as u64;
+    (lines.len() as u64 - counted_only, left_out)
+}
+
+/// A burst of failures that ends is counted whole in the log: the
+/// warnings left out after the last one written are counted in a line of
+/// their own a second after the last of them, with no request after it,
+/// and at a stop that comes first.
+#[test]
+fn the_warnings_left_out_at_the_end_of_a_burst_are_counted() {
+    let dns = MockDns::start();
+    for stop in [false, true] {
+        let mut s = server(&dns, "http://gone.resolve.test:9", "", "");
+        for _ in 0..20 {
+            assert_eq!(get(&s).status, 502);
+        }
+        if stop {
+            s.signal("TERM");
+            let status = exit_within(&mut s.child, Duration::from_secs(10)).expect("the server exits after SIGTERM");
+            assert!(status.success(), "{status:?}");
+        }
+        eventually("every failure written or counted", || {
+            let (written, left_out) = warned_and_left_out(&s.log(), "gone.resolve.test");
+            written + left_out == 20
+        });
+        let log = s.log();
+        assert!(log.contains("`lookup` warnings"), "{log}");
+        let (written, _) = warned_and_left_out(&log, "gone.resolve.test");
+        assert!(written <= 3, "{log}");
+    }
+}

@@ -51,6 +51,10 @@ pub enum Wake {
     Snapshot,
     /// Idle upstream connections may be past their `idleTimeoutMs`.
     UpstreamIdle,
+    /// A warning left out by its once-a-while rule (a failed accept's, an
+    /// upstream's) may have its interval ended with none like it written:
+    /// the count of those left out is written.
+    Warnings,
 }
 
 /// What the application's own entries on the wheel stand for.

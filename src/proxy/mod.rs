@@ -796,6 +796,17 @@ impl Proxy {
         oldest.is_some()
     }
 
+    /// When `write_trailing_warnings` next has a line to write, if ever.
+    pub fn warnings_due(&self) -> Option<std::time::Instant> {
+        self.warned.due()
+    }
+
+    /// Counts in the log the warnings about upstreams left out in a second
+    /// that has ended with none like them written (all of them, at the stop).
+    pub fn write_trailing_warnings(&mut self, all: bool) {
+        self.warned.write_trailing(all);
+    }
+
     /// Idle connections kept, over all pools.
     pub fn idle_total(&self) -> usize {
         self.idle.iter().map(Vec::len).sum()

@@ -3,10 +3,15 @@
 //! not resolve, a refused certificate) would otherwise write one line per
 //! request, which costs the log its other lines and a reader of standard
 //! error its patience. The line that is written says how many like it
-//! were not. Deciding costs a scan of a few entries and no formatting.
+//! were not; so does a line of its own once a second has passed with none
+//! like them (the reactor's `Wake::Warnings`), and the stop's: a burst that
+//! ends is counted whole in the log, and one that goes on writes no more.
+//! Deciding costs a scan of a few entries and no formatting.
 
 use std::io;
 use std::time::{Duration, Instant};
+
+use log::warn;
 
 /// One warning per (what, upstream, cause) in this long.
 const EVERY: Duration = Duration::from_secs(1);
@@ -26,11 +31,25 @@ struct Entry {
     cause: Cause,
     at: Instant,
     unlogged: u64,
+    /// When the last one left out was.
+    last: Instant,
 }
 
 #[derive(Default)]
 pub struct Warned {
     recent: Vec<Entry>,
+    /// When `write_trailing` may have a line to write: a second after the
+    /// earliest warning left out and not yet counted.
+    due: Option<Instant>,
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cause::Said(why) => f.write_str(why.trim_end_matches('.')),
+            Cause::Io(kind) => write!(f, "{kind}"),
+        }
+    }
 }
 
 /// How many warnings like a written one were left out since the last
@@ -59,19 +78,53 @@ impl Warned {
         if let Some(e) = found {
             if now.duration_since(e.at) < EVERY {
                 e.unlogged += 1;
+                e.last = now;
+                self.due = Some(self.due.unwrap_or(now + EVERY));
                 return None;
             }
             e.at = now;
             return Some(Unlogged(std::mem::take(&mut e.unlogged)));
         }
-        let entry = Entry { what, upstream: upstream.to_owned(), cause, at: now, unlogged: 0 };
+        let entry = Entry { what, upstream: upstream.to_owned(), cause, at: now, unlogged: 0, last: now };
         if self.recent.len() < REMEMBERED {
             self.recent.push(entry);
         } else if let Some(oldest) = self.recent.iter_mut().min_by_key(|e| e.at) {
+            // Forgotten, its count is written now rather than lost.
+            if oldest.unlogged > 0 {
+                trailing_line(oldest.what, &oldest.upstream, oldest.cause, oldest.unlogged);
+            }
             *oldest = entry;
         }
         Some(Unlogged(0))
     }
+
+    /// When `write_trailing` next has a line to write, if ever.
+    pub fn due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// Writes, for each warning left out with none like it for a second
+    /// since (every one, when `all`: at the stop), how many were left out.
+    pub fn write_trailing(&mut self, all: bool) {
+        self.trailing_at(Instant::now(), all, trailing_line);
+    }
+
+    fn trailing_at(&mut self, now: Instant, all: bool, mut write: impl FnMut(&'static str, &str, Cause, u64)) {
+        self.due = None;
+        for e in self.recent.iter_mut().filter(|e| e.unlogged > 0) {
+            if all || now.duration_since(e.last) >= EVERY {
+                write(e.what, &e.upstream, e.cause, std::mem::take(&mut e.unlogged));
+            } else {
+                let end = e.last + EVERY;
+                self.due = Some(self.due.map_or(end, |due| due.min(end)));
+            }
+        }
+    }
+}
+
+/// The line that counts warnings left out when none like them followed.
+fn trailing_line(what: &str, upstream: &str, cause: Cause, unlogged: u64) {
+    warn!("upstream {upstream}: `{what}` warnings ({cause}) have stopped{}", Unlogged(unlogged));
 }
 
 #[cfg(test)]
@@ -94,6 +147,47 @@ mod tests {
         assert_eq!(w.allow_at("lookup", "a.test", cause, t0 + EVERY), Some(Unlogged(4)));
         assert_eq!(Unlogged(4).to_string(), " (4 more since the last such warning)");
         assert_eq!(Unlogged(0).to_string(), "");
+    }
+
+    /// A burst that ends is counted whole: the warnings left out after the
+    /// last one written are counted in a line of their own once a second
+    /// has passed with none like them (or at the stop), once; a burst that
+    /// goes on is counted by its next warning written, as before.
+    #[test]
+    fn the_warnings_left_out_after_the_last_written_are_counted_once_they_stop() {
+        let mut w = Warned::default();
+        let t0 = Instant::now();
+        let cause = Cause::Said("does not resolve");
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut lines = Vec::new();
+        let mut trailing = |w: &mut Warned, at, all| {
+            lines.clear();
+            w.trailing_at(at, all, |what, up, c, n| lines.push((what, up.to_string(), c, n)));
+            lines.clone()
+        };
+        assert_eq!(w.allow_at("lookup", "a.test", cause, t0), Some(Unlogged(0)));
+        assert_eq!(w.due(), None, "nothing left out yet");
+        for n in 1..4 {
+            assert_eq!(w.allow_at("lookup", "a.test", cause, ms(n)), None);
+        }
+        assert_eq!(w.allow_at("tls", "b.test", cause, ms(500)), Some(Unlogged(0)));
+        assert_eq!(w.allow_at("tls", "b.test", cause, ms(600)), None);
+        assert_eq!(w.due(), Some(ms(1001)), "a second after the first left out");
+        assert_eq!(trailing(&mut w, ms(1000), false), [], "a.test's last was 999 ms ago");
+        assert_eq!(w.due(), Some(ms(1003)));
+        assert_eq!(trailing(&mut w, ms(1003), false), [("lookup", "a.test".to_string(), cause, 3)]);
+        assert_eq!(w.due(), Some(ms(1600)), "b.test's still to come");
+        // Counted once; the next like it is written, counting none.
+        assert_eq!(trailing(&mut w, ms(1500), false), []);
+        assert_eq!(w.allow_at("lookup", "a.test", cause, ms(1501)), Some(Unlogged(0)));
+        // A burst that goes on: its next warning written counts those left
+        // out, and the line of their own has nothing more to say.
+        assert_eq!(w.allow_at("tls", "b.test", cause, ms(1550)), Some(Unlogged(1)));
+        assert_eq!(trailing(&mut w, ms(1600), false), []);
+        assert_eq!(w.allow_at("lookup", "a.test", cause, ms(1700)), None);
+        assert_eq!(trailing(&mut w, ms(1800), true), [("lookup", "a.test".to_string(), cause, 1)], "at the stop");
+        assert_eq!(w.due(), None, "all counted at the stop");
+        assert_eq!(trailing(&mut w, ms(5000), true), [], "nothing counted twice");
     }
 
     #[test]

@@ -240,8 +240,11 @@ pub struct Server {
     idle_spin: Duration,
     input_limit: usize,
     accept_paused: bool,
-    /// When a failed accept was last logged, and the failures not logged since.
-    accept_warned: Option<(Ms, u64)>,
+    /// When a failed accept was last logged, the failures not logged since,
+    /// and when the last of those was.
+    accept_warned: Option<(Ms, u64, Ms)>,
+    /// `Wake::Warnings`, while armed: when, and its timer.
+    warnings_timer: Option<(Ms, TimerKey)>,
     /// The turn the admin listener last accepted in (`ADMIN_ACCEPTS_PER_TURN`).
     admin_accept_turn: u64,
     /// Connections with output to flush before the loop sleeps (each once:
@@ -385,6 +388,7 @@ impl Server {
             input_limit: input_limit(config),
             accept_paused: false,
             accept_warned: None,
+            warnings_timer: None,
             admin_accept_turn: 0,
             dirty: Vec::new(),
             dirty_spare: Vec::new(),
@@ -504,6 +508,7 @@ impl Server {
             self.stats.connections_open = self.conns.len() as u64;
             // What writing and accepting answered in turn (rarely anything).
             self.settle_answers();
+            self.arm_trailing_warnings();
             self.app.end_turn(self.now.ms);
             self.ready_carry = if self.postponed.is_empty() {
                 std::mem::replace(&mut self.ready, carried)
@@ -528,6 +533,7 @@ impl Server {
                     self.app.write_stop_snapshot(&mut self.persistence, self.clock.now_ms());
                     // The snapshot is safe: the kernel's part of the closes put off can take its time.
                     drop(unclosed);
+                    self.write_trailing_warnings(true);
                     info!(
                         "shut down ({cut} connections cut at the deadline, {draining} closed while draining after their last answer)"
                     );
@@ -829,18 +835,53 @@ impl Server {
     /// them all, the admin listener first.
     pub(super) fn pause_accepts(&mut self, e: &io::Error) {
         match &mut self.accept_warned {
-            Some((at, unlogged)) if self.now.ms < *at + ACCEPT_WARN_EVERY_MS => *unlogged += 1,
+            Some((at, unlogged, last)) if self.now.ms < *at + ACCEPT_WARN_EVERY_MS => {
+                *unlogged += 1;
+                *last = self.now.ms;
+            }
             last => {
-                let unlogged = match last.map_or(0, |(_, n)| n) {
+                let unlogged = match last.map_or(0, |(_, n, _)| n) {
                     0 => String::new(),
                     n => format!(" ({n} more failures since the last such warning)"),
                 };
                 warn!("accept failed ({e}); pausing accepts for {ACCEPT_PAUSE_MS} ms at a time{unlogged}");
-                *last = Some((self.now.ms, 0));
+                *last = Some((self.now.ms, 0, self.now.ms));
             }
         }
         self.accept_paused = true;
         self.app.schedule(self.now.ms + ACCEPT_PAUSE_MS, Wake::Accept);
+    }
+
+    /// Arms `Wake::Warnings` for when a warning left out by its interval (a
+    /// failed accept's, an upstream's) may have had none like it for that
+    /// long, so the count of those left out is written even when no warning
+    /// like them follows. Each turn; two comparisons when nothing was left out.
+    fn arm_trailing_warnings(&mut self) {
+        let upstream = self.proxy.warnings_due().map(|at| self.clock.ms_at(at) + 1);
+        let accept = self.accept_warned.filter(|&(_, n, _)| n > 0).map(|(_, _, last)| last + ACCEPT_WARN_EVERY_MS);
+        let Some(due) = upstream.into_iter().chain(accept).min() else {
+            return;
+        };
+        if let Some((armed, key)) = self.warnings_timer {
+            if armed <= due {
+                return;
+            }
+            self.app.cancel_timer(key);
+        }
+        self.warnings_timer = Some((due, self.app.schedule(due, Wake::Warnings)));
+    }
+
+    /// Writes how many warnings were left out where none like them has come
+    /// for their interval since (all of them when `all`: at the stop), so a
+    /// burst that ends is counted whole in the log.
+    fn write_trailing_warnings(&mut self, all: bool) {
+        self.proxy.write_trailing_warnings(all);
+        if let Some((_, unlogged, last)) = &mut self.accept_warned {
+            if *unlogged > 0 && (all || self.now.ms >= *last + ACCEPT_WARN_EVERY_MS) {
+                warn!("failed accepts have stopped ({unlogged} more failures since the last such warning)");
+                *unlogged = 0;
+            }
+        }
     }
 
     fn admit(&mut self, mut stream: TcpStream, peer: SocketAddr, admin: bool) -> Option<ConnId> {
@@ -1001,6 +1042,10 @@ impl Server {
                 }
                 Event::Wake(Wake::Conn(id)) => self.dispatch(id, Signal::Deadline),
                 Event::Wake(Wake::UpstreamIdle) => self.sweep_idle_upstreams(),
+                Event::Wake(Wake::Warnings) => {
+                    self.warnings_timer = None;
+                    self.write_trailing_warnings(false);
+                }
                 // Not the armed timer's when a reload in this turn re-armed it
                 // after this one fired (its interval counts from the reload),
                 // or disarmed it: another periodic chain would start.

@@ -56,8 +56,10 @@ pub struct AccessLog {
     /// The file's name, when the sink is a file: what a reopen opens.
     path: Option<String>,
     buf: Vec<u8>,
-    /// Set after the first failure, so it is logged once until a write works again.
-    failing: bool,
+    /// Set at the first failure, so it is logged once until a write works
+    /// again: the count of lines dropped before it, so the end of the
+    /// failures can say how many they cost.
+    failing: Option<u64>,
     /// The file (device, inode, length) after a write that stopped inside
     /// a line, whose rest heads the buffer: written next if the file open
     /// then is still that one, that long.
@@ -203,7 +205,7 @@ impl AccessLog {
             sink,
             path,
             buf: Vec::with_capacity(WRITE_THRESHOLD),
-            failing: false,
+            failing: None,
             torn_at: None,
             lines: 0,
             write_errors: 0,
@@ -232,7 +234,7 @@ impl AccessLog {
             std::mem::swap(&mut self.sink, &mut other.sink);
         }
         self.path = other.path;
-        self.failing = false;
+        self.end_failing("the log was reopened");
         self.drop_torn_rest_if_moved();
         self.end_foreign_line();
     }
@@ -278,7 +280,7 @@ impl AccessLog {
     /// non-blocking while the log lives (`NonBlocking`).
     pub fn close(&mut self, until: std::time::Instant) {
         self.flush();
-        while !self.buf.is_empty() && !self.failing && std::time::Instant::now() < until {
+        while !self.buf.is_empty() && self.failing.is_none() && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(1));
             self.flush();
         }
@@ -301,6 +303,12 @@ impl AccessLog {
         // for: a reader that has it open still gets it.
         if let Sink::Fifo(fifo) = &self.sink {
             say_unread_in_pipe(fifo, "the stop");
+        }
+        if let Some(before) = self.failing {
+            warn!(
+                "access log: its writes still fail at the stop; {} lines were dropped since they began",
+                self.dropped - before
+            );
         }
     }
 
@@ -420,14 +428,14 @@ impl AccessLog {
         let Some(e) = error else {
             // Short only when a pipe would block: the rest waits.
             self.buf.drain(..written);
-            self.failing = false;
+            self.end_failing("writes work again");
             self.torn_at = None;
             return;
         };
         self.write_errors += 1;
-        if !self.failing {
+        if self.failing.is_none() {
             warn!("access log write failed ({e}); lines are being dropped until it works again");
-            self.failing = true;
+            self.failing = Some(self.dropped);
         }
         let mid_line = match written {
             0 => self.torn_at.is_some(),
@@ -445,6 +453,14 @@ impl AccessLog {
         self.buf.truncate(written + keep);
         self.buf.drain(..written);
         self.torn_at = torn_at;
+    }
+
+    /// Failing writes are over (`now`: why): says how many lines they cost,
+    /// as the first failure said it would, so the log counts them all.
+    fn end_failing(&mut self, now: &str) {
+        if let Some(before) = self.failing.take() {
+            warn!("access log: {now}; {} lines were dropped while its writes failed", self.dropped - before);
+        }
     }
 
     /// Drops the rest of a torn line when the file open now is no longer

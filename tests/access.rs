@@ -1409,8 +1409,9 @@ fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
     // write fail halfway through a line, and by default kills the writer
     // with SIGXFSZ. The server must go on answering, count every line it
     // could not write, and never leave a torn line that the next one runs
-    // into: once the limit is lifted the file holds whole JSON lines only.
-    let s = TestServer::start(&config_with_access_log(""));
+    // into: once the limit is lifted the file holds whole JSON lines only,
+    // and the server's log says how many were dropped meanwhile.
+    let s = TestServer::start_logged(&config_with_access_log(""), "warn");
     let soft_limit = |limit: &str| {
         std::process::Command::new("prlimit")
             .arg("--pid")
@@ -1455,6 +1456,10 @@ fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}\n{text}"));
         assert_eq!(v["status"], 401, "{line}");
     }
+    let log = s.log();
+    assert_eq!(log.matches("access log write failed").count(), 1, "{log}");
+    let said = format!("access log: writes work again; {dropped} lines were dropped while its writes failed");
+    assert!(log.contains(&said), "{log}");
 }
 
 /// A scratch directory holding a named pipe, `access.fifo`, and a

@@ -29,7 +29,7 @@ OPTIONS:
     -V, --version         the version
 
 ENVIRONMENT:
-    RUST_LOG              log filter for env_logger, e.g. RUST_LOG=debug (default: info)
+    RUST_LOG              log filter for env_logger, e.g. RUST_LOG=debug (default, also when empty: info)
 
 SIGNALS:
     SIGTERM, SIGINT, SIGQUIT   graceful stop: answer what was read, write the snapshot, exit 0
@@ -110,6 +110,12 @@ fn main() -> ExitCode {
     };
     // Through `stdio`, which writes standard error without blocking while the server runs.
     let mut logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    // Set but empty (`Environment=RUST_LOG=` in a unit, `RUST_LOG= nthpool`),
+    // it is no filter: the default, where env_logger would keep errors only
+    // and hide every warning (a refused state file, a failing access log).
+    if std::env::var("RUST_LOG").is_ok_and(|filter| filter.trim().is_empty()) {
+        logger.parse_filters("info");
+    }
     logger.target(env_logger::Target::Pipe(Box::new(nthpool::stdio::LogWriter)));
     // A pipe target is not coloured by default: a terminal keeps its colours.
     let plain = ["RUST_LOG_STYLE", "NO_COLOR"].iter().any(|v| std::env::var_os(v).is_some());

@@ -1550,6 +1550,17 @@ fn help_explains_the_flags() {
     }
 }
 
+/// `RUST_LOG` set but empty (`Environment=RUST_LOG=` in a unit) is the
+/// default filter, `info`, not env_logger's errors only: the start-up's
+/// lines and every warning are written.
+#[test]
+fn an_empty_rust_log_logs_at_the_default_level() {
+    for empty in ["", " "] {
+        let s = TestServer::start_logged(&config("", ""), empty);
+        common::eventually("the start-up's info line", || s.log().contains("INFO  nthpool::server] listening on"));
+    }
+}
+
 /// Flags that would silently override each other, or a `--listen` the file
 /// already gives its admin listener, stop the start with a clear message.
 #[test]

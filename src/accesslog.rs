@@ -555,7 +555,6 @@ fn write_opt_str(b: &mut Vec<u8>, s: Option<&str>) {
     }
 }
 
-/// A JSON string; pool names in the log come from request paths, so escape.
 /// `s` as a JSON string, cut to at most `max` bytes (at a character's
 /// boundary) and ended with `CUT_MARK` when it was longer.
 fn write_json_str_cut(b: &mut Vec<u8>, s: &str, max: usize) {
@@ -572,6 +571,7 @@ fn write_json_str_cut(b: &mut Vec<u8>, s: &str, max: usize) {
     b.push(b'"');
 }
 
+/// A JSON string; pool names in the log come from request paths, so escape.
 fn write_json_str(b: &mut Vec<u8>, s: &str) {
     b.push(b'"');
     // Pool names are plain text: the common case is one copy.

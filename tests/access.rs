@@ -1520,8 +1520,8 @@ fn a_named_pipe_whose_reader_left_never_blocks_a_sighup_or_a_stop() {
 fn a_pipe_reader_that_fell_behind_gets_the_backlog_without_traffic_and_at_the_stop() {
     // A log shipper on a named pipe that stopped reading while hundreds of
     // KiB of lines piled up: once it reads again the backlog comes every
-    // 200 ms with no traffic to push it, and a stop waits (up to 0.95 s
-    // from its signal) for a reader to take what is buffered.
+    // 200 ms with no traffic to push it, and a stop waits (until its
+    // snapshot must begin) for a reader to take what is buffered.
     const LINES: usize = 2500;
     let Some((dir, fifo, config_path)) = fifo_log_setup() else {
         return;

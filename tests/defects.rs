@@ -255,24 +255,7 @@ fn whole_number_floats_are_accepted_and_fractions_refused() {
 fn sigterm_exits_in_time_with_a_client_that_pipelines_and_never_reads() {
     let top = r#""headTimeoutMs":30000,"writeTimeoutMs":30000,"idleTimeoutMs":30000"#;
     let mut s = TestServer::start(&config("", top));
-    let mut c = s.connect();
-    c.set_nonblocking(true).unwrap();
-    let request = post("/pools/p/lock/nope/renew", KEY, "", "");
-    let stuffed = Instant::now() + Duration::from_secs(2);
-    let mut blocked_since = None;
-    // Write until the server stops reading (its output is full) and the socket buffers fill.
-    while Instant::now() < stuffed {
-        match c.write(&request) {
-            Ok(_) => blocked_since = None,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if *blocked_since.get_or_insert_with(Instant::now) + Duration::from_millis(300) < Instant::now() {
-                    break;
-                }
-                thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("write failed: {e}"),
-        }
-    }
+    let c = stuffed_never_reading(&s);
     s.signal("TERM");
     let started = Instant::now();
     // The promise is 0.8 s; three leave room for a loaded machine.
@@ -285,6 +268,91 @@ fn sigterm_exits_in_time_with_a_client_that_pipelines_and_never_reads() {
         thread::sleep(Duration::from_millis(10));
     }
     drop(c);
+}
+
+/// A connection that pipelined renews until the server stopped reading it
+/// (its output full) and the socket buffers filled, and never reads.
+fn stuffed_never_reading(s: &TestServer) -> TcpStream {
+    let mut c = s.connect();
+    c.set_nonblocking(true).unwrap();
+    let request = post("/pools/p/lock/nope/renew", KEY, "", "");
+    let stuffed = Instant::now() + Duration::from_secs(2);
+    let mut blocked_since = None;
+    while Instant::now() < stuffed {
+        match c.write(&request) {
+            Ok(_) => blocked_since = None,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if *blocked_since.get_or_insert_with(Instant::now) + Duration::from_millis(300) < Instant::now() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("write failed: {e}"),
+        }
+    }
+    c
+}
+
+/// Whether the server has closed its side of `c` (told by the kernel's
+/// table: a client that never reads gets no FIN while its window is full).
+fn closed_by_server(c: &TcpStream) -> bool {
+    let hex = |a: SocketAddr| format!("0100007F:{:04X}", a.port());
+    let (server, client) = (hex(c.peer_addr().unwrap()), hex(c.local_addr().unwrap()));
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    // `st` 01 is ESTABLISHED; once closed, FIN_WAIT1 or gone (reset).
+    !table.lines().any(|l| {
+        let fields: Vec<&str> = l.split_whitespace().collect();
+        fields.get(1..4) == Some(&[server.as_str(), client.as_str(), "01"][..])
+    })
+}
+
+#[test]
+fn sigterm_cuts_clients_sooner_to_leave_the_snapshot_of_many_held_slots_room() {
+    // 300 000 held slots, whose snapshot the stop expects to take 300 ms:
+    // the client that never reads is cut 0.5 s after the signal, not 0.8 s,
+    // so that the snapshot too is done within the stop's second.
+    const HELD: usize = 300_000;
+    const BATCH: usize = 1000;
+    let top = r#""headTimeoutMs":30000,"writeTimeoutMs":30000,"idleTimeoutMs":30000"#;
+    let pool = r#""concurrency":1000000,"adaptive":false,"termMs":600000,"requestTimeoutMs":600000"#;
+    let mut s = TestServer::start_logged(&config(pool, top), "info");
+    let batch = post("/pools/p/lock/acquire", KEY, "", "").repeat(BATCH);
+    let holders: Vec<_> = (0..4)
+        .map(|_| {
+            let (mut holder, batch) = (s.connect(), batch.clone());
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 1 << 20];
+                for _ in 0..HELD / BATCH / 4 {
+                    holder.write_all(&batch).unwrap();
+                    // Every answer a grant: its body names its slot once.
+                    let (mut granted, mut tail) = (0, Vec::new());
+                    while granted < BATCH {
+                        let n = std::io::Read::read(&mut holder, &mut buf).unwrap();
+                        assert!(n > 0, "closed after {granted} grants");
+                        tail.extend_from_slice(&buf[..n]);
+                        granted += tail.windows(8).filter(|w| w == b"\"slotId\"").count();
+                        tail.drain(..tail.len().saturating_sub(7));
+                    }
+                }
+                holder
+            })
+        })
+        .collect();
+    let _holders: Vec<TcpStream> = holders.into_iter().map(|h| h.join().unwrap()).collect();
+    let c = stuffed_never_reading(&s);
+    s.signal("TERM");
+    let signalled = Instant::now();
+    while !closed_by_server(&c) {
+        assert!(signalled.elapsed() < Duration::from_secs(3), "still open {:?} after SIGTERM", signalled.elapsed());
+        thread::sleep(Duration::from_millis(2));
+    }
+    let cut = signalled.elapsed();
+    assert!(cut < Duration::from_millis(700), "cut {cut:?} after SIGTERM: the grace left the snapshot no room");
+    let status = exit_within(&mut s.child, Duration::from_secs(10)).expect("exited after SIGTERM");
+    assert!(status.success(), "{status}");
+    let log = s.log();
+    assert!(log.contains("clients have 500 ms, the snapshot 300 ms"), "{log}");
+    assert!(log.contains(&format!("stop snapshot of {HELD} slots")), "{log}");
 }
 
 #[test]

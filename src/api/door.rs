@@ -108,6 +108,11 @@ impl App {
         state.write_stop(&self.gov, now);
     }
 
+    /// How long the stop's snapshot of the slots held now is expected to take, in ms.
+    pub fn stop_snapshot_ms(&self, state: &Persistence) -> u64 {
+        state.stop_snapshot_ms(self.gov.held_total())
+    }
+
     /// The periodic snapshot: copied here, written on a thread of its own.
     pub fn write_periodic_snapshot(&self, state: &mut Persistence, now: Ms) {
         state.write_periodic(&self.gov, now);

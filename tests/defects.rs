@@ -356,6 +356,31 @@ fn sigterm_cuts_clients_sooner_to_leave_the_snapshot_of_many_held_slots_room() {
 }
 
 #[test]
+fn no_periodic_snapshot_begins_in_a_stops_grace() {
+    // A periodic snapshot every second, and a client that never reads
+    // holding the stop for its grace, across the next periodic one's time.
+    let top = r#""headTimeoutMs":30000,"writeTimeoutMs":30000,"idleTimeoutMs":30000,"snapshotIntervalMs":1000"#;
+    let mut s = TestServer::start_logged(&config("", top), "info");
+    let _c = stuffed_never_reading(&s);
+    let periodic = |log: &str| log.matches("periodic snapshot of").count();
+    // Half a second after one was written, the next is due in the grace.
+    let (before, until) = (periodic(&s.log()), Instant::now() + Duration::from_secs(5));
+    while periodic(&s.log()) == before {
+        assert!(Instant::now() < until, "no periodic snapshot: {}", s.log());
+        thread::sleep(Duration::from_millis(5));
+    }
+    thread::sleep(Duration::from_millis(500));
+    s.signal("TERM");
+    let status = exit_within(&mut s.child, Duration::from_secs(3)).expect("exited after SIGTERM");
+    assert!(status.success(), "{status}");
+    let log = s.log();
+    assert!(log.contains("cut at the deadline"), "{log}");
+    let stop = &log[log.find("shutting down").expect("the stop is logged")..];
+    assert_eq!(periodic(stop), 0, "a periodic snapshot began in the stop: {log}");
+    assert!(stop.contains("stop snapshot of 0 slots"), "{log}");
+}
+
+#[test]
 fn sigterm_answers_what_was_pipelined_behind_a_waiter() {
     let mut s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":60000}"#, ""));
     let held = s.acquire("", "").slot();

@@ -1063,6 +1063,9 @@ impl Server {
                 // after this one fired (its interval counts from the reload),
                 // or disarmed it: another periodic chain would start.
                 Event::Wake(Wake::Snapshot) if self.snapshot_timer.is_none_or(|(at, _)| at > self.now.ms) => {}
+                // A stop writes its own at its end: none begins in its grace,
+                // whose copy and write the stop's snapshot would wait for.
+                Event::Wake(Wake::Snapshot) if self.shutdown_at.is_some() => {}
                 Event::Wake(Wake::Snapshot) => {
                     self.app.write_periodic_snapshot(&mut self.persistence, self.now.ms);
                     self.snapshot_timer = arm_snapshot(&mut self.app, &self.persistence, self.now.ms);

@@ -347,7 +347,8 @@ fn sigterm_cuts_clients_sooner_to_leave_the_snapshot_of_many_held_slots_room() {
         thread::sleep(Duration::from_millis(2));
     }
     let cut = signalled.elapsed();
-    assert!(cut < Duration::from_millis(700), "cut {cut:?} after SIGTERM: the grace left the snapshot no room");
+    // The old grace cut it at 0.8 s at the soonest; 0.78 leaves the new 0.5 s room on a loaded machine.
+    assert!(cut < Duration::from_millis(780), "cut {cut:?} after SIGTERM: the grace left the snapshot no room");
     let status = exit_within(&mut s.child, Duration::from_secs(10)).expect("exited after SIGTERM");
     assert!(status.success(), "{status}");
     let log = s.log();

@@ -142,8 +142,8 @@ case "$STICK_MS" in '' | *[!0-9]*) die "--stick-ms takes milliseconds" ;; esac
 [ "$STICK_MS" -gt "$STICK_NEED" ] ||
     die "--stick-ms $STICK_MS: pool $STICK_POOL can have a slot or a waiter alive for ${STICK_NEED} ms without a request reaching HAProxy; the stick expiry must be longer, or the pool could move and be granted twice over"
 
-# The HAProxy configuration for N instances, with the map of proxy hosts at
-# $DIR/hosts.map. Comments explain each choice; deploy/haproxy.cfg is this
+# The HAProxy configuration for N instances, with the map of proxy hosts in
+# hosts.map beside it ($DIR/hosts.map; deploy/hosts.map for deploy/haproxy.cfg). Comments explain each choice; deploy/haproxy.cfg is this
 # output with the defaults.
 haproxy_config() {
     local check_s i moved=""
@@ -153,6 +153,9 @@ haproxy_config() {
 global
     # Two descriptors a connection: within a 20000-descriptor limit.
     maxconn 8000
+    # Relative paths (hosts.map) are read beside this file, wherever HAProxy
+    # is started from: \`haproxy -c -f deploy/haproxy.cfg\` checks it as shipped.
+    default-path config
     # The stick table survives \`haproxy -sf\` reloads through this local peer.
     localpeer local
 
@@ -190,8 +193,8 @@ frontend api
     # \`[FD00::1]:80\` is \`[fd00::1]\`), the form hosts.map holds each name in:
     # a Host that nthpool routes but the map missed would reach any instance.
     # The regex keeps the shortest name that leaves at most one dot and a port.
-    http-request set-var(txn.pool) 'req.hdr(host),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map($DIR/hosts.map)' if !{ url_beg -i http:// https:// }
-    http-request set-var(txn.pool) 'url,field(3,/),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map($DIR/hosts.map)' if { url_beg -i http:// https:// }
+    http-request set-var(txn.pool) 'req.hdr(host),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map(hosts.map)' if !{ url_beg -i http:// https:// }
+    http-request set-var(txn.pool) 'url,field(3,/),lower,regsub("^(.+?)\.?(:[0-9]*)?\$","\1"),map(hosts.map)' if { url_beg -i http:// https:// }
     # The pool segment is percent-decoded as nthpool decodes it (\`d%65mo\` is
     # \`demo\`), so both spellings are placed with the one pool.
     http-request set-var(txn.pool) path,field(3,/),url_dec if !{ var(txn.pool) -m found } { path_beg /pools/ }

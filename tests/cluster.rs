@@ -1287,6 +1287,25 @@ fn the_committed_haproxy_configuration_is_the_scripts_default() {
     );
 }
 
+/// The committed configuration is valid as shipped, checked from a directory
+/// of no cluster: the map of proxy hosts it reads is the one beside it
+/// (`deploy/hosts.map`), not a file some earlier run of the script left.
+#[test]
+fn the_committed_haproxy_configuration_passes_haproxys_check_as_shipped() {
+    if !haproxy_available() {
+        return;
+    }
+    let dir = scratch_dir();
+    let out = Command::new("haproxy")
+        .arg("-c")
+        .arg("-f")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/haproxy.cfg"))
+        .current_dir(&*dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "haproxy -c: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn the_nginx_alternative_is_a_valid_nginx_configuration() {
     if Command::new("nginx").arg("-v").output().is_err() {

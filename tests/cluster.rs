@@ -1327,6 +1327,103 @@ fn the_nginx_alternative_is_a_valid_nginx_configuration() {
     assert!(out.status.success(), "nginx -t: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// nginx running `deploy/nginx.conf` as shipped, in front of `instances`
+/// (its three `server` lines pointed at them in turn), with `map` as its
+/// host map's only line; stopped when dropped. `None` without nginx.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+    /// Removed after `Drop` has stopped nginx (fields drop after it).
+    _dir: Scratch,
+}
+
+impl Nginx {
+    fn start(instances: &[SocketAddr], map: &str) -> Option<Nginx> {
+        if Command::new("nginx").arg("-v").output().is_err() {
+            eprintln!("SKIPPED: nginx is not installed; deploy/nginx.conf was not run");
+            return None;
+        }
+        let dir = scratch_dir();
+        let port = std::env::var("NTHPOOL_NGINX_TEST_PORT")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(common::free_port);
+        let mut text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/nginx.conf")).unwrap();
+        text = text.replace("127.0.0.1:7070", &format!("127.0.0.1:{port}"));
+        for (i, default) in ["127.0.0.1:7081", "127.0.0.1:7082", "127.0.0.1:7083"].iter().enumerate() {
+            text = text.replace(default, &instances[i % instances.len()].to_string());
+        }
+        text = text.replace("# prod-acme.nthpool.local prod-acme;", map);
+        // Temporary files in the scratch directory, not the package's.
+        let temp: String = ["client_body", "proxy", "fastcgi", "uwsgi", "scgi"]
+            .iter()
+            .map(|t| format!("    {t}_temp_path {};\n", dir.join(t).display()))
+            .collect();
+        text = text.replacen("http {\n", &format!("http {{\n{temp}"), 1);
+        let conf = dir.join("nginx.conf");
+        std::fs::write(&conf, text).unwrap();
+        let child = Command::new("nginx")
+            .arg("-p")
+            .arg(&*dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(&conf)
+            .arg("-g")
+            .arg(format!("daemon off; pid {};", dir.join("nginx.pid").display()))
+            .spawn()
+            .unwrap();
+        let nginx = Nginx { child, port, _dir: dir };
+        eventually("nginx listens", || TcpStream::connect(("127.0.0.1", port)).is_ok());
+        Some(nginx)
+    }
+
+    fn request(&self, raw: &[u8]) -> Response {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(raw).unwrap();
+        read_response(&mut s).expect("an answer through nginx")
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGQUIT, nginx's graceful stop: its workers go with the master.
+        let _ = Command::new("kill").arg("-QUIT").arg(self.child.id().to_string()).status();
+        if common::exit_within(&mut self.child, Duration::from_secs(5)).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// nginx in front passes every request an instance serves: a proxied body
+/// of several MiB (`upstream.maxRequestBytes` is 32 MiB by default) and a
+/// header line of 12 KiB (an instance reads 16 KiB of head) reach the
+/// instance rather than being refused by nginx's own limits, in HTML.
+#[test]
+fn the_nginx_alternative_passes_what_an_instance_serves() {
+    let up = MockUpstream::start(|_| ok("done", ""));
+    let pool = format!(r#""upstream":{{"url":"{}","hosts":["px.example"]}}"#, up.url());
+    let server = common::TestServer::start(&common::config(&pool, ""));
+    let Some(nginx) = Nginx::start(&[server.addr], "px.example p;") else { return };
+    let body = vec![b'a'; 3 << 20];
+    let mut raw = format!(
+        "POST /v1/files HTTP/1.1\r\nHost: px.example\r\nX-Nthpool-Key: {}\r\nContent-Length: {}\r\n\r\n",
+        common::KEY,
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&body);
+    let r = nginx.request(&raw);
+    assert_eq!((r.status, &r.body[..]), (200, &b"done"[..]), "{r:?}");
+    assert_eq!(up.seen().last().map(|s| s.body.len()), Some(body.len()));
+
+    let pad = "a".repeat(12 << 10);
+    let r = nginx.request(&post("/pools/p/lock/acquire", common::KEY, &format!("X-Pad: {pad}\r\n"), ""));
+    assert_eq!(r.status, 200, "{r:?}");
+}
+
 /// A pool's own proxy listener cannot be run behind HAProxy: every instance
 /// would bind it (all but the first failing), and traffic there would
 /// bypass the placement. The script refuses such a configuration, naming

@@ -1424,6 +1424,22 @@ fn the_nginx_alternative_passes_what_an_instance_serves() {
     assert_eq!(r.status, 200, "{r:?}");
 }
 
+/// nginx's own answers read as nthpool's: JSON with an error code and a
+/// sentence, and `Retry-After` where a retry helps (an instance that
+/// cannot be reached), not nginx's HTML pages.
+#[test]
+fn the_nginx_alternatives_own_answers_read_as_nthpools() {
+    let Some(nginx) = Nginx::start(&[common::refused_addr()], "") else { return };
+    let r = nginx.request(&post("/pools/p/lock/acquire", common::KEY, "", ""));
+    assert_eq!((r.status, r.error_code(), r.header("retry-after")), (502, "bad_gateway".into(), Some("1")), "{r:?}");
+    assert!(r.json()["message"].as_str().is_some_and(|m| m.ends_with('.')), "{r:?}");
+    let r = nginx.request(b"POST /pools/p/lock/acquire HTTP/1.1\r\nHost: x\r\nBad Header: k\r\n\r\n");
+    assert_eq!((r.status, r.error_code()), (400, "bad_request".into()), "{r:?}");
+    let line = format!("POST /pools/p/lock/acquire HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n", "a".repeat(17 << 10));
+    let r = nginx.request(line.as_bytes());
+    assert_eq!((r.status, r.error_code()), (400, "bad_request".into()), "{r:?}");
+}
+
 /// A pool's own proxy listener cannot be run behind HAProxy: every instance
 /// would bind it (all but the first failing), and traffic there would
 /// bypass the placement. The script refuses such a configuration, naming

@@ -171,11 +171,16 @@ defaults
     # A failed connection is retried on the same instance, never redispatched to
     # another: a pool must not move while its instance still counts as up.
     retries 2
-    # HAProxy's own answers, when the instance of a pool is unreachable (503)
-    # or drops a request (502), in nthpool's shape: JSON with an error code and
-    # one sentence, and a Retry-After, as the lock API answers every error.
+    # HAProxy's own answers in nthpool's shape: JSON with an error code and
+    # one sentence, and a Retry-After, as the lock API answers every error:
+    # its own failure (500), the instance of a pool unreachable (503),
+    # dropping a request (502) or silent past timeout server (504). (A head
+    # HAProxy cannot parse is refused by its connection layer, 400/408/422,
+    # with its built-in page: HAProxy 2.6 has no setting that replaces it.)
+    http-error status 500 content-type application/json hdr Retry-After 1 string '{"error":"internal_error","message":"The proxy in front of the pools failed on this request; retry in a second."}'
     http-error status 502 content-type application/json hdr Retry-After 1 string '{"error":"bad_gateway","message":"The instance serving this pool dropped the request; retry in a second."}'
     http-error status 503 content-type application/json hdr Retry-After 1 string '{"error":"unavailable","message":"No instance can serve this pool right now; retry in a second."}'
+    http-error status 504 content-type application/json hdr Retry-After 1 string '{"error":"gateway_timeout","message":"The instance serving this pool did not answer in time; retry in a second."}'
 
 peers cluster
     peer local 127.0.0.1:$((PORT + 2))

@@ -1098,6 +1098,51 @@ fn haproxys_own_answers_read_as_nthpools() {
     assert!(body["message"].as_str().is_some_and(|m| m.ends_with('.')), "{body}");
 }
 
+/// HAProxy's answer when an instance takes longer than `timeout server`
+/// reads as nthpool's: JSON with an error code and a sentence, and a
+/// `Retry-After`, not HAProxy's HTML page. The configuration is the
+/// script's, its timeout shortened and its health check off; the instance
+/// accepts and never answers.
+#[test]
+fn haproxys_answer_to_a_silent_instance_reads_as_nthpools() {
+    if !haproxy_available() {
+        return;
+    }
+    let dir = scratch_dir();
+    let port = free_base_port(1);
+    let out = Command::new("bash")
+        .arg(SCRIPT)
+        .args(["--print-haproxy", "--instances", "1", "--port", &port.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace("timeout server 660000ms", "timeout server 300ms")
+        .replace(&format!("127.0.0.1:{} ", port + 11), &format!("{} ", silent.local_addr().unwrap()))
+        .replace(&format!("check port {} ", port + 21), "");
+    std::fs::write(dir.join("haproxy.cfg"), config).unwrap();
+    std::fs::write(dir.join("hosts.map"), "").unwrap();
+    let mut haproxy = Command::new("haproxy").arg("-f").arg(dir.join("haproxy.cfg")).arg("-db").spawn().unwrap();
+    eventually("HAProxy listens", || TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&post("/pools/p/lock/acquire", KEY, "", "")).unwrap();
+    let r = read_response(&mut s).expect("an answer from HAProxy");
+    let _ = haproxy.kill();
+    let _ = haproxy.wait();
+    drop(silent);
+    assert_eq!(
+        (r.status, r.header("content-type"), r.header("retry-after")),
+        (504, Some("application/json"), Some("1")),
+        "{r:?}"
+    );
+    let body = r.json();
+    assert_eq!(body["error"], "gateway_timeout", "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| m.ends_with('.')), "{body}");
+}
+
 /// A map older than the instances' configuration places a host by the pool
 /// it named before a reload moved the host to another pool. When such a
 /// request is the first of that pool after its instance went down, it is

@@ -35,7 +35,10 @@
 # address, 127.0.0.2/32, to every pool's `access.trustedProxies`: an instance
 # honours `X-Nthpool-Moved` only from a trusted proxy), and without a pool's
 # `upstream.listen` (refused: behind HAProxy, proxy traffic is placed by its
-# Host, `upstream.hosts`); without --config a demo
+# Host, `upstream.hosts`). Each instance runs in DIR/nI: a relative accessLog
+# or stateFile is its own, and the files FILE reads (jwksFile, caFile,
+# ${file:PATH}) are found from the directory the script is started in, as
+# nthpool started there would find them. Without --config a demo
 # with pools dept-a … dept-f (key cluster-demo-key) is used, named so that
 # HAProxy's hash places two on each of the default three instances.
 #
@@ -58,6 +61,9 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# Where the script was started: relative paths of files FILE names are read
+# from here, as nthpool started here with FILE would read them.
+START_DIR=$PWD
 N=3
 CONFIG=
 DIR=/tmp/nthpool-cluster
@@ -493,9 +499,19 @@ for i in $(seq 1 "$N"); do
     # HAProxy reaches the instances from $PROXY_SOURCE: each pool trusts it,
     # so its X-Forwarded-For names the caller and its X-Nthpool-Moved is
     # honoured, and from no other address.
-    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" --arg proxy "$PROXY_SOURCE/32" \
-        '. + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}
-        | .pools |= map_values(.access.trustedProxies |= ((. // []) + [$proxy] | unique))' \
+    # Each instance runs in its own directory, and reads relative paths from
+    # there: the files FILE names (jwksFile, caFile, ${file:PATH}) are given
+    # to it by their path from START_DIR; accessLog and stateFile stay
+    # relative, one per instance.
+    jq --arg admin "127.0.0.1:$((PORT + 20 + i))" --arg proxy "$PROXY_SOURCE/32" --arg base "$START_DIR" \
+        'def from_base: if type == "string" and (startswith("/") | not) then "\($base)/\(.)" else . end;
+        . + {adminListen: $admin, slotSecretFile: "../nthpool.secret"}
+        | .pools |= map_values(.access.trustedProxies |= ((. // []) + [$proxy] | unique)
+            | if .access.cloudflareAccess.jwksFile? then .access.cloudflareAccess.jwksFile |= from_base else . end
+            | if .upstream.caFile? then .upstream.caFile |= from_base else . end
+            | if .upstream.setHeaders? | type == "object" then .upstream.setHeaders |= map_values(
+                if type == "string" then gsub("\\$\\{file:(?<p>[^/}][^}]*)\\}"; "${file:\($base)/\(.p)}") else . end)
+              else . end)' \
         "$CONFIG" >"$DIR/n$i/config.json"
     start_instance "n$i"
 done

@@ -1499,6 +1499,54 @@ fn a_pool_with_its_own_proxy_listener_is_refused_by_the_cluster_script() {
     assert!(stderr.contains("sets upstream.listen for pp"), "{stderr}");
 }
 
+/// Each instance runs in a directory of its own, yet the files a
+/// configuration names by a relative path (`jwksFile`, `caFile`,
+/// `${file:PATH}`) are the ones beside the directory the script was
+/// started in, as for `nthpool --config FILE` started there; `accessLog`
+/// and `stateFile` stay relative, one per instance. Checked with a stand-in
+/// for the binary that keeps the configuration it was given and where it ran.
+#[test]
+fn the_cluster_script_gives_each_instance_the_files_its_configuration_names() {
+    if !haproxy_available() {
+        return;
+    }
+    let base = scratch_dir();
+    let config = r#"{"accessLog":"access.log","pools":{"cf":{"keys":["k"],"access":{"cloudflareAccess":
+        {"jwksFile":"keys/certs.json","audience":"a","issuer":"https://team.cloudflareaccess.com"}},
+        "upstream":{"url":"https://api.example","hosts":["cf.example"],"caFile":"ca.pem",
+        "setHeaders":{"Authorization":"Bearer ${file:token.txt} ${file:/run/abs} ${env:HOME}"}}}}}"#;
+    std::fs::write(base.join("pools.json"), config).unwrap();
+    let stand_in = base.join("nthpool");
+    std::fs::write(&stand_in, "#!/bin/sh\npwd > ran-in\ncp config.json given.json\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let port = free_base_port(1);
+    let dir = base.join("cluster");
+    let out = Command::new("bash")
+        .arg(SCRIPT)
+        .args(["--instances", "1", "--config", "pools.json", "--port", &port.to_string(), "--bin", "nthpool", "--dir"])
+        .arg(&dir)
+        .current_dir(&*base)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("instance n1 did not start"), "{stderr}");
+    let ran_in = PathBuf::from(std::fs::read_to_string(dir.join("n1/ran-in")).unwrap().trim());
+    let given: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("n1/given.json")).unwrap()).unwrap();
+    let read = |path: &serde_json::Value| ran_in.join(path.as_str().unwrap());
+    let pool = &given["pools"]["cf"];
+    assert_eq!(read(&pool["access"]["cloudflareAccess"]["jwksFile"]), base.join("keys/certs.json"), "{given}");
+    assert_eq!(read(&pool["upstream"]["caFile"]), base.join("ca.pem"), "{given}");
+    let token = format!("${{file:{}}}", base.join("token.txt").display());
+    assert_eq!(
+        pool["upstream"]["setHeaders"]["Authorization"],
+        format!("Bearer {token} ${{file:/run/abs}} ${{env:HOME}}"),
+        "{given}"
+    );
+    assert_eq!(read(&given["accessLog"]), dir.join("n1/access.log"), "one access log per instance");
+}
+
 #[test]
 fn a_cluster_stopped_and_started_again_starts_every_pool_in_its_window() {
     // The stop ends HAProxy, and its table of where failed-over pools live:

@@ -451,42 +451,7 @@ fn a_queued_request_never_carries_the_old_upstreams_credentials_to_a_new_one() {
 /// token, so the requests after it, sent afresh, find both.
 #[test]
 fn a_queued_request_whose_upstream_a_reload_changed_is_answered_at_once_and_takes_no_slot() {
-    let (up, answer) = answering_when_told("first");
-    let pool = |secret: &str| {
-        config(
-            &format!(
-                r#""concurrency":1,"adaptive":false,"rpm":1,"rpmBurst":2,"queue":{{"size":10,"timeoutMs":30000}},
-                "upstream":{{"url":"{}","hosts":["{HOST}"],"setHeaders":{{"Authorization":"Bearer {secret}"}}}}"#,
-                up.url()
-            ),
-            "",
-        )
-    };
-    let server = TestServer::start(&pool("one"));
-    let mut first = server.connect();
-    first.write_all(&proxied("GET", "/one", "", "")).unwrap();
-    eventually("the first request holds the slot", || up.seen().len() == 1);
-    let mut second = server.connect();
-    second.write_all(&proxied("GET", "/two", "", "")).unwrap();
-    eventually("the second request waits", || server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(1.0));
-
-    server.reload(&pool("two"));
-    eventually("the waiter leaves the queue at the reload", || {
-        server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(0.0)
-    });
-    let r = read_any(&mut second).expect("the waiter is answered");
-    assert_eq!((r.status, r.error_code().as_str()), (503, "unavailable"), "{r:?}");
-    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
-    assert_eq!(server.metric(r#"nthpool_slots_held{pool="p"}"#), Some(1.0), "the first still holds the slot");
-    assert_eq!(server.metric(r#"nthpool_grants_total{pool="p"}"#), Some(1.0), "the waiter took no grant");
-    assert_eq!(server.metric(r#"nthpool_rpm_tokens{pool="p"}"#), Some(1.0), "nor a rate token");
-
-    answer.store(true, std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(read_any(&mut first).expect("the first answer").status, 200);
-    let r = exchange(&server, &proxied("GET", "/three", "", ""));
-    assert_eq!((r.status, r.body.as_slice()), (200, &b"first"[..]), "{r:?}");
-    assert_eq!(up.seen()[1].header("authorization"), Some("Bearer two".to_string()));
-    assert_eq!(up.seen().len(), 2, "the waiter never reached the upstream");
+    a_reload_answers_the_queued_request_whose_upstream_it_changed(1);
 }
 
 /// The same when the reload that changes the upstream also raises the
@@ -495,6 +460,12 @@ fn a_queued_request_whose_upstream_a_reload_changed_is_answered_at_once_and_take
 /// its way out, and the next request, sent afresh, finds them.
 #[test]
 fn a_queued_request_whose_upstream_a_raising_reload_changed_takes_no_slot_it_frees() {
+    a_reload_answers_the_queued_request_whose_upstream_it_changed(2);
+}
+
+/// A pool of one slot whose upstream one request holds while a second
+/// waits; the reload gives it `concurrency` and a new key for the upstream.
+fn a_reload_answers_the_queued_request_whose_upstream_it_changed(concurrency: u32) {
     let (up, answer) = answering_when_told("first");
     let pool = |concurrency: u32, secret: &str| {
         config(
@@ -514,12 +485,16 @@ fn a_queued_request_whose_upstream_a_raising_reload_changed_takes_no_slot_it_fre
     second.write_all(&proxied("GET", "/two", "", "")).unwrap();
     eventually("the second request waits", || server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(1.0));
 
-    server.reload(&pool(2, "two"));
+    server.reload(&pool(concurrency, "two"));
+    eventually("the waiter leaves the queue at the reload", || {
+        server.metric(r#"nthpool_waiters{pool="p"}"#) == Some(0.0)
+    });
     let r = read_any(&mut second).expect("the waiter is answered");
     assert_eq!((r.status, r.error_code().as_str()), (503, "unavailable"), "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert_eq!(server.metric(r#"nthpool_slots_held{pool="p"}"#), Some(1.0), "the first still holds the slot");
     assert_eq!(server.metric(r#"nthpool_grants_total{pool="p"}"#), Some(1.0), "the waiter took no grant");
     assert_eq!(server.metric(r#"nthpool_rpm_tokens{pool="p"}"#), Some(1.0), "nor a rate token");
-    assert_eq!(server.metric(r#"nthpool_slots_held{pool="p"}"#), Some(1.0), "nor a slot");
 
     answer.store(true, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(read_any(&mut first).expect("the first answer").status, 200);

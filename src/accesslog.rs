@@ -234,8 +234,9 @@ impl AccessLog {
             std::mem::swap(&mut self.sink, &mut other.sink);
         }
         self.path = other.path;
-        self.end_failing("the log was reopened");
+        // After the torn rest is dropped: that line too was lost to the failure.
         self.drop_torn_rest_if_moved();
+        self.end_failing("the log was reopened");
         self.end_foreign_line();
     }
 

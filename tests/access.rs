@@ -1412,29 +1412,11 @@ fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
     // into: once the limit is lifted the file holds whole JSON lines only,
     // and the server's log says how many were dropped meanwhile.
     let s = TestServer::start_logged(&config_with_access_log(""), "warn");
-    let soft_limit = |limit: &str| {
-        std::process::Command::new("prlimit")
-            .arg("--pid")
-            .arg(s.pid().to_string())
-            .arg(format!("--fsize={limit}:"))
-            .status()
-            .is_ok_and(|status| status.success())
-    };
-    if !soft_limit("1000") {
-        eprintln!("skipped: `prlimit` cannot set the server's file size limit here");
+    if !tear_a_line_at_a_file_size_limit(&s) {
         return;
     }
-    // About 190 bytes a line: the sixth crosses the limit.
-    for i in 0..12 {
-        assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", &format!("acquire {i}"));
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while get_metric(&s, "nthpool_access_log_write_errors_total") == 0 {
-        assert!(Instant::now() < deadline, "no log write ever failed");
-        thread::sleep(Duration::from_millis(20));
-    }
     assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "after the failed write");
-    assert!(soft_limit("unlimited"), "the limit could not be lifted");
+    assert!(file_size_limit(&s, "unlimited"), "the limit could not be lifted");
     assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", "after the limit");
     let lines = get_metric(&s, "nthpool_access_log_lines_total");
     assert_eq!(lines, 14);
@@ -1460,6 +1442,55 @@ fn a_file_size_limit_costs_counted_lines_never_the_server_nor_a_whole_line() {
     assert_eq!(log.matches("access log write failed").count(), 1, "{log}");
     let said = format!("access log: writes work again; {dropped} lines were dropped while its writes failed");
     assert!(log.contains(&said), "{log}");
+}
+
+/// A log rotated while its writes fail halfway through a line: the rest
+/// of that line is dropped at the reopen, and the count the reopen writes
+/// in the server's log includes it, as the dropped-lines counter does.
+#[test]
+fn a_reopen_while_writes_fail_counts_the_torn_line_it_drops() {
+    let s = TestServer::start_logged(&config_with_access_log(""), "warn");
+    if !tear_a_line_at_a_file_size_limit(&s) {
+        return;
+    }
+    std::fs::rename(s.dir.join("access.log"), s.dir.join("access.log.1")).unwrap();
+    s.signal("USR1");
+    eventually("the reopen is logged", || s.log().contains("the log was reopened;"));
+    let dropped = get_metric(&s, "nthpool_access_log_dropped_total");
+    let rotated = std::fs::read_to_string(s.dir.join("access.log.1")).unwrap();
+    assert!(!rotated.ends_with('\n'), "the write was not torn, nothing to drop at the reopen: {rotated}");
+    let said = format!("access log: the log was reopened; {dropped} lines were dropped while its writes failed");
+    let log = s.log();
+    assert!(log.contains(&said), "{log}");
+}
+
+/// Sets the server's soft file size limit (`prlimit`): false where it cannot.
+fn file_size_limit(s: &TestServer, limit: &str) -> bool {
+    std::process::Command::new("prlimit")
+        .arg("--pid")
+        .arg(s.pid().to_string())
+        .arg(format!("--fsize={limit}:"))
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Under a file size limit of 1 000 bytes, 12 refused acquires (about 190
+/// bytes a line: the sixth is torn at the limit), until a log write has
+/// failed; false (the test is skipped) where the limit cannot be set.
+fn tear_a_line_at_a_file_size_limit(s: &TestServer) -> bool {
+    if !file_size_limit(s, "1000") {
+        eprintln!("skipped: `prlimit` cannot set the server's file size limit here");
+        return false;
+    }
+    for i in 0..12 {
+        assert_refused(&s.request(&post(ACQUIRE, "wrong-key", "", "")), 401, "unauthorized", &format!("acquire {i}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get_metric(s, "nthpool_access_log_write_errors_total") == 0 {
+        assert!(Instant::now() < deadline, "no log write ever failed");
+        thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
 
 /// A scratch directory holding a named pipe, `access.fifo`, and a

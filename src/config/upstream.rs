@@ -336,7 +336,8 @@ fn parse_url(url: &str) -> Result<Target, ConfigError> {
         if url.contains(['@', '?']) {
             return field("url", format!("{why} (the URL is not shown: a user or a query in it may be a credential)"));
         }
-        let authority = url.find("://").map_or(0, |at| at + 3);
+        // A scheme's `://` only: one further on (`api.example/x://…`) is in the path.
+        let authority = url.find("://").filter(|&at| !url[..at].contains(['/', '#'])).map_or(0, |at| at + 3);
         match url[authority..].find(['/', '#']).map(|at| authority + at + 1) {
             Some(cut) if cut < url.len() => {
                 let shown = format!("{}…", &url[..cut]);
@@ -516,6 +517,8 @@ mod tests {
             ("https://api.example/botSECRET", r#""https://api.example/…""#),
             ("https://api.example#SECRET", r#""https://api.example#…""#),
             ("api.example/SECRET", r#""api.example/…""#),
+            ("api.example/hook://SECRET", r#""api.example/…""#),
+            ("api.example#x://SECRET", r#""api.example#…""#),
         ] {
             let e = parse_url(bad).unwrap_err().0;
             assert!(e.starts_with(&format!("upstream.url: {shown}: must ")), "{bad}: {e}");

@@ -407,11 +407,17 @@ fn plain_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
 }
 
+/// A `${file:…}` path's names (between its `/` and `.`) are at most this
+/// long to be quoted: a JWT's parts between its dots are longer.
+const PATH_PART_SHOWN_BYTES: usize = 40;
+
 /// Whether a `${file:…}` path may be quoted in an error: one that reads as
 /// a path (`/run/secrets/key`, `key.txt`), not a value written where the
-/// path goes (`${file:sk-live-…}`: API keys hold neither `/` nor `.`).
+/// path goes (`${file:sk-live-…}`: API keys hold neither `/` nor `.`; nor
+/// `${file:eyJhbGciOi….eyJzdWIi….SflKxwRJ…}`, a JWT, whose signature alone
+/// is 43 characters or more).
 fn reads_as_path(path: &str) -> bool {
-    path.contains(['/', '.'])
+    path.contains(['/', '.']) && path.split(['/', '.']).all(|name| name.len() <= PATH_PART_SHOWN_BYTES)
 }
 
 /// Replaces every `${env:NAME}` and `${file:PATH}` in `value`. A file's
@@ -578,6 +584,7 @@ mod tests {
         assert_eq!(resolved.unwrap(), "Bearer sk-123/from-file");
         assert!(resolve("${env:NTHPOOL_UPSTREAM_TEST_MISSING}").unwrap_err().contains("NTHPOOL_UPSTREAM_TEST_MISSING"));
         assert!(resolve("${file:/nonexistent/nthpool}").unwrap_err().contains("/nonexistent/nthpool"));
+        assert!(resolve("${file:missing-key.txt}").unwrap_err().contains("cannot read missing-key.txt:"));
         let named: Vec<&str> = file_references("a ${file:x} ${env:Y}${file:/run/z}, $ {file:no}").collect();
         assert_eq!(named, ["x", "/run/z"], "the files a value reads");
         assert!(resolve("${vault:x}").is_err());
@@ -586,7 +593,10 @@ mod tests {
         }
         assert!(resolve("${env:X").is_err());
         assert!(resolve("${API_KEY}").unwrap_err().contains("`${API_KEY}` is neither"), "a name is quoted");
-        for pasted in ["Bearer ${sk-live-SECRET}", "Bearer ${env:sk-live-SECRET}", "Bearer ${file:sk-live-SECRET}"] {
+        let jwt = "Bearer ${file:eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJTRUNSRVQiLCJuYW1lIjoiSm9obiBEb2UifQ.\
+                   SECRETSECRETSECRETSECRETSECRETSECRETSECRET}";
+        for pasted in ["Bearer ${sk-live-SECRET}", "Bearer ${env:sk-live-SECRET}", "Bearer ${file:sk-live-SECRET}", jwt]
+        {
             let e = resolve(pasted).unwrap_err();
             assert!(e.ends_with("(not shown: it may be a secret)") && !e.contains("SECRET"), "{pasted}: {e}");
         }

@@ -288,7 +288,10 @@ impl AccessLog {
         if !self.buf.is_empty() {
             let lines = count_lines(&self.buf);
             self.dropped += lines;
-            warn!("access log: {lines} lines were not taken by its reader before the stop and are lost");
+            // Lost to failing writes, not to a reader: counted with them below.
+            if self.failing.is_none() {
+                warn!("access log: {lines} lines were not taken by its reader before the stop and are lost");
+            }
             self.buf.clear();
             // The rest of a torn line is gone with them: its line is ended
             // if the file takes a newline now (else the next start ends it).

@@ -1464,6 +1464,27 @@ fn a_reopen_while_writes_fail_counts_the_torn_line_it_drops() {
     assert!(log.contains(&said), "{log}");
 }
 
+/// A stop that finds the log's writes still failing says so, counting
+/// every line dropped since they began, those it drops itself included;
+/// it does not say a reader left them, as of a pipe's.
+#[test]
+fn a_stop_while_writes_fail_counts_what_it_drops_with_the_failures() {
+    let mut s = TestServer::start_logged(&config_with_access_log(""), "warn");
+    if !tear_a_line_at_a_file_size_limit(&s) {
+        return;
+    }
+    let lines = get_metric(&s, "nthpool_access_log_lines_total");
+    s.signal("TERM");
+    let status = exit_within(&mut s.child, Duration::from_secs(10)).expect("the server exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read(s.dir.join("access.log")).unwrap();
+    let whole = text.iter().filter(|&&c| c == b'\n').count() as u64;
+    let log = s.log();
+    let said = format!("its writes still fail at the stop; {} lines were dropped since they began", lines - whole);
+    assert!(log.contains(&said), "{lines} lines, {whole} in the file: {log}");
+    assert!(!log.contains("not taken by its reader"), "{log}");
+}
+
 /// Sets the server's soft file size limit (`prlimit`): false where it cannot.
 fn file_size_limit(s: &TestServer, limit: &str) -> bool {
     std::process::Command::new("prlimit")

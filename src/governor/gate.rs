@@ -1,27 +1,65 @@
 //! The requests-per-minute gate: a token bucket, refilled lazily.
 //!
-//! The bucket holds `burst` tokens and gains one every `60000 / rpm` ms
-//! (kept in microseconds so odd rates do not drift). It never scans or
-//! sleeps and has no timer of its own: the governor calls `refill(now)`
-//! whenever it is about to ask for a token (an acquire, a pump of the
-//! queue), and when waiters are held back by the rate it arms the pool's
-//! one wake-up entry on the wheel at `now + wait_ms(now)`, the next token.
+//! The bucket holds `burst` tokens and gains one every `60000 / rpm` ms.
+//! Each token's instant is counted from the start of the refill schedule
+//! as an exact fraction of a minute (in µs, rounded up), not by adding a
+//! rounded interval token after token: a minute gives exactly `rpm` tokens
+//! at any rate, 7 or 45 000 000. It never scans or sleeps and has no timer
+//! of its own: the governor calls `refill(now)` whenever it is about to ask
+//! for a token (an acquire, a pump of the queue), and when waiters are held
+//! back by the rate it arms the pool's one wake-up entry on the wheel at
+//! `now + wait_ms(now)`, the next token.
 
 use crate::time::Ms;
+
+/// A minute, in µs: `rpm` tokens come in each.
+const MINUTE_US: u64 = 60_000_000;
 
 #[derive(Debug, Clone)]
 pub struct TokenBucket {
     tokens: u32,
     burst: u32,
-    interval_us: u64,
-    /// When the next token arrives, in µs; meaningful only while not full.
+    rpm: u32,
+    /// Where the refill schedule starts, in µs: its token `k` (from 0)
+    /// comes at `from_us + ceil(k * MINUTE_US / rpm)`.
+    from_us: u64,
+    /// The schedule's tokens added so far (kept under `rpm`: every `rpm`
+    /// tokens, `from_us` moves on by a minute).
+    added: u64,
+    /// When the next token arrives, in µs (the schedule's token `added`);
+    /// meaningful only while not full.
     next_refill_us: u64,
 }
 
 impl TokenBucket {
     pub fn new(rpm: u32, burst: u32) -> TokenBucket {
         debug_assert!(rpm > 0 && burst > 0);
-        TokenBucket { tokens: burst, burst, interval_us: (60_000_000 / rpm as u64).max(1), next_refill_us: 0 }
+        TokenBucket { tokens: burst, burst, rpm, from_us: 0, added: 0, next_refill_us: 0 }
+    }
+
+    /// Sets the refill schedule: from `from_us`, `added` of its tokens
+    /// added. Every `rpm` tokens are one whole minute: the start moves on by
+    /// them, so `added * MINUTE_US` stays well inside 64 bits.
+    fn schedule(&mut self, from_us: u64, added: u64) {
+        let rpm = u64::from(self.rpm);
+        self.from_us = from_us + added / rpm * MINUTE_US;
+        self.added = added % rpm;
+        self.next_refill_us = self.from_us + (self.added * MINUTE_US).div_ceil(rpm);
+    }
+
+    /// Starts the schedule over at `now_us`, as if a token had just come:
+    /// the next is one interval away.
+    fn restart(&mut self, now_us: u64) {
+        self.schedule(now_us, 1);
+    }
+
+    /// Starts the schedule over with its next token at `next_us`, or one
+    /// interval after `now_us` if that is sooner.
+    fn next_no_later_than_an_interval(&mut self, next_us: u64, now_us: u64) {
+        self.restart(now_us);
+        if next_us < self.next_refill_us {
+            self.schedule(next_us, 0);
+        }
     }
 
     /// Changes rate and size (a reload), at once: tokens due at the old rate
@@ -31,14 +69,13 @@ impl TokenBucket {
     pub fn reconfigure(&mut self, rpm: u32, burst: u32, now: Ms) {
         self.refill(now);
         let was_full = self.is_full();
-        self.interval_us = (60_000_000 / rpm as u64).max(1);
+        self.rpm = rpm;
         self.burst = burst;
         self.tokens = self.tokens.min(burst);
-        let soonest = now * 1000 + self.interval_us;
         if was_full {
-            self.next_refill_us = soonest;
+            self.restart(now * 1000);
         } else {
-            self.next_refill_us = self.next_refill_us.min(soonest);
+            self.next_no_later_than_an_interval(self.next_refill_us, now * 1000);
         }
     }
 
@@ -56,7 +93,7 @@ impl TokenBucket {
     /// saved level can say, whatever the file holds).
     pub fn restore_level(&mut self, tokens: u32, next_refill_us: u64, now: Ms) {
         self.tokens = tokens.min(self.burst);
-        self.next_refill_us = next_refill_us.min(now.saturating_mul(1000).saturating_add(self.interval_us));
+        self.next_no_later_than_an_interval(next_refill_us, now.saturating_mul(1000));
     }
 
     /// The tokens there will be at `now` once refilled, without refilling:
@@ -71,8 +108,11 @@ impl TokenBucket {
         if self.is_full() || self.next_refill_us > now_us {
             return 0;
         }
-        let due = (now_us - self.next_refill_us) / self.interval_us + 1;
-        due.min(u64::from(self.burst - self.tokens)) as u32
+        // Token `k` has come when `k * MINUTE_US / rpm <= now_us - from_us`
+        // (whole µs on the right, so the rounding up changes nothing). A
+        // product past 64 bits is more than any bucket holds.
+        let came = (now_us - self.from_us).saturating_mul(u64::from(self.rpm)) / MINUTE_US + 1;
+        (came - self.added).min(u64::from(self.burst - self.tokens)) as u32
     }
 
     pub fn is_full(&self) -> bool {
@@ -98,18 +138,21 @@ impl TokenBucket {
             // left the schedule (0 for a bucket that started full).
             let now_us = now * 1000;
             if self.next_refill_us <= now_us {
-                self.next_refill_us = now_us + self.interval_us;
+                self.restart(now_us);
             }
         }
         self.tokens -= 1;
     }
 
-    /// Adds every token that has come due by `now`, each one interval after
-    /// the one before.
+    /// Adds every token that has come due by `now`, each at its instant in
+    /// the schedule.
     pub fn refill(&mut self, now: Ms) {
         let due = self.due(now);
+        if due == 0 {
+            return;
+        }
         self.tokens += due;
-        self.next_refill_us += u64::from(due) * self.interval_us;
+        self.schedule(self.from_us, self.added + u64::from(due));
     }
 
     /// When the next token is due, or `None` when full (the governor arms
@@ -180,6 +223,26 @@ mod tests {
         assert_eq!(b.tokens(), 6);
         b.refill(60_000);
         assert_eq!(b.tokens(), 7);
+    }
+
+    #[test]
+    fn a_minute_gives_exactly_rpm_tokens_at_any_rate() {
+        // Emptied at once and every millisecond for a minute: the burst,
+        // then exactly `rpm` more, at rates whose interval is no whole
+        // number of µs (7 000 000: 8.57 µs; 40 000 000: 1.5 µs) as well.
+        for rpm in [7, 60, 7_000, 45_000, 700_000, 3_500_000, 7_000_000, 40_000_000, 60_000_000] {
+            let burst = rpm / 60_000 + 1;
+            let mut b = TokenBucket::new(rpm, burst);
+            let mut taken = 0u64;
+            for now in 0..=60_000 {
+                b.refill(now);
+                while b.has_token() {
+                    b.take(now);
+                    taken += 1;
+                }
+            }
+            assert_eq!(taken, u64::from(burst) + u64::from(rpm), "rpm {rpm}");
+        }
     }
 
     #[test]

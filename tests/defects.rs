@@ -99,6 +99,25 @@ fn retry_after_is_the_latest_of_the_gates_that_block() {
     assert!(r.header_u64("Retry-After") >= 50, "{r:?}");
 }
 
+#[test]
+fn an_acquire_pipelined_behind_a_waiter_counts_its_budget_from_when_it_was_read() {
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#, ""));
+    let _held = s.acquire("", "").slot();
+    let mut c = s.connect();
+    let mut raw = post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":1000}"#);
+    raw.extend(post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":1000}"#));
+    let sent = Instant::now();
+    c.write_all(&raw).unwrap();
+    let first = read_response(&mut c).expect("the first waiter is answered");
+    assert_eq!((first.status, first.error_code().as_str()), (504, "queue_timeout"), "{first:?}");
+    // The second was read with the first: its second ran out with the first's.
+    let second = read_response(&mut c).expect("the second waiter is answered");
+    let took = sent.elapsed();
+    assert_eq!((second.status, second.error_code().as_str()), (504, "queue_timeout"), "{second:?}");
+    assert!(took < Duration::from_millis(1500), "answered {took:?} after both were sent, not a budget after the first");
+    assert!(second.header_u64("x-nthpool-queued-ms") >= 1000, "it waited its whole budget: {second:?}");
+}
+
 // ------------------------------------------------------------ 5: admin budget
 
 /// `n` public connections, each known to be accepted (it got an answer).

@@ -53,6 +53,10 @@ pub struct Ctx {
     pub close: bool,
     /// When the reactor turn that read this request began.
     pub started: Instant,
+    /// When the request was read (`now.ms` unless it waited in its
+    /// connection's input, behind a queued acquire): its wait budget runs
+    /// from here.
+    pub read: Ms,
 }
 
 /// An acquire in progress: what its answer and its log line need.
@@ -682,14 +686,16 @@ impl App {
                 let attempt = Attempt { pool: pid, client: addr, wait_ms, started: ctx.started };
                 let (owner, now) = (ctx.conn.owner(), ctx.now.ms);
                 let admission = match head.api.idempotency_key() {
-                    None => self.gov.acquire(pid, attempt.wait_ms, owner, now),
+                    None => self.gov.acquire_read_at(pid, attempt.wait_ms, owner, ctx.read, now),
                     Some(raw) => {
                         // Scopes the key to the pool key that presented it (which
                         // was checked: the hash only tells the pool's keys apart).
                         let presented = self.creds[pid.0 as usize].keys.presented(head).unwrap_or_default();
                         let credential = crate::governor::fnv1a(crate::governor::FNV_OFFSET, presented);
                         let key = IdemKey::new(credential, crate::http::trim(raw)).ok_or(BAD_IDEMPOTENCY_KEY)?;
-                        self.gov.acquire_keyed(pid, &key, attempt.wait_ms, owner, now).map_err(|_| KEYS_FULL)?
+                        let admission =
+                            self.gov.acquire_keyed_read_at(pid, &key, attempt.wait_ms, owner, ctx.read, now);
+                        admission.map_err(|_| KEYS_FULL)?
                     }
                 };
                 match admission {

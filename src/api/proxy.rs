@@ -182,7 +182,7 @@ impl App {
             return Ok(None);
         }
         let attempt = Attempt { pool: pid, client, wait_ms, started: ctx.started };
-        let admission = self.gov.acquire(pid, wait_ms, ctx.conn.owner(), ctx.now.ms);
+        let admission = self.gov.acquire_read_at(pid, wait_ms, ctx.conn.owner(), ctx.read, ctx.now.ms);
         match &admission {
             Admission::Denied(denial) => {
                 let line = method_and_path(head);

@@ -410,6 +410,16 @@ impl<T: Copy> Governor<T> {
     /// it is clamped to the pool's queue timeout. `owner` identifies the
     /// caller in the notice that later answers a queued acquire.
     pub fn acquire(&mut self, pid: PoolId, wait_ms: u64, owner: u64, now: Ms) -> Admission {
+        self.acquire_read_at(pid, wait_ms, owner, now, now)
+    }
+
+    /// `acquire` of a request read at `read` (at most `now`): its wait
+    /// budget runs from then. A request that waited in its connection's
+    /// input behind a queued acquire comes with part of its budget spent;
+    /// with all of it spent it is answered as any wait that ran out (`504`,
+    /// at the next tick), unless a slot is free now.
+    pub fn acquire_read_at(&mut self, pid: PoolId, wait_ms: u64, owner: u64, read: Ms, now: Ms) -> Admission {
+        debug_assert!(read <= now);
         let pool = &mut self.pools[pid.0 as usize];
         pool.refill_gate(now);
         let ramp = pool.learning.rises_at(now);
@@ -427,12 +437,13 @@ impl<T: Copy> Governor<T> {
         if pool.queue.len() >= pool.settings.queue_size {
             return Admission::Denied(self.deny(pid, DenyReason::QueueFull, wait, now));
         }
-        // `now` is whole milliseconds, rounded down: the acquire came up to a
-        // millisecond after it, and a deadline at `now + budget` could answer
+        // `read` is whole milliseconds, rounded down: the acquire came up to a
+        // millisecond after it, and a deadline at `read + budget` could answer
         // 504 before the caller's budget had passed. One more never does.
-        let timer = self.wheel.insert(now + budget + 1, Timer::Waiter(self.waiters.vacant_key()));
+        let deadline = (read + budget + 1).max(now + 1);
+        let timer = self.wheel.insert(deadline, Timer::Waiter(self.waiters.vacant_key()));
         let pool = &mut self.pools[pid.0 as usize];
-        let key = self.waiters.push_back(&mut pool.queue, pid, owner, now, timer);
+        let key = self.waiters.push_back(&mut pool.queue, pid, owner, read, timer);
         if reason != DenyReason::Concurrency {
             self.arm_wake(pid, now + wait);
         } else if let Some(at) = ramp {
@@ -456,6 +467,19 @@ impl<T: Copy> Governor<T> {
         key: &IdemKey,
         wait_ms: u64,
         owner: u64,
+        now: Ms,
+    ) -> Result<Admission, KeyStoreFull> {
+        self.acquire_keyed_read_at(pid, key, wait_ms, owner, now, now)
+    }
+
+    /// `acquire_keyed` of a request read at `read` (see `acquire_read_at`).
+    pub fn acquire_keyed_read_at(
+        &mut self,
+        pid: PoolId,
+        key: &IdemKey,
+        wait_ms: u64,
+        owner: u64,
+        read: Ms,
         now: Ms,
     ) -> Result<Admission, KeyStoreFull> {
         let fails_fast = wait_ms.min(self.pools[pid.0 as usize].settings.queue_timeout_ms) == 0;
@@ -493,7 +517,7 @@ impl<T: Copy> Governor<T> {
         if self.pools[pid.0 as usize].idem.is_full() {
             return Err(KeyStoreFull);
         }
-        let admission = self.acquire(pid, wait_ms, owner, now);
+        let admission = self.acquire_read_at(pid, wait_ms, owner, read, now);
         let store = &mut self.pools[pid.0 as usize].idem;
         match &admission {
             Admission::Granted(grant) => {

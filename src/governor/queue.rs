@@ -30,6 +30,8 @@ impl WaiterKey {
 pub struct Waiter {
     pub pool: PoolId,
     pub owner: u64,
+    /// When its request was read (before it was queued, for one that waited
+    /// in its connection's input): its queued time runs from here.
     pub enqueued_at: Ms,
     pub timer: TimerKey,
     /// Its `Idempotency-Key`'s entry in the pool's store, or `NO_KEY`.

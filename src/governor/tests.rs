@@ -265,6 +265,31 @@ fn queue_deadline_answers_504_and_is_clamped() {
 }
 
 #[test]
+fn a_budget_runs_from_when_the_request_was_read() {
+    let (mut g, p) = governor(r#","concurrency":1,"queue":{"size":10,"timeoutMs":5000},"adaptive":false"#);
+    let held = granted(g.acquire(p, 0, 1, 0));
+    // Read at 100, its turn came at 400: 300 of its 500 ms are left.
+    queued(g.acquire_read_at(p, 500, 2, 100, 400));
+    // Read at 100, its turn at 700: its budget is spent, it is answered at the next tick.
+    queued(g.acquire_read_at(p, 500, 3, 100, 700));
+    g.advance(600);
+    assert!(notices(&mut g).is_empty());
+    for (at, owner) in [(601, 2), (701, 3)] {
+        g.advance(at);
+        match &notices(&mut g)[..] {
+            [Notice::TimedOut { owner: o, denial }] if *o == owner => {
+                assert_eq!(denial.queued_ms, at - 100, "from when it was read")
+            }
+            other => panic!("at {at}: {other:?}"),
+        }
+    }
+    // A slot free when its turn comes is granted, however late.
+    assert!(g.release(p, &id(&held), None, 800));
+    let grant = granted(g.acquire_read_at(p, 500, 4, 100, 900));
+    assert_eq!(grant.queued_ms, 0, "it never queued");
+}
+
+#[test]
 fn full_queue_fails_at_once() {
     let (mut g, p) = governor(r#","concurrency":1,"queue":{"size":2,"timeoutMs":5000}"#);
     granted(g.acquire(p, 0, 1, 0));

@@ -269,6 +269,10 @@ pub struct Conn {
     /// close` (RFC 9112 §9.6); those before it keep the connection for it.
     pub stopping: bool,
     pub last_active: Ms,
+    /// When bytes were last read into the input: no request complete in it
+    /// was read later (one that waits there behind a queued acquire was
+    /// read earlier than the turn that comes to it).
+    pub read_at: Ms,
     pub out_since: Ms,
     pub timer: Option<(Ms, TimerKey)>,
     /// Accepted on a pool's own proxy listener: every request is proxied for it.
@@ -313,6 +317,7 @@ impl Conn {
             last_request: false,
             stopping: false,
             last_active: now,
+            read_at: now,
             out_since: now,
             timer: None,
             listener_pool: None,

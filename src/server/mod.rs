@@ -1209,6 +1209,7 @@ impl Server {
             match io {
                 Ok(io @ (Io::Continue | Io::Drained)) => {
                     conn.last_active = now.ms;
+                    conn.read_at = now.ms;
                     if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
                         conn.request_started = Some(now.ms);
                     }

@@ -91,6 +91,7 @@ impl Server {
                 // closes once they are written (see `Server::flush`).
                 close: !head.keep_alive || conn.last_request,
                 started: *turn_started,
+                read: conn.read_at.min(now.ms),
             };
             // A move is noted first: a request the router placed by a stale
             // map (refused below) moves the pool it was placed by all the

@@ -82,6 +82,21 @@ fn a_reload_that_raises_rpm_applies_at_once() {
     }
 }
 
+#[test]
+fn a_reload_that_leaves_the_rate_alone_brings_no_token_early() {
+    // 30 rpm, burst 1: a token every 2 s, the bucket full.
+    let pool = r#""concurrency":10,"rpm":30,"rpmBurst":1,"adaptive":false"#;
+    let s = TestServer::start(&config(pool, ""));
+    // A reload that changes another pool only (a key rotated there).
+    s.reload(&config(pool, "").replace("other-key", "another-key"));
+    thread::sleep(Duration::from_millis(1500));
+    s.acquire("", "").slot();
+    // The next token is 2 s after that grant, as without the reload, not 2 s after the reload.
+    thread::sleep(Duration::from_millis(700));
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("rate")), "{r:?}");
+}
+
 // ------------------------------------------------------------ 3: Retry-After
 
 #[test]

@@ -65,14 +65,18 @@ impl TokenBucket {
     /// Changes rate and size (a reload), at once: tokens due at the old rate
     /// are added first, tokens above the new size are dropped, and the next
     /// token comes no later than one new interval from now (a raised rate
-    /// does not wait out the old rate's interval).
+    /// does not wait out the old rate's interval). A full bucket a raised
+    /// size leaves room in starts refilling now; one still full keeps its
+    /// schedule as well, so a reload that leaves the rate alone (a key
+    /// rotated) brings no token early: the next grant from a bucket full
+    /// for long restarts the refills from that grant, as without the reload.
     pub fn reconfigure(&mut self, rpm: u32, burst: u32, now: Ms) {
         self.refill(now);
         let was_full = self.is_full();
         self.rpm = rpm;
         self.burst = burst;
         self.tokens = self.tokens.min(burst);
-        if was_full {
+        if was_full && !self.is_full() {
             self.restart(now * 1000);
         } else {
             self.next_no_later_than_an_interval(self.next_refill_us, now * 1000);
@@ -315,6 +319,31 @@ mod tests {
         b.take(0);
         b.reconfigure(1, 1, 500);
         assert_eq!(b.next_refill_ms(), Some(1000));
+    }
+
+    #[test]
+    fn a_reload_that_leaves_a_full_bucket_full_brings_no_token_early() {
+        // 60 rpm, burst 1, full: a reload that changes nothing (a key
+        // rotated) and a grant 900 ms later. The next token is an interval
+        // after that grant, as without the reload, not one after the reload.
+        let mut b = TokenBucket::new(60, 1);
+        b.reconfigure(60, 1, 10_000);
+        b.take(10_900);
+        assert_eq!(b.next_refill_ms(), Some(11_900));
+        // Filled less than an interval before the reload: the schedule goes on.
+        let mut b = TokenBucket::new(60, 1);
+        b.take(0);
+        b.refill(1000);
+        b.reconfigure(60, 1, 1500);
+        b.take(1600);
+        assert_eq!(b.next_refill_ms(), Some(2000));
+        // A raised rate still brings the next token within its interval.
+        let mut b = TokenBucket::new(60, 1);
+        b.take(0);
+        b.refill(1000);
+        b.reconfigure(600, 1, 1500);
+        b.take(1550);
+        assert_eq!(b.next_refill_ms(), Some(1600));
     }
 
     #[test]

@@ -242,8 +242,6 @@ pub const INITIAL_WINDOW: u32 = 16;
 /// concurrency refusal or `concurrency` (slow start, paced by the clock: a
 /// pool whose callers never report must still reach its limit).
 pub const RAMP_DOUBLING_MS: Ms = 100;
-/// How often a queue held back by the start's limit is looked at again.
-pub const RAMP_TICK_MS: Ms = 10;
 /// How far the stamping vote may lean either way.
 pub const STAMP_VOTES: i32 = 8;
 
@@ -513,6 +511,17 @@ impl Learning {
         cap.min(self.concurrency as u64) as u32
     }
 
+    /// The first millisecond after `now` at which `ramp_cap` for a ramp
+    /// begun at `since` has grown by a slot (or doubled: a doubling's end).
+    fn ramp_grows_at(since: Ms, now: Ms) -> Ms {
+        let elapsed = now.saturating_sub(since);
+        let base = (INITIAL_WINDOW as u64) << (elapsed / RAMP_DOUBLING_MS).min(31);
+        let into = elapsed % RAMP_DOUBLING_MS;
+        let grown = base * into / RAMP_DOUBLING_MS;
+        let next = ((grown + 1) * RAMP_DOUBLING_MS).div_ceil(base).min(RAMP_DOUBLING_MS);
+        now + (next - into)
+    }
+
     /// The same state with every instant passed through `at` (a snapshot
     /// moves them from one process's clock to another's). Every field that
     /// is an instant is listed here.
@@ -596,7 +605,10 @@ impl Learning {
     }
 
     /// Raises the start's limit to where the ramp is at `now` (the first
-    /// call starts it); while it runs, says when to look again.
+    /// call starts it); while it runs, says when to look again: the
+    /// millisecond it next grows by a slot, so a queue held back by it is
+    /// granted that slot then (and no acquire meanwhile finds it free with
+    /// waiters queued).
     pub fn ramp(&mut self, now: Ms) -> Option<Ms> {
         let since = match self.start {
             Start::Done => return None,
@@ -611,7 +623,7 @@ impl Learning {
             self.start = Start::Done;
             return None;
         }
-        Some(now + RAMP_TICK_MS)
+        Some(Self::ramp_grows_at(since, now))
     }
 
     /// The learned pause in force at `now`, if any. When a cool-down and
@@ -2047,13 +2059,27 @@ mod tests {
         assert_eq!(l.effective(), 10, "never above concurrency");
     }
 
+    /// A queue held back by the start's limit is looked at again the very
+    /// millisecond the limit grows, never later (nor needlessly sooner).
+    #[test]
+    fn the_ramp_is_looked_at_again_when_it_grows() {
+        let l = Learning::new(1 << 20, true);
+        for now in 0..10 * RAMP_DOUBLING_MS {
+            let at = Learning::ramp_grows_at(0, now);
+            assert!(at > now);
+            assert!(l.ramp_cap(0, at) > l.ramp_cap(0, now), "grown at {at} (from {now})");
+            assert_eq!(l.ramp_cap(0, at - 1), l.ramp_cap(0, now), "not before {at} (from {now})");
+        }
+    }
+
     /// The first burst: a fresh pool grants the initial window, then doubles
     /// it every `RAMP_DOUBLING_MS` until the first concurrency refusal.
     #[test]
     fn a_fresh_pool_starts_small_and_ramps_until_refused() {
         let mut l = Learning::new(64, true);
         assert_eq!(l.effective(), INITIAL_WINDOW);
-        assert_eq!(l.ramp(1000), Some(1000 + RAMP_TICK_MS));
+        // The 17th slot comes 6.25 ms in: looked at again at 7.
+        assert_eq!(l.ramp(1000), Some(1007));
         assert_eq!(l.effective(), INITIAL_WINDOW);
         l.ramp(1000 + RAMP_DOUBLING_MS / 2);
         assert_eq!(l.effective(), INITIAL_WINDOW * 3 / 2);

@@ -290,6 +290,25 @@ fn a_budget_runs_from_when_the_request_was_read() {
 }
 
 #[test]
+fn a_slot_the_starts_ramp_opens_goes_to_the_queue_when_it_opens() {
+    // Adaptive at 64: the start grants 16, then the limit grows with the clock.
+    let (mut g, p) = governor(r#","concurrency":64,"queue":{"size":10,"timeoutMs":5000},"adaptive":true"#);
+    for owner in 0..16 {
+        granted(g.acquire(p, 0, owner, 0));
+    }
+    queued(g.acquire(p, 5000, 100, 0));
+    // The 17th slot comes 6.25 ms in: at 7 the waiter has it, and a
+    // newcomer is told none is left.
+    g.advance(6);
+    assert!(notices(&mut g).is_empty());
+    g.advance(7);
+    assert_eq!(granted_owners(&mut g), vec![100]);
+    let d = denied(g.acquire(p, 0, 200, 7));
+    assert_eq!((d.reason, d.signals.remaining_slots, d.signals.queue_depth), (DenyReason::Concurrency, 0, 0));
+    assert_eq!(d.signals.effective_limit, 17);
+}
+
+#[test]
 fn full_queue_fails_at_once() {
     let (mut g, p) = governor(r#","concurrency":1,"queue":{"size":2,"timeoutMs":5000}"#);
     granted(g.acquire(p, 0, 1, 0));

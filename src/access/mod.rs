@@ -23,7 +23,7 @@ use crate::config::AccessConfig;
 use crate::files;
 use crate::http::request::{Head, Method};
 use crate::http::trim;
-use crate::time::EpochMs;
+use crate::time::{Epoch, EpochMs};
 use cloudflare::Jwks;
 use denied::Denied;
 use ip::CidrSet;
@@ -215,6 +215,22 @@ impl PoolAccess {
     pub fn refuse_signed_before(&mut self, at: EpochMs) {
         if let Some(policy) = &mut self.hmac {
             policy.not_before_ms = policy.not_before_ms.max(at.0);
+        }
+    }
+
+    /// The wall clock was stepped: Unix time moved from `old` to `new`.
+    /// The instant before which signed requests are refused is an instant
+    /// of this process (its start, a reload), so its Unix time follows the
+    /// step, as every Unix time the server shows does. Left behind, a
+    /// clock that ran ahead at the start and was then set right would
+    /// refuse every request signed since, for as long as it had run ahead.
+    pub fn follow_epoch(&mut self, old: Epoch, new: Epoch) {
+        if let Some(policy) = &mut self.hmac {
+            let (old, new) = (old.wall(0).0, new.wall(0).0);
+            policy.not_before_ms = match new.checked_sub(old) {
+                Some(ahead) => policy.not_before_ms.saturating_add(ahead),
+                None => policy.not_before_ms.saturating_sub(old - new),
+            };
         }
     }
 

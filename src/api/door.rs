@@ -149,7 +149,13 @@ impl App {
     /// once per second of it.
     pub fn begin_turn(&mut self, now: Now) {
         if now.epoch != self.turn.epoch {
-            // The wall clock was stepped: ids and snapshots follow it.
+            // The wall clock was stepped: ids, snapshots and the start of
+            // each nonce store follow it (the first turn's has no epoch before it).
+            if self.turn.epoch != Epoch::default() {
+                for creds in &mut self.creds {
+                    creds.access.follow_epoch(self.turn.epoch, now.epoch);
+                }
+            }
             self.gov.set_epoch(now.epoch);
         }
         self.turn = now;
@@ -357,6 +363,48 @@ mod tests {
         let mut deadlines: Vec<u64> = snap.leases.iter().map(|l| l.lease_deadline).collect();
         deadlines.sort_unstable();
         assert_eq!(deadlines, [1_700_000_601_010, 1_700_000_602_000]);
+    }
+
+    #[test]
+    fn a_clock_set_right_after_a_start_ahead_refuses_only_what_was_signed_before_the_start() {
+        use crate::access::denied::Denied;
+        use crate::access::AccessError;
+        use crate::governor::Entropy;
+        use crate::http::request::{header_storage, parse_head};
+        use crate::time::EpochMs;
+        const PATH: &str = "/pools/p/lock/acquire";
+        let config = Config::parse(
+            br#"{"accessLog":null,"pools":{"p":{"keys":["k"],"access":{"hmac":{"secret":"s","toleranceMs":300000}}}}}"#,
+        )
+        .unwrap();
+        let mut app = App::new(&config, Entropy::seeded(3)).unwrap();
+        // The process starts with the wall clock an hour ahead; NTP sets it
+        // right a second later.
+        let right = 1_700_000_000_000;
+        let (ahead, set_right) = (Epoch::at(EpochMs(right + 3_600_000)), Epoch::at(EpochMs(right)));
+        app.start_state(&config, None, crate::state::StateLock::take(&config, None).unwrap(), ahead).unwrap();
+        app.begin_turn(Now { ms: 10, epoch: ahead });
+        let now = Now { ms: 1_000, epoch: set_right };
+        app.begin_turn(now);
+        let p = app.pool_id("p").unwrap();
+        let check = |app: &mut App, signed_at: u64, nonce: &str| {
+            let timestamp = signed_at.to_string();
+            let mac = crate::access::hmac::sign(b"s", "POST", PATH, timestamp.as_bytes(), nonce.as_bytes(), b"");
+            let raw = format!(
+                "POST {PATH} HTTP/1.1\r\nHost: h\r\nX-Nthpool-Timestamp: {timestamp}\r\nX-Nthpool-Nonce: {nonce}\r\n\
+                 X-Nthpool-Signature: v1={}\r\n\r\n",
+                std::str::from_utf8(&mac).unwrap()
+            );
+            let mut storage = header_storage();
+            let head = parse_head(raw.as_bytes(), &mut storage).unwrap().unwrap();
+            app.creds[p.0 as usize].access.check_signed(&head, b"", now.wall())
+        };
+        assert_eq!(check(&mut app, now.wall().0, "after"), Ok(()), "signed a second after the start");
+        assert_eq!(
+            check(&mut app, right - 1, "before"),
+            Err(AccessError::Denied(Denied::SIGNED_BEFORE_START)),
+            "signed before the start"
+        );
     }
 
     #[test]

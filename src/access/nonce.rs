@@ -75,6 +75,9 @@ pub struct NonceStore {
     /// (key, expiry) at each expiry. An entry whose expiry no longer matches
     /// `expiries` is stale: its nonce expired and was inserted again since.
     wheel: Wheel<(Key, u64)>,
+    /// The latest time the store was asked at: a time before it means the
+    /// wall clock was set back (see `rewind`).
+    latest_ms: u64,
     hashers: (RandomState, RandomState),
 }
 
@@ -91,6 +94,7 @@ impl NonceStore {
             capacity: capacity.max(1),
             expiries: HashMap::default(),
             wheel: Wheel::new(),
+            latest_ms: 0,
             hashers: (RandomState::new(), RandomState::new()),
         }
     }
@@ -151,6 +155,23 @@ impl NonceStore {
         self.capacity = capacity.max(1);
     }
 
+    /// The wall clock was set back to `now_ms`: the wheel, which has passed
+    /// the time before the step, would hold every expiry back until the
+    /// clock came there again, so nonces expiring meanwhile would stay and
+    /// fill the store (`503` with a `Retry-After` that never comes true).
+    /// The unexpired entries are laid out again from `now_ms` and the
+    /// expired ones dropped. O(n), once per backward step.
+    fn rewind(&mut self, now_ms: u64) {
+        self.expiries.retain(|_, &mut expiry| expiry > now_ms);
+        self.wheel = Wheel::new();
+        // An empty wheel polled at `now_ms` starts from there.
+        let nothing = self.wheel.poll(now_ms);
+        debug_assert!(nothing.is_none());
+        for (&key, &expiry) in &self.expiries {
+            self.wheel.insert(expiry, (key, expiry));
+        }
+    }
+
     /// Makes every remembered nonce live `delta_ms` longer: a reload widened
     /// the tolerance window, so a replay stays acceptable for longer. O(n),
     /// once per reload.
@@ -164,6 +185,10 @@ impl NonceStore {
 
     /// Takes up to `limit` expired entries off the wheel.
     fn purge(&mut self, now_ms: u64, limit: usize) {
+        if now_ms < self.latest_ms {
+            self.rewind(now_ms);
+        }
+        self.latest_ms = now_ms;
         for _ in 0..limit {
             let Some((key, expiry)) = self.wheel.poll(now_ms) else {
                 return;
@@ -192,6 +217,25 @@ mod tests {
         s.extend_expiries(50);
         assert_eq!(s.insert(b"b", 120, 220), Err(NonceError::Replay), "lives until 150 now");
         assert_eq!(s.insert(b"b", 150, 250), Ok(()));
+    }
+
+    #[test]
+    fn a_clock_set_back_frees_what_expires_after_the_step_and_keeps_what_lives() {
+        let t0 = 1_710_000_000_000;
+        let mut s = NonceStore::new(3);
+        assert_eq!(s.insert(b"old", t0, t0 + 200_001), Ok(()));
+        // The wall clock is set back two minutes.
+        let back = t0 - 120_000;
+        assert_eq!(s.insert(b"a", back, back + 60_001), Ok(()));
+        assert_eq!(s.insert(b"b", back, back + 60_001), Ok(()));
+        assert!(matches!(s.insert(b"c", back + 1, back + 60_002), Err(NonceError::Full { .. })));
+        // a and b expired a second ago, before the clock is back where it was.
+        let later = back + 61_001;
+        assert_eq!(s.insert(b"c", later, later + 60_001), Ok(()));
+        assert_eq!(s.insert(b"a", later, later + 60_001), Ok(()), "a expired");
+        // What was remembered before the step lives on.
+        assert_eq!(s.insert(b"old", later, later + 60_001), Err(NonceError::Replay));
+        assert_eq!(s.insert(b"c", later + 1, later + 60_002), Err(NonceError::Replay));
     }
 
     #[test]

@@ -414,6 +414,28 @@ fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
     assert_eq!(s.acquire("", "").status, 429, "its slot counts");
 }
 
+#[test]
+fn a_deploy_that_lowers_the_limit_revokes_no_held_slot() {
+    // Three holders of a pool of 3; the deploy lowers it to 1, so the
+    // snapshot is refused. A lowered limit never revokes a held slot: each
+    // holder renews and releases as before, and new grants wait for `held`
+    // to fall under the new limit.
+    let first = TestServer::start(&config(POOL, ""));
+    let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
+    let kept = stop(first, "TERM");
+    let lowered = r#""concurrency":1,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
+    std::fs::write(&kept.1, config(lowered, "")).unwrap();
+    let s = restart(kept);
+    for slot in &slots {
+        assert_eq!(s.renew(slot).status, 200, "every old holder is re-adopted");
+    }
+    assert_eq!(metric(&s, r#"nthpool_slots_held{pool="p"}"#), 3);
+    for slot in &slots[1..] {
+        assert_eq!(s.release(slot, "").json()["released"], true);
+    }
+    assert_eq!(s.renew(&slots[0]).status, 200);
+}
+
 /// A crash after `termMs` was lowered (by a reload, or by a graceful
 /// deploy whose snapshot restored the old leases): the leases granted
 /// before keep their old, longer term and renew at its cadence until their

@@ -963,7 +963,7 @@ impl<T: Copy> Governor<T> {
         // running process's snapshot restored counts once its holder shows:
         // it may have been released after the snapshot, its place taken by
         // a grant the snapshot never saw, whose holder is renewing now.
-        if pool.held - pool.unconfirmed >= pool.settings.concurrency {
+        if pool.held - pool.unconfirmed >= pool.readopt_limit(now) {
             return None;
         }
         let fields = self.key.verify(pool.seal, &id)?;

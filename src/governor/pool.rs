@@ -130,6 +130,11 @@ pub struct Pool {
     /// The end of the window the last move here opened or extended
     /// (`Governor::moved_here`): requests marked moved until then open none.
     pub moved_until: Option<Ms>,
+    /// The live leases a stop snapshot refused for changed settings held
+    /// here, and the last of their deadlines: until then re-adoption takes
+    /// that many back, however far below it a deploy set `concurrency` (a
+    /// lowered limit never revokes held slots).
+    pub refused_holders: Option<(u32, Ms)>,
     /// Live `Idempotency-Key`s and what they name.
     pub idem: Store,
 }
@@ -152,6 +157,7 @@ impl Pool {
             stats: PoolStats::default(),
             recovering_until: None,
             moved_until: None,
+            refused_holders: None,
             idem: Store::new(settings.idempotency_keys),
         }
     }
@@ -185,6 +191,16 @@ impl Pool {
     /// Whether the re-adoption window is open at `now`.
     pub fn recovering(&self, now: Ms) -> bool {
         self.recovering_until.is_some_and(|until| now < until)
+    }
+
+    /// How many slots re-adoption may hold at `now`: the configured
+    /// `concurrency`, or the holders a refused snapshot says were here
+    /// when there were more of them.
+    pub fn readopt_limit(&self, now: Ms) -> u32 {
+        match self.refused_holders {
+            Some((holders, until)) if now < until => holders.max(self.settings.concurrency),
+            _ => self.settings.concurrency,
+        }
     }
 
     /// A pool a reload removed that has nothing left to drain: no slot held

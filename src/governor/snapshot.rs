@@ -358,9 +358,12 @@ impl<T: Copy> Governor<T> {
     /// `termMs` would put past a window of the new term. Keeps each pool of
     /// the same name in its re-adoption window until the last of those
     /// deadlines (at most its request cap from `now`: a re-adopted slot is
-    /// held no longer anyway). Returns how many pools' windows it set.
+    /// held no longer anyway), and lets re-adoption take back as many slots
+    /// as it holds there, past a `concurrency` lowered below them. Returns
+    /// how many pools' windows it set.
     pub fn await_refused_holders(&mut self, snap: &Snapshot, now: Ms) -> usize {
         let mut until: Vec<Option<Ms>> = vec![None; self.pools.len()];
+        let mut holders = vec![0u32; self.pools.len()];
         for l in &snap.leases {
             let Some(pid) = snap.pools.get(l.pool as usize).and_then(|p| self.pool_id(p.name.as_bytes())) else {
                 continue;
@@ -374,11 +377,13 @@ impl<T: Copy> Governor<T> {
             if deadline > now && slot.is_none_or(|u| u < deadline) {
                 *slot = Some(deadline);
             }
+            holders[pid.0 as usize] += u32::from(deadline > now);
         }
         let mut pools = 0;
         for (idx, until) in until.into_iter().enumerate() {
             if let Some(until) = until.filter(|_| !self.pools[idx].retired) {
                 self.keep_recovering(super::PoolId(idx as u32), until);
+                self.pools[idx].refused_holders = Some((holders[idx], until));
                 pools += 1;
             }
         }
@@ -894,6 +899,43 @@ mod tests {
         assert_eq!(new.pool(q).recovering_until, Some(q_term), "a pool with no holder: one term");
         new.advance(9_300);
         assert!(!new.pool(p).recovering(9_300));
+    }
+
+    #[test]
+    fn a_snapshot_refused_for_a_lowered_limit_revokes_none_of_its_holders() {
+        let limit = |concurrency: u32, epoch: u64| {
+            let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":{concurrency},"adaptive":false}}}}}}"#);
+            let config = Config::parse(json.as_bytes()).unwrap();
+            let mut g: Governor =
+                Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(epoch));
+            g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
+            g
+        };
+        let mut old = limit(4, BASE);
+        let held: Vec<_> = (0..4).map(|_| grant(&mut old, "p", 0)).collect();
+        let snap = old.export(100);
+        // The deploy lowers the limit to 2: the file is refused, and all four
+        // holders renew in the window.
+        let mut new = limit(2, BASE + 200);
+        let p = new.pool_id("p").unwrap();
+        assert_eq!(new.await_refused_holders(&snap, 0), 1);
+        new.open_recovery_window(0);
+        for (i, lease) in held.iter().enumerate() {
+            assert_eq!(new.renew(p, &lease.text, 1_000), Ok(31_000), "holder {i}");
+        }
+        assert_eq!(new.pool(p).held, 4);
+        // None more: an id it does not hold is past the count.
+        let stranger = grant(&mut limit(4, BASE + 1), "p", 0);
+        assert_eq!(new.renew(p, &stranger.text, 1_000), Err(crate::governor::RenewError::NotFound));
+        // After the window no grant until `held` falls under the new limit.
+        new.advance(30_000);
+        assert!(
+            matches!(new.acquire(p, 0, 0, 30_000), Admission::Denied(ref d) if d.reason == DenyReason::Concurrency)
+        );
+        for lease in &held[..3] {
+            assert!(new.release(p, &lease.text, None, 30_000));
+        }
+        grant(&mut new, "p", 30_000);
     }
 
     #[test]

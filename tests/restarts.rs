@@ -436,6 +436,27 @@ fn a_deploy_that_lowers_the_limit_revokes_no_held_slot() {
     assert_eq!(s.renew(&slots[0]).status, 200);
 }
 
+#[test]
+fn a_crash_and_a_lowered_limit_revoke_no_held_slot() {
+    // Three holders of a pool of 3; the server is killed and started with a
+    // limit of 1. The crashed process may have held 3: each holder is
+    // re-adopted, and new grants wait for `held` to fall under the new limit.
+    let first = TestServer::start(&config(POOL, ""));
+    let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
+    let kept = kill_9(first);
+    let lowered = r#""concurrency":1,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
+    std::fs::write(&kept.1, config(lowered, "")).unwrap();
+    let s = restart(kept);
+    for slot in &slots {
+        assert_eq!(s.renew(slot).status, 200, "every old holder is re-adopted");
+    }
+    assert_eq!(metric(&s, r#"nthpool_slots_held{pool="p"}"#), 3);
+    for slot in &slots[1..] {
+        assert_eq!(s.release(slot, "").json()["released"], true);
+    }
+    assert_eq!(s.renew(&slots[0]).status, 200);
+}
+
 /// A crash after `termMs` was lowered (by a reload, or by a graceful
 /// deploy whose snapshot restored the old leases): the leases granted
 /// before keep their old, longer term and renew at its cadence until their

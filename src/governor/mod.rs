@@ -314,6 +314,20 @@ impl<T: Copy> Governor<T> {
         }
     }
 
+    /// The process before this one may have held up to `holders` slots of
+    /// the pool named `name` (the limit it granted under): while the pool's
+    /// window is open, re-adoption takes that many back, past a
+    /// `concurrency` lowered since.
+    pub fn expect_holders(&mut self, name: &str, holders: u32) {
+        let Some(pid) = self.pool_id(name) else {
+            return;
+        };
+        let pool = &mut self.pools[pid.0 as usize];
+        if let Some(until) = pool.recovering_until {
+            pool.expect_holders(holders, until);
+        }
+    }
+
     /// Per pool with held leases, by name: their longest term and their
     /// latest request deadline (what a start records of restored leases).
     pub fn held_terms(&self) -> BTreeMap<String, (u64, Ms)> {

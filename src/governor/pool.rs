@@ -130,11 +130,12 @@ pub struct Pool {
     /// The end of the window the last move here opened or extended
     /// (`Governor::moved_here`): requests marked moved until then open none.
     pub moved_until: Option<Ms>,
-    /// The live leases a stop snapshot refused for changed settings held
-    /// here, and the last of their deadlines: until then re-adoption takes
-    /// that many back, however far below it a deploy set `concurrency` (a
-    /// lowered limit never revokes held slots).
-    pub refused_holders: Option<(u32, Ms)>,
+    /// How many slots the process before this one may have held here (the
+    /// live leases of a snapshot refused for changed settings, or the limit
+    /// it granted under), and until when its holders come back: until then
+    /// re-adoption takes that many back, however far below it a deploy set
+    /// `concurrency` (a lowered limit never revokes held slots).
+    pub held_before: Option<(u32, Ms)>,
     /// Live `Idempotency-Key`s and what they name.
     pub idem: Store,
 }
@@ -157,7 +158,7 @@ impl Pool {
             stats: PoolStats::default(),
             recovering_until: None,
             moved_until: None,
-            refused_holders: None,
+            held_before: None,
             idem: Store::new(settings.idempotency_keys),
         }
     }
@@ -194,13 +195,20 @@ impl Pool {
     }
 
     /// How many slots re-adoption may hold at `now`: the configured
-    /// `concurrency`, or the holders a refused snapshot says were here
-    /// when there were more of them.
+    /// `concurrency`, or as many as the process before may have held
+    /// (`held_before`) when that is more.
     pub fn readopt_limit(&self, now: Ms) -> u32 {
-        match self.refused_holders {
+        match self.held_before {
             Some((holders, until)) if now < until => holders.max(self.settings.concurrency),
             _ => self.settings.concurrency,
         }
+    }
+
+    /// The process before may have held `holders` slots here, whose holders
+    /// come back by `until`; the larger count and the later instant stay.
+    pub fn expect_holders(&mut self, holders: u32, until: Ms) {
+        let (before, by) = self.held_before.unwrap_or_default();
+        self.held_before = Some((before.max(holders), by.max(until)));
     }
 
     /// A pool a reload removed that has nothing left to drain: no slot held

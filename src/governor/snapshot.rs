@@ -383,7 +383,7 @@ impl<T: Copy> Governor<T> {
         for (idx, until) in until.into_iter().enumerate() {
             if let Some(until) = until.filter(|_| !self.pools[idx].retired) {
                 self.keep_recovering(super::PoolId(idx as u32), until);
-                self.pools[idx].refused_holders = Some((holders[idx], until));
+                self.pools[idx].expect_holders(holders[idx], until);
                 pools += 1;
             }
         }

@@ -37,6 +37,12 @@ pub struct Term {
     pub until_unix_ms: u64,
     #[serde(rename = "requestTimeoutMs")]
     pub request_timeout_ms: u64,
+    /// The pool's `concurrency` when it granted with this term: a crash's
+    /// successor re-adopts as many, past a limit lowered since. `0` where
+    /// unknown (the leases a snapshot restored, a record written before it
+    /// was kept).
+    #[serde(rename = "concurrency", default)]
+    pub concurrency: u32,
 }
 
 /// Drops from one pool's terms those that have ended and those another one
@@ -71,7 +77,8 @@ fn prune(terms: &mut Vec<Term>, now_unix: u64) {
 
 impl Term {
     /// Whether this one makes `other` redundant for every later reader: a
-    /// term at least as long, in force at least as long.
+    /// term at least as long, of a limit at least as high, in force at least
+    /// as long.
     fn covers(&self, other: &Term, now_unix: u64) -> bool {
         let lasts = match (self.until_unix_ms, other.until_unix_ms) {
             (0, 0) => self.request_timeout_ms >= other.request_timeout_ms,
@@ -80,7 +87,7 @@ impl Term {
             (_, 0) => false,
             (mine, theirs) => mine >= theirs,
         };
-        self.term_ms >= other.term_ms && lasts
+        self.term_ms >= other.term_ms && self.concurrency >= other.concurrency && lasts
     }
 
     /// The instant it ends, for a reader at `now`: a term still granted
@@ -152,6 +159,13 @@ impl Terms {
             .max()
     }
 
+    /// The most slots `pool`'s leases still alive at `now` may number: the
+    /// highest limit they were granted under.
+    pub fn holders(&self, pool: &str, now_unix: u64) -> Option<u32> {
+        let terms = self.pools.get(pool)?;
+        terms.iter().filter(|t| t.ends(now_unix) > now_unix).map(|t| t.concurrency).max()
+    }
+
     /// The record this process starts from: what the last one left, closed
     /// at `now` (its process is gone) and without what has ended; then the
     /// terms of the leases a snapshot restored, each to its latest request
@@ -164,7 +178,7 @@ impl Terms {
             }
         }
         for (pool, &(term_ms, until_unix_ms)) in restored {
-            next.add(pool, Term { term_ms, until_unix_ms, request_timeout_ms: 0 }, now_unix);
+            next.add(pool, Term { term_ms, until_unix_ms, request_timeout_ms: 0, concurrency: 0 }, now_unix);
         }
         next.granting(config, now_unix);
         next
@@ -193,7 +207,12 @@ impl Terms {
     /// Adds the terms `config`'s pools grant with, open while this process runs.
     fn granting(&mut self, config: &Config, now_unix: u64) {
         for (name, pool) in &config.pools {
-            let open = Term { term_ms: pool.term_ms, until_unix_ms: 0, request_timeout_ms: pool.request_timeout_ms };
+            let open = Term {
+                term_ms: pool.term_ms,
+                until_unix_ms: 0,
+                request_timeout_ms: pool.request_timeout_ms,
+                concurrency: pool.concurrency,
+            };
             self.add(name, open, now_unix);
         }
     }
@@ -245,6 +264,33 @@ mod tests {
         assert_eq!(next.window("p", 65_000), Some(5_000), "the old leases' caps end at 70 s");
         assert_eq!(next.window("p", 70_000), Some(1_000));
         assert_eq!(next.window("q", 25_000), None, "a pool never written down");
+    }
+
+    /// A reload lowers the limit from 8 to 2: up to 8 leases granted before
+    /// it live until their request caps, and a crash within them must take
+    /// all 8 back; after them, the record asks for no more than the limit.
+    #[test]
+    fn a_lowered_limit_is_waited_for_until_the_old_leases_caps() {
+        let none = BTreeMap::new();
+        let limit = |concurrency: u32| {
+            let json = format!(
+                r#"{{"pools":{{"p":{{"keys":["nb_test_0123456789abcdef"],"concurrency":{concurrency},
+                    "termMs":6000,"renewIntervalMs":2000,"requestTimeoutMs":60000}}}}}}"#
+            );
+            Config::parse(json.as_bytes()).expect("a valid configuration")
+        };
+        let mut terms = Terms::default().carried(1_000, &none, &limit(8));
+        terms.reconfigured(&limit(2), 10_000);
+        assert_eq!(terms.holders("p", 25_000), Some(8));
+        let next = terms.carried(25_000, &none, &limit(2));
+        assert_eq!(next.holders("p", 69_000), Some(8), "the old leases' caps end at 70 s");
+        assert_eq!(next.holders("p", 70_000), Some(2));
+        assert_eq!(next.holders("q", 25_000), None, "a pool never written down");
+        // A record written before limits were kept in it asks for none.
+        let old: Terms =
+            serde_json::from_slice(br#"{"pools":{"p":[{"termMs":6000,"untilUnixMs":0,"requestTimeoutMs":60000}]}}"#)
+                .unwrap();
+        assert_eq!(old.holders("p", 1_000), Some(0));
     }
 
     /// A graceful stop, then a start with a lower term: the restored leases
@@ -370,8 +416,16 @@ mod tests {
         let mut terms = Terms::default();
         for i in 0..30_000 {
             let pool = format!("tenant-{i:05}-with-a-name-long-enough-to-weigh");
-            terms.add(&pool, Term { term_ms: 6_000, until_unix_ms: 90_000, request_timeout_ms: 60_000 }, 1_000);
-            terms.add(&pool, Term { term_ms: 1_000, until_unix_ms: 0, request_timeout_ms: 60_000 }, 1_000);
+            terms.add(
+                &pool,
+                Term { term_ms: 6_000, until_unix_ms: 90_000, request_timeout_ms: 60_000, concurrency: 16 },
+                1_000,
+            );
+            terms.add(
+                &pool,
+                Term { term_ms: 1_000, until_unix_ms: 0, request_timeout_ms: 60_000, concurrency: 16 },
+                1_000,
+            );
         }
         terms.write(&mut file).unwrap();
         assert!(file.metadata().unwrap().len() > 4 << 20, "a record of megabytes");

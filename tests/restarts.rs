@@ -457,6 +457,26 @@ fn a_crash_and_a_lowered_limit_revoke_no_held_slot() {
     assert_eq!(s.renew(&slots[0]).status, 200);
 }
 
+#[test]
+fn a_window_a_graceful_restart_carries_over_still_waits_for_every_old_holder() {
+    // A crash, a start with the limit lowered from 3 to 1, one holder
+    // re-adopted, then a graceful restart in the window: the other two
+    // holders are still re-adopted by the window the snapshot carried.
+    let first = TestServer::start(&config(POOL, ""));
+    let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
+    let kept = kill_9(first);
+    let lowered = r#""concurrency":1,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
+    std::fs::write(&kept.1, config(lowered, "")).unwrap();
+    let s = restart(kept);
+    assert_eq!(s.renew(&slots[0]).status, 200);
+    let s = restart(stop(s, "TERM"));
+    assert_eq!(s.acquire("", "").header("x-nthpool-deny-reason"), Some("recovering"));
+    for slot in &slots {
+        assert_eq!(s.renew(slot).status, 200, "every old holder is held");
+    }
+    assert_eq!(metric(&s, r#"nthpool_slots_held{pool="p"}"#), 3);
+}
+
 /// A crash after `termMs` was lowered (by a reload, or by a graceful
 /// deploy whose snapshot restored the old leases): the leases granted
 /// before keep their old, longer term and renew at its cadence until their

@@ -316,16 +316,18 @@ impl<T: Copy> Governor<T> {
 
     /// The process before this one may have held up to `holders` slots of
     /// the pool named `name` (the limit it granted under): while the pool's
-    /// window is open, re-adoption takes that many back, past a
-    /// `concurrency` lowered since.
-    pub fn expect_holders(&mut self, name: &str, holders: u32) {
+    /// window open at `now` lasts, re-adoption takes that many back, past a
+    /// `concurrency` lowered since. Whether a window was open.
+    pub fn expect_holders(&mut self, name: &str, holders: u32, now: Ms) -> bool {
         let Some(pid) = self.pool_id(name) else {
-            return;
+            return false;
         };
         let pool = &mut self.pools[pid.0 as usize];
-        if let Some(until) = pool.recovering_until {
-            pool.expect_holders(holders, until);
-        }
+        let Some(until) = pool.recovering_until.filter(|&until| now < until) else {
+            return false;
+        };
+        pool.expect_holders(holders, until);
+        true
     }
 
     /// Per pool with held leases, by name: their longest term and their

@@ -146,12 +146,14 @@ pub fn start<T: Copy>(
             if let Some(window) = left.window(pool, now_unix).filter(|&t| t > settings.term_ms) {
                 warn!("pool `{pool}`: its window lasts {window} ms, for leases granted before termMs was lowered");
             }
-            if let Some(holders) = left.holders(pool, now_unix).filter(|&n| n > settings.concurrency) {
-                gov.expect_holders(pool, holders);
-                warn!(
-                    "pool `{pool}`: its window re-adopts up to {holders} slots, granted before concurrency was lowered"
-                );
-            }
+        }
+    }
+    // A window a stop snapshot carried over from a start after a crash
+    // waits for the same holders as the window opened just now.
+    for (pool, settings) in &config.pools {
+        let holders = left.holders(pool, now_unix).filter(|&n| n > settings.concurrency);
+        if let Some(holders) = holders.filter(|&n| gov.expect_holders(pool, n, now)) {
+            warn!("pool `{pool}`: its window re-adopts up to {holders} slots, granted before concurrency was lowered");
         }
     }
     let restored: BTreeMap<String, (u64, u64)> =

@@ -601,8 +601,9 @@ impl<T: Copy> Governor<T> {
     /// that its holder shows (renews it, or retries its acquire under its
     /// key). The crashed process may have seen it released after the
     /// snapshot and granted its place again, and that grant's holder may be
-    /// re-adopted already: while the confirmed leases fill the pool's
-    /// `concurrency`, as `readopt` counts them, it would be one too many. It
+    /// re-adopted already: while the confirmed leases fill what the pool may
+    /// re-adopt (`Pool::readopt_limit`), as `readopt` counts them, it would
+    /// be one too many. It
     /// is reclaimed then, and `false` returned; its holder hears it is gone.
     /// Any other lease is confirmed already.
     fn confirm(&mut self, idx: usize, now: Ms) -> bool {
@@ -611,7 +612,7 @@ impl<T: Copy> Governor<T> {
             return true;
         }
         let pool = &mut self.pools[lease.pool.0 as usize];
-        if pool.held - pool.unconfirmed < pool.settings.concurrency {
+        if pool.held - pool.unconfirmed < pool.readopt_limit(now) {
             lease.unconfirmed = false;
             pool.unconfirmed -= 1;
             return true;

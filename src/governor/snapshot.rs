@@ -939,6 +939,33 @@ mod tests {
     }
 
     #[test]
+    fn a_periodic_snapshot_of_more_holders_than_a_lowered_limit_confirms_them_all() {
+        let limit = |concurrency: u32, epoch: u64| {
+            let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":{concurrency},"adaptive":false}}}}}}"#);
+            let config = Config::parse(json.as_bytes()).unwrap();
+            let mut g: Governor =
+                Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(epoch));
+            g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
+            g
+        };
+        // A process whose limit was lowered from 3 to 1 still holds the three
+        // slots granted before; its periodic snapshot has them, and it crashes.
+        let mut old = limit(3, BASE);
+        let held: Vec<_> = (0..3).map(|_| grant(&mut old, "p", 0)).collect();
+        let snap = old.export(100);
+        let mut new = limit(1, BASE + 200);
+        let p = new.pool_id("p").unwrap();
+        assert_eq!(new.import(&snap, Taken::WhileRunning, 0).unwrap().held, 3);
+        new.open_recovery_window(0);
+        // The record of terms says they were granted under a limit of 3.
+        assert!(new.expect_holders("p", 3, 0));
+        for (i, lease) in held.iter().enumerate() {
+            assert_eq!(new.renew(p, &lease.text, 1_000), Ok(31_000), "holder {i}");
+        }
+        assert_eq!((new.pool(p).held, new.pool(p).unconfirmed), (3, 0));
+    }
+
+    #[test]
     fn a_restored_lease_renews_by_the_term_it_was_granted_with() {
         use crate::governor::idempotency::IdemKey;
         let key = IdemKey::new(9, b"kept").unwrap();

@@ -175,6 +175,11 @@ impl Pool {
     /// Applies new settings; held slots, the queue and what was learned stay.
     pub fn reconfigure(&mut self, settings: PoolSettings, now: Ms) {
         debug_assert!(settings.term_ms <= u32::MAX as u64);
+        // The holders an open window waits for were granted under the limit
+        // before: a lowered one does not refuse them.
+        if let Some(until) = self.recovering_until.filter(|&until| now < until) {
+            self.expect_holders(self.readopt_limit(now), until);
+        }
         self.learning.reconfigure(settings.concurrency, settings.adaptive);
         self.gate = match (settings.rpm, self.gate.take()) {
             (None, _) => None,

@@ -1032,6 +1032,28 @@ fn a_valid_unknown_slot_is_readopted_in_the_window_and_fail_fast_acquires_wait()
     let _ = w;
 }
 
+#[test]
+fn a_reload_that_lowers_the_limit_in_the_window_revokes_no_holder_yet_to_renew() {
+    let json = r#","concurrency":3,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000"#;
+    let (mut old, mut new, p) = crashed_pair(json, 1_000_500);
+    let held: Vec<_> = (1..=3).map(|owner| granted(old.acquire(p, 0, owner, 0))).collect();
+    new.open_recovery_window(0);
+    assert_eq!(new.renew(p, &id(&held[0]), 100), Ok(1100));
+    // The reload lowers the limit to 1 before the other two renew.
+    let lowered = Config::parse(
+        br#"{"pools":{"p":{"keys":["k"],"concurrency":1,"termMs":1000,"renewIntervalMs":300,"requestTimeoutMs":60000}}}"#,
+    )
+    .unwrap();
+    new.reconfigure(&pool_settings(&lowered), 200);
+    for lease in &held[1..] {
+        assert_eq!(new.renew(p, &id(lease), 300), Ok(1300), "held before the reload");
+    }
+    assert_eq!(new.pool(p).held, 3);
+    // After the window nothing is granted until `held` falls under the new limit.
+    new.advance(1000);
+    assert_eq!(denied(new.acquire(p, 0, 9, 1000)).reason, DenyReason::Concurrency);
+}
+
 /// A holder whose slot was released or reclaimed by its term before a
 /// crash, and that renews anyway, is indistinguishable from a live one;
 /// the window re-adopts up to the pool's limit and no further, so a crash

@@ -24,7 +24,7 @@ use std::io::{Read, Seek, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, MAX_DURATION_MS};
+use crate::config::{Config, MAX_CONCURRENCY, MAX_DURATION_MS};
 
 /// One term a pool's leases may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +138,7 @@ impl Terms {
         for t in terms.pools.values_mut().flatten() {
             t.term_ms = t.term_ms.min(MAX_DURATION_MS);
             t.request_timeout_ms = t.request_timeout_ms.min(MAX_DURATION_MS);
+            t.concurrency = t.concurrency.min(MAX_CONCURRENCY);
         }
         Ok(terms)
     }
@@ -393,10 +394,11 @@ mod tests {
         file.rewind().unwrap();
         std::io::Write::write_all(
             &mut file,
-            br#"{"pools":{"p":[{"termMs":18446744073709551615,"untilUnixMs":0,"requestTimeoutMs":18446744073709551615}]}}"#,
+            br#"{"pools":{"p":[{"termMs":18446744073709551615,"untilUnixMs":0,"requestTimeoutMs":18446744073709551615,"concurrency":4294967295}]}}"#,
         )
         .unwrap();
         assert_eq!(Terms::read(&mut file).unwrap().window("p", 1_000), Some(MAX_DURATION_MS));
+        assert_eq!(Terms::read(&mut file).unwrap().holders("p", 1_000), Some(MAX_CONCURRENCY));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

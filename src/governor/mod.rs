@@ -603,9 +603,8 @@ impl<T: Copy> Governor<T> {
     /// snapshot and granted its place again, and that grant's holder may be
     /// re-adopted already: while the confirmed leases fill what the pool may
     /// re-adopt (`Pool::readopt_limit`), as `readopt` counts them, it would
-    /// be one too many. It
-    /// is reclaimed then, and `false` returned; its holder hears it is gone.
-    /// Any other lease is confirmed already.
+    /// be one too many. It is reclaimed then, and `false` returned; its
+    /// holder hears it is gone. Any other lease is confirmed already.
     fn confirm(&mut self, idx: usize, now: Ms) -> bool {
         let lease = &mut self.leases[idx];
         if !lease.unconfirmed {

@@ -426,6 +426,16 @@ mod tests {
         g
     }
 
+    /// Pool `p` of `concurrency` slots, static; Unix time starts at `epoch`.
+    fn with_limit(concurrency: u32, epoch: u64) -> Governor {
+        let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":{concurrency},"adaptive":false}}}}}}"#);
+        let config = Config::parse(json.as_bytes()).unwrap();
+        let mut g: Governor =
+            Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(epoch));
+        g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
+        g
+    }
+
     fn grant(g: &mut Governor, pool: &str, now: u64) -> crate::governor::Grant {
         match g.acquire(g.pool_id(pool).unwrap(), 0, 0, now) {
             Admission::Granted(grant) => grant,
@@ -903,20 +913,12 @@ mod tests {
 
     #[test]
     fn a_snapshot_refused_for_a_lowered_limit_revokes_none_of_its_holders() {
-        let limit = |concurrency: u32, epoch: u64| {
-            let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":{concurrency},"adaptive":false}}}}}}"#);
-            let config = Config::parse(json.as_bytes()).unwrap();
-            let mut g: Governor =
-                Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(epoch));
-            g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
-            g
-        };
-        let mut old = limit(4, BASE);
+        let mut old = with_limit(4, BASE);
         let held: Vec<_> = (0..4).map(|_| grant(&mut old, "p", 0)).collect();
         let snap = old.export(100);
         // The deploy lowers the limit to 2: the file is refused, and all four
         // holders renew in the window.
-        let mut new = limit(2, BASE + 200);
+        let mut new = with_limit(2, BASE + 200);
         let p = new.pool_id("p").unwrap();
         assert_eq!(new.await_refused_holders(&snap, 0), 1);
         new.open_recovery_window(0);
@@ -925,7 +927,7 @@ mod tests {
         }
         assert_eq!(new.pool(p).held, 4);
         // None more: an id it does not hold is past the count.
-        let stranger = grant(&mut limit(4, BASE + 1), "p", 0);
+        let stranger = grant(&mut with_limit(4, BASE + 1), "p", 0);
         assert_eq!(new.renew(p, &stranger.text, 1_000), Err(crate::governor::RenewError::NotFound));
         // After the window no grant until `held` falls under the new limit.
         new.advance(30_000);
@@ -940,20 +942,12 @@ mod tests {
 
     #[test]
     fn a_periodic_snapshot_of_more_holders_than_a_lowered_limit_confirms_them_all() {
-        let limit = |concurrency: u32, epoch: u64| {
-            let json = format!(r#"{{"pools":{{"p":{{"keys":["k"],"concurrency":{concurrency},"adaptive":false}}}}}}"#);
-            let config = Config::parse(json.as_bytes()).unwrap();
-            let mut g: Governor =
-                Governor::new(&crate::api::pool_settings(&config), crate::governor::Entropy::seeded(epoch));
-            g.set_identity(&[7; 32], crate::time::Epoch::at(crate::time::EpochMs(epoch)));
-            g
-        };
         // A process whose limit was lowered from 3 to 1 still holds the three
         // slots granted before; its periodic snapshot has them, and it crashes.
-        let mut old = limit(3, BASE);
+        let mut old = with_limit(3, BASE);
         let held: Vec<_> = (0..3).map(|_| grant(&mut old, "p", 0)).collect();
         let snap = old.export(100);
-        let mut new = limit(1, BASE + 200);
+        let mut new = with_limit(1, BASE + 200);
         let p = new.pool_id("p").unwrap();
         assert_eq!(new.import(&snap, Taken::WhileRunning, 0).unwrap().held, 3);
         new.open_recovery_window(0);

@@ -321,6 +321,24 @@ fn a_graceful_restart_keeps_held_slots_and_what_was_learned_with_no_window() {
 }
 
 #[test]
+fn the_dashboard_charts_none_of_the_counts_a_snapshot_brings_back() {
+    // The default 30-s term: the slots are still held at the first sample.
+    let first = TestServer::start(&config(r#""concurrency":3"#, ""));
+    let _slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
+    assert_eq!(first.acquire("", "").status, 429);
+    let s = restart(stop(first, "TERM"));
+    assert_eq!(metric(&s, "nthpool_grants_total{pool=\"p\"}"), 3, "the counters go on");
+    let mut history = serde_json::Value::Null;
+    eventually("a second sampled after the restart", || {
+        history = s.get_admin("/api/pools/p").json()["history"].clone();
+        history["held"].as_array().is_some_and(|held| !held.is_empty())
+    });
+    let sum = |series: &str| history[series].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum::<u64>();
+    assert_eq!((sum("grants"), sum("deniedConcurrency")), (0, 0), "nothing happened since the start: {history}");
+    assert_eq!(history["held"][0], 3, "the held slots are charted: {history}");
+}
+
+#[test]
 fn an_idempotency_key_names_its_held_slot_across_a_graceful_restart() {
     let first = TestServer::start(&config(POOL, ""));
     let granted = first.acquire("Idempotency-Key: order-42\r\n", "");

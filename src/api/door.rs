@@ -100,6 +100,13 @@ impl App {
         }
         let state = crate::state::start(config, config_path, lock, &mut self.gov, 0, epoch)?;
         self.fit_retired_pools();
+        // The counters a snapshot brought back were counted before this
+        // start: the charts begin from them, rather than showing them all as
+        // the events of its first second.
+        for ((_, pool), (history, _)) in self.gov.pools().zip(&mut self.history) {
+            history.forget();
+            history.begin(pool, self.turn.ms);
+        }
         Ok(state)
     }
 

@@ -416,6 +416,23 @@ fn sighup_adds_a_pool_and_retires_a_removed_one() {
     assert_eq!(s.acquire("", "").status, 200, "the untouched pool carries on");
 }
 
+#[test]
+fn answers_about_a_removed_pool_that_drained_are_counted_where_metrics_show_them() {
+    let s = TestServer::start(&config("", ""));
+    let unauthorized = |m: &Exposition| m.value("nthpool_rejections_total", &[("code", "401")]);
+    let before = unauthorized(&metrics(&s));
+    let without_other =
+        format!(r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{"p":{{"keys":["{KEY}"]}}}}}}"#);
+    assert_eq!(reload_with(&s, &without_other), (1.0, 0.0));
+    for _ in 0..3 {
+        let r = s.request(&post("/pools/other/lock/acquire", "other-key", "", ""));
+        assert_eq!(r.status, 401, "a removed pool grants nothing: {r:?}");
+    }
+    let m = metrics(&s);
+    assert!(!m.samples.iter().any(|sample| sample.labels.get("pool").is_some_and(|p| p == "other")), "{m:?}");
+    assert_eq!(unauthorized(&m), before + 3.0, "the refusals are counted where they can be seen");
+}
+
 /// Queues an acquire of pool `p` on a fresh connection and waits until the
 /// server counts `depth` waiters, so waiters queue in the order they are made.
 fn queue_waiter(s: &TestServer, depth: f64) -> TcpStream {

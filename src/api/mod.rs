@@ -561,7 +561,7 @@ impl App {
     fn reject_from(&mut self, ctx: &Ctx, head: &Head, error: ApiError, client: Option<IpAddr>, out: &mut Vec<u8>) {
         let route = route::route(head.path);
         let pool = route.and_then(|r| self.pool_in_path(r.pool()).ok().flatten());
-        self.rejections.count(pool, error.status());
+        self.rejections.count(self.counted_under(pool), error.status());
         error.write(out, &mut self.scratch, ctx.close);
         if let Some(Route::Acquire { pool: name }) = route {
             let client = client.unwrap_or_else(|| pool.map_or(ctx.peer, |pid| self.client_addr(pid, ctx, head)));
@@ -924,7 +924,7 @@ impl App {
 
     /// A queued acquire ended by `error` rather than by the governor.
     fn answer_queued_error(&mut self, out: &mut Vec<u8>, attempt: &Attempt, now: Now, error: ApiError, close: bool) {
-        self.rejections.count(Some(attempt.pool), error.status());
+        self.rejections.count(self.counted_under(Some(attempt.pool)), error.status());
         self.log_queued_end(attempt, now.wall(), error.status().code(), error.code(), true);
         error.write(out, &mut self.scratch, close);
     }
@@ -1086,7 +1086,7 @@ impl App {
         now: Now,
         close: bool,
     ) {
-        self.rejections.count(Some(attempt.pool), status);
+        self.rejections.count(self.counted_under(Some(attempt.pool)), status);
         self.note_acquire(attempt, now.wall(), status, Some(denial.reason), denial.queued_ms, None);
         self.write_denial(out, denial, status, attempt.pool, close);
     }
@@ -1095,7 +1095,7 @@ impl App {
     /// now, so what it pipelined behind can be answered in order. Logged.
     fn answer_withdrawn(&mut self, out: &mut Vec<u8>, denial: &Denial, attempt: &Attempt, now: Now, close: bool) {
         let status = Status::GatewayTimeout;
-        self.rejections.count(Some(attempt.pool), status);
+        self.rejections.count(self.counted_under(Some(attempt.pool)), status);
         self.log_acquire(attempt, now.wall(), status, Some("client_gone"), Some(denial.reason), denial.queued_ms, None);
         let message = "The client half-closed its connection, so its wait ended without a slot.";
         self.write_denial_as(out, denial, status, "queue_timeout", message, close);
@@ -1156,8 +1156,16 @@ impl App {
         close: bool,
         headers: &[u8],
     ) {
-        self.rejections.count(pool, error.status());
+        self.rejections.count(self.counted_under(pool), error.status());
         error.write_with(out, &mut self.scratch, close, headers);
+    }
+
+    /// The pool an answer about `pool` counts under in
+    /// `nthpool_rejections_total`: none for a pool a reload removed that has
+    /// drained away, whose series `/metrics` no longer shows (it counts with
+    /// the answers about pools that do not exist, rather than unseen).
+    fn counted_under(&self, pool: Option<PoolId>) -> Option<PoolId> {
+        pool.filter(|&pid| !self.gov.pool(pid).drained_away())
     }
 }
 

@@ -211,7 +211,7 @@ impl App {
     ) {
         let code = if status == Status::GatewayTimeout { "queue_timeout" } else { "too_many_requests" };
         let epoch_now = now.wall();
-        self.rejections.count(Some(attempt.pool), status);
+        self.rejections.count(self.counted_under(Some(attempt.pool)), status);
         self.observe_acquire(attempt, epoch_now, status, Some(code), Some(denial.reason), denial.queued_ms, None);
         self.write_denial(out, denial, status, attempt.pool, close);
         let line = ProxiedLine {
@@ -248,7 +248,7 @@ impl App {
             }
         };
         let (status, code) = (error.status(), error.code());
-        self.rejections.count(Some(queued.attempt.pool), status);
+        self.rejections.count(self.counted_under(Some(queued.attempt.pool)), status);
         let queued_ms = self.observe_queued_end(&queued.attempt, now.wall(), status.code(), code, true);
         error.write(out, &mut self.scratch, close);
         let line = ProxiedLine::refused(method_and_path, status.code(), code, queued_ms);

@@ -676,6 +676,24 @@ fn a_real_browser_asks_for_the_admin_token() {
 }
 
 #[test]
+fn a_real_browser_reached_under_a_host_name_says_why_the_data_is_refused() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let s = TestServer::start(&demo_config(""));
+    let url = format!("http://admin.example:{}/pools/demo", admin(&s).port());
+    let page = chromium(
+        &bin,
+        &["--host-resolver-rules=MAP admin.example 127.0.0.1", "--virtual-time-budget=5000", "--dump-dom"],
+        &url,
+    );
+    let updated = page.split(r#"<p id="updated""#).nth(1).unwrap_or_else(|| panic!("no status line: {page}"));
+    let updated = updated.split("</p>").next().unwrap();
+    assert!(updated.contains("set adminToken to reach it under a host name") && updated.contains("403"), "{updated}");
+    assert!(!page.contains(r#"id="example-acquire""#), "data shown to a foreign host");
+}
+
+#[test]
 fn a_real_browser_shows_an_unknown_pool_as_a_404_page() {
     let Some(bin) = chromium_or_skip() else {
         return;

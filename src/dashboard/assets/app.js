@@ -69,7 +69,7 @@ async function api(path) {
       err.notFound = res.status === 404;
       throw err;
     }
-    if (!res.ok) throw new Error("HTTP " + res.status + " from " + path);
+    if (!res.ok) throw new Error(await refusal(res, path));
     return await res.json();
   } catch (e) {
     if (abort.signal.aborted) throw new Error("no answer within " + FETCH_TIMEOUT_MS / 1000 + " s");
@@ -77,6 +77,19 @@ async function api(path) {
   } finally {
     clearTimeout(timer);
   }
+}
+
+// Why a request was refused: the server's own sentence (every admin refusal
+// is JSON with one, such as what to do about a 403 forbidden_host), else
+// the status alone.
+async function refusal(res, path) {
+  try {
+    const body = await res.json();
+    if (body && typeof body.message === "string") return body.message + " (HTTP " + res.status + ")";
+  } catch (e) {
+    // Not JSON (a page of a proxy in between): the status says what there is.
+  }
+  return "HTTP " + res.status + " from " + path;
 }
 
 // ---- pools at a glance ----

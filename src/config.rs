@@ -684,7 +684,8 @@ impl Config {
         for (name, pool) in &self.pools {
             if !is_dns_label(name) {
                 return fail(format!(
-                    "pools: {name:?} is not a valid pool name (1-63 characters of a-z, 0-9 and '-', not starting or ending with '-')"
+                    "pools: {} is not a valid pool name (1-63 characters of a-z, 0-9 and '-', not starting or ending with '-')",
+                    quoted_pool_name(name)
                 ));
             }
             pool.validate().map_err(|e| ConfigError(format!("pools.{name}.{}", e.0)))?;
@@ -879,6 +880,20 @@ fn clash(a: SocketAddr, b: SocketAddr) -> bool {
 }
 
 /// Pool names are DNS labels, so they fit in a host name and need no escaping.
+/// A pool name that is none, as its error quotes it: whole when short (a
+/// typo is found by it), else its first characters and its length. A long
+/// string in a name's place may be a key pasted there, and the error goes
+/// to the log.
+fn quoted_pool_name(name: &str) -> String {
+    const WHOLE: usize = 24;
+    let chars = name.chars().count();
+    if chars <= WHOLE {
+        return format!("{name:?}");
+    }
+    let start: String = name.chars().take(6).collect();
+    format!("{:?} ({chars} characters)", format!("{start}…"))
+}
+
 pub fn is_dns_label(name: &str) -> bool {
     let b = name.as_bytes();
     (1..=63).contains(&b.len())
@@ -945,6 +960,16 @@ mod tests {
 
     fn err(json: &str) -> String {
         Config::parse(json.as_bytes()).unwrap_err().0
+    }
+
+    #[test]
+    fn an_invalid_pool_name_is_quoted_whole_only_when_short() {
+        let e = err(r#"{"pools":{"Prod_Acme":{"keys":["k1"]}}}"#);
+        assert!(e.contains(r#"pools: "Prod_Acme" is not a valid pool name"#), "{e}");
+        let key = "nb_live_Secr3tKeyValue0123456789";
+        let e = err(&format!(r#"{{"pools":{{"{key}":{{"keys":["k1"]}}}}}}"#));
+        assert!(e.contains(r#"pools: "nb_liv…" (32 characters) is not a valid pool name"#), "{e}");
+        assert!(!e.contains("Secr3t"), "{e}");
     }
 
     #[test]

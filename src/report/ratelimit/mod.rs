@@ -63,13 +63,13 @@ pub fn parse_headers<'a, I: IntoIterator<Item = (&'a str, &'a str)>>(headers: I,
             Slot::RateLimit => rate_limit.push(value),
             Slot::RateLimitPolicy => policy.push(value),
             Slot::RetryAfterMs => {
-                keep_max(&mut retry_after_ms, parse_time_list(value, Bare::Millis, now));
+                keep_max(&mut retry_after_ms, parse_time_list(value, Bare::Millis, now).map(|t| t.ms));
             }
             Slot::MsRetryAfterMs => {
-                keep_max(&mut ms_retry_after_ms, parse_time_list(value, Bare::Millis, now));
+                keep_max(&mut ms_retry_after_ms, parse_time_list(value, Bare::Millis, now).map(|t| t.ms));
             }
             Slot::RetryAfter => {
-                keep_max(&mut retry_after, parse_time_list(value, Bare::Seconds, now));
+                keep_max(&mut retry_after, parse_time_list(value, Bare::Seconds, now).map(|t| t.ms));
             }
         }
     }
@@ -92,13 +92,12 @@ pub fn parse_headers<'a, I: IntoIterator<Item = (&'a str, &'a str)>>(headers: I,
     RateInfo {
         limit: request.limit,
         remaining: request.remaining,
-        reset_ms: request.reset,
-        // An instant on a second's boundary, or whole seconds from now.
-        reset_coarse: request.reset.is_some_and(|r| r % 1000 == 0 || now.saturating_add(r) % 1000 == 0),
-        reset_instant: request.reset.is_some_and(|r| now.saturating_add(r) % 1000 == 0),
+        reset_ms: request.reset.map(|t| t.ms),
+        reset_coarse: request.reset.is_some_and(|t| t.coarse),
+        reset_instant: request.reset.is_some_and(|t| t.instant),
         token_limit: token.limit,
         token_remaining: token.remaining,
-        token_reset_ms: token.reset,
+        token_reset_ms: token.reset.map(|t| t.ms),
         retry_after_ms: retry_after_ms.or(ms_retry_after_ms).or(retry_after),
     }
 }
@@ -209,8 +208,8 @@ fn lookup(name: &str) -> Option<Slot> {
 struct Window {
     limit: Option<u64>,
     remaining: Option<u64>,
-    reset: Option<u64>,
-    reset_fallback: Option<u64>,
+    reset: Option<Time>,
+    reset_fallback: Option<Time>,
     /// A count was `-1`, which says it is unknown. Azure sends `-1` limits and
     /// remaining with a `0` reset for windows it does not meter: a window
     /// with no count that is known is a placeholder, its reset included, and
@@ -244,7 +243,7 @@ impl Window {
 struct Budget {
     limit: Option<u64>,
     remaining: Option<u64>,
-    reset: Option<u64>,
+    reset: Option<Time>,
 }
 
 impl Budget {
@@ -263,7 +262,7 @@ impl Budget {
 
     /// Smaller is more restrictive: least remaining, then the longest wait.
     fn rank(&self) -> (u64, Reverse<u64>) {
-        (self.remaining.unwrap_or(u64::MAX), Reverse(self.reset.unwrap_or(0)))
+        (self.remaining.unwrap_or(u64::MAX), Reverse(self.reset.map_or(0, |t| t.ms)))
     }
 }
 
@@ -276,7 +275,7 @@ fn most_restrictive(a: Budget, b: Budget) -> Budget {
 }
 
 /// Of duplicated values the larger wins (SPEC §7).
-fn keep_max(slot: &mut Option<u64>, value: Option<u64>) {
+fn keep_max<T: Ord + Copy>(slot: &mut Option<T>, value: Option<T>) {
     if let Some(v) = value {
         *slot = Some(slot.map_or(v, |old| old.max(v)));
     }
@@ -492,6 +491,44 @@ mod tests {
         assert!(instant("x-ratelimit-reset", "1696004850", NOW + 7));
         assert!(!instant("ratelimit-reset", "5", NOW + 7));
         assert!(!instant("x-ratelimit-reset-requests", "5.25s", NOW + 7));
+    }
+
+    /// What a reset was said as is read from its form, never from where
+    /// `now` falls: seconds to go that happen to end on a second's boundary
+    /// (about one report in a thousand) are no instant, and a duration
+    /// with a fraction that ends on one is not said to the whole second.
+    #[test]
+    fn a_resets_kind_does_not_depend_on_where_now_falls() {
+        let kind = |name: &str, v: &str, now: u64| {
+            let info = parse_headers([(name, v)], now);
+            (info.reset_ms, info.reset_coarse, info.reset_instant)
+        };
+        for now in [NOW, NOW + 7, NOW + 500] {
+            assert_eq!(kind("x-ratelimit-reset", "5", now), (Some(5000), true, false), "{now}");
+            assert_eq!(kind("ratelimit-reset", "60", now), (Some(60_000), true, false), "{now}");
+            assert_eq!(kind("x-ratelimit-reset-requests", "6m0s", now), (Some(360_000), true, false), "{now}");
+            assert_eq!(kind("RateLimit", "\"q\";r=1;t=5", now), (Some(5000), true, false), "{now}");
+        }
+        for now in [NOW + 500, NOW + 750] {
+            let want = 2500 + NOW + 500 - now;
+            let ms = want.to_string() + "ms";
+            assert_eq!(kind("x-ratelimit-reset-requests", &ms, now), (Some(want), false, false), "{now}");
+        }
+        assert_eq!(kind("x-ratelimit-reset-requests", "2.5s", NOW + 500), (Some(2500), false, false));
+        // Instants on a second's boundary are instants, whenever read.
+        for now in [NOW, NOW + 1, NOW + 999] {
+            let date = kind("anthropic-ratelimit-requests-reset", "2023-09-29T16:27:37Z", now);
+            assert_eq!(date, (Some(NOW + 60_000 - now), true, true), "{now}");
+            let epoch = kind("x-ratelimit-reset", "1696004857", now);
+            assert_eq!(epoch, (Some(NOW + 60_000 - now), true, true), "{now}");
+            let epoch_ms = kind("x-ratelimit-reset", "1696004857000", now);
+            assert_eq!(epoch_ms, (Some(NOW + 60_000 - now), true, true), "{now}");
+        }
+        // An instant between seconds is said to the millisecond.
+        let date = kind("anthropic-ratelimit-requests-reset", "2023-09-29T16:27:37.250Z", NOW + 250);
+        assert_eq!(date, (Some(60_000), false, false));
+        let epoch = kind("x-ratelimit-reset", "1696004857.250", NOW + 250);
+        assert_eq!(epoch, (Some(60_000), false, false));
     }
 
     #[test]

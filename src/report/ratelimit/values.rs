@@ -44,6 +44,34 @@ pub(super) fn parse_call_limit(value: &str) -> Option<(u64, u64)> {
 pub(super) const NS_PER_MS: u128 = 1_000_000;
 pub(super) const NS_PER_SEC: u128 = 1_000_000_000;
 
+/// A time value as relative milliseconds, with what its form said of it:
+/// read from the value itself, never from where `now` falls (seconds to go
+/// that happen to end on a second's boundary are no instant). Ordered by
+/// `ms` first, so of duplicates the larger wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Time {
+    pub(super) ms: u64,
+    /// Said to the whole second: whole seconds to go (`5`, `6m0s`), or an
+    /// instant on a second's boundary.
+    pub(super) coarse: bool,
+    /// Said as an instant on a second's boundary (a date, whole epoch
+    /// seconds): the same instant whenever the headers were stamped.
+    pub(super) instant: bool,
+}
+
+impl Time {
+    /// A delay from now: whole seconds when it is a whole number of them.
+    fn delay(ms: u64) -> Time {
+        Time { ms, coarse: ms.is_multiple_of(1000), instant: false }
+    }
+
+    /// An instant, as the delay from now to it (clamped at 0 for the past).
+    fn at(at_ns: i128, now_ns: i128) -> Option<Time> {
+        let whole = at_ns.rem_euclid(NS_PER_SEC as i128) == 0;
+        Some(Time { ms: until(at_ns, now_ns)?, coarse: whole, instant: whole })
+    }
+}
+
 /// The unit of a number written without one.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Bare {
@@ -54,7 +82,7 @@ pub(super) enum Bare {
 /// A time value, or a comma list of them (joined duplicates): the larger wins.
 /// An HTTP-date carries a comma of its own, so a member that does not parse is
 /// retried joined with the next one.
-pub(super) fn parse_time_list(value: &str, bare: Bare, now_ms: u64) -> Option<u64> {
+pub(super) fn parse_time_list(value: &str, bare: Bare, now_ms: u64) -> Option<Time> {
     let comma_from = |from: usize| value.get(from..).and_then(|s| s.find(',')).map(|i| from + i);
     let member = |from: usize, to: usize| {
         let s = value.get(from..to).unwrap_or("");
@@ -83,7 +111,7 @@ pub(super) fn parse_time_list(value: &str, bare: Bare, now_ms: u64) -> Option<u6
 /// One time value as relative milliseconds: a bare number (seconds or
 /// milliseconds, or an epoch instant when large), a Go duration, an RFC 3339
 /// timestamp or an HTTP-date. Instants in the past give `0`.
-pub(super) fn parse_time(s: &str, bare: Bare, now_ms: u64) -> Option<u64> {
+pub(super) fn parse_time(s: &str, bare: Bare, now_ms: u64) -> Option<Time> {
     if s.is_empty() {
         return None;
     }
@@ -92,32 +120,32 @@ pub(super) fn parse_time(s: &str, bare: Bare, now_ms: u64) -> Option<u64> {
         return parse_bare(s.as_bytes(), bare, now_ns);
     }
     if let Some(ns) = parse_go_duration(s.as_bytes()) {
-        return ns_to_ms(ns);
+        return ns_to_ms(ns).map(Time::delay);
     }
     let at = parse_rfc3339(s.as_bytes()).or_else(|| parse_http_date(s, now_ms))?;
-    until(at, now_ns)
+    Time::at(at, now_ns)
 }
 
 /// Large bare numbers are instants, not delays (SPEC §7): above 1e12 they are
 /// epoch milliseconds, above 1e9 (seconds only) epoch seconds.
-pub(super) fn parse_bare(digits: &[u8], bare: Bare, now_ns: i128) -> Option<u64> {
+pub(super) fn parse_bare(digits: &[u8], bare: Bare, now_ns: i128) -> Option<Time> {
     match bare {
         Bare::Seconds => {
             let ns = parse_decimal(digits, NS_PER_SEC)?;
             if ns > 1_000_000_000_000 * NS_PER_SEC {
-                until(i128::try_from(parse_decimal(digits, NS_PER_MS)?).ok()?, now_ns)
+                Time::at(i128::try_from(parse_decimal(digits, NS_PER_MS)?).ok()?, now_ns)
             } else if ns > 1_000_000_000 * NS_PER_SEC {
-                until(i128::try_from(ns).ok()?, now_ns)
+                Time::at(i128::try_from(ns).ok()?, now_ns)
             } else {
-                ns_to_ms(ns)
+                ns_to_ms(ns).map(Time::delay)
             }
         }
         Bare::Millis => {
             let ns = parse_decimal(digits, NS_PER_MS)?;
             if ns > 1_000_000_000_000 * NS_PER_MS {
-                until(i128::try_from(ns).ok()?, now_ns)
+                Time::at(i128::try_from(ns).ok()?, now_ns)
             } else {
-                ns_to_ms(ns)
+                ns_to_ms(ns).map(Time::delay)
             }
         }
     }

@@ -400,6 +400,13 @@ pub struct Learning {
     /// to date after every report, because every grant reads it.
     #[serde(skip)]
     pub one_at_a_time: bool,
+    /// Calls this process granted that have not left yet.
+    #[serde(skip)]
+    pub out: u32,
+    /// The start's ramp counts time of use: from this instant, when the
+    /// last call out left, it stands still until the next grant.
+    #[serde(skip)]
+    pub idle_since: Option<Ms>,
 }
 
 /// A spent window whose end nobody said (`remaining: 0` with no reset, or
@@ -464,6 +471,8 @@ impl Learning {
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
             one_at_a_time: false,
+            out: 0,
+            idle_since: None,
         }
     }
 
@@ -482,6 +491,7 @@ impl Learning {
     /// limit between grants (the governor headers, the metrics, the
     /// dashboard, the gates) sees where the ramp is, as the next grant would.
     pub fn effective_at(&self, now: Ms) -> u32 {
+        let now = self.ramp_clock(now);
         match self.start {
             Start::Since(since) if !self.one_at_a_time => self.effective.max(self.ramp_cap(since, now)),
             // Beside the calls out, but never past the configured limit (a
@@ -496,8 +506,16 @@ impl Learning {
         match self.start {
             Start::Done => false,
             Start::Pending => true,
-            Start::Since(since) => self.effective.max(self.ramp_cap(since, now)) < self.concurrency,
+            Start::Since(since) => self.effective.max(self.ramp_cap(since, self.ramp_clock(now))) < self.concurrency,
         }
+    }
+
+    /// Where the start's ramp is at `now`: it stands still while no call
+    /// is out, so a pool that made one call and then stood idle meets its
+    /// first burst with the limit it had, not `concurrency` (README rule 0:
+    /// the limit doubles every 100 ms of use).
+    fn ramp_clock(&self, now: Ms) -> Ms {
+        self.idle_since.map_or(now, |idle| idle.min(now))
     }
 
     /// The start's limit `now`, for a ramp begun at `since`: the initial
@@ -542,6 +560,8 @@ impl Learning {
             pattern: Pattern::default(),
             blind: BlindProbe::default(),
             one_at_a_time: false,
+            out: 0,
+            idle_since: None,
             ..self.clone()
         }
     }
@@ -618,12 +638,14 @@ impl Learning {
             }
             Start::Since(t) => t,
         };
-        self.effective = self.effective.max(self.ramp_cap(since, now));
+        let idle = self.idle_since.is_some();
+        self.effective = self.effective.max(self.ramp_cap(since, self.ramp_clock(now)));
         if self.effective >= self.concurrency {
             self.start = Start::Done;
             return None;
         }
-        Some(Self::ramp_grows_at(since, now))
+        // Idle, it grows at no instant: the next grant moves it on.
+        (!idle).then(|| Self::ramp_grows_at(since, now))
     }
 
     /// The learned pause in force at `now`, if any. When a cool-down and
@@ -679,6 +701,13 @@ impl Learning {
 
     /// Counts a grant against the learned budget (moving on from a window that ended).
     pub fn on_grant(&mut self, now: Ms) {
+        // The ramp goes on from where it stood when the pool went idle.
+        if let Some(idle) = self.idle_since.take() {
+            if let Start::Since(since) = &mut self.start {
+                *since += now.saturating_sub(idle);
+            }
+        }
+        self.out = self.out.saturating_add(1);
         self.marks.on_grant(now, self.grants);
         self.pattern.on_first_grant(now);
         // Refilled before it counts, so the window's grant counts start after this one's.
@@ -837,9 +866,13 @@ impl Learning {
         Some(b.backoff_ms)
     }
 
-    /// A lease granted at `granted_at` left the pool (released, reclaimed),
-    /// before its report, if any, is applied.
-    pub fn on_lease_left(&mut self, granted_at: Ms) {
+    /// A lease granted at `granted_at` left the pool (released, reclaimed)
+    /// at `now`, before its report, if any, is applied.
+    pub fn on_lease_left(&mut self, granted_at: Ms, now: Ms) {
+        if self.out == 1 && matches!(self.start, Start::Since(_)) {
+            self.idle_since = Some(now);
+        }
+        self.out = self.out.saturating_sub(1);
         let b = &mut self.blind;
         if b.backoff_ms > 0 && granted_at <= b.since {
             b.out_before = b.out_before.saturating_sub(1);
@@ -1828,13 +1861,13 @@ mod tests {
             assert_eq!(spent.evidence(), Evidence::Rate);
             let mut l = ramped(8);
             let burst: Vec<_> = (0..8).map(|_| grant(&mut l, 0)).collect();
-            l.on_lease_left(burst[0].1);
+            l.on_lease_left(burst[0].1, 10);
             let wake = l.on_report(&spent, about(burst[0], 7), 10);
             assert_eq!(wake.cooldown_until, Some(10 + PROBE_BACKOFF_MIN_MS));
             assert_eq!(l.effective_at(10 + PROBE_BACKOFF_MAX_MS), 1 + 7, "in time, beside the 7 still out");
             assert_eq!(l.effective_at(20), 1, "one call at a time probes");
             for (i, lease) in burst.iter().enumerate().skip(1) {
-                l.on_lease_left(lease.1);
+                l.on_lease_left(lease.1, 20);
                 let wake = l.on_report(&spent, about(*lease, 7 - i as u32), 20);
                 assert_eq!(wake.cooldown_until, None, "the same spent window, already paused");
             }
@@ -1871,9 +1904,9 @@ mod tests {
         }
         assert_eq!(l.effective(), 1, "the run probes");
         let run_probe = grant(&mut l, 300);
-        l.on_lease_left(early.1);
+        l.on_lease_left(early.1, 310);
         l.on_report(&blind_429(), about(early, 1), 310);
-        l.on_lease_left(run_probe.1);
+        l.on_lease_left(run_probe.1, 320);
         l.on_report(&ok(), about(run_probe, 0), 320);
         assert!(!l.pattern.probing, "the run's window opened");
         assert_eq!(l.effective(), 1, "the blind probe goes on");
@@ -2097,6 +2130,42 @@ mod tests {
         assert_eq!(ramped(64).effective(), 64);
         assert_eq!(Learning::new(INITIAL_WINDOW, true).effective(), INITIAL_WINDOW);
         assert_eq!(Learning::new(64, false).effective(), 64);
+    }
+
+    /// The ramp counts time of use: a pool that made one call and then
+    /// stood idle meets its first burst with the initial window, not
+    /// `concurrency` (README rule 0); it goes on from there once calls are
+    /// out again.
+    #[test]
+    fn the_start_ramps_only_while_calls_are_out() {
+        // As the governor grants: the ramp carried to `now` first.
+        let take = |l: &mut Learning, now: Ms| {
+            l.rises_at(now);
+            grant(l, now)
+        };
+        let mut l = Learning::new(64, true);
+        let first = take(&mut l, 1000);
+        l.on_lease_left(first.1, 1005);
+        l.on_report(&ok(), about(first, 0), 1005);
+        for now in [1010, 1000 + 10 * RAMP_DOUBLING_MS, 60_000] {
+            assert_eq!(l.effective_at(now), INITIAL_WINDOW, "idle at {now}");
+            assert!(l.starting_at(now));
+            assert_eq!(l.rises_at(now), None, "idle, it grows at no instant");
+        }
+        // The burst after a minute: the initial window, and the ramp goes
+        // on from the 5 ms it had run.
+        assert_eq!(l.rises_at(60_000), None);
+        let burst: Vec<_> = (0..INITIAL_WINDOW).map(|_| take(&mut l, 60_000)).collect();
+        assert_eq!(l.effective(), INITIAL_WINDOW);
+        assert_eq!(l.effective_at(60_000 + RAMP_DOUBLING_MS - 5), 2 * INITIAL_WINDOW);
+        assert!(l.rises_at(60_000 + 1).is_some());
+        // Calls out, the clock runs as before: 200 ms of use reach 64.
+        for lease in &burst[1..] {
+            l.on_lease_left(lease.1, 60_050);
+        }
+        assert_eq!(l.effective_at(60_000 + 2 * RAMP_DOUBLING_MS), 64, "one call still out");
+        assert_eq!(l.ramp(60_000 + 2 * RAMP_DOUBLING_MS), None);
+        assert_eq!((l.effective(), l.start), (64, Start::Done));
     }
 
     /// Between grants the ramp stands still, but what reads the limit sees

@@ -192,7 +192,7 @@ pub fn run(l: &mut Learning, up: Upstream, duration: Ms, seed: u64) -> Run {
                 in_flight -= 1;
             }
             held -= 1;
-            l.on_lease_left(c.granted_at);
+            l.on_lease_left(c.granted_at, now);
             let (headers, stamped) =
                 if up.stamp_at_admission || !c.ok { (c.admitted, c.arrived_at) } else { (stamp(used), now) };
             let headers = headers.map(|(left, reset)| (left, as_read(up, stamped, reset, now)));

@@ -1046,7 +1046,7 @@ impl<T: Copy> Governor<T> {
             oks_seq: lease.oks_seq,
         };
         let pool = &mut self.pools[lease.pool.0 as usize];
-        pool.learning.on_lease_left(lease.granted_at);
+        pool.learning.on_lease_left(lease.granted_at, now);
         if lease.idem != NO_KEY {
             pool.idem.remove(lease.idem);
         }

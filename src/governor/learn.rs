@@ -400,7 +400,8 @@ pub struct Learning {
     /// to date after every report, because every grant reads it.
     #[serde(skip)]
     pub one_at_a_time: bool,
-    /// Calls this process granted that have not left yet.
+    /// Calls this process granted during the start that have not left
+    /// yet (counted until the start is done: only its ramp reads them).
     #[serde(skip)]
     pub out: u32,
     /// The start's ramp counts time of use: from this instant, when the
@@ -629,7 +630,19 @@ impl Learning {
     /// millisecond it next grows by a slot, so a queue held back by it is
     /// granted that slot then (and no acquire meanwhile finds it free with
     /// waiters queued).
+    #[inline]
     pub fn ramp(&mut self, now: Ms) -> Option<Ms> {
+        // Done once and for all after a pool's first moments: every grant
+        // asks, so the answer stays a test in the caller.
+        if self.start == Start::Done {
+            return None;
+        }
+        self.ramp_on(now)
+    }
+
+    /// `ramp` while the start is not done.
+    #[inline(never)]
+    fn ramp_on(&mut self, now: Ms) -> Option<Ms> {
         let since = match self.start {
             Start::Done => return None,
             Start::Pending => {
@@ -701,13 +714,15 @@ impl Learning {
 
     /// Counts a grant against the learned budget (moving on from a window that ended).
     pub fn on_grant(&mut self, now: Ms) {
-        // The ramp goes on from where it stood when the pool went idle.
-        if let Some(idle) = self.idle_since.take() {
-            if let Start::Since(since) = &mut self.start {
+        // Calls out are counted for the start's ramp only: once it is done,
+        // a grant pays for no bookkeeping of it.
+        if self.start != Start::Done {
+            // The ramp goes on from where it stood when the pool went idle.
+            if let (Some(idle), Start::Since(since)) = (self.idle_since.take(), &mut self.start) {
                 *since += now.saturating_sub(idle);
             }
+            self.out = self.out.saturating_add(1);
         }
-        self.out = self.out.saturating_add(1);
         self.marks.on_grant(now, self.grants);
         self.pattern.on_first_grant(now);
         // Refilled before it counts, so the window's grant counts start after this one's.
@@ -869,10 +884,12 @@ impl Learning {
     /// A lease granted at `granted_at` left the pool (released, reclaimed)
     /// at `now`, before its report, if any, is applied.
     pub fn on_lease_left(&mut self, granted_at: Ms, now: Ms) {
-        if self.out == 1 && matches!(self.start, Start::Since(_)) {
-            self.idle_since = Some(now);
+        if self.start != Start::Done {
+            if self.out == 1 && matches!(self.start, Start::Since(_)) {
+                self.idle_since = Some(now);
+            }
+            self.out = self.out.saturating_sub(1);
         }
-        self.out = self.out.saturating_sub(1);
         let b = &mut self.blind;
         if b.backoff_ms > 0 && granted_at <= b.since {
             b.out_before = b.out_before.saturating_sub(1);
@@ -883,6 +900,7 @@ impl Learning {
     /// start's ramp (`ramp`, which it carries to `now`), or a blind probe's
     /// calls out ceasing to count (`exempt_at`). A queue held by the limit
     /// is woken then.
+    #[inline]
     pub fn rises_at(&mut self, now: Ms) -> Option<Ms> {
         let ramp = self.ramp(now);
         let b = &self.blind;

@@ -1047,3 +1047,27 @@ fn a_report_with_a_long_name_and_many_values_costs_its_size() {
     // The bodies are 0.9 MB each; 64 MB leaves room for any allocator.
     assert!(grown < 64 * 1024, "peak memory grew by {grown} KiB");
 }
+
+#[test]
+fn acquires_pipelined_behind_a_waiter_with_their_budget_spent_are_answered_at_once() {
+    // Each spent acquire behind the waiter used to wait for a tick of its
+    // own: 400 of them answered the last 400 ms or more past its deadline.
+    const WAIT_MS: u64 = 300;
+    const BEHIND: usize = 400;
+    let s = TestServer::start(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":10000},"adaptive":false"#, ""));
+    let holder = s.acquire("", "").slot();
+    let mut c = connect(s.addr);
+    let body = format!(r#"{{"waitMs":{WAIT_MS}}}"#);
+    c.write_all(&post(ACQUIRE, KEY, "", &body).repeat(BEHIND + 1)).unwrap();
+    let mut last = None;
+    for i in 0..=BEHIND {
+        let r = read_response(&mut c).unwrap_or_else(|| panic!("acquire {i} was not answered"));
+        assert_eq!((r.status, r.error_code().as_str()), (504, "queue_timeout"), "acquire {i}: {r:?}");
+        last = Some(r);
+    }
+    let queued_ms = last.unwrap().header_u64("x-nthpool-queued-ms");
+    // Generous for a loaded machine, and well short of one tick each.
+    assert!(queued_ms < WAIT_MS + 200, "the last was answered {queued_ms} ms after it was read");
+    assert_eq!(s.release(&holder, "").json()["released"], true);
+    s.acquire("", "").slot();
+}

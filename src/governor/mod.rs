@@ -433,7 +433,7 @@ impl<T: Copy> Governor<T> {
     /// budget runs from then. A request that waited in its connection's
     /// input behind a queued acquire comes with part of its budget spent;
     /// with all of it spent it is answered as any wait that ran out (`504`,
-    /// at the next tick), unless a slot is free now.
+    /// by the next turn), unless a slot is free now.
     pub fn acquire_read_at(&mut self, pid: PoolId, wait_ms: u64, owner: u64, read: Ms, now: Ms) -> Admission {
         debug_assert!(read <= now);
         let pool = &mut self.pools[pid.0 as usize];
@@ -455,8 +455,11 @@ impl<T: Copy> Governor<T> {
         }
         // `read` is whole milliseconds, rounded down: the acquire came up to a
         // millisecond after it, and a deadline at `read + budget` could answer
-        // 504 before the caller's budget had passed. One more never does.
-        let deadline = (read + budget + 1).max(now + 1);
+        // 504 before the caller's budget had passed. One more never does. A
+        // budget spent before its turn came (it waited in its connection's
+        // input) is due now, answered by the next turn without sleeping: not
+        // a tick later, which a pipeline of such acquires would pay once each.
+        let deadline = (read + budget + 1).max(now);
         let timer = self.wheel.insert(deadline, Timer::Waiter(self.waiters.vacant_key()));
         let pool = &mut self.pools[pid.0 as usize];
         let key = self.waiters.push_back(&mut pool.queue, pid, owner, read, timer);

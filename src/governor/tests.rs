@@ -270,11 +270,12 @@ fn a_budget_runs_from_when_the_request_was_read() {
     let held = granted(g.acquire(p, 0, 1, 0));
     // Read at 100, its turn came at 400: 300 of its 500 ms are left.
     queued(g.acquire_read_at(p, 500, 2, 100, 400));
-    // Read at 100, its turn at 700: its budget is spent, it is answered at the next tick.
+    // Read at 100, its turn at 700: its budget is spent, it is due at once
+    // (the next turn, in the same millisecond), not a tick later.
     queued(g.acquire_read_at(p, 500, 3, 100, 700));
     g.advance(600);
     assert!(notices(&mut g).is_empty());
-    for (at, owner) in [(601, 2), (701, 3)] {
+    for (at, owner) in [(601, 2), (700, 3)] {
         g.advance(at);
         match &notices(&mut g)[..] {
             [Notice::TimedOut { owner: o, denial }] if *o == owner => {

@@ -369,6 +369,13 @@ fn expect_continue_is_refused_at_once_when_the_head_decides() {
     }
 }
 
+/// A `413` says how large a body may be: its sentence names the limit in bytes.
+#[track_caller]
+fn assert_names_the_limit(r: &Response, limit: u64) {
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains(&format!(" {limit} bytes")), "the limit is not named: {message:?}");
+}
+
 #[test]
 fn a_body_over_the_limit_is_refused_before_it_is_sent() {
     let s = TestServer::start(&config("", r#""maxBodyBytes":1024"#));
@@ -377,6 +384,7 @@ fn a_body_over_the_limit_is_refused_before_it_is_sent() {
         format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 1025\r\n\r\n");
     let r = exchange(&mut c, head.as_bytes());
     assert_error(&r, 413, "payload_too_large", "Content-Length over the limit");
+    assert_names_the_limit(&r, 1024);
     assert_answer_closes(&mut c, &r, "413");
 
     // Chunks that add up to more than the limit: refused at the size line that breaks it.
@@ -388,6 +396,7 @@ fn a_body_over_the_limit_is_refused_before_it_is_sent() {
     );
     let r = exchange(&mut c, head.as_bytes());
     assert_error(&r, 413, "payload_too_large", "chunks over the limit");
+    assert_names_the_limit(&r, 1024);
     assert_answer_closes(&mut c, &r, "chunked 413");
 
     // Exactly the limit is fine.
@@ -395,6 +404,27 @@ fn a_body_over_the_limit_is_refused_before_it_is_sent() {
     let body = format!("{{\"waitMs\":0{}}}", " ".repeat(1024 - 12));
     assert_eq!(body.len(), 1024);
     exchange(&mut c, &post(ACQUIRE, KEY, "", &body)).slot();
+}
+
+#[test]
+fn chunk_framing_over_its_limits_is_refused_naming_them() {
+    let s = TestServer::start(&config("", ""));
+    let chunked = format!(
+        "POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
+    // A size line longer than 1 KiB; a trailer section longer than 8 KiB.
+    let cases = [
+        (format!("{chunked}2;a={}\r\n", "b".repeat(1024)), "1 KiB"),
+        (format!("{chunked}0\r\nX-T: {}\r\n\r\n", "t".repeat(8 * 1024)), "8 KiB"),
+    ];
+    for (raw, limit) in cases {
+        let mut c = s.connect();
+        let r = exchange(&mut c, raw.as_bytes());
+        assert_error(&r, 400, "bad_request", limit);
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.ends_with(&format!("longer than {limit}.")), "{limit}: {message:?}");
+        assert_answer_closes(&mut c, &r, limit);
+    }
 }
 
 #[test]

@@ -1429,6 +1429,8 @@ fn a_chunked_body_past_max_request_bytes_is_413_and_its_upstream_connection_is_c
     }
     let r = read_any(&mut s).expect("a refusal");
     assert_eq!((r.status, r.error_code().as_str()), (413, "payload_too_large"), "{r:?}");
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains(" 1024 bytes "), "maxRequestBytes is not named: {message:?}");
     // Its head and first chunks went up (the body streams): that connection
     // is closed mid-body, so the upstream never takes it for a whole request.
     // (Well before its idle timeout would close a connection kept for reuse.)

@@ -3,7 +3,7 @@
 use super::route::BadEscape;
 use crate::access::AccessError;
 use crate::http::request::HeadError;
-use crate::http::response::{error_body, Status, Writer};
+use crate::http::response::{error_body, push_u64, Status, Writer};
 
 /// Every error answer a client can get, one variant each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +21,10 @@ pub enum ApiError {
     RouteNotFound(&'static str),
     MethodNotAllowed,
     Capped,
-    PayloadTooLarge,
+    /// The body is over the limit, in bytes, of where it was sent
+    /// (`maxBodyBytes`, a proxied pool's `upstream.maxRequestBytes`): the
+    /// sentence names it.
+    PayloadTooLarge(u64),
     HeadTooLarge,
     TargetTooLong,
     /// A transfer coding (or other framing feature) the server does not implement.
@@ -70,7 +73,7 @@ impl ApiError {
             ApiError::NotFound | ApiError::RouteNotFound(_) => Status::NotFound,
             ApiError::MethodNotAllowed => Status::MethodNotAllowed,
             ApiError::Capped | ApiError::Superseded => Status::Conflict,
-            ApiError::PayloadTooLarge => Status::PayloadTooLarge,
+            ApiError::PayloadTooLarge(_) => Status::PayloadTooLarge,
             ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
             ApiError::TargetTooLong => Status::UriTooLong,
             ApiError::NotImplemented(_) => Status::NotImplemented,
@@ -92,7 +95,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Capped => "capped",
             ApiError::Superseded => "superseded",
-            ApiError::PayloadTooLarge => "payload_too_large",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::HeadTooLarge => "request_header_fields_too_large",
             ApiError::TargetTooLong => "uri_too_long",
             ApiError::NotImplemented(_) => "not_implemented",
@@ -120,7 +123,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "Lock routes accept POST only.",
             ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
             ApiError::Superseded => "A retry with the same Idempotency-Key took this acquire's place in the queue.",
-            ApiError::PayloadTooLarge => "The request body is larger than this server accepts.",
+            ApiError::PayloadTooLarge(_) => "The request body is larger than this server accepts.",
             ApiError::ExpectationFailed => "Only the 100-continue expectation is supported.",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
             ApiError::TargetTooLong => "The request target is longer than 16 KiB.",
@@ -141,7 +144,7 @@ impl ApiError {
         matches!(
             self,
             ApiError::BadRequest(_)
-                | ApiError::PayloadTooLarge
+                | ApiError::PayloadTooLarge(_)
                 | ApiError::HeadTooLarge
                 | ApiError::TargetTooLong
                 | ApiError::NotImplemented(_)
@@ -162,7 +165,16 @@ impl ApiError {
     /// headers.
     pub fn write_with(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool, headers: &[u8]) {
         scratch.clear();
-        error_body(scratch, self.code(), self.message());
+        match self {
+            ApiError::PayloadTooLarge(limit) => {
+                scratch.extend_from_slice(
+                    b"{\"error\":\"payload_too_large\",\"message\":\"The request body is larger than the ",
+                );
+                push_u64(scratch, limit);
+                scratch.extend_from_slice(b" bytes this server accepts.\"}");
+            }
+            _ => error_body(scratch, self.code(), self.message()),
+        }
         let mut w = Writer::start(out, self.status());
         w.raw(headers);
         match self {

@@ -168,7 +168,7 @@ impl App {
             return Err(ApiError::NotImplemented("TRACE is not relayed by the proxy."));
         }
         if matches!(head.framing, BodyFraming::Length(n) if n > max_bytes) {
-            return Err(ApiError::PayloadTooLarge);
+            return Err(ApiError::PayloadTooLarge(max_bytes));
         }
         let wait_ms = match head.api.queue_timeout_ms() {
             _ if head.api.moved() && self.moved_by_trusted_proxy(pid, ctx.peer) => 0,

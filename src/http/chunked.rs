@@ -14,13 +14,15 @@
 const MAX_SIZE_LINE: usize = 1024;
 /// Longest trailer section, its final empty line included.
 const MAX_TRAILERS: usize = 8 * 1024;
+// The refusals name these limits ("longer than 1 KiB", "... 8 KiB").
+const _: () = assert!(MAX_SIZE_LINE == 1024 && MAX_TRAILERS == 8 * 1024);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkError {
     /// `400` and close; the text is the one-sentence `message` of the reply.
     Malformed(&'static str),
-    /// `413`: the decoded body would exceed the limit.
-    TooLarge,
+    /// `413`: the decoded body would exceed the limit, in bytes.
+    TooLarge(u64),
 }
 
 const BARE_LF: ChunkError = ChunkError::Malformed("Chunked framing lines must end with CRLF.");
@@ -152,7 +154,7 @@ impl ChunkedDecoder {
                 State::Size | State::SizeSpace | State::Extension(_) | State::SizeLf => {
                     self.size_line_len += 1;
                     if self.size_line_len > MAX_SIZE_LINE {
-                        return Err(ChunkError::Malformed("A chunk size line is too long."));
+                        return Err(ChunkError::Malformed("A chunk size line is longer than 1 KiB."));
                     }
                     self.size_line(b)?
                 }
@@ -166,7 +168,7 @@ impl ChunkedDecoder {
                 State::TrailerStart | State::TrailerName | State::Trailer | State::TrailerLf | State::EndLf => {
                     self.trailer_len += 1;
                     if self.trailer_len > MAX_TRAILERS {
-                        return Err(ChunkError::Malformed("The chunked trailer section is too long."));
+                        return Err(ChunkError::Malformed("The chunked trailer section is longer than 8 KiB."));
                     }
                     match (self.state, b) {
                         (State::EndLf, b'\n') => {
@@ -228,7 +230,7 @@ impl ChunkedDecoder {
             (State::SizeLf, b'\n') if self.size == 0 => State::TrailerStart,
             (State::SizeLf, b'\n') => {
                 if self.size > self.limit - self.total {
-                    return Err(ChunkError::TooLarge);
+                    return Err(ChunkError::TooLarge(self.limit));
                 }
                 State::Data
             }
@@ -459,13 +461,13 @@ mod tests {
         assert_eq!(whole(b"5\r\nhello\r\n0\r\n\r\n", 5), done(b"hello", 15));
         assert_eq!(whole(b"2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n", 5), done(b"hello", 20));
         // One chunk beyond the limit makes the body too large, answered at its size line.
-        assert_eq!(whole(b"6\r\n", 5), Outcome::Failed(ChunkError::TooLarge));
+        assert_eq!(whole(b"6\r\n", 5), Outcome::Failed(ChunkError::TooLarge(5)));
         // A size past 64 bits is no size at all.
         assert!(malformed(b"ffffffffffffffffff\r\n", usize::MAX));
         assert!(malformed(b"FFFFFFFFFFFFFFFF0\r\n", 5));
         // A sum beyond the limit is 413, answered before the data that breaks it.
-        assert_eq!(whole(b"3\r\nhel\r\n3\r\n", 5), Outcome::Failed(ChunkError::TooLarge));
-        assert_eq!(whole(b"1\r\n", 0), Outcome::Failed(ChunkError::TooLarge));
+        assert_eq!(whole(b"3\r\nhel\r\n3\r\n", 5), Outcome::Failed(ChunkError::TooLarge(5)));
+        assert_eq!(whole(b"1\r\n", 0), Outcome::Failed(ChunkError::TooLarge(0)));
         assert_eq!(whole(b"0\r\n\r\n", 0), done(b"", 5));
         assert_eq!(whole(b"ffffffffffffffff\r\n", usize::MAX), Outcome::Incomplete { body: Vec::new() });
     }

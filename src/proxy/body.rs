@@ -188,6 +188,6 @@ mod tests {
         assert!(relay.pump(b"zz\r\n", &mut out).is_err());
         assert_eq!(out, b"before");
         let mut small = Relay::new(Framing::Chunked(ChunkedDecoder::new(4)), true);
-        assert_eq!(small.pump(b"3\r\nabc\r\n3\r\n", &mut Vec::new()), Err(ChunkError::TooLarge));
+        assert_eq!(small.pump(b"3\r\nabc\r\n3\r\n", &mut Vec::new()), Err(ChunkError::TooLarge(4)));
     }
 }

@@ -85,7 +85,7 @@ impl Server {
                 Body::Ready(body, consumed) => (body, consumed),
                 // Only a chunked body outgrows the input buffer.
                 Body::Incomplete if input_full => {
-                    refuse(conn, ApiError::PayloadTooLarge, head.method == Method::Head);
+                    refuse(conn, ApiError::PayloadTooLarge(app.max_body as u64), head.method == Method::Head);
                     break;
                 }
                 // The client sent all it will: the body never completes.

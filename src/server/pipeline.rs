@@ -129,7 +129,12 @@ impl Server {
                     // Only a chunked body can outgrow the input buffer (its
                     // framing, extensions and trailers count): refuse it rather
                     // than stall until the head deadline.
-                    app.reject(&Ctx { close: true, ..ctx }, head, refusal(ApiError::PayloadTooLarge), &mut conn.output);
+                    app.reject(
+                        &Ctx { close: true, ..ctx },
+                        head,
+                        refusal(ApiError::PayloadTooLarge(app.max_body as u64)),
+                        &mut conn.output,
+                    );
                     close_refused(conn, answer_start, head_request);
                     break;
                 }
@@ -338,7 +343,7 @@ pub(super) fn take_body<'a>(
         BodyFraming::None => Body::Ready(&[], head_len),
         BodyFraming::Length(n) => {
             if n > max_body as u64 {
-                return Body::Refused(ApiError::PayloadTooLarge);
+                return Body::Refused(ApiError::PayloadTooLarge(max_body as u64));
             }
             let end = head_len + n as usize;
             if data.len() < end {
@@ -371,7 +376,7 @@ pub(super) fn take_body<'a>(
                         Body::Incomplete
                     }
                 }
-                Err(ChunkError::TooLarge) => Body::Refused(ApiError::PayloadTooLarge),
+                Err(ChunkError::TooLarge(limit)) => Body::Refused(ApiError::PayloadTooLarge(limit)),
                 Err(ChunkError::Malformed(why)) => Body::Refused(ApiError::BadRequest(why)),
             }
         }

@@ -426,7 +426,7 @@ impl Server {
             }
             Step::BadBody(err) => {
                 let err = match err {
-                    ChunkError::TooLarge => ApiError::PayloadTooLarge,
+                    ChunkError::TooLarge(limit) => ApiError::PayloadTooLarge(limit),
                     ChunkError::Malformed(why) => ApiError::BadRequest(why),
                 };
                 // Mid-response the client can only be cut; it is not the upstream's doing.

@@ -862,6 +862,9 @@ fn a_waiter_with_more_pipelined_behind_it_than_its_connection_buffers_is_refused
     });
     let r = read_response(&mut deep).expect("an answer");
     assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("bad_request")), "{r:?}");
+    let buffered = (16 + 2 + 64) * 1024;
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains(&format!(" {buffered} bytes ")), "the limit is not named: {message:?}");
     assert_eq!(r.header("connection"), Some("close"), "{r:?}");
     assert_eq!(s.metric("nthpool_waiters{pool=\"p\"}"), Some(0.0), "it left the queue");
     let mut rest = Vec::new();

@@ -293,14 +293,20 @@ impl App {
     /// connection buffers: a close it sent after that waits behind input the
     /// server has no room to read, so whether anyone still waits cannot be
     /// known. It leaves the queue, and is answered `400` (the connection
-    /// closes, what was pipelined unanswered). `false` when it no longer waits.
-    pub fn refuse_deep_waiter(&mut self, out: &mut Vec<u8>, queued: &Queued, conn: ConnId, now: Now) -> bool {
+    /// closes, what was pipelined unanswered), naming the buffer's size in
+    /// bytes, `buffered`. `false` when it no longer waits.
+    pub fn refuse_deep_waiter(
+        &mut self,
+        out: &mut Vec<u8>,
+        queued: &Queued,
+        conn: ConnId,
+        now: Now,
+        buffered: usize,
+    ) -> bool {
         if self.gov.withdraw_waiter(queued.key, conn.owner(), now.ms, Leaving::Answered).is_none() {
             return false;
         }
-        let error = ApiError::BadRequest(
-            "More was pipelined behind an acquire waiting in the queue than a connection buffers.",
-        );
+        let error = ApiError::PipelinedPastBuffer(buffered as u64);
         self.answer_queued_error(out, &queued.attempt, now, error, true);
         true
     }

@@ -33,6 +33,9 @@ pub enum ApiError {
     ExpectationFailed,
     /// A retry with the same `Idempotency-Key` took this queued acquire's place.
     Superseded,
+    /// More was pipelined behind a queued acquire than the connection's
+    /// input buffer (this many bytes) holds: its close could not be seen.
+    PipelinedPastBuffer(u64),
     /// Overloaded or shutting down; retry after the given seconds.
     Unavailable(&'static str, u64),
     /// Proxy mode: the upstream could not be reached or gave no usable answer.
@@ -67,7 +70,7 @@ impl ApiError {
 
     pub fn status(self) -> Status {
         match self {
-            ApiError::BadRequest(_) => Status::BadRequest,
+            ApiError::BadRequest(_) | ApiError::PipelinedPastBuffer(_) => Status::BadRequest,
             ApiError::Unauthorized(_) => Status::Unauthorized,
             ApiError::Forbidden(_) => Status::Forbidden,
             ApiError::NotFound | ApiError::RouteNotFound(_) => Status::NotFound,
@@ -89,7 +92,7 @@ impl ApiError {
 
     pub fn code(self) -> &'static str {
         match self {
-            ApiError::BadRequest(_) => "bad_request",
+            ApiError::BadRequest(_) | ApiError::PipelinedPastBuffer(_) => "bad_request",
             ApiError::Unauthorized(_) | ApiError::Forbidden(_) => "unauthorized",
             ApiError::NotFound | ApiError::RouteNotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
@@ -123,6 +126,9 @@ impl ApiError {
             ApiError::MethodNotAllowed => "Lock routes accept POST only.",
             ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
             ApiError::Superseded => "A retry with the same Idempotency-Key took this acquire's place in the queue.",
+            ApiError::PipelinedPastBuffer(_) => {
+                "More was pipelined behind an acquire waiting in the queue than a connection buffers."
+            }
             ApiError::PayloadTooLarge(_) => "The request body is larger than this server accepts.",
             ApiError::ExpectationFailed => "Only the 100-continue expectation is supported.",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
@@ -144,6 +150,7 @@ impl ApiError {
         matches!(
             self,
             ApiError::BadRequest(_)
+                | ApiError::PipelinedPastBuffer(_)
                 | ApiError::PayloadTooLarge(_)
                 | ApiError::HeadTooLarge
                 | ApiError::TargetTooLong
@@ -156,6 +163,29 @@ impl ApiError {
         )
     }
 
+    /// The JSON body. A limit the configuration sets is named in the
+    /// sentence by its number, written in here.
+    fn body(self, out: &mut Vec<u8>) {
+        let (before, limit, after) = match self {
+            ApiError::PayloadTooLarge(limit) => {
+                ("The request body is larger than the ", limit, " bytes this server accepts.")
+            }
+            ApiError::PipelinedPastBuffer(limit) => (
+                "More than the ",
+                limit,
+                " bytes a connection buffers were pipelined behind an acquire waiting in the queue.",
+            ),
+            _ => return error_body(out, self.code(), self.message()),
+        };
+        out.extend_from_slice(b"{\"error\":\"");
+        out.extend_from_slice(self.code().as_bytes());
+        out.extend_from_slice(b"\",\"message\":\"");
+        out.extend_from_slice(before.as_bytes());
+        push_u64(out, limit);
+        out.extend_from_slice(after.as_bytes());
+        out.extend_from_slice(b"\"}");
+    }
+
     pub fn write(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool) {
         self.write_with(out, scratch, close, b"");
     }
@@ -165,16 +195,7 @@ impl ApiError {
     /// headers.
     pub fn write_with(self, out: &mut Vec<u8>, scratch: &mut Vec<u8>, close: bool, headers: &[u8]) {
         scratch.clear();
-        match self {
-            ApiError::PayloadTooLarge(limit) => {
-                scratch.extend_from_slice(
-                    b"{\"error\":\"payload_too_large\",\"message\":\"The request body is larger than the ",
-                );
-                push_u64(scratch, limit);
-                scratch.extend_from_slice(b" bytes this server accepts.\"}");
-            }
-            _ => error_body(scratch, self.code(), self.message()),
-        }
+        self.body(scratch);
         let mut w = Writer::start(out, self.status());
         w.raw(headers);
         match self {

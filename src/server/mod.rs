@@ -1492,7 +1492,9 @@ impl Server {
         let Some(queued) = conn.queued().copied().filter(|_| conn.exchange.is_none()) else {
             return;
         };
-        if self.app.refuse_deep_waiter(&mut conn.output, &queued, id, now) {
+        // Full: its buffer is as large as the connection's input may grow.
+        let buffered = conn.input.buf.len();
+        if self.app.refuse_deep_waiter(&mut conn.output, &queued, id, now, buffered) {
             conn.stop_waiting();
             conn.close_after_flush();
             self.mark_dirty(id);

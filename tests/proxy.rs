@@ -904,6 +904,36 @@ fn an_upstream_that_closes_mid_body_cuts_the_client_and_frees_the_slot() {
     slot_comes_back(&server);
 }
 
+/// A response head the proxy cannot relay is a `502` whose sentence says
+/// why, the limit it broke named with its number; the slot comes back and
+/// the pool serves the next request.
+#[test]
+fn an_unrelayable_response_head_is_a_502_that_says_why() {
+    let many_fields: String = (0..200).map(|i| format!("X-F{i}: v\r\n")).collect();
+    let cases = [
+        (format!("HTTP/1.1 200 OK\r\nX-Big: {}\r\nContent-Length: 2\r\n\r\nok", "a".repeat(40_000)), "32 KiB"),
+        (format!("HTTP/1.1 200 OK\r\n{many_fields}Content-Length: 2\r\n\r\nok"), "128 fields"),
+        ("HTTP/1.1 2x0 OK\r\nContent-Length: 2\r\n\r\nok".to_string(), "malformed"),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok".to_string(), "two different"),
+        ("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n".to_string(), "switched protocols"),
+    ];
+    for (answer, said) in cases {
+        let bad = answer.clone().into_bytes();
+        let up = MockUpstream::start(move |seen| match seen.request_line().contains("/bad") {
+            true => Reply::RawThenClose(bad.clone()),
+            false => ok("fine", ""),
+        });
+        let server = proxy_server(&up, 1, "");
+        let r = exchange(&server, &proxied("GET", "/bad", "", ""));
+        assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "{said}: {r:?}");
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains(said), "{said}: {message}");
+        slot_comes_back(&server);
+        let r = exchange(&server, &proxied("GET", "/next", "", ""));
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"fine"[..]), "{said}: {r:?}");
+    }
+}
+
 #[test]
 fn keep_alive_connections_to_the_upstream_are_reused() {
     let up = MockUpstream::start(|seen| ok(&format!("n{}", seen.conn), ""));

@@ -252,9 +252,13 @@ pub struct ResponseHead {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseError {
-    /// Not a response head this proxy can relay; the text says why (logged).
+    /// Not a response head this proxy can relay; the sentence says why
+    /// (the client's `502` gives it).
     Invalid(&'static str),
 }
+
+const HEAD_TOO_LARGE: ResponseError =
+    ResponseError::Invalid("The upstream's response head is larger than 32 KiB or has more than 128 fields.");
 
 /// How the client gets the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,27 +293,28 @@ pub fn take_response(
     let mut resp = httparse::Response::new(&mut storage);
     let len = match resp.parse(input) {
         Ok(httparse::Status::Complete(n)) if n <= MAX_RESPONSE_HEAD => n,
-        Ok(httparse::Status::Complete(_)) => return Err(ResponseError::Invalid("response head too large")),
-        Ok(httparse::Status::Partial) if input.len() > MAX_RESPONSE_HEAD => {
-            return Err(ResponseError::Invalid("response head too large"))
-        }
+        Ok(httparse::Status::Complete(_)) => return Err(HEAD_TOO_LARGE),
+        Ok(httparse::Status::Partial) if input.len() > MAX_RESPONSE_HEAD => return Err(HEAD_TOO_LARGE),
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err(ResponseError::Invalid("malformed response head")),
+        Err(httparse::Error::TooManyHeaders) => return Err(HEAD_TOO_LARGE),
+        Err(_) => return Err(ResponseError::Invalid("The upstream's response head is malformed.")),
     };
     let status = resp.code.unwrap_or(0);
     let headers: &[httparse::Header] = resp.headers;
     let framing = FramingFields::read(headers)?;
     if !(100..=599).contains(&status) {
-        return Err(ResponseError::Invalid("status out of range"));
+        return Err(ResponseError::Invalid("The upstream's status code is outside 100 to 599."));
     }
     if status == 101 {
-        return Err(ResponseError::Invalid("the upstream switched protocols, which is not relayed"));
+        return Err(ResponseError::Invalid("The upstream switched protocols, which the proxy does not relay."));
     }
     let interim = status < 200;
     let body = framing.body(status, client.head_request);
     if framing.other_coding && body != ResponseBody::None && !(framing.chunked && client.http11) {
         // Unframed, or for an HTTP/1.0 client, which takes no transfer coding.
-        return Err(ResponseError::Invalid("a transfer coding other than chunked"));
+        return Err(ResponseError::Invalid(
+            "The upstream's answer has a transfer coding other than chunked, which cannot be relayed to this client.",
+        ));
     }
     let to_client = match body {
         ResponseBody::None => ClientBody::None,
@@ -378,9 +383,10 @@ impl FramingFields {
             } else if h.name.eq_ignore_ascii_case("content-length") {
                 // The rules a request's length is read by: a leading zero the
                 // client might read otherwise is refused, not relayed.
-                let n = parse_content_length(h.value).map_err(|_| ResponseError::Invalid("bad Content-Length"))?;
+                let n = parse_content_length(h.value)
+                    .map_err(|_| ResponseError::Invalid("The upstream's Content-Length is not a valid length."))?;
                 if f.length.is_some_and(|l| l != n) {
-                    return Err(ResponseError::Invalid("two different Content-Lengths"));
+                    return Err(ResponseError::Invalid("The upstream sent two different Content-Lengths."));
                 }
                 f.length = Some(n);
             } else if h.name.eq_ignore_ascii_case("connection") {

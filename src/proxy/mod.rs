@@ -272,7 +272,8 @@ pub enum Step {
     /// The upstream failed before the client got anything: answer `502`.
     BadGateway(&'static str),
     /// The upstream cannot be used (its TLS certificate was refused, its
-    /// name does not resolve): answer `502` with this sentence.
+    /// name does not resolve, its response head cannot be relayed): answer
+    /// `502` with this sentence.
     Unusable(&'static str),
     /// A reused idle connection failed before any byte of the request was
     /// written: send the request again on a fresh connection (`reattach`).
@@ -1067,7 +1068,12 @@ impl Exchange {
         let (rh, to_client) = match taken {
             Ok(None) => return Ok(false),
             Ok(Some(taken)) => taken,
-            Err(head::ResponseError::Invalid(why)) => return Err(Halt::Upstream(why)),
+            Err(head::ResponseError::Invalid(why)) => {
+                // Its answer cannot be relayed: the client's `502` says why.
+                debug!("the upstream's response head cannot be relayed: {why}");
+                up.eof = true;
+                return Err(Halt::Now(Step::Unusable(why)));
+            }
         };
         up.input.consume(rh.len);
         if rh.status >= 200 {

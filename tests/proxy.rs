@@ -1300,6 +1300,19 @@ fn relayed_answers_carry_a_date_when_the_upstream_sent_none() {
     assert!(date.ends_with(" GMT") && date.len() == 29, "{date}");
 }
 
+/// A `Date` the upstream's `Connection` names is hop-by-hop, so it is
+/// dropped (RFC 9110 §7.6.1), and the answer gets one of the proxy's own.
+#[test]
+fn a_date_the_upstreams_connection_names_is_replaced_not_left_out() {
+    let up = MockUpstream::start(|_| ok("fine", "Connection: Date\r\nDate: Mon, 01 Jan 2024 00:00:00 GMT\r\n"));
+    let server = proxy_server(&up, 1, "");
+    let r = exchange(&server, &proxied("GET", "/", "", ""));
+    assert_eq!(r.status, 200, "{r:?}");
+    let dates: Vec<_> = r.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case("date")).map(|(_, v)| v).collect();
+    assert_eq!(dates.len(), 1, "{r:?}");
+    assert!(!dates[0].contains("2024") && dates[0].ends_with(" GMT"), "{r:?}");
+}
+
 #[test]
 fn an_upstreams_own_governor_headers_are_not_relayed() {
     let up = MockUpstream::start(|_| ok("fine", "x-nthpool-effective-limit: 999\r\nX-Nthpool-Anything: up\r\n"));

@@ -445,7 +445,6 @@ fn write_client_head(out: &mut Vec<u8>, resp: &httparse::Response, to: ToClient,
     let connection = ConnectionTokens::of(fields());
     let mut dated = false;
     for h in resp.headers.iter() {
-        dated |= h.name.eq_ignore_ascii_case("date");
         let forwarded = if h.name.eq_ignore_ascii_case("content-length") {
             framing_passes
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -459,6 +458,8 @@ fn write_client_head(out: &mut Vec<u8>, resp: &httparse::Response, to: ToClient,
                 && !connection.lists(h.name.as_bytes(), fields())
         };
         if forwarded {
+            // Only a `Date` relayed counts: one the upstream's `Connection` names is not.
+            dated |= h.name.eq_ignore_ascii_case("date");
             push_field(out, h.name.as_bytes(), h.value);
         }
     }

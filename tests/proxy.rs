@@ -989,6 +989,70 @@ fn a_client_that_leaves_mid_stream_frees_its_slot_at_once() {
     assert!(slot_comes_back(&server) < Duration::from_secs(5));
 }
 
+/// Reads until the server closes the connection; how long that took, or
+/// `None` if it did not within `limit` (it would at the 60 s idle timeout).
+fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(_) if start.elapsed() < limit => {}
+            Ok(_) => return None,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Some(start.elapsed()),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// A client that closes its side while its request is queued, sent, or
+/// mid-stream is gone: its slot comes back and its connection is closed at
+/// once, not left open until the idle timeout.
+#[test]
+fn a_client_that_leaves_mid_exchange_has_its_connection_closed_at_once() {
+    let stream: Vec<(u64, Vec<u8>)> =
+        std::iter::once((0, b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n".to_vec()))
+            .chain((0..100).map(|i| (100, format!("data: {i}\n\n").into_bytes())))
+            .collect();
+    let up = MockUpstream::start(move |seen| match seen.request_line().contains("/stream") {
+        true => Reply::Paced(stream.clone()),
+        false => Reply::Silent(Duration::from_secs(20)),
+    });
+    let server = proxy_server(&up, 1, r#""timeoutMs":20000"#);
+    // Sent, no answer yet.
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/silent", "", "")).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while up.seen().is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let took = closed_within(&mut s, Duration::from_secs(5));
+    assert!(took.is_some(), "a client gone before the answer: its connection was left open");
+    slot_comes_back(&server);
+    // Mid-stream.
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/stream", "", "")).unwrap();
+    let mut first = [0u8; 64];
+    assert!(s.read_some(&mut first).unwrap() > 0);
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let took = closed_within(&mut s, Duration::from_secs(5));
+    assert!(took.is_some(), "a client gone mid-stream: its connection was left open");
+    slot_comes_back(&server);
+    // Queued behind a lock holder.
+    let held = server.acquire("", "");
+    assert_eq!(held.status, 200, "{held:?}");
+    let mut s = server.connect();
+    s.write_all(&proxied("GET", "/silent", "X-Nthpool-Queue-Timeout-Ms: 5000\r\n", "")).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let took = closed_within(&mut s, Duration::from_secs(4));
+    assert!(took.is_some(), "a client gone from the queue: its connection was left open");
+    server.release(&held.slot(), "");
+    slot_comes_back(&server);
+}
+
 // ---------------------------------------------------------------- stopping
 
 /// `proxy_server` with the access log written to `access.log` in its directory.

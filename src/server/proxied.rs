@@ -375,6 +375,9 @@ impl Server {
             // also when its FIN waits behind input a full buffer left unread
             // (an upload the upstream reads slowly, a pipeline behind a wait).
             self.end_exchange(id, End::Closed(crate::api::UNANSWERED_CLIENT_GONE));
+            // Its connection closes now (`end_exchange` marked it so): no
+            // event of its own will come to flush it.
+            self.mark_dirty(id);
             return;
         }
         if self.proxy.exchanges[ex].up.is_none() {

@@ -1427,6 +1427,30 @@ fn a_client_that_stalls_its_body_gets_a_408_and_the_upstream_is_not_blamed() {
     assert!(line["upstreamStatus"].is_null(), "{line}");
 }
 
+/// The upstream's `timeoutMs` that ran out, before its response head or
+/// while the client's body stalled, is named with its number.
+#[test]
+fn a_504_or_408_at_the_upstreams_timeout_names_it_with_its_number() {
+    let up = MockUpstream::start(|seen| match seen.request_line().contains("/silent") {
+        true => Reply::Silent(Duration::from_secs(10)),
+        false => ok("never", ""),
+    });
+    let server = proxy_server(&up, 1, r#""timeoutMs":400"#);
+    let r = exchange(&server, &proxied("GET", "/silent", "", ""));
+    assert_eq!((r.status, r.error_code().as_str()), (504, "upstream_timeout"), "{r:?}");
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("timeoutMs, 400 ms"), "{message}");
+    slot_comes_back(&server);
+    let mut s = server.connect();
+    let head = format!("POST /upload HTTP/1.1\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\nContent-Length: 6\r\n\r\na");
+    s.write_all(head.as_bytes()).unwrap();
+    let r = read_any(&mut s).expect("an answer");
+    assert_eq!((r.status, r.error_code().as_str()), (408, "body_timeout"), "{r:?}");
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("timeoutMs, 400 ms"), "{message}");
+    slot_comes_back(&server);
+}
+
 #[test]
 fn a_refused_connect_logs_no_upstream_time() {
     let closed = refused_addr();

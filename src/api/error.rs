@@ -43,11 +43,13 @@ pub enum ApiError {
     /// Proxy mode: the upstream cannot be used for the reason the sentence
     /// gives (its TLS certificate was refused, its name does not resolve).
     BadGatewayBecause(&'static str),
-    /// Proxy mode: no response head within the upstream's `timeoutMs`.
-    UpstreamTimeout,
-    /// Proxy mode: the client's request body stalled; the upstream had taken
-    /// all that came of it and waited for the rest.
-    BodyTimeout,
+    /// Proxy mode: no response head within the upstream's `timeoutMs`, this
+    /// many milliseconds (named in the message).
+    UpstreamTimeout(u64),
+    /// Proxy mode: the client's request body stalled for the upstream's
+    /// `timeoutMs` (named in the message); the upstream had taken all that
+    /// came of it and waited for the rest.
+    BodyTimeout(u64),
     /// Proxy mode: the request reached `requestTimeoutMs` before the response head.
     RequestCapped,
     /// A request line of an HTTP major version other than 1.
@@ -83,8 +85,8 @@ impl ApiError {
             ApiError::ExpectationFailed => Status::ExpectationFailed,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
-            ApiError::UpstreamTimeout | ApiError::RequestCapped => Status::GatewayTimeout,
-            ApiError::BodyTimeout => Status::RequestTimeout,
+            ApiError::UpstreamTimeout(_) | ApiError::RequestCapped => Status::GatewayTimeout,
+            ApiError::BodyTimeout(_) => Status::RequestTimeout,
             ApiError::VersionNotSupported => Status::VersionNotSupported,
             ApiError::Misdirected => Status::MisdirectedRequest,
         }
@@ -105,8 +107,8 @@ impl ApiError {
             ApiError::ExpectationFailed => "expectation_failed",
             ApiError::Unavailable(..) => "unavailable",
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
-            ApiError::UpstreamTimeout => "upstream_timeout",
-            ApiError::BodyTimeout => "body_timeout",
+            ApiError::UpstreamTimeout(_) => "upstream_timeout",
+            ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::RequestCapped => "request_capped",
             ApiError::VersionNotSupported => "http_version_not_supported",
             ApiError::Misdirected => "misdirected_request",
@@ -134,8 +136,8 @@ impl ApiError {
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
             ApiError::TargetTooLong => "The request target is longer than 16 KiB.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
-            ApiError::UpstreamTimeout => "The upstream sent no response head within its timeout.",
-            ApiError::BodyTimeout => "The request body did not arrive within the upstream's timeout.",
+            ApiError::UpstreamTimeout(_) => "The upstream sent no response head within its timeoutMs.",
+            ApiError::BodyTimeout(_) => "The request body did not arrive within the upstream's timeoutMs.",
             ApiError::RequestCapped => "The request reached its pool's requestTimeoutMs before the upstream answered.",
             ApiError::VersionNotSupported => "Only HTTP/1.0 and HTTP/1.1 are served.",
             ApiError::Misdirected => {
@@ -157,7 +159,7 @@ impl ApiError {
                 | ApiError::NotImplemented(_)
                 | ApiError::ExpectationFailed
                 | ApiError::VersionNotSupported
-                | ApiError::BodyTimeout
+                | ApiError::BodyTimeout(_)
                 | ApiError::RequestCapped
                 | ApiError::Misdirected
         )
@@ -169,6 +171,10 @@ impl ApiError {
         let (before, limit, after) = match self {
             ApiError::PayloadTooLarge(limit) => {
                 ("The request body is larger than the ", limit, " bytes this server accepts.")
+            }
+            ApiError::UpstreamTimeout(ms) => ("The upstream sent no response head within its timeoutMs, ", ms, " ms."),
+            ApiError::BodyTimeout(ms) => {
+                ("The request body did not arrive within the upstream's timeoutMs, ", ms, " ms.")
             }
             ApiError::PipelinedPastBuffer(limit) => (
                 "More than the ",

@@ -501,11 +501,13 @@ impl Server {
         } else if let Some(Expired::Failed(why)) = expired {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
         } else if !capped && self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
-            self.end_exchange(id, End::Answered(ApiError::BodyTimeout));
+            let timeout_ms = self.proxy.exchanges[ex].timeout_ms;
+            self.end_exchange(id, End::Answered(ApiError::BodyTimeout(timeout_ms)));
         } else if self.proxy.exchanges[ex].phase != Phase::Relaying {
             // No response head yet (nor, its name still being looked up, an
             // upstream connection): the client is told which limit ran out.
-            let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout };
+            let timeout_ms = self.proxy.exchanges[ex].timeout_ms;
+            let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout(timeout_ms) };
             self.proxy.note_connect_timed_out(ex);
             self.end_exchange(id, End::Answered(err));
         } else {
@@ -538,10 +540,10 @@ impl Server {
             End::Answered(
                 err @ (ApiError::BadGateway
                 | ApiError::BadGatewayBecause(_)
-                | ApiError::UpstreamTimeout
+                | ApiError::UpstreamTimeout(_)
                 | ApiError::RequestCapped),
             ) => Some(err.status().code()),
-            End::Cut if e.response_head.is_none() => Some(ApiError::UpstreamTimeout.status().code()),
+            End::Cut if e.response_head.is_none() => Some(ApiError::UpstreamTimeout(e.timeout_ms).status().code()),
             _ => None,
         };
         if let Some(slot) = &e.slot {

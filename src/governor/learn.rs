@@ -492,9 +492,10 @@ impl Learning {
     /// limit between grants (the governor headers, the metrics, the
     /// dashboard, the gates) sees where the ramp is, as the next grant would.
     pub fn effective_at(&self, now: Ms) -> u32 {
-        let now = self.ramp_clock(now);
         match self.start {
-            Start::Since(since) if !self.one_at_a_time => self.effective.max(self.ramp_cap(since, now)),
+            Start::Since(since) if !self.one_at_a_time => {
+                self.effective.max(self.ramp_cap(since, self.ramp_clock(now)))
+            }
             // Beside the calls out, but never past the configured limit (a
             // reload may have lowered it under them).
             _ if self.one_at_a_time => (1 + self.exempt_at(now)).min(self.concurrency.max(1)),
@@ -634,7 +635,7 @@ impl Learning {
     pub fn ramp(&mut self, now: Ms) -> Option<Ms> {
         // Done once and for all after a pool's first moments: every grant
         // asks, so the answer stays a test in the caller.
-        if self.start == Start::Done {
+        if matches!(self.start, Start::Done) {
             return None;
         }
         self.ramp_on(now)
@@ -716,7 +717,7 @@ impl Learning {
     pub fn on_grant(&mut self, now: Ms) {
         // Calls out are counted for the start's ramp only: once it is done,
         // a grant pays for no bookkeeping of it.
-        if self.start != Start::Done {
+        if !matches!(self.start, Start::Done) {
             // The ramp goes on from where it stood when the pool went idle.
             if let (Some(idle), Start::Since(since)) = (self.idle_since.take(), &mut self.start) {
                 *since += now.saturating_sub(idle);
@@ -884,7 +885,7 @@ impl Learning {
     /// A lease granted at `granted_at` left the pool (released, reclaimed)
     /// at `now`, before its report, if any, is applied.
     pub fn on_lease_left(&mut self, granted_at: Ms, now: Ms) {
-        if self.start != Start::Done {
+        if !matches!(self.start, Start::Done) {
             if self.out == 1 && matches!(self.start, Start::Since(_)) {
                 self.idle_since = Some(now);
             }

@@ -97,10 +97,19 @@ impl App {
     /// The pool a request is proxy traffic for: the pool whose own listener
     /// it came in on, or on the main listener the pool whose `hosts` holds
     /// its `Host` (port and an absolute name's final dot ignored, case-insensitive).
+    /// Asked of every request: without proxy hosts it is a test inlined in
+    /// the caller.
+    #[inline]
     pub fn proxy_route(&self, listener_pool: Option<PoolId>, head: &Head) -> Option<PoolId> {
         if listener_pool.is_some() || self.proxy_hosts.is_empty() {
             return listener_pool;
         }
+        self.proxy_route_by_host(head)
+    }
+
+    /// `proxy_route` on the main listener when some pool has proxy hosts.
+    #[inline(never)]
+    fn proxy_route_by_host(&self, head: &Head) -> Option<PoolId> {
         let name = super::host_name(head.host?);
         let mut lower = [0u8; 253];
         let lower = lower.get_mut(..name.len())?;

@@ -433,46 +433,29 @@ fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
 }
 
 #[test]
-fn a_deploy_that_lowers_the_limit_revokes_no_held_slot() {
-    // Three holders of a pool of 3; the deploy lowers it to 1, so the
-    // snapshot is refused. A lowered limit never revokes a held slot: each
-    // holder renews and releases as before, and new grants wait for `held`
-    // to fall under the new limit.
-    let first = TestServer::start(&config(POOL, ""));
-    let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
-    let kept = stop(first, "TERM");
-    let lowered = r#""concurrency":1,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
-    std::fs::write(&kept.1, config(lowered, "")).unwrap();
-    let s = restart(kept);
-    for slot in &slots {
-        assert_eq!(s.renew(slot).status, 200, "every old holder is re-adopted");
+fn a_restart_that_lowers_the_limit_revokes_no_held_slot() {
+    // Three holders of a pool of 3; a deploy (a graceful stop, whose
+    // snapshot the lowered limit refuses) or a crash, then a start with a
+    // limit of 1. A lowered limit never revokes a held slot: each holder
+    // renews and releases as before, and a new grant waits for `held` to
+    // fall under the new limit.
+    for crash in [false, true] {
+        let first = TestServer::start(&config(POOL, ""));
+        let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
+        let kept = if crash { kill_9(first) } else { stop(first, "TERM") };
+        let lowered = r#""concurrency":1,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
+        std::fs::write(&kept.1, config(lowered, "")).unwrap();
+        let s = restart(kept);
+        for slot in &slots {
+            assert_eq!(s.renew(slot).status, 200, "crash {crash}: every old holder is re-adopted");
+        }
+        assert_eq!(metric(&s, r#"nthpool_slots_held{pool="p"}"#), 3, "crash {crash}");
+        for slot in &slots[1..] {
+            assert_eq!(s.release(slot, "").json()["released"], true, "crash {crash}");
+        }
+        assert_eq!(s.renew(&slots[0]).status, 200, "crash {crash}");
+        assert_eq!(s.acquire("", "").status, 429, "crash {crash}: held is at the new limit");
     }
-    assert_eq!(metric(&s, r#"nthpool_slots_held{pool="p"}"#), 3);
-    for slot in &slots[1..] {
-        assert_eq!(s.release(slot, "").json()["released"], true);
-    }
-    assert_eq!(s.renew(&slots[0]).status, 200);
-}
-
-#[test]
-fn a_crash_and_a_lowered_limit_revoke_no_held_slot() {
-    // Three holders of a pool of 3; the server is killed and started with a
-    // limit of 1. The crashed process may have held 3: each holder is
-    // re-adopted, and new grants wait for `held` to fall under the new limit.
-    let first = TestServer::start(&config(POOL, ""));
-    let slots: Vec<String> = (0..3).map(|_| first.acquire("", "").slot()).collect();
-    let kept = kill_9(first);
-    let lowered = r#""concurrency":1,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
-    std::fs::write(&kept.1, config(lowered, "")).unwrap();
-    let s = restart(kept);
-    for slot in &slots {
-        assert_eq!(s.renew(slot).status, 200, "every old holder is re-adopted");
-    }
-    assert_eq!(metric(&s, r#"nthpool_slots_held{pool="p"}"#), 3);
-    for slot in &slots[1..] {
-        assert_eq!(s.release(slot, "").json()["released"], true);
-    }
-    assert_eq!(s.renew(&slots[0]).status, 200);
 }
 
 #[test]

@@ -115,7 +115,9 @@ impl ApiError {
         }
     }
 
-    pub fn message(self) -> &'static str {
+    /// The one human sentence, or for a limit the configuration sets, the
+    /// sentence up to its number (`number` gives the number and the rest).
+    fn message(self) -> &'static str {
         match self {
             ApiError::BadRequest(why)
             | ApiError::Unauthorized(why)
@@ -128,16 +130,14 @@ impl ApiError {
             ApiError::MethodNotAllowed => "Lock routes accept POST only.",
             ApiError::Capped => "The slot reached its request deadline and cannot be renewed; release it.",
             ApiError::Superseded => "A retry with the same Idempotency-Key took this acquire's place in the queue.",
-            ApiError::PipelinedPastBuffer(_) => {
-                "More was pipelined behind an acquire waiting in the queue than a connection buffers."
-            }
-            ApiError::PayloadTooLarge(_) => "The request body is larger than this server accepts.",
+            ApiError::PipelinedPastBuffer(_) => "More than the ",
+            ApiError::PayloadTooLarge(_) => "The request body is larger than the ",
             ApiError::ExpectationFailed => "Only the 100-continue expectation is supported.",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
             ApiError::TargetTooLong => "The request target is longer than 16 KiB.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
-            ApiError::UpstreamTimeout(_) => "The upstream sent no response head within its timeoutMs.",
-            ApiError::BodyTimeout(_) => "The request body did not arrive within the upstream's timeoutMs.",
+            ApiError::UpstreamTimeout(_) => "The upstream sent no response head within its timeoutMs, ",
+            ApiError::BodyTimeout(_) => "The request body did not arrive within the upstream's timeoutMs, ",
             ApiError::RequestCapped => "The request reached its pool's requestTimeoutMs before the upstream answered.",
             ApiError::VersionNotSupported => "Only HTTP/1.0 and HTTP/1.1 are served.",
             ApiError::Misdirected => {
@@ -165,30 +165,30 @@ impl ApiError {
         )
     }
 
-    /// The JSON body. A limit the configuration sets is named in the
-    /// sentence by its number, written in here.
+    /// A limit the configuration sets, named in the sentence: its number
+    /// and the sentence's rest after it.
+    fn number(self) -> Option<(u64, &'static str)> {
+        match self {
+            ApiError::PayloadTooLarge(bytes) => Some((bytes, " bytes this server accepts.")),
+            ApiError::UpstreamTimeout(ms) | ApiError::BodyTimeout(ms) => Some((ms, " ms.")),
+            ApiError::PipelinedPastBuffer(bytes) => {
+                Some((bytes, " bytes a connection buffers were pipelined behind an acquire waiting in the queue."))
+            }
+            _ => None,
+        }
+    }
+
+    /// The JSON body.
     fn body(self, out: &mut Vec<u8>) {
-        let (before, limit, after) = match self {
-            ApiError::PayloadTooLarge(limit) => {
-                ("The request body is larger than the ", limit, " bytes this server accepts.")
-            }
-            ApiError::UpstreamTimeout(ms) => ("The upstream sent no response head within its timeoutMs, ", ms, " ms."),
-            ApiError::BodyTimeout(ms) => {
-                ("The request body did not arrive within the upstream's timeoutMs, ", ms, " ms.")
-            }
-            ApiError::PipelinedPastBuffer(limit) => (
-                "More than the ",
-                limit,
-                " bytes a connection buffers were pipelined behind an acquire waiting in the queue.",
-            ),
-            _ => return error_body(out, self.code(), self.message()),
+        let Some((number, rest)) = self.number() else {
+            return error_body(out, self.code(), self.message());
         };
         out.extend_from_slice(b"{\"error\":\"");
         out.extend_from_slice(self.code().as_bytes());
         out.extend_from_slice(b"\",\"message\":\"");
-        out.extend_from_slice(before.as_bytes());
-        push_u64(out, limit);
-        out.extend_from_slice(after.as_bytes());
+        out.extend_from_slice(self.message().as_bytes());
+        push_u64(out, number);
+        out.extend_from_slice(rest.as_bytes());
         out.extend_from_slice(b"\"}");
     }
 

@@ -1501,7 +1501,7 @@ fn a_gzip_then_chunked_response_is_relayed() {
 }
 
 #[test]
-fn the_request_cap_before_any_response_head_is_answered_and_logged_as_such() {
+fn the_request_cap_before_any_response_head_is_answered_with_its_number_and_logged_as_such() {
     let up = MockUpstream::start(|_| Reply::Silent(Duration::from_secs(4)));
     let c = config(
         &format!(
@@ -1516,6 +1516,8 @@ fn the_request_cap_before_any_response_head_is_answered_and_logged_as_such() {
     s.write_all(&proxied("GET", "/capped", "", "")).unwrap();
     let r = read_any(&mut s).expect("an answer, not an EOF");
     assert_eq!((r.status, r.error_code().as_str()), (504, "request_capped"), "{r:?}");
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("requestTimeoutMs, 500 ms,"), "{message}");
     assert_eq!(r.header("connection"), Some("close"), "{r:?}");
     assert!(is_closed(&mut s));
     // The cap comes while the client is still sending its body, a byte

@@ -50,8 +50,8 @@ pub enum ApiError {
     /// `timeoutMs` (named in the message); the upstream had taken all that
     /// came of it and waited for the rest.
     BodyTimeout(u64),
-    /// Proxy mode: the request reached `requestTimeoutMs` before the response head.
-    RequestCapped,
+    /// Proxy mode: the request reached `requestTimeoutMs` (ms) before the response head.
+    RequestCapped(u64),
     /// A request line of an HTTP major version other than 1.
     VersionNotSupported,
     /// The router in front (`X-Nthpool-Pool`) placed this request by
@@ -85,7 +85,7 @@ impl ApiError {
             ApiError::ExpectationFailed => Status::ExpectationFailed,
             ApiError::Unavailable(..) => Status::ServiceUnavailable,
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
-            ApiError::UpstreamTimeout(_) | ApiError::RequestCapped => Status::GatewayTimeout,
+            ApiError::UpstreamTimeout(_) | ApiError::RequestCapped(_) => Status::GatewayTimeout,
             ApiError::BodyTimeout(_) => Status::RequestTimeout,
             ApiError::VersionNotSupported => Status::VersionNotSupported,
             ApiError::Misdirected => Status::MisdirectedRequest,
@@ -109,7 +109,7 @@ impl ApiError {
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
             ApiError::UpstreamTimeout(_) => "upstream_timeout",
             ApiError::BodyTimeout(_) => "body_timeout",
-            ApiError::RequestCapped => "request_capped",
+            ApiError::RequestCapped(_) => "request_capped",
             ApiError::VersionNotSupported => "http_version_not_supported",
             ApiError::Misdirected => "misdirected_request",
         }
@@ -138,7 +138,7 @@ impl ApiError {
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
             ApiError::UpstreamTimeout(_) => "The upstream sent no response head within its timeoutMs, ",
             ApiError::BodyTimeout(_) => "The request body did not arrive within the upstream's timeoutMs, ",
-            ApiError::RequestCapped => "The request reached its pool's requestTimeoutMs before the upstream answered.",
+            ApiError::RequestCapped(_) => "The request reached its pool's requestTimeoutMs, ",
             ApiError::VersionNotSupported => "Only HTTP/1.0 and HTTP/1.1 are served.",
             ApiError::Misdirected => {
                 "The router placed this request by another pool than the one it names here; \
@@ -160,7 +160,7 @@ impl ApiError {
                 | ApiError::ExpectationFailed
                 | ApiError::VersionNotSupported
                 | ApiError::BodyTimeout(_)
-                | ApiError::RequestCapped
+                | ApiError::RequestCapped(_)
                 | ApiError::Misdirected
         )
     }
@@ -171,6 +171,7 @@ impl ApiError {
         match self {
             ApiError::PayloadTooLarge(bytes) => Some((bytes, " bytes this server accepts.")),
             ApiError::UpstreamTimeout(ms) | ApiError::BodyTimeout(ms) => Some((ms, " ms.")),
+            ApiError::RequestCapped(ms) => Some((ms, " ms, before the upstream answered.")),
             ApiError::PipelinedPastBuffer(bytes) => {
                 Some((bytes, " bytes a connection buffers were pipelined behind an acquire waiting in the queue."))
             }

@@ -229,6 +229,9 @@ pub struct Exchange {
     /// When the head must have come (`timeoutMs`), then the request's cap.
     pub deadline: Ms,
     pub request_deadline: Ms,
+    /// The pool's `requestTimeoutMs` the slot was granted under, named
+    /// when it cuts the exchange.
+    pub request_timeout_ms: u64,
     /// The whole request has left for the upstream: `deadline` now runs
     /// from then (the response head's `timeoutMs`).
     pub request_sent: bool,
@@ -419,6 +422,7 @@ impl Proxy {
             tls: None,
             deadline: Ms::MAX,
             request_deadline: Ms::MAX,
+            request_timeout_ms: 0,
             request_sent: false,
             sent_at: None,
             queued_ms: 0,

@@ -209,6 +209,10 @@ fn start(
     e.signals.clear();
     governor_headers(&mut e.signals, &grant.signals, grant.queued_ms);
     e.request_deadline = grant.request_deadline.saturating_sub(CAP_LEAD_MS).max(now.ms);
+    // A grant's deadlines both count from the grant: the lease's one term,
+    // the request's `requestTimeoutMs`.
+    let granted_at = grant.lease_deadline.saturating_sub(grant.term_ms);
+    e.request_timeout_ms = grant.request_deadline.saturating_sub(granted_at);
     (e.timeout_ms, e.tls) = (upstream.timeout_ms, upstream.tls.clone());
     e.deadline = (now.ms + e.timeout_ms).min(e.request_deadline);
     conn.exchange_deadline = e.deadline;
@@ -506,8 +510,12 @@ impl Server {
         } else if self.proxy.exchanges[ex].phase != Phase::Relaying {
             // No response head yet (nor, its name still being looked up, an
             // upstream connection): the client is told which limit ran out.
-            let timeout_ms = self.proxy.exchanges[ex].timeout_ms;
-            let err = if capped { ApiError::RequestCapped } else { ApiError::UpstreamTimeout(timeout_ms) };
+            let e = &self.proxy.exchanges[ex];
+            let err = if capped {
+                ApiError::RequestCapped(e.request_timeout_ms)
+            } else {
+                ApiError::UpstreamTimeout(e.timeout_ms)
+            };
             self.proxy.note_connect_timed_out(ex);
             self.end_exchange(id, End::Answered(err));
         } else {
@@ -541,7 +549,7 @@ impl Server {
                 err @ (ApiError::BadGateway
                 | ApiError::BadGatewayBecause(_)
                 | ApiError::UpstreamTimeout(_)
-                | ApiError::RequestCapped),
+                | ApiError::RequestCapped(_)),
             ) => Some(err.status().code()),
             End::Cut if e.response_head.is_none() => Some(ApiError::UpstreamTimeout(e.timeout_ms).status().code()),
             _ => None,

@@ -233,6 +233,8 @@ fn hmac_full_nonce_store_answers_503_with_retry_after() {
     assert_refused(&r, 503, "unavailable", "a third nonce with the store full");
     let retry = r.header_u64("Retry-After");
     assert!((1..=61).contains(&retry), "Retry-After {retry} s: until the oldest nonce leaves the 60 s window");
+    let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("nonceCapacity, 2;"), "the limit is named with its number: {message}");
     // A full store still recognises a replay: nothing was evicted to make room.
     assert_refused(&s.request(&first), 401, "unauthorized", "replay with the store full");
 }

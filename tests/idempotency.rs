@@ -120,6 +120,8 @@ fn a_full_store_refuses_a_new_key_and_keeps_the_live_ones() {
     let full = keyed(&s, "c", "");
     assert_eq!((full.status, full.error_code()), (503, "unavailable".to_string()), "{full:?}");
     assert_eq!(full.header("Retry-After"), Some("1"));
+    let message = full.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("idempotencyKeys, 2;"), "the limit is named with its number: {message}");
     assert_eq!(keyed(&s, "a", "").slot(), a, "a live key is never evicted");
     assert_eq!(s.acquire("", "").status, 200, "acquires without a key are not limited by the store");
     assert_eq!(s.release(&a, "").json()["released"], true);

@@ -71,8 +71,9 @@ pub enum AccessError {
     Forbidden(&'static str),
     /// A signature, token or nonce was refused.
     Denied(Denied),
-    /// The nonce store is full of live entries: retry after this many seconds.
-    Busy { retry_after_s: u64 },
+    /// The nonce store is full of live entries (`capacity` of them): retry
+    /// after this many seconds.
+    Busy { capacity: u64, retry_after_s: u64 },
     /// A credential header came twice (which copy counts would be a guess).
     Twice(&'static str),
 }
@@ -358,7 +359,8 @@ impl PoolAccess {
             Ok(()) => Ok(()),
             Err(NonceError::Replay) => Err(denied(Denied::NONCE_REPLAYED)),
             Err(NonceError::Full { retry_after_ms }) => {
-                Err(AccessError::Busy { retry_after_s: retry_after_ms.div_ceil(1000) })
+                let capacity = policy.nonces.capacity() as u64;
+                Err(AccessError::Busy { capacity, retry_after_s: retry_after_ms.div_ceil(1000) })
             }
         }
     }

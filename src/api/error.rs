@@ -38,6 +38,12 @@ pub enum ApiError {
     PipelinedPastBuffer(u64),
     /// Overloaded or shutting down; retry after the given seconds.
     Unavailable(&'static str, u64),
+    /// The pool's `Idempotency-Key` store holds this many live keys, its
+    /// `idempotencyKeys`.
+    KeysFull(u64),
+    /// The pool's `hmac` policy remembers this many live nonces, its
+    /// `nonceCapacity`; the first expires in the given seconds.
+    NoncesFull(u64, u64),
     /// Proxy mode: the upstream could not be reached or gave no usable answer.
     BadGateway,
     /// Proxy mode: the upstream cannot be used for the reason the sentence
@@ -83,7 +89,7 @@ impl ApiError {
             ApiError::TargetTooLong => Status::UriTooLong,
             ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::ExpectationFailed => Status::ExpectationFailed,
-            ApiError::Unavailable(..) => Status::ServiceUnavailable,
+            ApiError::Unavailable(..) | ApiError::KeysFull(_) | ApiError::NoncesFull(..) => Status::ServiceUnavailable,
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
             ApiError::UpstreamTimeout(_) | ApiError::RequestCapped(_) => Status::GatewayTimeout,
             ApiError::BodyTimeout(_) => Status::RequestTimeout,
@@ -105,7 +111,7 @@ impl ApiError {
             ApiError::TargetTooLong => "uri_too_long",
             ApiError::NotImplemented(_) => "not_implemented",
             ApiError::ExpectationFailed => "expectation_failed",
-            ApiError::Unavailable(..) => "unavailable",
+            ApiError::Unavailable(..) | ApiError::KeysFull(_) | ApiError::NoncesFull(..) => "unavailable",
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
             ApiError::UpstreamTimeout(_) => "upstream_timeout",
             ApiError::BodyTimeout(_) => "body_timeout",
@@ -133,6 +139,8 @@ impl ApiError {
             ApiError::PipelinedPastBuffer(_) => "More than the ",
             ApiError::PayloadTooLarge(_) => "The request body is larger than the ",
             ApiError::ExpectationFailed => "Only the 100-continue expectation is supported.",
+            ApiError::KeysFull(_) => "The pool holds as many live Idempotency-Keys as its idempotencyKeys, ",
+            ApiError::NoncesFull(..) => "The pool's hmac policy remembers as many live nonces as its nonceCapacity, ",
             ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
             ApiError::TargetTooLong => "The request target is longer than 16 KiB.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
@@ -172,6 +180,8 @@ impl ApiError {
             ApiError::PayloadTooLarge(bytes) => Some((bytes, " bytes this server accepts.")),
             ApiError::UpstreamTimeout(ms) | ApiError::BodyTimeout(ms) => Some((ms, " ms.")),
             ApiError::RequestCapped(ms) => Some((ms, " ms, before the upstream answered.")),
+            ApiError::KeysFull(keys) => Some((keys, "; retry once slots are released.")),
+            ApiError::NoncesFull(nonces, _) => Some((nonces, "; retry when the first expires (Retry-After).")),
             ApiError::PipelinedPastBuffer(bytes) => {
                 Some((bytes, " bytes a connection buffers were pipelined behind an acquire waiting in the queue."))
             }
@@ -215,8 +225,11 @@ impl ApiError {
             ApiError::Unauthorized(_) => {
                 w.header(b"WWW-Authenticate", b"Bearer realm=\"nthpool\"");
             }
-            ApiError::Unavailable(_, retry_after_s) => {
+            ApiError::Unavailable(_, retry_after_s) | ApiError::NoncesFull(_, retry_after_s) => {
                 w.header_u64(b"Retry-After", retry_after_s.max(1));
+            }
+            ApiError::KeysFull(_) => {
+                w.header_u64(b"Retry-After", 1);
             }
             _ => {}
         }
@@ -243,9 +256,7 @@ impl From<AccessError> for ApiError {
         match e {
             AccessError::Forbidden(why) => ApiError::Forbidden(why),
             AccessError::Denied(d) => ApiError::Unauthorized(d.reason()),
-            AccessError::Busy { retry_after_s } => {
-                ApiError::Unavailable("Too many signed requests in flight; retry shortly.", retry_after_s)
-            }
+            AccessError::Busy { capacity, retry_after_s } => ApiError::NoncesFull(capacity, retry_after_s),
             AccessError::Twice(why) => ApiError::BadRequest(why),
         }
     }

@@ -695,7 +695,7 @@ impl App {
                         let key = IdemKey::new(credential, crate::http::trim(raw)).ok_or(BAD_IDEMPOTENCY_KEY)?;
                         let admission =
                             self.gov.acquire_keyed_read_at(pid, &key, attempt.wait_ms, owner, ctx.read, now);
-                        admission.map_err(|_| KEYS_FULL)?
+                        admission.map_err(|full| ApiError::KeysFull(full.capacity.into()))?
                     }
                 };
                 match admission {
@@ -1271,10 +1271,6 @@ fn check_renew_body(body: &[u8]) -> Result<(), ApiError> {
 
 const BAD_IDEMPOTENCY_KEY: ApiError =
     ApiError::BadRequest("Idempotency-Key must be 1 to 128 printable ASCII characters.");
-const KEYS_FULL: ApiError = ApiError::Unavailable(
-    "The pool holds as many live Idempotency-Keys as it keeps; retry once slots are released.",
-    1,
-);
 
 /// The history and access-log entry of one answered acquire (its server
 /// time is filled in when it is settled).

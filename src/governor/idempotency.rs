@@ -291,7 +291,7 @@ mod tests {
         let (mut g, p) = governor(r#""concurrency":1,"idempotencyKeys":2"#);
         slot(g.acquire_keyed(p, &key("h"), 0, 1, 0));
         let Ok(Admission::Queued(w)) = g.acquire_keyed(p, &key("q"), 100, 2, 0) else { panic!("queued") };
-        assert_eq!(g.acquire_keyed(p, &key("new"), 0, 3, 0).unwrap_err(), KeyStoreFull);
+        assert_eq!(g.acquire_keyed(p, &key("new"), 0, 3, 0).unwrap_err(), KeyStoreFull { capacity: 2 });
         g.advance(101);
         assert!(matches!(g.pop_notice(), Some(Notice::TimedOut { owner: 2, .. })));
         assert_eq!(g.pool(p).idem.len(), 1, "a timed-out waiter's key expires");

@@ -129,9 +129,12 @@ pub enum Admission {
     Denied(Denial),
 }
 
-/// The pool's `Idempotency-Key` store is full of live keys (SPEC §11: refused, never evicted).
+/// The pool's `Idempotency-Key` store is full of live keys, `capacity` of
+/// them (SPEC §11: refused, never evicted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyStoreFull;
+pub struct KeyStoreFull {
+    pub capacity: u32,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenewError {
@@ -533,8 +536,9 @@ impl<T: Copy> Governor<T> {
             }
             None => {}
         }
-        if self.pools[pid.0 as usize].idem.is_full() {
-            return Err(KeyStoreFull);
+        let pool = &self.pools[pid.0 as usize];
+        if pool.idem.is_full() {
+            return Err(KeyStoreFull { capacity: pool.settings.idempotency_keys });
         }
         let admission = self.acquire_read_at(pid, wait_ms, owner, read, now);
         let store = &mut self.pools[pid.0 as usize].idem;

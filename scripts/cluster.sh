@@ -86,11 +86,17 @@ source "$ROOT/scripts/common.sh"
 
 while [ $# -gt 0 ]; do
     case "$1" in
+        --instances | --config | --dir | --port | --bin | --check-ms | --stick-ms | --restart | --duration)
+            # Not a shell error about `$2`, nor the next option taken for the value.
+            case "${2:---}" in --*) die "$1 needs a value (try --help)" ;; esac
+            ;;
+    esac
+    case "$1" in
         --instances) N=$2; shift ;;
-        --config) CONFIG=$(realpath "$2"); shift ;;
-        --dir) DIR=$(realpath -m "$2"); shift ;;
+        --config) CONFIG=$(realpath -e -- "$2" 2>/dev/null) || die "--config $2: no such file"; shift ;;
+        --dir) DIR=$(realpath -m -- "$2"); shift ;;
         --port) PORT=$2; shift ;;
-        --bin) BIN=$(realpath "$2"); shift ;;
+        --bin) BIN=$(realpath -e -- "$2" 2>/dev/null) || die "--bin $2: no such file"; shift ;;
         --check-ms) CHECK_MS=$2; shift ;;
         --stick-ms) STICK_MS=$2; shift ;;
         --restart) ACTION=restart; RESTART=$2; shift ;;

@@ -1320,6 +1320,26 @@ fn the_cluster_script_refuses_a_port_or_interval_it_cannot_use() {
     }
 }
 
+/// An option given without its value (last on the line, or followed by the
+/// next option), or naming a file that is not there, is refused with a
+/// sentence naming the option, not a shell error about `$2` or `realpath`'s.
+#[test]
+fn the_cluster_script_says_which_option_lacks_its_value() {
+    for (args, says) in [
+        (&["--print-haproxy", "--instances"][..], "--instances needs a value"),
+        (&["--print-haproxy", "--stick-ms"], "--stick-ms needs a value"),
+        (&["--dir", "--print-haproxy"], "--dir needs a value"),
+        (&["--config", "", "--print-haproxy"], "--config needs a value"),
+        (&["--config", "/nonexistent/pools.json", "--print-haproxy"], "--config /nonexistent/pools.json: no such file"),
+        (&["--bin", "/nonexistent/nthpool", "--print-haproxy"], "--bin /nonexistent/nthpool: no such file"),
+    ] {
+        let out = Command::new("bash").arg(SCRIPT).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let one_sentence = err.lines().count() == 1 && err.starts_with(&format!("cluster.sh: {says}"));
+        assert!(!out.status.success() && one_sentence, "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn the_committed_haproxy_configuration_is_the_scripts_default() {
     let out = Command::new("bash").arg(SCRIPT).arg("--print-haproxy").output().unwrap();

@@ -75,6 +75,8 @@ CHECK_MS=1000
 # comes from 127.0.0.1, so its X-Nthpool-Moved and X-Forwarded-For are ignored.
 PROXY_SOURCE=127.0.0.2
 STICK_MS=
+# The demo pools' termMs (without --config).
+DEMO_TERM_MS=10000
 ACTION=start
 DURATION=10
 RESTART=
@@ -134,6 +136,10 @@ if [ -n "$CONFIG" ]; then
             | max)}]
         | max_by(.ms) // {pool: "-", ms: 0} | "\(.ms) \(.pool)"' "$CONFIG") ||
         die "$CONFIG is not a JSON configuration"
+elif [ "$ACTION" = start ]; then
+    # The demo's pools (below), all alike: a waiter for the default
+    # queue.timeoutMs, then a holder's first renewal within its term.
+    STICK_NEED=$((DEMO_TERM_MS + 30000)) STICK_POOL=dept-a
 fi
 if [ -z "$STICK_MS" ]; then
     STICK_MS=$((STICK_NEED + 1000 > 120000 ? STICK_NEED + 1000 : 120000))
@@ -466,8 +472,9 @@ trap 'cleanup; [ "$started" = 1 ] || "$ROOT/scripts/cluster.sh" --stop --dir "$D
 if [ -z "$CONFIG" ]; then
     CONFIG=$DIR/pools.json
     jq -n '{accessLog: null, pools: ([range(0; 6)] | map({key: ("dept-" + ([97 + .] | implode)),
-        value: {keys: ["cluster-demo-key"], concurrency: 8, termMs: 10000, renewIntervalMs: 3000,
-                access: {trustedProxies: [$proxy]}}}) | from_entries)}' --arg proxy "$PROXY_SOURCE/32" >"$CONFIG"
+        value: {keys: ["cluster-demo-key"], concurrency: 8, termMs: $term, renewIntervalMs: 3000,
+                access: {trustedProxies: [$proxy]}}}) | from_entries)}' --arg proxy "$PROXY_SOURCE/32" \
+        --argjson term "$DEMO_TERM_MS" >"$CONFIG"
 fi
 for field in listen adminListen slotSecretFile; do
     [ "$(jq "has(\"$field\")" "$CONFIG")" = false ] || die "$CONFIG sets $field; the script sets it per instance"

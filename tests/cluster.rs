@@ -1303,6 +1303,31 @@ fn the_stick_expiry_outlasts_every_slot_that_lives_without_requests() {
     assert!(ok && cfg.contains(" expire 120000ms "), "{cfg}");
 }
 
+/// Without `--config` the script runs its demo pools (termMs 10 s, the
+/// default queue.timeoutMs of 30 s): a stick expiry shorter than what they
+/// need is refused as for a configuration's pools, before anything starts.
+#[test]
+fn the_demo_cluster_refuses_a_stick_expiry_shorter_than_its_pools_need() {
+    let dir = scratch_dir();
+    let cluster = dir.join("cluster");
+    let port = free_base_port(3).to_string();
+    let run = |stick_ms: &str| {
+        let out = Command::new("bash")
+            .arg(SCRIPT)
+            .args(["--port", &port, "--bin", env!("CARGO_BIN_EXE_nthpool"), "--stick-ms", stick_ms, "--dir"])
+            .arg(&cluster)
+            .output()
+            .unwrap();
+        // Whatever it did, nothing it started outlives the test.
+        Command::new("bash").arg(SCRIPT).arg("--stop").arg("--dir").arg(&cluster).output().unwrap();
+        out
+    };
+    let out = run("39999");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("pool dept-a") && err.contains("40000 ms"), "{err}");
+    assert!(!cluster.join("n1").exists(), "no instance started");
+}
+
 /// A port or health-check interval the script cannot use is refused with a
 /// sentence naming the option, not a shell error or a configuration
 /// HAProxy refuses later.

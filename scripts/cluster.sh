@@ -147,12 +147,13 @@ fi
 # The longest an instance may take to start answering (a queued acquire's
 # wait, a proxied call's wait and upstream.timeoutMs, default 600000): HAProxy's
 # `timeout server` must outlast it, or it cuts the request with a 504 of its own.
+# A proxied call waits up to queue.timeoutMs, not only upstream.waitMs: its
+# X-Nthpool-Queue-Timeout-Ms asks for any wait, clamped to queue.timeoutMs.
 SERVER_NEED=0
 if [ -n "$CONFIG" ]; then
     SERVER_NEED=$(jq -r '[.pools // {} | to_entries[] | .value as $p
         | ($p.queue.timeoutMs // 30000) as $queue
-        | [$queue] + if $p.upstream then
-            [([$queue, ($p.upstream.waitMs // 30000)] | min) + ($p.upstream.timeoutMs // 600000)] else [] end
+        | [$queue] + if $p.upstream then [$queue + ($p.upstream.timeoutMs // 600000)] else [] end
         | max] | max // 0' "$CONFIG") || die "$CONFIG is not a JSON configuration"
 fi
 SERVER_MS=$((SERVER_NEED + 60000 > 660000 ? SERVER_NEED + 60000 : 660000))

@@ -1295,7 +1295,15 @@ fn the_stick_expiry_outlasts_every_slot_that_lives_without_requests() {
             "u":{{"keys":["{KEY}"],"upstream":{{"url":"http://127.0.0.1:9","waitMs":5000,"timeoutMs":1200000}}}}}}"#
     );
     let (ok, cfg, _) = print(&long, &[]);
-    assert!(ok && cfg.contains("timeout server 1265000ms"), "{cfg}");
+    assert!(ok && cfg.contains("timeout server 1290000ms"), "{cfg}");
+    // A proxied call's wait is at most queue.timeoutMs, however short
+    // upstream.waitMs is: its X-Nthpool-Queue-Timeout-Ms may ask for all of it.
+    let asks_longer = format!(
+        r#"{{"u":{{"keys":["{KEY}"],"queue":{{"timeoutMs":300000}},
+            "upstream":{{"url":"http://127.0.0.1:9","waitMs":1000,"timeoutMs":600000}}}}}}"#
+    );
+    let (ok, cfg, _) = print(&asks_longer, &[]);
+    assert!(ok && cfg.contains("timeout server 960000ms"), "{cfg}");
     let (ok, cfg, _) = print(&queued, &["--stick-ms", "205001"]);
     assert!(ok && cfg.contains(" expire 205001ms "), "{cfg}");
     // Short pools keep the default.

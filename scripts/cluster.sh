@@ -340,6 +340,10 @@ start_instance() {
     done
 }
 
+# An instance that is not there is said at once, before a binary is built for it.
+if [ "$ACTION" = restart ]; then
+    [ -f "$DIR/n${RESTART#n}/config.json" ] || die "no instance $RESTART in $DIR"
+fi
 # A restarted instance runs the binary its cluster started with (DIR/bin),
 # not whatever the default build is now.
 if [ -z "$BIN" ] && [ "$ACTION" = restart ] && [ -f "$DIR/bin" ]; then
@@ -441,7 +445,6 @@ if [ "$ACTION" = bench ]; then
 fi
 
 if [ "$ACTION" = restart ]; then
-    [ -f "$DIR/n${RESTART#n}/config.json" ] || die "no instance $RESTART in $DIR"
     PORT=$(cat "$DIR/port")
     start_instance "$RESTART"
     echo "cluster.sh: n${RESTART#n} started again"

@@ -137,3 +137,15 @@ fn the_scripts_run_the_binaries_cargo_built_in_cargo_target_dir() {
     assert!(r.calls.lines().any(|l| l.starts_with("nthpool --config")), "snapshot-bench.sh ran no server: {}", r.calls);
     assert!(r.stderr.contains("the server did not start"), "{}", r.stderr);
 }
+
+/// `cluster.sh --restart` of an instance its directory does not hold says so
+/// at once: it builds nothing (a release build takes minutes) and starts nothing.
+#[test]
+fn restarting_an_instance_that_is_not_there_builds_nothing() {
+    let root = sandbox();
+    let dir = root.join("no-cluster");
+    let r = run(&root, "cluster.sh", &["--restart", "n5", "--dir", dir.to_str().unwrap()], &[]);
+    assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
+    assert!(r.stderr.starts_with("cluster.sh: no instance n5 in "), "{}", r.stderr);
+    assert!(r.calls.is_empty(), "--restart of no instance started {}", r.calls);
+}

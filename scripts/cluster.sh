@@ -288,11 +288,26 @@ if [ "$ACTION" = print-map ]; then
     exit 0
 fi
 
+# ours FILE MARK: the pid FILE holds, while that process is still the one
+# this script started (MARK in its command line). One that died (an instance
+# killed with -9) leaves its pid to the system, which may give it to any
+# other process: that one is none of ours to stop or to wait for.
+ours() {
+    local pid
+    pid=$(cat "$1" 2>/dev/null) || return 1
+    case "$pid" in '' | *[!0-9]*) return 1 ;; esac
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -F -- "$2" >/dev/null || return 1
+    echo "$pid"
+}
+
+# What each process started here has in its command line (after `tr`, every
+# argument is followed by a space).
+haproxy_mark() { echo "-f $DIR/haproxy.cfg "; }
+instance_mark() { echo "--listen 127.0.0.1:$((PORT + 10 + $1)) "; }
+
 stop_pid() {
     local file=$1 pid
-    [ -f "$file" ] || return 0
-    pid=$(cat "$file")
-    if kill "$pid" 2>/dev/null; then
+    if pid=$(ours "$file" "$2") && kill "$pid" 2>/dev/null; then
         for _ in $(seq 1 50); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
@@ -303,9 +318,12 @@ stop_pid() {
 }
 
 if [ "$ACTION" = stop ]; then
-    stop_pid "$DIR/haproxy.pid"
+    [ ! -f "$DIR/port" ] || PORT=$(cat "$DIR/port")
+    stop_pid "$DIR/haproxy.pid" "$(haproxy_mark)"
     for f in "$DIR"/n*/pid; do
-        stop_pid "$f"
+        [ -f "$f" ] || continue
+        i=${f%/pid}
+        stop_pid "$f" "$(instance_mark "${i##*/n}")"
     done
     echo "cluster.sh: stopped (logs kept in $DIR)"
     exit 0
@@ -315,8 +333,8 @@ start_instance() {
     local i=${1#n} pid
     local dir=$DIR/n$i
     [ -f "$dir/config.json" ] || die "no instance $1 in $DIR"
-    if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
-        die "instance n$i is running (pid $(cat "$dir/pid"))"
+    if pid=$(ours "$dir/pid" "$(instance_mark "$i")"); then
+        die "instance n$i is running (pid $pid)"
     fi
     local out=0 err=0
     [ ! -f "$dir/stdout.log" ] || out=$(wc -l <"$dir/stdout.log")
@@ -461,7 +479,7 @@ HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 command -v jq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null 2>&1 ||
     die "jq is not installed and apt-get could not install it"
 
-[ -f "$DIR/haproxy.pid" ] && kill -0 "$(cat "$DIR/haproxy.pid")" 2>/dev/null &&
+ours "$DIR/haproxy.pid" "$(haproxy_mark)" >/dev/null &&
     die "a cluster is running in $DIR; scripts/cluster.sh --stop --dir $DIR first"
 for p in "$PORT" $((PORT + 1)) $((PORT + 2)) $(seq $((PORT + 11)) $((PORT + 10 + N))) $(seq $((PORT + 21)) $((PORT + 20 + N))); do
     check_free "$p"

@@ -149,3 +149,24 @@ fn restarting_an_instance_that_is_not_there_builds_nothing() {
     assert!(r.stderr.starts_with("cluster.sh: no instance n5 in "), "{}", r.stderr);
     assert!(r.calls.is_empty(), "--restart of no instance started {}", r.calls);
 }
+
+/// `cluster.sh --stop` stops only what the cluster started: a pid file whose
+/// process died (an instance killed with -9) may name a pid the system gave
+/// to another process since, which it neither signals nor waits for.
+#[test]
+fn stopping_a_cluster_leaves_a_process_that_took_a_dead_instances_pid_alone() {
+    let root = sandbox();
+    let dir = root.join("cluster");
+    std::fs::create_dir_all(dir.join("n1")).unwrap();
+    let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+    std::fs::write(dir.join("port"), "30330\n").unwrap();
+    std::fs::write(dir.join("n1/pid"), format!("{}\n", other.id())).unwrap();
+    std::fs::write(dir.join("haproxy.pid"), format!("{}\n", other.id())).unwrap();
+    let r = run(&root, "cluster.sh", &["--stop", "--dir", dir.to_str().unwrap()], &[]);
+    let alive = other.try_wait().unwrap().is_none();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    assert!(alive, "--stop ended a process the cluster did not start");
+    assert!(!dir.join("n1/pid").exists() && !dir.join("haproxy.pid").exists(), "stale pid files removed");
+}

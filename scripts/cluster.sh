@@ -121,6 +121,11 @@ case "$N" in '' | *[!0-9]* | 0) die "--instances takes a number from 1" ;; esac
 case "$PORT" in '' | *[!0-9]* | 0*) die "--port takes a port number (HAProxy's; the cluster takes it and up to PORT+29)" ;; esac
 [ "$PORT" -le $((65535 - 29)) ] || die "--port $PORT: the cluster takes ports up to PORT+29, past 65535"
 case "$CHECK_MS" in '' | *[!0-9]* | 0*) die "--check-ms takes milliseconds, at least 1" ;; esac
+# HAProxy refuses a timer past 2^31 - 1 ms; say so now, not in its check.
+HAPROXY_MAX_MS=2147483647
+fits_haproxy() { [ "${#1}" -le 10 ] && [ "$1" -le "$HAPROXY_MAX_MS" ]; }
+fits_haproxy "$CHECK_MS" ||
+    die "--check-ms $CHECK_MS: HAProxy's timers take at most $HAPROXY_MAX_MS ms (about 24.8 days)"
 
 # The longest a pool's slot or waiter lives without a request of the pool
 # (defaults as nthpool's: termMs 30000, queue.timeoutMs 30000, upstream.waitMs
@@ -158,6 +163,8 @@ if [ -n "$CONFIG" ]; then
 fi
 SERVER_MS=$((SERVER_NEED + 60000 > 660000 ? SERVER_NEED + 60000 : 660000))
 case "$STICK_MS" in '' | *[!0-9]*) die "--stick-ms takes milliseconds" ;; esac
+fits_haproxy "$STICK_MS" ||
+    die "--stick-ms $STICK_MS: HAProxy's timers take at most $HAPROXY_MAX_MS ms (about 24.8 days)"
 [ "$STICK_MS" -gt "$STICK_NEED" ] ||
     die "--stick-ms $STICK_MS: pool $STICK_POOL can have a slot or a waiter alive for ${STICK_NEED} ms without a request reaching HAProxy; the stick expiry must be longer, or the pool could move and be granted twice over"
 

@@ -1346,6 +1346,10 @@ fn the_cluster_script_refuses_a_port_or_interval_it_cannot_use() {
         (["--port", "65530"], "--port 65530: the cluster takes ports up to PORT+29, past 65535"),
         (["--check-ms", "0"], "--check-ms takes milliseconds"),
         (["--check-ms", "1s"], "--check-ms takes milliseconds"),
+        // HAProxy's timers end at 2^31 - 1 ms: past it, it refuses the configuration.
+        (["--check-ms", "2147483648"], "--check-ms 2147483648: HAProxy's timers take at most 2147483647 ms"),
+        (["--stick-ms", "2147483648"], "--stick-ms 2147483648: HAProxy's timers take at most 2147483647 ms"),
+        (["--stick-ms", "99999999999999999999"], "--stick-ms 99999999999999999999: HAProxy's timers"),
     ] {
         let out = Command::new("bash").arg(SCRIPT).args(args).arg("--print-haproxy").output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -465,6 +465,27 @@ fn a_bad_report_names_its_wrong_field_not_an_ignored_rate_member() {
     assert_eq!(s.release(&slot, r#"{"status":429,"rate":{"note":"ok"}}"#).json()["released"], true);
 }
 
+/// A member nested deeper than a JSON parser's usual limit is still JSON: the
+/// refusal names the member that is wrong, not the body as "not valid JSON".
+#[test]
+fn a_bad_report_nested_deep_names_its_wrong_field() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = s.acquire("", "").slot();
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    for (body, named) in [
+        (format!(r#"{{"status":{deep}}}"#), "`status`"),
+        (format!(r#"{{"status":429,"rate":{{"remaining":{deep}}}}}"#), "`rate` fields"),
+        (format!(r#"{{"status":"429","note":{deep}}}"#), "`status`"),
+    ] {
+        let r = s.release(&slot, &body);
+        assert_eq!((r.status, r.error_code()), (400, "bad_request".to_string()), "{r:?}");
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains(named), "{}: {message}", &body[..30]);
+    }
+    assert_eq!(s.acquire("", "").status, 429, "still held");
+    assert_eq!(s.release(&slot, &format!(r#"{{"status":200,"note":{deep}}}"#)).json()["released"], true);
+}
+
 /// A number no float holds, in a header nthpool reads, is an unparseable
 /// value (SPEC §7): ignored, the report applied and the slot released, as
 /// under a header nthpool does not read. Refused, a client that retried the

@@ -386,35 +386,113 @@ const RATE_FIELDS: [&str; 6] = ["limit", "remaining", "resetMs", "tokenLimit", "
 /// wrong type, named, when one can be told. Runs only for refused bodies.
 #[cold]
 fn misread_field(body: &[u8]) -> BodyError {
-    use serde_json::Value;
-    let members = match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(members)) => members,
+    let members = match serde_json::from_slice::<Members>(body) {
+        Ok(Members(members)) => members,
         Err(e) if e.to_string().starts_with("number out of range") => {
             return "A number in the release body is too large to read.";
         }
         _ => return "The release body is not valid JSON.",
     };
-    let number_or_null = |v: &Value| v.is_number() || v.is_null();
-    for (name, value) in &members {
+    let number_or_null = |shape: &Shape| matches!(shape, Shape::Number | Shape::Null);
+    for (name, shape) in &members {
         match name.as_str() {
-            "status" if !number_or_null(value) => return STATUS_ERR,
-            "throttled" if !number_or_null(value) => return THROTTLED_ERR,
-            "retryAfterMs" if !number_or_null(value) => return RETRY_ERR,
-            "rate" => match value {
-                Value::Null => {}
+            "status" if !number_or_null(shape) => return STATUS_ERR,
+            "throttled" if !number_or_null(shape) => return THROTTLED_ERR,
+            "retryAfterMs" if !number_or_null(shape) => return RETRY_ERR,
+            "rate" => match shape {
+                Shape::Null => {}
                 // Unknown members of `rate` are ignored, as the body's own
                 // are: only the fields it reads can be of the wrong type.
-                Value::Object(rate) if RATE_FIELDS.iter().filter_map(|f| rate.get(*f)).all(number_or_null) => {}
-                Value::Object(_) => return RATE_ERR,
+                Shape::Object(rate) if rate.iter().all(|(f, ok)| *ok || !RATE_FIELDS.contains(&f.as_str())) => {}
+                Shape::Object(_) => return RATE_ERR,
                 _ => return "`rate` must be an object (or null).",
             },
             _ => {}
         }
     }
-    if members.contains_key("headers") {
+    if members.iter().any(|(name, _)| name == "headers") {
         "`headers` must be an object of header values or an array of [name, value] pairs."
     } else {
         "The release body is not valid: fields must be numbers, `rate` an object and `headers` header values."
+    }
+}
+
+/// The members of a refused release body, each read one level deep: what
+/// `misread_field` needs to name the wrong one. Values below that are
+/// skipped unread (serde_json skips without recursion), so a body that nests
+/// deeper than serde_json's 128 levels, in a value nothing reads, still has
+/// its wrong member named rather than being called "not valid JSON".
+struct Members(Vec<(String, Shape)>);
+
+/// What a member's value is; an object's own members as whether each is a
+/// number or null (all `rate` checks).
+enum Shape {
+    Null,
+    Number,
+    Object(Vec<(String, bool)>),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Members {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Members;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, Shape>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Shape {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Shape;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_unit<E: Error>(self) -> Result<Shape, E> {
+                Ok(Shape::Null)
+            }
+            fn visit_u64<E: Error>(self, _: u64) -> Result<Shape, E> {
+                Ok(Shape::Number)
+            }
+            fn visit_i64<E: Error>(self, _: i64) -> Result<Shape, E> {
+                Ok(Shape::Number)
+            }
+            fn visit_f64<E: Error>(self, _: f64) -> Result<Shape, E> {
+                Ok(Shape::Number)
+            }
+            fn visit_bool<E: Error>(self, _: bool) -> Result<Shape, E> {
+                Ok(Shape::Other)
+            }
+            fn visit_str<E: Error>(self, _: &str) -> Result<Shape, E> {
+                Ok(Shape::Other)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Shape::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+                let mut members = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    let value = map.next_value::<Shape>()?;
+                    members.push((name, matches!(value, Shape::Number | Shape::Null)));
+                }
+                Ok(Shape::Object(members))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -776,5 +854,24 @@ mod tests {
             let why = parse_release(body.as_bytes(), 0).unwrap_err();
             assert!(why.contains(named), "{body}: {why}");
         }
+    }
+
+    #[test]
+    fn a_member_nested_past_serde_jsons_depth_is_still_named() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        for (body, named) in [
+            (format!(r#"{{"status":{}}}"#, deep(200)), "`status`"),
+            (format!(r#"{{"throttled":{{"a":{}}}}}"#, deep(200)), "`throttled`"),
+            (format!(r#"{{"rate":{{"limit":{}}}}}"#, deep(200)), "`rate` fields"),
+            (format!(r#"{{"headers":[{}]}}"#, deep(200)), "`headers`"),
+            // A deep value nothing reads does not hide the member that is wrong.
+            (format!(r#"{{"status":"200","note":{}}}"#, deep(200)), "`status`"),
+            (r#"{"status":"200","note":[1e400]}"#.to_string(), "`status`"),
+        ] {
+            let why = parse_release(body.as_bytes(), 0).unwrap_err();
+            assert!(why.contains(named), "{}: {why}", &body[..40]);
+        }
+        // A deep value nothing reads is skipped, as in any accepted body.
+        assert!(parse_release(format!(r#"{{"status":200,"note":{}}}"#, deep(200)).as_bytes(), 0).is_ok());
     }
 }

@@ -497,28 +497,7 @@ LUA
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk >/dev/null ||
             die "apt-get install wrk failed"
     fi
-    cat >"$WORK/cycle.lua" <<LUA
--- Acquire, then release each granted slot with a {"status":200} report.
--- wrk.host is known in init, not when the script loads: formatted earlier,
--- the request would go without a Host header.
-local acquire
-function init(args)
-  acquire = wrk.format("POST", "/pools/bench/lock/acquire", { ["X-Nthpool-Key"] = "$KEY" }, "")
-end
-local slots = {}
-function request()
-  local slot = table.remove(slots)
-  if slot then
-    return wrk.format("POST", "/pools/bench/lock/" .. slot .. "/release",
-      { ["X-Nthpool-Key"] = "$KEY", ["Content-Type"] = "application/json" }, '{"status":200}')
-  end
-  return acquire
-end
-function response(status, headers, body)
-  local slot = body:match('"slotId":"([^"]+)"')
-  if slot then slots[#slots + 1] = slot end
-end
-LUA
+    CYCLE=$ROOT/scripts/wrk-cycle.lua
     # One wrk run: prints "requests/s, server CPU µs per request, wrk CPU µs
     # per request, server sleeps per request". wrk is one thread on one CPU;
     # when its own CPU per request exceeds the server's, the run measures the
@@ -548,12 +527,12 @@ print(f"{rps:.0f},{ticks / hz * 1e6 / n:.2f},{(float(tool[0]) + float(tool[1])) 
     }
     WX=() WNL=() WNG=() WNS=()
     for round in $(seq 1 "$ROUNDS"); do
-        WX+=("$(wrk_run "$SERVER" -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
-        WNL+=("$(wrk_run "$NGINX_PID" -s "$WORK/cycle.lua" "http://$NGINX_ADDR")")
+        WX+=("$(wrk_run "$SERVER" -s "$CYCLE" "http://127.0.0.1:$PORT" -- "$KEY")")
+        WNL+=("$(wrk_run "$NGINX_PID" -s "$CYCLE" "http://$NGINX_ADDR" -- "$KEY")")
         WNG+=("$(wrk_run "$NGINX_PID" "http://$NGINX_ADDR/grant.json")")
-        WNS+=("$(wrk_run "$NGINX_PID" -s "$WORK/cycle.lua" "http://127.0.0.1:$NGINX_SHAPED_PORT")")
+        WNS+=("$(wrk_run "$NGINX_PID" -s "$CYCLE" "http://127.0.0.1:$NGINX_SHAPED_PORT" -- "$KEY")")
     done
-    WX+=("$(wrk_run "$SERVER" -s "$WORK/cycle.lua" "http://127.0.0.1:$PORT")")
+    WX+=("$(wrk_run "$SERVER" -s "$CYCLE" "http://127.0.0.1:$PORT" -- "$KEY")")
     say ""
     say "comparison with wrk ($(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2)), one thread, $CONNS connections, interleaved"
     python3 - "${WX[*]}" "${WNL[*]}" "${WNG[*]}" "${WNS[*]}" <<'PY'

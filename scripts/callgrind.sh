@@ -25,6 +25,10 @@
 #     as a sidecar's calls come), 1000 then 3000 requests: what the loop does
 #     between requests (its wake-ups, the clock, the once-a-second work)
 #     counts with them
+#   - nthpool, empty, with wrk as the client (installed with apt-get if
+#     missing): `wrk -t1 -s scripts/wrk-cycle.lua`, the Lua acquire -> release
+#     cycles of scripts/bench.sh, over 1 and 50 connections, a 3 s run then a
+#     9 s one, so no figure rests on the project's own load tool
 #   - nthpool with 1,000,000 slots held on another pool, filled with
 #     `nthpool-bench --fill` before the measured runs (instrumentation is off
 #     during the fill, so it is not counted at all; the subtraction removes
@@ -137,6 +141,27 @@ measure() {
     echo "${ir[0]} ${req[0]} ${ir[1]} ${req[1]}"
 }
 
+# The same with wrk and scripts/wrk-cycle.lua over $4 connections (pid $2,
+# out files $3): a 3 s run, then a 9 s one; prints "Ir1 req1 Ir2 req2".
+measure_wrk() {
+    local name=$1 pid=$2 out=$3 c=$4 i d ir=() req=()
+    callgrind_control -i on "$pid" >/dev/null 2>&1
+    callgrind_control -z "$pid" >/dev/null 2>&1
+    for i in 1 2; do
+        d=3
+        [ "$i" = 2 ] && d=9
+        "${ON_CLIENT[@]}" wrk -t1 -c "$c" -d "${d}s" -s "$ROOT/scripts/wrk-cycle.lua" "http://127.0.0.1:$PORT" \
+            -- "$KEY" >"$WORK/$name-$i.txt" 2>&1 || die "$name run $i failed: $(tail -n 2 "$WORK/$name-$i.txt")"
+        ! grep -q 'Non-2xx' "$WORK/$name-$i.txt" || die "$name run $i: $(grep 'Non-2xx' "$WORK/$name-$i.txt")"
+        sleep 1
+        callgrind_control -d "$name-$i" "$pid" >/dev/null 2>&1
+        sleep 0.2
+        ir+=("$(dump_ir "$(newest_dump "$out")")")
+        req+=("$(awk '/requests in/ { print $1 }' "$WORK/$name-$i.txt")")
+    done
+    echo "${ir[0]} ${req[0]} ${ir[1]} ${req[1]}"
+}
+
 start_nthpool() {
     local name=$1
     check_free "$PORT"
@@ -227,6 +252,20 @@ if [ "$VARY" = 1 ]; then
         "$WORK/paced.out" --addr "127.0.0.1:$PORT" --key "$KEY" --pool bench -c 1 --rate 500)"
     stop "$SERVER"
     keep paced
+fi
+
+if [ "${CG_QUICK:-0}" != 1 ] && ! command -v wrk >/dev/null && [ "$(id -u)" = 0 ]; then
+    say "installing wrk (apt-get)..."
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk >/dev/null 2>&1 || true
+fi
+if [ "${CG_QUICK:-0}" != 1 ] && command -v wrk >/dev/null; then
+    say "nthpool, empty, wrk and its Lua acquire -> release script: 3 s then 9 s, ${SHAPES[*]} connections..."
+    start_nthpool wrk
+    for c in "${SHAPES[@]}"; do
+        record "nthpool acquire/release, empty, wrk client, c=$c" "$(measure_wrk "wrk$c" "$SERVER" "$WORK/wrk.out" "$c")"
+    done
+    stop "$SERVER"
+    keep wrk
 fi
 
 if [ "${CG_QUICK:-0}" != 1 ]; then

@@ -421,6 +421,10 @@ fn connections_over_the_cap_get_503_and_are_closed() {
         let (r, rest) = parse_answer(&got).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(r.status, 503, "{what}: {r:?}");
         assert_eq!(r.error_code(), "unavailable", "{what}");
+        // The limit is named with its number, as a 413 names its own.
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        let named = format!("The server already has the {CAP} open connections it accepts; retry shortly.");
+        assert_eq!(message, named, "{what}");
         assert!(r.header_u64("retry-after") >= 1, "{what}");
         assert_eq!(r.header("connection"), Some("close"), "{what}");
         assert!(rest.is_empty(), "{what}: more after the 503: {:?}", String::from_utf8_lossy(rest));

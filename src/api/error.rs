@@ -44,6 +44,10 @@ pub enum ApiError {
     /// The pool's `hmac` policy remembers this many live nonces, its
     /// `nonceCapacity`; the first expires in the given seconds.
     NoncesFull(u64, u64),
+    /// A connection over its listener's cap (`maxConnections` as applied,
+    /// or the admin listener's own budget), this many connections: the
+    /// sentence names it.
+    OverCapacity(u64),
     /// Proxy mode: the upstream could not be reached or gave no usable answer.
     BadGateway,
     /// Proxy mode: the upstream cannot be used for the reason the sentence
@@ -89,7 +93,10 @@ impl ApiError {
             ApiError::TargetTooLong => Status::UriTooLong,
             ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::ExpectationFailed => Status::ExpectationFailed,
-            ApiError::Unavailable(..) | ApiError::KeysFull(_) | ApiError::NoncesFull(..) => Status::ServiceUnavailable,
+            ApiError::Unavailable(..)
+            | ApiError::KeysFull(_)
+            | ApiError::NoncesFull(..)
+            | ApiError::OverCapacity(_) => Status::ServiceUnavailable,
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
             ApiError::UpstreamTimeout(_) | ApiError::RequestCapped(_) => Status::GatewayTimeout,
             ApiError::BodyTimeout(_) => Status::RequestTimeout,
@@ -111,7 +118,10 @@ impl ApiError {
             ApiError::TargetTooLong => "uri_too_long",
             ApiError::NotImplemented(_) => "not_implemented",
             ApiError::ExpectationFailed => "expectation_failed",
-            ApiError::Unavailable(..) | ApiError::KeysFull(_) | ApiError::NoncesFull(..) => "unavailable",
+            ApiError::Unavailable(..)
+            | ApiError::KeysFull(_)
+            | ApiError::NoncesFull(..)
+            | ApiError::OverCapacity(_) => "unavailable",
             ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
             ApiError::UpstreamTimeout(_) => "upstream_timeout",
             ApiError::BodyTimeout(_) => "body_timeout",
@@ -138,6 +148,7 @@ impl ApiError {
             ApiError::Superseded => "A retry with the same Idempotency-Key took this acquire's place in the queue.",
             ApiError::PipelinedPastBuffer(_) => "More than the ",
             ApiError::PayloadTooLarge(_) => "The request body is larger than the ",
+            ApiError::OverCapacity(_) => "The server already has the ",
             ApiError::ExpectationFailed => "Only the 100-continue expectation is supported.",
             ApiError::KeysFull(_) => "The pool holds as many live Idempotency-Keys as its idempotencyKeys, ",
             ApiError::NoncesFull(..) => "The pool's hmac policy remembers as many live nonces as its nonceCapacity, ",
@@ -178,6 +189,7 @@ impl ApiError {
     fn number(self) -> Option<(u64, &'static str)> {
         match self {
             ApiError::PayloadTooLarge(bytes) => Some((bytes, " bytes this server accepts.")),
+            ApiError::OverCapacity(connections) => Some((connections, " open connections it accepts; retry shortly.")),
             ApiError::UpstreamTimeout(ms) | ApiError::BodyTimeout(ms) => Some((ms, " ms.")),
             ApiError::RequestCapped(ms) => Some((ms, " ms, before the upstream answered.")),
             ApiError::KeysFull(keys) => Some((keys, "; retry once slots are released.")),
@@ -228,7 +240,7 @@ impl ApiError {
             ApiError::Unavailable(_, retry_after_s) | ApiError::NoncesFull(_, retry_after_s) => {
                 w.header_u64(b"Retry-After", retry_after_s.max(1));
             }
-            ApiError::KeysFull(_) => {
+            ApiError::KeysFull(_) | ApiError::OverCapacity(_) => {
                 w.header_u64(b"Retry-After", 1);
             }
             _ => {}

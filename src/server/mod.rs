@@ -910,7 +910,7 @@ impl Server {
             // Written anew each time, for its `Date`.
             self.over_capacity.clear();
             let headers: &[u8] = if admin { crate::dashboard::SECURITY_HEADERS } else { b"" };
-            OVER_CAPACITY.write_with(&mut self.over_capacity, &mut Vec::new(), true, headers);
+            ApiError::OverCapacity(budget as u64).write_with(&mut self.over_capacity, &mut Vec::new(), true, headers);
             if self.open_refused < REFUSED_LINGERING_MAX {
                 // Kept until its answer is flushed and what it sent is
                 // drained, so the close cannot reset the answer away.
@@ -1597,9 +1597,6 @@ impl Listening {
         Listening { listen, admin: config.admin_listen.clone(), pools }
     }
 }
-
-/// The answer, best effort, to a connection over the `maxConnections` cap.
-const OVER_CAPACITY: ApiError = ApiError::Unavailable("The server has too many open connections.", 1);
 
 /// A stop's deadlines, counted from the turn that read its signal.
 #[derive(Debug, PartialEq)]

@@ -436,9 +436,11 @@ fn a_head_over_16_kib_gets_431() {
     head.resize(17 * 1024, b'a');
     let r = exchange(&mut c, &head);
     assert_error(&r, 431, "request_header_fields_too_large", "17 KiB head");
+    // The message names the limit the head broke, and only that one.
+    assert_eq!(r.json()["message"], "The request head is larger than 16 KiB.");
     assert_answer_closes(&mut c, &r, "431");
 
-    // Too many fields is the same answer.
+    // Too many fields is the same answer, naming the field limit.
     let mut c = s.connect();
     let mut many = format!("POST {ACQUIRE} HTTP/1.1\r\nHost: localhost\r\nX-Nthpool-Key: {KEY}\r\n");
     for i in 0..100 {
@@ -447,6 +449,7 @@ fn a_head_over_16_kib_gets_431() {
     many.push_str("\r\n");
     let r = exchange(&mut c, many.as_bytes());
     assert_error(&r, 431, "request_header_fields_too_large", "100 header fields");
+    assert_eq!(r.json()["message"], "The request head has more than 64 fields.");
     assert_answer_closes(&mut c, &r, "431 fields");
     // Whatever follows the head (a body, the next request) and however the
     // head is split into writes, the verdict is the head's.

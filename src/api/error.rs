@@ -26,6 +26,7 @@ pub enum ApiError {
     /// sentence names it.
     PayloadTooLarge(u64),
     HeadTooLarge,
+    TooManyFields,
     TargetTooLong,
     /// A transfer coding (or other framing feature) the server does not implement.
     NotImplemented(&'static str),
@@ -89,7 +90,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => Status::MethodNotAllowed,
             ApiError::Capped | ApiError::Superseded => Status::Conflict,
             ApiError::PayloadTooLarge(_) => Status::PayloadTooLarge,
-            ApiError::HeadTooLarge => Status::HeaderFieldsTooLarge,
+            ApiError::HeadTooLarge | ApiError::TooManyFields => Status::HeaderFieldsTooLarge,
             ApiError::TargetTooLong => Status::UriTooLong,
             ApiError::NotImplemented(_) => Status::NotImplemented,
             ApiError::ExpectationFailed => Status::ExpectationFailed,
@@ -114,7 +115,7 @@ impl ApiError {
             ApiError::Capped => "capped",
             ApiError::Superseded => "superseded",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
-            ApiError::HeadTooLarge => "request_header_fields_too_large",
+            ApiError::HeadTooLarge | ApiError::TooManyFields => "request_header_fields_too_large",
             ApiError::TargetTooLong => "uri_too_long",
             ApiError::NotImplemented(_) => "not_implemented",
             ApiError::ExpectationFailed => "expectation_failed",
@@ -152,7 +153,8 @@ impl ApiError {
             ApiError::ExpectationFailed => "Only the 100-continue expectation is supported.",
             ApiError::KeysFull(_) => "The pool holds as many live Idempotency-Keys as its idempotencyKeys, ",
             ApiError::NoncesFull(..) => "The pool's hmac policy remembers as many live nonces as its nonceCapacity, ",
-            ApiError::HeadTooLarge => "The request head is larger than 16 KiB or has more than 64 fields.",
+            ApiError::HeadTooLarge => "The request head is larger than 16 KiB.",
+            ApiError::TooManyFields => "The request head has more than 64 fields.",
             ApiError::TargetTooLong => "The request target is longer than 16 KiB.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
             ApiError::UpstreamTimeout(_) => "The upstream sent no response head within its timeoutMs, ",
@@ -174,6 +176,7 @@ impl ApiError {
                 | ApiError::PipelinedPastBuffer(_)
                 | ApiError::PayloadTooLarge(_)
                 | ApiError::HeadTooLarge
+                | ApiError::TooManyFields
                 | ApiError::TargetTooLong
                 | ApiError::NotImplemented(_)
                 | ApiError::ExpectationFailed
@@ -253,6 +256,7 @@ impl From<HeadError> for ApiError {
     fn from(e: HeadError) -> ApiError {
         match e {
             HeadError::TooLarge => ApiError::HeadTooLarge,
+            HeadError::TooManyFields => ApiError::TooManyFields,
             HeadError::TargetTooLong => ApiError::TargetTooLong,
             HeadError::Malformed(why) => ApiError::BadRequest(why),
             HeadError::NotImplemented(why) => ApiError::NotImplemented(why),

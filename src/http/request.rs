@@ -299,8 +299,10 @@ impl<'b> DoubleEndedIterator for HeaderFields<'b> {
 pub enum HeadError {
     /// `400` and close; the text is the one-sentence `message` of the reply.
     Malformed(&'static str),
-    /// `431` and close: the head is over `MAX_HEAD_BYTES` or `MAX_HEADERS`.
+    /// `431` and close: the head is over `MAX_HEAD_BYTES`.
     TooLarge,
+    /// `431` and close: the head has more fields than `MAX_HEADERS`.
+    TooManyFields,
     /// `414` and close: the request target alone is over `MAX_HEAD_BYTES`.
     TargetTooLong,
     /// `501` and close: a transfer coding this server does not implement.
@@ -439,7 +441,7 @@ fn parse_full<'b>(
         Err(httparse::Error::TooManyHeaders) => {
             let Some(head) = complete_head(buf) else { return partial(buf) };
             check_line_endings(head)?;
-            return Err(HeadError::TooLarge);
+            return Err(HeadError::TooManyFields);
         }
         Err(httparse::Error::Version) if !buf.contains(&b'\n') => return partial(buf),
         Err(httparse::Error::Version) if newer_minor_version(buf).is_some() => {
@@ -1268,7 +1270,7 @@ mod tests {
             let raw = [&head[..], after].concat();
             let mut storage = header_storage();
             let got = parse_head(&raw, &mut storage).map(|_| ());
-            assert_eq!(got, Err(HeadError::TooLarge), "followed by {:?}", String::from_utf8_lossy(after));
+            assert_eq!(got, Err(HeadError::TooManyFields), "followed by {:?}", String::from_utf8_lossy(after));
         }
         // A bare LF inside such a head is named, as in any head.
         let mut bare = head.clone();
@@ -1539,7 +1541,7 @@ mod tests {
             many.extend_from_slice(b"X-A: b\r\n");
         }
         many.extend_from_slice(b"\r\n");
-        assert_eq!(error(&many), HeadError::TooLarge);
+        assert_eq!(error(&many), HeadError::TooManyFields);
     }
 
     #[test]

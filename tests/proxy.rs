@@ -58,6 +58,29 @@ fn forwarding_strips_credentials_and_hop_by_hop_headers_and_keeps_path_and_query
     assert_eq!(s.header("x_trace_id").as_deref(), Some("t1"), "{}", s.head);
 }
 
+/// A gateway names itself in `Via` on every request it forwards (RFC 9110
+/// §7.6.3): after the client's own entries, with the protocol version the
+/// client spoke; a `setHeaders` entry for `Via` is sent instead.
+#[test]
+fn a_forwarded_request_carries_via_after_the_clients_own() {
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = proxy_server(&up, 4, "");
+    assert_eq!(exchange(&server, &proxied("GET", "/plain", "", "")).status, 200);
+    assert_eq!(exchange(&server, &proxied("GET", "/relayed", "Via: 1.1 edge\r\n", "")).status, 200);
+    let old = format!("GET /old HTTP/1.0\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+    assert_eq!(exchange(&server, old.as_bytes()).status, 200);
+    let seen = up.seen();
+    assert_eq!(seen[0].headers("via"), ["1.1 nthpool"], "{}", seen[0].head);
+    assert_eq!(seen[1].headers("via"), ["1.1 edge", "1.1 nthpool"], "{}", seen[1].head);
+    assert_eq!(seen[2].headers("via"), ["1.0 nthpool"], "{}", seen[2].head);
+
+    let up = MockUpstream::start(|_| ok("fine", ""));
+    let server = proxy_server(&up, 4, r#""setHeaders":{"Via":"1.1 gateway"}"#);
+    assert_eq!(exchange(&server, &proxied("GET", "/set", "Via: 1.1 edge\r\n", "")).status, 200);
+    let seen = up.seen();
+    assert_eq!(seen[0].headers("via"), ["1.1 gateway"], "{}", seen[0].head);
+}
+
 #[test]
 fn an_empty_body_goes_up_framed_as_the_client_framed_it() {
     // `Content-Length: 0` goes up as sent (an upstream may answer a POST

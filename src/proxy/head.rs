@@ -4,8 +4,9 @@
 //! Toward the upstream: the method, path and query as the client sent them;
 //! every header but the client's pool credentials, `X-Nthpool-*`, the
 //! hop-by-hop fields (RFC 9110 §7.6.1, and those `Connection` names) and the
-//! framing fields; then `Host` of the upstream, the configured `setHeaders`
-//! (replacing client fields of the same name) and framing this server chose.
+//! framing fields; then `Host` of the upstream, this server's `Via` entry, the
+//! configured `setHeaders` (replacing client fields of the same name) and
+//! framing this server chose.
 //! Toward the client: the upstream's status and fields less the hop-by-hop
 //! and framing ones, the framing chosen for the client, the governor headers.
 
@@ -26,6 +27,11 @@ const MAX_RESPONSE_HEADERS: usize = 128;
 /// the like are for a proxy on the way, and names such as `Proxy-Client-IP`
 /// are trusted by some upstreams, so a client must not set them.
 const HOP_BY_HOP: [&str; 6] = ["connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"];
+
+/// This server's `Via` entry (RFC 9110 §7.6.3), by the protocol version
+/// the client's request came in.
+const VIA_1_1: &[u8] = b"Via: 1.1 nthpool\r\n";
+const VIA_1_0: &[u8] = b"Via: 1.0 nthpool\r\n";
 
 /// How the request body goes to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,6 +150,12 @@ pub fn write_request(out: &mut Vec<u8>, head: &Head, upstream: &Upstream, creds:
         } else {
             push_field(out, name, h.value);
         }
+    }
+    // A gateway names itself in every request it forwards (RFC 9110 §7.6.3),
+    // after any `Via` the client sent: a later field line extends the list.
+    // A `setHeaders` entry for `Via` replaces the client's and this one.
+    if !upstream.set_headers.iter().any(|(n, _)| same_but_dashes(n.as_bytes(), b"via")) {
+        out.extend_from_slice(if head.http11 { VIA_1_1 } else { VIA_1_0 });
     }
     for (name, value) in &upstream.set_headers {
         push_field(out, name.as_bytes(), value.expose().as_bytes());

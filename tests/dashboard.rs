@@ -265,6 +265,13 @@ fn a_trailing_slash_redirects_to_the_route_itself() {
         let r = get(admin(&s), path, html);
         assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"), "{path}: {r:?}");
     }
+    // A pool segment whose escape can name no pool is the route's own 400,
+    // not a redirect to it.
+    for path in ["/pools/a%2Fb/", "/pools/%2F%2Fevil.com/", "/api/pools/%00/", "/pools/%zz/"] {
+        let r = get(admin(&s), path, html);
+        assert_eq!((r.status, r.error_code().as_str()), (400, "bad_request"), "{path}: {r:?}");
+        assert_eq!(r.header("location"), None, "{path}: {r:?}");
+    }
 }
 
 /// A pool segment spelled with percent-escapes (RFC 3986 §6.2.2.2) names

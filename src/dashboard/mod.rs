@@ -427,12 +427,20 @@ fn examples(lock_api: &str, lock_path: &str, asked: CredentialsAsked, queued: (u
 /// after it (`/pools/demo/`), its query kept: a browser lands on the page
 /// itself (whose script reads the pool from its own address), a script on
 /// the JSON it asked for. The `Location` is one of the admin routes, so it
-/// can never point off this listener.
-pub fn redirect(out: &mut Vec<u8>, route: &str, target: &str, close: bool) {
+/// can never point off this listener. A pool segment with an escape that
+/// can name no pool (`/pools/a%2Fb/`) is the `400` the route itself would
+/// answer, not a redirect to it.
+pub fn redirect(out: &mut Vec<u8>, app: &App, route: &str, target: &str, close: bool) -> Status {
+    let name = pool_name(route, "/pools/").or_else(|| pool_name(route, "/api/pools/"));
+    if let Some(Err(e)) = name.map(|name| app.pool_in_path(name.as_bytes())) {
+        error(out, Status::BadRequest, "bad_request", e.message(), close);
+        return Status::BadRequest;
+    }
     let query = target.find('?').map_or("", |at| &target[at..]);
     let mut w = start(out, Status::PermanentRedirect);
     w.header(b"Location", format!("{route}{query}").as_bytes());
     w.finish(b"", close);
+    Status::PermanentRedirect
 }
 
 /// Whether `path` is one of the dashboard's routes (for the method check).

@@ -179,8 +179,7 @@ pub fn handle(
         return Status::MethodNotAllowed;
     }
     if let Some(route) = with_slash {
-        dashboard::redirect(out, route, head.path_str(), close);
-        return Status::PermanentRedirect;
+        return dashboard::redirect(out, app, route, head.path_str(), close);
     }
     if let Some(status) = crate::dashboard::handle(head, app, out, close) {
         return status;

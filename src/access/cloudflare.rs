@@ -107,13 +107,15 @@ impl Jwks {
     pub fn from_json(bytes: &[u8]) -> Result<Jwks, String> {
         let raw: RawJwks = serde_json::from_slice(bytes).map_err(|e| format!("the JWKS is not valid: {e}"))?;
         let mut keys = Vec::new();
-        for (index, raw_key) in raw.keys.into_iter().enumerate() {
+        // Keys are named by their place in `keys` counted from 1, as the
+        // configuration's own lists name their entries.
+        for (place, raw_key) in (1..).zip(raw.keys) {
             if !raw_key.is_rsa_signing() {
                 continue;
             }
             let name = match &raw_key.kid {
-                Some(kid) => format!("key {index} (kid {kid:?})"),
-                None => format!("key {index}"),
+                Some(kid) => format!("key {place} (kid {kid:?})"),
+                None => format!("key {place}"),
             };
             let n =
                 decode_uint(raw_key.n.as_deref()).ok_or_else(|| format!("{name}: n is missing or not base64url"))?;
@@ -358,6 +360,17 @@ mod tests {
         let small = format!(r#"{{"keys":[{{"kty":"RSA","e":"AQAB","n":"{}"}}]}}"#, b64(&[0xc3; 128]));
         let err = Jwks::from_json(small.as_bytes()).unwrap_err();
         assert!(err.contains("shorter than 2048"), "{err}");
+    }
+
+    #[test]
+    fn a_broken_key_is_named_by_its_place_from_one() {
+        let small = format!(r#"{{"kty":"RSA","e":"AQAB","n":"{}"}}"#, b64(&[0xc3; 128]));
+        let first = Jwks::from_json(format!(r#"{{"keys":[{small}]}}"#).as_bytes()).unwrap_err();
+        assert!(first.starts_with("key 1: "), "{first}");
+        let second =
+            format!(r#"{{"keys":[{},{}]}}"#, jwk_json("k1", &keys()[0]), small.replace('{', r#"{"kid":"old","#));
+        let err = Jwks::from_json(second.as_bytes()).unwrap_err();
+        assert!(err.starts_with(r#"key 2 (kid "old"): "#), "{err}");
     }
 
     #[test]

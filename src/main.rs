@@ -100,14 +100,6 @@ fn check(config: &Config, path: &std::path::Path) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    // First: a reload asked for while the configuration is read must not end the process.
-    let early = match server::EarlySignals::catch() {
-        Ok(early) => early,
-        Err(e) => {
-            eprintln!("nthpool: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     // Through `stdio`, which writes standard error without blocking while the server runs.
     let mut logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     // Set but empty (`Environment=RUST_LOG=` in a unit, `RUST_LOG= nthpool`),
@@ -129,6 +121,17 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("nthpool: {e}");
             return ExitCode::from(2);
+        }
+    };
+    // Before the configuration is read: a reload asked for meanwhile must not
+    // end the process, nor a stop end it without its snapshot. Not for
+    // `--check-config`, `--help` or `--version`, done above: they serve
+    // nothing, and a stop signal or Ctrl-C ends them as it ends any command.
+    let early = match server::EarlySignals::catch() {
+        Ok(early) => early,
+        Err(e) => {
+            eprintln!("nthpool: {e}");
+            return ExitCode::FAILURE;
         }
     };
     let config = match &args.config {

@@ -1167,6 +1167,44 @@ fn a_stop_asked_for_while_starting_ends_the_start_with_exit_0() {
     }
 }
 
+/// `--check-config` serves nothing, so SIGTERM or Ctrl-C ends it as it ends
+/// any command, also while its file is slow to read (here a pipe nobody
+/// writes, whose `open` waits for good): only a server holds a stop signal
+/// for the end of its start, which writes its snapshot.
+#[test]
+fn check_config_ends_on_a_stop_signal_while_its_file_is_read() {
+    use std::os::unix::process::ExitStatusExt;
+    for (sig, number) in [("TERM", 15), ("INT", 2)] {
+        let dir = scratch_dir();
+        assert!(std::process::Command::new("mkfifo").arg(dir.join("config.json")).status().unwrap().success());
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_nthpool"))
+            .args(["--check-config", "config.json"])
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Asleep opening the pipe: past where a server catches its signals.
+        common::eventually("--check-config waiting for the pipe", || {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            status.lines().any(|l| l.starts_with("State:") && l.contains("S (sleeping)"))
+        });
+        thread::sleep(Duration::from_millis(50));
+        assert!(std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let Some(status) = exit_within(&mut child, PATIENCE) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("--check-config: still running {PATIENCE:?} after SIG{sig}");
+        };
+        assert_eq!(status.signal(), Some(number), "--check-config ended by SIG{sig}: {status}");
+    }
+}
+
 /// A server whose configuration file, `config.json` in its scratch
 /// directory (returned with the pipe's path), is a pipe nobody has written
 /// yet: it is returned blocked reading it, its signal handlers in place

@@ -83,7 +83,9 @@ FD_LIMIT=$(ulimit -Hn)
 # the signal pipe and the standard streams.
 FD_RESERVE=500
 WAITERS=${BENCH_WAITERS:-$((FD_LIMIT - FD_RESERVE < 100000 ? FD_LIMIT - FD_RESERVE : 100000))}
-if [ "$WAITERS" -lt 100000 ]; then
+if [ -n "${BENCH_WAITERS:-}" ]; then
+    WAITERS_NOTE="$WAITERS waiters (BENCH_WAITERS; file descriptor hard limit $FD_LIMIT)"
+elif [ "$WAITERS" -lt 100000 ]; then
     WAITERS_NOTE="$WAITERS waiters, not 100000: each waiter is one TCP connection, so one file descriptor in the
    server process and one in the load tool, and the hard limit is $FD_LIMIT per process (ulimit -Hn;
    raising it needs CAP_SYS_RESOURCE, which this user lacks). The load tool's side could be split over
@@ -364,7 +366,10 @@ python3 "$WORK/row.py" header
 row "(a) acquire -> release" "$WORK/a.json"
 row "(b) acquire -> 2 renews -> release" "$WORK/b.json"
 row "(c) contended: 8 slots, 64 conns, waitMs 5000" "$WORK/c.json"
-row "(d) = (a) with 1M held + ${QUEUE_DEPTH} queued" "$WORK/d.json"
+# The fill as it was asked for (BENCH_FILL), 1M by default.
+HELD=$FILL
+if [ "$FILL" = 1000000 ]; then HELD=1M; fi
+row "(d) = (a) with $HELD held + ${QUEUE_DEPTH} queued" "$WORK/d.json"
 say "  p50/p99: latency of acquire (or GET); rel p99: of release; errors: connect, timeout, reset;"
 say "  CPU µs: the server's CPU time (user + system, /proc/PID/stat) per answered request; busy: its share"
 say "  of the run's wall time in % (* under 50: held back); tool: the load tool's share (near 100: it is the limit)"

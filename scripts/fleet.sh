@@ -14,6 +14,7 @@
 # Upstream (unless a row says otherwise): 20 calls in flight, 600 requests a
 # minute in fixed 6-s windows (60 per window), OpenAI headers stamped at
 # admission, service time lognormal with median 500 ms and p99 2000 ms.
+# The binaries are built (and run from) CARGO_TARGET_DIR when it is set.
 set -euo pipefail
 
 for arg in "$@"; do

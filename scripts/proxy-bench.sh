@@ -37,7 +37,7 @@
 # Usage: scripts/proxy-bench.sh            (5 rounds, throughput runs of 3 s, 50 connections)
 # Environment: BENCH_ROUNDS, BENCH_DURATION (s), BENCH_CONNECTIONS, BENCH_PORT,
 #   BENCH_RATE (open loop, requests/s; 4000), BENCH_OPEN_CONNECTIONS (16),
-#   BENCH_SYSCALL_REQUESTS (20000).
+#   BENCH_SYSCALL_REQUESTS (20000), CARGO_TARGET_DIR.
 set -euo pipefail
 
 for arg in "$@"; do

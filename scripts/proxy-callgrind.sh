@@ -5,7 +5,7 @@
 # driven by one sequential keep-alive client for N1 and then N2 requests;
 # (Ir2 - Ir1) / (N2 - N1) cancels start-up and shutdown.
 #
-# Usage: scripts/proxy-callgrind.sh        Environment: CG_N1, CG_N2, CG_PORT.
+# Usage: scripts/proxy-callgrind.sh        Environment: CG_N1, CG_N2, CG_PORT, CARGO_TARGET_DIR.
 set -euo pipefail
 
 for arg in "$@"; do

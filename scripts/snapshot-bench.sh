@@ -9,6 +9,8 @@
 #   SNAP_N=100000 SNAP_ROUNDS=1 scripts/snapshot-bench.sh
 #
 # Builds the release binaries first (cargo build --release).
+# Environment: SNAP_N (1000000), SNAP_ROUNDS (2), SNAP_PORT (the server's,
+# 27470), CARGO_TARGET_DIR.
 set -euo pipefail
 
 for arg in "$@"; do

@@ -417,7 +417,7 @@ mod defaults {
         10_000
     }
     pub fn idle_spin_us() -> u64 {
-        0
+        50
     }
     pub fn concurrency() -> u32 {
         16
@@ -1301,7 +1301,7 @@ mod tests {
         assert!(!p.allow_authorization_header);
         assert_eq!(p.rpm, None);
         assert_eq!(p.idempotency_keys, 1024);
-        assert_eq!(c.idle_spin_us, 0);
+        assert_eq!(c.idle_spin_us, 50);
     }
 
     #[test]

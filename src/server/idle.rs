@@ -9,15 +9,13 @@
 //! hypervisor). Measured under wrk (PERFORMANCE.md), those wake-ups were the
 //! part of the client's CPU per answer that the server decides.
 //!
-//! So with `idleSpinUs` set, after a turn that served more than one ready
-//! socket — concurrent load, where the next arrival may be microseconds
-//! away — the loop polls without sleeping for up to that long before it
-//! blocks, and keeps doing so while each spin finds work. A spin that finds
-//! nothing ends the streak; a turn with a single event (one sequential
-//! client, a timer) sleeps at once, as does an idle server: the spin costs
-//! CPU only while several clients are active, and at most `idleSpinUs` per
-//! turn. It is 0, off, by default: measured under wrk against nginx, no
-//! spin length raised the rate, and an empty spin is CPU spent.
+//! So after a turn that served more than one ready socket — concurrent
+//! load, where the next arrival is microseconds away — the loop polls
+//! without sleeping for up to `idleSpinUs` (50 µs unless configured)
+//! before it blocks, and keeps doing so while each spin finds work. A spin that finds nothing ends the streak;
+//! a turn with a single event (one sequential client, a timer) sleeps at
+//! once, as does an idle server: the spin costs CPU only while several
+//! clients are active, and at most `idleSpinUs` per turn; 0 turns it off.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -76,7 +74,7 @@ mod tests {
     use mio::{Token, Waker};
 
     const WAKE: Token = Token(7);
-    /// An `idleSpinUs` of 50.
+    /// The default `idleSpinUs`.
     const SPIN: Duration = Duration::from_micros(50);
 
     #[test]

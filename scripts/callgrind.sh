@@ -118,49 +118,46 @@ dump_ir() { awk '/^summary:/ { print $2 }' "$1"; }
 requests_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["requests"])' "$1"; }
 
 # Measures one server already running under callgrind (pid $2, out files $3)
-# with the load-tool arguments that follow; prints "Ir1 req1 Ir2 req2".
-measure() {
-    local name=$1 pid=$2 out=$3
-    shift 3
+# over two runs of a client: `$4 NAME RUN ARGS...` (RUN 1, then 2) runs the
+# client and prints how many requests it made; prints "Ir1 req1 Ir2 req2".
+measure_with() {
+    local name=$1 pid=$2 out=$3 client=$4 i ir=() req=()
+    shift 4
     callgrind_control -i on "$pid" >/dev/null 2>&1
     callgrind_control -z "$pid" >/dev/null 2>&1
-    local i ir=() req=()
     for i in 1 2; do
-        local n=$N1
-        [ "$i" = 2 ] && n=$N2
-        "${ON_CLIENT[@]}" "$BIN/nthpool-bench" --json -n "$n" -d 600 "$@" \
-            >"$WORK/$name-$i.json" 2>"$WORK/$name-$i.err" || die "$name run $i failed: $(cat "$WORK/$name-$i.err")"
+        req+=("$("$client" "$name" "$i" "$@")") || exit 1
         # Let the server finish closing this run's connections inside the
         # same counting period, so both periods hold one set-up and tear-down.
         sleep 1
         callgrind_control -d "$name-$i" "$pid" >/dev/null 2>&1
         sleep 0.2
         ir+=("$(dump_ir "$(newest_dump "$out")")")
-        req+=("$(requests_of "$WORK/$name-$i.json")")
     done
     echo "${ir[0]} ${req[0]} ${ir[1]} ${req[1]}"
 }
 
-# The same with wrk and scripts/wrk-cycle.lua over $4 connections (pid $2,
-# out files $3): a 3 s run, then a 9 s one; prints "Ir1 req1 Ir2 req2".
-measure_wrk() {
-    local name=$1 pid=$2 out=$3 c=$4 i d ir=() req=()
-    callgrind_control -i on "$pid" >/dev/null 2>&1
-    callgrind_control -z "$pid" >/dev/null 2>&1
-    for i in 1 2; do
-        d=3
-        [ "$i" = 2 ] && d=9
-        "${ON_CLIENT[@]}" wrk -t1 -c "$c" -d "${d}s" -s "$ROOT/scripts/wrk-cycle.lua" "http://127.0.0.1:$PORT" \
-            -- "$KEY" >"$WORK/$name-$i.txt" 2>&1 || die "$name run $i failed: $(tail -n 2 "$WORK/$name-$i.txt")"
-        ! grep -q 'Non-2xx' "$WORK/$name-$i.txt" || die "$name run $i: $(grep 'Non-2xx' "$WORK/$name-$i.txt")"
-        sleep 1
-        callgrind_control -d "$name-$i" "$pid" >/dev/null 2>&1
-        sleep 0.2
-        ir+=("$(dump_ir "$(newest_dump "$out")")")
-        req+=("$(awk '/requests in/ { print $1 }' "$WORK/$name-$i.txt")")
-    done
-    echo "${ir[0]} ${req[0]} ${ir[1]} ${req[1]}"
+# The load tool's run $2 ($N1 requests, then $N2), with the arguments that follow.
+load_tool_run() {
+    local name=$1 i=$2 n=$N1
+    shift 2
+    [ "$i" = 2 ] && n=$N2
+    "${ON_CLIENT[@]}" "$BIN/nthpool-bench" --json -n "$n" -d 600 "$@" \
+        >"$WORK/$name-$i.json" 2>"$WORK/$name-$i.err" || die "$name run $i failed: $(cat "$WORK/$name-$i.err")"
+    requests_of "$WORK/$name-$i.json"
 }
+
+# wrk's run $2 with scripts/wrk-cycle.lua over $3 connections: 3 s, then 9 s.
+wrk_run() {
+    local name=$1 i=$2 c=$3 d=3
+    [ "$i" = 2 ] && d=9
+    "${ON_CLIENT[@]}" wrk -t1 -c "$c" -d "${d}s" -s "$ROOT/scripts/wrk-cycle.lua" "http://127.0.0.1:$PORT" \
+        -- "$KEY" >"$WORK/$name-$i.txt" 2>&1 || die "$name run $i failed: $(tail -n 2 "$WORK/$name-$i.txt")"
+    ! grep -q 'Non-2xx' "$WORK/$name-$i.txt" || die "$name run $i: $(grep 'Non-2xx' "$WORK/$name-$i.txt")"
+    awk '/requests in/ { print $1 }' "$WORK/$name-$i.txt"
+}
+
+measure() { measure_with "$1" "$2" "$3" load_tool_run "${@:4}"; }
 
 start_nthpool() {
     local name=$1
@@ -262,7 +259,7 @@ if [ "${CG_QUICK:-0}" != 1 ] && command -v wrk >/dev/null; then
     say "nthpool, empty, wrk and its Lua acquire -> release script: 3 s then 9 s, ${SHAPES[*]} connections..."
     start_nthpool wrk
     for c in "${SHAPES[@]}"; do
-        record "nthpool acquire/release, empty, wrk client, c=$c" "$(measure_wrk "wrk$c" "$SERVER" "$WORK/wrk.out" "$c")"
+        record "nthpool acquire/release, empty, wrk client, c=$c" "$(measure_with "wrk$c" "$SERVER" "$WORK/wrk.out" wrk_run "$c")"
     done
     stop "$SERVER"
     keep wrk

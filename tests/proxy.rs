@@ -763,12 +763,12 @@ fn proxied_429s_with_openai_headers_teach_the_pool() {
 }
 
 #[test]
-fn an_unreachable_upstream_is_a_502_and_frees_the_slot() {
+fn an_unreachable_upstream_is_a_502_that_frees_the_slot_and_is_warned_of() {
     let closed = refused_addr();
-    let server = TestServer::start(&config(
-        &format!(r#""concurrency":1,"upstream":{{"url":"http://{closed}","hosts":["{HOST}"]}}"#),
-        "",
-    ));
+    let server = TestServer::start_logged(
+        &config(&format!(r#""concurrency":1,"upstream":{{"url":"http://{closed}","hosts":["{HOST}"]}}"#), ""),
+        "warn",
+    );
     let r = exchange(&server, &proxied("GET", "/", "", ""));
     assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "{r:?}");
     // Granted, then failed: the answer carries its grant's governor headers,
@@ -779,6 +779,15 @@ fn an_unreachable_upstream_is_a_502_and_frees_the_slot() {
     assert_eq!(r.header_u64("x-nthpool-queued-ms"), 0, "{r:?}");
     assert_eq!(r.header_u64("x-nthpool-queue-depth"), 0, "{r:?}");
     slot_comes_back(&server);
+    // The operator is told too, not only the client: the log names the
+    // upstream, its address and why.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let wanted = format!("the upstream {closed} at {closed}: connecting failed");
+    while !server.log().contains(&wanted) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = server.log();
+    assert!(log.contains(&wanted) && log.contains("no address left: answered 502"), "{log}");
 }
 
 #[test]

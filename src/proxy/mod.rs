@@ -899,7 +899,7 @@ fn relay(
     client: &mut ClientIo,
     now_epoch_ms: u64,
 ) -> Result<Step, Halt> {
-    up.finish_connect(stats)?;
+    up.finish_connect(stats, warned)?;
     loop {
         let wrote = e.send(up, stats, warned, client)?;
         let mut progressed = e.take_head(up, client, now_epoch_ms)?;
@@ -932,8 +932,10 @@ fn relay(
 }
 
 impl UpConn {
-    /// Completes the TCP connect; a failed one goes on to the next address.
-    fn finish_connect(&mut self, stats: &mut ProxyStats) -> Result<(), Halt> {
+    /// Completes the TCP connect; a failed one is warned of (at most once a
+    /// second) and goes on to the next address, or without one left is a
+    /// `502`.
+    fn finish_connect(&mut self, stats: &mut ProxyStats, warned: &mut Warned) -> Result<(), Halt> {
         if self.connected {
             return Ok(());
         }
@@ -945,8 +947,16 @@ impl UpConn {
             Ok(false) => Err(Halt::Now(Step::Pending)),
             Err(err) => {
                 stats.connect_error(self.pool.0 as usize);
+                let next = self.dial.has_next();
+                if let Some(unlogged) = warned.allow("connect", &self.target.authority, Cause::Io(err.kind())) {
+                    let then = if next { "trying its next address" } else { "no address left: answered 502" };
+                    warn!(
+                        "the upstream {} at {}: connecting failed ({err}); {then}{unlogged}",
+                        self.target.authority, self.addr
+                    );
+                }
                 self.dial.failed(self.addr, err);
-                Err(Halt::Now(if self.dial.has_next() { Step::Retry } else { Step::BadGateway("connect failed") }))
+                Err(Halt::Now(if next { Step::Retry } else { Step::BadGateway("connect failed") }))
             }
         }
     }

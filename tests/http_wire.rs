@@ -428,6 +428,26 @@ fn chunk_framing_over_its_limits_is_refused_naming_them() {
 }
 
 #[test]
+fn empty_lines_before_a_request_line_are_skipped_within_the_head_limit() {
+    let s = TestServer::start(&config("", ""));
+    let mut c = s.connect();
+    // RFC 9112 §2.2: a server should ignore at least one empty line before a
+    // request line; a few are skipped, and the connection goes on serving.
+    for (n, what) in [(1, "one empty line"), (3, "three empty lines")] {
+        let raw = [b"\r\n".repeat(n), post(ACQUIRE, KEY, "", "")].concat();
+        let r = exchange(&mut c, &raw);
+        assert_eq!(r.status, 200, "{what}: {r:?}");
+    }
+    assert_open(&mut c, "after empty lines");
+    // They count toward the 16 KiB a head may take: a stream of them is an
+    // oversized head, not a connection kept busy for nothing.
+    let mut c = s.connect();
+    let r = exchange(&mut c, &b"\r\n".repeat(9 * 1024));
+    assert_error(&r, 431, "request_header_fields_too_large", "18 KiB of empty lines");
+    assert_answer_closes(&mut c, &r, "431 after empty lines");
+}
+
+#[test]
 fn a_head_over_16_kib_gets_431() {
     let s = TestServer::start(&config("", ""));
     let mut c = s.connect();

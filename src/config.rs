@@ -148,7 +148,7 @@ fn plain_types(message: &str) -> String {
             }
         }
     }
-    hide_misplaced_string(out)
+    hide_number_for_string(hide_misplaced_string(out))
 }
 
 /// A string where a list or an object goes is quoted by serde (`invalid
@@ -169,6 +169,23 @@ fn hide_misplaced_string(mut message: String) -> String {
     let expected = &message[close + EXPECTED.len()..];
     if ["a sequence", "a map", "an object"].iter().any(|kind| expected.starts_with(kind)) {
         message.replace_range(at..close + 1, "invalid type: a string (not shown: it may be a secret)");
+    }
+    message
+}
+
+/// A number where a string goes is most often a key, token or secret
+/// written without its quotes (`"keys": [98765…]`, `"adminToken": 1234…`,
+/// `"hmac": {"secret": 5…}`), and serde shows it in the message that lands
+/// in the log of a refused start or reload: it is said to be a number, not
+/// shown. A number out of a number field's range is still shown.
+fn hide_number_for_string(mut message: String) -> String {
+    const EXPECTED: &str = ", expected a string";
+    let Some(end) = message.find(EXPECTED) else {
+        return message;
+    };
+    let shown = ["invalid type: integer `", "invalid value: a number with a fraction"];
+    if let Some(at) = shown.iter().find_map(|start| message[..end].rfind(start)) {
+        message.replace_range(at..end, "invalid type: a number (not shown: it may be a secret)");
     }
     message
 }
@@ -1014,6 +1031,27 @@ mod tests {
         assert!(e.contains(r#"invalid type: string "soon", expected"#), "a word where a number goes is quoted: {e}");
     }
 
+    #[test]
+    fn a_number_where_a_string_goes_is_not_shown() {
+        let hidden = "invalid type: a number (not shown: it may be a secret), expected a string at line 1";
+        for (json, field) in [
+            (r#"{"pools":{"p1":{"keys":[98765432109876543]}}}"#.to_owned(), "pools.p1.keys[0]"),
+            (r#"{"adminToken":98765432109876543,"pools":{"p1":{"keys":["k"]}}}"#.to_owned(), "adminToken"),
+            (pool_json(r#","access":{"hmac":{"secret":-98765432109876543}}"#), "pools.p1.access.hmac.secret"),
+            (pool_json(r#","access":{"jwt":{"hs256Secret":98765432109.876543}}"#), "pools.p1.access.jwt.hs256Secret"),
+            (
+                pool_json(r#","upstream":{"url":"http://u","setHeaders":{"Authorization":98765432109876543}}"#),
+                "pools.p1.upstream.setHeaders.Authorization",
+            ),
+        ] {
+            let e = err(&json);
+            assert!(e.contains(&format!("{field}: {hidden}")), "{e}");
+            assert!(!e.contains("98765"), "{e}");
+        }
+        let e = err(&pool_json(r#","termMs":1.5"#));
+        assert!(e.contains("(read as 1.5)"), "a number where a number goes is still shown: {e}");
+    }
+
     /// A `setHeaders` name that is no header name is most often a
     /// credential written where the name goes: an error about it, or about
     /// its value, names the field and is silent on the name.
@@ -1035,7 +1073,7 @@ mod tests {
         let e = err(&headers(r#""X-Team":"x","X-Team":"y""#));
         assert!(e.contains("pools.p1.upstream.setHeaders: duplicate header `X-Team`"), "{e}");
         let e = err(&headers(r#""X-Team":5"#));
-        assert!(e.contains("pools.p1.upstream.setHeaders.X-Team: invalid type: integer"), "{e}");
+        assert!(e.contains("pools.p1.upstream.setHeaders.X-Team: invalid type: a number (not shown"), "{e}");
     }
 
     #[test]

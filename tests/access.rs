@@ -531,6 +531,11 @@ fn jwt_every_bad_token_is_refused() {
     let no_key = post(ACQUIRE, "", &format!("Authorization: Bearer {}\r\n", good_jwt()), "");
     assert_refused(&s.request(&no_key), 401, "unauthorized", "token without a key");
     assert_eq!(s.acquire(&jwt_header(&good_jwt()), "").status, 200, "and a good token still passes");
+    // A token past the size limit is refused with the limit named.
+    let padded = jwt_claims("iss1", &format!(r#""aud1","pad":"{}""#, "x".repeat(8 * 1024)), now + 300);
+    let r = s.acquire(&jwt_header(&hs256(JWT_SECRET, hs, &padded)), "");
+    assert_refused(&r, 401, "unauthorized", "a token over 8 KiB");
+    assert_eq!(r.json()["message"], "The token is larger than 8 KiB.", "{r:?}");
     // Its type may be named as a media type too (RFC 7515 §4.1.9).
     let media = hs256(JWT_SECRET, r#"{"alg":"HS256","typ":"application/jwt"}"#, &good_claims);
     assert_eq!(s.acquire(&jwt_header(&media), "").status, 200, "typ application/jwt");

@@ -53,7 +53,8 @@ impl Denied {
     /// The `cloudflareAccess` policy is configured but no token was sent.
     pub const CF_TOKEN_MISSING: Denied =
         Denied::new("No Cloudflare Access token was presented: send it in Cf-Access-Jwt-Assertion.");
-    pub const TOKEN_TOO_LARGE: Denied = Denied::new("The token is larger than allowed.");
+    /// `jws::MAX_TOKEN_BYTES`, named in words.
+    pub const TOKEN_TOO_LARGE: Denied = Denied::new("The token is larger than 8 KiB.");
     pub const TOKEN_MALFORMED: Denied = Denied::new("The token is not a compact JWS of three base64url parts.");
     pub const TOKEN_HEADER_INVALID: Denied = Denied::new("The token header is not valid JSON.");
     pub const TOKEN_ALG_REFUSED: Denied = Denied::new("The token's signing algorithm is not accepted.");

@@ -315,6 +315,8 @@ mod tests {
     fn oversize_is_refused_before_parsing() {
         let big = vec![b'a'; MAX_TOKEN_BYTES + 1];
         assert_eq!(split(&big).err(), Some(Denied::TOKEN_TOO_LARGE));
+        let limit = format!("larger than {} KiB.", MAX_TOKEN_BYTES / 1024);
+        assert!(Denied::TOKEN_TOO_LARGE.reason().ends_with(&limit), "the refusal names the limit");
     }
 
     #[test]

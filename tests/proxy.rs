@@ -107,7 +107,13 @@ fn sdk_key_server(up: &MockUpstream) -> TestServer {
 fn the_sdk_key_headers_authenticate_and_are_not_forwarded() {
     let up = MockUpstream::start(|_| ok("fine", ""));
     let server = sdk_key_server(&up);
-    for header in [format!("Authorization: Bearer {KEY}"), format!("x-api-key: {KEY}")] {
+    // An `Authorization` of another scheme is passed over for `x-api-key`,
+    // and is not forwarded either.
+    for header in [
+        format!("Authorization: Bearer {KEY}"),
+        format!("x-api-key: {KEY}"),
+        format!("Authorization: Basic dXNlcjpwdw==\r\nx-api-key: {KEY}"),
+    ] {
         let raw = format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\n{header}\r\n\r\n");
         let r = exchange(&server, raw.as_bytes());
         assert_eq!(r.status, 200, "{header}: {r:?}");
@@ -120,6 +126,9 @@ fn the_sdk_key_headers_authenticate_and_are_not_forwarded() {
     for raw in [
         format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\n\r\n"),
         format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\nx-api-key: wrong\r\n\r\n"),
+        // The first of the two present is read: a wrong Bearer key is not
+        // made good by a right `x-api-key`.
+        format!("GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\nAuthorization: Bearer wrong\r\nx-api-key: {KEY}\r\n\r\n"),
     ] {
         let r = exchange(&server, raw.as_bytes());
         assert_eq!((r.status, r.error_code().as_str()), (401, "unauthorized"), "{r:?}");

@@ -890,6 +890,41 @@ fn sigterm_answers_a_request_still_arriving_when_it_completes_within_the_grace()
     assert!(log.contains("shut down (0 connections cut at the deadline"), "{log}");
 }
 
+/// An acquire still arriving at the stop that completes within the grace
+/// and finds no free slot does not wait: it gets the `503` the waiters got,
+/// at once, rather than no answer at all when the grace ends.
+#[test]
+fn sigterm_answers_an_acquire_completed_in_the_grace_that_would_wait_with_503() {
+    let mut s =
+        TestServer::start_logged(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":60000}"#, ""), "info");
+    s.acquire("", "").slot();
+    let request = post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":60000}"#);
+    let (first, rest) = request.split_at(request.len() - 5);
+    let mut c = s.connect();
+    c.write_all(first).unwrap();
+    eventually(&s, "the head read", |m| m.value("nthpool_connections_open", &[]) == 2.0);
+    thread::sleep(Duration::from_millis(50));
+    s.signal("TERM");
+    let deadline = Instant::now() + PATIENCE;
+    while !s.log().contains("shutting down") {
+        assert!(Instant::now() < deadline, "the stop never began: {}", s.log());
+        thread::sleep(Duration::from_millis(10));
+    }
+    c.write_all(rest).unwrap();
+    let asked = Instant::now();
+    let r = read_response(&mut c).expect("the acquire is answered, not cut at the grace's end");
+    assert!(asked.elapsed() < Duration::from_millis(500), "answered at once, not at the deadline");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.error_code(), "unavailable");
+    assert!(r.header_u64("Retry-After") >= 1);
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut c));
+    let status = wait_for_exit(&mut s, Duration::from_secs(3));
+    assert!(status.success(), "exit status {status}");
+    let log = s.log();
+    assert!(log.contains("shut down (0 connections cut at the deadline"), "{log}");
+}
+
 // ---------------------------------------------------------------- start-up
 
 /// A start-up failure: non-zero exit and exactly one stderr line containing every `needle`.

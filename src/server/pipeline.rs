@@ -188,6 +188,13 @@ impl Server {
                         app.withdraw(out, &q, id, now, ctx.close)
                     });
                 }
+                // Stopping: a request that was still arriving at the signal
+                // waits no more than the waiters did; it gets their `503`.
+                Handled::Queued(q) if conn.stopping => {
+                    write_kept_alive(&mut conn.output, http10_keep_alive, |out| {
+                        app.answer_shutdown(out, &q, id, now, ctx.close)
+                    });
+                }
                 Handled::Queued(q) => {
                     conn.wait(q, ctx.close, http10_keep_alive);
                     continue;

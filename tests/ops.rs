@@ -925,6 +925,22 @@ fn sigterm_answers_an_acquire_completed_in_the_grace_that_would_wait_with_503() 
     assert!(log.contains("shut down (0 connections cut at the deadline"), "{log}");
 }
 
+/// Every pool's learned state goes into the stop's snapshot, whether it
+/// holds slots or not: the stop leaves the snapshot room for its pools
+/// (10 µs each) as for its held slots, so a server of many pools still
+/// exits within the second.
+#[test]
+fn sigterm_leaves_the_snapshot_room_for_every_pool() {
+    let pools: Vec<String> = (0..2000).map(|i| format!(r#""p{i}":{{"keys":["key-of-pool-{i}"]}}"#)).collect();
+    let json = format!(r#"{{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{{{}}}}}"#, pools.join(","));
+    let mut s = TestServer::start_logged(&json, "info");
+    s.signal("TERM");
+    let status = wait_for_exit(&mut s, Duration::from_secs(3));
+    assert!(status.success(), "exit status {status}");
+    let log = s.log();
+    assert!(log.contains("clients have 780 ms, the snapshot 20 ms"), "{log}");
+}
+
 // ---------------------------------------------------------------- start-up
 
 /// A start-up failure: non-zero exit and exactly one stderr line containing every `needle`.

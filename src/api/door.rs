@@ -115,9 +115,10 @@ impl App {
         state.write_stop(&self.gov, now);
     }
 
-    /// How long the stop's snapshot of the slots held now is expected to take, in ms.
+    /// How long the stop's snapshot of the slots held now, and of every
+    /// pool's learned state, is expected to take, in ms.
     pub fn stop_snapshot_ms(&self, state: &Persistence) -> u64 {
-        state.stop_snapshot_ms(self.gov.held_total())
+        state.stop_snapshot_ms(self.gov.held_total(), self.gov.pools().count())
     }
 
     /// The periodic snapshot: copied here, written on a thread of its own.

@@ -499,6 +499,18 @@ impl Config {
         Config::parse(&text).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
     }
 
+    /// `load` for a reload, which reads the file in the event loop: only a
+    /// regular file (symbolic links followed) is opened, as for the files
+    /// the configuration names (`files::read_bounded`). A named pipe's `open`
+    /// would wait for a writer, and every client with it.
+    pub fn reload(path: &Path) -> Result<Config, ConfigError> {
+        // `metadata` does not open: a named pipe is refused without waiting.
+        match std::fs::metadata(path) {
+            Ok(meta) if !meta.is_file() => fail(format!("cannot read {}: it is not a regular file", path.display())),
+            _ => Config::load(path),
+        }
+    }
+
     pub fn embedded() -> Config {
         Config::parse(EMBEDDED_DEFAULT.as_bytes()).expect("the embedded configuration is valid")
     }

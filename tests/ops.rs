@@ -1573,6 +1573,30 @@ fn files_the_configuration_names_are_read_only_when_regular_and_bounded() {
     s.acquire("", "").slot();
 }
 
+/// A reload reads the configuration file in the event loop: a named pipe
+/// put in its place (no writer) is refused at once, in words, and serving
+/// goes on, rather than every client waiting on its `open` for a writer.
+#[test]
+fn a_reload_onto_a_named_pipe_is_refused_and_serving_goes_on() {
+    let s = TestServer::start_logged(&config("", ""), "info");
+    std::fs::remove_file(&s.config_path).unwrap();
+    if !std::process::Command::new("mkfifo").arg(&s.config_path).status().is_ok_and(|st| st.success()) {
+        println!("skipped: mkfifo failed");
+        return;
+    }
+    s.signal("HUP");
+    let start = Instant::now();
+    while !s.log().contains("reload refused") {
+        assert!(start.elapsed() < Duration::from_secs(5), "the reload never ended: {}", s.log());
+        thread::sleep(Duration::from_millis(20));
+    }
+    let log = s.log();
+    let line = log.lines().find(|l| l.contains("reload refused")).unwrap_or_default();
+    assert!(line.ends_with("it is not a regular file"), "{line}");
+    s.acquire("", "").slot();
+    assert_eq!(get(admin(&s), "/healthz").status, 200);
+}
+
 #[test]
 fn start_up_fails_in_one_line_when_the_config_cannot_be_read() {
     let dir = scratch_dir();

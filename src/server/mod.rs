@@ -58,7 +58,7 @@ mod turn;
 
 use std::io::{self, Write};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,7 +72,7 @@ use slab::Slab;
 
 use crate::api::proxy::WaitEnd;
 use crate::api::{ApiError, App, ConnId, Entropy, Event, PoolId, Wake};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::http::request::MAX_HEAD_BYTES;
 use crate::http::response::write_kept_alive;
 use crate::proxy::Proxy;
@@ -653,7 +653,7 @@ impl Server {
         let pending: Vec<i32> = self.signals.pending().collect();
         for signal in pending {
             match signal {
-                SIGHUP => self.reload(),
+                SIGHUP => self.reload(Config::reload),
                 // As nginx reads them: USR1 reopens the log files (what
                 // logrotate recipes send), QUIT stops gracefully; USR2 (nginx's
                 // binary upgrade) has no meaning here. None of them may end
@@ -668,9 +668,11 @@ impl Server {
         }
     }
 
-    /// SIGHUP: re-read the configuration file and apply it without dropping
-    /// anything; a bad file changes nothing.
-    fn reload(&mut self) {
+    /// SIGHUP: re-read the configuration file with `load` and apply it
+    /// without dropping anything; a bad file changes nothing. In the event
+    /// loop, `load` is `Config::reload`, which opens nothing that could
+    /// wait (a named pipe); before serving, `Config::load`, as at start.
+    fn reload(&mut self, load: fn(&Path) -> Result<Config, ConfigError>) {
         // What was answered before the reload is logged where it was answered.
         self.settle_answers();
         let Some(path) = &self.config_path else {
@@ -679,7 +681,7 @@ impl Server {
             return;
         };
         let bound_admin = self.admin.as_ref().and_then(|l| l.local_addr().ok());
-        let result = Config::load(path).map_err(|e| e.to_string()).and_then(|config| {
+        let result = load(path).map_err(|e| e.to_string()).and_then(|config| {
             if let Some(bound) = bound_admin {
                 config.check_admin_bound(bound).map_err(|e| e.to_string())?;
             }
@@ -1735,7 +1737,7 @@ pub fn serve(
     // does both, in either order).
     if early.reload.load(Ordering::Relaxed) {
         info!("SIGHUP during start-up: reloading the configuration");
-        server.reload();
+        server.reload(Config::load);
     }
     if early.stop.load(Ordering::Relaxed) {
         info!("a stop was asked for during start-up: stopping as soon as the server is up");

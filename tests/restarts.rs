@@ -433,6 +433,40 @@ fn a_deploy_that_lowers_the_term_waits_for_the_old_holders_to_renew() {
 }
 
 #[test]
+fn a_pool_a_crash_restarted_without_is_named_again_with_its_window() {
+    // A crash while pool p holds every slot, then a start whose
+    // configuration leaves p out (its holders are refused meanwhile), then
+    // a reload that names p again while their leases may still live: p
+    // opens its window as the start would have, so its old holders come back
+    // before anything is granted in their places. A pool never seen before
+    // starts afresh.
+    let pool = r#""concurrency":2,"termMs":1500,"renewIntervalMs":500,"requestTimeoutMs":60000"#;
+    let first = TestServer::start(&config(pool, ""));
+    let slots: Vec<String> = (0..2).map(|_| first.acquire("", "").slot()).collect();
+    let kept = kill_9(first);
+    let without_p = r#"{"adminListen":"127.0.0.1:0","accessLog":null,"pools":{"other":{"keys":["other-key"]}}}"#;
+    std::fs::write(&kept.1, without_p).unwrap();
+    let s = restart(kept);
+    assert_eq!(s.renew(&slots[0]).status, 401, "no pool p here yet");
+    let fresh = r#""fresh":{"keys":["fresh-key"],"concurrency":1}"#;
+    s.reload(&config(pool, "").replacen(r#""other":"#, &format!(r#"{fresh},"other":"#), 1));
+    let denied = s.acquire("", "");
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(denied.header("x-nthpool-deny-reason"), Some("recovering"), "{denied:?}");
+    assert_eq!(s.renew(&slots[0]).status, 200, "the old holder is re-adopted");
+    assert_eq!(s.release(&slots[1], "").json()["released"], true);
+    let raw = post("/pools/fresh/lock/acquire", "fresh-key", "", "");
+    assert_eq!(s.request(&raw).status, 200, "a pool no process had before opens no window");
+    // Once the window ends, the re-adopted slot counts against the limit.
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(800));
+        assert_eq!(s.renew(&slots[0]).status, 200, "the holder renews on its interval");
+    }
+    assert_eq!(s.acquire("", "").status, 200);
+    assert_eq!(s.acquire("", "").status, 429, "the holder's slot and one new grant fill the pool");
+}
+
+#[test]
 fn a_restart_that_lowers_the_limit_revokes_no_held_slot() {
     // Three holders of a pool of 3; a deploy (a graceful stop, whose
     // snapshot the lowered limit refuses) or a crash, then a start with a

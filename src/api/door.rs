@@ -126,16 +126,20 @@ impl App {
         state.write_periodic(&self.gov, now);
     }
 
-    /// A reload applied `config`: the next snapshot follows it. True when
-    /// the periodic snapshot's timer must be armed again.
+    /// A reload applied `config`: the next snapshot follows it, and the pools
+    /// it `added` (this process never had them) whose leases a process
+    /// before this one may have left alive open their re-adoption windows
+    /// (`Persistence::reconfigured`). True when the periodic snapshot's
+    /// timer must be armed again.
     pub fn reconfigure_state(
-        &self,
+        &mut self,
         state: &mut Persistence,
         config: &Config,
         config_path: &std::path::Path,
+        added: &[String],
         now: Now,
     ) -> bool {
-        state.reconfigured(&self.gov, config, config_path, now)
+        state.reconfigured(&mut self.gov, config, config_path, added, now)
     }
 
     /// The pool named `name`, if configured.

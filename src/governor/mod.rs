@@ -317,6 +317,17 @@ impl<T: Copy> Governor<T> {
         }
     }
 
+    /// Opens the re-adoption window of the pool named `name` for `window_ms`
+    /// from `now` (a pool a reload names that this process never had, whose
+    /// leases a process before it may have left alive). Whether it is a pool.
+    pub fn open_recovery_window_of(&mut self, name: &str, window_ms: u64, now: Ms) -> bool {
+        let Some(pid) = self.pool_id(name) else {
+            return false;
+        };
+        self.keep_recovering(pid, now.saturating_add(window_ms));
+        true
+    }
+
     /// The process before this one may have held up to `holders` slots of
     /// the pool named `name` (the limit it granted under): while the pool's
     /// window open at `now` lasts, re-adoption takes that many back, past a

@@ -689,11 +689,14 @@ impl Server {
                 config.check_listen_override(listen).map_err(|e| e.to_string())?;
             }
             self.persistence.check_reload(&config, path)?;
+            // The pools this process never had, before the reload makes them.
+            let added: Vec<String> =
+                config.pools.keys().filter(|name| self.app.pool_id(name).is_none()).cloned().collect();
             self.app.reconfigure(&config, self.now)?;
-            Ok(config)
+            Ok((config, added))
         });
         match result {
-            Ok(config) => {
+            Ok((config, added)) => {
                 let before = Some(self.connection_cap);
                 self.connection_cap =
                     fds::ConnectionCap::new(config.max_connections, self.fd_limit, proxies(&config), before);
@@ -712,7 +715,7 @@ impl Server {
                         "reload: new `listen`, `adminListen` or pool `upstream.listen` addresses take effect at the next restart"
                     );
                 }
-                if self.app.reconfigure_state(&mut self.persistence, &config, path, self.now) {
+                if self.app.reconfigure_state(&mut self.persistence, &config, path, &added, self.now) {
                     // A new interval counts from the reload.
                     if let Some((_, timer)) = self.snapshot_timer.take() {
                         self.app.cancel_timer(timer);

@@ -63,6 +63,11 @@ pub struct Persistence {
     /// terms a crash of this process must wait for (`terms`).
     lock: Option<std::fs::File>,
     terms: Terms,
+    /// After a start without a usable stop snapshot, the terms the processes
+    /// before this one left (closed at the start): the leases of a pool this
+    /// process was started without may still be alive, and a reload that
+    /// names it opens its window for them (`window_for_added`).
+    before: Option<Terms>,
     /// Places monotonic instants in Unix time, for `terms`.
     epoch: Epoch,
 }
@@ -128,6 +133,7 @@ pub fn start<T: Copy>(
         unremoved: None,
         lock,
         terms: Terms::default(),
+        before: None,
         epoch,
     };
     let window = match persistence.restore(gov, now, config_path) {
@@ -147,6 +153,9 @@ pub fn start<T: Copy>(
     };
     let now_unix = epoch.wall(now).0;
     if let Some(why) = window {
+        let mut before = left.clone();
+        before.close_open(now_unix);
+        persistence.before = Some(before);
         gov.open_recovery_window_for(now, |pool| left.window(pool, now_unix));
         warn!("{why}: re-adoption window of one termMs per pool");
         for (pool, settings) in &config.pools {
@@ -301,7 +310,34 @@ impl Persistence {
     /// snapshot being written finishes at the old path. Returns whether the
     /// periodic timer must be armed again (`interval_ms` changed). The slot
     /// secret stays the one read at start: the ids held now are signed with it.
-    pub fn reconfigured<T: Copy>(&mut self, gov: &Governor<T>, config: &Config, config_path: &Path, now: Now) -> bool {
+    ///
+    /// Of the pools it `added` (this process never had them), one whose
+    /// leases the processes before this one may have left alive (a start
+    /// after a crash that did not name it) opens its re-adoption window, as
+    /// the start would have: its old holders come back before anything is
+    /// granted in their places.
+    pub fn reconfigured<T: Copy>(
+        &mut self,
+        gov: &mut Governor<T>,
+        config: &Config,
+        config_path: &Path,
+        added: &[String],
+        now: Now,
+    ) -> bool {
+        for pool in added {
+            let Some((window, holders)) = self.window_for_added(pool, now.wall().0) else {
+                continue;
+            };
+            if gov.open_recovery_window_of(pool, window, now.ms) {
+                warn!("reload: pool `{pool}` may have slots held under a process before this one: re-adoption window of {window} ms");
+            }
+            let concurrency = config.pools.get(pool).map_or(0, |p| p.concurrency);
+            if holders > concurrency && gov.expect_holders(pool, holders, now.ms) {
+                warn!(
+                    "pool `{pool}`: its window re-adopts up to {holders} slots, granted before concurrency was lowered"
+                );
+            }
+        }
         self.identity.reconfigured(gov);
         self.terms.reconfigured(config, now.wall().0);
         let secret_path = secret::path_beside(config_path, &config.slot_secret_file);
@@ -336,6 +372,18 @@ impl Persistence {
         let before = self.interval_ms();
         self.interval_ms = config.snapshot_interval_ms;
         before != self.interval_ms()
+    }
+
+    /// A reload names `pool`, which this process never had: when it started
+    /// without a usable stop snapshot and the processes before it granted
+    /// leases of `pool` that may still be alive at `now_unix`, how long its
+    /// re-adoption window must last for their holders to come back, and how
+    /// many slots they may number (the limit they were granted under, 0
+    /// where unknown). `None`: none can be alive, the pool starts afresh.
+    pub fn window_for_added(&self, pool: &str, now_unix: u64) -> Option<(u64, u32)> {
+        let before = self.before.as_ref()?;
+        let window = before.window(pool, now_unix)?;
+        Some((window, before.holders(pool, now_unix).unwrap_or(0)))
     }
 
     /// Whether `path`'s lock file is the one this process holds: the same

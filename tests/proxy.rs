@@ -1290,6 +1290,46 @@ fn sigterm_lets_a_proxied_request_in_flight_finish() {
     assert_eq!((lines[0]["status"].as_u64(), lines[0]["error"].as_str()), (Some(200), None), "{lines:?}");
 }
 
+/// A proxied request still arriving at the stop that completes within the
+/// grace and finds its pool full does not wait for the grace's end: it is
+/// answered the waiters' `503` at once and never reaches the upstream, while
+/// the exchange in flight finishes.
+#[test]
+fn sigterm_answers_a_proxied_request_completed_in_the_grace_that_would_wait_with_503() {
+    let up = MockUpstream::start(|_| {
+        Reply::Paced(vec![(500, b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone".to_vec())])
+    });
+    let c = config(
+        &format!(
+            r#""concurrency":1,"adaptive":false,"queue":{{"size":10,"timeoutMs":5000}},
+            "upstream":{{"url":"{}","hosts":["{HOST}"]}}"#,
+            up.url()
+        ),
+        "",
+    );
+    let server = TestServer::start_logged(&c, "info");
+    let mut first = server.connect();
+    first.write_all(&proxied("GET", "/v1/slow", "", "")).unwrap();
+    eventually("the first request reached the upstream", || up.seen().len() == 1);
+    let request = proxied("GET", "/v1/late", "", "");
+    let (head, rest) = request.split_at(10);
+    let mut late = server.connect();
+    late.write_all(head).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    server.signal("TERM");
+    eventually("the stop began", || server.log().contains("shutting down"));
+    late.write_all(rest).unwrap();
+    let asked = Instant::now();
+    let r = read_any(&mut late).expect("the late request is answered, not cut");
+    assert!(asked.elapsed() < Duration::from_millis(400), "answered at once, not at the grace's end: {r:?}");
+    assert_eq!((r.status, r.error_code().as_str()), (503, "unavailable"), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(is_closed(&mut late));
+    let r = read_any(&mut first).expect("the exchange in flight finishes");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"done"[..]), "{r:?}");
+    assert_eq!(up.seen().len(), 1, "the late request never reached the upstream");
+}
+
 #[test]
 fn sigterm_lets_a_proxied_stream_finish_and_cuts_what_outlasts_the_grace() {
     let events: Vec<(u64, Vec<u8>)> =

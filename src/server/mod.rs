@@ -1254,16 +1254,13 @@ impl Server {
             self.refuse_deep_waiter(id, now);
         }
         self.process(id);
-        // Stopping: a proxied request still arriving at the signal that now
-        // waits in its pool's queue is answered as the waiters were.
-        if client_mut(&mut self.conns, id).is_some_and(|c| c.stopping && c.is_waiting()) {
-            self.shut_down_client(id);
-        }
-        // Answering may have made room for input still in the socket.
-        if let Some(conn) = client_mut(&mut self.conns, id) {
-            if conn.may_read() {
-                carry(&mut self.ready, conn, id);
-            }
+        match client_mut(&mut self.conns, id) {
+            // Stopping: a proxied request still arriving at the signal that
+            // now waits in its pool's queue is answered as the waiters were.
+            Some(conn) if conn.stopping && conn.is_waiting() => self.shut_down_client(id),
+            // Answering may have made room for input still in the socket.
+            Some(conn) if conn.may_read() => carry(&mut self.ready, conn, id),
+            _ => {}
         }
     }
 

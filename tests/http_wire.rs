@@ -1101,6 +1101,31 @@ fn idle_connections_are_closed_after_the_idle_timeout() {
 }
 
 #[test]
+fn an_empty_line_after_a_request_leaves_the_connection_idle() {
+    // RFC 9112 §2.2: some clients end a POST body with an extra CRLF, which
+    // the next parse skips. Until a request follows, the connection is idle:
+    // `idleTimeoutMs` closes it, not `headTimeoutMs`, as for any idle one.
+    let s = TestServer::start(&config("", r#""headTimeoutMs":200,"idleTimeoutMs":30000"#));
+    let mut c = s.connect();
+    let mut raw = post(&release_path("x"), KEY, "", "");
+    raw.extend_from_slice(b"\r\n");
+    assert_eq!(exchange(&mut c, &raw).status, 200);
+    thread::sleep(Duration::from_millis(800));
+    let r = exchange(&mut c, &post(ACQUIRE, KEY, "", ""));
+    assert_eq!(r.status, 200, "still open after the head deadline: {r:?}");
+    // The line in two reads, and the request after it.
+    c.write_all(b"\r").unwrap();
+    thread::sleep(Duration::from_millis(100));
+    c.write_all(b"\n").unwrap();
+    thread::sleep(Duration::from_millis(800));
+    let r = exchange(&mut c, &post(&release_path(&r.slot()), KEY, "", ""));
+    assert_eq!(r.json()["released"], true, "{r:?}");
+    // A head that has begun is still held to its deadline.
+    c.write_all(b"\r\nP").unwrap();
+    assert_closed(&mut c, "a head begun after an empty line");
+}
+
+#[test]
 fn a_chunked_body_whose_framing_outgrows_the_input_buffer_is_413() {
     // Tiny chunks behind 1000-byte extensions: a 100-byte body in 100 KB of
     // framing, more than the connection buffers (16 KiB + 2 x maxBodyBytes + 64 KiB).

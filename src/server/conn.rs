@@ -106,6 +106,14 @@ impl Input {
         self.start == self.end
     }
 
+    /// Whether a request has begun to arrive: anything but the one empty
+    /// line a client may send after a request (RFC 9112 §2.2: some end a
+    /// POST body with an extra CRLF), which the next parse skips. A
+    /// connection holding only that is idle, not one whose head is late.
+    pub fn holds_request(&self) -> bool {
+        !b"\r\n".starts_with(self.data())
+    }
+
     pub fn consume(&mut self, n: usize) {
         self.start += n;
         debug_assert!(self.start <= self.end);
@@ -464,7 +472,7 @@ impl Conn {
     #[inline]
     pub fn request_answered(&mut self, turn: u64, consumed: usize, now: Ms) {
         self.request_taken(turn, consumed);
-        self.request_started = (!self.input.is_empty()).then_some(now);
+        self.request_started = self.input.holds_request().then_some(now);
     }
 
     /// A request's head was taken by a proxied exchange, which streams its

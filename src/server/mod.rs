@@ -1207,7 +1207,7 @@ impl Server {
             }
             budget.reads -= 1;
             let max = budget.bytes;
-            let was_empty = conn.input.is_empty();
+            let was_idle = !conn.input.holds_request();
             let before_read = conn.received;
             let io = conn.read_once(max);
             conn.budget(turn).bytes -= (conn.received - before_read) as usize;
@@ -1215,7 +1215,8 @@ impl Server {
                 Ok(io @ (Io::Continue | Io::Drained)) => {
                     conn.last_active = now.ms;
                     conn.read_at = now.ms;
-                    if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
+                    let started = was_idle && conn.input.holds_request();
+                    if started && conn.pending.is_none() && conn.request_started.is_none() {
                         conn.request_started = Some(now.ms);
                     }
                     // A short read emptied the socket; new data raises a new edge.
@@ -1406,7 +1407,7 @@ impl Server {
         // head time of what it pipelined behind) counts from now, as after
         // any answer, not from the acquire that began the wait.
         conn.last_active = now.ms;
-        conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
+        conn.request_started = conn.input.holds_request().then_some(now.ms);
         let peer_done_sending = conn.peer_done_sending();
         let granted = write_kept_alive(&mut conn.output, say_kept_alive, |out| match answer {
             // Granted in the turn its client's close was read, before that:

@@ -256,6 +256,42 @@ fn a_client_that_never_reads_is_cut_off_and_closed() {
 }
 
 #[test]
+fn grants_the_kernel_took_reach_a_client_cut_off_for_not_reading() {
+    // Pipelined acquires whose answers are not read: the server stops reading
+    // past its output mark and closes the client at writeTimeoutMs, releasing
+    // the grants still in its own buffer. Those the kernel took are held, so
+    // the close must not destroy them: input left unread would make it a
+    // reset, and the client could never see, renew or release those slots.
+    const WRITE_MS: u64 = 500;
+    let pool = r#""concurrency":1000000,"adaptive":false"#;
+    let s = TestServer::start(&config(pool, &format!(r#""writeTimeoutMs":{WRITE_MS}"#)));
+    let mut c = connect(s.addr);
+    // About 2.7 MB: more than the server reads before the answers (some
+    // 4 MB in the kernel, then its output mark) stop it, less than the 4 MiB
+    // it drains from a client it cut off.
+    let acquire = post(ACQUIRE, KEY, "", "");
+    let all: Vec<u8> = acquire.iter().copied().cycle().take(acquire.len() * 30_000).collect();
+    let mut writer = c.try_clone().unwrap();
+    writer.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    let write = thread::spawn(move || writer.write_all(&all).is_ok());
+    thread::sleep(Duration::from_millis(WRITE_MS + 1500));
+    let (got, end) = read_to_end(&mut c, Duration::from_secs(5));
+    assert_eq!(end, End::Closed, "the server kept a client that read nothing");
+    let mut received = 0;
+    let mut rest = &got[..];
+    while let Ok((r, after)) = parse_answer(rest) {
+        assert_eq!(r.status, 200, "{r:?}");
+        received += 1;
+        rest = after;
+    }
+    let held = s.metric(r#"nthpool_slots_held{pool="p"}"#).unwrap() as usize;
+    assert!(held > 0, "no grant was taken by the kernel");
+    assert_eq!(received, held, "held grants the client never received (of {} bytes read)", got.len());
+    assert!(received < 30_000, "every acquire was answered: the server never stopped reading");
+    assert!(write.join().unwrap(), "the pipeline was reset, not drained");
+}
+
+#[test]
 fn a_client_that_reads_late_still_gets_every_answer() {
     // The output cap stops reading from a client that does not read; once it
     // reads again, every pipelined request must be answered, including the

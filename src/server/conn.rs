@@ -47,8 +47,10 @@ pub struct Timeouts {
 /// (16 KiB) may pass the mark: so it stays within 256 KiB.
 pub const OUTPUT_HIGH_WATER: usize = 112 * 1024;
 /// The most a stop reads and drops from one connection before closing it
-/// (`Conn::discard_input`): a client still sending past it gets a reset.
-const DISCARD_AT_CLOSE: usize = 4 << 20;
+/// (`Conn::discard_input`), and a client cut off for not reading its answers
+/// while it lingers (`Conn::drain_until`): a client still sending past it
+/// gets a reset.
+pub const DISCARD_AT_CLOSE: usize = 4 << 20;
 const INITIAL_INPUT: usize = 4096;
 /// Buffers grown to this (a power of two) are given back once their connection has
 /// nothing pending (`Conn::trim_if_idle`): what one large body or burst of
@@ -236,6 +238,9 @@ pub struct Conn {
     pub refused: bool,
     /// Bytes read and written, for the server's counters.
     pub received: u64,
+    /// Lingering, it is closed once `received` passes this: a client cut
+    /// off for not reading is drained for `DISCARD_AT_CLOSE` bytes at most.
+    pub drain_until: u64,
     pub sent: u64,
     pub input: Input,
     pub output: Vec<u8>,
@@ -303,6 +308,7 @@ impl Conn {
             watch_writable: false,
             write_blocked: false,
             received: 0,
+            drain_until: u64::MAX,
             sent: 0,
             input: Input::new(input_limit),
             output: Vec::new(),

@@ -1282,6 +1282,12 @@ impl Server {
             let io = conn.read_once(usize::MAX);
             conn.input.consume(conn.input.end - conn.input.start);
             match io {
+                // A client cut off for not reading, still sending past what
+                // it may: it is reset.
+                Ok(Io::Continue | Io::Drained) if conn.received > conn.drain_until => {
+                    self.close(id);
+                    return;
+                }
                 Ok(Io::Continue) => {}
                 Ok(Io::Drained) if conn.hangup => {}
                 Ok(Io::Drained | Io::WouldBlock) => {
@@ -1532,11 +1538,43 @@ impl Server {
                 return;
             }
             debug!("closing {}: deadline passed", conn.peer);
-            self.close_for(id, crate::api::UNANSWERED_TIMEOUT);
+            if conn.unsent() > 0 && conn.exchange.is_none() && !conn.is_lingering() {
+                self.cut_off(id);
+            } else {
+                self.close_for(id, crate::api::UNANSWERED_TIMEOUT);
+            }
         } else {
             conn.write_probed = false;
             self.arm_timer(id);
         }
+    }
+
+    /// A client that took none of its answers for `writeTimeoutMs`: the
+    /// answers it was never sent are dropped (their grants released, as at
+    /// any close), and it closes as after a last answer, draining what it
+    /// still sends (`Phase::Lingering`). Closed with that input unread, the
+    /// socket would send a reset, and the client's kernel would drop the
+    /// answers it already took: grants counted as delivered, which their
+    /// client could then never see, renew or release.
+    #[cold]
+    fn cut_off(&mut self, id: ConnId) {
+        let now = self.now;
+        let Some(conn) = client_mut(&mut self.conns, id) else {
+            return;
+        };
+        pipeline::log_unanswered(&mut self.app, conn, self.turn_started, now, crate::api::UNANSWERED_TIMEOUT);
+        if let Some((queued, _)) = conn.stop_waiting() {
+            self.app.waiter_gone(&queued, id, now);
+        }
+        for (slot, end) in conn.undelivered.drain(..) {
+            if end > conn.out_pos {
+                self.app.release_undelivered(&slot, now.ms);
+            }
+        }
+        conn.output.truncate(conn.out_pos);
+        conn.drain_until = conn.received + conn::DISCARD_AT_CLOSE as u64;
+        conn.close_after_flush();
+        self.flush(id);
     }
 
     /// Makes sure the wheel holds an entry no later than the connection's

@@ -112,8 +112,14 @@ impl Input {
     /// line a client may send after a request (RFC 9112 §2.2: some end a
     /// POST body with an extra CRLF), which the next parse skips. A
     /// connection holding only that is idle, not one whose head is late.
+    #[inline]
     pub fn holds_request(&self) -> bool {
-        !b"\r\n".starts_with(self.data())
+        // The length first, then a pattern: it runs after every answer.
+        match self.end - self.start {
+            0 => false,
+            1 | 2 => !matches!(self.data(), [b'\r'] | [b'\r', b'\n']),
+            _ => true,
+        }
     }
 
     pub fn consume(&mut self, n: usize) {

@@ -423,6 +423,42 @@ fn an_upstream_reset_inside_a_close_delimited_body_is_not_relayed_as_its_end() {
     slot_comes_back(&server);
 }
 
+/// How a connection ended: `true` for a reset, `false` for a clean close.
+fn ended_by_reset(s: &mut TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read_some(&mut buf) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(e) => panic!("the connection was not closed: {e}"),
+        }
+    }
+}
+
+#[test]
+fn an_http_1_0_client_whose_body_ends_at_the_close_is_reset_when_the_upstream_cuts_it() {
+    // An HTTP/1.0 client is sent a chunked or close-delimited answer to the
+    // close, so a clean close would tell it the body is whole: cut short,
+    // its connection is reset instead. A framed body keeps its clean close.
+    let up = MockUpstream::start(|seen| match seen.request_line() {
+        "GET /chunked HTTP/1.1" => {
+            Reply::RawThenClose(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n".to_vec())
+        }
+        "GET /reset HTTP/1.1" => Reply::RawThenReset(b"HTTP/1.1 200 OK\r\n\r\nhello".to_vec()),
+        _ => Reply::RawThenClose(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nhello".to_vec()),
+    });
+    let server = proxy_server(&up, 1, "");
+    for (path, reset) in [("/chunked", true), ("/reset", true), ("/framed", false)] {
+        let mut s = server.connect();
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {HOST}\r\nX-Nthpool-Key: {KEY}\r\n\r\n");
+        s.write_all(request.as_bytes()).unwrap();
+        assert_eq!(ended_by_reset(&mut s), reset, "{path}");
+        slot_comes_back(&server);
+    }
+}
+
 #[test]
 fn a_204_and_interim_answers_reach_the_client_without_framing_fields() {
     // RFC 9110 §8.6 and RFC 9112 §6.1: no Content-Length or Transfer-Encoding

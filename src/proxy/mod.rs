@@ -252,6 +252,14 @@ impl Exchange {
         self.request.is_done()
     }
 
+    /// The client's body ends at the close (an HTTP/1.0 client, sent a
+    /// chunked or close-delimited answer as it comes): a clean close is its
+    /// end, so one cut short must not close cleanly.
+    pub fn client_body_ends_at_close(&self) -> bool {
+        !self.client_side.http11
+            && self.response_head.is_some_and(|h| matches!(h.body, ResponseBody::Chunked | ResponseBody::Close))
+    }
+
     /// The method and the path without its query, from the request line
     /// the upstream is sent (the log's view of the request).
     pub fn method_and_path(&self) -> (&str, &str) {

@@ -268,6 +268,8 @@ pub struct Conn {
     pub read_closed: bool,
     /// The peer reset the connection (`Io::Reset`).
     pub reset: bool,
+    /// Closed with a reset once its output is written (`reset_at_close`).
+    pub resets: bool,
     /// The socket may hold unread input (edge-triggered readiness, remembered
     /// until a read finds it empty).
     pub readable: bool,
@@ -329,6 +331,7 @@ impl Conn {
             undelivered: Vec::new(),
             read_closed: false,
             reset: false,
+            resets: false,
             readable: false,
             dirty: false,
             carried: false,
@@ -462,6 +465,14 @@ impl Conn {
         if !self.is_closing() {
             self.phase = Phase::Closing;
         }
+    }
+
+    /// Closes after its output with a reset (`SO_LINGER` 0), not a FIN: for
+    /// an answer cut short whose body a close would end, the reset is the
+    /// only sign left to the client that it is not whole.
+    pub fn reset_at_close(&mut self) {
+        self.close_after_flush();
+        self.resets = socket2::SockRef::from(&self.stream).set_linger(Some(std::time::Duration::ZERO)).is_ok();
     }
 
     /// Closing → Lingering until `until`.

@@ -1345,7 +1345,7 @@ impl Server {
         self.stats.bytes_sent += conn.sent - sent;
         match flushed {
             Ok(Flush::Done) if conn.is_closing() => {
-                if conn.read_closed {
+                if conn.read_closed || conn.resets {
                     self.close(id);
                 } else if conn.is_lingering() {
                     // Already draining (a writable event, say): its EOF or

@@ -575,6 +575,10 @@ impl Server {
                 adapt_own_answer(&mut conn.output, start, close, e.client_side.http11, e.client_side.head_request);
                 close
             }
+            End::Cut | End::BodyBroken(_) | End::Capped | End::Stopped if e.client_body_ends_at_close() => {
+                conn.reset_at_close();
+                true
+            }
             End::Cut | End::BodyBroken(_) | End::Capped | End::Closed(_) | End::Stopped => true,
             // The request body was never read.
             End::Refused => !body_done,

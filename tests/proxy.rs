@@ -1011,6 +1011,26 @@ fn an_upstream_connection_is_not_reused_after_an_answer_that_announced_a_body_it
     }
 }
 
+/// HTTP/1.0 has no transfer codings: an answer of that version framed by
+/// one is relayed, but its connection is closed after it (RFC 9112 §6.1),
+/// even when it asks to be kept alive.
+#[test]
+fn an_http_1_0_answer_with_a_transfer_coding_does_not_keep_its_connection() {
+    let up = MockUpstream::start(|seen| match seen.request_line().contains("/first") {
+        true => Reply::Raw(
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+                .to_vec(),
+        ),
+        false => ok(&format!("n{}", seen.conn), ""),
+    });
+    let server = proxy_server(&up, 4, "");
+    let r = exchange(&server, &proxied("GET", "/first", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]), "{r:?}");
+    let r = exchange(&server, &proxied("GET", "/", "", ""));
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"n1"[..]), "a fresh connection: {r:?}");
+    assert_eq!(up.connections(), 2);
+}
+
 #[test]
 fn a_client_that_leaves_mid_stream_frees_its_slot_at_once() {
     let events: Vec<(u64, Vec<u8>)> =

@@ -352,8 +352,11 @@ pub fn take_response(
     // `chunked` named twice) is relayed by its final coding, but RFC 9112
     // §6.3 calls it a sign of smuggling to be handled as an error: where the
     // upstream thinks its body ends is in doubt, so its connection is not
-    // used again.
-    let ambiguous = framing.codings > 0 && framing.length.is_some() || framing.chunked_named > 1;
+    // used again. So is an HTTP/1.0 answer with a `Transfer-Encoding`, which
+    // that version does not have (RFC 9112 §6.1: its framing is faulty, and
+    // the connection closes after it).
+    let ambiguous =
+        framing.codings > 0 && (framing.length.is_some() || resp.version == Some(0)) || framing.chunked_named > 1;
     // A final answer that has no body but announces one (a `204` or `304`
     // with a `Content-Length` above 0 or a transfer coding; a `HEAD`'s, kept
     // from reuse by the exchange anyway): a broken upstream that sends that
@@ -652,6 +655,9 @@ mod tests {
         }
         let (head, _, _) = respond(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", CLIENT);
         assert!(head.keep_alive, "one chunked coding alone keeps the connection");
+        let raw = b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let (head, body, _) = respond(raw, CLIENT);
+        assert_eq!((head.body, body, head.keep_alive), (ResponseBody::Chunked, ClientBody::Chunked, false), "HTTP/1.0");
     }
 
     #[test]

@@ -235,7 +235,10 @@ fn a_tls_handshake_that_stalls_on_every_address_is_a_502_or_at_timeout_ms_a_504(
     let r = get(&s);
     let took = started.elapsed();
     assert_eq!((r.status, r.error_code().as_str()), (502, "bad_gateway"), "{r:?}");
-    assert_eq!(r.json()["message"], "The TLS handshake with the upstream did not finish in time.");
+    assert_eq!(
+        r.json()["message"],
+        "The TLS handshake with the upstream did not finish within its tlsHandshakeTimeoutMs, 250 ms."
+    );
     assert!(took >= Duration::from_millis(490), "each address had its 250 ms: {took:?}");
     for (done, held) in peers {
         let _ = done.send(());

@@ -54,6 +54,10 @@ pub enum ApiError {
     /// Proxy mode: the upstream cannot be used for the reason the sentence
     /// gives (its TLS certificate was refused, its name does not resolve).
     BadGatewayBecause(&'static str),
+    /// Proxy mode: the upstream's TLS handshake ran past its
+    /// `tlsHandshakeTimeoutMs`, this many milliseconds (named in the
+    /// message), on the last address of its name.
+    HandshakeTimeout(u64),
     /// Proxy mode: no response head within the upstream's `timeoutMs`, this
     /// many milliseconds (named in the message).
     UpstreamTimeout(u64),
@@ -98,7 +102,7 @@ impl ApiError {
             | ApiError::KeysFull(_)
             | ApiError::NoncesFull(..)
             | ApiError::OverCapacity(_) => Status::ServiceUnavailable,
-            ApiError::BadGateway | ApiError::BadGatewayBecause(_) => Status::BadGateway,
+            ApiError::BadGateway | ApiError::BadGatewayBecause(_) | ApiError::HandshakeTimeout(_) => Status::BadGateway,
             ApiError::UpstreamTimeout(_) | ApiError::RequestCapped(_) => Status::GatewayTimeout,
             ApiError::BodyTimeout(_) => Status::RequestTimeout,
             ApiError::VersionNotSupported => Status::VersionNotSupported,
@@ -123,7 +127,7 @@ impl ApiError {
             | ApiError::KeysFull(_)
             | ApiError::NoncesFull(..)
             | ApiError::OverCapacity(_) => "unavailable",
-            ApiError::BadGateway | ApiError::BadGatewayBecause(_) => "bad_gateway",
+            ApiError::BadGateway | ApiError::BadGatewayBecause(_) | ApiError::HandshakeTimeout(_) => "bad_gateway",
             ApiError::UpstreamTimeout(_) => "upstream_timeout",
             ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::RequestCapped(_) => "request_capped",
@@ -157,6 +161,9 @@ impl ApiError {
             ApiError::TooManyFields => "The request head has more than 64 fields.",
             ApiError::TargetTooLong => "The request target is longer than 16 KiB.",
             ApiError::BadGateway => "The upstream could not be reached or did not answer usably.",
+            ApiError::HandshakeTimeout(_) => {
+                "The TLS handshake with the upstream did not finish within its tlsHandshakeTimeoutMs, "
+            }
             ApiError::UpstreamTimeout(_) => "The upstream sent no response head within its timeoutMs, ",
             ApiError::BodyTimeout(_) => "The request body did not arrive within the upstream's timeoutMs, ",
             ApiError::RequestCapped(_) => "The request reached its pool's requestTimeoutMs, ",
@@ -193,7 +200,9 @@ impl ApiError {
         match self {
             ApiError::PayloadTooLarge(bytes) => Some((bytes, " bytes this server accepts.")),
             ApiError::OverCapacity(connections) => Some((connections, " open connections it accepts; retry shortly.")),
-            ApiError::UpstreamTimeout(ms) | ApiError::BodyTimeout(ms) => Some((ms, " ms.")),
+            ApiError::UpstreamTimeout(ms) | ApiError::BodyTimeout(ms) | ApiError::HandshakeTimeout(ms) => {
+                Some((ms, " ms."))
+            }
             ApiError::RequestCapped(ms) => Some((ms, " ms, before the upstream answered.")),
             ApiError::KeysFull(keys) => Some((keys, "; retry once slots are released.")),
             ApiError::NoncesFull(nonces, _) => Some((nonces, "; retry when the first expires (Retry-After).")),

@@ -357,6 +357,9 @@ pub enum Expired {
     /// No address is left, or the request's own deadline has passed too:
     /// answer `502` with this sentence.
     Failed(&'static str),
+    /// As `Failed`, the handshake having run out of its own time: answer
+    /// `502` naming its `tlsHandshakeTimeoutMs`, this many milliseconds.
+    TimedOut(u64),
 }
 
 /// How the request body is relayed: its framing in, and whether it goes up chunked.
@@ -656,7 +659,10 @@ impl Proxy {
             warn!("TLS with the upstream {} at {}: {err}{unlogged}", up.target.authority, up.addr);
         }
         up.eof = true;
-        Some(Expired::Failed(err.sentence()))
+        match (&err, &e.tls) {
+            (TlsError::HandshakeTimeout, Some(tls)) => Some(Expired::TimedOut(tls.handshake_timeout_ms())),
+            _ => Some(Expired::Failed(err.sentence())),
+        }
     }
 
     /// The exchange ran out of time: a TCP connect still under way failed

@@ -504,6 +504,8 @@ impl Server {
             self.end_exchange(id, End::Answered(ApiError::BadGateway));
         } else if let Some(Expired::Failed(why)) = expired {
             self.end_exchange(id, End::Answered(ApiError::BadGatewayBecause(why)));
+        } else if let Some(Expired::TimedOut(ms)) = expired {
+            self.end_exchange(id, End::Answered(ApiError::HandshakeTimeout(ms)));
         } else if !capped && self.proxy.exchanges[ex].phase == Phase::Sending && self.proxy.client_body_stalled(ex) {
             let timeout_ms = self.proxy.exchanges[ex].timeout_ms;
             self.end_exchange(id, End::Answered(ApiError::BodyTimeout(timeout_ms)));
@@ -548,6 +550,7 @@ impl Server {
             End::Answered(
                 err @ (ApiError::BadGateway
                 | ApiError::BadGatewayBecause(_)
+                | ApiError::HandshakeTimeout(_)
                 | ApiError::UpstreamTimeout(_)
                 | ApiError::RequestCapped(_)),
             ) => Some(err.status().code()),

@@ -1574,7 +1574,9 @@ impl Server {
         conn.output.truncate(conn.out_pos);
         conn.drain_until = conn.received + conn::DISCARD_AT_CLOSE as u64;
         conn.close_after_flush();
-        self.flush(id);
+        // Flushed with the turn's other output: a call to `flush` here
+        // would make the compiler keep it out of line on every answer's path.
+        mark_conn_dirty(&mut self.dirty, conn, id);
     }
 
     /// Makes sure the wheel holds an entry no later than the connection's

@@ -108,18 +108,11 @@ impl Input {
         self.start == self.end
     }
 
-    /// Whether a request has begun to arrive: anything but the one empty
-    /// line a client may send after a request (RFC 9112 §2.2: some end a
-    /// POST body with an extra CRLF), which the next parse skips. A
-    /// connection holding only that is idle, not one whose head is late.
-    #[inline]
-    pub fn holds_request(&self) -> bool {
-        // The length first, then a pattern: it runs after every answer.
-        match self.end - self.start {
-            0 => false,
-            1 | 2 => !matches!(self.data(), [b'\r'] | [b'\r', b'\n']),
-            _ => true,
-        }
+    /// Whether all it holds is (part of) the one empty line a client may
+    /// send after a request (RFC 9112 §2.2: some end a POST body with an
+    /// extra CRLF), which the next parse would skip: no request has begun.
+    pub fn only_empty_line(&self) -> bool {
+        matches!(self.data(), [b'\r'] | [b'\n'] | [b'\r', b'\n'])
     }
 
     pub fn consume(&mut self, n: usize) {
@@ -495,7 +488,7 @@ impl Conn {
     #[inline]
     pub fn request_answered(&mut self, turn: u64, consumed: usize, now: Ms) {
         self.request_taken(turn, consumed);
-        self.request_started = self.input.holds_request().then_some(now);
+        self.request_started = (!self.input.is_empty()).then_some(now);
     }
 
     /// A request's head was taken by a proxied exchange, which streams its

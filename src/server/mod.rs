@@ -1207,7 +1207,7 @@ impl Server {
             }
             budget.reads -= 1;
             let max = budget.bytes;
-            let was_idle = !conn.input.holds_request();
+            let was_empty = conn.input.is_empty();
             let before_read = conn.received;
             let io = conn.read_once(max);
             conn.budget(turn).bytes -= (conn.received - before_read) as usize;
@@ -1215,8 +1215,7 @@ impl Server {
                 Ok(io @ (Io::Continue | Io::Drained)) => {
                     conn.last_active = now.ms;
                     conn.read_at = now.ms;
-                    let started = was_idle && conn.input.holds_request();
-                    if started && conn.pending.is_none() && conn.request_started.is_none() {
+                    if was_empty && conn.pending.is_none() && conn.request_started.is_none() {
                         conn.request_started = Some(now.ms);
                     }
                     // A short read emptied the socket; new data raises a new edge.
@@ -1413,7 +1412,7 @@ impl Server {
         // head time of what it pipelined behind) counts from now, as after
         // any answer, not from the acquire that began the wait.
         conn.last_active = now.ms;
-        conn.request_started = conn.input.holds_request().then_some(now.ms);
+        conn.request_started = (!conn.input.is_empty()).then_some(now.ms);
         let peer_done_sending = conn.peer_done_sending();
         let granted = write_kept_alive(&mut conn.output, say_kept_alive, |out| match answer {
             // Granted in the turn its client's close was read, before that:
@@ -1524,6 +1523,18 @@ impl Server {
         if conn.exchange.is_some() && !conn.is_waiting() && conn.exchange_deadline <= now {
             self.exchange_timed_out(id);
         } else if conn.deadline(&self.timeouts) <= now {
+            if conn.request_started.is_some() && conn.pending.is_none() && conn.input.only_empty_line() {
+                // The head clock was started by nothing but the empty line
+                // some clients send after a request (in one read or two): it
+                // is dropped, as the next parse would skip it, and the
+                // connection is idle, kept to `idleTimeoutMs`. Found here,
+                // when that clock runs out, the request path pays nothing.
+                let taken = conn.input.end - conn.input.start;
+                conn.input.consume(taken);
+                conn.request_started = None;
+                self.arm_timer(id);
+                return;
+            }
             if conn.unsent() > 0 && !conn.write_probed {
                 // Writability lags what the client read (a full socket is
                 // reported writable only once much of it drained): before a

@@ -594,7 +594,7 @@ impl Server {
         }
         self.proxy.retire(e);
         conn.last_active = self.now.ms;
-        conn.request_started = conn.input.holds_request().then_some(self.now.ms);
+        conn.request_started = (!conn.input.is_empty()).then_some(self.now.ms);
         // What the governor decided meanwhile (a waiter granted the freed slot).
         self.drain_events();
     }

@@ -859,6 +859,33 @@ fn sigterm_says_close_in_the_last_answer_pipelined_behind_a_waiter() {
     assert!(status.success(), "exit status {status}");
 }
 
+/// Sends `request` but its last 5 bytes, stops the server (TERM) once the
+/// head is read, and sends the rest when the stop has begun: a request
+/// still arriving at the signal that completes within the grace.
+fn finish_during_the_stop(s: &mut TestServer, request: &[u8]) -> TcpStream {
+    let (first, rest) = request.split_at(request.len() - 5);
+    let mut c = s.connect();
+    c.write_all(first).unwrap();
+    eventually(s, "the head read", |m| m.value("nthpool_connections_open", &[]) == 2.0);
+    thread::sleep(Duration::from_millis(50));
+    s.signal("TERM");
+    let deadline = Instant::now() + PATIENCE;
+    while !s.log().contains("shutting down") {
+        assert!(Instant::now() < deadline, "the stop never began: {}", s.log());
+        thread::sleep(Duration::from_millis(10));
+    }
+    c.write_all(rest).unwrap();
+    c
+}
+
+/// The server exited cleanly, with no connection cut at the grace's end.
+fn assert_stopped_with_none_cut(s: &mut TestServer) {
+    let status = wait_for_exit(s, Duration::from_secs(3));
+    assert!(status.success(), "exit status {status}");
+    let log = s.log();
+    assert!(log.contains("shut down (0 connections cut at the deadline"), "{log}");
+}
+
 /// A request whose head came before the stop and whose body comes during
 /// its grace is answered (then the connection closes), not dropped: a
 /// release the caller sent is done, and counted as answered, not cut.
@@ -868,26 +895,12 @@ fn sigterm_answers_a_request_still_arriving_when_it_completes_within_the_grace()
     let held = s.acquire("", "").slot();
     let body = r#"{"status":200}"#;
     let request = post(&format!("/pools/p/lock/{held}/release"), KEY, "", body);
-    let (first, rest) = request.split_at(request.len() - 5);
-    let mut c = s.connect();
-    c.write_all(first).unwrap();
-    eventually(&s, "the head read", |m| m.value("nthpool_connections_open", &[]) == 2.0);
-    thread::sleep(Duration::from_millis(50));
-    s.signal("TERM");
-    let deadline = Instant::now() + PATIENCE;
-    while !s.log().contains("shutting down") {
-        assert!(Instant::now() < deadline, "the stop never began: {}", s.log());
-        thread::sleep(Duration::from_millis(10));
-    }
-    c.write_all(rest).unwrap();
+    let mut c = finish_during_the_stop(&mut s, &request);
     let r = read_response(&mut c).expect("the release is answered");
     assert_eq!(r.json()["released"], true, "{r:?}");
     assert_eq!(r.header("connection"), Some("close"), "{r:?}");
     assert!(is_closed(&mut c));
-    let status = wait_for_exit(&mut s, Duration::from_secs(3));
-    assert!(status.success(), "exit status {status}");
-    let log = s.log();
-    assert!(log.contains("shut down (0 connections cut at the deadline"), "{log}");
+    assert_stopped_with_none_cut(&mut s);
 }
 
 /// An acquire still arriving at the stop that completes within the grace
@@ -899,18 +912,7 @@ fn sigterm_answers_an_acquire_completed_in_the_grace_that_would_wait_with_503() 
         TestServer::start_logged(&config(r#""concurrency":1,"queue":{"size":10,"timeoutMs":60000}"#, ""), "info");
     s.acquire("", "").slot();
     let request = post("/pools/p/lock/acquire", KEY, "", r#"{"waitMs":60000}"#);
-    let (first, rest) = request.split_at(request.len() - 5);
-    let mut c = s.connect();
-    c.write_all(first).unwrap();
-    eventually(&s, "the head read", |m| m.value("nthpool_connections_open", &[]) == 2.0);
-    thread::sleep(Duration::from_millis(50));
-    s.signal("TERM");
-    let deadline = Instant::now() + PATIENCE;
-    while !s.log().contains("shutting down") {
-        assert!(Instant::now() < deadline, "the stop never began: {}", s.log());
-        thread::sleep(Duration::from_millis(10));
-    }
-    c.write_all(rest).unwrap();
+    let mut c = finish_during_the_stop(&mut s, &request);
     let asked = Instant::now();
     let r = read_response(&mut c).expect("the acquire is answered, not cut at the grace's end");
     assert!(asked.elapsed() < Duration::from_millis(500), "answered at once, not at the deadline");
@@ -919,10 +921,7 @@ fn sigterm_answers_an_acquire_completed_in_the_grace_that_would_wait_with_503() 
     assert!(r.header_u64("Retry-After") >= 1);
     assert_eq!(r.header("connection"), Some("close"), "{r:?}");
     assert!(is_closed(&mut c));
-    let status = wait_for_exit(&mut s, Duration::from_secs(3));
-    assert!(status.success(), "exit status {status}");
-    let log = s.log();
-    assert!(log.contains("shut down (0 connections cut at the deadline"), "{log}");
+    assert_stopped_with_none_cut(&mut s);
 }
 
 /// Every pool's learned state goes into the stop's snapshot, whether it

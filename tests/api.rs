@@ -465,6 +465,26 @@ fn a_bad_report_names_its_wrong_field_not_an_ignored_rate_member() {
     assert_eq!(s.release(&slot, r#"{"status":429,"rate":{"note":"ok"}}"#).json()["released"], true);
 }
 
+/// A report that gives a field twice is refused naming that field, a member
+/// of `rate` by its place there, and releases nothing.
+#[test]
+fn a_report_that_gives_a_field_twice_names_it() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = s.acquire("", "").slot();
+    for (body, named) in [
+        (r#"{"status":200,"status":429}"#, "`status` is given twice"),
+        (r#"{"status":429,"retryAfterMs":0,"retryAfterMs":9000}"#, "`retryAfterMs` is given twice"),
+        (r#"{"status":429,"rate":{"remaining":5,"remaining":0}}"#, "`rate.remaining` is given twice"),
+    ] {
+        let r = s.release(&slot, body);
+        assert_eq!((r.status, r.error_code()), (400, "bad_request".to_string()), "{r:?}");
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains(named), "{body}: {message}");
+    }
+    assert_eq!(s.acquire("", "").status, 429, "still held");
+    assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+}
+
 /// A member nested deeper than a JSON parser's usual limit is still JSON: the
 /// refusal names the member that is wrong, not the body as "not valid JSON".
 #[test]

@@ -336,13 +336,9 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
         return flat.map(Some);
     }
     check_object(body)?;
-    let parsed: ReleaseBody = serde_json::from_slice(body).map_err(|e| {
-        if is_duplicate_field(&e) {
-            "A field of the release body is given twice; send each once."
-        } else {
-            misread_field(body)
-        }
-    })?;
+    let parsed: ReleaseBody =
+        serde_json::from_slice(body)
+            .map_err(|e| if is_duplicate_field(&e) { twice(&e) } else { misread_field(body) })?;
     const ANY: u64 = u64::MAX;
     let status = whole(&parsed.status, 599, STATUS_ERR)?;
     if matches!(status, Some(s) if s < 100) {
@@ -380,6 +376,29 @@ const RATE_ERR: BodyError = "`rate` fields must be whole numbers of at least 0 (
 
 /// The members of `rate` a report reads (`RateBody`).
 const RATE_FIELDS: [&str; 6] = ["limit", "remaining", "resetMs", "tokenLimit", "tokenRemaining", "tokenResetMs"];
+
+/// The sentence for a release body with a member given twice, naming it
+/// (serde names it in its error; every name a report reads is its own, a
+/// member of `rate` included). Runs only for refused bodies.
+#[cold]
+fn twice(e: &serde_json::Error) -> BodyError {
+    let text = e.to_string();
+    let name = text.strip_prefix("duplicate field `").and_then(|rest| rest.split('`').next());
+    match name {
+        Some("status") => "`status` is given twice in the release body; send it once.",
+        Some("throttled") => "`throttled` is given twice in the release body; send it once.",
+        Some("retryAfterMs") => "`retryAfterMs` is given twice in the release body; send it once.",
+        Some("rate") => "`rate` is given twice in the release body; send it once.",
+        Some("headers") => "`headers` is given twice in the release body; send it once.",
+        Some("limit") => "`rate.limit` is given twice in the release body; send it once.",
+        Some("remaining") => "`rate.remaining` is given twice in the release body; send it once.",
+        Some("resetMs") => "`rate.resetMs` is given twice in the release body; send it once.",
+        Some("tokenLimit") => "`rate.tokenLimit` is given twice in the release body; send it once.",
+        Some("tokenRemaining") => "`rate.tokenRemaining` is given twice in the release body; send it once.",
+        Some("tokenResetMs") => "`rate.tokenResetMs` is given twice in the release body; send it once.",
+        _ => "A field of the release body is given twice; send each once.",
+    }
+}
 
 /// The sentence for a release body serde refused (well-formed JSON with a
 /// member of the wrong type, or not JSON at all): the first member of the
@@ -850,6 +869,26 @@ mod tests {
             (r#"{"status":"200","rate":{"note":"from the SDK"}}"#, "`status`"),
             (r#"{"rate":{"note":"x"},"headers":[["retry-after"]]}"#, "`headers`"),
             (r#"{"rate":{"note":"x","limit":"10"}}"#, "`rate` fields"),
+        ] {
+            let why = parse_release(body.as_bytes(), 0).unwrap_err();
+            assert!(why.contains(named), "{body}: {why}");
+        }
+    }
+
+    #[test]
+    fn a_member_given_twice_is_named() {
+        for (body, named) in [
+            (r#"{"status":200,"status":429}"#, "`status` is given twice"),
+            (r#"{"status":429,"throttled":1,"throttled":2}"#, "`throttled` is given twice"),
+            (r#"{"retryAfterMs":null,"retryAfterMs":5}"#, "`retryAfterMs` is given twice"),
+            (r#"{"rate":{},"rate":null}"#, "`rate` is given twice"),
+            (r#"{"headers":{},"headers":[]}"#, "`headers` is given twice"),
+            (r#"{"rate":{"limit":1,"limit":2}}"#, "`rate.limit` is given twice"),
+            (r#"{"rate":{"remaining":0,"remaining":0}}"#, "`rate.remaining` is given twice"),
+            (r#"{"rate":{"resetMs":1,"resetMs":2}}"#, "`rate.resetMs` is given twice"),
+            (r#"{"rate":{"tokenLimit":1,"tokenLimit":2}}"#, "`rate.tokenLimit` is given twice"),
+            (r#"{"rate":{"tokenRemaining":1,"tokenRemaining":0}}"#, "`rate.tokenRemaining` is given twice"),
+            (r#"{"rate":{"tokenResetMs":1,"tokenResetMs":2}}"#, "`rate.tokenResetMs` is given twice"),
         ] {
             let why = parse_release(body.as_bytes(), 0).unwrap_err();
             assert!(why.contains(named), "{body}: {why}");

@@ -485,6 +485,25 @@ fn a_report_that_gives_a_field_twice_names_it() {
     assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
 }
 
+/// A member of `rate` of the wrong type or range is refused by its name,
+/// and the slot stays held.
+#[test]
+fn a_bad_rate_member_is_named() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = s.acquire("", "").slot();
+    for (body, named) in [
+        (r#"{"status":429,"rate":{"limit":10,"resetMs":-1}}"#, "`rate.resetMs`"),
+        (r#"{"status":200,"rate":{"remaining":3,"tokenRemaining":"0"}}"#, "`rate.tokenRemaining`"),
+    ] {
+        let r = s.release(&slot, body);
+        assert_eq!((r.status, r.error_code()), (400, "bad_request".to_string()), "{r:?}");
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains(named), "{body}: {message}");
+    }
+    assert_eq!(s.acquire("", "").status, 429, "still held");
+    assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+}
+
 /// A member nested deeper than a JSON parser's usual limit is still JSON: the
 /// refusal names the member that is wrong, not the body as "not valid JSON".
 #[test]
@@ -494,7 +513,7 @@ fn a_bad_report_nested_deep_names_its_wrong_field() {
     let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
     for (body, named) in [
         (format!(r#"{{"status":{deep}}}"#), "`status`"),
-        (format!(r#"{{"status":429,"rate":{{"remaining":{deep}}}}}"#), "`rate` fields"),
+        (format!(r#"{{"status":429,"rate":{{"remaining":{deep}}}}}"#), "`rate.remaining`"),
         (format!(r#"{{"status":"429","note":{deep}}}"#), "`status`"),
     ] {
         let r = s.release(&slot, &body);

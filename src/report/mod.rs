@@ -356,14 +356,14 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
         status: status.map(|s| s as u16),
         throttled: throttled.unwrap_or(0),
         rate: RateInfo {
-            limit: whole(&rate.limit, ANY, RATE_ERR)?.or(from_headers.limit),
-            remaining: whole(&rate.remaining, ANY, RATE_ERR)?.or(from_headers.remaining),
-            reset_ms: whole(&rate.reset_ms, ANY, RATE_ERR)?.or(from_headers.reset_ms),
+            limit: whole(&rate.limit, ANY, LIMIT_ERR)?.or(from_headers.limit),
+            remaining: whole(&rate.remaining, ANY, REMAINING_ERR)?.or(from_headers.remaining),
+            reset_ms: whole(&rate.reset_ms, ANY, RESET_ERR)?.or(from_headers.reset_ms),
             reset_coarse: rate.reset_ms.is_none() && from_headers.reset_coarse,
             reset_instant: rate.reset_ms.is_none() && from_headers.reset_instant,
-            token_limit: whole(&rate.token_limit, ANY, RATE_ERR)?.or(from_headers.token_limit),
-            token_remaining: whole(&rate.token_remaining, ANY, RATE_ERR)?.or(from_headers.token_remaining),
-            token_reset_ms: whole(&rate.token_reset_ms, ANY, RATE_ERR)?.or(from_headers.token_reset_ms),
+            token_limit: whole(&rate.token_limit, ANY, TOKEN_LIMIT_ERR)?.or(from_headers.token_limit),
+            token_remaining: whole(&rate.token_remaining, ANY, TOKEN_REMAINING_ERR)?.or(from_headers.token_remaining),
+            token_reset_ms: whole(&rate.token_reset_ms, ANY, TOKEN_RESET_ERR)?.or(from_headers.token_reset_ms),
             retry_after_ms: retry_after.or(from_headers.retry_after_ms),
         },
     }))
@@ -372,10 +372,24 @@ pub fn parse_release(body: &[u8], now_epoch_ms: u64) -> Result<Option<Outcome>, 
 const STATUS_ERR: BodyError = "`status` must be a whole number from 100 to 599.";
 const THROTTLED_ERR: BodyError = "`throttled` must be a whole number of at least 0.";
 const RETRY_ERR: BodyError = "`retryAfterMs` must be a whole number of milliseconds, at least 0.";
-const RATE_ERR: BodyError = "`rate` fields must be whole numbers of at least 0 (or null).";
 
-/// The members of `rate` a report reads (`RateBody`).
-const RATE_FIELDS: [&str; 6] = ["limit", "remaining", "resetMs", "tokenLimit", "tokenRemaining", "tokenResetMs"];
+const LIMIT_ERR: BodyError = "`rate.limit` must be a whole number of at least 0 (or null).";
+const REMAINING_ERR: BodyError = "`rate.remaining` must be a whole number of at least 0 (or null).";
+const RESET_ERR: BodyError = "`rate.resetMs` must be a whole number of milliseconds, at least 0 (or null).";
+const TOKEN_LIMIT_ERR: BodyError = "`rate.tokenLimit` must be a whole number of at least 0 (or null).";
+const TOKEN_REMAINING_ERR: BodyError = "`rate.tokenRemaining` must be a whole number of at least 0 (or null).";
+const TOKEN_RESET_ERR: BodyError = "`rate.tokenResetMs` must be a whole number of milliseconds, at least 0 (or null).";
+
+/// The members of `rate` a report reads (`RateBody`), each with the sentence
+/// that refuses it: a wrong one is named, as the body's own fields are.
+const RATE_FIELDS: [(&str, BodyError); 6] = [
+    ("limit", LIMIT_ERR),
+    ("remaining", REMAINING_ERR),
+    ("resetMs", RESET_ERR),
+    ("tokenLimit", TOKEN_LIMIT_ERR),
+    ("tokenRemaining", TOKEN_REMAINING_ERR),
+    ("tokenResetMs", TOKEN_RESET_ERR),
+];
 
 /// The sentence for a release body with a member given twice, naming it
 /// (serde names it in its error; every name a report reads is its own, a
@@ -422,8 +436,14 @@ fn misread_field(body: &[u8]) -> BodyError {
                 Shape::Null => {}
                 // Unknown members of `rate` are ignored, as the body's own
                 // are: only the fields it reads can be of the wrong type.
-                Shape::Object(rate) if rate.iter().all(|(f, ok)| *ok || !RATE_FIELDS.contains(&f.as_str())) => {}
-                Shape::Object(_) => return RATE_ERR,
+                Shape::Object(rate) => {
+                    let wrong = rate.iter().filter(|(_, ok)| !ok);
+                    if let Some((_, error)) =
+                        wrong.flat_map(|(f, _)| RATE_FIELDS.iter().find(|(name, _)| name == f)).next()
+                    {
+                        return error;
+                    }
+                }
                 _ => return "`rate` must be an object (or null).",
             },
             _ => {}
@@ -860,7 +880,7 @@ mod tests {
             (r#"{"status":"200"}"#, "`status`"),
             (r#"{"status":200,"throttled":true}"#, "`throttled`"),
             (r#"{"retryAfterMs":"2s"}"#, "`retryAfterMs`"),
-            (r#"{"status":429,"rate":{"remaining":"0"}}"#, "`rate` fields"),
+            (r#"{"status":429,"rate":{"remaining":"0"}}"#, "`rate.remaining`"),
             (r#"{"rate":[10,0,60000]}"#, "`rate` must be an object"),
             (r#"{"status":200,"headers":"retry-after: 3"}"#, "`headers`"),
             (r#"{"headers":[["retry-after"]]}"#, "`headers`"),
@@ -868,7 +888,11 @@ mod tests {
             (r#"{"status":1e400}"#, "too large"),
             (r#"{"status":"200","rate":{"note":"from the SDK"}}"#, "`status`"),
             (r#"{"rate":{"note":"x"},"headers":[["retry-after"]]}"#, "`headers`"),
-            (r#"{"rate":{"note":"x","limit":"10"}}"#, "`rate` fields"),
+            (r#"{"rate":{"note":"x","limit":"10"}}"#, "`rate.limit`"),
+            (r#"{"rate":{"limit":10,"tokenResetMs":true}}"#, "`rate.tokenResetMs`"),
+            (r#"{"rate":{"resetMs":-1}}"#, "`rate.resetMs`"),
+            (r#"{"rate":{"remaining":0,"tokenRemaining":1.5}}"#, "`rate.tokenRemaining`"),
+            (r#"{"rate":{"tokenLimit":-2}}"#, "`rate.tokenLimit`"),
         ] {
             let why = parse_release(body.as_bytes(), 0).unwrap_err();
             assert!(why.contains(named), "{body}: {why}");
@@ -901,7 +925,7 @@ mod tests {
         for (body, named) in [
             (format!(r#"{{"status":{}}}"#, deep(200)), "`status`"),
             (format!(r#"{{"throttled":{{"a":{}}}}}"#, deep(200)), "`throttled`"),
-            (format!(r#"{{"rate":{{"limit":{}}}}}"#, deep(200)), "`rate` fields"),
+            (format!(r#"{{"rate":{{"limit":{}}}}}"#, deep(200)), "`rate.limit`"),
             (format!(r#"{{"headers":[{}]}}"#, deep(200)), "`headers`"),
             // A deep value nothing reads does not hide the member that is wrong.
             (format!(r#"{{"status":"200","note":{}}}"#, deep(200)), "`status`"),

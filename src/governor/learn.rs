@@ -610,14 +610,20 @@ impl Learning {
         self.budget
     }
 
-    /// A new configured limit: an unreduced limit follows it; a reduced one
+    /// A new configured limit: an unreduced limit follows it, but not onto
+    /// or past a level the upstream refused above it and no probe has passed
+    /// since (a limit lowered under what was learned, then raised again,
+    /// comes back to the learned limit, not to `concurrency`); a reduced one
     /// only comes down to it. Held slots are never revoked by this.
     pub fn reconfigure(&mut self, concurrency: u32, adaptive: bool) {
         let was_unreduced = self.effective >= self.concurrency;
+        let refused_above = self.refused_at > self.effective;
         self.concurrency = concurrency;
         self.adaptive = adaptive;
-        if !adaptive || was_unreduced {
+        if !adaptive || was_unreduced && !refused_above {
             self.effective = concurrency;
+        } else if was_unreduced {
+            self.effective = concurrency.min(self.refused_at - 1);
         } else {
             self.effective = self.effective.min(concurrency);
         }
@@ -2433,5 +2439,31 @@ mod tests {
         assert_eq!(l.effective(), 17);
         l.reconfigure(5, true);
         assert_eq!(l.effective(), 5);
+    }
+
+    /// A limit lowered under what the pool learned and raised again comes
+    /// back to the learned limit: the upstream refused above it, and going
+    /// past that level is a probe, made only after its wait.
+    #[test]
+    fn a_limit_lowered_then_raised_comes_back_to_the_learned_limit() {
+        let mut l = ramped(8);
+        let leases: Vec<_> = (0..8).map(|_| grant(&mut l, 0)).collect();
+        l.on_report(&concurrency_429(), about(leases[7], 4), 10);
+        assert_eq!((l.effective(), l.refused_at), (4, 5));
+        for lowered in [3, 4] {
+            let mut m = l.clone();
+            m.reconfigure(lowered, true);
+            assert_eq!(m.effective(), lowered);
+            m.reconfigure(8, true);
+            assert_eq!(m.effective(), 4, "lowered to {lowered}: back to the 4 learned, not 8");
+            m.reconfigure(2, true);
+            m.reconfigure(16, true);
+            assert_eq!(m.effective(), 4);
+        }
+        // Nothing refused above it: an unreduced limit follows the reload.
+        let mut fresh = ramped(8);
+        fresh.reconfigure(3, true);
+        fresh.reconfigure(8, true);
+        assert_eq!(fresh.effective(), 8);
     }
 }

@@ -89,6 +89,31 @@ fn one_far_reset_does_not_replace_the_running_window() {
     assert!((1..=60_000).contains(&reset), "reset in {reset} ms");
 }
 
+/// A call granted after a learned window ended and refused with nothing
+/// left, its reset sooner than the refilled window's end, used to be taken
+/// for a late report of the window that ended: ignored, and the pool went
+/// on granting the refilled budget into the upstream's refusals. It shuts
+/// the pool until that reset.
+#[test]
+fn a_spent_window_said_after_a_refill_shuts_the_pool_until_its_reset() {
+    let s = TestServer::start(&config(r#""concurrency":8"#, ""));
+    let slot = s.acquire("", "").slot();
+    let told = r#"{"status":200,"rate":{"limit":60,"remaining":0,"resetMs":3000}}"#;
+    assert_eq!(s.release(&slot, told).json()["released"], true);
+    std::thread::sleep(Duration::from_millis(3050));
+    // Refilled: 60 for the next 3 s, one every 50 ms.
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200, "{r:?}");
+    let refused = r#"{"status":429,"throttled":1,"rate":{"remaining":0,"resetMs":1000}}"#;
+    assert_eq!(s.release(&r.slot(), refused).json()["released"], true);
+    std::thread::sleep(Duration::from_millis(200));
+    let r = s.acquire("", "");
+    assert_eq!((r.status, r.header("x-nthpool-deny-reason")), (429, Some("rate")), "{r:?}");
+    assert_eq!(r.header_u64("retry-after"), 1, "{r:?}");
+    let reset: i64 = gauge(&metrics(&s), r#"nthpool_budget_reset_ms{pool="p"}"#).parse().unwrap();
+    assert!((1..=800).contains(&reset), "reset in {reset} ms");
+}
+
 /// A rate 429 (`remaining: 0`) teaches the budget and leaves the
 /// concurrency limit alone.
 #[test]

@@ -1232,13 +1232,17 @@ impl Learning {
         // window was taken to end is an estimate, and the next window's
         // reports reset a whole window later.
         if earliest < self.ended_reset_at.saturating_add(self.window_ms / 2) && self.ended_reset_at > 0 {
-            // Refused for the window taken to have ended, by a call granted
-            // after an end counted from the grants: the window had not ended.
-            // The seconds were stamped at the response (or the way to the
-            // upstream is longer than the margin): ends count from `now`
-            // from now on, and the window is shut again until this one's.
-            if from_grant && remaining == 0 && lease.granted_at >= self.ended_reset_at && latest > self.ended_reset_at {
-                self.stamp_votes = STAMP_VOTES;
+            // Spent, said by a call granted after that end: no such call is a
+            // late report of the window that ended, so this is the upstream's
+            // newest word (its window is not the one learned: shorter, or
+            // sliding), and the pool is shut until its reset. Counted from the
+            // grants, the end was early: the window had not ended. The seconds
+            // were stamped at the response (or the way to the upstream is
+            // longer than the margin): ends count from `now` from now on.
+            if remaining == 0 && lease.granted_at >= self.ended_reset_at && latest > self.ended_reset_at {
+                if from_grant {
+                    self.stamp_votes = STAMP_VOTES;
+                }
                 self.told_budget(Budget { remaining: 0, reset_at: latest }, earliest, lease.grant_seq);
                 return Some(latest);
             }
@@ -1696,6 +1700,43 @@ mod tests {
         let next = grant(&mut l, 60_100);
         l.on_report(&seconds_to_go(600, 500, 60_000), about(next, 0), 61_000);
         assert_eq!(l.budget().unwrap().reset_at, 121_000);
+    }
+
+    /// A call granted after a window's end, refused with nothing left and a
+    /// reset sooner than the next window's end: no late report of the window
+    /// that ended, but the upstream's newest word. The pool is shut until its
+    /// reset, not left granting the refilled window's budget into refusals.
+    #[test]
+    fn a_spent_window_said_by_a_call_granted_after_the_end_shuts_the_pool() {
+        for reset_ms in [1000, 1200] {
+            let mut l = ramped(8);
+            let first = grant(&mut l, 0);
+            l.on_report(&said(10, 0, 3000), about(first, 0), 10);
+            assert_eq!(l.budget(), Some(Budget { remaining: 0, reset_at: 3010 }));
+            // Refilled at that end; a call of the new window is refused.
+            let next = grant(&mut l, 3200);
+            let refused = Outcome {
+                rate: RateInfo { remaining: Some(0), reset_ms: Some(reset_ms), ..RateInfo::default() },
+                ..concurrency_429()
+            };
+            l.on_report(&refused, about(next, 0), 3210);
+            let end = 3210 + reset_ms;
+            assert_eq!(l.budget(), Some(Budget { remaining: 0, reset_at: end }), "reset {reset_ms}");
+            assert_eq!(l.pause(end - 100), Some(Pause::Budget(100)), "no grant before its reset");
+            assert_eq!(l.pause(end), None);
+        }
+        // A late report of the window that ended, by a call granted before
+        // its end, is still ignored.
+        let mut l = ramped(8);
+        let (first, slow) = (grant(&mut l, 0), grant(&mut l, 0));
+        l.on_report(&said(10, 0, 3000), about(first, 1), 10);
+        let _ = l.on_budget_reset(3200);
+        let stale = Outcome {
+            rate: RateInfo { remaining: Some(0), reset_ms: Some(1000), ..RateInfo::default() },
+            ..concurrency_429()
+        };
+        l.on_report(&stale, about(slow, 0), 3210);
+        assert_eq!(l.budget().map(|b| (b.remaining, b.reset_at)), Some((10, 6010)));
     }
 
     /// A reset given as a date in whole seconds: a window ending on a

@@ -504,6 +504,25 @@ fn a_bad_rate_member_is_named() {
     assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
 }
 
+/// A number no double holds (`1e400`) in a field the report reads is no
+/// number: refused naming that field, and the slot stays held.
+#[test]
+fn a_number_past_a_doubles_range_names_its_field() {
+    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
+    let slot = s.acquire("", "").slot();
+    for (body, named) in [
+        (r#"{"status":429,"retryAfterMs":1e400}"#, "`retryAfterMs`"),
+        (r#"{"status":429,"rate":{"remaining":0,"resetMs":1e400}}"#, "`rate.resetMs`"),
+    ] {
+        let r = s.release(&slot, body);
+        assert_eq!((r.status, r.error_code()), (400, "bad_request".to_string()), "{r:?}");
+        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains(named), "{body}: {message}");
+    }
+    assert_eq!(s.acquire("", "").status, 429, "still held");
+    assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+}
+
 /// A member nested deeper than a JSON parser's usual limit is still JSON: the
 /// refusal names the member that is wrong, not the body as "not valid JSON".
 #[test]

@@ -421,9 +421,7 @@ fn twice(e: &serde_json::Error) -> BodyError {
 fn misread_field(body: &[u8]) -> BodyError {
     let members = match serde_json::from_slice::<Members>(body) {
         Ok(Members(members)) => members,
-        Err(e) if e.to_string().starts_with("number out of range") => {
-            return "A number in the release body is too large to read.";
-        }
+        Err(e) if e.to_string().starts_with("number out of range") => return too_large(body),
         _ => return "The release body is not valid JSON.",
     };
     let number_or_null = |shape: &Shape| matches!(shape, Shape::Number | Shape::Null);
@@ -454,6 +452,36 @@ fn misread_field(body: &[u8]) -> BodyError {
     } else {
         "The release body is not valid: fields must be numbers, `rate` an object and `headers` header values."
     }
+}
+
+/// The sentence for a release body with a number no double holds (`1e400`,
+/// an integer of 310 digits) in a field it reads: that field, named as one of
+/// the wrong type (such a number is no number, README). serde_json refuses
+/// the number before any visitor sees it, so the members are taken raw
+/// (their numbers not converted) and read one by one. Runs only for refused
+/// bodies.
+#[cold]
+fn too_large(body: &[u8]) -> BodyError {
+    type Raw<'a> = std::collections::BTreeMap<String, &'a serde_json::value::RawValue>;
+    let unreadable = |raw: &serde_json::value::RawValue| serde_json::from_str::<Shape>(raw.get()).is_err();
+    let members: Raw = serde_json::from_slice(body).unwrap_or_default();
+    for (name, raw) in &members {
+        match name.as_str() {
+            "status" if unreadable(raw) => return STATUS_ERR,
+            "throttled" if unreadable(raw) => return THROTTLED_ERR,
+            "retryAfterMs" if unreadable(raw) => return RETRY_ERR,
+            "rate" => {
+                let rate: Raw = serde_json::from_str(raw.get()).unwrap_or_default();
+                let huge = rate.iter().filter(|(_, raw)| unreadable(raw));
+                if let Some((_, error)) = huge.flat_map(|(f, _)| RATE_FIELDS.iter().find(|(name, _)| name == f)).next()
+                {
+                    return error;
+                }
+            }
+            _ => {}
+        }
+    }
+    "A number in the release body is too large to read."
 }
 
 /// The members of a refused release body, each read one level deep: what
@@ -885,7 +913,10 @@ mod tests {
             (r#"{"status":200,"headers":"retry-after: 3"}"#, "`headers`"),
             (r#"{"headers":[["retry-after"]]}"#, "`headers`"),
             (r#"{"status":200"#, "not valid JSON"),
-            (r#"{"status":1e400}"#, "too large"),
+            (r#"{"status":1e400}"#, "`status`"),
+            (r#"{"status":200,"throttled":-1e400}"#, "`throttled`"),
+            (r#"{"retryAfterMs":1e999,"note":"x"}"#, "`retryAfterMs`"),
+            (r#"{"status":429,"rate":{"note":"x","resetMs":1e400}}"#, "`rate.resetMs`"),
             (r#"{"status":"200","rate":{"note":"from the SDK"}}"#, "`status`"),
             (r#"{"rate":{"note":"x"},"headers":[["retry-after"]]}"#, "`headers`"),
             (r#"{"rate":{"note":"x","limit":"10"}}"#, "`rate.limit`"),

@@ -114,6 +114,30 @@ fn a_spent_window_said_after_a_refill_shuts_the_pool_until_its_reset() {
     assert!((1..=800).contains(&reset), "reset in {reset} ms");
 }
 
+/// A refilled window that a report ends sooner than its pace would grant
+/// again: the next window starts at that end with a grant at once, as the
+/// dashboard and the metrics show it, not held back by the old pace.
+#[test]
+fn the_next_window_starts_at_the_reported_end_not_at_the_old_pace() {
+    let s = TestServer::start(&config(r#""concurrency":8"#, ""));
+    let slot = s.acquire("", "").slot();
+    let told = r#"{"status":200,"rate":{"limit":3,"remaining":0,"resetMs":3000}}"#;
+    assert_eq!(s.release(&slot, told).json()["released"], true);
+    std::thread::sleep(Duration::from_millis(3050));
+    // Refilled: 3 for the next 3 s, one a second.
+    let first = s.acquire("", "");
+    assert_eq!(first.status, 200, "{first:?}");
+    std::thread::sleep(Duration::from_millis(1000));
+    let second = s.acquire("", "");
+    assert_eq!(second.status, 200, "{second:?}");
+    // Its report ends the window 600 ms on, before the pace's next grant.
+    let spent = r#"{"status":429,"throttled":1,"rate":{"remaining":0,"resetMs":600}}"#;
+    assert_eq!(s.release(&second.slot(), spent).json()["released"], true);
+    std::thread::sleep(Duration::from_millis(750));
+    let r = s.acquire("", "");
+    assert_eq!(r.status, 200, "the window ended: {r:?}");
+}
+
 /// A rate 429 (`remaining: 0`) teaches the budget and leaves the
 /// concurrency limit alone.
 #[test]

@@ -685,13 +685,15 @@ impl Learning {
     /// holds the pool from `now`; 0 when it does not.
     pub fn budget_wait(&self, now: Ms) -> u64 {
         let mut wait = self.token_block_until.saturating_sub(now);
-        if let Some(b) = self.budget {
-            if b.remaining == 0 && b.reset_at > now {
+        if let Some(b) = self.budget.filter(|b| b.reset_at > now) {
+            if b.remaining == 0 {
                 wait = wait.max(b.reset_at - now);
             }
-        }
-        if let Some(p) = self.pace {
-            wait = wait.max(p.next_at().saturating_sub(now));
+            // The pace of a window that ended holds nothing: the next grant
+            // refills the budget, and its pace starts with one at once.
+            if let Some(p) = self.pace {
+                wait = wait.max(p.next_at().saturating_sub(now));
+            }
         }
         wait
     }
@@ -1737,6 +1739,36 @@ mod tests {
         };
         l.on_report(&stale, about(slow, 0), 3210);
         assert_eq!(l.budget().map(|b| (b.remaining, b.reset_at)), Some((10, 6010)));
+    }
+
+    /// A refilled window whose reports end it sooner than its pace would
+    /// have granted again: at that end the next window starts as any does,
+    /// with one grant at once, not held back by the old window's pace (what
+    /// the metrics and the dashboard already showed).
+    #[test]
+    fn the_pace_of_a_window_that_ended_holds_no_grant_back() {
+        let mut l = ramped(8);
+        let first = grant(&mut l, 0);
+        l.on_report(&said(10, 0, 10_000), about(first, 0), 0);
+        // Refilled at 10 000: one at once, then one a second.
+        let mut last = grant(&mut l, 10_000);
+        for at in (11_000..=15_000).step_by(1000) {
+            assert_eq!(l.pause(at), None, "paced grant at {at}");
+            last = grant(&mut l, at);
+        }
+        assert_eq!(l.pause(15_100), Some(Pause::Budget(900)), "paced");
+        // Spent, says a report of the window: it ends at 15 400.
+        let spent = Outcome {
+            rate: RateInfo { remaining: Some(0), reset_ms: Some(300), ..RateInfo::default() },
+            ..concurrency_429()
+        };
+        l.on_report(&spent, about(last, 0), 15_100);
+        assert_eq!(l.budget(), Some(Budget { remaining: 0, reset_at: 15_400 }));
+        assert!(l.pause(15_399).is_some(), "shut inside the window");
+        assert_eq!(l.pause(15_500), None, "a new window: one grant at once");
+        assert_eq!(l.budget_at(15_500).1.map(|p| p.next_at()), Some(15_400), "as the readers show it");
+        let _ = grant(&mut l, 15_500);
+        assert!(l.pause(15_600).is_some(), "then paced again");
     }
 
     /// A reset given as a date in whole seconds: a window ending on a

@@ -231,27 +231,55 @@ fn shown_path(path: &serde_path_to_error::Path) -> String {
     shown
 }
 
+/// Whether `path` (the members walked from the top) is one of `ARRAY_FIELDS`.
+fn is_array_field(path: &[&str]) -> bool {
+    ARRAY_FIELDS.iter().any(|pattern| {
+        pattern.len() == path.len() && pattern.iter().zip(path.iter()).all(|(p, name)| *p == "*" || p == name)
+    })
+}
+
+/// The refusal of an array at `path`, which is none of `ARRAY_FIELDS`.
+fn positional(path: &[&str]) -> ConfigError {
+    if path.is_empty() {
+        return ConfigError("invalid configuration: it must be a JSON object of named fields".into());
+    }
+    let lists: Vec<String> = ARRAY_FIELDS.iter().map(|pattern| pattern.join(".").replace('*', "<pool>")).collect();
+    ConfigError(format!(
+        "invalid configuration: {}: an array where named fields or a single value go; only {} are lists",
+        path.join("."),
+        lists.join(", ")
+    ))
+}
+
+/// The members walked to an array that serde read as a struct's fields in
+/// order, when its error's path went through one: in a file that is no
+/// JSON (`[[{}`, cut short), `refuse_positional` sees no value, and serde
+/// would name a place that is no field (`[0]: invalid type: sequence,
+/// expected a string`).
+fn positional_path(path: &serde_path_to_error::Path) -> Option<Vec<&str>> {
+    use serde_path_to_error::Segment;
+    let mut members = Vec::new();
+    let mut headers = false;
+    for segment in path {
+        match segment {
+            Segment::Seq { .. } if !is_array_field(&members) => return Some(members),
+            Segment::Map { key } => {
+                members.push(if headers && !upstream::is_header_name(key) { HIDDEN_NAME } else { key.as_str() });
+                headers = key == "setHeaders";
+            }
+            _ => headers = false,
+        }
+    }
+    None
+}
+
 /// Refuses an array anywhere but at `ARRAY_FIELDS`, naming its path
 /// (`path` is the members walked to `value`).
 fn refuse_positional<'v>(value: &'v serde_json::Value, path: &mut Vec<&'v str>) -> Result<(), ConfigError> {
     use serde_json::Value;
     match value {
-        Value::Array(_) if path.is_empty() => fail("invalid configuration: it must be a JSON object of named fields"),
-        Value::Array(_) => {
-            let listed = ARRAY_FIELDS.iter().any(|pattern| {
-                pattern.len() == path.len() && pattern.iter().zip(path.iter()).all(|(p, name)| *p == "*" || p == name)
-            });
-            if listed {
-                return Ok(());
-            }
-            let lists: Vec<String> =
-                ARRAY_FIELDS.iter().map(|pattern| pattern.join(".").replace('*', "<pool>")).collect();
-            fail(format!(
-                "invalid configuration: {}: an array where named fields or a single value go; only {} are lists",
-                path.join("."),
-                lists.join(", ")
-            ))
-        }
+        Value::Array(_) if is_array_field(path) => Ok(()),
+        Value::Array(_) => Err(positional(path)),
         Value::Object(members) => {
             let headers = path.last() == Some(&"setHeaders");
             for (name, member) in members {
@@ -542,6 +570,9 @@ impl Config {
         // The path names the field of a wrongly typed value (`pools.p.queue.timeoutMs`).
         let mut de = serde_json::Deserializer::from_slice(text);
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            if let Some(members) = positional_path(e.path()) {
+                return positional(&members);
+            }
             let path = shown_path(e.path());
             let inner = e.into_inner();
             // Broken JSON names no field (the path would read `?`): its line
@@ -1098,6 +1129,14 @@ mod tests {
         for root in ["[]", r#"["127.0.0.1:7070"]"#] {
             assert!(err(root).contains("must be a JSON object of named fields"), "{root}: {}", err(root));
         }
+        // In a file that is no JSON too: serde would read the array as the
+        // fields in order and name a place that is no field (`[0]: …`).
+        for root in ["[[{}", r#"["127.0.0.1:7070",[1]"#, "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[{}"] {
+            let e = err(root);
+            assert!(e.ends_with("invalid configuration: it must be a JSON object of named fields"), "{root}: {e}");
+        }
+        let e = err(&pool_json(r#","queue":[5,"soon""#).replace("}}}", ""));
+        assert!(e.contains("pools.p1.queue: an array where named fields"), "{e}");
         // The lists stay lists, also in a pool named like one of them.
         let lists = r#"{"pools":{"keys":{"keys":["k"],"keySha256":[],"access":{"ipAllow":["10.0.0.0/8"],
             "trustedProxies":[]},"upstream":{"url":"http://127.0.0.1:9","hosts":["a.test"]}}}}"#;

@@ -1336,11 +1336,17 @@ fn a_target_with_a_byte_no_uri_holds_is_400_and_closes() {
         b"/pools/p/lock/acquire?caf\xc3\xa9",
         b"/pools/p/lock/acquire?\xff\xfe",
     ];
+    // The message names what is wrong with the target, a byte past ASCII too.
+    let names_the_byte = |r: &Response, what: &str| {
+        let message = r.json()["message"].as_str().map(str::to_string).unwrap_or_default();
+        assert!(message.starts_with("The request target holds a byte a URI may not"), "{what}: {message}");
+    };
     for target in bad {
         let what = String::from_utf8_lossy(target);
         let mut c = s.connect();
         let r = exchange(&mut c, &acquire(target));
         assert_error(&r, 400, "bad_request", &what);
+        names_the_byte(&r, &what);
         assert_answer_closes(&mut c, &r, &what);
         // After a good request whose line is the same length but for the bad byte.
         let mut c = s.connect();
@@ -1355,6 +1361,7 @@ fn a_target_with_a_byte_no_uri_holds_is_400_and_closes() {
         }
         let r = exchange(&mut c, &acquire(target));
         assert_error(&r, 400, "bad_request", &what);
+        names_the_byte(&r, &what);
         assert_answer_closes(&mut c, &r, &what);
     }
     // A release or renew read by comparison with the one before on its

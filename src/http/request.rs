@@ -457,6 +457,9 @@ fn parse_full<'b>(
                 // httparse reads the third word as the version: a line with
                 // more words than three (a space in the target) ends there.
                 httparse::Error::Version if more_than_three_words(buf) => MORE_THAN_THREE_WORDS,
+                // httparse stops at a byte past ASCII in the target before
+                // the target's own check could name it.
+                httparse::Error::Token if target_so_far_past_ascii(buf) => BAD_TARGET_BYTE_MESSAGE,
                 e => httparse_reason(e),
             }));
         }
@@ -829,9 +832,10 @@ fn request_target<'b>(method: &str, target: &'b [u8]) -> Result<(&'b [u8], Optio
     }
 }
 
-const BAD_TARGET_BYTE: HeadError = HeadError::Malformed(
-    "The request target holds a byte a URI may not (a '#' fragment, a backslash, a quote or angle bracket, or non-ASCII).",
-);
+const BAD_TARGET_BYTE_MESSAGE: &str =
+    "The request target holds a byte a URI may not (a '#' fragment, a backslash, a quote or angle bracket, or non-ASCII).";
+
+const BAD_TARGET_BYTE: HeadError = HeadError::Malformed(BAD_TARGET_BYTE_MESSAGE);
 
 /// Whether every line end of a complete head is CRLF, looking only where
 /// httparse ended each line. httparse has already refused any CR not followed
@@ -1196,6 +1200,14 @@ const MORE_THAN_THREE_WORDS: &str =
 /// Whether the first line of `buf` has more than two spaces.
 fn more_than_three_words(buf: &[u8]) -> bool {
     whole_first_line(buf).is_some_and(|line| line.iter().filter(|&&b| b == b' ').nth(2).is_some())
+}
+
+/// Whether the target of the request line in `buf`, as far as it came
+/// (after the empty lines a request line may follow), holds a byte past ASCII.
+fn target_so_far_past_ascii(buf: &[u8]) -> bool {
+    let start = buf.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(buf.len());
+    let line = buf[start..].split(|&b| b == b'\n').next().unwrap_or_default();
+    line.split(|&b| b == b' ').nth(1).is_some_and(|target| !target.is_ascii())
 }
 
 /// The first line of `buf` without its line end, once that has come.

@@ -465,17 +465,12 @@ fn a_bad_report_names_its_wrong_field_not_an_ignored_rate_member() {
     assert_eq!(s.release(&slot, r#"{"status":429,"rate":{"note":"ok"}}"#).json()["released"], true);
 }
 
-/// A report that gives a field twice is refused naming that field, a member
-/// of `rate` by its place there, and releases nothing.
-#[test]
-fn a_report_that_gives_a_field_twice_names_it() {
+/// Each release body is refused `400 bad_request` with a message naming
+/// its wrong field (`named`), and the slot stays held until a good report.
+fn assert_reports_refused_naming(bodies: &[(&str, &str)]) {
     let s = TestServer::start(&config(r#""concurrency":1"#, ""));
     let slot = s.acquire("", "").slot();
-    for (body, named) in [
-        (r#"{"status":200,"status":429}"#, "`status` is given twice"),
-        (r#"{"status":429,"retryAfterMs":0,"retryAfterMs":9000}"#, "`retryAfterMs` is given twice"),
-        (r#"{"status":429,"rate":{"remaining":5,"remaining":0}}"#, "`rate.remaining` is given twice"),
-    ] {
+    for (body, named) in bodies {
         let r = s.release(&slot, body);
         assert_eq!((r.status, r.error_code()), (400, "bad_request".to_string()), "{r:?}");
         let message = r.json()["message"].as_str().unwrap_or_default().to_string();
@@ -483,44 +478,37 @@ fn a_report_that_gives_a_field_twice_names_it() {
     }
     assert_eq!(s.acquire("", "").status, 429, "still held");
     assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+}
+
+/// A report that gives a field twice is refused naming that field, a member
+/// of `rate` by its place there, and releases nothing.
+#[test]
+fn a_report_that_gives_a_field_twice_names_it() {
+    assert_reports_refused_naming(&[
+        (r#"{"status":200,"status":429}"#, "`status` is given twice"),
+        (r#"{"status":429,"retryAfterMs":0,"retryAfterMs":9000}"#, "`retryAfterMs` is given twice"),
+        (r#"{"status":429,"rate":{"remaining":5,"remaining":0}}"#, "`rate.remaining` is given twice"),
+    ]);
 }
 
 /// A member of `rate` of the wrong type or range is refused by its name,
 /// and the slot stays held.
 #[test]
 fn a_bad_rate_member_is_named() {
-    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
-    let slot = s.acquire("", "").slot();
-    for (body, named) in [
+    assert_reports_refused_naming(&[
         (r#"{"status":429,"rate":{"limit":10,"resetMs":-1}}"#, "`rate.resetMs`"),
         (r#"{"status":200,"rate":{"remaining":3,"tokenRemaining":"0"}}"#, "`rate.tokenRemaining`"),
-    ] {
-        let r = s.release(&slot, body);
-        assert_eq!((r.status, r.error_code()), (400, "bad_request".to_string()), "{r:?}");
-        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
-        assert!(message.contains(named), "{body}: {message}");
-    }
-    assert_eq!(s.acquire("", "").status, 429, "still held");
-    assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+    ]);
 }
 
 /// A number no double holds (`1e400`) in a field the report reads is no
 /// number: refused naming that field, and the slot stays held.
 #[test]
 fn a_number_past_a_doubles_range_names_its_field() {
-    let s = TestServer::start(&config(r#""concurrency":1"#, ""));
-    let slot = s.acquire("", "").slot();
-    for (body, named) in [
+    assert_reports_refused_naming(&[
         (r#"{"status":429,"retryAfterMs":1e400}"#, "`retryAfterMs`"),
         (r#"{"status":429,"rate":{"remaining":0,"resetMs":1e400}}"#, "`rate.resetMs`"),
-    ] {
-        let r = s.release(&slot, body);
-        assert_eq!((r.status, r.error_code()), (400, "bad_request".to_string()), "{r:?}");
-        let message = r.json()["message"].as_str().unwrap_or_default().to_string();
-        assert!(message.contains(named), "{body}: {message}");
-    }
-    assert_eq!(s.acquire("", "").status, 429, "still held");
-    assert_eq!(s.release(&slot, r#"{"status":200}"#).json()["released"], true);
+    ]);
 }
 
 /// A member nested deeper than a JSON parser's usual limit is still JSON: the

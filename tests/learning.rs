@@ -89,6 +89,17 @@ fn one_far_reset_does_not_replace_the_running_window() {
     assert!((1..=60_000).contains(&reset), "reset in {reset} ms");
 }
 
+/// A server whose pool was told a spent window of `limit` calls ending 3 s
+/// on, and which has waited past that end: the next window is refilled.
+fn refilled_after_a_told_window(limit: u32) -> TestServer {
+    let s = TestServer::start(&config(r#""concurrency":8"#, ""));
+    let slot = s.acquire("", "").slot();
+    let told = format!(r#"{{"status":200,"rate":{{"limit":{limit},"remaining":0,"resetMs":3000}}}}"#);
+    assert_eq!(s.release(&slot, &told).json()["released"], true);
+    std::thread::sleep(Duration::from_millis(3050));
+    s
+}
+
 /// A call granted after a learned window ended and refused with nothing
 /// left, its reset sooner than the refilled window's end, used to be taken
 /// for a late report of the window that ended: ignored, and the pool went
@@ -96,11 +107,7 @@ fn one_far_reset_does_not_replace_the_running_window() {
 /// the pool until that reset.
 #[test]
 fn a_spent_window_said_after_a_refill_shuts_the_pool_until_its_reset() {
-    let s = TestServer::start(&config(r#""concurrency":8"#, ""));
-    let slot = s.acquire("", "").slot();
-    let told = r#"{"status":200,"rate":{"limit":60,"remaining":0,"resetMs":3000}}"#;
-    assert_eq!(s.release(&slot, told).json()["released"], true);
-    std::thread::sleep(Duration::from_millis(3050));
+    let s = refilled_after_a_told_window(60);
     // Refilled: 60 for the next 3 s, one every 50 ms.
     let r = s.acquire("", "");
     assert_eq!(r.status, 200, "{r:?}");
@@ -119,11 +126,7 @@ fn a_spent_window_said_after_a_refill_shuts_the_pool_until_its_reset() {
 /// dashboard and the metrics show it, not held back by the old pace.
 #[test]
 fn the_next_window_starts_at_the_reported_end_not_at_the_old_pace() {
-    let s = TestServer::start(&config(r#""concurrency":8"#, ""));
-    let slot = s.acquire("", "").slot();
-    let told = r#"{"status":200,"rate":{"limit":3,"remaining":0,"resetMs":3000}}"#;
-    assert_eq!(s.release(&slot, told).json()["released"], true);
-    std::thread::sleep(Duration::from_millis(3050));
+    let s = refilled_after_a_told_window(3);
     // Refilled: 3 for the next 3 s, one a second.
     let first = s.acquire("", "");
     assert_eq!(first.status, 200, "{first:?}");
